@@ -1,0 +1,22 @@
+//! `rampart-common`: what every Rampart process shares.
+//!
+//! * [`ids`] — newtype identifiers and the key hash of DESIGN.md §3.
+//! * [`status`] — the wire status code of every RPC reply.
+//! * [`limits`] — protocol limits (key size, payload size, in-flight requests).
+//! * [`config`] — validated configuration of masters and servers.
+//! * [`tablet`] — tables, tablets and the server list.
+//! * [`reject`] — reject rules of conditional operations.
+//! * [`log`] — the log format of DESIGN.md §4: entries, the segment writer with
+//!   Tailwind checksums, and the valid-prefix scanner.
+//! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (DESIGN.md §8).
+//! * [`protocol`] — every RPC's request and reply messages, by service.
+
+pub mod config;
+pub mod ids;
+pub mod limits;
+pub mod log;
+pub mod protocol;
+pub mod reject;
+pub mod rpc;
+pub mod status;
+pub mod tablet;

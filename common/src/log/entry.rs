@@ -1,0 +1,545 @@
+//! Log entries: their byte layout, sizes, encoding helpers and [`decode_entry`].
+//!
+//! Every entry is `type: u8`, `len: u32` (payload bytes), then `len` bytes of payload,
+//! little-endian throughout (see the table in the [module doc](super)). Type 0 is never
+//! valid, so zeroed memory reads as "nothing written here".
+//!
+//! Decoding borrows keys and values from the buffer and allocates only for a digest's
+//! list of segment ids. Every length read from the buffer is checked against the buffer
+//! before it is used, so a corrupt or hostile segment yields an [`EntryError`], never a
+//! panic or a large allocation.
+
+use crate::ids::{SegmentId, ServerId, TableId, Version};
+use crc32fast::Hasher;
+
+/// Bytes of an entry's `type` and `len` fields.
+pub const ENTRY_HEADER_BYTES: usize = 5;
+
+/// Bytes of a whole `Checksum` entry: header and the u32 checksum.
+pub const CHECKSUM_ENTRY_BYTES: usize = ENTRY_HEADER_BYTES + 4;
+
+/// Bytes of a whole `SegmentFooter` entry: header and the successor segment id.
+pub const FOOTER_ENTRY_BYTES: usize = ENTRY_HEADER_BYTES + 8;
+
+/// Bytes of a whole `SegmentHeader` entry: header, log id, segment id, capacity.
+pub const SEGMENT_HEADER_ENTRY_BYTES: usize = ENTRY_HEADER_BYTES + 8 + 8 + 4;
+
+/// Bytes of a whole `SafeVersion` entry: header and the version.
+pub const SAFE_VERSION_ENTRY_BYTES: usize = ENTRY_HEADER_BYTES + 8;
+
+/// Object payload bytes besides key and value: table id, version, key length, crc.
+const OBJECT_FIXED_PAYLOAD_BYTES: usize = 8 + 8 + 4 + 4;
+
+/// Tombstone payload bytes besides the key: table id, version, segment id, key length,
+/// crc.
+const TOMBSTONE_FIXED_PAYLOAD_BYTES: usize = 8 + 8 + 8 + 4 + 4;
+
+/// Digest payload bytes besides the segment ids: the count.
+const DIGEST_FIXED_PAYLOAD_BYTES: usize = 4;
+
+/// Below this many bytes, hashing a span a second time is cheaper than folding its
+/// already known CRC into a running one with [`Hasher::combine`]. A combine costs about
+/// 2·log2(len) carry-less 32-bit multiplies done bit by bit (≈ 1 µs at 1 MiB, a few
+/// hundred ns for small spans), while hardware CRC runs at ≥ 10 GB/s (≈ 0.4 µs per
+/// 4 KiB), so the crossover lies near a few KiB.
+const CRC_COMBINE_MIN_BYTES: usize = 4096;
+
+const _: () = assert!(CHECKSUM_ENTRY_BYTES == 9);
+const _: () = assert!(FOOTER_ENTRY_BYTES == 13);
+const _: () = assert!(SEGMENT_HEADER_ENTRY_BYTES == 25);
+
+/// The type byte of an entry. 0 is never a type: it marks the end of written data.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryType {
+    /// First entry of every segment: [`SegmentHeader`].
+    SegmentHeader = 1,
+    /// Second entry of every segment: the ids of every live segment of the log.
+    LogDigest = 2,
+    /// An object: [`ObjectEntry`].
+    Object = 3,
+    /// A deletion: [`TombstoneEntry`].
+    Tombstone = 4,
+    /// A version floor that keeps versions increasing across delete and recovery.
+    SafeVersion = 5,
+    /// Tailwind's end-of-batch marker: the CRC32 of every byte before it.
+    Checksum = 6,
+    /// Closes the segment and names its successor.
+    SegmentFooter = 7,
+}
+
+impl EntryType {
+    /// The type for a type byte, or `None` for 0 and unknown bytes.
+    pub fn from_u8(byte: u8) -> Option<EntryType> {
+        Some(match byte {
+            1 => EntryType::SegmentHeader,
+            2 => EntryType::LogDigest,
+            3 => EntryType::Object,
+            4 => EntryType::Tombstone,
+            5 => EntryType::SafeVersion,
+            6 => EntryType::Checksum,
+            7 => EntryType::SegmentFooter,
+            _ => return None,
+        })
+    }
+}
+
+/// The first entry of a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SegmentHeader {
+    /// The log this segment belongs to: the id of the server whose master wrote it.
+    pub log_id: ServerId,
+    /// This segment's id within its log.
+    pub segment_id: SegmentId,
+    /// The segment's size in bytes; no entry extends past it.
+    pub capacity: u32,
+}
+
+/// An object entry; key and value borrow from the segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectEntry<'a> {
+    /// The table the object belongs to.
+    pub table: TableId,
+    /// The object's version.
+    pub version: Version,
+    /// The key bytes.
+    pub key: &'a [u8],
+    /// The value bytes.
+    pub value: &'a [u8],
+}
+
+/// A tombstone: records that `version` of `key` was deleted, so that replay does not
+/// resurrect the object from an older segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TombstoneEntry<'a> {
+    /// The table the deleted object belonged to.
+    pub table: TableId,
+    /// The version that was deleted.
+    pub version: Version,
+    /// The segment that held the deleted object; the cleaner drops the tombstone once
+    /// that segment is gone.
+    pub segment_id: SegmentId,
+    /// The key bytes.
+    pub key: &'a [u8],
+}
+
+/// A decoded entry. Keys and values borrow from the buffer it was decoded from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Entry<'a> {
+    /// `SegmentHeader`.
+    Header(SegmentHeader),
+    /// `LogDigest`: every live segment of the log when this segment was opened, this
+    /// one included.
+    Digest(Vec<SegmentId>),
+    /// `Object`.
+    Object(ObjectEntry<'a>),
+    /// `Tombstone`.
+    Tombstone(TombstoneEntry<'a>),
+    /// `SafeVersion`: the version floor.
+    SafeVersion(Version),
+    /// `Checksum`: the stored value, not yet compared with anything.
+    Checksum(u32),
+    /// `SegmentFooter`: the segment is closed and `successor` follows it.
+    Footer {
+        /// The segment opened after this one.
+        successor: SegmentId,
+    },
+}
+
+impl Entry<'_> {
+    /// The type byte this entry is stored with.
+    pub fn entry_type(&self) -> EntryType {
+        match self {
+            Entry::Header(_) => EntryType::SegmentHeader,
+            Entry::Digest(_) => EntryType::LogDigest,
+            Entry::Object(_) => EntryType::Object,
+            Entry::Tombstone(_) => EntryType::Tombstone,
+            Entry::SafeVersion(_) => EntryType::SafeVersion,
+            Entry::Checksum(_) => EntryType::Checksum,
+            Entry::Footer { .. } => EntryType::SegmentFooter,
+        }
+    }
+}
+
+/// Why the bytes at an offset are not a valid entry.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum EntryError {
+    /// The type byte is neither 0 nor a known type.
+    #[error("unknown entry type {ty} at offset {offset}")]
+    UnknownType {
+        /// Where the entry starts.
+        offset: usize,
+        /// The type byte found.
+        ty: u8,
+    },
+    /// The entry's header or payload runs past the end of the buffer.
+    #[error("entry at offset {offset} runs past the end of the buffer")]
+    Truncated {
+        /// Where the entry starts.
+        offset: usize,
+    },
+    /// The payload does not have the shape its type requires.
+    #[error("malformed entry at offset {offset}: {what}")]
+    Malformed {
+        /// Where the entry starts.
+        offset: usize,
+        /// What is wrong with it.
+        what: &'static str,
+    },
+    /// An object's or tombstone's own CRC does not match its payload.
+    #[error("entry at offset {offset} fails its CRC")]
+    BadCrc {
+        /// Where the entry starts.
+        offset: usize,
+    },
+}
+
+/// Total bytes of an object entry, header included. Saturates instead of overflowing, so
+/// absurd sizes simply do not fit.
+pub fn object_entry_bytes(key_len: usize, value_len: usize) -> usize {
+    (ENTRY_HEADER_BYTES + OBJECT_FIXED_PAYLOAD_BYTES)
+        .saturating_add(key_len)
+        .saturating_add(value_len)
+}
+
+/// Total bytes of a tombstone entry, header included.
+pub fn tombstone_entry_bytes(key_len: usize) -> usize {
+    (ENTRY_HEADER_BYTES + TOMBSTONE_FIXED_PAYLOAD_BYTES).saturating_add(key_len)
+}
+
+/// Total bytes of a digest entry listing `segments` segment ids, header included.
+pub fn digest_entry_bytes(segments: usize) -> usize {
+    (ENTRY_HEADER_BYTES + DIGEST_FIXED_PAYLOAD_BYTES).saturating_add(segments.saturating_mul(8))
+}
+
+/// The value a `Checksum` entry stores for a running CRC: the CRC with 0 mapped to 1, so
+/// that a checksum field still zero (not yet written) never matches.
+pub fn checksum_value(crc: u32) -> u32 {
+    if crc == 0 {
+        1
+    } else {
+        crc
+    }
+}
+
+/// Decodes the entry at `offset`.
+///
+/// Returns `Ok(None)` at the end of written data: `offset == buf.len()` or a zero type
+/// byte. Otherwise the entry and the offset of the next one. Errs if the type is unknown,
+/// the entry runs past `buf` (or `offset` lies beyond it), the payload is malformed, or
+/// an object's or tombstone's CRC does not match. A `Checksum` entry is returned as
+/// stored; comparing it with the bytes before it is [`scan`](super::scan)'s job.
+pub fn decode_entry(buf: &[u8], offset: usize) -> Result<Option<(Entry<'_>, usize)>, EntryError> {
+    Ok(decode(buf, offset)?.map(|d| (d.entry, d.next)))
+}
+
+/// An entry with what the scanner needs beyond [`decode_entry`]'s answer.
+pub(crate) struct Decoded<'a> {
+    pub(crate) entry: Entry<'a>,
+    /// Offset of the next entry.
+    pub(crate) next: usize,
+    /// For objects and tombstones: the (verified) CRC of the payload before the stored
+    /// CRC, so a running CRC can fold it in instead of hashing the payload again.
+    pub(crate) body_crc: Option<u32>,
+}
+
+/// [`decode_entry`], keeping the verified payload CRC.
+pub(crate) fn decode(buf: &[u8], offset: usize) -> Result<Option<Decoded<'_>>, EntryError> {
+    let Some(&ty) = buf.get(offset) else {
+        return if offset == buf.len() {
+            Ok(None)
+        } else {
+            Err(EntryError::Truncated { offset })
+        };
+    };
+    if ty == 0 {
+        return Ok(None);
+    }
+    let ty = EntryType::from_u8(ty).ok_or(EntryError::UnknownType { offset, ty })?;
+    let truncated = EntryError::Truncated { offset };
+    let payload_start = offset
+        .checked_add(ENTRY_HEADER_BYTES)
+        .ok_or(truncated.clone())?;
+    let header = buf
+        .get(offset + 1..payload_start)
+        .ok_or(truncated.clone())?;
+    let len = le_u32(header, 0) as usize;
+    let next = payload_start.checked_add(len).ok_or(truncated.clone())?;
+    let p = buf.get(payload_start..next).ok_or(truncated)?;
+    let malformed = |what| EntryError::Malformed { offset, what };
+
+    let mut body_crc = None;
+    let entry = match ty {
+        EntryType::SegmentHeader => {
+            if len != SEGMENT_HEADER_ENTRY_BYTES - ENTRY_HEADER_BYTES {
+                return Err(malformed("segment header payload is not 20 bytes"));
+            }
+            Entry::Header(SegmentHeader {
+                log_id: ServerId(le_u64(p, 0)),
+                segment_id: SegmentId(le_u64(p, 8)),
+                capacity: le_u32(p, 16),
+            })
+        }
+        EntryType::LogDigest => {
+            if len < DIGEST_FIXED_PAYLOAD_BYTES {
+                return Err(malformed("digest payload shorter than its count"));
+            }
+            let count = le_u32(p, 0) as u64;
+            // u64 arithmetic: count * 8 cannot overflow, and `len` was already checked
+            // against the buffer, so the allocation below is bounded by the buffer.
+            if len as u64 != DIGEST_FIXED_PAYLOAD_BYTES as u64 + count * 8 {
+                return Err(malformed("digest length does not match its count"));
+            }
+            Entry::Digest(
+                p[DIGEST_FIXED_PAYLOAD_BYTES..]
+                    .chunks_exact(8)
+                    .map(|id| SegmentId(le_u64(id, 0)))
+                    .collect(),
+            )
+        }
+        EntryType::Object => {
+            if len < OBJECT_FIXED_PAYLOAD_BYTES {
+                return Err(malformed("object payload shorter than its fixed fields"));
+            }
+            let key_len = le_u32(p, 16) as usize;
+            if key_len > len - OBJECT_FIXED_PAYLOAD_BYTES {
+                return Err(malformed("object key runs past the entry"));
+            }
+            body_crc = Some(check_crc(p, offset)?);
+            let key_start = 20;
+            let value_start = key_start + key_len;
+            Entry::Object(ObjectEntry {
+                table: TableId(le_u64(p, 0)),
+                version: Version(le_u64(p, 8)),
+                key: &p[key_start..value_start],
+                value: &p[value_start..len - 4],
+            })
+        }
+        EntryType::Tombstone => {
+            if len < TOMBSTONE_FIXED_PAYLOAD_BYTES {
+                return Err(malformed("tombstone payload shorter than its fixed fields"));
+            }
+            let key_len = le_u32(p, 24) as usize;
+            if key_len != len - TOMBSTONE_FIXED_PAYLOAD_BYTES {
+                return Err(malformed("tombstone key length does not match the entry"));
+            }
+            body_crc = Some(check_crc(p, offset)?);
+            Entry::Tombstone(TombstoneEntry {
+                table: TableId(le_u64(p, 0)),
+                version: Version(le_u64(p, 8)),
+                segment_id: SegmentId(le_u64(p, 16)),
+                key: &p[28..len - 4],
+            })
+        }
+        EntryType::SafeVersion => {
+            if len != 8 {
+                return Err(malformed("safe version payload is not 8 bytes"));
+            }
+            Entry::SafeVersion(Version(le_u64(p, 0)))
+        }
+        EntryType::Checksum => {
+            if len != CHECKSUM_ENTRY_BYTES - ENTRY_HEADER_BYTES {
+                return Err(malformed("checksum payload is not 4 bytes"));
+            }
+            Entry::Checksum(le_u32(p, 0))
+        }
+        EntryType::SegmentFooter => {
+            if len != FOOTER_ENTRY_BYTES - ENTRY_HEADER_BYTES {
+                return Err(malformed("footer payload is not 8 bytes"));
+            }
+            Entry::Footer {
+                successor: SegmentId(le_u64(p, 0)),
+            }
+        }
+    };
+    Ok(Some(Decoded {
+        entry,
+        next,
+        body_crc,
+    }))
+}
+
+/// Checks the CRC that ends payload `p` against the bytes before it; returns that CRC.
+fn check_crc(p: &[u8], offset: usize) -> Result<u32, EntryError> {
+    let body = p.len() - 4;
+    let crc = crc32fast::hash(&p[..body]);
+    if crc != le_u32(p, body) {
+        return Err(EntryError::BadCrc { offset });
+    }
+    Ok(crc)
+}
+
+/// Folds `bytes`, whose CRC32 is known to be `bytes_crc`, into `running`: by combining
+/// the CRCs where that is cheaper than hashing the bytes again.
+pub(crate) fn extend_crc(running: &mut Hasher, bytes: &[u8], bytes_crc: u32) {
+    if bytes.len() >= CRC_COMBINE_MIN_BYTES {
+        running.combine(&Hasher::new_with_initial_len(bytes_crc, bytes.len() as u64));
+    } else {
+        running.update(bytes);
+    }
+}
+
+/// Appends an entry header. The caller appends exactly `len` payload bytes next.
+pub(crate) fn put_entry_header(buf: &mut Vec<u8>, ty: EntryType, len: usize) {
+    let len = u32::try_from(len).expect("entry length is bounded by the u32 segment capacity");
+    buf.push(ty as u8);
+    buf.extend_from_slice(&len.to_le_bytes());
+}
+
+/// Reads a little-endian u32 at `at`; the caller has checked the bounds.
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut bytes = [0u8; 4];
+    bytes.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(bytes)
+}
+
+/// Reads a little-endian u64 at `at`; the caller has checked the bounds.
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_type_round_trips_through_its_byte() {
+        for byte in 0..=u8::MAX {
+            match EntryType::from_u8(byte) {
+                Some(ty) => assert_eq!(ty as u8, byte),
+                None => assert!(byte == 0 || byte > 7, "type {byte} lost"),
+            }
+        }
+    }
+
+    #[test]
+    fn decode_entry_reports_end_of_data_at_zero_type_and_buffer_end() {
+        assert_eq!(decode_entry(&[0, 9, 9, 9, 9], 0), Ok(None));
+        assert_eq!(decode_entry(&[5], 1), Ok(None));
+        assert_eq!(decode_entry(&[], 0), Ok(None));
+    }
+
+    #[test]
+    fn decode_entry_rejects_offset_past_the_buffer() {
+        assert_eq!(
+            decode_entry(&[0], 2),
+            Err(EntryError::Truncated { offset: 2 })
+        );
+    }
+
+    #[test]
+    fn decode_entry_rejects_unknown_type() {
+        assert_eq!(
+            decode_entry(&[8, 0, 0, 0, 0], 0),
+            Err(EntryError::UnknownType { offset: 0, ty: 8 })
+        );
+    }
+
+    #[test]
+    fn decode_entry_rejects_truncated_header_and_payload() {
+        assert_eq!(
+            decode_entry(&[5, 8, 0], 0),
+            Err(EntryError::Truncated { offset: 0 })
+        );
+        let mut safe = vec![5, 8, 0, 0, 0];
+        safe.extend_from_slice(&[1; 7]);
+        assert_eq!(
+            decode_entry(&safe, 0),
+            Err(EntryError::Truncated { offset: 0 })
+        );
+        // A huge length must not overflow or allocate.
+        assert_eq!(
+            decode_entry(&[2, 0xff, 0xff, 0xff, 0xff, 0], 0),
+            Err(EntryError::Truncated { offset: 0 })
+        );
+    }
+
+    #[test]
+    fn decode_entry_rejects_payloads_of_the_wrong_shape() {
+        let cases: &[&[u8]] = &[
+            &[1, 0, 0, 0, 0],             // header without payload
+            &[2, 4, 0, 0, 0, 1, 0, 0, 0], // digest claiming one id, holding none
+            &[3, 3, 0, 0, 0, 0, 0, 0],    // object shorter than its fixed fields
+            &[5, 4, 0, 0, 0, 1, 0, 0, 0], // safe version of 4 bytes
+            &[6, 0, 0, 0, 0],             // checksum without value
+            &[7, 4, 0, 0, 0, 1, 0, 0, 0], // footer of 4 bytes
+        ];
+        for case in cases {
+            assert!(
+                matches!(
+                    decode_entry(case, 0),
+                    Err(EntryError::Malformed { offset: 0, .. })
+                ),
+                "{case:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn decode_entry_rejects_object_key_longer_than_the_entry() {
+        let mut buf = vec![3];
+        buf.extend_from_slice(&24u32.to_le_bytes());
+        buf.extend_from_slice(&[0; 16]);
+        buf.extend_from_slice(&1u32.to_le_bytes()); // key_len 1, but no room for it
+        buf.extend_from_slice(&[0; 4]);
+        assert!(matches!(
+            decode_entry(&buf, 0),
+            Err(EntryError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn decode_entry_rejects_object_with_bad_crc() {
+        let mut buf = vec![3];
+        buf.extend_from_slice(&26u32.to_le_bytes());
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&7u64.to_le_bytes());
+        payload.extend_from_slice(&1u64.to_le_bytes());
+        payload.extend_from_slice(&1u32.to_le_bytes());
+        payload.extend_from_slice(b"kv");
+        let crc = crc32fast::hash(&payload);
+        payload.extend_from_slice(&crc.to_le_bytes());
+        buf.extend_from_slice(&payload);
+        let (entry, next) = decode_entry(&buf, 0).expect("valid").expect("present");
+        assert_eq!(next, buf.len());
+        assert_eq!(
+            entry,
+            Entry::Object(ObjectEntry {
+                table: TableId(7),
+                version: Version(1),
+                key: b"k",
+                value: b"v"
+            })
+        );
+        buf[ENTRY_HEADER_BYTES + 21] ^= 1;
+        assert_eq!(decode_entry(&buf, 0), Err(EntryError::BadCrc { offset: 0 }));
+    }
+
+    #[test]
+    fn checksum_value_is_never_zero() {
+        assert_eq!(checksum_value(0), 1);
+        assert_eq!(checksum_value(0xdead_beef), 0xdead_beef);
+    }
+
+    #[test]
+    fn extend_crc_matches_hashing_for_short_and_long_spans() {
+        for len in [
+            0,
+            1,
+            100,
+            CRC_COMBINE_MIN_BYTES - 1,
+            CRC_COMBINE_MIN_BYTES,
+            100_000,
+        ] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            let mut running = Hasher::new();
+            running.update(b"prefix");
+            let mut expected = running.clone();
+            extend_crc(&mut running, &bytes, crc32fast::hash(&bytes));
+            expected.update(&bytes);
+            assert_eq!(running.finalize(), expected.finalize(), "len {len}");
+        }
+    }
+}

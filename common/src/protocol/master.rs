@@ -1,0 +1,495 @@
+//! RPCs served by masters: the data API of DESIGN.md §3, and tablet ownership changes
+//! that the coordinator sends.
+//!
+//! Read and write are the hot path: their messages are encoded by hand so that keys
+//! and values travel as raw bytes and decode as zero-copy slices of the received frame
+//! (`Bytes`). Everything else uses bincode.
+//!
+//! Per-object outcomes (a rejected write, a missing object, a key whose tablet moved)
+//! travel inside the reply as an [`ObjectStatus`]-bearing field, not in the frame
+//! header: the header status is for failures of the whole request. That keeps single
+//! and multi operations alike, and lets a rejected write report the current version.
+
+use super::rpcs;
+use crate::bincode_message;
+use crate::ids::{TableId, Version};
+use crate::reject::RejectRules;
+use crate::rpc::{DecodeError, WireMessage};
+use crate::status::Status;
+use crate::tablet::Tablet;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+/// Read one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// Its table.
+    pub table: TableId,
+    /// Its key.
+    pub key: Bytes,
+}
+
+/// The outcome of reading one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadReply {
+    /// `Ok`, `ObjectDoesntExist`, or `UnknownTablet` (in multi-reads).
+    pub status: Status,
+    /// The object's version (0 when it does not exist).
+    pub version: Version,
+    /// The value (empty when it does not exist).
+    pub value: Bytes,
+}
+
+/// Write one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteRequest {
+    /// Its table.
+    pub table: TableId,
+    /// Its key.
+    pub key: Bytes,
+    /// The new value.
+    pub value: Bytes,
+    /// When to refuse.
+    pub rules: RejectRules,
+}
+
+/// The outcome of a write, remove or increment of one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteReply {
+    /// `Ok`, a reject status, `UnknownTablet`, `NoSpace`, `KeyTooLarge`, ...
+    pub status: Status,
+    /// Written: the new version. Removed: the version removed (0 if there was none).
+    /// Rejected: the current version (0 if the object does not exist).
+    pub version: Version,
+}
+
+/// Remove one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    /// Its table.
+    pub table: TableId,
+    /// Its key.
+    pub key: Bytes,
+    /// When to refuse.
+    pub rules: RejectRules,
+}
+
+/// Add `delta` to an object holding an 8-byte little-endian signed integer; a missing
+/// object counts as 0 (unless the rules refuse a missing object).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncrementRequest {
+    /// Its table.
+    pub table: TableId,
+    /// Its key.
+    pub key: Bytes,
+    /// What to add (wrapping on overflow is refused: `InvalidArgument`).
+    pub delta: i64,
+    /// When to refuse.
+    pub rules: RejectRules,
+}
+
+/// The outcome of an increment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncrementReply {
+    /// As [`WriteReply::status`]; `NotAnInteger` if the value is not 8 bytes.
+    pub status: Status,
+    /// The new version.
+    pub version: Version,
+    /// The new value.
+    pub value: i64,
+}
+
+/// One object of a multi-read or multi-remove.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectKey {
+    /// Its table.
+    pub table: TableId,
+    /// Its key.
+    pub key: Bytes,
+}
+
+/// Read several objects of one master; replies come in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiReadRequest {
+    /// What to read.
+    pub objects: Vec<ObjectKey>,
+}
+
+/// Replies to a multi-read, in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiReadReply {
+    /// One per requested object.
+    pub objects: Vec<ReadReply>,
+}
+
+/// Write several objects of one master. Each object is applied or refused on its own
+/// (no cross-object atomicity); all of them share one append batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiWriteRequest {
+    /// What to write.
+    pub objects: Vec<WriteRequest>,
+}
+
+/// Remove several objects of one master, each on its own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiRemoveRequest {
+    /// What to remove.
+    pub objects: Vec<RemoveRequest>,
+}
+
+/// Replies to a multi-write or multi-remove, in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiWriteReply {
+    /// One per requested object.
+    pub objects: Vec<WriteReply>,
+}
+
+/// One page of a table enumeration within one tablet: the objects whose key hash lies
+/// in `[resume_hash, tablet.end_hash]`, in key-hash order.
+///
+/// The cursor is a key-hash position, not a master-side iterator, so an enumeration
+/// survives tablets moving between masters: the client looks up whoever owns
+/// `resume_hash` now and continues there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnumerateRequest {
+    /// The table.
+    pub table: TableId,
+    /// First key hash still to return.
+    pub resume_hash: u64,
+    /// Last key hash of the range the client believes this master owns.
+    pub end_hash: u64,
+    /// Soft bound on the page's payload; a page holds at least one hash's objects.
+    pub max_bytes: u32,
+}
+
+/// An object returned by enumerate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnumeratedObject {
+    /// Its key.
+    pub key: Bytes,
+    /// Its version.
+    pub version: Version,
+    /// Its value.
+    pub value: Bytes,
+}
+
+/// One page of an enumeration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnumerateReply {
+    /// Objects in key-hash order; every object of one hash is in the same page.
+    pub objects: Vec<EnumeratedObject>,
+    /// Where the next page starts, or `None` when `end_hash` was reached.
+    pub next_hash: Option<u64>,
+}
+
+/// Tablets to take ownership of (sent by the coordinator), or to drop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TabletsRequest {
+    /// The tablets.
+    pub tablets: Vec<Tablet>,
+}
+
+/// A liveness probe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingRequest {}
+
+/// Answer to a ping, with a little about the master.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingReply {
+    /// Objects live in its hash table.
+    pub objects: u64,
+    /// Bytes of log memory in use.
+    pub log_bytes_used: u64,
+    /// Bytes of log memory it may use.
+    pub log_bytes_max: u64,
+}
+
+bincode_message!(
+    RemoveRequest,
+    IncrementRequest,
+    IncrementReply,
+    MultiReadRequest,
+    MultiReadReply,
+    MultiWriteRequest,
+    MultiRemoveRequest,
+    MultiWriteReply,
+    EnumerateRequest,
+    EnumerateReply,
+    TabletsRequest,
+    PingRequest,
+    PingReply,
+);
+
+rpcs! {
+    /// Read one object.
+    Read = 1: ReadRequest => ReadReply;
+    /// Write one object.
+    Write = 2: WriteRequest => WriteReply;
+    /// Remove one object.
+    Remove = 3: RemoveRequest => WriteReply;
+    /// Add to an integer object.
+    Increment = 4: IncrementRequest => IncrementReply;
+    /// Read several objects.
+    MultiRead = 5: MultiReadRequest => MultiReadReply;
+    /// Write several objects.
+    MultiWrite = 6: MultiWriteRequest => MultiWriteReply;
+    /// Remove several objects.
+    MultiRemove = 7: MultiRemoveRequest => MultiWriteReply;
+    /// One page of a table, by key hash.
+    Enumerate = 8: EnumerateRequest => EnumerateReply;
+    /// Take ownership of tablets (coordinator → master).
+    TakeTablets = 9: TabletsRequest => ();
+    /// Drop tablets and their objects (coordinator → master).
+    DropTablets = 10: TabletsRequest => ();
+    /// Liveness and a few figures.
+    Ping = 11: PingRequest => PingReply;
+}
+
+/// Bounds-checked reader over a payload that hands out zero-copy slices.
+struct Cursor(Bytes);
+
+impl Cursor {
+    fn need(&self, n: usize, what: &str) -> Result<(), DecodeError> {
+        if self.0.remaining() < n {
+            return Err(DecodeError(format!("payload ends inside {what}")));
+        }
+        Ok(())
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, DecodeError> {
+        self.need(8, what)?;
+        Ok(self.0.get_u64_le())
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, DecodeError> {
+        self.need(4, what)?;
+        Ok(self.0.get_u32_le())
+    }
+
+    fn u16(&mut self, what: &str) -> Result<u16, DecodeError> {
+        self.need(2, what)?;
+        Ok(self.0.get_u16_le())
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8, DecodeError> {
+        self.need(1, what)?;
+        Ok(self.0.get_u8())
+    }
+
+    fn bytes(&mut self, len: usize, what: &str) -> Result<Bytes, DecodeError> {
+        self.need(len, what)?;
+        Ok(self.0.split_to(len))
+    }
+
+    fn rest(self) -> Bytes {
+        self.0
+    }
+
+    fn finish(self) -> Result<(), DecodeError> {
+        if self.0.has_remaining() {
+            return Err(DecodeError(format!(
+                "{} trailing bytes",
+                self.0.remaining()
+            )));
+        }
+        Ok(())
+    }
+}
+
+const RULE_DOESNT_EXIST: u8 = 1;
+const RULE_EXISTS: u8 = 2;
+const RULE_VERSION_LE_GIVEN: u8 = 4;
+const RULE_VERSION_NE_GIVEN: u8 = 8;
+
+fn put_rules(out: &mut BytesMut, rules: &RejectRules) {
+    out.put_u64_le(rules.given_version.0);
+    let flags = u8::from(rules.doesnt_exist) * RULE_DOESNT_EXIST
+        | u8::from(rules.exists) * RULE_EXISTS
+        | u8::from(rules.version_le_given) * RULE_VERSION_LE_GIVEN
+        | u8::from(rules.version_ne_given) * RULE_VERSION_NE_GIVEN;
+    out.put_u8(flags);
+}
+
+fn get_rules(cursor: &mut Cursor) -> Result<RejectRules, DecodeError> {
+    let given_version = Version(cursor.u64("reject rules")?);
+    let flags = cursor.u8("reject rules")?;
+    if flags & !0x0F != 0 {
+        return Err(DecodeError(format!(
+            "unknown reject-rule flags {flags:#04x}"
+        )));
+    }
+    Ok(RejectRules {
+        given_version,
+        doesnt_exist: flags & RULE_DOESNT_EXIST != 0,
+        exists: flags & RULE_EXISTS != 0,
+        version_le_given: flags & RULE_VERSION_LE_GIVEN != 0,
+        version_ne_given: flags & RULE_VERSION_NE_GIVEN != 0,
+    })
+}
+
+// Wire layouts of the hot path (little-endian):
+//   ReadRequest   table u64 | key_len u32 | key
+//   ReadReply     status u16 | version u64 | value (rest of payload)
+//   WriteRequest  table u64 | rules (given u64, flags u8) | key_len u32 | key | value (rest)
+//   WriteReply    status u16 | version u64
+
+impl WireMessage for ReadRequest {
+    fn encode(&self, out: &mut BytesMut) {
+        out.reserve(12 + self.key.len());
+        out.put_u64_le(self.table.0);
+        out.put_u32_le(self.key.len() as u32);
+        out.put_slice(&self.key);
+    }
+
+    fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut cursor = Cursor(payload);
+        let table = TableId(cursor.u64("table id")?);
+        let key_len = cursor.u32("key length")? as usize;
+        let key = cursor.bytes(key_len, "key")?;
+        cursor.finish()?;
+        Ok(ReadRequest { table, key })
+    }
+}
+
+/// Encodes a [`ReadReply`] from borrowed parts, so a master can copy a value from its
+/// log straight into the reply frame.
+pub fn encode_read_reply(out: &mut BytesMut, status: Status, version: Version, value: &[u8]) {
+    out.reserve(10 + value.len());
+    out.put_u16_le(status.code());
+    out.put_u64_le(version.0);
+    out.put_slice(value);
+}
+
+impl WireMessage for ReadReply {
+    fn encode(&self, out: &mut BytesMut) {
+        encode_read_reply(out, self.status, self.version, &self.value);
+    }
+
+    fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut cursor = Cursor(payload);
+        let status = Status::from_code(cursor.u16("status")?);
+        let version = Version(cursor.u64("version")?);
+        Ok(ReadReply {
+            status,
+            version,
+            value: cursor.rest(),
+        })
+    }
+}
+
+impl WireMessage for WriteRequest {
+    fn encode(&self, out: &mut BytesMut) {
+        out.reserve(21 + self.key.len() + self.value.len());
+        out.put_u64_le(self.table.0);
+        put_rules(out, &self.rules);
+        out.put_u32_le(self.key.len() as u32);
+        out.put_slice(&self.key);
+        out.put_slice(&self.value);
+    }
+
+    fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut cursor = Cursor(payload);
+        let table = TableId(cursor.u64("table id")?);
+        let rules = get_rules(&mut cursor)?;
+        let key_len = cursor.u32("key length")? as usize;
+        let key = cursor.bytes(key_len, "key")?;
+        Ok(WriteRequest {
+            table,
+            key,
+            value: cursor.rest(),
+            rules,
+        })
+    }
+}
+
+impl WireMessage for WriteReply {
+    fn encode(&self, out: &mut BytesMut) {
+        out.put_u16_le(self.status.code());
+        out.put_u64_le(self.version.0);
+    }
+
+    fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut cursor = Cursor(payload);
+        let status = Status::from_code(cursor.u16("status")?);
+        let version = Version(cursor.u64("version")?);
+        cursor.finish()?;
+        Ok(WriteReply { status, version })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip<M: WireMessage + PartialEq + std::fmt::Debug>(message: M) {
+        let mut out = BytesMut::new();
+        message.encode(&mut out);
+        assert_eq!(M::decode(out.freeze()), Ok(message));
+    }
+
+    #[test]
+    fn hot_path_messages_round_trip() {
+        round_trip(ReadRequest {
+            table: TableId(3),
+            key: Bytes::from_static(b"key"),
+        });
+        round_trip(ReadReply {
+            status: Status::Ok,
+            version: Version(9),
+            value: Bytes::from_static(b"value"),
+        });
+        round_trip(WriteRequest {
+            table: TableId(3),
+            key: Bytes::from_static(b"k"),
+            value: Bytes::new(),
+            rules: RejectRules {
+                given_version: Version(4),
+                exists: true,
+                version_ne_given: true,
+                ..RejectRules::default()
+            },
+        });
+        round_trip(WriteReply {
+            status: Status::WrongVersion,
+            version: Version(7),
+        });
+    }
+
+    #[test]
+    fn truncated_and_padded_payloads_are_refused() {
+        let mut out = BytesMut::new();
+        ReadRequest {
+            table: TableId(1),
+            key: Bytes::from_static(b"abcdef"),
+        }
+        .encode(&mut out);
+        let whole = out.freeze();
+        for cut in 0..whole.len() {
+            assert!(
+                ReadRequest::decode(whole.slice(..cut)).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut padded = BytesMut::from(&whole[..]);
+        padded.put_u8(0);
+        assert!(ReadRequest::decode(padded.freeze()).is_err());
+    }
+
+    #[test]
+    fn unknown_reject_flags_are_refused() {
+        let mut out = BytesMut::new();
+        out.put_u64_le(1);
+        out.put_u64_le(0);
+        out.put_u8(0x80);
+        out.put_u32_le(0);
+        assert!(WriteRequest::decode(out.freeze()).is_err());
+    }
+
+    #[test]
+    fn bincode_messages_reject_hostile_lengths() {
+        // A multi-read that claims 2^60 objects must fail to decode, not allocate.
+        let mut out = BytesMut::new();
+        out.put_u64_le(1 << 60);
+        assert!(MultiReadRequest::decode(out.freeze()).is_err());
+    }
+}

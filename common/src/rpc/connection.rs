@@ -1,0 +1,353 @@
+//! The client side of the RPC layer: one multiplexed TCP connection per peer.
+//!
+//! A [`Connection`] lets any number of tasks call concurrently. A caller encodes its
+//! request straight into one buffer behind space for the frame header, writes it under
+//! an async mutex on the socket's write half (one `write` per request, no extra task
+//! hop), and waits on a oneshot that the connection's reader task completes when the
+//! reply with the same rpc id arrives.
+//!
+//! # Failure handling
+//! * Every call has a deadline; past it the call returns [`RpcError::Timeout`] and its
+//!   slot is dropped, so a late reply is discarded.
+//! * If a caller is cancelled in the middle of writing its frame, the byte stream is
+//!   no longer framed: a drop guard marks the connection broken and shuts it down, and
+//!   the pool dials anew.
+//! * When the reader sees end-of-stream, an error or a frame that is not a reply, it
+//!   marks the connection closed and fails every call in flight with
+//!   [`RpcError::ConnectionLost`].
+
+use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
+use super::message::{Rpc, WireMessage};
+use super::{RpcError, CONNECT_TIMEOUT};
+use crate::limits::RPC_PAYLOAD_BYTES_MAX;
+use crate::status::Status;
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+type ReplySlot = oneshot::Sender<(FrameHeader, Bytes)>;
+
+/// State shared between callers and the reader task.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Calls waiting for their reply, by rpc id.
+    /// Invariant: once `closed` is set and the map drained, nothing is inserted again
+    /// (inserters check `closed` while holding the lock).
+    pending: Mutex<HashMap<u64, ReplySlot>>,
+    /// Set when the connection can carry no more calls.
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        // Dropping the senders wakes every waiting caller with ConnectionLost.
+        self.pending.lock().clear();
+    }
+}
+
+/// One multiplexed connection to a peer.
+#[derive(Debug)]
+pub struct Connection {
+    addr: String,
+    /// Serialises whole frames onto the socket; never held across anything but the
+    /// write of one frame.
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    shared: Arc<Shared>,
+    next_rpc_id: AtomicU64,
+    /// Aborted when the connection is dropped, so no reader outlives its connection.
+    reader: tokio::task::AbortHandle,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Marks the connection broken if a frame write is abandoned half-way.
+struct WriteGuard<'a> {
+    shared: &'a Shared,
+    armed: bool,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.close();
+        }
+    }
+}
+
+impl Connection {
+    /// Dials `addr` (with [`CONNECT_TIMEOUT`]).
+    pub async fn connect(addr: &str) -> Result<Connection, RpcError> {
+        let connect_error = |reason: String| RpcError::Connect {
+            addr: addr.to_string(),
+            reason,
+        };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| connect_error("timed out".to_string()))?
+            .map_err(|e| connect_error(e.to_string()))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| connect_error(e.to_string()))?;
+        let (read_half, write_half) = stream.into_split();
+        let shared = Arc::new(Shared::default());
+        let reader = tokio::spawn(read_replies(
+            read_half,
+            Arc::clone(&shared),
+            addr.to_string(),
+        ));
+        Ok(Connection {
+            addr: addr.to_string(),
+            writer: tokio::sync::Mutex::new(write_half),
+            shared,
+            next_rpc_id: AtomicU64::new(1),
+            reader: reader.abort_handle(),
+        })
+    }
+
+    /// The peer's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Whether the connection can no longer carry calls.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::SeqCst)
+    }
+
+    /// Calls RPC `R` and decodes its reply. A non-`Ok` reply status becomes
+    /// [`RpcError::Status`] with the peer's detail text.
+    pub async fn call<R: Rpc>(
+        &self,
+        request: &R::Request,
+        deadline: Instant,
+    ) -> Result<R::Reply, RpcError> {
+        let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + 64);
+        frame.resize(FRAME_HEADER_BYTES, 0);
+        request.encode(&mut frame);
+        let (header, payload) = self.call_raw(R::OPCODE, frame, deadline).await?;
+        if header.status != Status::Ok {
+            return Err(RpcError::Status {
+                addr: self.addr.clone(),
+                status: header.status,
+                detail: String::from_utf8_lossy(&payload).into_owned(),
+            });
+        }
+        R::Reply::decode(payload).map_err(|error| RpcError::Decode {
+            addr: self.addr.clone(),
+            error,
+        })
+    }
+
+    /// Sends `frame` (whose first [`FRAME_HEADER_BYTES`] are reserved for the header)
+    /// as a request with `opcode` and waits for the reply frame.
+    pub async fn call_raw(
+        &self,
+        opcode: Opcode,
+        mut frame: BytesMut,
+        deadline: Instant,
+    ) -> Result<(FrameHeader, Bytes), RpcError> {
+        let lost = || RpcError::ConnectionLost {
+            addr: self.addr.clone(),
+        };
+        assert!(
+            frame.len() >= FRAME_HEADER_BYTES,
+            "frame lacks room for its header"
+        );
+        let payload_len = frame.len() - FRAME_HEADER_BYTES;
+        if payload_len > RPC_PAYLOAD_BYTES_MAX {
+            return Err(RpcError::Status {
+                addr: self.addr.clone(),
+                status: Status::MessageTooLarge,
+                detail: format!("request of {payload_len} bytes not sent"),
+            });
+        }
+        let rpc_id = self.next_rpc_id.fetch_add(1, Ordering::Relaxed);
+        let header = FrameHeader {
+            opcode,
+            is_reply: false,
+            status: Status::Ok,
+            rpc_id,
+            payload_len: payload_len as u32,
+        };
+        header.write_to(&mut frame[..FRAME_HEADER_BYTES]);
+
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = self.shared.pending.lock();
+            if self.is_closed() {
+                return Err(lost());
+            }
+            pending.insert(rpc_id, tx);
+        }
+        let timeout = || RpcError::Timeout {
+            addr: self.addr.clone(),
+            opcode,
+        };
+        let written = tokio::time::timeout_at(deadline, async {
+            let mut writer = self.writer.lock().await;
+            let mut guard = WriteGuard {
+                shared: &self.shared,
+                armed: true,
+            };
+            let result = writer.write_all(&frame).await;
+            guard.armed = result.is_err();
+            result
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                self.shared.close();
+                return Err(lost());
+            }
+            Err(_) => {
+                self.shared.pending.lock().remove(&rpc_id);
+                return Err(timeout());
+            }
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(_)) => Err(lost()),
+            Err(_) => {
+                self.shared.pending.lock().remove(&rpc_id);
+                Err(timeout())
+            }
+        }
+    }
+}
+
+/// Reads reply frames until the stream ends or misbehaves, completing pending calls.
+async fn read_replies(mut socket: OwnedReadHalf, shared: Arc<Shared>, addr: String) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    loop {
+        match next_frame(&mut socket, &mut buf).await {
+            Ok(Some((header, payload))) if header.is_reply => {
+                let slot = shared.pending.lock().remove(&header.rpc_id);
+                // No slot: the caller timed out and left; the reply is dropped.
+                if let Some(slot) = slot {
+                    let _ = slot.send((header, payload));
+                }
+            }
+            Ok(Some((header, _))) => {
+                tracing::warn!(%addr, opcode = %header.opcode, "peer sent a request on a client connection; closing");
+                break;
+            }
+            Ok(None) => break,
+            Err(error) => {
+                tracing::debug!(%addr, %error, "rpc connection closed");
+                break;
+            }
+        }
+    }
+    shared.close();
+}
+
+/// Why a frame stream cannot be read further.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadFrameError {
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Frame(#[from] super::frame::FrameError),
+    #[error("payload of {len} bytes exceeds the limit")]
+    TooLarge { header: FrameHeader, len: usize },
+    #[error("stream ended inside a frame")]
+    Truncated,
+}
+
+/// Reads the next whole frame from `socket`, buffering in `buf`. `Ok(None)` at a clean
+/// end of stream between frames.
+pub(crate) async fn next_frame(
+    socket: &mut OwnedReadHalf,
+    buf: &mut BytesMut,
+) -> Result<Option<(FrameHeader, Bytes)>, ReadFrameError> {
+    loop {
+        if buf.len() >= FRAME_HEADER_BYTES {
+            let header = FrameHeader::read_from(&buf[..FRAME_HEADER_BYTES])?;
+            let len = header.payload_len as usize;
+            if len > RPC_PAYLOAD_BYTES_MAX {
+                return Err(ReadFrameError::TooLarge { header, len });
+            }
+            if buf.len() >= FRAME_HEADER_BYTES + len {
+                let mut frame = buf.split_to(FRAME_HEADER_BYTES + len);
+                let payload = frame.split_off(FRAME_HEADER_BYTES).freeze();
+                return Ok(Some((header, payload)));
+            }
+            buf.reserve(FRAME_HEADER_BYTES + len - buf.len());
+        } else if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(64 * 1024);
+        }
+        if socket.read_buf(buf).await? == 0 {
+            return if buf.is_empty() {
+                Ok(None)
+            } else {
+                Err(ReadFrameError::Truncated)
+            };
+        }
+    }
+}
+
+/// Reuses one [`Connection`] per peer address, dialling anew when one breaks.
+#[derive(Debug, Default)]
+pub struct RpcPool {
+    connections: Mutex<HashMap<String, Arc<Connection>>>,
+}
+
+impl RpcPool {
+    /// An empty pool.
+    pub fn new() -> RpcPool {
+        RpcPool::default()
+    }
+
+    /// The open connection to `addr`, dialling one if there is none.
+    pub async fn get(&self, addr: &str) -> Result<Arc<Connection>, RpcError> {
+        if let Some(connection) = self.connections.lock().get(addr) {
+            if !connection.is_closed() {
+                return Ok(Arc::clone(connection));
+            }
+        }
+        let connection = Arc::new(Connection::connect(addr).await?);
+        let mut connections = self.connections.lock();
+        // Two callers may have dialled at once; keep the first live one.
+        match connections.get(addr) {
+            Some(existing) if !existing.is_closed() => Ok(Arc::clone(existing)),
+            _ => {
+                connections.insert(addr.to_string(), Arc::clone(&connection));
+                Ok(connection)
+            }
+        }
+    }
+
+    /// Calls RPC `R` on `addr` over the pooled connection.
+    pub async fn call<R: Rpc>(
+        &self,
+        addr: &str,
+        request: &R::Request,
+        deadline: Instant,
+    ) -> Result<R::Reply, RpcError> {
+        let connection = tokio::time::timeout_at(deadline, self.get(addr))
+            .await
+            .map_err(|_| RpcError::Timeout {
+                addr: addr.to_string(),
+                opcode: R::OPCODE,
+            })??;
+        connection.call::<R>(request, deadline).await
+    }
+
+    /// Forgets the connection to `addr` (after the peer is known to be gone).
+    pub fn forget(&self, addr: &str) {
+        self.connections.lock().remove(addr);
+    }
+}

@@ -1,0 +1,1202 @@
+//! `CoordinatorState`: the cluster configuration as a deterministic state machine
+//! (DESIGN.md §7).
+//!
+//! It holds the server list, the tables and their tablets, the id counters and the
+//! configuration version. Every change is a [`Command`]; [`CoordinatorState::apply`] executes
+//! one and returns a [`CommandResult`]. The query methods read the state and change nothing.
+//! What it hides: id assignment, tablet placement and the indexes that keep look-ups by name
+//! and address cheap.
+//!
+//! # Determinism contract
+//!
+//! The state is replicated with Raft: each `Command` is a log entry that every replica
+//! applies in log order, and replays after a restart. Replicas must agree exactly, so
+//! `apply` is a pure function of (state, command):
+//!
+//! 1. No clocks. A time read inside `apply` would differ between replicas and between the
+//!    first apply and a replay. Decisions that depend on time (declaring a server crashed
+//!    after missed pings) are taken by the leader outside the state machine and enter it as
+//!    commands ([`Command::SetServerStatus`]).
+//! 2. No randomness. Tablets are placed round-robin from a cursor kept in the state.
+//! 3. No I/O. The async driver persists the log and sends the results.
+//! 4. Only ordered containers (`BTreeMap`, `Vec`). A `HashMap`'s iteration order depends on
+//!    a per-process random seed and would leak into placement and into [`TabletMap`].
+//! 5. A rejected command changes nothing, not even [`CoordinatorState::version`], so a
+//!    replica never has to undo half a command.
+//!
+//! # Snapshots
+//!
+//! The state derives `Serialize`/`Deserialize`: a snapshot is the serialized state.
+//! Restoring a snapshot taken after entry k and applying entries k+1.. gives the same state
+//! as applying every entry (a property test checks it). Call
+//! [`CoordinatorState::check_invariants`] on a snapshot read from disk before installing it.
+//!
+//! # Idempotence
+//!
+//! Clients retry after a lost reply, so commands that a retry may repeat are idempotent:
+//! creating an existing table returns that table (RAMCloud semantics), dropping a missing
+//! table succeeds with nothing to drop, and setting a server to its current status is a
+//! no-op. None of these bump the version.
+//!
+//! # Not yet
+//!
+//! A crashed server keeps its tablets here: crash recovery (a later issue) reassigns them
+//! with its own commands, and adds the wills and recoveries in progress of DESIGN.md §7.
+
+use rampart_common::ids::{ServerId, TableId};
+use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
+use rampart_common::status::Status;
+use rampart_common::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// Most live tables. Bounds the memory of the state and the size of a [`TabletMap`] that
+/// clients fetch.
+pub const TABLES_MAX: usize = 65_536;
+
+/// Most tablets over all live tables. A [`TabletMap`] travels in one RPC, so its tablets
+/// must fit in half a payload (the other half is left to the server list).
+pub const TABLETS_MAX: usize = 1 << 20;
+
+/// Bytes of one [`Tablet`] in bincode's fixed-width encoding: four `u64`s.
+const TABLET_WIRE_BYTES: usize = 32;
+
+/// Most entries in the server list. Ids are never reused and the list keeps crashed and
+/// removed servers (their ids must stay known), so this bounds enlistments over the life
+/// of the cluster, restarts included.
+pub const SERVERS_MAX: usize = 100_000;
+
+/// Longest table name, in bytes. Names travel in every `get_table_id` request.
+pub const TABLE_NAME_BYTES_MAX: usize = 256;
+
+/// Most tablets one table is split into. Spreading one table over more masters than this
+/// buys nothing in a cluster of the size Rampart targets.
+pub const TABLE_SPAN_MAX: u32 = 1024;
+
+/// Longest server address (`host:port`) or failure-domain name, in bytes.
+pub const SERVER_FIELD_BYTES_MAX: usize = 256;
+
+// A whole `TabletMap` must fit one RPC payload: its tablets in half of it, the table names
+// well within it, and no one table larger than the tablet budget.
+const _: () = assert!(TABLETS_MAX * TABLET_WIRE_BYTES <= RPC_PAYLOAD_BYTES_MAX / 2);
+const _: () = assert!(TABLE_SPAN_MAX as usize <= TABLETS_MAX);
+const _: () = assert!(TABLE_NAME_BYTES_MAX * TABLES_MAX <= RPC_PAYLOAD_BYTES_MAX);
+
+/// One change to the configuration: a Raft log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A server process starts and asks for an id.
+    ///
+    /// If an `Up` server already has `addr`, that server is marked `Crashed`: a process
+    /// restarted at the same address has lost its memory, so it is a new server with a new
+    /// id, and the old one's data must be recovered.
+    EnlistServer {
+        /// Where its RPC listener is (`host:port`).
+        addr: String,
+        /// What it runs.
+        services: Services,
+        /// Its rack; replicas of one segment never share one.
+        failure_domain: String,
+        /// Measured disk read bandwidth of its backup, MB/s.
+        disk_read_mbps: u32,
+    },
+    /// Changes a server's status. Statuses only move forward: `Up` → `Crashed` →
+    /// `Removed` (or `Up` → `Removed`); a crashed server that comes back enlists anew.
+    SetServerStatus {
+        /// The server.
+        id: ServerId,
+        /// Its new status.
+        status: ServerStatus,
+    },
+    /// Creates a table split into `span` tablets spread over the `Up` masters.
+    CreateTable {
+        /// Its name: 1..=[`TABLE_NAME_BYTES_MAX`] bytes, no control characters.
+        name: String,
+        /// Number of tablets, 1..=[`TABLE_SPAN_MAX`]. May exceed the number of masters:
+        /// a master then owns several tablets of the table.
+        span: u32,
+    },
+    /// Drops a table; its owners must then drop its tablets.
+    DropTable {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// What applying a [`Command`] produced; sent back to the client that proposed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// The server's new id.
+    Enlisted {
+        /// Assigned now; never reused.
+        id: ServerId,
+    },
+    /// The status was set (or already was the requested one).
+    StatusSet,
+    /// The table exists.
+    TableCreated {
+        /// Its id.
+        id: TableId,
+        /// Its tablets, in hash order; the owners must be told to take them.
+        tablets: Vec<Tablet>,
+        /// False if the table existed already: the existing table is returned, so a client
+        /// retry after a lost reply is harmless.
+        created: bool,
+    },
+    /// The table is gone.
+    TableDropped {
+        /// Its id; `None` if no such table existed (dropping is idempotent).
+        id: Option<TableId>,
+        /// The tablets the owners must drop; empty if no such table existed.
+        tablets: Vec<Tablet>,
+    },
+    /// The command was refused and changed nothing.
+    Rejected {
+        /// Why, as a wire status.
+        status: Status,
+        /// Human-readable detail.
+        detail: String,
+    },
+}
+
+/// Why a command is refused. Each variant maps to a wire [`Status`]; its message is the
+/// detail of [`CommandResult::Rejected`].
+#[derive(Debug, Error)]
+enum Reject {
+    #[error("table name is empty")]
+    TableNameEmpty,
+    #[error("table name is {len} bytes, more than {max}", max = TABLE_NAME_BYTES_MAX)]
+    TableNameTooLong { len: usize },
+    #[error("table name contains a control character")]
+    TableNameControl,
+    #[error("span {span} is outside 1..={max}", max = TABLE_SPAN_MAX)]
+    SpanOutOfRange { span: u32 },
+    #[error("too many tables (limit {max})", max = TABLES_MAX)]
+    TooManyTables,
+    #[error("too many tablets: {have} + {span} exceeds {max}", max = TABLETS_MAX)]
+    TooManyTablets { have: usize, span: u32 },
+    #[error("no up server runs a master")]
+    NoMasters,
+    #[error("server address is empty")]
+    AddrEmpty,
+    #[error("{field} is {len} bytes, more than {max}", max = SERVER_FIELD_BYTES_MAX)]
+    ServerFieldTooLong { field: &'static str, len: usize },
+    #[error("too many servers (limit {max})", max = SERVERS_MAX)]
+    TooManyServers,
+    #[error("unknown server {0}")]
+    UnknownServer(ServerId),
+    #[error("server {id} cannot go from {from:?} to {to:?}")]
+    StatusBackwards {
+        id: ServerId,
+        from: ServerStatus,
+        to: ServerStatus,
+    },
+}
+
+impl Reject {
+    fn status(&self) -> Status {
+        match self {
+            Reject::NoMasters => Status::NotEnoughServers,
+            _ => Status::InvalidArgument,
+        }
+    }
+}
+
+/// A command that was not rejected: whether it changed the state decides the version bump.
+enum Outcome {
+    Changed(CommandResult),
+    Unchanged(CommandResult),
+}
+
+/// An invariant of [`CoordinatorState`] that does not hold: a bug, or a corrupt snapshot.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum InvariantViolation {
+    /// A server entry is inconsistent.
+    #[error("{server}: {what}")]
+    Server {
+        /// The server.
+        server: ServerId,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A table entry or its tablets are inconsistent.
+    #[error("{table}: {what}")]
+    Table {
+        /// The table.
+        table: TableId,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The name index disagrees with the tables.
+    #[error("name index: {what}")]
+    NameIndex {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The address index disagrees with the up servers.
+    #[error("address index: {what}")]
+    AddrIndex {
+        /// What is wrong.
+        what: &'static str,
+    },
+}
+
+/// The coordinator's configuration. See the module doc for the determinism contract.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorState {
+    /// The id the next enlisted server gets.
+    /// 1. Starts at 1 and only grows, so ids are never reused.
+    /// 2. Greater than every key of `servers`.
+    next_server_id: u64,
+    /// The id the next created table gets.
+    /// 1. Starts at 1 and only grows, so a dropped and re-created name gets a new id.
+    /// 2. Greater than every key of `tables`.
+    next_table_id: u64,
+    /// Every server ever enlisted, by id.
+    /// 1. `servers[id].id == id`.
+    /// 2. At most [`SERVERS_MAX`] entries.
+    servers: BTreeMap<ServerId, ServerInfo>,
+    /// Every live table, by id.
+    /// 1. `tables[id].id == id`.
+    /// 2. Its tablets belong to it, are in hash order, contiguous, and cover
+    ///    `[0, u64::MAX]`.
+    /// 3. Every tablet's owner is a key of `servers` (possibly no longer `Up`).
+    /// 4. At most [`TABLES_MAX`] tables and [`TABLETS_MAX`] tablets in all.
+    tables: BTreeMap<TableId, TableInfo>,
+    /// Table ids by name.
+    /// 1. `names[t.name] == t.id` for every table `t`, and nothing else.
+    names: BTreeMap<String, TableId>,
+    /// The `Up` server at each address.
+    /// 1. `up_addrs[s.addr] == s.id` for every `Up` server `s`, and nothing else; so at
+    ///    most one `Up` server per address.
+    up_addrs: BTreeMap<String, ServerId>,
+    /// Tablets over all tables (the sum of `tables[..].tablets.len()`).
+    tablet_count: usize,
+    /// The master that received the most recent tablet (`ServerId(0)` before any). The next
+    /// tablet goes to the first `Up` master with a larger id, wrapping around, so many small
+    /// tables spread over all masters instead of piling onto the first one.
+    last_placed: ServerId,
+    /// Configuration version.
+    /// 1. Bumped exactly once by every command that changes the state; never otherwise.
+    version: u64,
+}
+
+impl Default for CoordinatorState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CoordinatorState {
+    /// An empty configuration: no servers, no tables, version 0.
+    pub fn new() -> Self {
+        CoordinatorState {
+            next_server_id: 1,
+            next_table_id: 1,
+            servers: BTreeMap::new(),
+            tables: BTreeMap::new(),
+            names: BTreeMap::new(),
+            up_addrs: BTreeMap::new(),
+            tablet_count: 0,
+            last_placed: ServerId(0),
+            version: 0,
+        }
+    }
+
+    /// Applies one command. Deterministic: the same state and command always give the same
+    /// new state and result. A rejected command leaves the state untouched.
+    pub fn apply(&mut self, command: &Command) -> CommandResult {
+        let outcome = match command {
+            Command::EnlistServer {
+                addr,
+                services,
+                failure_domain,
+                disk_read_mbps,
+            } => self.enlist_server(addr, *services, failure_domain, *disk_read_mbps),
+            Command::SetServerStatus { id, status } => self.set_server_status(*id, *status),
+            Command::CreateTable { name, span } => self.create_table(name, *span),
+            Command::DropTable { name } => Ok(self.drop_table(name)),
+        };
+        match outcome {
+            Ok(Outcome::Changed(result)) => {
+                self.version += 1;
+                result
+            }
+            Ok(Outcome::Unchanged(result)) => result,
+            Err(reject) => CommandResult::Rejected {
+                status: reject.status(),
+                detail: reject.to_string(),
+            },
+        }
+    }
+
+    /// The configuration version: bumped by every command that changes the state.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The id of the live table called `name`.
+    pub fn table_id(&self, name: &str) -> Option<TableId> {
+        self.names.get(name).copied()
+    }
+
+    /// The live table `id`.
+    pub fn table(&self, id: TableId) -> Option<&TableInfo> {
+        self.tables.get(&id)
+    }
+
+    /// The server `id`, whatever its status.
+    pub fn server(&self, id: ServerId) -> Option<&ServerInfo> {
+        self.servers.get(&id)
+    }
+
+    /// Every server ever enlisted, in id order.
+    pub fn servers(&self) -> impl Iterator<Item = &ServerInfo> {
+        self.servers.values()
+    }
+
+    /// The tablets `owner` serves, in (table id, hash) order. Scans every table: for the
+    /// rare control-path callers (enlist replies, recovery planning), not per request.
+    pub fn tablets_of(&self, owner: ServerId) -> Vec<Tablet> {
+        self.tables
+            .values()
+            .flat_map(|table| table.tablets.iter())
+            .filter(|tablet| tablet.owner == owner)
+            .copied()
+            .collect()
+    }
+
+    /// The whole configuration as clients and masters cache it: version, every server and
+    /// every table, both in id order.
+    pub fn tablet_map(&self) -> TabletMap {
+        TabletMap {
+            version: self.version,
+            servers: self.servers.values().cloned().collect(),
+            tables: self.tables.values().cloned().collect(),
+        }
+    }
+
+    /// Checks every invariant written on the fields. `apply` keeps them; this is for tests
+    /// and for a snapshot read from disk before it is installed.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        for (&id, server) in &self.servers {
+            let fail = |what| Err(InvariantViolation::Server { server: id, what });
+            if server.id != id {
+                return fail("keyed under another id");
+            }
+            if id.0 == 0 || id.0 >= self.next_server_id {
+                return fail("id outside 1..next_server_id");
+            }
+            let indexed = self.up_addrs.get(&server.addr) == Some(&id);
+            if (server.status == ServerStatus::Up) != indexed {
+                return fail("up status disagrees with the address index");
+            }
+        }
+        if self.servers.len() > SERVERS_MAX {
+            return Err(InvariantViolation::Server {
+                server: ServerId(self.next_server_id),
+                what: "more than SERVERS_MAX servers",
+            });
+        }
+        for (addr, id) in &self.up_addrs {
+            let up = self
+                .servers
+                .get(id)
+                .is_some_and(|s| s.status == ServerStatus::Up && &s.addr == addr);
+            if !up {
+                return Err(InvariantViolation::AddrIndex {
+                    what: "entry without an up server at that address",
+                });
+            }
+        }
+
+        let mut tablet_count = 0;
+        for (&id, table) in &self.tables {
+            let fail = |what| Err(InvariantViolation::Table { table: id, what });
+            if table.id != id {
+                return fail("keyed under another id");
+            }
+            if id.0 == 0 || id.0 >= self.next_table_id {
+                return fail("id outside 1..next_table_id");
+            }
+            if self.names.get(&table.name) != Some(&id) {
+                return fail("name not indexed");
+            }
+            if table.tablets.first().map(|t| t.start_hash) != Some(0)
+                || table.tablets.last().map(|t| t.end_hash) != Some(u64::MAX)
+            {
+                return fail("tablets do not cover [0, u64::MAX]");
+            }
+            if table.tablets.windows(2).any(|pair| {
+                pair[0].end_hash >= pair[1].start_hash || pair[0].end_hash + 1 != pair[1].start_hash
+            }) {
+                return fail("tablets not contiguous in hash order");
+            }
+            for tablet in &table.tablets {
+                if tablet.table != id {
+                    return fail("tablet of another table");
+                }
+                if tablet.start_hash > tablet.end_hash {
+                    return fail("empty tablet");
+                }
+                if !self.servers.contains_key(&tablet.owner) {
+                    return fail("tablet owner never enlisted");
+                }
+            }
+            tablet_count += table.tablets.len();
+        }
+        if self.tables.len() > TABLES_MAX
+            || tablet_count > TABLETS_MAX
+            || tablet_count != self.tablet_count
+        {
+            return Err(InvariantViolation::Table {
+                table: TableId(self.next_table_id),
+                what: "table or tablet count wrong or over its limit",
+            });
+        }
+        if self.names.len() != self.tables.len() {
+            return Err(InvariantViolation::NameIndex {
+                what: "entries without a table",
+            });
+        }
+        Ok(())
+    }
+
+    fn enlist_server(
+        &mut self,
+        addr: &str,
+        services: Services,
+        failure_domain: &str,
+        disk_read_mbps: u32,
+    ) -> Result<Outcome, Reject> {
+        if addr.is_empty() {
+            return Err(Reject::AddrEmpty);
+        }
+        for (field, value) in [("address", addr), ("failure domain", failure_domain)] {
+            if value.len() > SERVER_FIELD_BYTES_MAX {
+                return Err(Reject::ServerFieldTooLong {
+                    field,
+                    len: value.len(),
+                });
+            }
+        }
+        if self.servers.len() >= SERVERS_MAX {
+            return Err(Reject::TooManyServers);
+        }
+
+        // Never overflows: SERVERS_MAX bounds the number of enlistments.
+        let id = ServerId(self.next_server_id);
+        self.next_server_id += 1;
+        if let Some(old) = self.up_addrs.insert(addr.to_owned(), id) {
+            // A process restarted at the same address lost its DRAM: the old server is
+            // gone, and recovery (later) reassigns its tablets.
+            if let Some(old) = self.servers.get_mut(&old) {
+                old.status = ServerStatus::Crashed;
+            }
+        }
+        self.servers.insert(
+            id,
+            ServerInfo {
+                id,
+                addr: addr.to_owned(),
+                services,
+                status: ServerStatus::Up,
+                failure_domain: failure_domain.to_owned(),
+                disk_read_mbps,
+            },
+        );
+        Ok(Outcome::Changed(CommandResult::Enlisted { id }))
+    }
+
+    fn set_server_status(&mut self, id: ServerId, status: ServerStatus) -> Result<Outcome, Reject> {
+        let server = self.servers.get_mut(&id).ok_or(Reject::UnknownServer(id))?;
+        if server.status == status {
+            return Ok(Outcome::Unchanged(CommandResult::StatusSet));
+        }
+        if rank(status) < rank(server.status) {
+            return Err(Reject::StatusBackwards {
+                id,
+                from: server.status,
+                to: status,
+            });
+        }
+        if server.status == ServerStatus::Up {
+            self.up_addrs.remove(&server.addr);
+        }
+        // The server keeps its tablets: recovery (a later issue) reassigns them.
+        server.status = status;
+        Ok(Outcome::Changed(CommandResult::StatusSet))
+    }
+
+    fn create_table(&mut self, name: &str, span: u32) -> Result<Outcome, Reject> {
+        validate_table_name(name)?;
+        if !(1..=TABLE_SPAN_MAX).contains(&span) {
+            return Err(Reject::SpanOutOfRange { span });
+        }
+        if let Some(table) = self.names.get(name).and_then(|id| self.tables.get(id)) {
+            // Idempotent: even with a different span, so that a retry never fails.
+            return Ok(Outcome::Unchanged(CommandResult::TableCreated {
+                id: table.id,
+                tablets: table.tablets.clone(),
+                created: false,
+            }));
+        }
+        if self.tables.len() >= TABLES_MAX {
+            return Err(Reject::TooManyTables);
+        }
+        if self.tablet_count + span as usize > TABLETS_MAX {
+            return Err(Reject::TooManyTablets {
+                have: self.tablet_count,
+                span,
+            });
+        }
+        let masters: Vec<ServerId> = self
+            .servers
+            .values()
+            .filter(|s| s.status == ServerStatus::Up && s.services.master)
+            .map(|s| s.id)
+            .collect();
+        if masters.is_empty() {
+            return Err(Reject::NoMasters);
+        }
+
+        // Never overflows: one id per applied command.
+        let id = TableId(self.next_table_id);
+        self.next_table_id += 1;
+        let first = masters.partition_point(|&m| m <= self.last_placed);
+        let owners = masters.iter().cycle().skip(first);
+        let tablets: Vec<Tablet> = Tablet::split_hash_space(span)
+            .into_iter()
+            .zip(owners)
+            .map(|((start_hash, end_hash), &owner)| Tablet {
+                table: id,
+                start_hash,
+                end_hash,
+                owner,
+            })
+            .collect();
+        if let Some(last) = tablets.last() {
+            self.last_placed = last.owner;
+        }
+        self.tablet_count += tablets.len();
+        self.names.insert(name.to_owned(), id);
+        self.tables.insert(
+            id,
+            TableInfo {
+                id,
+                name: name.to_owned(),
+                tablets: tablets.clone(),
+            },
+        );
+        Ok(Outcome::Changed(CommandResult::TableCreated {
+            id,
+            tablets,
+            created: true,
+        }))
+    }
+
+    fn drop_table(&mut self, name: &str) -> Outcome {
+        let Some(table) = self
+            .names
+            .remove(name)
+            .and_then(|id| self.tables.remove(&id))
+        else {
+            return Outcome::Unchanged(CommandResult::TableDropped {
+                id: None,
+                tablets: Vec::new(),
+            });
+        };
+        self.tablet_count -= table.tablets.len();
+        Outcome::Changed(CommandResult::TableDropped {
+            id: Some(table.id),
+            tablets: table.tablets,
+        })
+    }
+}
+
+/// Position of a status in its only allowed direction of travel.
+fn rank(status: ServerStatus) -> u8 {
+    match status {
+        ServerStatus::Up => 0,
+        ServerStatus::Crashed => 1,
+        ServerStatus::Removed => 2,
+    }
+}
+
+fn validate_table_name(name: &str) -> Result<(), Reject> {
+    if name.is_empty() {
+        return Err(Reject::TableNameEmpty);
+    }
+    if name.len() > TABLE_NAME_BYTES_MAX {
+        return Err(Reject::TableNameTooLong { len: name.len() });
+    }
+    if name.chars().any(char::is_control) {
+        return Err(Reject::TableNameControl);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const BOTH: Services = Services {
+        master: true,
+        backup: true,
+    };
+    const BACKUP_ONLY: Services = Services {
+        master: false,
+        backup: true,
+    };
+
+    fn enlist(state: &mut CoordinatorState, addr: &str, services: Services) -> ServerId {
+        match state.apply(&Command::EnlistServer {
+            addr: addr.to_owned(),
+            services,
+            failure_domain: "rack-1".to_owned(),
+            disk_read_mbps: 500,
+        }) {
+            CommandResult::Enlisted { id } => id,
+            other => panic!("enlist failed: {other:?}"),
+        }
+    }
+
+    fn create(state: &mut CoordinatorState, name: &str, span: u32) -> CommandResult {
+        state.apply(&Command::CreateTable {
+            name: name.to_owned(),
+            span,
+        })
+    }
+
+    fn created(state: &mut CoordinatorState, name: &str, span: u32) -> (TableId, Vec<Tablet>) {
+        match create(state, name, span) {
+            CommandResult::TableCreated {
+                id,
+                tablets,
+                created: true,
+            } => (id, tablets),
+            other => panic!("create failed: {other:?}"),
+        }
+    }
+
+    fn cluster(masters: usize) -> (CoordinatorState, Vec<ServerId>) {
+        let mut state = CoordinatorState::new();
+        let ids = (0..masters)
+            .map(|i| enlist(&mut state, &format!("10.0.0.{i}:7000"), BOTH))
+            .collect();
+        (state, ids)
+    }
+
+    fn assert_rejected(state: &mut CoordinatorState, command: Command, status: Status) {
+        let before = state.clone();
+        match state.apply(&command) {
+            CommandResult::Rejected { status: got, .. } => assert_eq!(got, status, "{command:?}"),
+            other => panic!("{command:?} not rejected: {other:?}"),
+        }
+        assert_eq!(*state, before, "{command:?} changed the state");
+    }
+
+    #[test]
+    fn new_state_is_empty_at_version_zero() {
+        let state = CoordinatorState::default();
+        assert_eq!(state, CoordinatorState::new());
+        assert_eq!(state.version(), 0);
+        assert_eq!(state.servers().count(), 0);
+        assert_eq!(state.tablet_map(), TabletMap::default());
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn enlist_assigns_increasing_ids_from_one() {
+        let (state, ids) = cluster(3);
+        assert_eq!(ids, vec![ServerId(1), ServerId(2), ServerId(3)]);
+        assert_eq!(state.version(), 3);
+        let server = state.server(ServerId(2)).expect("enlisted");
+        assert_eq!(server.addr, "10.0.0.1:7000");
+        assert_eq!(server.status, ServerStatus::Up);
+        assert_eq!(server.failure_domain, "rack-1");
+        assert_eq!(server.disk_read_mbps, 500);
+        let listed: Vec<ServerId> = state.servers().map(|s| s.id).collect();
+        assert_eq!(listed, ids);
+    }
+
+    #[test]
+    fn enlist_at_the_address_of_an_up_server_crashes_the_old_one() {
+        let (mut state, ids) = cluster(2);
+        let (_, tablets) = created(&mut state, "t", 2);
+        let again = enlist(&mut state, "10.0.0.0:7000", BOTH);
+        assert_eq!(again, ServerId(3));
+        assert_eq!(state.version(), 4, "one bump for enlist + crash");
+        let old = state.server(ids[0]).expect("kept in the list");
+        assert_eq!(old.status, ServerStatus::Crashed);
+        assert_eq!(
+            state.server(again).map(|s| s.status),
+            Some(ServerStatus::Up)
+        );
+        assert_eq!(
+            state.server(ids[1]).map(|s| s.status),
+            Some(ServerStatus::Up)
+        );
+        // The crashed server keeps its tablet until recovery reassigns it.
+        assert_eq!(state.tablets_of(ids[0]), vec![tablets[0]]);
+        assert!(state.tablets_of(again).is_empty());
+        // A third process at that address crashes only the second (the first is already
+        // crashed).
+        let third = enlist(&mut state, "10.0.0.0:7000", BOTH);
+        assert_eq!(
+            state.server(again).map(|s| s.status),
+            Some(ServerStatus::Crashed)
+        );
+        assert_eq!(
+            state.server(third).map(|s| s.status),
+            Some(ServerStatus::Up)
+        );
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn enlist_after_the_old_server_was_removed_leaves_it_removed() {
+        let (mut state, ids) = cluster(1);
+        state.apply(&Command::SetServerStatus {
+            id: ids[0],
+            status: ServerStatus::Removed,
+        });
+        let again = enlist(&mut state, "10.0.0.0:7000", BOTH);
+        assert_eq!(
+            state.server(ids[0]).map(|s| s.status),
+            Some(ServerStatus::Removed)
+        );
+        assert_eq!(
+            state.server(again).map(|s| s.status),
+            Some(ServerStatus::Up)
+        );
+    }
+
+    #[test]
+    fn enlist_with_bad_fields_is_rejected_without_change() {
+        let (mut state, _) = cluster(1);
+        let bad = |addr: &str, domain: &str| Command::EnlistServer {
+            addr: addr.to_owned(),
+            services: BOTH,
+            failure_domain: domain.to_owned(),
+            disk_read_mbps: 0,
+        };
+        let long = "x".repeat(SERVER_FIELD_BYTES_MAX + 1);
+        assert_rejected(&mut state, bad("", "r"), Status::InvalidArgument);
+        assert_rejected(&mut state, bad(&long, "r"), Status::InvalidArgument);
+        assert_rejected(&mut state, bad("a:1", &long), Status::InvalidArgument);
+    }
+
+    #[test]
+    fn set_server_status_moves_forward_and_is_idempotent() {
+        let (mut state, ids) = cluster(1);
+        let set = |status| Command::SetServerStatus { id: ids[0], status };
+        assert_eq!(
+            state.apply(&set(ServerStatus::Crashed)),
+            CommandResult::StatusSet
+        );
+        assert_eq!(state.version(), 2);
+        let before = state.clone();
+        assert_eq!(
+            state.apply(&set(ServerStatus::Crashed)),
+            CommandResult::StatusSet
+        );
+        assert_eq!(
+            state, before,
+            "repeating a status changes nothing, not even the version"
+        );
+        assert_rejected(&mut state, set(ServerStatus::Up), Status::InvalidArgument);
+        assert_eq!(
+            state.apply(&set(ServerStatus::Removed)),
+            CommandResult::StatusSet
+        );
+        assert_eq!(state.version(), 3);
+        assert_rejected(
+            &mut state,
+            set(ServerStatus::Crashed),
+            Status::InvalidArgument,
+        );
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn set_server_status_of_an_unknown_server_is_rejected() {
+        let (mut state, _) = cluster(1);
+        for id in [ServerId(0), ServerId(2)] {
+            let command = Command::SetServerStatus {
+                id,
+                status: ServerStatus::Crashed,
+            };
+            assert_rejected(&mut state, command, Status::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn crashing_a_server_keeps_its_tablets() {
+        let (mut state, ids) = cluster(2);
+        let (_, tablets) = created(&mut state, "t", 2);
+        state.apply(&Command::SetServerStatus {
+            id: ids[1],
+            status: ServerStatus::Crashed,
+        });
+        assert_eq!(state.tablets_of(ids[1]), vec![tablets[1]]);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn create_table_splits_evenly_and_covers_the_hash_space() {
+        let (mut state, ids) = cluster(4);
+        let (id, tablets) = created(&mut state, "users", 4);
+        assert_eq!(id, TableId(1));
+        assert_eq!(state.table_id("users"), Some(id));
+        let table = state.table(id).expect("created");
+        assert_eq!(table.name, "users");
+        assert_eq!(table.tablets, tablets);
+        assert_eq!(tablets.len(), 4);
+        assert_eq!(tablets[0].start_hash, 0);
+        assert_eq!(tablets[3].end_hash, u64::MAX);
+        for pair in tablets.windows(2) {
+            assert_eq!(pair[0].end_hash + 1, pair[1].start_hash);
+        }
+        for tablet in &tablets {
+            assert_eq!(tablet.table, id);
+            assert_eq!(tablet.end_hash - tablet.start_hash, u64::MAX / 4);
+        }
+        let owners: Vec<ServerId> = tablets.iter().map(|t| t.owner).collect();
+        assert_eq!(owners, ids, "one tablet per master, in id order");
+        assert_eq!(state.version(), 5);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn create_table_wider_than_the_cluster_wraps_round_robin() {
+        let (mut state, ids) = cluster(3);
+        let (_, tablets) = created(&mut state, "wide", 7);
+        let owners: Vec<u64> = tablets.iter().map(|t| t.owner.0).collect();
+        assert_eq!(owners, vec![1, 2, 3, 1, 2, 3, 1]);
+        // The cursor continues where the last table stopped.
+        let (_, next) = created(&mut state, "next", 2);
+        let owners: Vec<ServerId> = next.iter().map(|t| t.owner).collect();
+        assert_eq!(owners, vec![ids[1], ids[2]]);
+    }
+
+    #[test]
+    fn many_single_tablet_tables_spread_over_all_masters() {
+        let (mut state, ids) = cluster(5);
+        for i in 0..20 {
+            created(&mut state, &format!("t{i}"), 1);
+        }
+        for id in &ids {
+            assert_eq!(state.tablets_of(*id).len(), 4, "{id}");
+        }
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn create_table_skips_crashed_servers_and_backup_only_servers() {
+        let (mut state, ids) = cluster(3);
+        let backup = enlist(&mut state, "10.0.1.0:7000", BACKUP_ONLY);
+        state.apply(&Command::SetServerStatus {
+            id: ids[1],
+            status: ServerStatus::Crashed,
+        });
+        let (_, tablets) = created(&mut state, "t", 4);
+        let owners: Vec<ServerId> = tablets.iter().map(|t| t.owner).collect();
+        assert_eq!(owners, vec![ids[0], ids[2], ids[0], ids[2]]);
+        assert!(state.tablets_of(backup).is_empty());
+    }
+
+    #[test]
+    fn create_table_cursor_survives_the_last_placed_master_crashing() {
+        let (mut state, ids) = cluster(3);
+        created(&mut state, "a", 2);
+        state.apply(&Command::SetServerStatus {
+            id: ids[1],
+            status: ServerStatus::Crashed,
+        });
+        let (_, tablets) = created(&mut state, "b", 1);
+        assert_eq!(tablets[0].owner, ids[2], "first up master after the cursor");
+    }
+
+    #[test]
+    fn create_existing_name_returns_the_same_table_unchanged() {
+        let (mut state, _) = cluster(2);
+        let (id, tablets) = created(&mut state, "t", 2);
+        let before = state.clone();
+        let again = create(&mut state, "t", 5);
+        assert_eq!(
+            again,
+            CommandResult::TableCreated {
+                id,
+                tablets,
+                created: false
+            }
+        );
+        assert_eq!(state, before, "no version bump, no cursor move");
+    }
+
+    #[test]
+    fn create_existing_name_succeeds_even_without_masters() {
+        let (mut state, ids) = cluster(1);
+        let (id, _) = created(&mut state, "t", 1);
+        state.apply(&Command::SetServerStatus {
+            id: ids[0],
+            status: ServerStatus::Crashed,
+        });
+        assert!(matches!(
+            create(&mut state, "t", 1),
+            CommandResult::TableCreated { id: got, created: false, .. } if got == id
+        ));
+    }
+
+    #[test]
+    fn create_after_drop_gets_a_new_id() {
+        let (mut state, _) = cluster(1);
+        let (first, tablets) = created(&mut state, "t", 3);
+        assert_eq!(
+            state.apply(&Command::DropTable { name: "t".into() }),
+            CommandResult::TableDropped {
+                id: Some(first),
+                tablets
+            }
+        );
+        assert_eq!(state.table_id("t"), None);
+        assert_eq!(state.table(first), None);
+        assert!(state.tablets_of(ServerId(1)).is_empty());
+        let (second, _) = created(&mut state, "t", 1);
+        assert_eq!(second, TableId(2));
+        assert_ne!(first, second);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn drop_unknown_table_is_idempotent() {
+        let (mut state, _) = cluster(1);
+        created(&mut state, "t", 1);
+        state.apply(&Command::DropTable { name: "t".into() });
+        let before = state.clone();
+        for name in ["t", "never", ""] {
+            let result = state.apply(&Command::DropTable { name: name.into() });
+            assert_eq!(
+                result,
+                CommandResult::TableDropped {
+                    id: None,
+                    tablets: vec![]
+                }
+            );
+        }
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn create_table_with_bad_name_or_span_is_rejected_without_change() {
+        let (mut state, _) = cluster(2);
+        created(&mut state, "ok", 1);
+        let long = "n".repeat(TABLE_NAME_BYTES_MAX + 1);
+        let longest = "n".repeat(TABLE_NAME_BYTES_MAX);
+        for (name, span) in [
+            ("", 1),
+            (long.as_str(), 1),
+            ("tab\tle", 1),
+            ("new\nline", 1),
+            ("nul\0", 1),
+            ("del\u{7f}", 1),
+            ("fine", 0),
+            ("fine", TABLE_SPAN_MAX + 1),
+            ("fine", u32::MAX),
+            // Bad arguments are refused even when the name exists.
+            ("ok", 0),
+        ] {
+            let command = Command::CreateTable {
+                name: name.to_owned(),
+                span,
+            };
+            assert_rejected(&mut state, command, Status::InvalidArgument);
+        }
+        created(&mut state, &longest, TABLE_SPAN_MAX);
+        created(&mut state, "ünïcödé 表", 1);
+    }
+
+    #[test]
+    fn create_table_without_up_masters_is_rejected_without_change() {
+        let mut state = CoordinatorState::new();
+        let command = Command::CreateTable {
+            name: "t".into(),
+            span: 1,
+        };
+        assert_rejected(&mut state, command.clone(), Status::NotEnoughServers);
+        enlist(&mut state, "10.0.1.0:7000", BACKUP_ONLY);
+        assert_rejected(&mut state, command.clone(), Status::NotEnoughServers);
+        let master = enlist(&mut state, "10.0.0.0:7000", BOTH);
+        state.apply(&Command::SetServerStatus {
+            id: master,
+            status: ServerStatus::Crashed,
+        });
+        assert_rejected(&mut state, command, Status::NotEnoughServers);
+    }
+
+    #[test]
+    fn create_table_beyond_the_table_limit_is_rejected() {
+        let (mut state, _) = cluster(1);
+        for i in 0..TABLES_MAX {
+            created(&mut state, &format!("t{i}"), 1);
+        }
+        let before = state.clone();
+        match create(&mut state, "one-more", 1) {
+            CommandResult::Rejected { status, detail } => {
+                assert_eq!(status, Status::InvalidArgument);
+                assert!(detail.contains("too many tables"), "{detail}");
+            }
+            other => panic!("not rejected: {other:?}"),
+        }
+        assert_eq!(state, before);
+        // An existing name is still answered.
+        assert!(matches!(
+            create(&mut state, "t0", 1),
+            CommandResult::TableCreated { created: false, .. }
+        ));
+    }
+
+    #[test]
+    fn create_table_beyond_the_tablet_limit_is_rejected() {
+        let (mut state, _) = cluster(1);
+        let full = TABLETS_MAX / TABLE_SPAN_MAX as usize;
+        for i in 0..full {
+            created(&mut state, &format!("t{i}"), TABLE_SPAN_MAX);
+        }
+        assert_rejected(
+            &mut state,
+            Command::CreateTable {
+                name: "x".into(),
+                span: 1,
+            },
+            Status::InvalidArgument,
+        );
+        state.apply(&Command::DropTable { name: "t0".into() });
+        created(&mut state, "x", TABLE_SPAN_MAX);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn tablet_map_lists_everything_at_the_current_version() {
+        let (mut state, _) = cluster(2);
+        created(&mut state, "b", 1);
+        created(&mut state, "a", 2);
+        let map = state.tablet_map();
+        assert_eq!(map.version, state.version());
+        assert_eq!(map.servers.len(), 2);
+        let names: Vec<&str> = map.tables.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, vec!["b", "a"], "tables in id order");
+    }
+
+    #[test]
+    fn check_invariants_catches_a_corrupt_state() {
+        let (mut state, _) = cluster(1);
+        created(&mut state, "t", 2);
+        let mut gap = state.clone();
+        if let Some(table) = gap.tables.get_mut(&TableId(1)) {
+            table.tablets[1].start_hash += 1;
+        }
+        assert!(gap.check_invariants().is_err());
+        let mut orphan = state.clone();
+        orphan.servers.clear();
+        orphan.up_addrs.clear();
+        assert!(orphan.check_invariants().is_err());
+        let mut unnamed = state;
+        unnamed.names.clear();
+        assert!(unnamed.check_invariants().is_err());
+    }
+
+    fn command_strategy() -> impl Strategy<Value = Command> {
+        let name =
+            prop::sample::select(vec!["a", "b", "c", "d", "", "bad\n"]).prop_map(String::from);
+        let addr =
+            prop::sample::select(vec!["h1:1", "h2:1", "h3:1", "h4:1"]).prop_map(String::from);
+        let status = prop::sample::select(vec![
+            ServerStatus::Up,
+            ServerStatus::Crashed,
+            ServerStatus::Removed,
+        ]);
+        prop_oneof![
+            3 => (addr, any::<bool>(), any::<bool>(), 0u32..1000).prop_map(
+                |(addr, master, backup, disk_read_mbps)| Command::EnlistServer {
+                    addr,
+                    services: Services { master, backup },
+                    failure_domain: "rack".into(),
+                    disk_read_mbps,
+                }
+            ),
+            2 => (0u64..12, status).prop_map(|(id, status)| Command::SetServerStatus {
+                id: ServerId(id),
+                status,
+            }),
+            4 => (name.clone(), 0u32..=20).prop_map(|(name, span)| Command::CreateTable { name, span }),
+            2 => name.prop_map(|name| Command::DropTable { name }),
+        ]
+    }
+
+    /// Applies `commands`, checking after each step the invariants and that a rejected
+    /// command changed nothing and a successful one bumped the version at most once.
+    fn run(state: &mut CoordinatorState, commands: &[Command]) -> Vec<CommandResult> {
+        commands
+            .iter()
+            .map(|command| {
+                let before = state.clone();
+                let result = state.apply(command);
+                if let Err(violation) = state.check_invariants() {
+                    panic!("after {command:?}: {violation}");
+                }
+                match &result {
+                    CommandResult::Rejected { .. } => assert_eq!(*state, before),
+                    _ if *state == before => {}
+                    _ => assert_eq!(state.version(), before.version() + 1, "{command:?}"),
+                }
+                result
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn apply_is_deterministic(commands in prop::collection::vec(command_strategy(), 0..80)) {
+            let (mut one, mut two) = (CoordinatorState::new(), CoordinatorState::new());
+            let results_one = run(&mut one, &commands);
+            let results_two = run(&mut two, &commands);
+            prop_assert_eq!(results_one, results_two);
+            prop_assert_eq!(&one, &two);
+            let bytes_one = bincode::serialize(&one).expect("serializable");
+            let bytes_two = bincode::serialize(&two).expect("serializable");
+            prop_assert_eq!(bytes_one, bytes_two);
+        }
+
+        #[test]
+        fn snapshot_then_replay_equals_full_replay(
+            commands in prop::collection::vec(command_strategy(), 0..80),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let k = cut.index(commands.len() + 1);
+            let mut full = CoordinatorState::new();
+            let full_results = run(&mut full, &commands);
+
+            let mut prefix = CoordinatorState::new();
+            let mut results = run(&mut prefix, &commands[..k]);
+            let snapshot = bincode::serialize(&prefix).expect("serializable");
+            let mut restored: CoordinatorState =
+                bincode::deserialize(&snapshot).expect("deserializable");
+            prop_assert_eq!(&restored, &prefix);
+            prop_assert_eq!(restored.check_invariants(), Ok(()));
+            results.extend(run(&mut restored, &commands[k..]));
+            prop_assert_eq!(results, full_results);
+            prop_assert_eq!(restored, full);
+        }
+
+        #[test]
+        fn commands_round_trip_through_bincode(command in command_strategy()) {
+            let bytes = bincode::serialize(&command).expect("serializable");
+            let back: Command = bincode::deserialize(&bytes).expect("deserializable");
+            prop_assert_eq!(back, command);
+        }
+    }
+}

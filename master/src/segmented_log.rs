@@ -1,0 +1,348 @@
+//! `SegmentedLog`: the master's log-structured memory (DESIGN.md §4).
+//!
+//! All objects and tombstones live in one append-only log divided into fixed-size
+//! segments; the memory limit is a number of segments. Appends go to the *head*
+//! segment. When an entry does not fit, the log rolls over following the
+//! digest-and-footer protocol: open segment n+1 with its header, a digest of every live
+//! segment (n+1 included) and the safe-version floor, sealed; then close segment n with
+//! `SegmentFooter{n+1}`; only then append data to n+1. Replicas therefore never need an
+//! update in place, and recovery can tell a complete log from an incomplete one.
+//!
+//! # Replication hand-off
+//! Every byte range appended since the last [`SegmentedLog::take_unreplicated`] is
+//! remembered in append order. The write path takes those ranges after each sealed
+//! batch and hands them to replication before acknowledging (see `appender`).
+//!
+//! # Space
+//! A full log (no free segment for a rollover) refuses the append with [`NoSpace`];
+//! nothing already written is touched. Space comes back only when the cleaner (a later
+//! issue) frees segments.
+
+use rampart_common::config::MasterConfig;
+use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
+use rampart_common::log::{Entry, LogFull, ObjectEntry, SegmentWriter};
+use std::collections::BTreeMap;
+
+use crate::object_index::LogRef;
+
+/// The log has no room for the entry and no free segment to roll over to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("log memory is full")]
+pub struct NoSpace;
+
+/// Bytes `[start, end)` of one segment, appended but not yet handed to replication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentRange {
+    /// The segment.
+    pub segment: SegmentId,
+    /// First byte.
+    pub start: u32,
+    /// One past the last byte.
+    pub end: u32,
+    /// Whether the segment was closed by this range (its footer is inside).
+    pub closes: bool,
+}
+
+/// A master's log in DRAM.
+#[derive(Debug)]
+pub struct SegmentedLog {
+    log_id: ServerId,
+    segment_bytes: u32,
+    segments_max: u64,
+    /// Every live segment, by id.
+    /// Invariants: 1. exactly one segment (the head) is open; every other is closed with
+    /// a footer naming its successor. 2. `segments.len() <= segments_max`.
+    segments: BTreeMap<SegmentId, SegmentWriter>,
+    head: SegmentId,
+    /// Ranges appended since the last `take_unreplicated`, in append order.
+    /// Invariant: a new head's header and digest range precedes the old head's closing
+    /// range, as the digest-and-footer protocol requires.
+    unreplicated: Vec<SegmentRange>,
+    /// Where the last handed-off range of each segment ended (its replicated length).
+    handed_off: BTreeMap<SegmentId, u32>,
+}
+
+impl SegmentedLog {
+    /// A log for master `log_id` with its first segment open.
+    ///
+    /// # Panics
+    /// If `config` was not validated (a segment too small for its own header).
+    pub fn new(log_id: ServerId, config: &MasterConfig, safe_version: Version) -> SegmentedLog {
+        let first = SegmentId(1);
+        let mut log = SegmentedLog {
+            log_id,
+            segment_bytes: config.segment_bytes,
+            segments_max: config.segments_max(),
+            segments: BTreeMap::new(),
+            head: first,
+            unreplicated: Vec::new(),
+            handed_off: BTreeMap::new(),
+        };
+        let head = log
+            .open_segment(first, safe_version)
+            .expect("a validated config holds a first segment");
+        log.segments.insert(first, head);
+        log.note_appended(first);
+        log
+    }
+
+    fn open_segment(&self, id: SegmentId, safe_version: Version) -> Result<SegmentWriter, NoSpace> {
+        let digest: Vec<SegmentId> = self
+            .segments
+            .keys()
+            .copied()
+            .chain(std::iter::once(id))
+            .collect();
+        let mut segment = SegmentWriter::open(self.log_id, id, self.segment_bytes, &digest)
+            .map_err(|_| NoSpace)?;
+        segment
+            .append_safe_version(safe_version)
+            .map_err(|_| NoSpace)?;
+        segment.seal_batch();
+        Ok(segment)
+    }
+
+    fn head_mut(&mut self) -> &mut SegmentWriter {
+        self.segments
+            .get_mut(&self.head)
+            .expect("the head segment is always live")
+    }
+
+    /// Appends an object; rolls over to a new segment when the head is full.
+    pub fn append_object(
+        &mut self,
+        table: TableId,
+        version: Version,
+        key: &[u8],
+        value: &[u8],
+        safe_version: Version,
+    ) -> Result<LogRef, NoSpace> {
+        self.append_with(safe_version, |segment| {
+            segment.append_object(table, version, key, value)
+        })
+    }
+
+    /// Appends a tombstone for the object `version` of `key` that lives in `segment`.
+    pub fn append_tombstone(
+        &mut self,
+        table: TableId,
+        version: Version,
+        object_segment: SegmentId,
+        key: &[u8],
+        safe_version: Version,
+    ) -> Result<LogRef, NoSpace> {
+        self.append_with(safe_version, |segment| {
+            segment.append_tombstone(table, version, object_segment, key)
+        })
+    }
+
+    fn append_with(
+        &mut self,
+        safe_version: Version,
+        append: impl Fn(&mut SegmentWriter) -> Result<u32, LogFull>,
+    ) -> Result<LogRef, NoSpace> {
+        if let Ok(offset) = append(self.head_mut()) {
+            return Ok(LogRef {
+                segment: self.head,
+                offset,
+            });
+        }
+        self.roll_over(safe_version)?;
+        let offset = append(self.head_mut()).map_err(|_| NoSpace)?;
+        Ok(LogRef {
+            segment: self.head,
+            offset,
+        })
+    }
+
+    /// Opens a new head and closes the old one, in the order DESIGN.md §4 requires.
+    fn roll_over(&mut self, safe_version: Version) -> Result<(), NoSpace> {
+        if self.segments.len() as u64 >= self.segments_max {
+            return Err(NoSpace);
+        }
+        let old = self.head;
+        let new = SegmentId(old.0 + 1);
+        let segment = self.open_segment(new, safe_version)?;
+        self.segments.insert(new, segment);
+        self.note_appended(new);
+        self.head = new;
+        let old_segment = self.segments.get_mut(&old).expect("the old head is live");
+        old_segment.close(new);
+        self.note_appended(old);
+        Ok(())
+    }
+
+    /// Closes the current append batch with a Tailwind checksum.
+    pub fn seal_batch(&mut self) {
+        self.head_mut().seal_batch();
+        let head = self.head;
+        self.note_appended(head);
+    }
+
+    /// Records the bytes of `segment` past what was handed off as unreplicated.
+    fn note_appended(&mut self, segment: SegmentId) {
+        let writer = &self.segments[&segment];
+        let end = writer.committed_len();
+        let start = self.handed_off.get(&segment).copied().unwrap_or(0);
+        if end > start {
+            self.unreplicated.push(SegmentRange {
+                segment,
+                start,
+                end,
+                closes: writer.is_closed(),
+            });
+            self.handed_off.insert(segment, end);
+        }
+    }
+
+    /// The sealed ranges appended since the last call, in the order they must reach
+    /// the replicas.
+    pub fn take_unreplicated(&mut self) -> Vec<SegmentRange> {
+        std::mem::take(&mut self.unreplicated)
+    }
+
+    /// The object entry at `at`.
+    ///
+    /// # Panics
+    /// If `at` does not point at a valid object entry: index references always do
+    /// (invariant of `ObjectIndex`), so this is a programmer error.
+    pub fn object(&self, at: LogRef) -> ObjectEntry<'_> {
+        let segment = self
+            .segments
+            .get(&at.segment)
+            .expect("index references live segments");
+        match segment.entry_at(at.offset) {
+            Ok(Some((Entry::Object(object), _))) => object,
+            other => panic!("log reference {at:?} is not an object entry: {other:?}"),
+        }
+    }
+
+    /// The key of the object entry at `at`.
+    pub fn key(&self, at: LogRef) -> &[u8] {
+        self.object(at).key
+    }
+
+    /// The bytes of one segment (what its replicas hold).
+    pub fn segment_bytes(&self, id: SegmentId) -> Option<&[u8]> {
+        self.segments.get(&id).map(|s| s.bytes())
+    }
+
+    /// The head segment's id.
+    pub fn head(&self) -> SegmentId {
+        self.head
+    }
+
+    /// Ids of every live segment.
+    pub fn segment_ids(&self) -> impl Iterator<Item = SegmentId> + '_ {
+        self.segments.keys().copied()
+    }
+
+    /// Bytes of memory the log holds (whole segments).
+    pub fn bytes_used(&self) -> u64 {
+        self.segments.len() as u64 * u64::from(self.segment_bytes)
+    }
+
+    /// Bytes of memory the log may hold.
+    pub fn bytes_max(&self) -> u64 {
+        self.segments_max * u64::from(self.segment_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_common::log::scanner::scan;
+
+    fn small_config(segments: u64) -> MasterConfig {
+        MasterConfig {
+            segment_bytes: 4096,
+            memory_bytes: 4096 * segments,
+            value_bytes_max: 512,
+        }
+    }
+
+    #[test]
+    fn rollover_writes_digest_before_closing_the_old_head() {
+        let mut log = SegmentedLog::new(ServerId(7), &small_config(4), Version(1));
+        log.take_unreplicated();
+        let value = [7u8; 500];
+        let mut refs = Vec::new();
+        while log.head() == SegmentId(1) {
+            refs.push(
+                log.append_object(TableId(1), Version(1), b"k", &value, Version(1))
+                    .unwrap(),
+            );
+            log.seal_batch();
+        }
+        let ranges = log.take_unreplicated();
+        let new_head = ranges
+            .iter()
+            .position(|r| r.segment == SegmentId(2) && r.start == 0);
+        let close_old = ranges
+            .iter()
+            .position(|r| r.segment == SegmentId(1) && r.closes);
+        assert!(new_head.unwrap() < close_old.unwrap());
+
+        let old = scan(log.segment_bytes(SegmentId(1)).unwrap());
+        assert!(old.closed);
+        assert_eq!(old.successor, Some(SegmentId(2)));
+        let new = scan(log.segment_bytes(SegmentId(2)).unwrap());
+        assert_eq!(new.digest, Some(vec![SegmentId(1), SegmentId(2)]));
+        for r in refs {
+            assert_eq!(log.object(r).value, &value[..]);
+        }
+    }
+
+    #[test]
+    fn full_log_refuses_appends_and_keeps_its_data() {
+        let mut log = SegmentedLog::new(ServerId(1), &small_config(2), Version(1));
+        let value = [1u8; 500];
+        let mut written = 0;
+        let first = log
+            .append_object(TableId(1), Version(1), b"first", &value, Version(1))
+            .unwrap();
+        loop {
+            match log.append_object(TableId(1), Version(2), b"k", &value, Version(1)) {
+                Ok(_) => written += 1,
+                Err(NoSpace) => break,
+            }
+            log.seal_batch();
+        }
+        assert!(written > 8);
+        assert_eq!(log.bytes_used(), log.bytes_max());
+        assert_eq!(log.object(first).key, b"first");
+        assert_eq!(
+            log.append_object(TableId(1), Version(3), b"k", &value, Version(1)),
+            Err(NoSpace)
+        );
+    }
+
+    #[test]
+    fn unreplicated_ranges_cover_every_byte_once() {
+        let mut log = SegmentedLog::new(ServerId(1), &small_config(8), Version(1));
+        let mut covered: BTreeMap<SegmentId, u32> = BTreeMap::new();
+        for i in 0..100u32 {
+            let value = vec![i as u8; (i as usize * 13) % 400];
+            log.append_object(
+                TableId(1),
+                Version(u64::from(i) + 1),
+                b"key",
+                &value,
+                Version(1),
+            )
+            .unwrap();
+            if i % 3 == 0 {
+                log.seal_batch();
+                for range in log.take_unreplicated() {
+                    let end = covered.entry(range.segment).or_insert(0);
+                    assert_eq!(*end, range.start, "ranges are contiguous");
+                    *end = range.end;
+                }
+            }
+        }
+        for (segment, end) in covered {
+            let bytes = log.segment_bytes(segment).unwrap();
+            assert_eq!(scan(bytes).valid_bytes, end);
+        }
+    }
+}
