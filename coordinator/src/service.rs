@@ -73,7 +73,10 @@ impl CoordinatorService {
         }
         let servers: BTreeMap<ServerId, ServerInfo> = {
             let state = self.state.lock();
-            by_owner.keys().filter_map(|id| state.server(*id).map(|s| (*id, s.clone()))).collect()
+            by_owner
+                .keys()
+                .filter_map(|id| state.server(*id).map(|s| (*id, s.clone())))
+                .collect()
         };
         let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
         let pushes = by_owner.into_iter().map(|(owner, tablets)| {
@@ -96,7 +99,11 @@ impl CoordinatorService {
                 }
             }
         });
-        futures::future::join_all(pushes).await.into_iter().flatten().collect()
+        futures::future::join_all(pushes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
@@ -127,9 +134,16 @@ impl CoordinatorService {
                     Err(reply) => return reply,
                 };
                 let _change = self.changes.lock().await;
-                let command = Command::CreateTable { name: request.name.clone(), span: request.span };
+                let command = Command::CreateTable {
+                    name: request.name.clone(),
+                    span: request.span,
+                };
                 match self.apply(&command) {
-                    CommandResult::TableCreated { id, tablets, created } => {
+                    CommandResult::TableCreated {
+                        id,
+                        tablets,
+                        created,
+                    } => {
                         if created {
                             tracing::info!(%id, name = %request.name, span = request.span, "table created");
                         }
@@ -153,7 +167,9 @@ impl CoordinatorService {
                     Err(reply) => return reply,
                 };
                 let _change = self.changes.lock().await;
-                match self.apply(&Command::DropTable { name: request.name.clone() }) {
+                match self.apply(&Command::DropTable {
+                    name: request.name.clone(),
+                }) {
                     CommandResult::TableDropped { id, tablets } => {
                         if let Some(id) = id {
                             tracing::info!(%id, name = %request.name, "table dropped");
@@ -178,9 +194,10 @@ impl CoordinatorService {
                 }
             }
             proto::GetTabletMap::OPCODE => Reply::ok(&self.state.lock().tablet_map()),
-            other => {
-                Reply::error(Status::UnknownOpcode, format!("coordinator does not serve {other}"))
-            }
+            other => Reply::error(
+                Status::UnknownOpcode,
+                format!("coordinator does not serve {other}"),
+            ),
         }
     }
 }

@@ -1,1 +1,73 @@
-fn main() {}
+//! `rampart`: the one binary of a Rampart deployment (DESIGN.md §9).
+//!
+//! * `rampart coordinator` / `rampart server` — the two long-running processes.
+//! * `rampart cluster up` — a whole local cluster as child processes.
+//! * `rampart kv ...` — table operations from the shell.
+//! * `rampart bench ycsb` — the YCSB benchmark.
+
+mod bench;
+mod children;
+mod cluster;
+mod kv;
+mod process;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Rampart: a RAM-resident key-value storage cluster with fast crash recovery.
+#[derive(Parser, Debug)]
+#[command(name = "rampart", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a coordinator.
+    Coordinator(process::CoordinatorArgs),
+    /// Run a storage server (master; the backup service comes with replication).
+    Server(process::ServerArgs),
+    /// Manage a local cluster of child processes.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
+    /// Table operations: create-table, drop-table, put, get, del, incr, scan.
+    Kv(kv::KvArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result: Result<std::process::ExitCode> = match cli.command {
+        Command::Coordinator(args) => process::run_coordinator(args),
+        Command::Server(args) => process::run_server(args),
+        Command::Cluster { command } => cluster::run(command),
+        Command::Kv(args) => kv::run(args),
+        Command::Bench { command } => bench::run(command),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// Sets up logging to stderr; `RAMPART_LOG` (same syntax as `RUST_LOG`) overrides
+/// `default_level`.
+pub(crate) fn init_logging(default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RAMPART_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

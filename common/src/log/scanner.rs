@@ -13,14 +13,19 @@
 //! the capacity the header states. It stops at the checksum closing a footer: nothing
 //! after it belongs to the segment.
 //!
-//! Cost: one CRC pass plus one decode per entry; objects and tombstones, whose payload
-//! CRC the decoder checks anyway, are folded into the running CRC without hashing their
-//! (large) payloads twice. An 8 MiB segment scans in ≈ 1 ms at ≥ 10 GB/s CRC speed.
+//! Cost: one decode per entry, which checks an object's or tombstone's own CRC, and one
+//! running CRC pass; payloads of 2 KiB and more are folded into the running CRC by a
+//! CRC combine instead of being hashed twice. Measured in release on x86-64 for an
+//! 8 MiB segment: ≈ 0.9 ms with 10 KiB values (≈ 10 GB/s), ≈ 4 ms with 100-byte values
+//! (≈ 80 ns per entry, dominated by per-call CRC overhead). [`entries`] costs about
+//! half of that again, as it re-checks each entry's own CRC.
+
+use std::fmt;
 
 use crc32fast::Hasher;
 
 use super::entry::{
-    checksum_value, decode, extend_crc, Entry, EntryError, SegmentHeader, ENTRY_HEADER_BYTES,
+    checksum_value, decode, fold_crc_entry, Entry, EntryError, SegmentHeader,
     SEGMENT_HEADER_ENTRY_BYTES,
 };
 use crate::ids::SegmentId;
@@ -105,7 +110,6 @@ pub fn scan(buf: &[u8]) -> ScanResult {
         if next > capacity {
             break misplaced("entry runs past the segment capacity");
         }
-        let header_seen = pending.header.is_some() || result.header.is_some();
         match &decoded.entry {
             _ if offset == 0 && !matches!(decoded.entry, Entry::Header(_)) => {
                 break misplaced("segment does not start with a header");
@@ -122,7 +126,7 @@ pub fn scan(buf: &[u8]) -> ScanResult {
                 capacity = capacity.min(header.capacity as usize);
                 pending.header = Some(*header);
             }
-            Entry::Digest(_) if !header_seen || offset != SEGMENT_HEADER_ENTRY_BYTES => {
+            Entry::Digest(_) if offset != SEGMENT_HEADER_ENTRY_BYTES => {
                 break misplaced("digest not directly after the header");
             }
             Entry::Footer { successor } => pending.successor = Some(*successor),
@@ -148,12 +152,7 @@ pub fn scan(buf: &[u8]) -> ScanResult {
             }
         } else {
             match decoded.body_crc {
-                Some(body_crc) => {
-                    let body = offset + ENTRY_HEADER_BYTES;
-                    running.update(&buf[offset..body]);
-                    extend_crc(&mut running, &buf[body..next - 4], body_crc);
-                    running.update(&buf[next - 4..next]);
-                }
+                Some(body_crc) => fold_crc_entry(&mut running, &buf[offset..next], body_crc),
                 None => running.update(&buf[offset..next]),
             }
             if let Entry::Digest(digest) = decoded.entry {
@@ -179,12 +178,22 @@ pub fn entries(buf: &[u8], valid_bytes: u32) -> Entries<'_> {
 }
 
 /// Iterator returned by [`entries`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Entries<'a> {
     /// The valid prefix only.
     buf: &'a [u8],
     /// Offset of the next entry to decode.
     offset: usize,
+}
+
+impl fmt::Debug for Entries<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the bytes: a segment is megabytes.
+        f.debug_struct("Entries")
+            .field("valid_bytes", &self.buf.len())
+            .field("offset", &self.offset)
+            .finish()
+    }
 }
 
 impl<'a> Iterator for Entries<'a> {

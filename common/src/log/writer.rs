@@ -16,16 +16,20 @@
 //!   so [`SegmentWriter::seal_batch`] and [`SegmentWriter::close`] never fail.
 //! * Appending to a closed segment is a programmer error and panics.
 //!
-//! Cost: an append is a copy of the entry plus a CRC over it (twice for keys and values
-//! under 4 KiB, whose CRC is cheaper to recompute than to combine); at ≥ 10 GB/s for
-//! both, a 1 KiB object takes ≈ 0.2 µs.
+//! Cost: an append is a copy of the entry plus two CRC passes over it (one for the
+//! entry's own CRC, one for the running CRC; above 2 KiB the second is replaced by a
+//! ≈ 0.1 µs CRC combine). Measured in release on x86-64 (crc32fast 1.5): ≈ 85 ns per
+//! object with a 32-byte key and a 100-byte value, ≈ 8 GB/s with 10 KiB values. A fresh
+//! 8 MiB buffer adds ≈ 5 ms of page faults (≈ 90 ns per such object), so a master should
+//! recycle segment buffers with
+//! [`SegmentWriter::open_in`] and [`SegmentWriter::into_buffer`].
 
 use std::fmt;
 
 use crc32fast::Hasher;
 
 use super::entry::{
-    checksum_value, digest_entry_bytes, extend_crc, object_entry_bytes, put_entry_header,
+    checksum_value, digest_entry_bytes, fold_crc_entry, object_entry_bytes, put_entry_header,
     tombstone_entry_bytes, Entry, EntryError, EntryType, CHECKSUM_ENTRY_BYTES, ENTRY_HEADER_BYTES,
     FOOTER_ENTRY_BYTES, SAFE_VERSION_ENTRY_BYTES, SEGMENT_HEADER_ENTRY_BYTES,
 };
@@ -43,8 +47,8 @@ pub struct LogFull;
 /// Builds one segment in memory. See the [module doc](self).
 pub struct SegmentWriter {
     /// Every byte written, sealed or not.
-    /// 1. `buf.len() <= capacity`; `buf` was allocated with `capacity` bytes and never
-    ///    grows past them, so it never reallocates and offsets handed out stay valid.
+    /// 1. `buf.len() <= capacity <= buf.capacity()`: `buf` never grows past its
+    ///    allocation, so it never reallocates.
     /// 2. While open: `capacity - buf.len() >= FOOTER_ENTRY_BYTES + CHECKSUM_ENTRY_BYTES`,
     ///    plus `CHECKSUM_ENTRY_BYTES` more while entries are pending
     ///    (`buf.len() > committed`). Hence sealing and closing always fit.
@@ -73,6 +77,31 @@ impl SegmentWriter {
         capacity: u32,
         digest: &[SegmentId],
     ) -> Result<Self, LogFull> {
+        Self::open_in(
+            Vec::with_capacity(capacity as usize),
+            log_id,
+            segment_id,
+            capacity,
+            digest,
+        )
+    }
+
+    /// [`SegmentWriter::open`] in a recycled buffer, whose contents are discarded; saves
+    /// the page faults of a fresh allocation. `buf.capacity()` must be at least
+    /// `capacity` (a programmer error otherwise). On `Err` the buffer is dropped.
+    pub fn open_in(
+        mut buf: Vec<u8>,
+        log_id: ServerId,
+        segment_id: SegmentId,
+        capacity: u32,
+        digest: &[SegmentId],
+    ) -> Result<Self, LogFull> {
+        assert!(
+            buf.capacity() >= capacity as usize,
+            "segment buffer of {} bytes is smaller than the capacity {capacity}",
+            buf.capacity()
+        );
+        buf.clear();
         let opening = SEGMENT_HEADER_ENTRY_BYTES
             .saturating_add(digest_entry_bytes(digest.len()))
             .saturating_add(CHECKSUM_ENTRY_BYTES);
@@ -80,7 +109,7 @@ impl SegmentWriter {
             return Err(LogFull);
         }
         let mut writer = SegmentWriter {
-            buf: Vec::with_capacity(capacity as usize),
+            buf,
             running: Hasher::new(),
             committed: 0,
             capacity,
@@ -233,6 +262,12 @@ impl SegmentWriter {
         (self.capacity as usize).saturating_sub(self.buf.len() + CLOSE_RESERVE_BYTES)
     }
 
+    /// Gives back the segment's buffer (its bytes intact), to recycle with
+    /// [`SegmentWriter::open_in`] once no replica needs them.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+
     /// Decodes the entry at `offset` of [`SegmentWriter::bytes`].
     pub fn entry_at(&self, offset: u32) -> Result<Option<(Entry<'_>, usize)>, EntryError> {
         super::entry::decode_entry(&self.buf, offset as usize)
@@ -251,14 +286,9 @@ impl SegmentWriter {
     /// Appends the CRC of the payload of the entry at `start` (written up to the end of
     /// `buf`), and folds the entry into the running CRC.
     fn finish_crc_entry(&mut self, start: usize) {
-        let body = &self.buf[start + ENTRY_HEADER_BYTES..];
-        let crc = crc32fast::hash(body);
-        self.running
-            .update(&self.buf[start..start + ENTRY_HEADER_BYTES]);
-        extend_crc(&mut self.running, body, crc);
-        let crc_bytes = crc.to_le_bytes();
-        self.buf.extend_from_slice(&crc_bytes);
-        self.running.update(&crc_bytes);
+        let crc = crc32fast::hash(&self.buf[start + ENTRY_HEADER_BYTES..]);
+        self.buf.extend_from_slice(&crc.to_le_bytes());
+        fold_crc_entry(&mut self.running, &self.buf[start..], crc);
     }
 
     /// Appends a `Checksum` entry over everything before it and commits through it.
@@ -504,6 +534,35 @@ mod tests {
         assert_eq!(w.free_bytes(), 0);
         assert_eq!(w.close(SegmentId(18)), smallest);
         assert!(SegmentWriter::open(LOG, SEG, 0, &[]).is_err());
+    }
+
+    #[test]
+    fn open_in_reuses_a_buffer_and_writes_the_same_bytes() {
+        let mut fresh = open(4096);
+        fresh
+            .append_object(TableId(1), Version(1), b"k", b"v")
+            .expect("fits");
+        fresh.close(SegmentId(18));
+        let expected = fresh.bytes().to_vec();
+        let mut old = open(4096);
+        old.append_safe_version(Version(9)).expect("fits");
+        let buf = old.into_buffer();
+        let allocation = buf.as_ptr();
+        let mut reused =
+            SegmentWriter::open_in(buf, LOG, SEG, 4096, &[SegmentId(3), SEG]).expect("fits");
+        reused
+            .append_object(TableId(1), Version(1), b"k", b"v")
+            .expect("fits");
+        reused.close(SegmentId(18));
+        assert_eq!(reused.bytes(), &expected[..]);
+        let buf = reused.into_buffer();
+        assert_eq!(buf.as_ptr(), allocation, "no new allocation");
+    }
+
+    #[test]
+    #[should_panic(expected = "smaller than the capacity")]
+    fn open_in_panics_on_a_buffer_smaller_than_the_capacity() {
+        let _ = SegmentWriter::open_in(Vec::with_capacity(100), LOG, SEG, 4096, &[]);
     }
 
     #[test]

@@ -303,10 +303,11 @@ const RULE_VERSION_NE_GIVEN: u8 = 8;
 
 fn put_rules(out: &mut BytesMut, rules: &RejectRules) {
     out.put_u64_le(rules.given_version.0);
-    let flags = u8::from(rules.doesnt_exist) * RULE_DOESNT_EXIST
-        | u8::from(rules.exists) * RULE_EXISTS
-        | u8::from(rules.version_le_given) * RULE_VERSION_LE_GIVEN
-        | u8::from(rules.version_ne_given) * RULE_VERSION_NE_GIVEN;
+    let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+    let flags = flag(rules.doesnt_exist, RULE_DOESNT_EXIST)
+        | flag(rules.exists, RULE_EXISTS)
+        | flag(rules.version_le_given, RULE_VERSION_LE_GIVEN)
+        | flag(rules.version_ne_given, RULE_VERSION_NE_GIVEN);
     out.put_u8(flags);
 }
 

@@ -1,0 +1,840 @@
+//! `Client`: the table API of DESIGN.md §3 over the cluster.
+//!
+//! The client keeps a cached tablet map and sends each operation straight to the
+//! master owning the key's hash. When a master answers `UnknownTablet` or cannot be
+//! reached, the client refreshes the map from a coordinator and retries with
+//! exponential backoff until the operation's deadline.
+//!
+//! # Retries and idempotence
+//! A request that could not be sent (connection refused) is always retried. A request
+//! whose connection broke after it was sent may have been applied: plain writes and
+//! removes are retried (applying them twice leaves the same value), but increments and
+//! operations with reject rules are not — they fail with
+//! [`ClientError::Indeterminate`] so the caller decides, since a retry could apply an
+//! increment twice or report a successful compare-and-swap as `WrongVersion`.
+
+use bytes::Bytes;
+use parking_lot::RwLock;
+use rampart_common::ids::{key_hash, TableId, Version};
+use rampart_common::limits::MULTI_OPS_MAX;
+use rampart_common::protocol::coordinator::{
+    CreateTable, CreateTableRequest, DropTable, GetTableId, GetTabletMap, TableNameRequest,
+    TabletMapRequest,
+};
+use rampart_common::protocol::master::{
+    Enumerate, EnumerateRequest, EnumeratedObject, Increment, IncrementRequest, MultiRead,
+    MultiReadRequest, MultiRemove, MultiRemoveRequest, MultiWrite, MultiWriteRequest, ObjectKey,
+    Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply, WriteRequest,
+};
+use rampart_common::reject::RejectRules;
+use rampart_common::rpc::{Rpc, RpcError, RpcPool};
+use rampart_common::status::Status;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use crate::error::ClientError;
+use crate::tablet_map::TabletMapCache;
+
+/// Tunables of a [`Client`].
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// How long one operation may take, retries included.
+    pub deadline: Duration,
+    /// First pause between retries; doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Longest pause between retries.
+    pub backoff_max: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            deadline: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(2),
+            backoff_max: Duration::from_millis(200),
+        }
+    }
+}
+
+/// An object read from a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    /// The value.
+    pub value: Bytes,
+    /// Its version.
+    pub version: Version,
+}
+
+/// One object of a [`Client::multi_write`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteItem {
+    /// Its table.
+    pub table: TableId,
+    /// Its key.
+    pub key: Bytes,
+    /// The new value.
+    pub value: Bytes,
+    /// When to refuse.
+    pub rules: RejectRules,
+}
+
+/// A connection to a Rampart cluster. Cheap to clone; clones share connections and
+/// the tablet map.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    coordinators: Vec<String>,
+    options: ClientOptions,
+    pool: RpcPool,
+    /// The cached map; replaced whole on refresh.
+    map: RwLock<Arc<TabletMapCache>>,
+    /// Serialises refreshes so a burst of `UnknownTablet`s fetches the map once.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// The outcome of one attempt, for the retry loop.
+enum Attempt<T> {
+    Done(Result<T, ClientError>),
+    /// Refresh the map and try again (`UnknownTablet`, owner unreachable).
+    Reroute(String),
+    /// Try again after a pause (server busy).
+    Later(String),
+}
+
+/// Per-operation retry state.
+struct Retry {
+    deadline: Instant,
+    attempts: u32,
+    backoff: Duration,
+    backoff_max: Duration,
+}
+
+impl Retry {
+    /// Pauses before the next attempt, or fails when the deadline has passed.
+    async fn pause(&mut self, why: String) -> Result<(), ClientError> {
+        self.attempts += 1;
+        let now = Instant::now();
+        if now >= self.deadline {
+            return Err(ClientError::Timeout {
+                attempts: self.attempts,
+                last: why,
+            });
+        }
+        tracing::debug!(attempt = self.attempts, %why, "retrying");
+        tokio::time::sleep(self.backoff.min(self.deadline - now)).await;
+        self.backoff = (self.backoff * 2).min(self.backoff_max);
+        Ok(())
+    }
+}
+
+impl Client {
+    /// Connects to the cluster through any of `coordinators` (`host:port`) and fetches
+    /// the tablet map.
+    pub async fn connect<S: AsRef<str>>(coordinators: &[S]) -> Result<Client, ClientError> {
+        Client::connect_with(coordinators, ClientOptions::default()).await
+    }
+
+    /// Like [`connect`](Self::connect), with explicit options.
+    pub async fn connect_with<S: AsRef<str>>(
+        coordinators: &[S],
+        options: ClientOptions,
+    ) -> Result<Client, ClientError> {
+        let coordinators: Vec<String> = coordinators
+            .iter()
+            .map(|c| c.as_ref().trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect();
+        if coordinators.is_empty() {
+            return Err(ClientError::NoCoordinator(
+                "no coordinator address given".into(),
+            ));
+        }
+        let client = Client {
+            inner: Arc::new(Inner {
+                coordinators,
+                options,
+                pool: RpcPool::new(),
+                map: RwLock::new(Arc::new(TabletMapCache::default())),
+                refreshing: tokio::sync::Mutex::new(()),
+            }),
+        };
+        client.refresh_map(0).await?;
+        Ok(client)
+    }
+
+    /// The options this client runs with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    fn retry(&self) -> Retry {
+        let options = &self.inner.options;
+        Retry {
+            deadline: Instant::now() + options.deadline,
+            attempts: 0,
+            backoff: options.backoff_min,
+            backoff_max: options.backoff_max,
+        }
+    }
+
+    fn map(&self) -> Arc<TabletMapCache> {
+        Arc::clone(&self.inner.map.read())
+    }
+
+    /// Fetches the tablet map unless one newer than `seen` arrived meanwhile.
+    async fn refresh_map(&self, seen: u64) -> Result<(), ClientError> {
+        let _refreshing = self.inner.refreshing.lock().await;
+        if self.map().version > seen {
+            return Ok(());
+        }
+        let map = self
+            .coordinator_call::<GetTabletMap>(&TabletMapRequest {})
+            .await?;
+        *self.inner.map.write() = Arc::new(TabletMapCache::new(map));
+        Ok(())
+    }
+
+    /// Calls a coordinator RPC, trying each coordinator until the deadline.
+    async fn coordinator_call<R: Rpc>(
+        &self,
+        request: &R::Request,
+    ) -> Result<R::Reply, ClientError> {
+        let mut retry = self.retry();
+        loop {
+            let mut last = String::new();
+            for addr in &self.inner.coordinators {
+                match self
+                    .inner
+                    .pool
+                    .call::<R>(addr, request, retry.deadline)
+                    .await
+                {
+                    Ok(reply) => return Ok(reply),
+                    Err(e) if e.is_transport() || e.status() == Some(Status::Retry) => {
+                        last = e.to_string();
+                    }
+                    Err(RpcError::Status {
+                        status: Status::TableDoesntExist,
+                        detail,
+                        ..
+                    }) => {
+                        return Err(ClientError::TableDoesntExist(detail));
+                    }
+                    Err(e) => return Err(ClientError::from_rpc(e)),
+                }
+            }
+            retry.pause(last).await.map_err(|e| match e {
+                ClientError::Timeout { last, .. } => ClientError::NoCoordinator(last),
+                other => other,
+            })?;
+        }
+    }
+
+    /// Creates table `name` split over `span` tablets (spread over the masters), or
+    /// returns the id of the existing table of that name.
+    pub async fn create_table(&self, name: &str, span: u32) -> Result<TableId, ClientError> {
+        let request = CreateTableRequest {
+            name: name.to_string(),
+            span,
+        };
+        let id = self.coordinator_call::<CreateTable>(&request).await?.id;
+        self.refresh_map(self.map().version).await?;
+        Ok(id)
+    }
+
+    /// Drops table `name` and all its objects. Dropping a missing table succeeds.
+    pub async fn drop_table(&self, name: &str) -> Result<(), ClientError> {
+        self.coordinator_call::<DropTable>(&TableNameRequest {
+            name: name.to_string(),
+        })
+        .await?;
+        self.refresh_map(self.map().version).await
+    }
+
+    /// The id of table `name`.
+    pub async fn get_table_id(&self, name: &str) -> Result<TableId, ClientError> {
+        if let Some(id) = self.map().table_id(name) {
+            return Ok(id);
+        }
+        let request = TableNameRequest {
+            name: name.to_string(),
+        };
+        self.coordinator_call::<GetTableId>(&request)
+            .await
+            .map(|reply| reply.id)
+    }
+
+    /// Runs `attempt` against the owner of `key`, refreshing the map and retrying as
+    /// the module doc describes. `idempotent` says whether a request that may have been
+    /// applied can be sent again.
+    async fn on_owner<T, F, Fut>(
+        &self,
+        table: TableId,
+        key: &[u8],
+        idempotent: bool,
+        attempt: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(String, Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<Attempt<T>, RpcError>>,
+    {
+        self.on_hash(table, key_hash(key).0, idempotent, |addr, _, deadline| {
+            attempt(addr, deadline)
+        })
+        .await
+    }
+
+    /// Runs `attempt(owner address, tablet end hash, deadline)` against the owner of
+    /// key hash `hash` of `table`, with the retry rules of [`on_owner`](Self::on_owner).
+    async fn on_hash<T, F, Fut>(
+        &self,
+        table: TableId,
+        hash: u64,
+        idempotent: bool,
+        attempt: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(String, u64, Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<Attempt<T>, RpcError>>,
+    {
+        let hash = rampart_common::ids::KeyHash(hash);
+        let mut retry = self.retry();
+        loop {
+            let map = self.map();
+            let Some((tablet, addr)) = map.route(table, hash) else {
+                self.refresh_map(map.version).await?;
+                let map = self.map();
+                if !map.has_table(table) {
+                    return Err(ClientError::TableDoesntExist(table.to_string()));
+                }
+                if map.route(table, hash).is_none() {
+                    retry
+                        .pause(format!("no owner for {table} hash {hash}"))
+                        .await?;
+                }
+                continue;
+            };
+            let why = match attempt(addr.clone(), tablet.end_hash, retry.deadline).await {
+                Ok(Attempt::Done(result)) => return result,
+                Ok(Attempt::Reroute(why)) => {
+                    self.refresh_map(map.version).await?;
+                    why
+                }
+                Ok(Attempt::Later(why)) => why,
+                Err(e @ RpcError::Connect { .. }) => {
+                    self.refresh_map(map.version).await?;
+                    e.to_string()
+                }
+                Err(e) if e.is_transport() => {
+                    if !idempotent {
+                        return Err(ClientError::Indeterminate(e.to_string()));
+                    }
+                    self.refresh_map(map.version).await?;
+                    e.to_string()
+                }
+                Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
+                    e.to_string()
+                }
+                Err(e) => return Err(ClientError::from_rpc(e)),
+            };
+            retry.pause(why).await?;
+        }
+    }
+
+    /// Reads `key`; `None` if it does not exist.
+    pub async fn read(&self, table: TableId, key: &[u8]) -> Result<Option<Object>, ClientError> {
+        let request = ReadRequest {
+            table,
+            key: Bytes::copy_from_slice(key),
+        };
+        self.on_owner(table, key, true, |addr, deadline| {
+            let request = &request;
+            async move {
+                let reply = self
+                    .inner
+                    .pool
+                    .call::<Read>(&addr, request, deadline)
+                    .await?;
+                Ok(match reply.status {
+                    Status::Ok => Attempt::Done(Ok(Some(Object {
+                        value: reply.value,
+                        version: reply.version,
+                    }))),
+                    Status::ObjectDoesntExist => Attempt::Done(Ok(None)),
+                    Status::UnknownTablet => Attempt::Reroute(format!("{addr}: unknown tablet")),
+                    other => Attempt::Done(Err(ClientError::from_status(
+                        other,
+                        reply.version,
+                        String::new(),
+                    ))),
+                })
+            }
+        })
+        .await
+    }
+
+    /// Writes `value` under `key`; returns the new version.
+    pub async fn write(
+        &self,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<Version, ClientError> {
+        self.write_with(table, key, value, RejectRules::default())
+            .await
+    }
+
+    /// Writes `value` under `key` unless `rules` refuse; returns the new version.
+    pub async fn write_with(
+        &self,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+        rules: RejectRules,
+    ) -> Result<Version, ClientError> {
+        let request = WriteRequest {
+            table,
+            key: Bytes::copy_from_slice(key),
+            value: Bytes::copy_from_slice(value),
+            rules,
+        };
+        let idempotent = rules == RejectRules::default();
+        self.on_owner(table, key, idempotent, |addr, deadline| {
+            let request = &request;
+            async move {
+                let reply = self
+                    .inner
+                    .pool
+                    .call::<Write>(&addr, request, deadline)
+                    .await?;
+                Ok(write_attempt(&addr, reply))
+            }
+        })
+        .await
+    }
+
+    /// Removes `key`; returns the version removed, `None` if there was no object.
+    pub async fn remove(&self, table: TableId, key: &[u8]) -> Result<Option<Version>, ClientError> {
+        self.remove_with(table, key, RejectRules::default()).await
+    }
+
+    /// Removes `key` unless `rules` refuse; returns the version removed.
+    pub async fn remove_with(
+        &self,
+        table: TableId,
+        key: &[u8],
+        rules: RejectRules,
+    ) -> Result<Option<Version>, ClientError> {
+        let request = RemoveRequest {
+            table,
+            key: Bytes::copy_from_slice(key),
+            rules,
+        };
+        let idempotent = rules == RejectRules::default();
+        let version = self
+            .on_owner(table, key, idempotent, |addr, deadline| {
+                let request = &request;
+                async move {
+                    let reply = self
+                        .inner
+                        .pool
+                        .call::<Remove>(&addr, request, deadline)
+                        .await?;
+                    Ok(write_attempt(&addr, reply))
+                }
+            })
+            .await?;
+        Ok((version != Version(0)).then_some(version))
+    }
+
+    /// Adds `delta` to the 8-byte little-endian integer under `key` (a missing object
+    /// counts as 0); returns the new value and version.
+    pub async fn increment(
+        &self,
+        table: TableId,
+        key: &[u8],
+        delta: i64,
+    ) -> Result<(i64, Version), ClientError> {
+        self.increment_with(table, key, delta, RejectRules::default())
+            .await
+    }
+
+    /// Like [`increment`](Self::increment) unless `rules` refuse.
+    pub async fn increment_with(
+        &self,
+        table: TableId,
+        key: &[u8],
+        delta: i64,
+        rules: RejectRules,
+    ) -> Result<(i64, Version), ClientError> {
+        let request = IncrementRequest {
+            table,
+            key: Bytes::copy_from_slice(key),
+            delta,
+            rules,
+        };
+        self.on_owner(table, key, false, |addr, deadline| {
+            let request = &request;
+            async move {
+                let reply = self
+                    .inner
+                    .pool
+                    .call::<Increment>(&addr, request, deadline)
+                    .await?;
+                Ok(match reply.status {
+                    Status::Ok => Attempt::Done(Ok((reply.value, reply.version))),
+                    Status::UnknownTablet => Attempt::Reroute(format!("{addr}: unknown tablet")),
+                    other => Attempt::Done(Err(ClientError::from_status(
+                        other,
+                        reply.version,
+                        String::new(),
+                    ))),
+                })
+            }
+        })
+        .await
+    }
+
+    /// Groups item indices by the owner of their key; items whose table is unknown
+    /// after a refresh fail with `TableDoesntExist`.
+    async fn group_by_owner(
+        &self,
+        items: &[(TableId, &[u8])],
+        pending: &[usize],
+        retry: &mut Retry,
+    ) -> Result<BTreeMap<String, Vec<usize>>, ClientError> {
+        loop {
+            let map = self.map();
+            let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+            let mut unrouted = None;
+            for &i in pending {
+                let (table, key) = items[i];
+                match map.route(table, key_hash(key)) {
+                    Some((_, addr)) => groups.entry(addr).or_default().push(i),
+                    None => unrouted = Some(table),
+                }
+            }
+            let Some(table) = unrouted else {
+                return Ok(groups);
+            };
+            self.refresh_map(map.version).await?;
+            if !self.map().has_table(table) {
+                return Err(ClientError::TableDoesntExist(table.to_string()));
+            }
+            retry
+                .pause(format!("no owner for a key of {table}"))
+                .await?;
+        }
+    }
+
+    /// Reads several objects, in parallel from their masters; results in input order.
+    pub async fn multi_read(
+        &self,
+        keys: &[(TableId, &[u8])],
+    ) -> Result<Vec<Option<Object>>, ClientError> {
+        let mut results: Vec<Option<Option<Object>>> = vec![None; keys.len()];
+        self.multi_op(
+            keys,
+            true,
+            |addr, indices, deadline| {
+                let request = MultiReadRequest {
+                    objects: indices
+                        .iter()
+                        .map(|&i| ObjectKey {
+                            table: keys[i].0,
+                            key: Bytes::copy_from_slice(keys[i].1),
+                        })
+                        .collect(),
+                };
+                async move {
+                    let reply = self
+                        .inner
+                        .pool
+                        .call::<MultiRead>(&addr, &request, deadline)
+                        .await?;
+                    Ok(reply
+                        .objects
+                        .into_iter()
+                        .map(|r| (r.status, r.version, r.value))
+                        .collect())
+                }
+            },
+            |i, status, version, value| {
+                results[i] = Some(match status {
+                    Status::Ok => Some(Object { value, version }),
+                    _ => None,
+                });
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(results.into_iter().map(Option::flatten).collect())
+    }
+
+    /// Writes several objects, in parallel to their masters. Each object succeeds or
+    /// fails on its own; results (new version or error) in input order.
+    pub async fn multi_write(
+        &self,
+        items: &[WriteItem],
+    ) -> Result<Vec<Result<Version, ClientError>>, ClientError> {
+        let keys: Vec<(TableId, &[u8])> = items.iter().map(|w| (w.table, &w.key[..])).collect();
+        let idempotent = items.iter().all(|w| w.rules == RejectRules::default());
+        let mut results: Vec<Option<Result<Version, ClientError>>> = vec![None; items.len()];
+        self.multi_op(
+            &keys,
+            idempotent,
+            |addr, indices, deadline| {
+                let request = MultiWriteRequest {
+                    objects: indices
+                        .iter()
+                        .map(|&i| WriteRequest {
+                            table: items[i].table,
+                            key: items[i].key.clone(),
+                            value: items[i].value.clone(),
+                            rules: items[i].rules,
+                        })
+                        .collect(),
+                };
+                async move {
+                    let reply = self
+                        .inner
+                        .pool
+                        .call::<MultiWrite>(&addr, &request, deadline)
+                        .await?;
+                    Ok(reply
+                        .objects
+                        .into_iter()
+                        .map(|r| (r.status, r.version, Bytes::new()))
+                        .collect())
+                }
+            },
+            |i, status, version, _| {
+                results[i] = Some(match status {
+                    Status::Ok => Ok(version),
+                    other => Err(ClientError::from_status(other, version, String::new())),
+                });
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(ClientError::Server("no reply".into()))))
+            .collect())
+    }
+
+    /// Removes several objects, in parallel. Results (version removed, `None` if
+    /// missing, or error) in input order.
+    pub async fn multi_remove(
+        &self,
+        keys: &[(TableId, &[u8])],
+    ) -> Result<Vec<Result<Option<Version>, ClientError>>, ClientError> {
+        let mut results: Vec<Option<Result<Option<Version>, ClientError>>> = vec![None; keys.len()];
+        self.multi_op(
+            keys,
+            true,
+            |addr, indices, deadline| {
+                let request = MultiRemoveRequest {
+                    objects: indices
+                        .iter()
+                        .map(|&i| RemoveRequest {
+                            table: keys[i].0,
+                            key: Bytes::copy_from_slice(keys[i].1),
+                            rules: RejectRules::default(),
+                        })
+                        .collect(),
+                };
+                async move {
+                    let reply = self
+                        .inner
+                        .pool
+                        .call::<MultiRemove>(&addr, &request, deadline)
+                        .await?;
+                    Ok(reply
+                        .objects
+                        .into_iter()
+                        .map(|r| (r.status, r.version, Bytes::new()))
+                        .collect())
+                }
+            },
+            |i, status, version, _| {
+                results[i] = Some(match status {
+                    Status::Ok => Ok((version != Version(0)).then_some(version)),
+                    other => Err(ClientError::from_status(other, version, String::new())),
+                });
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(ClientError::Server("no reply".into()))))
+            .collect())
+    }
+
+    /// The shared engine of the multi operations: groups items by owner (in chunks of
+    /// at most [`MULTI_OPS_MAX`]), calls every owner in parallel, hands each item's
+    /// (status, version, value) to `record`, and retries the items whose tablet moved.
+    async fn multi_op<F, Fut>(
+        &self,
+        keys: &[(TableId, &[u8])],
+        idempotent: bool,
+        call: F,
+        mut record: impl FnMut(usize, Status, Version, Bytes) -> Result<(), ClientError>,
+    ) -> Result<(), ClientError>
+    where
+        F: Fn(String, Vec<usize>, Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<(Status, Version, Bytes)>, RpcError>>,
+    {
+        let mut retry = self.retry();
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        while !pending.is_empty() {
+            let version = self.map().version;
+            let groups = self.group_by_owner(keys, &pending, &mut retry).await?;
+            let calls = groups.into_iter().flat_map(|(addr, indices)| {
+                indices
+                    .chunks(MULTI_OPS_MAX)
+                    .map(|chunk| (addr.clone(), chunk.to_vec()))
+                    .collect::<Vec<_>>()
+            });
+            let calls: Vec<_> = calls
+                .map(|(addr, indices)| {
+                    let future = call(addr, indices.clone(), retry.deadline);
+                    async move { (indices, future.await) }
+                })
+                .collect();
+            let mut again = Vec::new();
+            let mut why = String::new();
+            for (indices, outcome) in futures::future::join_all(calls).await {
+                match outcome {
+                    Ok(replies) => {
+                        for (i, (status, version, value)) in indices.into_iter().zip(replies) {
+                            if status == Status::UnknownTablet {
+                                again.push(i);
+                                why = "unknown tablet".into();
+                            } else {
+                                record(i, status, version, value)?;
+                            }
+                        }
+                    }
+                    Err(e @ RpcError::Connect { .. }) => {
+                        why = e.to_string();
+                        again.extend(indices);
+                    }
+                    Err(e) if e.is_transport() && idempotent => {
+                        why = e.to_string();
+                        again.extend(indices);
+                    }
+                    Err(e) if e.is_transport() => {
+                        return Err(ClientError::Indeterminate(e.to_string()))
+                    }
+                    Err(e) => return Err(ClientError::from_rpc(e)),
+                }
+            }
+            pending = again;
+            if !pending.is_empty() {
+                self.refresh_map(version).await?;
+                retry.pause(why).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Streams every object of `table`, in key-hash order, a page at a time.
+    pub fn enumerate(&self, table: TableId) -> Enumeration {
+        Enumeration {
+            client: self.clone(),
+            table,
+            next_hash: Some(0),
+        }
+    }
+}
+
+fn write_attempt(addr: &str, reply: WriteReply) -> Attempt<Version> {
+    match reply.status {
+        Status::Ok => Attempt::Done(Ok(reply.version)),
+        Status::UnknownTablet => Attempt::Reroute(format!("{addr}: unknown tablet")),
+        Status::Retry => Attempt::Later(format!("{addr}: busy")),
+        other => Attempt::Done(Err(ClientError::from_status(
+            other,
+            reply.version,
+            String::new(),
+        ))),
+    }
+}
+
+/// A table enumeration in progress (see [`Client::enumerate`]).
+///
+/// Its cursor is a key hash, so it survives tablets moving between masters: each page
+/// is fetched from whoever owns the cursor's hash at that moment. An object present for
+/// the whole enumeration is returned exactly once.
+#[derive(Debug)]
+pub struct Enumeration {
+    client: Client,
+    table: TableId,
+    /// The next key hash to fetch from; `None` when done.
+    next_hash: Option<u64>,
+}
+
+/// Bytes asked for per enumerate page.
+pub const ENUMERATE_PAGE_BYTES: u32 = 1024 * 1024;
+
+impl Enumeration {
+    /// The next non-empty page of objects, or `None` when the table is exhausted.
+    pub async fn next_page(&mut self) -> Result<Option<Vec<EnumeratedObject>>, ClientError> {
+        while let Some(resume) = self.next_hash {
+            let client = &self.client;
+            let (objects, next) = client
+                .on_hash(self.table, resume, true, |addr, tablet_end, deadline| {
+                    let request = EnumerateRequest {
+                        table: self.table,
+                        resume_hash: resume,
+                        end_hash: tablet_end,
+                        max_bytes: ENUMERATE_PAGE_BYTES,
+                    };
+                    async move {
+                        match client
+                            .inner
+                            .pool
+                            .call::<Enumerate>(&addr, &request, deadline)
+                            .await
+                        {
+                            Ok(page) => {
+                                let next = match page.next_hash {
+                                    Some(next) => Some(next),
+                                    None => tablet_end.checked_add(1),
+                                };
+                                Ok(Attempt::Done(Ok((page.objects, next))))
+                            }
+                            Err(RpcError::Status {
+                                status: Status::UnknownTablet,
+                                ..
+                            }) => Ok(Attempt::Reroute(format!("{addr}: unknown tablet"))),
+                            Err(e) => Err(e),
+                        }
+                    }
+                })
+                .await?;
+            self.next_hash = next;
+            if !objects.is_empty() {
+                return Ok(Some(objects));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Collects the rest of the table (convenient for small tables and tests).
+    pub async fn collect_all(mut self) -> Result<Vec<EnumeratedObject>, ClientError> {
+        let mut all = Vec::new();
+        while let Some(page) = self.next_page().await? {
+            all.extend(page);
+        }
+        Ok(all)
+    }
+}

@@ -1,0 +1,83 @@
+//! `ClientError`: everything an operation can fail with, as one typed enum.
+
+use rampart_common::ids::Version;
+use rampart_common::rpc::RpcError;
+use rampart_common::status::Status;
+
+/// Why a client operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The table does not exist (or was dropped).
+    #[error("table {0} does not exist")]
+    TableDoesntExist(String),
+    /// A reject rule refused the operation; `current` is the object's version then
+    /// (0 if it did not exist).
+    #[error("rejected: {status} (current version {current})")]
+    Rejected {
+        /// `ObjectDoesntExist`, `ObjectExists` or `WrongVersion`.
+        status: Status,
+        /// The object's version when it was refused.
+        current: Version,
+    },
+    /// The request itself is invalid (key or value too large, not an integer, ...).
+    #[error("invalid request: {status}{}", if detail.is_empty() { String::new() } else { format!(": {detail}") })]
+    Invalid {
+        /// What the server said.
+        status: Status,
+        /// Details, if any.
+        detail: String,
+    },
+    /// The master has no memory left for the write.
+    #[error("no space on the master owning this key")]
+    NoSpace,
+    /// The deadline passed while the operation was being retried.
+    #[error("timed out after {attempts} attempts: {last}")]
+    Timeout {
+        /// How often it was tried.
+        attempts: u32,
+        /// The last failure seen.
+        last: String,
+    },
+    /// A conditional or non-idempotent operation (increment, or any operation with
+    /// reject rules) lost its connection after the request was sent: it may or may not
+    /// have been applied, and retrying could apply it twice or misreport it.
+    #[error("outcome unknown (connection lost after sending): {0}")]
+    Indeterminate(String),
+    /// No coordinator could be reached.
+    #[error("no coordinator reachable: {0}")]
+    NoCoordinator(String),
+    /// A server answered something the client does not expect.
+    #[error("server error: {0}")]
+    Server(String),
+}
+
+impl ClientError {
+    pub(crate) fn from_status(status: Status, current: Version, detail: String) -> ClientError {
+        match status {
+            s if s.is_rejection() => ClientError::Rejected { status: s, current },
+            Status::NoSpace => ClientError::NoSpace,
+            Status::KeyTooLarge
+            | Status::ValueTooLarge
+            | Status::NotAnInteger
+            | Status::InvalidArgument
+            | Status::MalformedRequest
+            | Status::MessageTooLarge
+            | Status::NotEnoughServers => ClientError::Invalid { status, detail },
+            other => ClientError::Server(if detail.is_empty() {
+                other.to_string()
+            } else {
+                format!("{other}: {detail}")
+            }),
+        }
+    }
+
+    pub(crate) fn from_rpc(error: RpcError) -> ClientError {
+        match error {
+            RpcError::Status { status, detail, .. } => {
+                ClientError::from_status(status, Version(0), detail)
+            }
+            other => ClientError::Server(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! `TabletMapCache`: the client's copy of the tablet map, indexed for routing.
+
+use rampart_common::ids::{KeyHash, ServerId, TableId};
+use rampart_common::tablet::{ServerInfo, Tablet, TabletMap};
+use std::collections::{BTreeMap, HashMap};
+
+/// A tablet map indexed by table name and by (table, start hash).
+#[derive(Debug, Default)]
+pub struct TabletMapCache {
+    /// The map's version.
+    pub version: u64,
+    names: HashMap<String, TableId>,
+    /// (table, start hash) → tablet.
+    tablets: BTreeMap<(TableId, u64), Tablet>,
+    servers: HashMap<ServerId, ServerInfo>,
+}
+
+impl TabletMapCache {
+    /// Indexes `map`.
+    pub fn new(map: TabletMap) -> TabletMapCache {
+        let mut cache = TabletMapCache {
+            version: map.version,
+            ..TabletMapCache::default()
+        };
+        for table in map.tables {
+            cache.names.insert(table.name, table.id);
+            for tablet in table.tablets {
+                cache
+                    .tablets
+                    .insert((tablet.table, tablet.start_hash), tablet);
+            }
+        }
+        cache.servers = map.servers.into_iter().map(|s| (s.id, s)).collect();
+        cache
+    }
+
+    /// The id of table `name`.
+    pub fn table_id(&self, name: &str) -> Option<TableId> {
+        self.names.get(name).copied()
+    }
+
+    /// Whether table `id` exists in this map.
+    pub fn has_table(&self, id: TableId) -> bool {
+        self.tablets
+            .range((id, 0)..=(id, u64::MAX))
+            .next()
+            .is_some()
+    }
+
+    /// The tablet of `table` holding key hash `hash`.
+    pub fn tablet(&self, table: TableId, hash: KeyHash) -> Option<&Tablet> {
+        self.tablets
+            .range(..=(table, hash.0))
+            .next_back()
+            .map(|(_, tablet)| tablet)
+            .filter(|tablet| tablet.contains(table, hash))
+    }
+
+    /// The address of server `id`.
+    pub fn addr(&self, id: ServerId) -> Option<&str> {
+        self.servers.get(&id).map(|s| s.addr.as_str())
+    }
+
+    /// The tablet holding `hash` and its owner's address.
+    pub fn route(&self, table: TableId, hash: KeyHash) -> Option<(Tablet, String)> {
+        let tablet = self.tablet(table, hash)?;
+        let addr = self.addr(tablet.owner)?;
+        Some((*tablet, addr.to_string()))
+    }
+}

@@ -1,0 +1,425 @@
+//! `rampart bench ycsb`: the YCSB core workloads against a cluster.
+//!
+//! Loads `--records` objects, then runs `--ops` operations from `--clients` closed-loop
+//! clients (each with its own connections), keys drawn from a scrambled Zipfian
+//! distribution (YCSB's default; `--zipf 0` for uniform). Prints throughput and
+//! p50/p99/p999 per operation type, and beside it the floor: a raw tokio TCP ping-pong
+//! with the read RPC's message sizes, measured in the same run so the ratio is fair on
+//! a noisy machine.
+//!
+//! | workload   | mix                                   |
+//! |------------|---------------------------------------|
+//! | a          | 50% read, 50% update                  |
+//! | b          | 95% read, 5% update                   |
+//! | c          | 100% read                             |
+//! | f          | 50% read, 50% read-modify-write       |
+//! | write-only | 100% update                           |
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use rampart_client::{Client, ClientOptions, RejectRules, WriteItem};
+use rampart_common::rpc::FRAME_HEADER_BYTES;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use crate::children::Children;
+use crate::cluster::{self, UpArgs};
+
+/// The YCSB workloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// 50% read, 50% update.
+    A,
+    /// 95% read, 5% update.
+    B,
+    /// 100% read.
+    C,
+    /// 50% read, 50% read-modify-write.
+    F,
+    /// 100% update.
+    WriteOnly,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::A => "a",
+            Workload::B => "b",
+            Workload::C => "c",
+            Workload::F => "f",
+            Workload::WriteOnly => "write-only",
+        }
+    }
+
+    /// Fraction of reads; the rest are updates (or read-modify-writes for F).
+    fn read_fraction(self) -> f64 {
+        match self {
+            Workload::A | Workload::F => 0.5,
+            Workload::B => 0.95,
+            Workload::C => 1.0,
+            Workload::WriteOnly => 0.0,
+        }
+    }
+}
+
+/// `rampart bench ycsb`
+#[derive(Args, Debug)]
+pub struct YcsbArgs {
+    /// Workload.
+    #[arg(long, value_enum, default_value = "a")]
+    pub workload: Workload,
+    /// Objects loaded before the run.
+    #[arg(long, default_value_t = 100_000)]
+    pub records: u64,
+    /// Operations in the run (all clients together).
+    #[arg(long, default_value_t = 200_000)]
+    pub ops: u64,
+    /// Closed-loop clients, each with its own connections.
+    #[arg(long, default_value_t = 1)]
+    pub clients: u32,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Zipfian skew (YCSB's default 0.99; 0 for uniform).
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf: f64,
+    /// Coordinator of a running cluster (ignored with --local).
+    #[arg(long, env = "RAMPART_COORDINATOR", default_value = "127.0.0.1:7000")]
+    pub coordinator: String,
+    /// Start a local cluster for the run (and stop it after).
+    #[arg(long)]
+    pub local: bool,
+    /// Servers of the --local cluster.
+    #[arg(long, default_value_t = 1)]
+    pub servers: u32,
+    /// Tablets of the benchmark table.
+    #[arg(long, default_value_t = 1)]
+    pub span: u32,
+    /// Threads of the benchmark client's runtime (1: a single-threaded runtime).
+    #[arg(long, default_value_t = 1)]
+    pub client_threads: usize,
+    /// Round trips measured for the floor.
+    #[arg(long, default_value_t = 20_000)]
+    pub floor_samples: u32,
+    /// Seed of the key and operation choices (printed; reuse to replay a run).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// Latencies of one operation type, in nanoseconds.
+type Latencies = BTreeMap<&'static str, Histogram<u64>>;
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds are valid")
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("user{i:012}").into_bytes()
+}
+
+/// YCSB's scrambled Zipfian: a Zipf rank, hashed so hot keys spread over the key space.
+struct KeyChooser {
+    records: u64,
+    zipf: Option<Zipf<f64>>,
+}
+
+impl KeyChooser {
+    fn new(records: u64, theta: f64) -> Result<KeyChooser> {
+        let zipf = if theta > 0.0 {
+            Some(Zipf::new(records, theta).context("invalid --zipf")?)
+        } else {
+            None
+        };
+        Ok(KeyChooser { records, zipf })
+    }
+
+    fn next(&self, rng: &mut SmallRng) -> u64 {
+        match &self.zipf {
+            Some(zipf) => {
+                let rank = zipf.sample(rng) as u64;
+                fnv64(rank) % self.records
+            }
+            None => rng.gen_range(0..self.records),
+        }
+    }
+}
+
+fn fnv64(mut value: u64) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for _ in 0..8 {
+        hash ^= value & 0xff;
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+        value >>= 8;
+    }
+    hash
+}
+
+/// Runs the benchmark.
+pub fn run(args: YcsbArgs) -> Result<ExitCode> {
+    crate::init_logging("warn");
+    if args.records == 0 || args.clients == 0 {
+        bail!("--records and --clients must be at least 1");
+    }
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let mut children = Children::new();
+    let mut _cluster = None;
+    let coordinator = if args.local {
+        let up = UpArgs {
+            servers: args.servers,
+            coordinator_addr: "127.0.0.1:0".into(),
+            memory: "2GiB".into(),
+            segment_bytes: "8MiB".into(),
+            log_level: "warn".into(),
+        };
+        let started = cluster::start(&up, false)?;
+        let addr = started.coordinator.clone();
+        _cluster = Some(started);
+        addr
+    } else {
+        args.coordinator.clone()
+    };
+    let echo = children
+        .spawn("echo server", &["bench".into(), "echo".into()], &[])?
+        .addr
+        .clone();
+
+    let runtime = if args.client_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.client_threads)
+            .enable_all()
+            .build()?
+    };
+    let report = runtime.block_on(bench(&args, &coordinator, &echo, seed))?;
+    print_report(&args, seed, &report);
+    if let Some(path) = &args.json {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&report.json(&args, seed))?,
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Report {
+    load_s: f64,
+    run_s: f64,
+    ops: Latencies,
+    floor: Histogram<u64>,
+    floor_request_bytes: u32,
+    floor_reply_bytes: u32,
+}
+
+impl Report {
+    fn total_ops(&self) -> u64 {
+        self.ops.values().map(Histogram::len).sum()
+    }
+
+    fn throughput(&self) -> f64 {
+        self.total_ops() as f64 / self.run_s
+    }
+
+    fn json(&self, args: &YcsbArgs, seed: u64) -> serde_json::Value {
+        let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        let ops: serde_json::Map<String, serde_json::Value> = self
+            .ops
+            .iter()
+            .map(|(name, h)| {
+                (
+                    name.to_string(),
+                    serde_json::json!({
+                        "count": h.len(),
+                        "p50_us": us(h, 0.5),
+                        "p99_us": us(h, 0.99),
+                        "p999_us": us(h, 0.999),
+                        "mean_us": h.mean() / 1000.0,
+                    }),
+                )
+            })
+            .collect();
+        let read_ratio = self
+            .ops
+            .get("read")
+            .map(|h| us(h, 0.5) / us(&self.floor, 0.5));
+        serde_json::json!({
+            "workload": args.workload.name(),
+            "clients": args.clients,
+            "records": args.records,
+            "value_bytes": args.value_bytes,
+            "zipf": args.zipf,
+            "seed": seed,
+            "throughput_ops_s": self.throughput(),
+            "run_s": self.run_s,
+            "load_s": self.load_s,
+            "ops": ops,
+            "floor_rtt_p50_us": us(&self.floor, 0.5),
+            "floor_rtt_p99_us": us(&self.floor, 0.99),
+            "floor_request_bytes": self.floor_request_bytes,
+            "floor_reply_bytes": self.floor_reply_bytes,
+            "read_p50_over_floor": read_ratio,
+        })
+    }
+}
+
+async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Result<Report> {
+    let options = ClientOptions {
+        deadline: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let coordinators: Vec<&str> = coordinator.split(',').collect();
+    let admin = Client::connect_with(&coordinators, options.clone()).await?;
+    let table = admin.create_table("ycsb", args.span).await?;
+    let value = Bytes::from(vec![b'x'; args.value_bytes]);
+
+    // Load: each client writes its share in multi-write batches.
+    let load_start = Instant::now();
+    let mut clients = Vec::new();
+    for _ in 0..args.clients {
+        clients.push(Client::connect_with(&coordinators, options.clone()).await?);
+    }
+    let loads = clients.iter().enumerate().map(|(c, client)| {
+        let value = value.clone();
+        let share: Vec<u64> = (0..args.records)
+            .filter(|i| i % u64::from(args.clients) == c as u64)
+            .collect();
+        async move {
+            for chunk in share.chunks(256) {
+                let items: Vec<WriteItem> = chunk
+                    .iter()
+                    .map(|i| WriteItem {
+                        table,
+                        key: Bytes::from(key(*i)),
+                        value: value.clone(),
+                        rules: RejectRules::default(),
+                    })
+                    .collect();
+                for result in client.multi_write(&items).await? {
+                    result?;
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+    });
+    for result in futures::future::join_all(loads).await {
+        result?;
+    }
+    let load_s = load_start.elapsed().as_secs_f64();
+
+    // Run.
+    let chooser = std::sync::Arc::new(KeyChooser::new(args.records, args.zipf)?);
+    let per_client = args.ops / u64::from(args.clients);
+    let run_start = Instant::now();
+    let runs = clients.iter().enumerate().map(|(c, client)| {
+        let chooser = std::sync::Arc::clone(&chooser);
+        let value = value.clone();
+        let workload = args.workload;
+        async move {
+            let mut rng =
+                SmallRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut latencies: Latencies = BTreeMap::new();
+            for _ in 0..per_client {
+                let k = key(chooser.next(&mut rng));
+                let start = Instant::now();
+                let name = if rng.gen_bool(workload.read_fraction()) {
+                    client.read(table, &k).await?;
+                    "read"
+                } else if workload == Workload::F {
+                    client.read(table, &k).await?;
+                    client.write(table, &k, &value).await?;
+                    "read-modify-write"
+                } else {
+                    client.write(table, &k, &value).await?;
+                    "update"
+                };
+                let nanos = start.elapsed().as_nanos() as u64;
+                latencies
+                    .entry(name)
+                    .or_insert_with(histogram)
+                    .record(nanos.max(1))?;
+            }
+            Ok::<Latencies, anyhow::Error>(latencies)
+        }
+    });
+    let mut ops: Latencies = BTreeMap::new();
+    for result in futures::future::join_all(runs).await {
+        for (name, h) in result? {
+            ops.entry(name).or_insert_with(histogram).add(&h)?;
+        }
+    }
+    let run_s = run_start.elapsed().as_secs_f64();
+
+    // Floor: the read RPC's bytes on the wire, request and reply, as a raw ping-pong.
+    let key_len = key(0).len() as u32;
+    let request_wire = FRAME_HEADER_BYTES as u32 + 12 + key_len;
+    let reply_wire = FRAME_HEADER_BYTES as u32 + 10 + args.value_bytes as u32;
+    // The echo protocol's 8-byte size prefix counts toward the request's bytes.
+    let floor =
+        super::echo::ping_pong(echo, request_wire - 8, reply_wire, 1000, args.floor_samples)
+            .await?;
+    Ok(Report {
+        load_s,
+        run_s,
+        ops,
+        floor,
+        floor_request_bytes: request_wire,
+        floor_reply_bytes: reply_wire,
+    })
+}
+
+fn print_report(args: &YcsbArgs, seed: u64, report: &Report) {
+    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "ycsb workload {}: {} records, {} ops, {} client(s), {}-byte values, zipf {}, seed {seed}",
+        args.workload.name(),
+        args.records,
+        report.total_ops(),
+        args.clients,
+        args.value_bytes,
+        args.zipf
+    );
+    println!("load: {:.2} s; run: {:.2} s", report.load_s, report.run_s);
+    println!("throughput: {:.0} ops/s", report.throughput());
+    println!(
+        "{:<18} {:>9} {:>9} {:>9} {:>9}",
+        "op", "count", "p50_us", "p99_us", "p999_us"
+    );
+    for (name, h) in &report.ops {
+        println!(
+            "{:<18} {:>9} {:>9.1} {:>9.1} {:>9.1}",
+            name,
+            h.len(),
+            us(h, 0.5),
+            us(h, 0.99),
+            us(h, 0.999)
+        );
+    }
+    println!(
+        "{:<18} {:>9} {:>9.1} {:>9.1} {:>9.1}   (raw tokio TCP ping-pong, {} B -> {} B)",
+        "floor",
+        report.floor.len(),
+        us(&report.floor, 0.5),
+        us(&report.floor, 0.99),
+        us(&report.floor, 0.999),
+        report.floor_request_bytes,
+        report.floor_reply_bytes
+    );
+    if let Some(read) = report.ops.get("read") {
+        println!(
+            "read p50 / floor p50 = {:.2}",
+            us(read, 0.5) / us(&report.floor, 0.5)
+        );
+    }
+}

@@ -1,0 +1,194 @@
+//! `Children`: child processes of this binary (coordinators, servers) that never
+//! outlive their parent.
+//!
+//! Each child is this same executable with a subcommand. It prints one line naming its
+//! bound address; [`Children::spawn`] waits for that line (with a timeout) and returns
+//! the address. Orphans are prevented twice: children ask the kernel for SIGTERM when
+//! the parent dies (`PR_SET_PDEATHSIG`, which covers a SIGKILLed parent), and dropping
+//! `Children` terminates them (SIGTERM, then SIGKILL after a grace period).
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a child may take to print its address.
+pub const CHILD_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a child may take to exit after SIGTERM before it is killed.
+pub const CHILD_STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// One running child.
+#[derive(Debug)]
+pub struct Running {
+    /// What it is, for messages ("coordinator", "server 2").
+    pub name: String,
+    /// The address it announced.
+    pub addr: String,
+    /// The announce line's words (e.g. `["server", "3", "listening", "on", ADDR]`).
+    pub announce: Vec<String>,
+    child: Child,
+    exited: Option<ExitStatus>,
+}
+
+impl Running {
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// The children of this process.
+#[derive(Debug, Default)]
+pub struct Children {
+    running: Vec<Running>,
+}
+
+impl Children {
+    /// No children yet.
+    pub fn new() -> Children {
+        Children::default()
+    }
+
+    /// Starts `rampart ARGS...` and waits for its address line.
+    pub fn spawn(
+        &mut self,
+        name: &str,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Result<&Running> {
+        let exe = std::env::current_exe().context("cannot find the rampart executable")?;
+        let parent = std::process::id();
+        let mut command = Command::new(exe);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and
+        // exec, as `pre_exec` requires.
+        unsafe {
+            command.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                // The parent may have died before prctl took effect.
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("{name} has no stdout"))?;
+        let (lines_tx, lines_rx) = mpsc::channel();
+        // Reads the announce line, then drains stdout so the child never blocks on it.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if lines_tx.send(line).is_err() {
+                    // Nobody listens any more; keep draining.
+                }
+            }
+        });
+        let deadline = Instant::now() + CHILD_START_TIMEOUT;
+        let line = loop {
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100));
+            match lines_rx.recv_timeout(wait) {
+                Ok(line) if line.contains(" listening on ") => break line,
+                Ok(_) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait().ok();
+                    bail!("{name} exited before it was ready ({status:?}); see its messages above");
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        bail!("{name} exited before it was ready ({status})");
+                    }
+                    if Instant::now() >= deadline {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        bail!("{name} did not start within {CHILD_START_TIMEOUT:?}");
+                    }
+                }
+            }
+        };
+        let announce: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        let addr = announce
+            .last()
+            .cloned()
+            .ok_or_else(|| anyhow!("{name} announced nothing"))?;
+        self.running.push(Running {
+            name: name.to_string(),
+            addr,
+            announce,
+            child,
+            exited: None,
+        });
+        Ok(self.running.last().expect("just pushed"))
+    }
+
+    /// Children that exited since the last call, with their status.
+    pub fn reap(&mut self) -> Vec<(String, ExitStatus)> {
+        let mut exited = Vec::new();
+        for running in &mut self.running {
+            if running.exited.is_none() {
+                if let Ok(Some(status)) = running.child.try_wait() {
+                    running.exited = Some(status);
+                    exited.push((running.name.clone(), status));
+                }
+            }
+        }
+        exited
+    }
+
+    /// Whether every child has exited.
+    pub fn all_exited(&self) -> bool {
+        self.running.iter().all(|r| r.exited.is_some())
+    }
+
+    /// Stops every child: SIGTERM, then SIGKILL for those still alive after the grace
+    /// period. Waits for all of them, so none is left as a zombie or orphan.
+    pub fn stop_all(&mut self) {
+        for running in &mut self.running {
+            if running.exited.is_none() {
+                // SAFETY: kill(2) on a pid we spawned and have not reaped.
+                unsafe {
+                    libc::kill(running.child.id() as libc::pid_t, libc::SIGTERM);
+                }
+            }
+        }
+        let deadline = Instant::now() + CHILD_STOP_GRACE;
+        for running in &mut self.running {
+            while running.exited.is_none() {
+                match running.child.try_wait() {
+                    Ok(Some(status)) => running.exited = Some(status),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    _ => {
+                        let _ = running.child.kill();
+                        running.exited = running.child.wait().ok();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}

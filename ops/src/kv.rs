@@ -1,0 +1,185 @@
+//! `rampart kv`: table operations from the shell, script-friendly.
+//!
+//! Output is meant for pipes: `get` prints the value alone (raw bytes, no newline
+//! added); a missing key prints `not found` on stderr and exits 1; errors print on
+//! stderr and exit 2. Values come from the argument, or from stdin when it is omitted.
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use rampart_client::{Client, ClientError};
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+/// `rampart kv`
+#[derive(Args, Debug)]
+pub struct KvArgs {
+    /// Coordinator address(es), comma-separated.
+    #[arg(
+        long,
+        global = true,
+        env = "RAMPART_COORDINATOR",
+        default_value = "127.0.0.1:7000"
+    )]
+    pub coordinator: String,
+    /// Seconds an operation may take, retries included.
+    #[arg(long, global = true, default_value_t = 10.0)]
+    pub timeout: f64,
+    #[command(subcommand)]
+    pub command: KvCommand,
+}
+
+/// One table operation.
+#[derive(Subcommand, Debug)]
+pub enum KvCommand {
+    /// Create a table (prints its id); an existing table's id is printed unchanged.
+    CreateTable {
+        /// Table name.
+        table: String,
+        /// Number of tablets to spread it over.
+        #[arg(long, default_value_t = 1)]
+        span: u32,
+    },
+    /// Drop a table and all its objects.
+    DropTable {
+        /// Table name.
+        table: String,
+    },
+    /// Write a value (from the argument, or stdin if omitted); prints the new version.
+    Put {
+        /// Table name.
+        table: String,
+        /// Key.
+        key: String,
+        /// Value; read from stdin when omitted.
+        value: Option<String>,
+    },
+    /// Print a value (raw bytes, nothing added).
+    Get {
+        /// Table name.
+        table: String,
+        /// Key.
+        key: String,
+        /// Print `VERSION<TAB>VALUE` instead.
+        #[arg(long)]
+        with_version: bool,
+    },
+    /// Remove a key (succeeds if it is already gone).
+    Del {
+        /// Table name.
+        table: String,
+        /// Key.
+        key: String,
+    },
+    /// Add to an integer value (missing counts as 0); prints the new value.
+    Incr {
+        /// Table name.
+        table: String,
+        /// Key.
+        key: String,
+        /// Amount to add.
+        #[arg(default_value_t = 1, allow_negative_numbers = true)]
+        delta: i64,
+    },
+    /// Print every object of a table as `KEY<TAB>VALUE` lines (lossy UTF-8).
+    Scan {
+        /// Table name.
+        table: String,
+    },
+}
+
+/// Runs `rampart kv ...`.
+pub fn run(args: KvArgs) -> Result<ExitCode> {
+    crate::init_logging("warn");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let coordinators: Vec<&str> = args.coordinator.split(',').collect();
+        let options = rampart_client::ClientOptions {
+            deadline: std::time::Duration::from_secs_f64(args.timeout.max(0.001)),
+            ..Default::default()
+        };
+        let client = Client::connect_with(&coordinators, options)
+            .await
+            .with_context(|| format!("cannot reach the cluster at {}", args.coordinator))?;
+        match execute(&client, args.command).await {
+            Ok(code) => Ok(code),
+            Err(error) => {
+                eprintln!("error: {error}");
+                Ok(ExitCode::from(2))
+            }
+        }
+    })
+}
+
+async fn execute(client: &Client, command: KvCommand) -> Result<ExitCode, ClientError> {
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| ClientError::Server(format!("stdout: {e}"));
+    match command {
+        KvCommand::CreateTable { table, span } => {
+            let id = client.create_table(&table, span).await?;
+            writeln!(out, "{}", id.0).map_err(io)?;
+        }
+        KvCommand::DropTable { table } => client.drop_table(&table).await?,
+        KvCommand::Put { table, key, value } => {
+            let value = match value {
+                Some(value) => value.into_bytes(),
+                None => {
+                    let mut buf = Vec::new();
+                    std::io::stdin()
+                        .read_to_end(&mut buf)
+                        .map_err(|e| ClientError::Server(format!("stdin: {e}")))?;
+                    buf
+                }
+            };
+            let id = client.get_table_id(&table).await?;
+            let version = client.write(id, key.as_bytes(), &value).await?;
+            writeln!(out, "{}", version.0).map_err(io)?;
+        }
+        KvCommand::Get {
+            table,
+            key,
+            with_version,
+        } => {
+            let id = client.get_table_id(&table).await?;
+            match client.read(id, key.as_bytes()).await? {
+                Some(object) => {
+                    if with_version {
+                        write!(out, "{}\t", object.version.0).map_err(io)?;
+                    }
+                    out.write_all(&object.value).map_err(io)?;
+                }
+                None => {
+                    eprintln!("not found");
+                    return Ok(ExitCode::from(1));
+                }
+            }
+        }
+        KvCommand::Del { table, key } => {
+            let id = client.get_table_id(&table).await?;
+            client.remove(id, key.as_bytes()).await?;
+        }
+        KvCommand::Incr { table, key, delta } => {
+            let id = client.get_table_id(&table).await?;
+            let (value, _) = client.increment(id, key.as_bytes(), delta).await?;
+            writeln!(out, "{value}").map_err(io)?;
+        }
+        KvCommand::Scan { table } => {
+            let id = client.get_table_id(&table).await?;
+            let mut pages = client.enumerate(id);
+            while let Some(page) = pages.next_page().await? {
+                for object in page {
+                    writeln!(
+                        out,
+                        "{}\t{}",
+                        String::from_utf8_lossy(&object.key),
+                        String::from_utf8_lossy(&object.value)
+                    )
+                    .map_err(io)?;
+                }
+            }
+        }
+    }
+    out.flush().map_err(io)?;
+    Ok(ExitCode::SUCCESS)
+}
