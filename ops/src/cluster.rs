@@ -36,6 +36,9 @@ pub struct UpArgs {
     /// Bytes per log segment.
     #[arg(long, default_value = "8MiB")]
     pub segment_bytes: String,
+    /// Largest value a server accepts.
+    #[arg(long, default_value = "1MiB")]
+    pub value_bytes_max: String,
     /// Log level of the children (`RAMPART_LOG` overrides).
     #[arg(long, default_value = "warn")]
     pub log_level: String,
@@ -89,6 +92,8 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
                 args.memory.clone(),
                 "--segment-bytes".into(),
                 args.segment_bytes.clone(),
+                "--value-bytes-max".into(),
+                args.value_bytes_max.clone(),
             ],
             &env,
         )?;

@@ -3,6 +3,7 @@
 //! Output is meant for pipes: `get` prints the value alone (raw bytes, no newline
 //! added); a missing key prints `not found` on stderr and exits 1; errors print on
 //! stderr and exit 2. Values come from the argument, or from stdin when it is omitted.
+//! `scan` prints one line per object with non-printable bytes escaped.
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
@@ -80,7 +81,9 @@ pub enum KvCommand {
         #[arg(default_value_t = 1, allow_negative_numbers = true)]
         delta: i64,
     },
-    /// Print every object of a table as `KEY<TAB>VALUE` lines (lossy UTF-8).
+    /// Print every object of a table as `KEY<TAB>VALUE` lines, one per object; bytes
+    /// outside printable ASCII (tab and newline included) are escaped as `\t`, `\n`,
+    /// `\xNN`, so every line parses unambiguously.
     Scan {
         /// Table name.
         table: String,
@@ -169,13 +172,8 @@ async fn execute(client: &Client, command: KvCommand) -> Result<ExitCode, Client
             let mut pages = client.enumerate(id);
             while let Some(page) = pages.next_page().await? {
                 for object in page {
-                    writeln!(
-                        out,
-                        "{}\t{}",
-                        String::from_utf8_lossy(&object.key),
-                        String::from_utf8_lossy(&object.value)
-                    )
-                    .map_err(io)?;
+                    writeln!(out, "{}\t{}", object.key.escape_ascii(), object.value.escape_ascii())
+                        .map_err(io)?;
                 }
             }
         }

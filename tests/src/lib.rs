@@ -1,1 +1,172 @@
-//! placeholder
+//! `rampart-tests`: helpers for multi-process integration tests.
+//!
+//! [`LocalCluster`] runs `rampart cluster up` as a real child process on loopback
+//! with free ports, parses its announce lines, and stops it on drop. [`rampart`] runs
+//! one `rampart` command (such as `rampart kv get`) and captures its output.
+//!
+//! The `rampart` executable is found through `RAMPART_BIN`, or next to the test binary
+//! (`target/<profile>/rampart`, which `cargo test --workspace` builds because the ops
+//! crate has integration tests of its own).
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a cluster may take to print its `ready` line.
+pub const CLUSTER_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The path of the `rampart` executable under test.
+pub fn rampart_bin() -> Result<PathBuf> {
+    if let Ok(path) = std::env::var("RAMPART_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test binary> → target/<profile>/rampart
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .ok_or_else(|| anyhow!("cannot locate the target directory from {}", exe.display()))?;
+    let bin = profile_dir.join("rampart");
+    if !bin.exists() {
+        bail!(
+            "{} does not exist: build it with `cargo build -p rampart-ops` or set RAMPART_BIN",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// A `rampart cluster up` process and what it announced.
+#[derive(Debug)]
+pub struct LocalCluster {
+    /// The coordinator's address.
+    pub coordinator: String,
+    /// (server id, address, pid) of each storage server.
+    pub servers: Vec<(u64, String, u32)>,
+    child: Child,
+    /// Lines the cluster printed after `ready` (e.g. "server 2 exited ...").
+    _lines: mpsc::Receiver<String>,
+}
+
+impl LocalCluster {
+    /// Starts a cluster with `servers` storage servers and extra `cluster up` flags.
+    pub fn start(servers: u32, extra: &[&str]) -> Result<LocalCluster> {
+        let mut command = Command::new(rampart_bin()?);
+        command
+            .args(["cluster", "up", "--coordinator-addr", "127.0.0.1:0", "--servers"])
+            .arg(servers.to_string())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = command.spawn().context("cannot start rampart cluster up")?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut coordinator = None;
+        let mut announced = Vec::new();
+        let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let line = match lines.recv_timeout(wait) {
+                Ok(line) => line,
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    bail!("cluster did not print `ready` within {CLUSTER_START_TIMEOUT:?}");
+                }
+            };
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["coordinator", "at", addr, ..] => coordinator = Some(addr.to_string()),
+                ["server", id, "at", addr, "(pid", pid] => {
+                    let pid = pid.trim_end_matches(')').parse()?;
+                    announced.push((id.parse()?, addr.to_string(), pid));
+                }
+                [first, ..] if first.starts_with("ready") => break,
+                _ => {}
+            }
+        }
+        let coordinator = coordinator.ok_or_else(|| anyhow!("no coordinator line"))?;
+        Ok(LocalCluster { coordinator, servers: announced, child, _lines: lines })
+    }
+
+    /// The `cluster up` process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` to the `cluster up` process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, signal);
+        }
+    }
+
+    /// Waits for the `cluster up` process to exit, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                bail!("cluster did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `rampart ARGS...` against this cluster (RAMPART_COORDINATOR set).
+    pub fn rampart(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<Output> {
+        rampart(args, stdin, &[("RAMPART_COORDINATOR", &self.coordinator)])
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.signal(libc::SIGTERM);
+            if self.wait_exit(Duration::from_secs(10)).is_err() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+    }
+}
+
+/// Runs `rampart ARGS...` with `env`, feeding `stdin`, and captures its output.
+pub fn rampart(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Result<Output> {
+    let mut command = Command::new(rampart_bin()?);
+    command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn()?;
+    if let Some(bytes) = stdin {
+        let mut pipe = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
+        pipe.write_all(bytes)?;
+    }
+    Ok(child.wait_with_output()?)
+}
+
+/// Whether process `pid` still exists (and is not a zombie).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the field after the parenthesised command name.
+        Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}

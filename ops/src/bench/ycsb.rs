@@ -178,6 +178,7 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
             coordinator_addr: "127.0.0.1:0".into(),
             memory: "2GiB".into(),
             segment_bytes: "8MiB".into(),
+            value_bytes_max: "1MiB".into(),
             log_level: "warn".into(),
         };
         let started = cluster::start(&up, false)?;

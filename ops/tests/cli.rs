@@ -1,0 +1,41 @@
+//! The `rampart` binary's command line: help, and refusal of bad configuration before
+//! anything starts. (Having integration tests here also makes `cargo test --workspace`
+//! build the binary that the `rampart-tests` crate drives.)
+
+use std::process::Command;
+
+fn rampart(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rampart")).args(args).output().unwrap()
+}
+
+#[test]
+fn help_lists_every_subcommand() {
+    let output = rampart(&["--help"]);
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for command in ["coordinator", "server", "cluster", "kv", "bench"] {
+        assert!(help.contains(command), "help lacks {command}:\n{help}");
+    }
+}
+
+#[test]
+fn server_refuses_a_segment_too_small_for_its_largest_object() {
+    let output = rampart(&["server", "--segment-bytes", "64KiB", "--coordinator", "127.0.0.1:1"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot hold"), "{stderr}");
+}
+
+#[test]
+fn server_refuses_an_unparseable_memory_size() {
+    let output = rampart(&["server", "--memory", "lots"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("byte size"));
+}
+
+#[test]
+fn cluster_up_refuses_zero_servers() {
+    let output = rampart(&["cluster", "up", "--servers", "0", "--coordinator-addr", "127.0.0.1:0"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("at least 1"));
+}
