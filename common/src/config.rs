@@ -183,15 +183,23 @@ mod tests {
     #[test]
     fn config_rejects_segments_too_small_for_the_largest_object() {
         let config = MasterConfig {
-            segment_bytes: 64 * 1024,
+            segment_bytes: 128 * 1024,
+            memory_bytes: 64 << 20,
             ..MasterConfig::default()
         };
-        assert!(config.validate().is_err());
+        assert!(config.validate().is_err(), "a 1 MiB value cannot fit a 128 KiB segment");
         let small_values = MasterConfig {
             value_bytes_max: 1024,
-            ..config
+            ..config.clone()
         };
         assert_eq!(small_values.validate(), Ok(()));
+        // The digest names every segment the memory allows: 1 GiB of 128 KiB segments
+        // needs a 64 KiB digest, which leaves no room for a 64 KiB key.
+        let huge_digest = MasterConfig {
+            memory_bytes: 1 << 30,
+            ..small_values
+        };
+        assert!(huge_digest.validate().is_err());
     }
 
     #[test]

@@ -203,3 +203,228 @@ async fn write_batch(
 async fn replicate(ranges: &[SegmentRange]) {
     tracing::trace!(ranges = ranges.len(), "batch sealed");
 }
+
+#[cfg(test)]
+// A failed unwrap is a failed test, with its location: exactly what a test wants.
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use rampart_common::config::MasterConfig;
+    use rampart_common::ids::{ServerId, TableId, Version};
+    use rampart_common::log::{decode_entry, Entry};
+    use rampart_common::reject::RejectRules;
+    use rampart_common::status::Status;
+    use std::future::Future;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    const TABLE: TableId = TableId(1);
+
+    fn whole_table() -> Tablet {
+        Tablet {
+            table: TABLE,
+            start_hash: 0,
+            end_hash: u64::MAX,
+            owner: ServerId(1),
+        }
+    }
+
+    /// A store of 8 × 128 KiB segments that owns all of `TABLE`.
+    fn store() -> Arc<Mutex<ObjectStore>> {
+        let config = MasterConfig {
+            segment_bytes: 128 * 1024,
+            memory_bytes: 1024 * 1024,
+            value_bytes_max: 1024,
+        };
+        let mut store = ObjectStore::new(ServerId(1), config);
+        store.take_tablets(&[whole_table()]);
+        Arc::new(Mutex::new(store))
+    }
+
+    fn write(key: &str, value: &str) -> WriteOp {
+        WriteOp::Write {
+            table: TABLE,
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::copy_from_slice(value.as_bytes()),
+            rules: RejectRules::default(),
+        }
+    }
+
+    /// `Checksum` entries in the whole log: one per sealed batch, plus one per segment
+    /// opening and one per footer.
+    fn checksum_entries(store: &ObjectStore) -> usize {
+        let log = store.log();
+        let mut count = 0;
+        for id in log.segment_ids() {
+            let bytes = log.segment_bytes(id).unwrap();
+            let mut offset = 0;
+            while let Some((entry, next)) = decode_entry(bytes, offset).unwrap() {
+                count += usize::from(matches!(entry, Entry::Checksum(_)));
+                offset = next;
+            }
+        }
+        count
+    }
+
+    struct NoopWake;
+
+    impl Wake for NoopWake {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    /// Polls `future` once, outside the runtime's cooperative budget, so that a submit
+    /// gets its job onto the queue (the queue has room) and then waits for the reply.
+    /// Lets a test fix the queue order without racing the appender task.
+    fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+        let waker = Waker::from(Arc::new(NoopWake));
+        std::pin::Pin::new(future).poll(&mut Context::from_waker(&waker))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_submits_all_complete_and_are_readable() {
+        let store = store();
+        let appender = Appender::spawn(Arc::clone(&store));
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..200 {
+            let appender = appender.clone();
+            tasks.spawn(async move {
+                let outcomes = appender
+                    .submit(vec![write(&format!("key-{i}"), &format!("value-{i}"))])
+                    .await
+                    .unwrap();
+                (i, outcomes)
+            });
+        }
+        let mut done = 0;
+        while let Some(joined) = tasks.join_next().await {
+            let (i, outcomes) = joined.unwrap();
+            assert_eq!(outcomes.len(), 1);
+            assert_eq!(outcomes[0].status(), Status::Ok, "write {i}");
+            done += 1;
+        }
+        assert_eq!(done, 200);
+        let store = store.lock();
+        assert_eq!(store.object_count(), 200);
+        for i in 0..200 {
+            let read = store.read(TABLE, format!("key-{i}").as_bytes());
+            assert_eq!(read.status, Status::Ok);
+            assert_eq!(read.version, Version::FIRST);
+            assert_eq!(read.value, format!("value-{i}").into_bytes());
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn group_commit_seals_many_queued_jobs_with_few_checksums() {
+        const JOBS: usize = 100;
+        let store = store();
+        let appender = Appender::spawn(Arc::clone(&store));
+        let before = checksum_entries(&store.lock());
+        // On a current-thread runtime none of these runs until this task awaits, so
+        // every job is queued before the appender wakes.
+        let tasks: Vec<_> = (0..JOBS)
+            .map(|i| {
+                let appender = appender.clone();
+                tokio::spawn(async move {
+                    appender
+                        .submit(vec![write(&format!("key-{i}"), "v")])
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        for task in tasks {
+            let outcomes = task.await.unwrap();
+            assert_eq!(outcomes[0].status(), Status::Ok);
+        }
+        let store = store.lock();
+        assert_eq!(store.object_count(), JOBS as u64);
+        assert_eq!(
+            store.log().segment_ids().count(),
+            1,
+            "no rollover to muddle the count"
+        );
+        let sealed = checksum_entries(&store) - before;
+        // One batch per job would seal JOBS times.
+        assert!(sealed >= 1);
+        assert!(sealed < JOBS / 4, "{sealed} batches for {JOBS} queued jobs");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn drop_tablets_is_ordered_after_writes_submitted_before_it() {
+        const WRITES: usize = 50;
+        let store = store();
+        let appender = Appender::spawn(Arc::clone(&store));
+        let mut writes: Vec<_> = (0..WRITES)
+            .map(|i| {
+                Box::pin(tokio::task::unconstrained(
+                    appender.submit(vec![write(&format!("key-{i}"), "v")]),
+                ))
+            })
+            .collect();
+        for write in &mut writes {
+            assert!(poll_once(write).is_pending());
+        }
+        let mut drop = Box::pin(tokio::task::unconstrained(
+            appender.drop_tablets(vec![whole_table()]),
+        ));
+        assert!(poll_once(&mut drop).is_pending());
+        let mut late = Box::pin(tokio::task::unconstrained(
+            appender.submit(vec![write("late", "v")]),
+        ));
+        assert!(poll_once(&mut late).is_pending());
+
+        for write in writes {
+            let outcomes = write.await.unwrap();
+            assert_eq!(outcomes[0].status(), Status::Ok);
+        }
+        assert_eq!(
+            drop.await.unwrap(),
+            WRITES as u64,
+            "the drop removed every write"
+        );
+        let late = late.await.unwrap();
+        assert_eq!(late[0].status(), Status::UnknownTablet);
+
+        assert_eq!(store.lock().object_count(), 0);
+        assert_eq!(
+            store.lock().read(TABLE, b"key-0").status,
+            Status::UnknownTablet
+        );
+        appender.take_tablets(vec![whole_table()]).await.unwrap();
+        for i in 0..WRITES {
+            let read = store.lock().read(TABLE, format!("key-{i}").as_bytes());
+            assert_eq!(read.status, Status::ObjectDoesntExist, "key-{i} is gone");
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn abandoned_submit_is_still_applied() {
+        let store = store();
+        let appender = Appender::spawn(Arc::clone(&store));
+        let mut abandoned = Box::pin(tokio::task::unconstrained(
+            appender.submit(vec![write("abandoned", "v")]),
+        ));
+        assert!(poll_once(&mut abandoned).is_pending());
+        drop(abandoned);
+        let outcomes = appender.submit(vec![write("after", "v")]).await.unwrap();
+        assert_eq!(outcomes[0].status(), Status::Ok);
+        let store = store.lock();
+        assert_eq!(store.read(TABLE, b"abandoned").status, Status::Ok);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_job_larger_than_a_batch_is_applied_whole_and_in_order() {
+        let store = store();
+        let appender = Appender::spawn(Arc::clone(&store));
+        let ops: Vec<WriteOp> = (0..BATCH_OPS_MAX + 10)
+            .map(|i| write(&format!("key-{}", i % 100), &format!("{i}")))
+            .collect();
+        let outcomes = appender.submit(ops).await.unwrap();
+        assert_eq!(outcomes.len(), BATCH_OPS_MAX + 10);
+        assert!(outcomes.iter().all(|o| o.status() == Status::Ok));
+        let store = store.lock();
+        let last = BATCH_OPS_MAX + 9;
+        let read = store.read(TABLE, format!("key-{}", last % 100).as_bytes());
+        assert_eq!(read.value, format!("{last}").into_bytes());
+    }
+}

@@ -33,5 +33,8 @@ pub mod segmented_log;
 pub mod service;
 pub mod tablets;
 
+#[cfg(test)]
+mod service_tests;
+
 pub use object_store::{ObjectStore, OpOutcome, WriteOp};
 pub use service::MasterService;

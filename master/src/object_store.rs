@@ -171,8 +171,9 @@ pub struct ObjectStore {
     /// Published objects only. Invariant: every reference points into `log`.
     index: ObjectIndex,
     tablets: OwnedTablets,
-    /// Version of the next new object. Invariant: greater than every version this
-    /// master has removed or overwritten.
+    /// Version of the next new object (a key with no live object). Invariant: greater
+    /// than every version this master has removed. Overwrites need not raise it: a live
+    /// key's next version is its own + 1, and only a remove ends a key's life.
     safe_version: Version,
 }
 
@@ -488,5 +489,1145 @@ impl ObjectStore {
     /// The log (read-only), for replication and tests.
     pub fn log(&self) -> &SegmentedLog {
         &self.log
+    }
+}
+
+#[cfg(test)]
+// A failed unwrap is a failed test, with its location: exactly what a test wants.
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rampart_common::ids::SegmentId;
+    use rampart_common::log::scanner::{scan, StopReason};
+    use std::collections::HashSet;
+
+    const TABLE: TableId = TableId(1);
+
+    /// 8 segments of 128 KiB: small enough to fill and roll over quickly, large enough
+    /// for the largest object (a 64 KiB key with a 1 KiB value).
+    fn config() -> MasterConfig {
+        let config = MasterConfig {
+            segment_bytes: 128 * 1024,
+            memory_bytes: 1024 * 1024,
+            value_bytes_max: 1024,
+        };
+        assert_eq!(config.validate(), Ok(()));
+        config
+    }
+
+    fn tablet(table: TableId, start_hash: u64, end_hash: u64) -> Tablet {
+        Tablet {
+            table,
+            start_hash,
+            end_hash,
+            owner: ServerId(1),
+        }
+    }
+
+    /// A store owning the whole hash space of `TABLE`.
+    fn store() -> ObjectStore {
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&[tablet(TABLE, 0, u64::MAX)]);
+        store
+    }
+
+    /// Applies `ops` as one batch: stage all, seal, publish.
+    fn apply_batch(store: &mut ObjectStore, ops: &[WriteOp]) -> Vec<OpOutcome> {
+        let mut batch = Batch::new();
+        let outcomes = ops.iter().map(|op| store.stage(&mut batch, op)).collect();
+        store.seal();
+        store.publish(batch);
+        outcomes
+    }
+
+    /// Applies one operation as its own batch.
+    fn apply(store: &mut ObjectStore, op: &WriteOp) -> OpOutcome {
+        apply_batch(store, std::slice::from_ref(op)).remove(0)
+    }
+
+    fn write_if(key: &[u8], value: &[u8], rules: RejectRules) -> WriteOp {
+        WriteOp::Write {
+            table: TABLE,
+            key: Bytes::copy_from_slice(key),
+            value: Bytes::copy_from_slice(value),
+            rules,
+        }
+    }
+
+    fn write(key: &[u8], value: &[u8]) -> WriteOp {
+        write_if(key, value, RejectRules::default())
+    }
+
+    fn remove_if(key: &[u8], rules: RejectRules) -> WriteOp {
+        WriteOp::Remove {
+            table: TABLE,
+            key: Bytes::copy_from_slice(key),
+            rules,
+        }
+    }
+
+    fn remove(key: &[u8]) -> WriteOp {
+        remove_if(key, RejectRules::default())
+    }
+
+    fn increment_if(key: &[u8], delta: i64, rules: RejectRules) -> WriteOp {
+        WriteOp::Increment {
+            table: TABLE,
+            key: Bytes::copy_from_slice(key),
+            delta,
+            rules,
+        }
+    }
+
+    fn increment(key: &[u8], delta: i64) -> WriteOp {
+        increment_if(key, delta, RejectRules::default())
+    }
+
+    /// Writes `value` under `key` unconditionally and returns the new version.
+    fn put(store: &mut ObjectStore, key: &[u8], value: &[u8]) -> Version {
+        let outcome = apply(store, &write(key, value));
+        assert_eq!(outcome.status(), Status::Ok, "write of {key:?}");
+        outcome.into_write_reply().version
+    }
+
+    /// Removes `key` unconditionally and returns the version removed.
+    fn delete(store: &mut ObjectStore, key: &[u8]) -> Version {
+        let outcome = apply(store, &remove(key));
+        assert_eq!(outcome.status(), Status::Ok, "remove of {key:?}");
+        outcome.into_write_reply().version
+    }
+
+    /// Total bytes written to the log, sealed or not.
+    fn log_len(store: &ObjectStore) -> usize {
+        let log = store.log();
+        log.segment_ids()
+            .map(|id| log.segment_bytes(id).unwrap().len())
+            .sum()
+    }
+
+    fn int(n: i64) -> [u8; 8] {
+        n.to_le_bytes()
+    }
+
+    /// A key whose hash is at most (`low`) or above (`!low`) `split`.
+    fn key_on_side(split: u64, low: bool, tag: &str) -> Vec<u8> {
+        (0u32..)
+            .map(|i| format!("{tag}-{i}").into_bytes())
+            .find(|key| (key_hash(key).0 <= split) == low)
+            .unwrap()
+    }
+
+    /// Which operation a reject-rule case applies.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Kind {
+        Write,
+        Remove,
+        Increment,
+    }
+
+    /// Runs every reject rule against `kind`, in a state that trips it and one that lets
+    /// the operation through. A rejected operation must report the current version and
+    /// change nothing, not even the log; a passing one must take effect.
+    fn check_reject_rules(kind: Kind) {
+        const OLD: i64 = 5;
+        const DELTA: i64 = 3;
+        let op = |rules: RejectRules| match kind {
+            Kind::Write => write_if(b"k", b"new", rules),
+            Kind::Remove => remove_if(b"k", rules),
+            Kind::Increment => increment_if(b"k", DELTA, rules),
+        };
+        let doesnt_exist = |r: &mut RejectRules| r.doesnt_exist = true;
+        let exists = |r: &mut RejectRules| r.exists = true;
+        let le_given = |r: &mut RejectRules| r.version_le_given = true;
+        let ne_given = |r: &mut RejectRules| r.version_ne_given = true;
+        // (case, object present, rule, given version relative to the object's, rejection)
+        type Case = (
+            &'static str,
+            bool,
+            fn(&mut RejectRules),
+            i64,
+            Option<Status>,
+        );
+        let no_object = Some(Status::ObjectDoesntExist);
+        let object_exists = Some(Status::ObjectExists);
+        let wrong = Some(Status::WrongVersion);
+        let cases: [Case; 12] = [
+            ("doesnt_exist, missing", false, doesnt_exist, 0, no_object),
+            ("doesnt_exist, present", true, doesnt_exist, 0, None),
+            ("exists, present", true, exists, 0, object_exists),
+            ("exists, missing", false, exists, 0, None),
+            ("le_given, equal", true, le_given, 0, wrong),
+            ("le_given, greater", true, le_given, 1, wrong),
+            ("le_given, smaller", true, le_given, -1, None),
+            ("le_given, missing", false, le_given, 0, None),
+            ("ne_given, greater", true, ne_given, 1, wrong),
+            ("ne_given, smaller", true, ne_given, -1, wrong),
+            ("ne_given, equal", true, ne_given, 0, None),
+            ("ne_given, missing", false, ne_given, 0, None),
+        ];
+        for (case, present, rule, offset, rejected) in cases {
+            let context = format!("{kind:?} with {case}");
+            let mut store = store();
+            // Raise the safe version above 1, so that a new object's version, an
+            // overwrite's and "given - 1" are all distinct real versions.
+            put(&mut store, b"other", b"x");
+            put(&mut store, b"other", b"x");
+            delete(&mut store, b"other");
+            let safe = store.safe_version();
+            assert!(safe > Version(2));
+            if present {
+                put(&mut store, b"k", &int(OLD));
+                put(&mut store, b"k", &int(OLD));
+            }
+            let before = store.read(TABLE, b"k");
+            let current = before.version;
+            // For a missing object the given version is arbitrary: no version rule fires.
+            let reference = if present { current.0 } else { safe.0 + 1 };
+            let mut rules = RejectRules {
+                given_version: Version(reference.checked_add_signed(offset).unwrap()),
+                ..RejectRules::default()
+            };
+            rule(&mut rules);
+            let log_before = log_len(&store);
+            let outcome = apply(&mut store, &op(rules));
+            let after = store.read(TABLE, b"k");
+            match rejected {
+                Some(status) => {
+                    assert_eq!(outcome.status(), status, "{context}");
+                    assert_eq!(outcome.into_write_reply().version, current, "{context}");
+                    assert_eq!(after, before, "{context}: a rejected op changes nothing");
+                    assert_eq!(log_len(&store), log_before, "{context}: nothing appended");
+                }
+                None => {
+                    assert_eq!(outcome.status(), Status::Ok, "{context}");
+                    let new_version = if present { current.next() } else { safe };
+                    match kind {
+                        Kind::Write => {
+                            assert_eq!(after.status, Status::Ok, "{context}");
+                            assert_eq!(&after.value[..], b"new", "{context}");
+                            assert_eq!(after.version, new_version, "{context}");
+                            assert_eq!(outcome.into_write_reply().version, new_version);
+                        }
+                        Kind::Remove => {
+                            assert_eq!(after.status, Status::ObjectDoesntExist, "{context}");
+                            assert_eq!(outcome.into_write_reply().version, current, "{context}");
+                        }
+                        Kind::Increment => {
+                            let old = if present { OLD } else { 0 };
+                            assert_eq!(after.status, Status::Ok, "{context}");
+                            assert_eq!(&after.value[..], &int(old + DELTA), "{context}");
+                            assert_eq!(after.version, new_version, "{context}");
+                            let reply = outcome.into_increment_reply();
+                            assert_eq!((reply.version, reply.value), (new_version, old + DELTA));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Enumerates `[resume, end]` of `TABLE` page by page, checking each page's bounds.
+    fn enumerate_all(store: &ObjectStore, end: u64, max_bytes: u32) -> Vec<EnumeratedObject> {
+        let mut all = Vec::new();
+        let mut resume = Some(0u64);
+        let mut pages = 0;
+        while let Some(resume_hash) = resume {
+            pages += 1;
+            assert!(pages <= 100_000, "enumeration does not terminate");
+            let page = store
+                .enumerate(&EnumerateRequest {
+                    table: TABLE,
+                    resume_hash,
+                    end_hash: end,
+                    max_bytes,
+                })
+                .unwrap();
+            assert!(
+                !page.objects.is_empty() || page.next_hash.is_none(),
+                "no progress"
+            );
+            let sizes: Vec<usize> = page
+                .objects
+                .iter()
+                .map(|o| o.key.len() + o.value.len() + 16)
+                .collect();
+            // Soft bound: everything but the last object fits under max_bytes.
+            let before_last: usize = sizes.iter().rev().skip(1).sum();
+            assert!(
+                before_last < (max_bytes as usize).max(1),
+                "page over its bound"
+            );
+            let hashes: Vec<u64> = page.objects.iter().map(|o| key_hash(&o.key).0).collect();
+            assert!(hashes.iter().all(|h| (resume_hash..=end).contains(h)));
+            if let Some(next) = page.next_hash {
+                assert!(next > resume_hash);
+                assert!(hashes.iter().all(|h| *h < next));
+            }
+            all.extend(page.objects);
+            resume = page.next_hash;
+        }
+        all
+    }
+
+    /// A reference model of the store, written from the rules in the module doc. Ops
+    /// apply to it one by one, so it holds what the store holds once a batch publishes.
+    #[derive(Debug, Default)]
+    struct Model {
+        /// Key → (version, value).
+        objects: HashMap<Vec<u8>, (Version, Vec<u8>)>,
+        /// The version a new object gets.
+        safe_version: u64,
+        /// The highest version ever removed, of any key.
+        removed_max: Option<Version>,
+    }
+
+    impl Model {
+        /// The outcome `op` must have, applying it to the model.
+        fn apply(&mut self, op: &WriteOp) -> (Status, Version, Option<i64>) {
+            let (key, rules) = match op {
+                WriteOp::Write { key, rules, .. }
+                | WriteOp::Remove { key, rules, .. }
+                | WriteOp::Increment { key, rules, .. } => (key.to_vec(), *rules),
+            };
+            let current = self.objects.get(&key).cloned();
+            let current_version = current.as_ref().map_or(Version(0), |(v, _)| *v);
+            if let Some(status) = rules.check(current.as_ref().map(|(v, _)| *v)) {
+                return (status, current_version, None);
+            }
+            let new_version = current
+                .as_ref()
+                .map_or(Version(self.safe_version), |(v, _)| v.next());
+            match op {
+                WriteOp::Write { value, .. } => {
+                    self.objects.insert(key, (new_version, value.to_vec()));
+                    (Status::Ok, new_version, None)
+                }
+                WriteOp::Remove { .. } => {
+                    if current.is_some() {
+                        self.objects.remove(&key);
+                        self.safe_version = self.safe_version.max(current_version.0 + 1);
+                        self.removed_max = self.removed_max.max(Some(current_version));
+                    }
+                    (Status::Ok, current_version, None)
+                }
+                WriteOp::Increment { delta, .. } => {
+                    let old = match &current {
+                        None => 0,
+                        Some((_, value)) => match <[u8; 8]>::try_from(&value[..]) {
+                            Ok(bytes) => i64::from_le_bytes(bytes),
+                            Err(_) => return (Status::NotAnInteger, current_version, None),
+                        },
+                    };
+                    let Some(new) = old.checked_add(*delta) else {
+                        return (Status::InvalidArgument, current_version, None);
+                    };
+                    self.objects
+                        .insert(key, (new_version, new.to_le_bytes().to_vec()));
+                    (Status::Ok, new_version, Some(new))
+                }
+            }
+        }
+    }
+
+    fn arb_op() -> impl Strategy<Value = WriteOp> {
+        let key = (0u8..6).prop_map(|k| Bytes::from(vec![b'k', k]));
+        let rules = (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            0u64..12,
+        )
+            .prop_map(|(d, e, le, ne, given)| RejectRules {
+                given_version: Version(given),
+                // Rules are rarer than plain operations, so that objects live long.
+                doesnt_exist: d && e,
+                exists: e && le,
+                version_le_given: le && ne,
+                version_ne_given: ne && d,
+            });
+        let value = prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..12),
+            any::<i64>().prop_map(|n| n.to_le_bytes().to_vec()),
+            Just(i64::MAX.to_le_bytes().to_vec()),
+        ];
+        let delta = prop_oneof![-5i64..5, Just(i64::MAX), Just(i64::MIN)];
+        prop_oneof![
+            (key.clone(), value, rules.clone()).prop_map(|(key, value, rules)| WriteOp::Write {
+                table: TABLE,
+                key,
+                value: Bytes::from(value),
+                rules,
+            }),
+            (key.clone(), rules.clone()).prop_map(|(key, rules)| WriteOp::Remove {
+                table: TABLE,
+                key,
+                rules
+            }),
+            (key, delta, rules).prop_map(|(key, delta, rules)| WriteOp::Increment {
+                table: TABLE,
+                key,
+                delta,
+                rules,
+            }),
+        ]
+    }
+
+    #[test]
+    fn write_then_read_returns_the_value_and_version() {
+        let mut store = store();
+        let version = put(&mut store, b"k", b"hello");
+        assert_eq!(version, Version::FIRST);
+        let read = store.read(TABLE, b"k");
+        assert_eq!(read.status, Status::Ok);
+        assert_eq!(read.version, version);
+        assert_eq!(&read.value[..], b"hello");
+        assert_eq!(store.object_count(), 1);
+    }
+
+    #[test]
+    fn read_with_hands_over_the_same_object_as_read() {
+        let mut store = store();
+        let version = put(&mut store, b"k", b"hello");
+        let (status, got_version, value) =
+            store.read_with(TABLE, b"k", |s, v, bytes| (s, v, bytes.to_vec()));
+        assert_eq!(
+            (status, got_version, &value[..]),
+            (Status::Ok, version, &b"hello"[..])
+        );
+        let missing = store.read_with(TABLE, b"nope", |s, v, bytes| (s, v, bytes.len()));
+        assert_eq!(missing, (Status::ObjectDoesntExist, Version(0), 0));
+    }
+
+    #[test]
+    fn overwrite_bumps_the_version_by_exactly_one() {
+        let mut store = store();
+        let mut version = put(&mut store, b"k", b"v0");
+        for i in 1..10 {
+            let value = format!("v{i}");
+            let next = put(&mut store, b"k", value.as_bytes());
+            assert_eq!(next, Version(version.0 + 1));
+            version = next;
+            let read = store.read(TABLE, b"k");
+            assert_eq!((read.version, &read.value[..]), (version, value.as_bytes()));
+        }
+        assert_eq!(store.object_count(), 1);
+    }
+
+    #[test]
+    fn read_of_a_missing_key_is_object_doesnt_exist() {
+        let mut store = store();
+        put(&mut store, b"present", b"x");
+        let read = store.read(TABLE, b"absent");
+        assert_eq!(read.status, Status::ObjectDoesntExist);
+        assert_eq!(read.version, Version(0));
+        assert!(read.value.is_empty());
+    }
+
+    #[test]
+    fn write_reject_rules_refuse_or_apply_as_specified() {
+        check_reject_rules(Kind::Write);
+    }
+
+    #[test]
+    fn remove_reject_rules_refuse_or_apply_as_specified() {
+        check_reject_rules(Kind::Remove);
+    }
+
+    #[test]
+    fn increment_reject_rules_refuse_or_apply_as_specified() {
+        check_reject_rules(Kind::Increment);
+    }
+
+    #[test]
+    fn remove_then_recreate_gets_a_higher_version() {
+        let mut store = store();
+        let first = put(&mut store, b"k", b"one");
+        let second = put(&mut store, b"k", b"two");
+        assert_eq!(delete(&mut store, b"k"), second);
+        assert_eq!(store.read(TABLE, b"k").status, Status::ObjectDoesntExist);
+        let recreated = put(&mut store, b"k", b"three");
+        assert!(recreated > second, "{recreated} after removing {second}");
+        assert!(recreated > first);
+        let read = store.read(TABLE, b"k");
+        assert_eq!((read.version, &read.value[..]), (recreated, &b"three"[..]));
+    }
+
+    #[test]
+    fn recreated_key_outranks_every_version_ever_removed() {
+        let mut store = store();
+        let low = put(&mut store, b"low", b"x");
+        let mut high = put(&mut store, b"high", b"x");
+        for _ in 0..20 {
+            high = put(&mut store, b"high", b"x");
+        }
+        assert!(high > low);
+        // The safe version is master-wide: removing "high" raises the floor for every
+        // key, so "low" re-created afterwards must not reuse a version "high" had.
+        let mut removed = vec![delete(&mut store, b"high"), delete(&mut store, b"low")];
+        let low_again = put(&mut store, b"low", b"y");
+        assert!(
+            removed.iter().all(|v| low_again > *v),
+            "{low_again} vs {removed:?}"
+        );
+        // And a brand-new key too, and again after a remove in the same batch.
+        let fresh = put(&mut store, b"fresh", b"z");
+        assert!(removed.iter().all(|v| fresh > *v));
+        let outcomes = apply_batch(
+            &mut store,
+            &[remove(b"fresh"), remove(b"low"), write(b"low", b"w")],
+        );
+        assert!(outcomes.iter().all(|o| o.status() == Status::Ok));
+        removed.extend(outcomes[..2].iter().map(|o| o.into_write_reply().version));
+        let last = outcomes[2].into_write_reply().version;
+        assert!(removed.iter().all(|v| last > *v), "{last} vs {removed:?}");
+        assert!(removed.iter().all(|v| store.safe_version() > *v));
+    }
+
+    #[test]
+    fn remove_of_a_missing_key_succeeds_and_appends_nothing() {
+        let mut store = store();
+        put(&mut store, b"other", b"x");
+        let log_before = log_len(&store);
+        let segments_before = store.log().segment_ids().count();
+        let outcome = apply(&mut store, &remove(b"missing"));
+        assert_eq!(
+            outcome,
+            OpOutcome::Write(WriteReply {
+                status: Status::Ok,
+                version: Version(0)
+            })
+        );
+        assert_eq!(log_len(&store), log_before);
+        assert_eq!(store.log().segment_ids().count(), segments_before);
+        assert_eq!(store.object_count(), 1);
+    }
+
+    #[test]
+    fn increment_of_a_missing_key_counts_from_zero() {
+        let mut store = store();
+        let outcome = apply(&mut store, &increment(b"n", 7)).into_increment_reply();
+        assert_eq!(outcome.status, Status::Ok);
+        assert_eq!(outcome.value, 7);
+        let read = store.read(TABLE, b"n");
+        assert_eq!(read.version, outcome.version);
+        assert_eq!(&read.value[..], &7i64.to_le_bytes());
+    }
+
+    #[test]
+    fn increments_sum_including_negative_deltas() {
+        let mut store = store();
+        put(&mut store, b"n", &int(100));
+        let mut expected = 100i64;
+        let mut version = store.read(TABLE, b"n").version;
+        for delta in [1, -250, 42, i64::from(i32::MAX), -7] {
+            expected += delta;
+            let reply = apply(&mut store, &increment(b"n", delta)).into_increment_reply();
+            assert_eq!(reply.status, Status::Ok);
+            assert_eq!(reply.value, expected);
+            assert_eq!(reply.version, version.next());
+            version = reply.version;
+            let read = store.read(TABLE, b"n");
+            let stored = i64::from_le_bytes(read.value[..].try_into().unwrap());
+            assert_eq!((stored, read.version), (expected, version));
+        }
+    }
+
+    #[test]
+    fn increment_of_a_non_integer_is_not_an_integer() {
+        let mut store = store();
+        for value in [&b""[..], b"seven", b"nine bytes"] {
+            let version = put(&mut store, b"n", value);
+            let log_before = log_len(&store);
+            let reply = apply(&mut store, &increment(b"n", 1)).into_increment_reply();
+            assert_eq!(reply.status, Status::NotAnInteger, "value {value:?}");
+            assert_eq!(reply.version, version, "reports the current version");
+            let read = store.read(TABLE, b"n");
+            assert_eq!((&read.value[..], read.version), (value, version));
+            assert_eq!(log_len(&store), log_before);
+        }
+    }
+
+    #[test]
+    fn increment_overflow_is_invalid_argument_and_changes_nothing() {
+        let mut store = store();
+        for (start, delta) in [(i64::MAX, 1), (i64::MIN, -1), (1, i64::MAX)] {
+            let version = put(&mut store, b"n", &int(start));
+            let reply = apply(&mut store, &increment(b"n", delta)).into_increment_reply();
+            assert_eq!(reply.status, Status::InvalidArgument, "{start} + {delta}");
+            assert_eq!(reply.version, version);
+            let read = store.read(TABLE, b"n");
+            assert_eq!((&read.value[..], read.version), (&int(start)[..], version));
+        }
+    }
+
+    #[test]
+    fn staged_effects_are_invisible_until_publish() {
+        let mut store = store();
+        let old = put(&mut store, b"k", b"old");
+        put(&mut store, b"gone", b"still here");
+
+        let mut batch = Batch::new();
+        for op in [write(b"k", b"new"), write(b"fresh", b"f"), remove(b"gone")] {
+            assert_eq!(store.stage(&mut batch, &op).status(), Status::Ok);
+        }
+        let read = store.read(TABLE, b"k");
+        assert_eq!((&read.value[..], read.version), (&b"old"[..], old));
+        assert_eq!(
+            store.read(TABLE, b"fresh").status,
+            Status::ObjectDoesntExist
+        );
+        assert_eq!(&store.read(TABLE, b"gone").value[..], b"still here");
+
+        // Sealed (and, in the appender, replicated) is still not visible.
+        store.seal();
+        assert_eq!(&store.read(TABLE, b"k").value[..], b"old");
+        assert_eq!(
+            store.read(TABLE, b"fresh").status,
+            Status::ObjectDoesntExist
+        );
+        assert_eq!(store.object_count(), 2);
+
+        store.publish(batch);
+        let read = store.read(TABLE, b"k");
+        assert_eq!((&read.value[..], read.version), (&b"new"[..], old.next()));
+        assert_eq!(&store.read(TABLE, b"fresh").value[..], b"f");
+        assert_eq!(store.read(TABLE, b"gone").status, Status::ObjectDoesntExist);
+        assert_eq!(store.object_count(), 2);
+    }
+
+    #[test]
+    fn ops_in_one_batch_see_each_others_effects() {
+        let mut store = store();
+        let outcomes = apply_batch(
+            &mut store,
+            &[
+                write(b"n", &int(10)),
+                increment(b"n", 5),
+                // Create-only must see the staged object.
+                write_if(b"n", b"no", RejectRules::create_only()),
+                write(b"k", b"first"),
+                remove(b"k"),
+                // Must see the staged remove: the key is missing again.
+                write_if(b"k", b"second", RejectRules::create_only()),
+            ],
+        );
+        let statuses: Vec<Status> = outcomes.iter().map(OpOutcome::status).collect();
+        assert_eq!(
+            statuses,
+            [
+                Status::Ok,
+                Status::Ok,
+                Status::ObjectExists,
+                Status::Ok,
+                Status::Ok,
+                Status::Ok
+            ]
+        );
+        let written = outcomes[0].into_write_reply().version;
+        let incremented = outcomes[1].into_increment_reply();
+        assert_eq!(incremented.value, 15);
+        assert_eq!(incremented.version, written.next());
+        assert_eq!(outcomes[2].into_write_reply().version, incremented.version);
+        let first = outcomes[3].into_write_reply().version;
+        assert_eq!(outcomes[4].into_write_reply().version, first);
+        let second = outcomes[5].into_write_reply().version;
+        assert!(second > first);
+
+        let n = store.read(TABLE, b"n");
+        assert_eq!(
+            (&n.value[..], n.version),
+            (&int(15)[..], incremented.version)
+        );
+        let k = store.read(TABLE, b"k");
+        assert_eq!((&k.value[..], k.version), (&b"second"[..], second));
+        assert_eq!(store.object_count(), 2);
+    }
+
+    #[test]
+    fn keys_of_unowned_tables_are_unknown_tablet() {
+        let mut store = store();
+        let other = TableId(2);
+        assert_eq!(store.read(other, b"k").status, Status::UnknownTablet);
+        let ops = [
+            WriteOp::Write {
+                table: other,
+                key: Bytes::from_static(b"k"),
+                value: Bytes::from_static(b"v"),
+                rules: RejectRules::default(),
+            },
+            WriteOp::Remove {
+                table: other,
+                key: Bytes::from_static(b"k"),
+                rules: RejectRules::default(),
+            },
+            WriteOp::Increment {
+                table: other,
+                key: Bytes::from_static(b"k"),
+                delta: 1,
+                rules: RejectRules::default(),
+            },
+        ];
+        let log_before = log_len(&store);
+        for op in &ops {
+            assert_eq!(
+                apply(&mut store, op).status(),
+                Status::UnknownTablet,
+                "{op:?}"
+            );
+        }
+        assert_eq!(log_len(&store), log_before);
+        assert_eq!(store.object_count(), 0);
+    }
+
+    #[test]
+    fn drop_tablets_forgets_objects_and_refuses_ops() {
+        let mut store = store();
+        let other = TableId(2);
+        store.take_tablets(&[tablet(other, 0, u64::MAX)]);
+        for i in 0..50 {
+            put(&mut store, format!("k{i}").as_bytes(), b"v");
+        }
+        let kept = WriteOp::Write {
+            table: other,
+            key: Bytes::from_static(b"kept"),
+            value: Bytes::from_static(b"v"),
+            rules: RejectRules::default(),
+        };
+        assert_eq!(apply(&mut store, &kept).status(), Status::Ok);
+        assert_eq!(store.object_count(), 51);
+
+        assert_eq!(store.drop_tablets(&[tablet(TABLE, 0, u64::MAX)]), 50);
+        assert_eq!(store.object_count(), 1);
+        assert_eq!(store.read(TABLE, b"k0").status, Status::UnknownTablet);
+        assert_eq!(
+            apply(&mut store, &write(b"k0", b"v")).status(),
+            Status::UnknownTablet
+        );
+        assert_eq!(
+            apply(&mut store, &remove(b"k0")).status(),
+            Status::UnknownTablet
+        );
+        assert_eq!(
+            apply(&mut store, &increment(b"k0", 1)).status(),
+            Status::UnknownTablet
+        );
+        assert_eq!(store.read(other, b"kept").status, Status::Ok);
+
+        // Taking the tablet back does not bring the dropped objects back.
+        store.take_tablets(&[tablet(TABLE, 0, u64::MAX)]);
+        assert_eq!(store.read(TABLE, b"k0").status, Status::ObjectDoesntExist);
+        assert_eq!(store.object_count(), 1);
+    }
+
+    #[test]
+    fn retaking_owned_tablets_keeps_their_objects() {
+        // The coordinator re-sends TakeTablets when it retries a table creation; the
+        // repeat must be harmless.
+        let split = u64::MAX / 2;
+        let halves = [tablet(TABLE, 0, split), tablet(TABLE, split + 1, u64::MAX)];
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&halves);
+        for i in 0..40 {
+            put(&mut store, format!("key-{i}").as_bytes(), b"v");
+        }
+        store.take_tablets(&halves);
+        assert_eq!(store.object_count(), 40);
+        for i in 0..40 {
+            assert_eq!(
+                store.read(TABLE, format!("key-{i}").as_bytes()).status,
+                Status::Ok
+            );
+        }
+        // Dropping is idempotent too.
+        assert_eq!(store.drop_tablets(&halves), 40);
+        assert_eq!(store.drop_tablets(&halves), 0);
+        assert_eq!(store.object_count(), 0);
+    }
+
+    #[test]
+    fn dropping_one_tablet_keeps_the_objects_of_its_neighbour() {
+        let split = u64::MAX / 2;
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&[tablet(TABLE, 0, split), tablet(TABLE, split + 1, u64::MAX)]);
+        let keys: Vec<String> = (0..100).map(|i| format!("key-{i}")).collect();
+        for key in &keys {
+            put(&mut store, key.as_bytes(), b"v");
+        }
+        let low = keys
+            .iter()
+            .filter(|k| key_hash(k.as_bytes()).0 <= split)
+            .count();
+        assert_eq!(store.drop_tablets(&[tablet(TABLE, 0, split)]), low as u64);
+        assert_eq!(store.object_count(), (keys.len() - low) as u64);
+        for key in &keys {
+            let expected = if key_hash(key.as_bytes()).0 <= split {
+                Status::UnknownTablet
+            } else {
+                Status::Ok
+            };
+            assert_eq!(store.read(TABLE, key.as_bytes()).status, expected, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_sub_range_tablet_serves_only_its_range() {
+        let split = u64::MAX / 2;
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&[tablet(TABLE, 0, split)]);
+        let inside = key_on_side(split, true, "in");
+        let outside = key_on_side(split, false, "out");
+        assert_eq!(
+            apply(&mut store, &write(&inside, b"v")).status(),
+            Status::Ok
+        );
+        assert_eq!(store.read(TABLE, &inside).status, Status::Ok);
+        assert_eq!(
+            apply(&mut store, &write(&outside, b"v")).status(),
+            Status::UnknownTablet
+        );
+        assert_eq!(store.read(TABLE, &outside).status, Status::UnknownTablet);
+        // The boundary hashes themselves.
+        let mut edges = ObjectStore::new(ServerId(1), config());
+        let hash = key_hash(&inside).0;
+        edges.take_tablets(&[tablet(TABLE, hash, hash)]);
+        assert_eq!(
+            apply(&mut edges, &write(&inside, b"v")).status(),
+            Status::Ok
+        );
+        assert_eq!(
+            apply(&mut edges, &write(&outside, b"v")).status(),
+            Status::UnknownTablet
+        );
+    }
+
+    #[test]
+    fn key_one_byte_over_the_limit_is_key_too_large() {
+        let mut store = store();
+        let key = vec![b'k'; KEY_BYTES_MAX + 1];
+        let log_before = log_len(&store);
+        for op in [write(&key, b"v"), remove(&key), increment(&key, 1)] {
+            let outcome = apply(&mut store, &op);
+            assert_eq!(outcome.status(), Status::KeyTooLarge);
+        }
+        assert_eq!(store.read(TABLE, &key).status, Status::KeyTooLarge);
+        assert_eq!(log_len(&store), log_before);
+    }
+
+    #[test]
+    fn value_over_the_limit_is_value_too_large() {
+        let mut store = store();
+        let limit = config().value_bytes_max;
+        let log_before = log_len(&store);
+        let outcome = apply(&mut store, &write(b"k", &vec![1u8; limit + 1]));
+        assert_eq!(outcome.status(), Status::ValueTooLarge);
+        assert_eq!(store.read(TABLE, b"k").status, Status::ObjectDoesntExist);
+        assert_eq!(log_len(&store), log_before);
+    }
+
+    #[test]
+    fn key_and_value_exactly_at_their_limits_are_accepted() {
+        let mut store = store();
+        let value = vec![7u8; config().value_bytes_max];
+        // Several, so that at least one lands in a freshly rolled-over segment.
+        let keys: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; KEY_BYTES_MAX]).collect();
+        for key in &keys {
+            let outcome = apply(&mut store, &write(key, &value));
+            assert_eq!(outcome.status(), Status::Ok);
+        }
+        assert!(
+            store.log().head() > SegmentId(1),
+            "the big objects rolled over"
+        );
+        for key in &keys {
+            let read = store.read(TABLE, key);
+            assert_eq!(read.status, Status::Ok);
+            assert_eq!(read.value, value);
+        }
+    }
+
+    #[test]
+    fn full_log_returns_no_space_and_keeps_acknowledged_values() {
+        let mut store = store();
+        let value = |i: u32| vec![(i % 251) as u8; 1000];
+        let mut acknowledged = Vec::new();
+        let mut failed = None;
+        for i in 0..100_000u32 {
+            let key = format!("key-{i}");
+            let outcome = apply(&mut store, &write(key.as_bytes(), &value(i)));
+            match outcome.status() {
+                Status::Ok => acknowledged.push((key, i, outcome.into_write_reply().version)),
+                Status::NoSpace => {
+                    failed = Some(key);
+                    break;
+                }
+                other => panic!("write {i}: unexpected {other}"),
+            }
+        }
+        let failed = failed.expect("a bounded log fills up");
+        assert!(
+            acknowledged.len() > 500,
+            "only {} writes fit",
+            acknowledged.len()
+        );
+        let (used, max) = store.log_bytes();
+        assert_eq!(used, max);
+
+        for attempt in 0..10 {
+            let key = format!("more-{attempt}");
+            assert_eq!(
+                apply(&mut store, &write(key.as_bytes(), &value(0))).status(),
+                Status::NoSpace
+            );
+        }
+        // An overwrite of an acknowledged key is refused too and leaves it intact.
+        let (first_key, _, _) = &acknowledged[0];
+        assert_eq!(
+            apply(&mut store, &write(first_key.as_bytes(), &value(1))).status(),
+            Status::NoSpace
+        );
+        assert_eq!(
+            store.read(TABLE, failed.as_bytes()).status,
+            Status::ObjectDoesntExist
+        );
+        for (key, i, version) in &acknowledged {
+            let read = store.read(TABLE, key.as_bytes());
+            assert_eq!(read.status, Status::Ok, "{key}");
+            assert_eq!(read.version, *version, "{key}");
+            assert_eq!(read.value, value(*i), "{key}");
+        }
+        assert_eq!(store.object_count(), acknowledged.len() as u64);
+    }
+
+    #[test]
+    fn enumerate_returns_objects_in_key_hash_order() {
+        let mut store = store();
+        for i in 0..200 {
+            put(
+                &mut store,
+                format!("key-{i}").as_bytes(),
+                format!("value-{i}").as_bytes(),
+            );
+        }
+        let page = store
+            .enumerate(&EnumerateRequest {
+                table: TABLE,
+                resume_hash: 0,
+                end_hash: u64::MAX,
+                max_bytes: u32::MAX,
+            })
+            .unwrap();
+        assert_eq!(page.next_hash, None);
+        assert_eq!(page.objects.len(), 200);
+        let hashes: Vec<u64> = page.objects.iter().map(|o| key_hash(&o.key).0).collect();
+        assert!(hashes.windows(2).all(|w| w[0] < w[1]), "hash order");
+        for object in &page.objects {
+            let read = store.read(TABLE, &object.key);
+            assert_eq!((read.version, &read.value), (object.version, &object.value));
+        }
+    }
+
+    #[test]
+    fn enumerate_pages_respect_max_bytes_and_cover_every_object_once() {
+        let mut store = store();
+        let mut expected = HashSet::new();
+        for i in 0..300 {
+            let key = format!("key-{i}");
+            put(&mut store, key.as_bytes(), &vec![b'v'; i % 50]);
+            expected.insert(key.into_bytes());
+        }
+        for max_bytes in [0, 1, 100, 500, 4096, u32::MAX] {
+            let all = enumerate_all(&store, u64::MAX, max_bytes);
+            let keys: Vec<Vec<u8>> = all.iter().map(|o| o.key.to_vec()).collect();
+            let unique: HashSet<Vec<u8>> = keys.iter().cloned().collect();
+            assert_eq!(
+                keys.len(),
+                unique.len(),
+                "max_bytes {max_bytes}: duplicates"
+            );
+            assert_eq!(unique, expected, "max_bytes {max_bytes}");
+            let hashes: Vec<u64> = all.iter().map(|o| key_hash(&o.key).0).collect();
+            assert!(hashes.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+
+    #[test]
+    fn enumerate_past_the_owned_range_resumes_after_its_end() {
+        let split = u64::MAX / 3;
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&[tablet(TABLE, 0, split)]);
+        let mut owned = 0;
+        for i in 0..100 {
+            let key = format!("key-{i}");
+            let status = apply(&mut store, &write(key.as_bytes(), b"v")).status();
+            if key_hash(key.as_bytes()).0 <= split {
+                assert_eq!(status, Status::Ok);
+                owned += 1;
+            } else {
+                assert_eq!(status, Status::UnknownTablet);
+            }
+        }
+        assert!(owned > 0);
+        let page = store
+            .enumerate(&EnumerateRequest {
+                table: TABLE,
+                resume_hash: 0,
+                end_hash: u64::MAX,
+                max_bytes: u32::MAX,
+            })
+            .unwrap();
+        assert_eq!(page.objects.len(), owned);
+        assert_eq!(page.next_hash, Some(split + 1));
+        // A request that stays inside the owned range ends there.
+        let inside = store
+            .enumerate(&EnumerateRequest {
+                table: TABLE,
+                resume_hash: 0,
+                end_hash: split,
+                max_bytes: u32::MAX,
+            })
+            .unwrap();
+        assert_eq!(inside.next_hash, None);
+        assert_eq!(inside.objects.len(), owned);
+    }
+
+    #[test]
+    fn enumerate_from_outside_the_owned_range_is_unknown_tablet() {
+        let split = u64::MAX / 3;
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&[tablet(TABLE, 100, split)]);
+        let request = |table: TableId, resume_hash: u64| EnumerateRequest {
+            table,
+            resume_hash,
+            end_hash: u64::MAX,
+            max_bytes: 1024,
+        };
+        for resume in [0, 99, split + 1, u64::MAX] {
+            assert_eq!(
+                store.enumerate(&request(TABLE, resume)),
+                Err(Status::UnknownTablet)
+            );
+        }
+        assert_eq!(
+            store.enumerate(&request(TableId(9), 100)),
+            Err(Status::UnknownTablet)
+        );
+        assert!(store.enumerate(&request(TABLE, 100)).is_ok());
+        assert!(store.enumerate(&request(TABLE, split)).is_ok());
+        let backwards = EnumerateRequest {
+            end_hash: 150,
+            ..request(TABLE, 200)
+        };
+        assert_eq!(store.enumerate(&backwards), Err(Status::InvalidArgument));
+    }
+
+    #[test]
+    fn rolled_over_segments_scan_whole_and_chain_by_footers() {
+        let mut store = store();
+        let mut live = Vec::new();
+        for batch in 0..60u32 {
+            let ops: Vec<WriteOp> = (0..10u32)
+                .map(|i| {
+                    let n = batch * 10 + i;
+                    let key = format!("key-{}", n % 450);
+                    match n % 7 {
+                        6 => remove(key.as_bytes()),
+                        _ => write(
+                            key.as_bytes(),
+                            &vec![(n % 256) as u8; 100 + (n as usize * 37) % 900],
+                        ),
+                    }
+                })
+                .collect();
+            let outcomes = apply_batch(&mut store, &ops);
+            assert!(outcomes.iter().all(|o| o.status() == Status::Ok));
+            live.extend(ops);
+        }
+        let log = store.log();
+        let ids: Vec<SegmentId> = log.segment_ids().collect();
+        assert!(ids.len() >= 3, "only {} segments", ids.len());
+        assert_eq!(ids.last(), Some(&log.head()));
+        for id in &ids {
+            let bytes = log.segment_bytes(*id).unwrap();
+            let result = scan(bytes);
+            assert_eq!(result.valid_bytes as usize, bytes.len(), "{id}: all sealed");
+            assert_eq!(result.stop, StopReason::EndOfData, "{id}");
+            let header = result.header.unwrap();
+            assert_eq!((header.log_id, header.segment_id), (ServerId(1), *id));
+            assert_eq!(header.capacity, config().segment_bytes);
+            // No cleaner yet: segment n's digest lists 1..=n.
+            let digest: Vec<SegmentId> = (1..=id.0).map(SegmentId).collect();
+            assert_eq!(result.digest.as_ref(), Some(&digest), "{id}");
+            if *id == log.head() {
+                assert!(!result.closed);
+                assert_eq!(result.successor, None);
+                assert_eq!(result.digest, Some(ids.clone()), "head digest lists all");
+            } else {
+                assert!(result.closed, "{id}");
+                assert_eq!(result.successor, Some(SegmentId(id.0 + 1)), "{id}");
+            }
+        }
+        // The latest op per key decides what reads return.
+        let mut model = HashMap::new();
+        for op in &live {
+            match op {
+                WriteOp::Write { key, value, .. } => model.insert(key.clone(), Some(value.clone())),
+                WriteOp::Remove { key, .. } => model.insert(key.clone(), None),
+                WriteOp::Increment { .. } => unreachable!(),
+            };
+        }
+        for (key, value) in &model {
+            let read = store.read(TABLE, key);
+            match value {
+                Some(value) => assert_eq!(&read.value, value),
+                None => assert_eq!(read.status, Status::ObjectDoesntExist),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn store_matches_a_model_under_random_batches(
+            batches in proptest::collection::vec(proptest::collection::vec(arb_op(), 1..8), 1..25)
+        ) {
+            let mut store = store();
+            let mut model = Model { safe_version: Version::FIRST.0, ..Model::default() };
+            for ops in &batches {
+                let outcomes = apply_batch(&mut store, ops);
+                for (op, outcome) in ops.iter().zip(&outcomes) {
+                    let removed_before = model.removed_max;
+                    let (table, key) = op.table_and_key();
+                    prop_assert_eq!(table, TABLE);
+                    let created = !model.objects.contains_key(&key[..]);
+                    let (status, version, value) = model.apply(op);
+                    prop_assert_eq!(outcome.status(), status, "{:?}", op);
+                    let reply = outcome.into_increment_reply();
+                    prop_assert_eq!(reply.version, version, "{:?}", op);
+                    if let Some(value) = value {
+                        prop_assert_eq!(reply.value, value);
+                    }
+                    // The property the floor exists for: a created object outranks
+                    // every version ever removed, of any key.
+                    if created && status == Status::Ok && !matches!(op, WriteOp::Remove { .. }) {
+                        prop_assert!(Some(version) > removed_before);
+                    }
+                }
+                prop_assert_eq!(store.safe_version().0, model.safe_version);
+                prop_assert_eq!(store.object_count(), model.objects.len() as u64);
+                for k in 0u8..6 {
+                    let key = [b'k', k];
+                    let read = store.read(TABLE, &key);
+                    match model.objects.get(&key[..]) {
+                        Some((version, value)) => {
+                            prop_assert_eq!(read.status, Status::Ok);
+                            prop_assert_eq!(read.version, *version);
+                            prop_assert_eq!(&read.value[..], &value[..]);
+                        }
+                        None => prop_assert_eq!(read.status, Status::ObjectDoesntExist),
+                    }
+                }
+            }
+        }
     }
 }

@@ -301,11 +301,11 @@ mod tests {
         let first = log
             .append_object(TableId(1), Version(1), b"first", &value, Version(1))
             .unwrap();
-        loop {
-            match log.append_object(TableId(1), Version(2), b"k", &value, Version(1)) {
-                Ok(_) => written += 1,
-                Err(NoSpace) => break,
-            }
+        while log
+            .append_object(TableId(1), Version(2), b"k", &value, Version(1))
+            .is_ok()
+        {
+            written += 1;
             log.seal_batch();
         }
         assert!(written > 8);

@@ -60,11 +60,6 @@ impl MasterService {
         &self.store
     }
 
-    /// Whether this service answers `opcode`.
-    pub fn serves(opcode: Opcode) -> bool {
-        (1..100).contains(&opcode.0)
-    }
-
     async fn write_ops(
         &self,
         ops: Vec<WriteOp>,
@@ -75,12 +70,14 @@ impl MasterService {
             .map_err(|e| Reply::error(Status::ShuttingDown, e))
     }
 
-    async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
-        match opcode {
+    /// Requests served from memory without waiting — reads, enumerate, ping — which the
+    /// RPC layer runs on the connection's task (see `Service::handle_now`).
+    fn handle_immediately(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
+        let reply = match opcode {
             proto::Read::OPCODE => {
-                let request: ReadRequest = match Reply::decode(payload) {
+                let request: ReadRequest = match Reply::decode(payload.clone()) {
                     Ok(r) => r,
-                    Err(reply) => return reply,
+                    Err(reply) => return Some(reply),
                 };
                 let store = self.store.lock();
                 // The value is copied once, from the log into the reply frame.
@@ -88,6 +85,51 @@ impl MasterService {
                     Reply::ok_with(|out| proto::encode_read_reply(out, status, version, value))
                 })
             }
+            proto::MultiRead::OPCODE => {
+                let request: MultiReadRequest = match Reply::decode(payload.clone()) {
+                    Ok(r) => r,
+                    Err(reply) => return Some(reply),
+                };
+                if let Err(reply) = check_multi(request.objects.len()) {
+                    return Some(reply);
+                }
+                let store = self.store.lock();
+                let objects = request
+                    .objects
+                    .iter()
+                    .map(|o| store.read(o.table, &o.key))
+                    .collect();
+                Reply::ok(&MultiReadReply { objects })
+            }
+            proto::Enumerate::OPCODE => {
+                let request: EnumerateRequest = match Reply::decode(payload.clone()) {
+                    Ok(r) => r,
+                    Err(reply) => return Some(reply),
+                };
+                match self.store.lock().enumerate(&request) {
+                    Ok(page) => Reply::ok(&page),
+                    Err(status) => Reply::error(status, "enumerate"),
+                }
+            }
+            proto::Ping::OPCODE => {
+                let store = self.store.lock();
+                let (used, max) = store.log_bytes();
+                Reply::ok(&PingReply {
+                    objects: store.object_count(),
+                    log_bytes_used: used,
+                    log_bytes_max: max,
+                })
+            }
+            _ => return None,
+        };
+        Some(reply)
+    }
+
+    async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
+        if let Some(reply) = self.handle_immediately(opcode, &payload) {
+            return reply;
+        }
+        match opcode {
             proto::Write::OPCODE => {
                 let request: WriteRequest = match Reply::decode(payload) {
                     Ok(r) => r,
@@ -135,22 +177,6 @@ impl MasterService {
                     Err(reply) => reply,
                 }
             }
-            proto::MultiRead::OPCODE => {
-                let request: MultiReadRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
-                if let Err(reply) = check_multi(request.objects.len()) {
-                    return reply;
-                }
-                let store = self.store.lock();
-                let objects = request
-                    .objects
-                    .iter()
-                    .map(|o| store.read(o.table, &o.key))
-                    .collect();
-                Reply::ok(&MultiReadReply { objects })
-            }
             proto::MultiWrite::OPCODE => {
                 let request: MultiWriteRequest = match Reply::decode(payload) {
                     Ok(r) => r,
@@ -190,16 +216,6 @@ impl MasterService {
                     .collect();
                 self.multi_write_reply(ops).await
             }
-            proto::Enumerate::OPCODE => {
-                let request: EnumerateRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
-                match self.store.lock().enumerate(&request) {
-                    Ok(page) => Reply::ok(&page),
-                    Err(status) => Reply::error(status, "enumerate"),
-                }
-            }
             proto::TakeTablets::OPCODE => {
                 let request: TabletsRequest = match Reply::decode(payload) {
                     Ok(r) => r,
@@ -224,15 +240,6 @@ impl MasterService {
                     Err(e) => Reply::error(Status::ShuttingDown, e),
                 }
             }
-            proto::Ping::OPCODE => {
-                let store = self.store.lock();
-                let (used, max) = store.log_bytes();
-                Reply::ok(&PingReply {
-                    objects: store.object_count(),
-                    log_bytes_used: used,
-                    log_bytes_max: max,
-                })
-            }
             other => Reply::error(
                 Status::UnknownOpcode,
                 format!("master does not serve {other}"),
@@ -253,6 +260,10 @@ impl MasterService {
 impl Service for MasterService {
     fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
         Box::pin(self.handle_request(opcode, payload))
+    }
+
+    fn handle_now(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
+        self.handle_immediately(opcode, payload)
     }
 }
 

@@ -172,8 +172,13 @@ async fn execute(client: &Client, command: KvCommand) -> Result<ExitCode, Client
             let mut pages = client.enumerate(id);
             while let Some(page) = pages.next_page().await? {
                 for object in page {
-                    writeln!(out, "{}\t{}", object.key.escape_ascii(), object.value.escape_ascii())
-                        .map_err(io)?;
+                    writeln!(
+                        out,
+                        "{}\t{}",
+                        object.key.escape_ascii(),
+                        object.value.escape_ascii()
+                    )
+                    .map_err(io)?;
                 }
             }
         }

@@ -2,10 +2,15 @@
 //! anything starts. (Having integration tests here also makes `cargo test --workspace`
 //! build the binary that the `rampart-tests` crate drives.)
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
 use std::process::Command;
 
 fn rampart(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rampart")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -20,7 +25,13 @@ fn help_lists_every_subcommand() {
 
 #[test]
 fn server_refuses_a_segment_too_small_for_its_largest_object() {
-    let output = rampart(&["server", "--segment-bytes", "64KiB", "--coordinator", "127.0.0.1:1"]);
+    let output = rampart(&[
+        "server",
+        "--segment-bytes",
+        "64KiB",
+        "--coordinator",
+        "127.0.0.1:1",
+    ]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot hold"), "{stderr}");
@@ -35,7 +46,14 @@ fn server_refuses_an_unparseable_memory_size() {
 
 #[test]
 fn cluster_up_refuses_zero_servers() {
-    let output = rampart(&["cluster", "up", "--servers", "0", "--coordinator-addr", "127.0.0.1:0"]);
+    let output = rampart(&[
+        "cluster",
+        "up",
+        "--servers",
+        "0",
+        "--coordinator-addr",
+        "127.0.0.1:0",
+    ]);
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("at least 1"));
 }

@@ -56,7 +56,13 @@ impl LocalCluster {
     pub fn start(servers: u32, extra: &[&str]) -> Result<LocalCluster> {
         let mut command = Command::new(rampart_bin()?);
         command
-            .args(["cluster", "up", "--coordinator-addr", "127.0.0.1:0", "--servers"])
+            .args([
+                "cluster",
+                "up",
+                "--coordinator-addr",
+                "127.0.0.1:0",
+                "--servers",
+            ])
             .arg(servers.to_string())
             .args(extra)
             .stdin(Stdio::null())
@@ -98,7 +104,12 @@ impl LocalCluster {
             }
         }
         let coordinator = coordinator.ok_or_else(|| anyhow!("no coordinator line"))?;
-        Ok(LocalCluster { coordinator, servers: announced, child, _lines: lines })
+        Ok(LocalCluster {
+            coordinator,
+            servers: announced,
+            child,
+            _lines: lines,
+        })
     }
 
     /// The `cluster up` process id.
@@ -149,8 +160,15 @@ impl Drop for LocalCluster {
 /// Runs `rampart ARGS...` with `env`, feeding `stdin`, and captures its output.
 pub fn rampart(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Result<Output> {
     let mut command = Command::new(rampart_bin()?);
-    command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
     for (key, value) in env {
         command.env(key, value);
     }
@@ -166,7 +184,10 @@ pub fn rampart(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Res
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state is the field after the parenthesised command name.
-        Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')),
+        Ok(stat) => stat
+            .rsplit(") ")
+            .next()
+            .is_some_and(|rest| !rest.starts_with('Z')),
         Err(_) => false,
     }
 }

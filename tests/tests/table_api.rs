@@ -1,6 +1,8 @@
 //! The table API end to end: a real `rampart cluster up` process tree on loopback,
 //! driven through the `rampart kv` CLI and through the client library.
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
 use rampart_client::{Client, ClientError, ClientOptions, RejectRules, Version, WriteItem};
 use rampart_common::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX_DEFAULT};
 use rampart_common::status::Status;
@@ -14,7 +16,18 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn kv_cli_session_reads_writes_and_reports_missing_keys() {
-    let cluster = LocalCluster::start(2, &["--memory", "64MiB", "--segment-bytes", "1MiB", "--value-bytes-max", "64KiB"]).unwrap();
+    let cluster = LocalCluster::start(
+        2,
+        &[
+            "--memory",
+            "64MiB",
+            "--segment-bytes",
+            "1MiB",
+            "--value-bytes-max",
+            "64KiB",
+        ],
+    )
+    .unwrap();
     let kv = |args: &[&str], stdin: Option<&[u8]>| {
         let mut all = vec!["kv"];
         all.extend_from_slice(args);
@@ -23,7 +36,11 @@ fn kv_cli_session_reads_writes_and_reports_missing_keys() {
 
     let created = kv(&["create-table", "demo", "--span", "4"], None);
     assert!(created.status.success(), "{}", text(&created.stderr));
-    assert_eq!(kv(&["create-table", "demo"], None).stdout, created.stdout, "create is idempotent");
+    assert_eq!(
+        kv(&["create-table", "demo"], None).stdout,
+        created.stdout,
+        "create is idempotent"
+    );
 
     let put = kv(&["put", "demo", "alice", "engineer"], None);
     assert!(put.status.success(), "{}", text(&put.stderr));
@@ -35,21 +52,34 @@ fn kv_cli_session_reads_writes_and_reports_missing_keys() {
 
     let binary: Vec<u8> = (0..=255u8).collect();
     assert!(kv(&["put", "demo", "blob"], Some(&binary)).status.success());
-    assert_eq!(kv(&["get", "demo", "blob"], None).stdout, binary, "values from stdin, raw bytes");
+    assert_eq!(
+        kv(&["get", "demo", "blob"], None).stdout,
+        binary,
+        "values from stdin, raw bytes"
+    );
 
     let overwrite = kv(&["put", "demo", "alice", "manager"], None);
     let second_version: u64 = text(&overwrite.stdout).trim().parse().unwrap();
     assert_eq!(second_version, first_version + 1);
     let with_version = kv(&["get", "demo", "alice", "--with-version"], None);
-    assert_eq!(text(&with_version.stdout), format!("{second_version}\tmanager"));
+    assert_eq!(
+        text(&with_version.stdout),
+        format!("{second_version}\tmanager")
+    );
 
     let missing = kv(&["get", "demo", "bob"], None);
     assert_eq!(missing.status.code(), Some(1));
     assert_eq!(text(&missing.stderr).trim(), "not found");
     assert!(missing.stdout.is_empty());
 
-    assert_eq!(text(&kv(&["incr", "demo", "hits", "5"], None).stdout).trim(), "5");
-    assert_eq!(text(&kv(&["incr", "demo", "hits", "-7"], None).stdout).trim(), "-2");
+    assert_eq!(
+        text(&kv(&["incr", "demo", "hits", "5"], None).stdout).trim(),
+        "5"
+    );
+    assert_eq!(
+        text(&kv(&["incr", "demo", "hits", "-7"], None).stdout).trim(),
+        "-2"
+    );
     let not_integer = kv(&["incr", "demo", "alice"], None);
     assert_eq!(not_integer.status.code(), Some(2));
     assert!(text(&not_integer.stderr).contains("not an 8-byte integer"));
@@ -60,17 +90,32 @@ fn kv_cli_session_reads_writes_and_reports_missing_keys() {
         .map(|line| line.split('\t').next().unwrap().to_string())
         .collect();
     assert_eq!(keys, ["alice", "blob", "hits"].map(String::from).into());
-    let blob_line = text(&scan.stdout).lines().find(|l| l.starts_with("blob\t")).unwrap().to_string();
-    assert_eq!(blob_line, format!("blob\t{}", binary.escape_ascii()), "values are escaped");
+    let blob_line = text(&scan.stdout)
+        .lines()
+        .find(|l| l.starts_with("blob\t"))
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        blob_line,
+        format!("blob\t{}", binary.escape_ascii()),
+        "values are escaped"
+    );
 
     assert!(kv(&["del", "demo", "alice"], None).status.success());
     assert_eq!(kv(&["get", "demo", "alice"], None).status.code(), Some(1));
-    assert!(kv(&["del", "demo", "alice"], None).status.success(), "deleting twice is fine");
+    assert!(
+        kv(&["del", "demo", "alice"], None).status.success(),
+        "deleting twice is fine"
+    );
 
     assert!(kv(&["drop-table", "demo"], None).status.success());
     let gone = kv(&["get", "demo", "blob"], None);
     assert_eq!(gone.status.code(), Some(2));
-    assert!(text(&gone.stderr).contains("does not exist"), "{}", text(&gone.stderr));
+    assert!(
+        text(&gone.stderr).contains("does not exist"),
+        "{}",
+        text(&gone.stderr)
+    );
 
     let unreachable = rampart_tests::rampart(
         &["kv", "--timeout", "0.5", "get", "demo", "x"],
@@ -83,17 +128,37 @@ fn kv_cli_session_reads_writes_and_reports_missing_keys() {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 async fn connect(cluster: &LocalCluster) -> Client {
-    let options = ClientOptions { deadline: Duration::from_secs(10), ..ClientOptions::default() };
-    Client::connect_with(&[cluster.coordinator.as_str()], options).await.unwrap()
+    let options = ClientOptions {
+        deadline: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    Client::connect_with(&[cluster.coordinator.as_str()], options)
+        .await
+        .unwrap()
 }
 
 #[test]
 fn client_library_serves_every_operation_across_several_masters() {
-    let cluster = LocalCluster::start(3, &["--memory", "64MiB", "--segment-bytes", "1MiB", "--value-bytes-max", "64KiB"]).unwrap();
+    let cluster = LocalCluster::start(
+        3,
+        &[
+            "--memory",
+            "64MiB",
+            "--segment-bytes",
+            "1MiB",
+            "--value-bytes-max",
+            "64KiB",
+        ],
+    )
+    .unwrap();
     runtime().block_on(async {
         let client = connect(&cluster).await;
         let table = client.create_table("people", 6).await.unwrap();
@@ -103,7 +168,10 @@ fn client_library_serves_every_operation_across_several_masters() {
         let mut expected = BTreeSet::new();
         for i in 0..600u32 {
             let key = format!("key-{i}");
-            client.write(table, key.as_bytes(), &i.to_le_bytes()).await.unwrap();
+            client
+                .write(table, key.as_bytes(), &i.to_le_bytes())
+                .await
+                .unwrap();
             expected.insert(key);
         }
         let mut seen = BTreeSet::new();
@@ -120,7 +188,9 @@ fn client_library_serves_every_operation_across_several_masters() {
 
         // Every master served some of them.
         let owners: BTreeSet<_> = (0..600u32)
-            .map(|i| rampart_common::ids::key_hash(format!("key-{i}").as_bytes()).0 / (u64::MAX / 6 + 1))
+            .map(|i| {
+                rampart_common::ids::key_hash(format!("key-{i}").as_bytes()).0 / (u64::MAX / 6 + 1)
+            })
             .collect();
         assert_eq!(owners.len(), 6, "keys cover every tablet");
 
@@ -135,7 +205,9 @@ fn client_library_serves_every_operation_across_several_masters() {
             .collect();
         let written = client.multi_write(&items).await.unwrap();
         assert!(written.iter().all(Result::is_ok));
-        let keys: Vec<Vec<u8>> = (0..52u32).map(|i| format!("multi-{i}").into_bytes()).collect();
+        let keys: Vec<Vec<u8>> = (0..52u32)
+            .map(|i| format!("multi-{i}").into_bytes())
+            .collect();
         let key_refs: Vec<(rampart_client::TableId, &[u8])> =
             keys.iter().map(|k| (table, k.as_slice())).collect();
         let read = client.multi_read(&key_refs).await.unwrap();
@@ -152,22 +224,50 @@ fn client_library_serves_every_operation_across_several_masters() {
         // Reject rules and versions.
         let v1 = client.write(table, b"cas", b"one").await.unwrap();
         let stale = client
-            .write_with(table, b"cas", b"two", RejectRules::version_is(Version(v1.0 + 5)))
+            .write_with(
+                table,
+                b"cas",
+                b"two",
+                RejectRules::version_is(Version(v1.0 + 5)),
+            )
             .await;
         assert!(matches!(
             stale,
             Err(ClientError::Rejected { status: Status::WrongVersion, current }) if current == v1
         ));
-        let v2 = client.write_with(table, b"cas", b"two", RejectRules::version_is(v1)).await.unwrap();
+        let v2 = client
+            .write_with(table, b"cas", b"two", RejectRules::version_is(v1))
+            .await
+            .unwrap();
         assert_eq!(v2, v1.next());
-        let exists = client.write_with(table, b"cas", b"x", RejectRules::create_only()).await;
-        assert!(matches!(exists, Err(ClientError::Rejected { status: Status::ObjectExists, .. })));
+        let exists = client
+            .write_with(table, b"cas", b"x", RejectRules::create_only())
+            .await;
+        assert!(matches!(
+            exists,
+            Err(ClientError::Rejected {
+                status: Status::ObjectExists,
+                ..
+            })
+        ));
         assert_eq!(client.remove(table, b"cas").await.unwrap(), Some(v2));
         let recreated = client.write(table, b"cas", b"three").await.unwrap();
-        assert!(recreated > v2, "a re-created key gets a higher version ({recreated} > {v2})");
-        let missing = RejectRules { doesnt_exist: true, ..RejectRules::default() };
+        assert!(
+            recreated > v2,
+            "a re-created key gets a higher version ({recreated} > {v2})"
+        );
+        let missing = RejectRules {
+            doesnt_exist: true,
+            ..RejectRules::default()
+        };
         let absent = client.remove_with(table, b"never", missing).await;
-        assert!(matches!(absent, Err(ClientError::Rejected { status: Status::ObjectDoesntExist, .. })));
+        assert!(matches!(
+            absent,
+            Err(ClientError::Rejected {
+                status: Status::ObjectDoesntExist,
+                ..
+            })
+        ));
 
         assert_eq!(client.increment(table, b"counter", 10).await.unwrap().0, 10);
         assert_eq!(client.increment(table, b"counter", -3).await.unwrap().0, 7);
@@ -181,13 +281,19 @@ fn client_library_serves_every_operation_across_several_masters() {
         let again = client.create_table("people", 2).await.unwrap();
         assert_ne!(again, table, "table ids are never reused");
         assert!(client.read(again, b"key-1").await.unwrap().is_none());
-        assert!(client.enumerate(again).collect_all().await.unwrap().is_empty());
+        assert!(client
+            .enumerate(again)
+            .collect_all()
+            .await
+            .unwrap()
+            .is_empty());
     });
 }
 
 #[test]
 fn bad_input_gets_a_clear_error_and_the_cluster_keeps_serving() {
-    let cluster = LocalCluster::start(1, &["--memory", "64MiB", "--segment-bytes", "4MiB"]).unwrap();
+    let cluster =
+        LocalCluster::start(1, &["--memory", "64MiB", "--segment-bytes", "4MiB"]).unwrap();
     runtime().block_on(async {
         let client = connect(&cluster).await;
         let table = client.create_table("t", 1).await.unwrap();
@@ -195,34 +301,73 @@ fn bad_input_gets_a_clear_error_and_the_cluster_keeps_serving() {
 
         let long_key = vec![b'k'; KEY_BYTES_MAX + 1];
         let result = client.write(table, &long_key, b"v").await;
-        assert!(matches!(result, Err(ClientError::Invalid { status: Status::KeyTooLarge, .. })));
+        assert!(matches!(
+            result,
+            Err(ClientError::Invalid {
+                status: Status::KeyTooLarge,
+                ..
+            })
+        ));
         let result = client.read(table, &long_key).await;
-        assert!(matches!(result, Err(ClientError::Invalid { status: Status::KeyTooLarge, .. })));
+        assert!(matches!(
+            result,
+            Err(ClientError::Invalid {
+                status: Status::KeyTooLarge,
+                ..
+            })
+        ));
 
         let big_value = vec![0u8; VALUE_BYTES_MAX_DEFAULT + 1];
         let result = client.write(table, b"big", &big_value).await;
-        assert!(matches!(result, Err(ClientError::Invalid { status: Status::ValueTooLarge, .. })));
+        assert!(matches!(
+            result,
+            Err(ClientError::Invalid {
+                status: Status::ValueTooLarge,
+                ..
+            })
+        ));
         let at_limit = vec![7u8; VALUE_BYTES_MAX_DEFAULT];
         client.write(table, b"big", &at_limit).await.unwrap();
-        assert_eq!(client.read(table, b"big").await.unwrap().unwrap().value.len(), at_limit.len());
+        assert_eq!(
+            client
+                .read(table, b"big")
+                .await
+                .unwrap()
+                .unwrap()
+                .value
+                .len(),
+            at_limit.len()
+        );
 
         assert!(matches!(
             client.get_table_id("no-such-table").await,
             Err(ClientError::TableDoesntExist(_))
         ));
         let unknown = rampart_client::TableId(9999);
-        assert!(matches!(client.read(unknown, b"k").await, Err(ClientError::TableDoesntExist(_))));
+        assert!(matches!(
+            client.read(unknown, b"k").await,
+            Err(ClientError::TableDoesntExist(_))
+        ));
         assert!(matches!(
             client.create_table("", 1).await,
-            Err(ClientError::Invalid { status: Status::InvalidArgument, .. })
+            Err(ClientError::Invalid {
+                status: Status::InvalidArgument,
+                ..
+            })
         ));
         assert!(matches!(
             client.create_table("zero-span", 0).await,
-            Err(ClientError::Invalid { status: Status::InvalidArgument, .. })
+            Err(ClientError::Invalid {
+                status: Status::InvalidArgument,
+                ..
+            })
         ));
 
         // Nothing acknowledged was lost, and the master still serves.
-        assert_eq!(&client.read(table, b"kept").await.unwrap().unwrap().value[..], b"value");
+        assert_eq!(
+            &client.read(table, b"kept").await.unwrap().unwrap().value[..],
+            b"value"
+        );
         client.write(table, b"after", b"ok").await.unwrap();
     });
 }
@@ -230,7 +375,14 @@ fn bad_input_gets_a_clear_error_and_the_cluster_keeps_serving() {
 #[test]
 fn a_full_master_refuses_writes_with_no_space_and_keeps_its_data() {
     // Four 256 KiB segments: 16 KiB values fill the log after about 60 writes.
-    let flags = ["--memory", "1MiB", "--segment-bytes", "256KiB", "--value-bytes-max", "16KiB"];
+    let flags = [
+        "--memory",
+        "1MiB",
+        "--segment-bytes",
+        "256KiB",
+        "--value-bytes-max",
+        "16KiB",
+    ];
     let cluster = LocalCluster::start(1, &flags).unwrap();
     runtime().block_on(async {
         let client = connect(&cluster).await;
@@ -238,19 +390,30 @@ fn a_full_master_refuses_writes_with_no_space_and_keeps_its_data() {
         let mut acknowledged = Vec::new();
         let value = |i: u32| vec![(i % 251) as u8; 16 * 1024];
         for i in 0.. {
-            match client.write(table, format!("k{i}").as_bytes(), &value(i)).await {
+            match client
+                .write(table, format!("k{i}").as_bytes(), &value(i))
+                .await
+            {
                 Ok(_) => acknowledged.push(i),
                 Err(ClientError::NoSpace) => break,
                 Err(other) => panic!("unexpected error {other}"),
             }
             assert!(i < 1000, "the log never filled up");
         }
-        assert!(acknowledged.len() > 30, "only {} writes fit", acknowledged.len());
+        assert!(
+            acknowledged.len() > 30,
+            "only {} writes fit",
+            acknowledged.len()
+        );
         // Full stays full, reads keep working, nothing acknowledged is lost.
         let more = client.write(table, b"more", &value(0)).await;
         assert!(matches!(more, Err(ClientError::NoSpace)), "{more:?}");
         for i in acknowledged {
-            let object = client.read(table, format!("k{i}").as_bytes()).await.unwrap().unwrap();
+            let object = client
+                .read(table, format!("k{i}").as_bytes())
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(object.value, value(i));
         }
     });
@@ -263,7 +426,10 @@ fn cluster_up_stops_every_child_on_sigterm_and_when_killed() {
     assert_eq!(pids.len(), 2);
     assert!(pids.iter().all(|pid| process_alive(*pid)));
     cluster.signal(libc::SIGTERM);
-    assert!(cluster.wait_exit(Duration::from_secs(10)).unwrap().success());
+    assert!(cluster
+        .wait_exit(Duration::from_secs(10))
+        .unwrap()
+        .success());
     wait_until_dead(&pids);
 
     // SIGKILL leaves no chance to clean up: the children die by PR_SET_PDEATHSIG.
@@ -277,7 +443,10 @@ fn cluster_up_stops_every_child_on_sigterm_and_when_killed() {
 fn wait_until_dead(pids: &[u32]) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while pids.iter().any(|pid| process_alive(*pid)) {
-        assert!(std::time::Instant::now() < deadline, "children {pids:?} outlived cluster up");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "children {pids:?} outlived cluster up"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -6,7 +6,7 @@
 //! (`Bytes`). Everything else uses bincode.
 //!
 //! Per-object outcomes (a rejected write, a missing object, a key whose tablet moved)
-//! travel inside the reply as an [`ObjectStatus`]-bearing field, not in the frame
+//! travel inside the reply as a `status` field, not in the frame
 //! header: the header status is for failures of the whole request. That keeps single
 //! and multi operations alike, and lets a rejected write report the current version.
 

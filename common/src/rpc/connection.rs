@@ -8,10 +8,13 @@
 //!
 //! # Failure handling
 //! * Every call has a deadline; past it the call returns [`RpcError::Timeout`] and its
-//!   slot is dropped, so a late reply is discarded.
+//!   slot is dropped, so a late reply is discarded. A call whose caller drops it early
+//!   loses its slot the same way.
 //! * If a caller is cancelled in the middle of writing its frame, the byte stream is
-//!   no longer framed: a drop guard marks the connection broken and shuts it down, and
-//!   the pool dials anew.
+//!   no longer framed: a drop guard marks the connection broken (calls on it fail at
+//!   once) and the pool dials anew; the old socket closes when its last user drops it.
+//! * A peer that stalls in the middle of a frame for [`FRAME_STALL_TIMEOUT`] is treated
+//!   as gone, and TCP keepalive detects peers that vanished without closing.
 //! * When the reader sees end-of-stream, an error or a frame that is not a reply, it
 //!   marks the connection closed and fails every call in flight with
 //!   [`RpcError::ConnectionLost`].
@@ -86,6 +89,26 @@ impl Drop for WriteGuard<'_> {
     }
 }
 
+/// Removes a call's reply slot from `pending` unless the reply arrived, whichever way
+/// the call ends: its deadline, a write error, or the caller dropping the call future
+/// (a `select!`, an outer timeout, an aborted task). Without it a cancelled call's slot
+/// stayed until its reply came, and forever if the frame was never written (the caller
+/// was cancelled while waiting for the writer).
+struct PendingGuard<'a> {
+    shared: &'a Shared,
+    rpc_id: u64,
+    /// Cleared once the reader has taken the slot out to deliver the reply.
+    armed: bool,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.pending.lock().remove(&self.rpc_id);
+        }
+    }
+}
+
 impl Connection {
     /// Dials `addr` (with [`CONNECT_TIMEOUT`]).
     pub async fn connect(addr: &str) -> Result<Connection, RpcError> {
@@ -124,6 +147,12 @@ impl Connection {
     /// Whether the connection can no longer carry calls.
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::SeqCst)
+    }
+
+    /// Calls waiting for their reply; tests check that none is left behind.
+    #[cfg(test)]
+    pub(crate) fn pending_len(&self) -> usize {
+        self.shared.pending.lock().len()
     }
 
     /// Calls RPC `R` and decodes its reply. A non-`Ok` reply status becomes
@@ -191,6 +220,11 @@ impl Connection {
             }
             pending.insert(rpc_id, tx);
         }
+        let mut slot = PendingGuard {
+            shared: &self.shared,
+            rpc_id,
+            armed: true,
+        };
         let timeout = || RpcError::Timeout {
             addr: self.addr.clone(),
             opcode,
@@ -212,18 +246,17 @@ impl Connection {
                 self.shared.close();
                 return Err(lost());
             }
-            Err(_) => {
-                self.shared.pending.lock().remove(&rpc_id);
-                return Err(timeout());
-            }
+            // `slot` drops the reply slot on the way out.
+            Err(_) => return Err(timeout()),
         }
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(_)) => Err(lost()),
-            Err(_) => {
-                self.shared.pending.lock().remove(&rpc_id);
-                Err(timeout())
+            Ok(Ok(reply)) => {
+                // The reader removed the slot to send on it; skip a second lock.
+                slot.armed = false;
+                Ok(reply)
             }
+            Ok(Err(_)) => Err(lost()),
+            Err(_) => Err(timeout()),
         }
     }
 }
@@ -265,6 +298,29 @@ pub(crate) enum ReadFrameError {
     TooLarge { header: FrameHeader, len: usize },
     #[error("stream ended inside a frame")]
     Truncated,
+    #[error("peer sent nothing for {FRAME_STALL_TIMEOUT:?} inside a frame")]
+    Stalled,
+}
+
+/// How long a peer may send nothing while a frame is half received. Between frames a
+/// connection may idle forever (pooled connections do); inside one, silence means the
+/// peer died or misbehaves.
+pub const FRAME_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// TCP keepalive: probe an idle connection after this long...
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+/// ...then every this long, giving up after a few unanswered probes.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Turns on TCP keepalive so a peer that vanished (power loss, partition) is noticed
+/// even on an idle connection. Best effort: a socket that refuses keeps working.
+pub(crate) fn set_keepalive(stream: &TcpStream) {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL);
+    if let Err(error) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(%error, "cannot enable TCP keepalive");
+    }
 }
 
 /// Reads the next whole frame from `socket`, buffering in `buf`. `Ok(None)` at a clean
@@ -289,7 +345,14 @@ pub(crate) async fn next_frame(
         } else if buf.capacity() - buf.len() < 4096 {
             buf.reserve(64 * 1024);
         }
-        if socket.read_buf(buf).await? == 0 {
+        let read = if buf.is_empty() {
+            socket.read_buf(buf).await?
+        } else {
+            tokio::time::timeout(FRAME_STALL_TIMEOUT, socket.read_buf(buf))
+                .await
+                .map_err(|_| ReadFrameError::Stalled)??
+        };
+        if read == 0 {
             return if buf.is_empty() {
                 Ok(None)
             } else {

@@ -22,6 +22,8 @@ pub mod connection;
 pub mod frame;
 pub mod message;
 pub mod server;
+#[cfg(test)]
+mod tests;
 
 pub use connection::{Connection, RpcPool};
 pub use frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES, FRAME_MAGIC};

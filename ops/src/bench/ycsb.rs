@@ -4,8 +4,9 @@
 //! clients (each with its own connections), keys drawn from a scrambled Zipfian
 //! distribution (YCSB's default; `--zipf 0` for uniform). Prints throughput and
 //! p50/p99/p999 per operation type, and beside it the floor: a raw tokio TCP ping-pong
-//! with the read RPC's message sizes, measured in the same run so the ratio is fair on
-//! a noisy machine.
+//! with the read RPC's message sizes. The run is split into rounds that alternate with
+//! slices of the floor measurement, so that on a noisy shared machine both see the same
+//! conditions and their ratio is fair.
 //!
 //! | workload   | mix                                   |
 //! |------------|---------------------------------------|
@@ -114,6 +115,9 @@ pub struct YcsbArgs {
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
 }
+
+/// Rounds the run is split into, alternating with slices of the floor measurement.
+const BENCH_ROUNDS: u32 = 10;
 
 /// Latencies of one operation type, in nanoseconds.
 type Latencies = BTreeMap<&'static str, Histogram<u64>>;
@@ -319,57 +323,72 @@ async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Res
     }
     let load_s = load_start.elapsed().as_secs_f64();
 
-    // Run.
+    // Run, in rounds alternating with slices of the floor, so that both see the same
+    // noise on a shared machine and their ratio is measured side by side.
     let chooser = std::sync::Arc::new(KeyChooser::new(args.records, args.zipf)?);
     let per_client = args.ops / u64::from(args.clients);
-    let run_start = Instant::now();
-    let runs = clients.iter().enumerate().map(|(c, client)| {
-        let chooser = std::sync::Arc::clone(&chooser);
-        let value = value.clone();
-        let workload = args.workload;
-        async move {
-            let mut rng =
-                SmallRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let mut latencies: Latencies = BTreeMap::new();
-            for _ in 0..per_client {
-                let k = key(chooser.next(&mut rng));
-                let start = Instant::now();
-                let name = if rng.gen_bool(workload.read_fraction()) {
-                    client.read(table, &k).await?;
-                    "read"
-                } else if workload == Workload::F {
-                    client.read(table, &k).await?;
-                    client.write(table, &k, &value).await?;
-                    "read-modify-write"
-                } else {
-                    client.write(table, &k, &value).await?;
-                    "update"
-                };
-                let nanos = start.elapsed().as_nanos() as u64;
-                latencies
-                    .entry(name)
-                    .or_insert_with(histogram)
-                    .record(nanos.max(1))?;
-            }
-            Ok::<Latencies, anyhow::Error>(latencies)
-        }
-    });
-    let mut ops: Latencies = BTreeMap::new();
-    for result in futures::future::join_all(runs).await {
-        for (name, h) in result? {
-            ops.entry(name).or_insert_with(histogram).add(&h)?;
-        }
-    }
-    let run_s = run_start.elapsed().as_secs_f64();
-
-    // Floor: the read RPC's bytes on the wire, request and reply, as a raw ping-pong.
     let key_len = key(0).len() as u32;
+    // The floor carries the read RPC's bytes on the wire, request and reply.
     let request_wire = FRAME_HEADER_BYTES as u32 + 12 + key_len;
     let reply_wire = FRAME_HEADER_BYTES as u32 + 10 + args.value_bytes as u32;
-    // The echo protocol's 8-byte size prefix counts toward the request's bytes.
-    let floor =
-        super::echo::ping_pong(echo, request_wire - 8, reply_wire, 1000, args.floor_samples)
-            .await?;
+    let mut floor = histogram();
+    let mut ops: Latencies = BTreeMap::new();
+    let mut run_s = 0.0;
+    let mut rngs: Vec<SmallRng> = (0..args.clients)
+        .map(|c| SmallRng::seed_from_u64(seed ^ u64::from(c).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        .collect();
+    for round in 0..BENCH_ROUNDS {
+        let warmup = if round == 0 { 1000 } else { 0 };
+        // The echo protocol's 8-byte size prefix counts toward the request's bytes.
+        let slice = super::echo::ping_pong(
+            echo,
+            request_wire - 8,
+            reply_wire,
+            warmup,
+            args.floor_samples / BENCH_ROUNDS,
+        )
+        .await?;
+        floor.add(&slice)?;
+
+        let count = per_client / u64::from(BENCH_ROUNDS)
+            + u64::from(round < (per_client % u64::from(BENCH_ROUNDS)) as u32);
+        let start = Instant::now();
+        let runs = clients.iter().zip(rngs.iter_mut()).map(|(client, rng)| {
+            let chooser = std::sync::Arc::clone(&chooser);
+            let value = value.clone();
+            let workload = args.workload;
+            async move {
+                let mut latencies: Latencies = BTreeMap::new();
+                for _ in 0..count {
+                    let k = key(chooser.next(rng));
+                    let start = Instant::now();
+                    let name = if rng.gen_bool(workload.read_fraction()) {
+                        client.read(table, &k).await?;
+                        "read"
+                    } else if workload == Workload::F {
+                        client.read(table, &k).await?;
+                        client.write(table, &k, &value).await?;
+                        "read-modify-write"
+                    } else {
+                        client.write(table, &k, &value).await?;
+                        "update"
+                    };
+                    let nanos = start.elapsed().as_nanos() as u64;
+                    latencies
+                        .entry(name)
+                        .or_insert_with(histogram)
+                        .record(nanos.max(1))?;
+                }
+                Ok::<Latencies, anyhow::Error>(latencies)
+            }
+        });
+        for result in futures::future::join_all(runs).await {
+            for (name, h) in result? {
+                ops.entry(name).or_insert_with(histogram).add(&h)?;
+            }
+        }
+        run_s += start.elapsed().as_secs_f64();
+    }
     Ok(Report {
         load_s,
         run_s,

@@ -1,0 +1,1159 @@
+//! Tests of the RPC layer over real loopback sockets.
+//!
+//! A tiny [`TestService`] (echo, sleep, error) runs behind [`RpcServer`]; the tests
+//! drive it through [`Connection`] and [`RpcPool`] for the client's view, and through
+//! plain `TcpStream`s for frames no well-behaved client would send. Client-side failure
+//! handling (stray replies, a peer that talks nonsense) uses a raw listener as the peer.
+//! The protocol decoders get truncated, hostile and random payloads at the end.
+//!
+//! Every listener binds port 0 (only the pool test re-binds the port it was given), and
+//! everything that could hang runs under a timeout, so a bug fails a test instead of
+//! stalling CI.
+
+use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
+use super::message::{DecodeError, Rpc, WireMessage};
+use super::server::{HandleFuture, Reply, RpcServer, Service};
+use super::{Connection, RpcError, RpcPool};
+use crate::limits::RPC_PAYLOAD_BYTES_MAX;
+use crate::status::Status;
+use bytes::{Bytes, BytesMut};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::{timeout, Instant};
+
+/// Replies with the request payload as is.
+const OP_ECHO: Opcode = Opcode(7001);
+/// Payload: milliseconds (u64, little-endian) ‖ tag. Sleeps, then echoes the payload.
+const OP_SLEEP: Opcode = Opcode(7002);
+/// Replies `InvalidArgument` with the detail "detail".
+const OP_ERROR: Opcode = Opcode(7003);
+/// Served by nobody.
+const OP_UNKNOWN: Opcode = Opcode(7999);
+
+/// Bound on any single step a test waits for; a step past it is a hang, i.e. a bug.
+const STEP_TIMEOUT: Duration = Duration::from_secs(2);
+/// How soon a server must close a connection that sent garbage.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The service behind every test server.
+#[derive(Debug, Default)]
+struct TestService {
+    /// Sleep requests that began.
+    sleeps_started: AtomicU64,
+    /// Sleep requests that ran to completion, whether or not their caller stayed.
+    sleeps_done: AtomicU64,
+}
+
+impl Service for TestService {
+    fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
+        Box::pin(async move {
+            match opcode {
+                OP_ECHO => Reply::ok_with(|out| out.extend_from_slice(&payload)),
+                OP_SLEEP => {
+                    let Some(ms) = payload.get(..8) else {
+                        return Reply::error(Status::MalformedRequest, "sleep takes 8 bytes of ms");
+                    };
+                    let ms = u64::from_le_bytes(ms.try_into().expect("slice of 8 bytes"));
+                    self.sleeps_started.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    self.sleeps_done.fetch_add(1, Ordering::SeqCst);
+                    Reply::ok_with(|out| out.extend_from_slice(&payload))
+                }
+                OP_ERROR => Reply::error(Status::InvalidArgument, "detail"),
+                other => Reply::error(Status::UnknownOpcode, format!("opcode {}", other.0)),
+            }
+        })
+    }
+}
+
+/// A message carried as raw bytes, for the test RPCs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Blob(Bytes);
+
+impl WireMessage for Blob {
+    fn encode(&self, out: &mut BytesMut) {
+        out.extend_from_slice(&self.0);
+    }
+    fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        Ok(Blob(payload))
+    }
+}
+
+/// [`OP_ECHO`] as a typed RPC.
+#[derive(Debug)]
+struct Echo;
+
+impl Rpc for Echo {
+    const OPCODE: Opcode = OP_ECHO;
+    type Request = Blob;
+    type Reply = Blob;
+}
+
+/// [`OP_ERROR`] as a typed RPC.
+#[derive(Debug)]
+struct Fail;
+
+impl Rpc for Fail {
+    const OPCODE: Opcode = OP_ERROR;
+    type Request = ();
+    type Reply = ();
+}
+
+/// A running [`RpcServer`] with a [`TestService`]. Dropping it shuts the server down
+/// (the shutdown future completes when its sender goes).
+#[derive(Debug)]
+struct TestServer {
+    addr: SocketAddr,
+    service: Arc<TestService>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl TestServer {
+    async fn start() -> TestServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        TestServer::serve(listener)
+    }
+
+    fn serve(listener: TcpListener) -> TestServer {
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
+        let service = Arc::new(TestService::default());
+        let (shutdown, shutdown_rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(RpcServer::run(listener, Arc::clone(&service), async move {
+            let _ = shutdown_rx.await;
+        }));
+        TestServer {
+            addr,
+            service,
+            shutdown: Some(shutdown),
+            task,
+        }
+    }
+
+    fn addr(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Triggers shutdown and waits for `run` to return, which it must do promptly even
+    /// with requests in flight.
+    async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        timeout(STEP_TIMEOUT, &mut self.task)
+            .await
+            .expect("the server stops promptly after shutdown")
+            .expect("the server task does not panic");
+    }
+}
+
+fn deadline_in(after: Duration) -> Instant {
+    Instant::now() + after
+}
+
+/// A request frame: room for the header, then `payload`.
+fn frame(payload: &[u8]) -> BytesMut {
+    let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + payload.len());
+    frame.resize(FRAME_HEADER_BYTES, 0);
+    frame.extend_from_slice(payload);
+    frame
+}
+
+fn sleep_payload(ms: u64, tag: &[u8]) -> Vec<u8> {
+    let mut payload = ms.to_le_bytes().to_vec();
+    payload.extend_from_slice(tag);
+    payload
+}
+
+fn header_bytes(header: FrameHeader) -> [u8; FRAME_HEADER_BYTES] {
+    let mut bytes = [0u8; FRAME_HEADER_BYTES];
+    header.write_to(&mut bytes);
+    bytes
+}
+
+fn request_header(opcode: Opcode, rpc_id: u64, payload_len: u32) -> FrameHeader {
+    FrameHeader {
+        opcode,
+        is_reply: false,
+        status: Status::Ok,
+        rpc_id,
+        payload_len,
+    }
+}
+
+async fn connect(addr: &str) -> Connection {
+    timeout(STEP_TIMEOUT, Connection::connect(addr))
+        .await
+        .expect("connect does not hang")
+        .expect("the server accepts connections")
+}
+
+async fn raw_connect(addr: &str) -> TcpStream {
+    timeout(STEP_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .expect("connect does not hang")
+        .expect("the server accepts connections")
+}
+
+/// Reads one whole frame from a raw stream.
+async fn read_frame(stream: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
+    timeout(STEP_TIMEOUT, async {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        stream
+            .read_exact(&mut header)
+            .await
+            .expect("a frame header");
+        let header = FrameHeader::read_from(&header).expect("a well-formed header");
+        let mut payload = vec![0u8; header.payload_len as usize];
+        stream
+            .read_exact(&mut payload)
+            .await
+            .expect("the frame's payload");
+        (header, payload)
+    })
+    .await
+    .expect("a frame arrives")
+}
+
+/// Asserts that the peer closes `stream` within [`CLOSE_TIMEOUT`] without sending
+/// anything first. A reset counts as closed.
+async fn assert_closed_by_peer(stream: &mut TcpStream, why: &str) {
+    let mut buf = [0u8; 64];
+    match timeout(CLOSE_TIMEOUT, stream.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => {}
+        Ok(Ok(n)) => panic!("{why}: expected a close, got {n} bytes: {:?}", &buf[..n]),
+        Err(_) => panic!("{why}: the connection is still open after {CLOSE_TIMEOUT:?}"),
+    }
+}
+
+/// Polls `condition` until it holds, failing the test after [`STEP_TIMEOUT`].
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let give_up = Instant::now() + STEP_TIMEOUT;
+    while !condition() {
+        assert!(Instant::now() < give_up, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An echo over `connection` returns its payload.
+async fn assert_echo_works(connection: &Connection, tag: &str) {
+    let (header, payload) = connection
+        .call_raw(OP_ECHO, frame(tag.as_bytes()), deadline_in(STEP_TIMEOUT))
+        .await
+        .unwrap_or_else(|e| panic!("echo {tag:?} failed: {e}"));
+    assert_eq!(header.status, Status::Ok);
+    assert_eq!(&payload[..], tag.as_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_calls_in_flight_on_one_connection_are_matched_by_id() {
+    const CALLS: usize = 200;
+    let server = TestServer::start().await;
+    let connection = Arc::new(connect(&server.addr()).await);
+    let finished_count = Arc::new(AtomicU64::new(0));
+    let mut calls = JoinSet::new();
+    for i in 0..CALLS {
+        let connection = Arc::clone(&connection);
+        let finished_count = Arc::clone(&finished_count);
+        calls.spawn(async move {
+            // Distinct contents and lengths, so a reply handed to the wrong caller shows.
+            let tag = format!("call {i};").repeat(i % 7 + 1).into_bytes();
+            // Every fourth call sleeps, the earliest the longest (100 ms down to 1 ms),
+            // so replies come back in a different order than the requests went out.
+            let (opcode, payload) = if i % 4 == 0 {
+                (OP_SLEEP, sleep_payload(((CALLS - i) / 2) as u64, &tag))
+            } else {
+                (OP_ECHO, tag)
+            };
+            let (header, reply) = connection
+                .call_raw(opcode, frame(&payload), deadline_in(STEP_TIMEOUT))
+                .await
+                .unwrap_or_else(|e| panic!("call {i} failed: {e}"));
+            let finished_as = finished_count.fetch_add(1, Ordering::SeqCst);
+            assert!(header.is_reply);
+            assert_eq!(header.opcode, opcode, "call {i}");
+            assert_eq!(header.status, Status::Ok, "call {i}");
+            assert_eq!(reply[..], payload[..], "call {i} got another call's reply");
+            (i, finished_as)
+        });
+    }
+    let mut finished_as = vec![u64::MAX; CALLS];
+    timeout(STEP_TIMEOUT, async {
+        while let Some(done) = calls.join_next().await {
+            let (i, order) = done.expect("a call task panicked");
+            finished_as[i] = order;
+        }
+    })
+    .await
+    .expect("all calls finish");
+    assert!(finished_as.iter().all(|&order| order != u64::MAX));
+    assert!(
+        finished_as[0] > finished_as[1],
+        "the 100 ms sleep issued first finished before the echo issued after it"
+    );
+    assert!(!connection.is_closed());
+    assert_eq!(connection.pending_len(), 0);
+}
+
+#[tokio::test]
+async fn a_call_past_its_deadline_times_out_and_the_connection_stays_usable() {
+    let server = TestServer::start().await;
+    let connection = connect(&server.addr()).await;
+    let result = connection
+        .call_raw(
+            OP_SLEEP,
+            frame(&sleep_payload(300, b"late")),
+            deadline_in(Duration::from_millis(50)),
+        )
+        .await;
+    match result {
+        Err(RpcError::Timeout { opcode, .. }) => assert_eq!(opcode, OP_SLEEP),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(
+        server.service.sleeps_done.load(Ordering::SeqCst),
+        0,
+        "the call gave up at its deadline, before the reply existed"
+    );
+    assert_eq!(
+        connection.pending_len(),
+        0,
+        "the timed-out call left its slot"
+    );
+    assert!(!connection.is_closed());
+
+    // This call is still waiting when the late reply arrives (at ~300 ms); it must get
+    // its own reply, not the late one.
+    let mine = sleep_payload(400, b"mine");
+    let (header, reply) = connection
+        .call_raw(OP_SLEEP, frame(&mine), deadline_in(STEP_TIMEOUT))
+        .await
+        .expect("a call after a timeout succeeds");
+    assert_eq!(header.status, Status::Ok);
+    assert_eq!(reply[..], mine[..]);
+    assert_eq!(server.service.sleeps_done.load(Ordering::SeqCst), 2);
+    assert_echo_works(&connection, "after the timeout").await;
+    assert_eq!(connection.pending_len(), 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_call_leaves_no_pending_slot_behind() {
+    let server = TestServer::start().await;
+    let connection = connect(&server.addr()).await;
+    // The caller gives up from outside (a select!, a dropped task) long before its own
+    // deadline and before the reply exists.
+    let cancelled = timeout(
+        Duration::from_millis(50),
+        connection.call_raw(
+            OP_SLEEP,
+            frame(&sleep_payload(1_000, b"abandoned")),
+            deadline_in(Duration::from_secs(30)),
+        ),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the sleep cannot have answered yet");
+    assert_eq!(
+        connection.pending_len(),
+        0,
+        "a cancelled call must not keep its reply slot until a reply that may never come"
+    );
+    assert_echo_works(&connection, "after the cancel").await;
+}
+
+#[tokio::test]
+async fn a_call_cancelled_while_waiting_to_write_leaves_no_pending_slot_behind() {
+    // A peer that reads nothing at first: the first call's large frame fills the socket
+    // buffers and holds the writer; a second call is cancelled while queued behind it,
+    // before any byte of its frame went out, so no reply will ever remove its slot.
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("bound").to_string();
+    let connection = Arc::new(connect(&addr).await);
+    let (mut peer, _) = listener.accept().await.expect("accept");
+    let big = vec![0x5A; 16 * 1024 * 1024];
+    let first = tokio::spawn({
+        let connection = Arc::clone(&connection);
+        let frame = frame(&big);
+        async move {
+            connection
+                .call_raw(OP_ECHO, frame, deadline_in(STEP_TIMEOUT))
+                .await
+        }
+    });
+    // The first call registers its slot and takes the writer in the same poll.
+    wait_until("the first call is writing", || {
+        connection.pending_len() == 1
+    })
+    .await;
+    let cancelled = timeout(
+        Duration::from_millis(50),
+        connection.call_raw(
+            OP_ECHO,
+            frame(b"queued"),
+            deadline_in(Duration::from_secs(30)),
+        ),
+    )
+    .await;
+    assert!(
+        cancelled.is_err(),
+        "the second call cannot have been written"
+    );
+
+    // The peer catches up and answers the first call; the connection stays healthy.
+    let (request, payload) = read_frame(&mut peer).await;
+    assert_eq!(payload.len(), big.len());
+    let reply = FrameHeader {
+        is_reply: true,
+        ..request_header(OP_ECHO, request.rpc_id, 0)
+    };
+    peer.write_all(&header_bytes(reply)).await.expect("write");
+    timeout(STEP_TIMEOUT, first)
+        .await
+        .expect("the first call completes")
+        .expect("no panic")
+        .expect("the first call gets its reply");
+    assert!(!connection.is_closed());
+    assert_eq!(
+        connection.pending_len(),
+        0,
+        "the cancelled call's slot outlived it"
+    );
+}
+
+#[tokio::test]
+async fn error_status_carries_the_detail() {
+    let server = TestServer::start().await;
+    let connection = connect(&server.addr()).await;
+    let error = connection
+        .call::<Fail>(&(), deadline_in(STEP_TIMEOUT))
+        .await
+        .expect_err("the error opcode fails");
+    match &error {
+        RpcError::Status {
+            addr,
+            status,
+            detail,
+        } => {
+            assert_eq!(addr, &server.addr());
+            assert_eq!(*status, Status::InvalidArgument);
+            assert_eq!(detail, "detail");
+        }
+        other => panic!("expected a status error, got {other:?}"),
+    }
+    assert_eq!(error.status(), Some(Status::InvalidArgument));
+    assert!(!error.is_transport());
+
+    let (header, payload) = connection
+        .call_raw(OP_ERROR, frame(b""), deadline_in(STEP_TIMEOUT))
+        .await
+        .expect("an error reply is still a reply");
+    assert_eq!(header.status, Status::InvalidArgument);
+    assert_eq!(&payload[..], b"detail");
+    assert!(!connection.is_closed());
+}
+
+#[tokio::test]
+async fn unknown_opcode_gets_an_error_reply_and_the_connection_stays_open() {
+    let server = TestServer::start().await;
+    let connection = connect(&server.addr()).await;
+    let (header, _) = connection
+        .call_raw(OP_UNKNOWN, frame(b"anything"), deadline_in(STEP_TIMEOUT))
+        .await
+        .expect("an unknown opcode gets a reply");
+    assert!(header.is_reply);
+    assert_eq!(header.opcode, OP_UNKNOWN);
+    assert_eq!(header.status, Status::UnknownOpcode);
+    assert!(!connection.is_closed());
+    assert_echo_works(&connection, "after the unknown opcode").await;
+}
+
+#[tokio::test]
+async fn bad_magic_closes_the_connection_and_the_server_keeps_serving_others() {
+    let server = TestServer::start().await;
+    let bystander = connect(&server.addr()).await;
+    assert_echo_works(&bystander, "before").await;
+
+    let mut raw = raw_connect(&server.addr()).await;
+    raw.write_all(&[0xA5; FRAME_HEADER_BYTES])
+        .await
+        .expect("write garbage");
+    assert_closed_by_peer(&mut raw, "bad magic").await;
+
+    assert_echo_works(&bystander, "connection open before the garbage").await;
+    assert_echo_works(&connect(&server.addr()).await, "connection opened after").await;
+}
+
+#[tokio::test]
+async fn an_oversized_payload_gets_message_too_large_then_close() {
+    let server = TestServer::start().await;
+    // One past the limit, and the largest length a header can announce (4 GiB): the
+    // server answers from the header alone, without reading or allocating the payload.
+    for (rpc_id, len) in [(77, RPC_PAYLOAD_BYTES_MAX as u32 + 1), (78, u32::MAX)] {
+        let mut raw = raw_connect(&server.addr()).await;
+        raw.write_all(&header_bytes(request_header(OP_ECHO, rpc_id, len)))
+            .await
+            .expect("write header");
+        let (header, detail) = read_frame(&mut raw).await;
+        assert!(header.is_reply);
+        assert_eq!(header.rpc_id, rpc_id);
+        assert_eq!(header.opcode, OP_ECHO);
+        assert_eq!(header.status, Status::MessageTooLarge, "{len} bytes");
+        assert!(!detail.is_empty(), "the reply explains the limit");
+        assert_closed_by_peer(&mut raw, "after MessageTooLarge").await;
+    }
+    assert_echo_works(&connect(&server.addr()).await, "after the oversized ones").await;
+}
+
+#[tokio::test]
+async fn a_reply_frame_sent_to_a_server_closes_the_connection() {
+    let server = TestServer::start().await;
+    let reply = FrameHeader {
+        is_reply: true,
+        ..request_header(OP_ECHO, 5, 0)
+    };
+    // A request carries status Ok; any other status marks a confused peer too.
+    let request_with_status = FrameHeader {
+        status: Status::Internal,
+        ..request_header(OP_ECHO, 6, 0)
+    };
+    for (header, why) in [
+        (reply, "a reply frame"),
+        (request_with_status, "a non-Ok request"),
+    ] {
+        let mut raw = raw_connect(&server.addr()).await;
+        raw.write_all(&header_bytes(header))
+            .await
+            .expect("write header");
+        assert_closed_by_peer(&mut raw, why).await;
+    }
+    assert_echo_works(&connect(&server.addr()).await, "afterwards").await;
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_request_does_not_disturb_the_server() {
+    let server = TestServer::start().await;
+    let bystander = connect(&server.addr()).await;
+
+    // A header announcing 1000 bytes, then only 10, then gone.
+    let mut cut_short = raw_connect(&server.addr()).await;
+    cut_short
+        .write_all(&header_bytes(request_header(OP_ECHO, 1, 1000)))
+        .await
+        .expect("write header");
+    cut_short.write_all(&[7; 10]).await.expect("write payload");
+    drop(cut_short);
+
+    // A whole sleep request, gone before its reply.
+    let mut impatient = raw_connect(&server.addr()).await;
+    let payload = sleep_payload(100, b"nobody waits");
+    let mut request = header_bytes(request_header(OP_SLEEP, 2, payload.len() as u32)).to_vec();
+    request.extend_from_slice(&payload);
+    impatient.write_all(&request).await.expect("write request");
+    wait_until("the sleep request is running", || {
+        server.service.sleeps_started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    drop(impatient);
+
+    // The orphaned request runs to completion; its reply goes nowhere.
+    wait_until("the orphaned sleep finishes", || {
+        server.service.sleeps_done.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(!server.task.is_finished(), "the server stopped");
+    assert_echo_works(&bystander, "old connection").await;
+    let fresh = connect(&server.addr()).await;
+    assert_echo_works(&fresh, "new connection").await;
+    let mine = sleep_payload(1, b"fresh sleep");
+    let (_, reply) = fresh
+        .call_raw(OP_SLEEP, frame(&mine), deadline_in(STEP_TIMEOUT))
+        .await
+        .expect("a sleep on a new connection succeeds");
+    assert_eq!(reply[..], mine[..]);
+}
+
+#[tokio::test]
+async fn server_shutdown_fails_calls_in_flight_with_connection_lost() {
+    let server = TestServer::start().await;
+    let connection = Arc::new(connect(&server.addr()).await);
+    let call = tokio::spawn({
+        let connection = Arc::clone(&connection);
+        async move {
+            connection
+                .call_raw(
+                    OP_SLEEP,
+                    frame(&sleep_payload(10_000, b"outlived")),
+                    deadline_in(Duration::from_secs(30)),
+                )
+                .await
+        }
+    });
+    let service = Arc::clone(&server.service);
+    wait_until("the sleep request is running", || {
+        service.sleeps_started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+
+    // `stop` fails the test if the server waits for the 10 s sleep.
+    server.stop().await;
+    let result = timeout(Duration::from_secs(1), call)
+        .await
+        .expect("the call ends promptly once the server is gone")
+        .expect("the call task does not panic");
+    assert!(
+        matches!(result, Err(RpcError::ConnectionLost { .. })),
+        "expected ConnectionLost, got {result:?}"
+    );
+    assert!(connection.is_closed());
+    assert_eq!(connection.pending_len(), 0);
+    assert_eq!(service.sleeps_done.load(Ordering::SeqCst), 0);
+
+    let started = Instant::now();
+    let again = connection
+        .call_raw(OP_ECHO, frame(b"too late"), deadline_in(STEP_TIMEOUT))
+        .await;
+    assert!(
+        matches!(again, Err(RpcError::ConnectionLost { .. })),
+        "expected ConnectionLost, got {again:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "a call on a closed connection waited for its deadline"
+    );
+}
+
+#[tokio::test]
+async fn the_pool_reconnects_after_the_peer_restarts() {
+    let server = TestServer::start().await;
+    let addr = server.addr;
+    let pool = RpcPool::new();
+    let echo = |tag: &'static str| {
+        let pool = &pool;
+        async move {
+            let reply = timeout(
+                STEP_TIMEOUT,
+                pool.call::<Echo>(
+                    &addr.to_string(),
+                    &Blob(Bytes::from_static(tag.as_bytes())),
+                    deadline_in(Duration::from_secs(1)),
+                ),
+            )
+            .await
+            .expect("a pool call does not hang");
+            reply.map(|Blob(bytes)| {
+                assert_eq!(&bytes[..], tag.as_bytes());
+            })
+        }
+    };
+    echo("first").await.expect("the first call succeeds");
+    let first = pool.get(&addr.to_string()).await.expect("pooled");
+    let again = pool.get(&addr.to_string()).await.expect("pooled");
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "the pool reuses its connection"
+    );
+    drop((first, again));
+
+    server.stop().await;
+    // Nothing listens now; the port is free but may take a moment to be re-bindable.
+    let give_up = Instant::now() + STEP_TIMEOUT;
+    let listener = loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => break listener,
+            Err(error) if Instant::now() < give_up => {
+                tracing::debug!(%error, %addr, "re-bind failed; retrying");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(error) => panic!("cannot re-bind {addr}: {error}"),
+        }
+    };
+    let _restarted = TestServer::serve(listener);
+
+    // The pool may not have noticed the old connection is dead before its first call;
+    // that call may fail (as a transport error), the next one must dial anew.
+    match echo("second").await {
+        Ok(()) => {}
+        Err(error) => {
+            assert!(error.is_transport(), "unexpected error {error:?} on {addr}");
+            echo("third")
+                .await
+                .unwrap_or_else(|e| panic!("the pool did not reconnect to {addr}: {e}"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn connect_to_a_closed_port_fails_with_connect_error() {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address")
+        .to_string();
+    drop(listener);
+
+    let result = timeout(STEP_TIMEOUT, Connection::connect(&addr))
+        .await
+        .expect("connect does not hang");
+    match result {
+        Err(RpcError::Connect { addr: to, .. }) => assert_eq!(to, addr),
+        other => panic!("expected a connect error, got {other:?}"),
+    }
+    let pool = RpcPool::new();
+    let result = timeout(
+        STEP_TIMEOUT,
+        pool.call::<Echo>(
+            &addr,
+            &Blob(Bytes::new()),
+            deadline_in(Duration::from_secs(1)),
+        ),
+    )
+    .await
+    .expect("a pool call does not hang");
+    match result {
+        Err(error @ RpcError::Connect { .. }) => assert!(error.is_transport()),
+        other => panic!("expected a connect error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_call_cancelled_mid_write_closes_the_connection() {
+    // A peer that accepts but never reads: a large frame fills the socket buffers and
+    // the write stalls part-way, so the deadline strikes mid-frame.
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("bound").to_string();
+    let connection = connect(&addr).await;
+    let (_peer, _) = listener.accept().await.expect("accept");
+
+    let big = vec![0x5A; 32 * 1024 * 1024];
+    let result = timeout(
+        STEP_TIMEOUT,
+        connection.call_raw(
+            OP_ECHO,
+            frame(&big),
+            deadline_in(Duration::from_millis(100)),
+        ),
+    )
+    .await
+    .expect("the call ends at its deadline");
+    assert!(
+        matches!(result, Err(RpcError::Timeout { .. })),
+        "expected a timeout, got {result:?}"
+    );
+    // Half a frame is on the wire: nothing sent after it could be framed correctly.
+    assert!(connection.is_closed());
+    assert_eq!(connection.pending_len(), 0);
+    let next = connection
+        .call_raw(OP_ECHO, frame(b"after"), deadline_in(STEP_TIMEOUT))
+        .await;
+    assert!(
+        matches!(next, Err(RpcError::ConnectionLost { .. })),
+        "expected ConnectionLost, got {next:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_reply_for_an_unknown_rpc_id_is_dropped_and_the_right_one_delivered() {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("bound").to_string();
+    let connection = Arc::new(connect(&addr).await);
+    let (mut peer, _) = listener.accept().await.expect("accept");
+
+    let call = tokio::spawn({
+        let connection = Arc::clone(&connection);
+        async move {
+            connection
+                .call_raw(OP_ECHO, frame(b"question"), deadline_in(STEP_TIMEOUT))
+                .await
+        }
+    });
+    let (request, payload) = read_frame(&mut peer).await;
+    assert!(!request.is_reply);
+    assert_eq!(&payload[..], b"question");
+    for (rpc_id, answer) in [
+        (request.rpc_id + 1000, &b"stray"[..]),
+        (request.rpc_id, b"answer"),
+    ] {
+        let header = FrameHeader {
+            is_reply: true,
+            payload_len: answer.len() as u32,
+            ..request_header(OP_ECHO, rpc_id, 0)
+        };
+        peer.write_all(&header_bytes(header)).await.expect("write");
+        peer.write_all(answer).await.expect("write");
+    }
+    let (header, reply) = timeout(STEP_TIMEOUT, call)
+        .await
+        .expect("the call completes")
+        .expect("no panic")
+        .expect("the matching reply is delivered");
+    assert_eq!(header.rpc_id, request.rpc_id);
+    assert_eq!(&reply[..], b"answer");
+    assert!(!connection.is_closed());
+    assert_eq!(connection.pending_len(), 0);
+}
+
+#[tokio::test]
+async fn a_peer_that_answers_with_a_malformed_frame_fails_calls_with_connection_lost() {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("bound").to_string();
+    /// What the peer answers, given the request's rpc id.
+    type Answer = fn(u64) -> [u8; FRAME_HEADER_BYTES];
+    let answers: [(&str, Answer); 3] = [
+        ("a request on a client connection", |id| {
+            header_bytes(request_header(OP_ECHO, id, 0))
+        }),
+        ("an oversized reply", |id| {
+            header_bytes(FrameHeader {
+                is_reply: true,
+                ..request_header(OP_ECHO, id, u32::MAX)
+            })
+        }),
+        ("bad magic", |_| {
+            let mut bytes = header_bytes(request_header(OP_ECHO, 1, 0));
+            bytes[..4].copy_from_slice(b"PMAR");
+            bytes
+        }),
+    ];
+    for (what, answer) in answers {
+        let connection = Arc::new(connect(&addr).await);
+        let (mut peer, _) = listener.accept().await.expect("accept");
+        let call = tokio::spawn({
+            let connection = Arc::clone(&connection);
+            async move {
+                connection
+                    .call_raw(OP_ECHO, frame(b"question"), deadline_in(STEP_TIMEOUT))
+                    .await
+            }
+        });
+        let (request, _) = read_frame(&mut peer).await;
+        peer.write_all(&answer(request.rpc_id))
+            .await
+            .expect("write");
+        let result = timeout(STEP_TIMEOUT, call)
+            .await
+            .expect("the call completes")
+            .expect("no panic");
+        assert!(
+            matches!(result, Err(RpcError::ConnectionLost { .. })),
+            "{what}: expected ConnectionLost, got {result:?}"
+        );
+        assert!(connection.is_closed(), "{what}");
+        assert_eq!(connection.pending_len(), 0, "{what}");
+    }
+}
+
+mod decoders {
+    //! The protocol's message decoders against truncated, hostile and random payloads:
+    //! each must return `Err` (or, for random bytes, possibly `Ok`), never panic and
+    //! never allocate what a length prefix merely claims.
+
+    use crate::ids::{ServerId, TableId, Version};
+    use crate::protocol::{coordinator, master};
+    use crate::reject::RejectRules;
+    use crate::rpc::WireMessage;
+    use crate::status::Status;
+    use crate::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
+    use bytes::{BufMut, Bytes, BytesMut};
+    use proptest::prelude::*;
+    use std::fmt::Debug;
+
+    fn encode<M: WireMessage>(message: &M) -> Bytes {
+        let mut out = BytesMut::new();
+        message.encode(&mut out);
+        out.freeze()
+    }
+
+    /// `message` round-trips, every proper prefix of its encoding is refused, and so is
+    /// the encoding with a byte appended.
+    fn assert_only_the_whole_encoding_decodes<M: WireMessage + PartialEq + Debug>(message: M) {
+        let name = std::any::type_name::<M>();
+        let whole = encode(&message);
+        assert_eq!(M::decode(whole.clone()).as_ref(), Ok(&message), "{name}");
+        for cut in 0..whole.len() {
+            assert!(
+                M::decode(whole.slice(..cut)).is_err(),
+                "{name}: a prefix of {cut} of {} bytes decoded",
+                whole.len()
+            );
+        }
+        let mut padded = BytesMut::from(&whole[..]);
+        padded.put_u8(0);
+        assert!(M::decode(padded.freeze()).is_err(), "{name}: trailing byte");
+    }
+
+    fn tablet(start_hash: u64) -> Tablet {
+        Tablet {
+            table: TableId(3),
+            start_hash,
+            end_hash: u64::MAX,
+            owner: ServerId(2),
+        }
+    }
+
+    fn tablet_map() -> TabletMap {
+        TabletMap {
+            version: 9,
+            servers: vec![ServerInfo {
+                id: ServerId(2),
+                addr: "10.0.0.2:7000".to_string(),
+                services: Services {
+                    master: true,
+                    backup: true,
+                },
+                status: ServerStatus::Crashed,
+                failure_domain: "rack-b".to_string(),
+                disk_read_mbps: 500,
+            }],
+            tables: vec![TableInfo {
+                id: TableId(3),
+                name: "users".to_string(),
+                tablets: vec![tablet(0)],
+            }],
+        }
+    }
+
+    fn enlist_request() -> coordinator::EnlistRequest {
+        coordinator::EnlistRequest {
+            addr: "10.0.0.1:7000".to_string(),
+            services: Services {
+                master: true,
+                backup: false,
+            },
+            failure_domain: "rack-a".to_string(),
+            disk_read_mbps: 250,
+        }
+    }
+
+    fn read_request() -> master::ReadRequest {
+        master::ReadRequest {
+            table: TableId(1),
+            key: Bytes::from_static(b"some key"),
+        }
+    }
+
+    fn multi_read_request() -> master::MultiReadRequest {
+        master::MultiReadRequest {
+            objects: vec![
+                master::ObjectKey {
+                    table: TableId(1),
+                    key: Bytes::from_static(b"a"),
+                },
+                master::ObjectKey {
+                    table: TableId(2),
+                    key: Bytes::from_static(b"bcd"),
+                },
+            ],
+        }
+    }
+
+    fn enumerate_reply() -> master::EnumerateReply {
+        master::EnumerateReply {
+            objects: vec![master::EnumeratedObject {
+                key: Bytes::from_static(b"k"),
+                version: Version(4),
+                value: Bytes::from_static(b"value"),
+            }],
+            next_hash: Some(1 << 40),
+        }
+    }
+
+    #[test]
+    fn truncated_and_hostile_bincode_payloads_are_refused_by_the_protocol_decoders() {
+        assert_only_the_whole_encoding_decodes(enlist_request());
+        assert_only_the_whole_encoding_decodes(coordinator::EnlistReply { id: ServerId(5) });
+        assert_only_the_whole_encoding_decodes(coordinator::CreateTableRequest {
+            name: "users".to_string(),
+            span: 4,
+        });
+        assert_only_the_whole_encoding_decodes(coordinator::TableIdReply { id: TableId(3) });
+        assert_only_the_whole_encoding_decodes(coordinator::TableNameRequest {
+            name: "users".to_string(),
+        });
+        assert_only_the_whole_encoding_decodes(tablet_map());
+        assert_only_the_whole_encoding_decodes(multi_read_request());
+        assert_only_the_whole_encoding_decodes(master::MultiWriteRequest {
+            objects: vec![master::WriteRequest {
+                table: TableId(1),
+                key: Bytes::from_static(b"k"),
+                value: Bytes::from_static(b"v"),
+                rules: RejectRules::create_only(),
+            }],
+        });
+        assert_only_the_whole_encoding_decodes(master::IncrementRequest {
+            table: TableId(1),
+            key: Bytes::from_static(b"counter"),
+            delta: -5,
+            rules: RejectRules::default(),
+        });
+        assert_only_the_whole_encoding_decodes(master::EnumerateRequest {
+            table: TableId(1),
+            resume_hash: 17,
+            end_hash: u64::MAX,
+            max_bytes: 1 << 20,
+        });
+        assert_only_the_whole_encoding_decodes(enumerate_reply());
+        assert_only_the_whole_encoding_decodes(master::TabletsRequest {
+            tablets: vec![tablet(0), tablet(1 << 63)],
+        });
+        assert_only_the_whole_encoding_decodes(master::MultiWriteReply {
+            objects: vec![master::WriteReply {
+                status: Status::WrongVersion,
+                version: Version(8),
+            }],
+        });
+        // The hand-coded hot-path messages with an explicit end.
+        assert_only_the_whole_encoding_decodes(read_request());
+        assert_only_the_whole_encoding_decodes(master::WriteReply {
+            status: Status::Ok,
+            version: Version(1),
+        });
+
+        // Length prefixes that claim far more than the payload holds: an error, found
+        // before anything of that size is allocated.
+        let mut huge_string = BytesMut::new();
+        huge_string.put_u64_le(60 * 1024 * 1024); // under the 64 MiB bincode limit
+        huge_string.put_slice(b"short");
+        assert!(coordinator::EnlistRequest::decode(huge_string.freeze()).is_err());
+        let mut endless_string = BytesMut::new();
+        endless_string.put_u64_le(u64::MAX);
+        assert!(coordinator::TableNameRequest::decode(endless_string.freeze()).is_err());
+        let mut many_servers = BytesMut::new();
+        many_servers.put_u64_le(1); // version
+        many_servers.put_u64_le(1 << 40); // servers claimed
+        assert!(TabletMap::decode(many_servers.freeze()).is_err());
+        let mut many_tablets = BytesMut::new();
+        many_tablets.put_u64_le(u64::MAX / 2);
+        assert!(master::TabletsRequest::decode(many_tablets.freeze()).is_err());
+        let mut long_key = BytesMut::new();
+        long_key.put_u64_le(1); // table
+        long_key.put_u32_le(u32::MAX); // key length
+        long_key.put_slice(b"tiny");
+        assert!(master::ReadRequest::decode(long_key.freeze()).is_err());
+        let mut long_write_key = BytesMut::new();
+        long_write_key.put_u64_le(1); // table
+        long_write_key.put_u64_le(0); // given version
+        long_write_key.put_u8(0); // rule flags
+        long_write_key.put_u32_le(u32::MAX); // key length
+        assert!(master::WriteRequest::decode(long_write_key.freeze()).is_err());
+    }
+
+    /// WriteRequest and ReadReply end in "the rest of the payload" (the frame length
+    /// delimits it), so only a cut before that tail can be detected.
+    #[test]
+    fn hot_path_messages_cut_before_their_value_are_refused() {
+        let write = master::WriteRequest {
+            table: TableId(1),
+            key: Bytes::from_static(b"key"),
+            value: Bytes::from_static(b"value"),
+            rules: RejectRules::default(),
+        };
+        let whole = encode(&write);
+        let value_starts = whole.len() - write.value.len();
+        for cut in 0..value_starts {
+            assert!(
+                master::WriteRequest::decode(whole.slice(..cut)).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let reply = master::ReadReply {
+            status: Status::Ok,
+            version: Version(3),
+            value: Bytes::from_static(b"value"),
+        };
+        let whole = encode(&reply);
+        for cut in 0..whole.len() - reply.value.len() {
+            assert!(
+                master::ReadReply::decode(whole.slice(..cut)).is_err(),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    /// Decodes `payload` as every message type; the results do not matter, only that
+    /// no decoder panics.
+    fn decode_as_everything(payload: &Bytes) {
+        let _ = coordinator::EnlistRequest::decode(payload.clone());
+        let _ = coordinator::EnlistReply::decode(payload.clone());
+        let _ = coordinator::CreateTableRequest::decode(payload.clone());
+        let _ = coordinator::TableIdReply::decode(payload.clone());
+        let _ = coordinator::TableNameRequest::decode(payload.clone());
+        let _ = coordinator::TabletMapRequest::decode(payload.clone());
+        let _ = TabletMap::decode(payload.clone());
+        let _ = master::ReadRequest::decode(payload.clone());
+        let _ = master::ReadReply::decode(payload.clone());
+        let _ = master::WriteRequest::decode(payload.clone());
+        let _ = master::WriteReply::decode(payload.clone());
+        let _ = master::RemoveRequest::decode(payload.clone());
+        let _ = master::IncrementRequest::decode(payload.clone());
+        let _ = master::IncrementReply::decode(payload.clone());
+        let _ = master::MultiReadRequest::decode(payload.clone());
+        let _ = master::MultiReadReply::decode(payload.clone());
+        let _ = master::MultiWriteRequest::decode(payload.clone());
+        let _ = master::MultiRemoveRequest::decode(payload.clone());
+        let _ = master::MultiWriteReply::decode(payload.clone());
+        let _ = master::EnumerateRequest::decode(payload.clone());
+        let _ = master::EnumerateReply::decode(payload.clone());
+        let _ = master::TabletsRequest::decode(payload.clone());
+        let _ = master::PingRequest::decode(payload.clone());
+        let _ = master::PingReply::decode(payload.clone());
+        let _ = <()>::decode(payload.clone());
+    }
+
+    /// Valid encodings to mutate: random bytes alone rarely get past the first length
+    /// prefix, mutations of real messages reach the decoders' inner paths.
+    fn valid_encodings() -> Vec<Bytes> {
+        vec![
+            encode(&enlist_request()),
+            encode(&tablet_map()),
+            encode(&multi_read_request()),
+            encode(&enumerate_reply()),
+            encode(&read_request()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn random_payloads_never_panic_the_protocol_decoders(
+            bytes in proptest::collection::vec(any::<u8>(), 0..=256),
+        ) {
+            decode_as_everything(&Bytes::from(bytes));
+        }
+
+        #[test]
+        fn mutated_encodings_never_panic_the_protocol_decoders(
+            which in any::<prop::sample::Index>(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..=4),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let encodings = valid_encodings();
+            let mut bytes = encodings[which.index(encodings.len())].to_vec();
+            for (at, value) in flips {
+                let at = at.index(bytes.len());
+                bytes[at] = value;
+            }
+            bytes.truncate(cut.index(bytes.len() + 1));
+            decode_as_everything(&Bytes::from(bytes));
+        }
+    }
+}
