@@ -187,7 +187,10 @@ mod tests {
             memory_bytes: 64 << 20,
             ..MasterConfig::default()
         };
-        assert!(config.validate().is_err(), "a 1 MiB value cannot fit a 128 KiB segment");
+        assert!(
+            config.validate().is_err(),
+            "a 1 MiB value cannot fit a 128 KiB segment"
+        );
         let small_values = MasterConfig {
             value_bytes_max: 1024,
             ..config.clone()

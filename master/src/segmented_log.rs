@@ -20,7 +20,7 @@
 
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
-use rampart_common::log::{Entry, LogFull, ObjectEntry, SegmentWriter};
+use rampart_common::log::{decode_object_trusted, LogFull, ObjectEntry, SegmentWriter};
 use std::collections::BTreeMap;
 
 use crate::object_index::LogRef;
@@ -201,20 +201,19 @@ impl SegmentedLog {
         std::mem::take(&mut self.unreplicated)
     }
 
-    /// The object entry at `at`.
+    /// The object entry at `at`, decoded without re-verifying its CRC: this is the
+    /// read path, and the bytes were checksummed when this master wrote them.
     ///
     /// # Panics
-    /// If `at` does not point at a valid object entry: index references always do
+    /// If `at` does not point at an object entry: index references always do
     /// (invariant of `ObjectIndex`), so this is a programmer error.
     pub fn object(&self, at: LogRef) -> ObjectEntry<'_> {
         let segment = self
             .segments
             .get(&at.segment)
             .expect("index references live segments");
-        match segment.entry_at(at.offset) {
-            Ok(Some((Entry::Object(object), _))) => object,
-            other => panic!("log reference {at:?} is not an object entry: {other:?}"),
-        }
+        decode_object_trusted(segment.bytes(), at.offset as usize)
+            .unwrap_or_else(|| panic!("log reference {at:?} is not an object entry"))
     }
 
     /// The key of the object entry at `at`.

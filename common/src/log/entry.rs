@@ -359,6 +359,35 @@ pub(crate) fn decode(buf: &[u8], offset: usize) -> Result<Option<Decoded<'_>>, E
     }))
 }
 
+/// Decodes the object entry at `offset` with bounds checks but without verifying its
+/// CRC, for a log this process wrote itself and reads on every client read: its bytes
+/// were checksummed when written and never leave DRAM. Replicas read from backups or
+/// disks must go through [`decode_entry`] or the scanner, which verify. `None` if the
+/// entry at `offset` is not a well-formed object.
+pub fn decode_object_trusted(buf: &[u8], offset: usize) -> Option<ObjectEntry<'_>> {
+    let payload_start = offset.checked_add(ENTRY_HEADER_BYTES)?;
+    let header = buf.get(offset..payload_start)?;
+    if header[0] != EntryType::Object as u8 {
+        return None;
+    }
+    let len = le_u32(header, 1) as usize;
+    let p = buf.get(payload_start..payload_start.checked_add(len)?)?;
+    if len < OBJECT_FIXED_PAYLOAD_BYTES {
+        return None;
+    }
+    let key_len = le_u32(p, 16) as usize;
+    if key_len > len - OBJECT_FIXED_PAYLOAD_BYTES {
+        return None;
+    }
+    let value_start = 20 + key_len;
+    Some(ObjectEntry {
+        table: TableId(le_u64(p, 0)),
+        version: Version(le_u64(p, 8)),
+        key: &p[20..value_start],
+        value: &p[value_start..len - 4],
+    })
+}
+
 /// Checks the CRC that ends payload `p` against the bytes before it; returns that CRC.
 fn check_crc(p: &[u8], offset: usize) -> Result<u32, EntryError> {
     let body = p.len() - 4;
@@ -493,6 +522,32 @@ mod tests {
             decode_entry(&buf, 0),
             Err(EntryError::Malformed { .. })
         ));
+    }
+
+    #[test]
+    fn trusted_object_decode_matches_the_verifying_decode() {
+        let mut writer =
+            crate::log::SegmentWriter::open(ServerId(1), SegmentId(1), 4096, &[SegmentId(1)])
+                .expect("fits");
+        let at = writer
+            .append_object(TableId(3), Version(9), b"key", b"value")
+            .expect("fits");
+        let bytes = writer.bytes();
+        let trusted = decode_object_trusted(bytes, at as usize).expect("an object");
+        match decode_entry(bytes, at as usize) {
+            Ok(Some((Entry::Object(verified), _))) => assert_eq!(trusted, verified),
+            other => panic!("not an object: {other:?}"),
+        }
+        assert_eq!(
+            decode_object_trusted(bytes, 0),
+            None,
+            "offset 0 is the segment header"
+        );
+        assert_eq!(
+            decode_object_trusted(bytes, bytes.len() - 2),
+            None,
+            "runs past the end"
+        );
     }
 
     #[test]

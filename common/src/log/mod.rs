@@ -79,9 +79,10 @@ pub mod scanner;
 pub mod writer;
 
 pub use entry::{
-    checksum_value, decode_entry, digest_entry_bytes, object_entry_bytes, tombstone_entry_bytes,
-    Entry, EntryError, EntryType, ObjectEntry, SegmentHeader, TombstoneEntry, CHECKSUM_ENTRY_BYTES,
-    ENTRY_HEADER_BYTES, FOOTER_ENTRY_BYTES, SAFE_VERSION_ENTRY_BYTES, SEGMENT_HEADER_ENTRY_BYTES,
+    checksum_value, decode_entry, decode_object_trusted, digest_entry_bytes, object_entry_bytes,
+    tombstone_entry_bytes, Entry, EntryError, EntryType, ObjectEntry, SegmentHeader,
+    TombstoneEntry, CHECKSUM_ENTRY_BYTES, ENTRY_HEADER_BYTES, FOOTER_ENTRY_BYTES,
+    SAFE_VERSION_ENTRY_BYTES, SEGMENT_HEADER_ENTRY_BYTES,
 };
 pub use scanner::{entries, scan, Entries, ScanResult, StopReason};
 pub use writer::{LogFull, SegmentWriter};

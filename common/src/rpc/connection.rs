@@ -229,33 +229,32 @@ impl Connection {
             addr: self.addr.clone(),
             opcode,
         };
-        let written = tokio::time::timeout_at(deadline, async {
-            let mut writer = self.writer.lock().await;
-            let mut guard = WriteGuard {
-                shared: &self.shared,
-                armed: true,
-            };
-            let result = writer.write_all(&frame).await;
-            guard.armed = result.is_err();
-            result
+        // One timer for the whole call: writing the frame and waiting for the reply.
+        let outcome = tokio::time::timeout_at(deadline, async {
+            {
+                let mut writer = self.writer.lock().await;
+                let mut guard = WriteGuard {
+                    shared: &self.shared,
+                    armed: true,
+                };
+                let result = writer.write_all(&frame).await;
+                guard.armed = result.is_err();
+                if result.is_err() {
+                    self.shared.close();
+                    return Err(lost());
+                }
+            }
+            rx.await.map_err(|_| lost())
         })
         .await;
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => {
-                self.shared.close();
-                return Err(lost());
-            }
-            // `slot` drops the reply slot on the way out.
-            Err(_) => return Err(timeout()),
-        }
-        match tokio::time::timeout_at(deadline, rx).await {
+        match outcome {
             Ok(Ok(reply)) => {
                 // The reader removed the slot to send on it; skip a second lock.
                 slot.armed = false;
                 Ok(reply)
             }
-            Ok(Err(_)) => Err(lost()),
+            Ok(Err(error)) => Err(error),
+            // `slot` drops the reply slot on the way out.
             Err(_) => Err(timeout()),
         }
     }
@@ -400,12 +399,22 @@ impl RpcPool {
         request: &R::Request,
         deadline: Instant,
     ) -> Result<R::Reply, RpcError> {
-        let connection = tokio::time::timeout_at(deadline, self.get(addr))
-            .await
-            .map_err(|_| RpcError::Timeout {
-                addr: addr.to_string(),
-                opcode: R::OPCODE,
-            })??;
+        let live = self
+            .connections
+            .lock()
+            .get(addr)
+            .filter(|c| !c.is_closed())
+            .cloned();
+        let connection = match live {
+            Some(connection) => connection,
+            // Dialling gets a timer of its own; the common case above needs none.
+            None => tokio::time::timeout_at(deadline, self.get(addr))
+                .await
+                .map_err(|_| RpcError::Timeout {
+                    addr: addr.to_string(),
+                    opcode: R::OPCODE,
+                })??,
+        };
         connection.call::<R>(request, deadline).await
     }
 

@@ -196,10 +196,13 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
     let in_flight = Arc::new(Semaphore::new(RPC_IN_FLIGHT_PER_CONNECTION_MAX));
     let mut requests = JoinSet::new();
     let mut buf = BytesMut::with_capacity(64 * 1024);
+    // Created once: a `Notified` registered anew per request costs a lock each time.
+    let broken_signal = broken.notified();
+    tokio::pin!(broken_signal);
     loop {
         let frame = tokio::select! {
             frame = next_frame(&mut reader, &mut buf) => frame,
-            _ = broken.notified() => break,
+            _ = &mut broken_signal => break,
         };
         let (header, payload) = match frame {
             Ok(Some(frame)) => frame,
