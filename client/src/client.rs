@@ -746,6 +746,12 @@ impl Client {
         Ok(())
     }
 
+    /// The address of the master that serves `key` of `table`, per the cached tablet
+    /// map (it may be stale; operations re-route by themselves). For diagnostics.
+    pub fn locate(&self, table: TableId, key: &[u8]) -> Option<String> {
+        self.map().route(table, key_hash(key)).map(|(_, addr)| addr)
+    }
+
     /// Streams every object of `table`, in key-hash order, a page at a time.
     pub fn enumerate(&self, table: TableId) -> Enumeration {
         Enumeration {
