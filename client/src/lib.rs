@@ -6,13 +6,36 @@
 //! * [`tablet_map`] — the cached tablet map used for routing.
 //!
 //! # Example
-//! Start a cluster (`cargo run --release -p rampart-ops -- cluster up`), then:
+//! Against a cluster started with `cargo run --release -p rampart-ops -- cluster up`,
+//! connect to its coordinator (`127.0.0.1:7000`). This example runs as a doc test; its
+//! hidden first lines start a coordinator and one master in-process instead.
 //!
-//! ```no_run
+//! ```
 //! use rampart_client::{Client, RejectRules};
 //!
-//! # async fn example() -> Result<(), rampart_client::ClientError> {
-//! let client = Client::connect(&["127.0.0.1:7000"]).await?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # use rampart_common::protocol::coordinator::{Enlist, EnlistRequest};
+//! # use rampart_common::rpc::{RpcPool, RpcServer};
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let coordinator = listener.local_addr()?.to_string();
+//! # let service = std::sync::Arc::new(rampart_coordinator::CoordinatorService::new());
+//! # tokio::spawn(RpcServer::run(listener, service, std::future::pending()));
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let request = EnlistRequest {
+//! #     addr: listener.local_addr()?.to_string(),
+//! #     services: rampart_common::tablet::Services { master: true, backup: false },
+//! #     failure_domain: "rack-1".into(),
+//! #     disk_read_mbps: 0,
+//! # };
+//! # let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+//! # let id = RpcPool::new().call::<Enlist>(&coordinator, &request, deadline).await?.id;
+//! # let config = rampart_common::config::MasterConfig::default();
+//! # let master = std::sync::Arc::new(rampart_master::MasterService::new(id, config));
+//! # tokio::spawn(RpcServer::run(listener, master, std::future::pending()));
+//! # let coordinator_addr = coordinator.as_str();
+//! // With a `cluster up` cluster: let coordinator_addr = "127.0.0.1:7000";
+//! let client = Client::connect(&[coordinator_addr]).await?;
 //! let users = client.create_table("users", 4).await?;
 //!
 //! let v1 = client.write(users, b"alice", b"engineer").await?;
@@ -20,22 +43,21 @@
 //! assert_eq!(&object.value[..], b"engineer");
 //!
 //! // Compare-and-swap: succeeds only if nobody wrote since v1.
-//! client.write_with(users, b"alice", b"manager", RejectRules::version_is(v1)).await?;
+//! let v2 = client.write_with(users, b"alice", b"manager", RejectRules::version_is(v1)).await?;
+//! assert!(v2 > v1);
 //!
-//! let visits = client.increment(users, b"visits", 1).await?.0;
+//! let (visits, _) = client.increment(users, b"visits", 1).await?;
 //! assert_eq!(visits, 1);
 //!
+//! let mut count = 0;
 //! let mut pages = client.enumerate(users);
 //! while let Some(page) = pages.next_page().await? {
-//!     for object in page {
-//!         println!("{:?} = {:?}", object.key, object.value);
-//!     }
+//!     count += page.len();
 //! }
+//! assert_eq!(count, 2);
 //! # Ok(())
 //! # }
 //! ```
-//! (The example is compiled by `cargo test --doc`; it runs against a live cluster in
-//! the integration tests, which perform the same calls.)
 
 pub mod client;
 pub mod error;

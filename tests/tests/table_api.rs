@@ -450,3 +450,58 @@ fn wait_until_dead(pids: &[u32]) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn operations_racing_a_table_drop_succeed_or_report_the_table_gone() {
+    let cluster = LocalCluster::start(2, &["--memory", "64MiB"]).unwrap();
+    runtime().block_on(async {
+        let client = connect(&cluster).await;
+        let table = client.create_table("doomed", 4).await.unwrap();
+        let keep = client.create_table("kept", 2).await.unwrap();
+        client.write(keep, b"k", b"v").await.unwrap();
+
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let (mut ok, mut gone) = (0u32, 0u32);
+                    for i in 0..2_000u32 {
+                        let key = format!("w{w}-{i}");
+                        let result = if i % 2 == 0 {
+                            client.write(table, key.as_bytes(), b"x").await.map(|_| ())
+                        } else {
+                            client.read(table, key.as_bytes()).await.map(|_| ())
+                        };
+                        match result {
+                            Ok(()) => ok += 1,
+                            Err(ClientError::TableDoesntExist(_)) => {
+                                gone += 1;
+                                break;
+                            }
+                            Err(other) => panic!("unexpected error while dropping: {other}"),
+                        }
+                    }
+                    (ok, gone)
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        client.drop_table("doomed").await.unwrap();
+        let mut stopped = 0;
+        for writer in writers {
+            let (ok, gone) = writer.await.unwrap();
+            assert!(ok > 0, "each writer got some operations in before the drop");
+            stopped += gone;
+        }
+        assert!(stopped > 0, "the drop happened while writers were running");
+        assert!(matches!(
+            client.write(table, b"late", b"x").await,
+            Err(ClientError::TableDoesntExist(_))
+        ));
+        // The other table was not disturbed.
+        assert_eq!(
+            &client.read(keep, b"k").await.unwrap().unwrap().value[..],
+            b"v"
+        );
+    });
+}
