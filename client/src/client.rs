@@ -23,8 +23,9 @@ use rampart_common::protocol::coordinator::{
 };
 use rampart_common::protocol::master::{
     Enumerate, EnumerateRequest, EnumeratedObject, Increment, IncrementRequest, MultiRead,
-    MultiReadRequest, MultiRemove, MultiRemoveRequest, MultiWrite, MultiWriteRequest, ObjectKey,
-    Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply, WriteRequest,
+    MultiReadRequest, MultiRemove, MultiRemoveRequest, MultiWrite, MultiWriteReply,
+    MultiWriteRequest, ObjectKey, Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply,
+    WriteRequest,
 };
 use rampart_common::reject::RejectRules;
 use rampart_common::rpc::{Rpc, RpcError, RpcPool};
@@ -585,48 +586,19 @@ impl Client {
     ) -> Result<Vec<Result<Version, ClientError>>, ClientError> {
         let keys: Vec<(TableId, &[u8])> = items.iter().map(|w| (w.table, &w.key[..])).collect();
         let idempotent = items.iter().all(|w| w.rules == RejectRules::default());
-        let mut results: Vec<Option<Result<Version, ClientError>>> = vec![None; items.len()];
-        self.multi_op(
-            &keys,
-            idempotent,
-            |addr, indices, deadline| {
-                let request = MultiWriteRequest {
-                    objects: indices
-                        .iter()
-                        .map(|&i| WriteRequest {
-                            table: items[i].table,
-                            key: items[i].key.clone(),
-                            value: items[i].value.clone(),
-                            rules: items[i].rules,
-                        })
-                        .collect(),
-                };
-                async move {
-                    let reply = self
-                        .inner
-                        .pool
-                        .call::<MultiWrite>(&addr, &request, deadline)
-                        .await?;
-                    Ok(reply
-                        .objects
-                        .into_iter()
-                        .map(|r| (r.status, r.version, Bytes::new()))
-                        .collect())
-                }
-            },
-            |i, status, version, _| {
-                results[i] = Some(match status {
-                    Status::Ok => Ok(version),
-                    other => Err(ClientError::from_status(other, version, String::new())),
-                });
-                Ok(())
-            },
-        )
-        .await?;
-        Ok(results
-            .into_iter()
-            .map(|r| r.unwrap_or(Err(ClientError::Server("no reply".into()))))
-            .collect())
+        let request = |indices: &[usize]| MultiWriteRequest {
+            objects: indices
+                .iter()
+                .map(|&i| WriteRequest {
+                    table: items[i].table,
+                    key: items[i].key.clone(),
+                    value: items[i].value.clone(),
+                    rules: items[i].rules,
+                })
+                .collect(),
+        };
+        self.multi_mutate::<MultiWrite, _>(&keys, idempotent, request, |version| version)
+            .await
     }
 
     /// Removes several objects, in parallel. Results (version removed, `None` if
@@ -635,46 +607,56 @@ impl Client {
         &self,
         keys: &[(TableId, &[u8])],
     ) -> Result<Vec<Result<Option<Version>, ClientError>>, ClientError> {
-        let mut results: Vec<Option<Result<Option<Version>, ClientError>>> = vec![None; keys.len()];
-        self.multi_op(
-            keys,
-            true,
-            |addr, indices, deadline| {
-                let request = MultiRemoveRequest {
-                    objects: indices
-                        .iter()
-                        .map(|&i| RemoveRequest {
-                            table: keys[i].0,
-                            key: Bytes::copy_from_slice(keys[i].1),
-                            rules: RejectRules::default(),
-                        })
-                        .collect(),
-                };
-                async move {
-                    let reply = self
-                        .inner
-                        .pool
-                        .call::<MultiRemove>(&addr, &request, deadline)
-                        .await?;
-                    Ok(reply
-                        .objects
-                        .into_iter()
-                        .map(|r| (r.status, r.version, Bytes::new()))
-                        .collect())
-                }
-            },
-            |i, status, version, _| {
-                results[i] = Some(match status {
-                    Status::Ok => Ok((version != Version(0)).then_some(version)),
-                    other => Err(ClientError::from_status(other, version, String::new())),
-                });
-                Ok(())
-            },
-        )
-        .await?;
+        let request = |indices: &[usize]| MultiRemoveRequest {
+            objects: indices
+                .iter()
+                .map(|&i| RemoveRequest {
+                    table: keys[i].0,
+                    key: Bytes::copy_from_slice(keys[i].1),
+                    rules: RejectRules::default(),
+                })
+                .collect(),
+        };
+        let removed = |version: Version| (version != Version(0)).then_some(version);
+        self.multi_mutate::<MultiRemove, _>(keys, true, request, removed)
+            .await
+    }
+
+    /// Multi-write and multi-remove: RPC `R` built by `request` for each owner's share
+    /// of `keys`, each object's version turned into its result by `done`.
+    async fn multi_mutate<R, T>(
+        &self,
+        keys: &[(TableId, &[u8])],
+        idempotent: bool,
+        request: impl Fn(&[usize]) -> R::Request,
+        done: impl Fn(Version) -> T,
+    ) -> Result<Vec<Result<T, ClientError>>, ClientError>
+    where
+        R: Rpc<Reply = MultiWriteReply>,
+    {
+        let mut results: Vec<Option<Result<T, ClientError>>> = keys.iter().map(|_| None).collect();
+        let call = |addr: String, indices: Vec<usize>, deadline| {
+            let request = request(&indices);
+            async move {
+                let reply = self.inner.pool.call::<R>(&addr, &request, deadline).await?;
+                Ok(reply
+                    .objects
+                    .into_iter()
+                    .map(|r| (r.status, r.version, Bytes::new()))
+                    .collect())
+            }
+        };
+        let record = |i: usize, status, version, _| {
+            results[i] = Some(match status {
+                Status::Ok => Ok(done(version)),
+                other => Err(ClientError::from_status(other, version, String::new())),
+            });
+            Ok(())
+        };
+        self.multi_op(keys, idempotent, call, record).await?;
         Ok(results
             .into_iter()
-            .map(|r| r.unwrap_or(Err(ClientError::Server("no reply".into()))))
+            .map(|r| r.unwrap_or_else(|| Err(ClientError::Server("no reply".into()))))
             .collect())
     }
 

@@ -24,7 +24,8 @@ use rampart_common::config::MasterConfig;
 use rampart_common::ids::{key_hash, KeyHash, ServerId, TableId, Version};
 use rampart_common::limits::{ENUMERATE_PAGE_BYTES_MAX, KEY_BYTES_MAX};
 use rampart_common::protocol::master::{
-    EnumerateReply, EnumerateRequest, EnumeratedObject, IncrementReply, ReadReply, WriteReply,
+    EnumerateReply, EnumerateRequest, EnumeratedObject, IncrementReply, IncrementRequest,
+    ReadReply, RemoveRequest, WriteReply, WriteRequest,
 };
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
@@ -85,6 +86,47 @@ impl WriteOp {
         match self {
             WriteOp::Write { key, value, .. } => key.len() + value.len(),
             WriteOp::Remove { key, .. } | WriteOp::Increment { key, .. } => key.len() + 8,
+        }
+    }
+}
+
+impl From<WriteRequest> for WriteOp {
+    fn from(request: WriteRequest) -> WriteOp {
+        let WriteRequest {
+            table,
+            key,
+            value,
+            rules,
+        } = request;
+        WriteOp::Write {
+            table,
+            key,
+            value,
+            rules,
+        }
+    }
+}
+
+impl From<RemoveRequest> for WriteOp {
+    fn from(request: RemoveRequest) -> WriteOp {
+        let RemoveRequest { table, key, rules } = request;
+        WriteOp::Remove { table, key, rules }
+    }
+}
+
+impl From<IncrementRequest> for WriteOp {
+    fn from(request: IncrementRequest) -> WriteOp {
+        let IncrementRequest {
+            table,
+            key,
+            delta,
+            rules,
+        } = request;
+        WriteOp::Increment {
+            table,
+            key,
+            delta,
+            rules,
         }
     }
 }

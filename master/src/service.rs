@@ -22,7 +22,7 @@ use rampart_common::status::Status;
 use std::sync::Arc;
 
 use crate::appender::Appender;
-use crate::object_store::{ObjectStore, WriteOp};
+use crate::object_store::{ObjectStore, OpOutcome, WriteOp};
 
 /// The master service of one storage server.
 #[derive(Debug)]
@@ -60,10 +60,7 @@ impl MasterService {
         &self.store
     }
 
-    async fn write_ops(
-        &self,
-        ops: Vec<WriteOp>,
-    ) -> Result<Vec<crate::object_store::OpOutcome>, Reply> {
+    async fn write_ops(&self, ops: Vec<WriteOp>) -> Result<Vec<OpOutcome>, Reply> {
         self.appender
             .submit(ops)
             .await
@@ -74,186 +71,131 @@ impl MasterService {
     /// RPC layer runs on the connection's task (see `Service::handle_now`).
     fn handle_immediately(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         let reply = match opcode {
-            proto::Read::OPCODE => {
-                let request: ReadRequest = match Reply::decode(payload.clone()) {
-                    Ok(r) => r,
-                    Err(reply) => return Some(reply),
-                };
-                let store = self.store.lock();
-                // The value is copied once, from the log into the reply frame.
-                store.read_with(request.table, &request.key, |status, version, value| {
-                    Reply::ok_with(|out| proto::encode_read_reply(out, status, version, value))
-                })
-            }
-            proto::MultiRead::OPCODE => {
-                let request: MultiReadRequest = match Reply::decode(payload.clone()) {
-                    Ok(r) => r,
-                    Err(reply) => return Some(reply),
-                };
-                if let Err(reply) = check_multi(request.objects.len()) {
-                    return Some(reply);
-                }
-                let store = self.store.lock();
-                let objects = request
-                    .objects
-                    .iter()
-                    .map(|o| store.read(o.table, &o.key))
-                    .collect();
-                Reply::ok(&MultiReadReply { objects })
-            }
-            proto::Enumerate::OPCODE => {
-                let request: EnumerateRequest = match Reply::decode(payload.clone()) {
-                    Ok(r) => r,
-                    Err(reply) => return Some(reply),
-                };
-                match self.store.lock().enumerate(&request) {
-                    Ok(page) => Reply::ok(&page),
-                    Err(status) => Reply::error(status, "enumerate"),
-                }
-            }
+            proto::Read::OPCODE => self.read(payload.clone()),
+            proto::MultiRead::OPCODE => self.multi_read(payload.clone()),
+            proto::Enumerate::OPCODE => self.enumerate(payload.clone()),
             proto::Ping::OPCODE => {
                 let store = self.store.lock();
                 let (used, max) = store.log_bytes();
-                Reply::ok(&PingReply {
+                Ok(Reply::ok(&PingReply {
                     objects: store.object_count(),
                     log_bytes_used: used,
                     log_bytes_max: max,
-                })
+                }))
             }
             _ => return None,
         };
-        Some(reply)
+        Some(reply.unwrap_or_else(|error| error))
+    }
+
+    fn read(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: ReadRequest = Reply::decode(payload)?;
+        let store = self.store.lock();
+        // The value is copied once, from the log into the reply frame.
+        Ok(
+            store.read_with(request.table, &request.key, |status, version, value| {
+                Reply::ok_with(|out| proto::encode_read_reply(out, status, version, value))
+            }),
+        )
+    }
+
+    fn multi_read(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: MultiReadRequest = Reply::decode(payload)?;
+        check_multi(request.objects.len())?;
+        let store = self.store.lock();
+        let objects = request
+            .objects
+            .iter()
+            .map(|o| store.read(o.table, &o.key))
+            .collect();
+        Ok(Reply::ok(&MultiReadReply { objects }))
+    }
+
+    fn enumerate(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: EnumerateRequest = Reply::decode(payload)?;
+        let page = self.store.lock().enumerate(&request);
+        page.map(|page| Reply::ok(&page))
+            .map_err(|status| Reply::error(status, "enumerate"))
     }
 
     async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
         if let Some(reply) = self.handle_immediately(opcode, &payload) {
             return reply;
         }
+        self.handle_waiting(opcode, payload)
+            .await
+            .unwrap_or_else(|error| error)
+    }
+
+    /// Requests that wait for the appender: writes and tablet changes.
+    async fn handle_waiting(&self, opcode: Opcode, payload: Bytes) -> Result<Reply, Reply> {
         match opcode {
             proto::Write::OPCODE => {
-                let request: WriteRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
-                let op = WriteOp::Write {
-                    table: request.table,
-                    key: request.key,
-                    value: request.value,
-                    rules: request.rules,
-                };
-                match self.write_ops(vec![op]).await {
-                    Ok(outcomes) => Reply::ok(&single(outcomes).into_write_reply()),
-                    Err(reply) => reply,
-                }
+                let op = WriteOp::from(Reply::decode::<WriteRequest>(payload)?);
+                Ok(Reply::ok(&self.write_one(op).await?.into_write_reply()))
             }
             proto::Remove::OPCODE => {
-                let request: RemoveRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
-                let op = WriteOp::Remove {
-                    table: request.table,
-                    key: request.key,
-                    rules: request.rules,
-                };
-                match self.write_ops(vec![op]).await {
-                    Ok(outcomes) => Reply::ok(&single(outcomes).into_write_reply()),
-                    Err(reply) => reply,
-                }
+                let op = WriteOp::from(Reply::decode::<RemoveRequest>(payload)?);
+                Ok(Reply::ok(&self.write_one(op).await?.into_write_reply()))
             }
             proto::Increment::OPCODE => {
-                let request: IncrementRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
-                let op = WriteOp::Increment {
-                    table: request.table,
-                    key: request.key,
-                    delta: request.delta,
-                    rules: request.rules,
-                };
-                match self.write_ops(vec![op]).await {
-                    Ok(outcomes) => Reply::ok(&single(outcomes).into_increment_reply()),
-                    Err(reply) => reply,
-                }
+                let op = WriteOp::from(Reply::decode::<IncrementRequest>(payload)?);
+                Ok(Reply::ok(&self.write_one(op).await?.into_increment_reply()))
             }
             proto::MultiWrite::OPCODE => {
-                let request: MultiWriteRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
-                if let Err(reply) = check_multi(request.objects.len()) {
-                    return reply;
-                }
-                let ops = request
-                    .objects
-                    .into_iter()
-                    .map(|o| WriteOp::Write {
-                        table: o.table,
-                        key: o.key,
-                        value: o.value,
-                        rules: o.rules,
-                    })
-                    .collect();
-                self.multi_write_reply(ops).await
+                let request: MultiWriteRequest = Reply::decode(payload)?;
+                check_multi(request.objects.len())?;
+                self.write_many(request.objects.into_iter().map(WriteOp::from).collect())
+                    .await
             }
             proto::MultiRemove::OPCODE => {
-                let request: MultiRemoveRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
-                if let Err(reply) = check_multi(request.objects.len()) {
-                    return reply;
-                }
-                let ops = request
-                    .objects
-                    .into_iter()
-                    .map(|o| WriteOp::Remove {
-                        table: o.table,
-                        key: o.key,
-                        rules: o.rules,
-                    })
-                    .collect();
-                self.multi_write_reply(ops).await
+                let request: MultiRemoveRequest = Reply::decode(payload)?;
+                check_multi(request.objects.len())?;
+                self.write_many(request.objects.into_iter().map(WriteOp::from).collect())
+                    .await
             }
             proto::TakeTablets::OPCODE => {
-                let request: TabletsRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
+                let request: TabletsRequest = Reply::decode(payload)?;
                 tracing::info!(master = %self.id, tablets = request.tablets.len(), "taking tablets");
-                match self.appender.take_tablets(request.tablets).await {
-                    Ok(()) => Reply::ok(&()),
-                    Err(e) => Reply::error(Status::ShuttingDown, e),
-                }
+                self.appender
+                    .take_tablets(request.tablets)
+                    .await
+                    .map_err(|e| Reply::error(Status::ShuttingDown, e))?;
+                Ok(Reply::ok(&()))
             }
             proto::DropTablets::OPCODE => {
-                let request: TabletsRequest = match Reply::decode(payload) {
-                    Ok(r) => r,
-                    Err(reply) => return reply,
-                };
-                match self.appender.drop_tablets(request.tablets).await {
-                    Ok(removed) => {
-                        tracing::info!(master = %self.id, removed, "dropped tablets");
-                        Reply::ok(&())
-                    }
-                    Err(e) => Reply::error(Status::ShuttingDown, e),
-                }
+                let request: TabletsRequest = Reply::decode(payload)?;
+                let removed = self
+                    .appender
+                    .drop_tablets(request.tablets)
+                    .await
+                    .map_err(|e| Reply::error(Status::ShuttingDown, e))?;
+                tracing::info!(master = %self.id, removed, "dropped tablets");
+                Ok(Reply::ok(&()))
             }
-            other => Reply::error(
+            other => Err(Reply::error(
                 Status::UnknownOpcode,
                 format!("master does not serve {other}"),
-            ),
+            )),
         }
     }
 
-    async fn multi_write_reply(&self, ops: Vec<WriteOp>) -> Reply {
-        match self.write_ops(ops).await {
-            Ok(outcomes) => Reply::ok(&MultiWriteReply {
-                objects: outcomes.into_iter().map(|o| o.into_write_reply()).collect(),
-            }),
-            Err(reply) => reply,
-        }
+    async fn write_one(&self, op: WriteOp) -> Result<OpOutcome, Reply> {
+        let outcomes = self.write_ops(vec![op]).await?;
+        Ok(outcomes
+            .into_iter()
+            .next()
+            .expect("one outcome per submitted op"))
+    }
+
+    async fn write_many(&self, ops: Vec<WriteOp>) -> Result<Reply, Reply> {
+        let outcomes = self.write_ops(ops).await?;
+        Ok(Reply::ok(&MultiWriteReply {
+            objects: outcomes
+                .into_iter()
+                .map(OpOutcome::into_write_reply)
+                .collect(),
+        }))
     }
 }
 
@@ -265,13 +207,6 @@ impl Service for MasterService {
     fn handle_now(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         self.handle_immediately(opcode, payload)
     }
-}
-
-fn single(outcomes: Vec<crate::object_store::OpOutcome>) -> crate::object_store::OpOutcome {
-    outcomes
-        .into_iter()
-        .next()
-        .expect("one outcome per submitted op")
 }
 
 fn check_multi(count: usize) -> Result<(), Reply> {
