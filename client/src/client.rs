@@ -363,17 +363,13 @@ impl Client {
                     .call::<Read>(&addr, request, deadline)
                     .await?;
                 Ok(match reply.status {
-                    Status::Ok => Attempt::Done(Ok(Some(Object {
-                        value: reply.value,
-                        version: reply.version,
-                    }))),
                     Status::ObjectDoesntExist => Attempt::Done(Ok(None)),
-                    Status::UnknownTablet => Attempt::Reroute(format!("{addr}: unknown tablet")),
-                    other => Attempt::Done(Err(ClientError::from_status(
-                        other,
-                        reply.version,
-                        String::new(),
-                    ))),
+                    status => outcome(&addr, status, reply.version, || {
+                        Some(Object {
+                            value: reply.value,
+                            version: reply.version,
+                        })
+                    }),
                 })
             }
         })
@@ -488,15 +484,9 @@ impl Client {
                     .pool
                     .call::<Increment>(&addr, request, deadline)
                     .await?;
-                Ok(match reply.status {
-                    Status::Ok => Attempt::Done(Ok((reply.value, reply.version))),
-                    Status::UnknownTablet => Attempt::Reroute(format!("{addr}: unknown tablet")),
-                    other => Attempt::Done(Err(ClientError::from_status(
-                        other,
-                        reply.version,
-                        String::new(),
-                    ))),
-                })
+                Ok(outcome(&addr, reply.status, reply.version, || {
+                    (reply.value, reply.version)
+                }))
             }
         })
         .await
@@ -744,17 +734,18 @@ impl Client {
     }
 }
 
-fn write_attempt(addr: &str, reply: WriteReply) -> Attempt<Version> {
-    match reply.status {
-        Status::Ok => Attempt::Done(Ok(reply.version)),
+/// The retry loop's next step for a single-object reply: `ok` builds the success value.
+fn outcome<T>(addr: &str, status: Status, version: Version, ok: impl FnOnce() -> T) -> Attempt<T> {
+    match status {
+        Status::Ok => Attempt::Done(Ok(ok())),
         Status::UnknownTablet => Attempt::Reroute(format!("{addr}: unknown tablet")),
         Status::Retry => Attempt::Later(format!("{addr}: busy")),
-        other => Attempt::Done(Err(ClientError::from_status(
-            other,
-            reply.version,
-            String::new(),
-        ))),
+        other => Attempt::Done(Err(ClientError::from_status(other, version, String::new()))),
     }
+}
+
+fn write_attempt(addr: &str, reply: WriteReply) -> Attempt<Version> {
+    outcome(addr, reply.status, reply.version, || reply.version)
 }
 
 /// A table enumeration in progress (see [`Client::enumerate`]).
