@@ -207,8 +207,8 @@ impl Client {
         request: &R::Request,
     ) -> Result<R::Reply, ClientError> {
         let mut retry = self.retry();
+        let mut last = String::new();
         loop {
-            let mut last = String::new();
             for addr in &self.inner.coordinators {
                 match self
                     .inner
@@ -217,6 +217,9 @@ impl Client {
                     .await
                 {
                     Ok(reply) => return Ok(reply),
+                    // A call cut short by the deadline says less than the refusal
+                    // before it ("connection refused"), so that one is kept.
+                    Err(RpcError::Timeout { .. }) if !last.is_empty() => {}
                     Err(e) if e.is_transport() || e.status() == Some(Status::Retry) => {
                         last = e.to_string();
                     }
@@ -230,7 +233,7 @@ impl Client {
                     Err(e) => return Err(ClientError::from_rpc(e)),
                 }
             }
-            retry.pause(last).await.map_err(|e| match e {
+            retry.pause(last.clone()).await.map_err(|e| match e {
                 ClientError::Timeout { last, .. } => ClientError::NoCoordinator(last),
                 other => other,
             })?;

@@ -81,9 +81,9 @@ pub enum KvCommand {
         #[arg(default_value_t = 1, allow_negative_numbers = true)]
         delta: i64,
     },
-    /// Print every object of a table as `KEY<TAB>VALUE` lines, one per object; bytes
-    /// outside printable ASCII (tab and newline included) are escaped as `\t`, `\n`,
-    /// `\xNN`, so every line parses unambiguously.
+    /// Print every object of a table as `KEY<TAB>VALUE` lines, one per object; tab,
+    /// newline, backslash and bytes outside printable ASCII are escaped (`\t`, `\n`,
+    /// `\\`, `\xNN`), so every line parses unambiguously.
     Scan {
         /// Table name.
         table: String,
@@ -172,17 +172,42 @@ async fn execute(client: &Client, command: KvCommand) -> Result<ExitCode, Client
             let mut pages = client.enumerate(id);
             while let Some(page) = pages.next_page().await? {
                 for object in page {
-                    writeln!(
-                        out,
-                        "{}\t{}",
-                        object.key.escape_ascii(),
-                        object.value.escape_ascii()
-                    )
-                    .map_err(io)?;
+                    writeln!(out, "{}\t{}", escape(&object.key), escape(&object.value))
+                        .map_err(io)?;
                 }
             }
         }
     }
     out.flush().map_err(io)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Escapes what would break a `KEY<TAB>VALUE` line; printable ASCII stays as it is.
+fn escape(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(bytes.len());
+    for &byte in bytes {
+        match byte {
+            b'\\' => text.push_str("\\\\"),
+            b'\t' => text.push_str("\\t"),
+            b'\n' => text.push_str("\\n"),
+            b'\r' => text.push_str("\\r"),
+            0x20..=0x7e => text.push(char::from(byte)),
+            other => {
+                let _ = write!(text, "\\x{other:02x}");
+            }
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape;
+
+    #[test]
+    fn escape_keeps_printable_ascii_and_escapes_line_breakers() {
+        assert_eq!(escape(br#"{"a": 1}"#), r#"{"a": 1}"#);
+        assert_eq!(escape(b"a\tb\nc\\d\x00\xff"), r"a\tb\nc\\d\x00\xff");
+    }
 }
