@@ -6,17 +6,20 @@
 //! exponential backoff until the operation's deadline.
 //!
 //! # Retries and idempotence
-//! A request that could not be sent (connection refused) is always retried. A request
-//! whose connection broke after it was sent may have been applied: plain writes and
-//! removes are retried (applying them twice leaves the same value), but increments and
-//! operations with reject rules are not — they fail with
-//! [`ClientError::Indeterminate`] so the caller decides, since a retry could apply an
-//! increment twice or report a successful compare-and-swap as `WrongVersion`.
+//! A request that never reached its master whole (connection refused, or broken before
+//! the frame was written out: [`RpcError::may_have_executed`] is false) is always sent
+//! again. A request that was sent and then lost its connection or its deadline may have
+//! been executed: reads are sent again, but writes, removes and increments are not —
+//! they fail with [`ClientError::Indeterminate`]. Re-sending even a plain write is not
+//! safe: if another client wrote the key in between, the retry would bring the older
+//! value back after the newer one, which no linearizable history allows. Exactly-once
+//! retries need per-client request ids recorded with the writes (RAMCloud's RIFL), which
+//! a later issue can add.
 
 use bytes::Bytes;
 use parking_lot::RwLock;
 use rampart_common::ids::{key_hash, TableId, Version};
-use rampart_common::limits::MULTI_OPS_MAX;
+use rampart_common::limits::{MULTI_OPS_MAX, MULTI_WRITE_REQUEST_BYTES_MAX};
 use rampart_common::protocol::coordinator::{
     CreateTable, CreateTableRequest, DropTable, GetTableId, GetTabletMap, TableNameRequest,
     TabletMapRequest,
@@ -108,6 +111,10 @@ enum Attempt<T> {
     Later(String),
 }
 
+/// One object's part of a multi-op reply: its status, version and value (empty for
+/// writes and removes).
+type ObjectReply = (Status, Version, Bytes);
+
 /// Per-operation retry state.
 struct Retry {
     deadline: Instant,
@@ -165,7 +172,7 @@ impl Client {
                 refreshing: tokio::sync::Mutex::new(()),
             }),
         };
-        client.refresh_map(0).await?;
+        client.refresh_map(0, client.retry().deadline).await?;
         Ok(client)
     }
 
@@ -175,9 +182,13 @@ impl Client {
     }
 
     fn retry(&self) -> Retry {
+        self.retry_until(Instant::now() + self.inner.options.deadline)
+    }
+
+    fn retry_until(&self, deadline: Instant) -> Retry {
         let options = &self.inner.options;
         Retry {
-            deadline: Instant::now() + options.deadline,
+            deadline,
             attempts: 0,
             backoff: options.backoff_min,
             backoff_max: options.backoff_max,
@@ -188,14 +199,18 @@ impl Client {
         Arc::clone(&self.inner.map.read())
     }
 
-    /// Fetches the tablet map unless one newer than `seen` arrived meanwhile.
-    async fn refresh_map(&self, seen: u64) -> Result<(), ClientError> {
+    /// Fetches the tablet map, unless one newer than `seen` arrived or a fetch finished
+    /// after the caller saw its failure (so a burst of failures fetches once), trying
+    /// until `deadline`.
+    async fn refresh_map(&self, seen: u64, deadline: Instant) -> Result<(), ClientError> {
+        let observed = std::time::Instant::now();
         let _refreshing = self.inner.refreshing.lock().await;
-        if self.map().version > seen {
+        let map = self.map();
+        if map.version > seen || map.fetched_at.is_some_and(|at| at > observed) {
             return Ok(());
         }
         let map = self
-            .coordinator_call::<GetTabletMap>(&TabletMapRequest {})
+            .coordinator_call::<GetTabletMap>(&TabletMapRequest {}, deadline)
             .await?;
         *self.inner.map.write() = Arc::new(TabletMapCache::new(map));
         Ok(())
@@ -205,8 +220,9 @@ impl Client {
     async fn coordinator_call<R: Rpc>(
         &self,
         request: &R::Request,
+        deadline: Instant,
     ) -> Result<R::Reply, ClientError> {
-        let mut retry = self.retry();
+        let mut retry = self.retry_until(deadline);
         let mut last = String::new();
         loop {
             for addr in &self.inner.coordinators {
@@ -247,18 +263,24 @@ impl Client {
             name: name.to_string(),
             span,
         };
-        let id = self.coordinator_call::<CreateTable>(&request).await?.id;
-        self.refresh_map(self.map().version).await?;
+        let deadline = self.retry().deadline;
+        let id = self
+            .coordinator_call::<CreateTable>(&request, deadline)
+            .await?
+            .id;
+        self.refresh_map(self.map().version, deadline).await?;
         Ok(id)
     }
 
     /// Drops table `name` and all its objects. Dropping a missing table succeeds.
     pub async fn drop_table(&self, name: &str) -> Result<(), ClientError> {
-        self.coordinator_call::<DropTable>(&TableNameRequest {
+        let deadline = self.retry().deadline;
+        let request = TableNameRequest {
             name: name.to_string(),
-        })
-        .await?;
-        self.refresh_map(self.map().version).await
+        };
+        self.coordinator_call::<DropTable>(&request, deadline)
+            .await?;
+        self.refresh_map(self.map().version, deadline).await
     }
 
     /// The id of table `name`.
@@ -269,14 +291,14 @@ impl Client {
         let request = TableNameRequest {
             name: name.to_string(),
         };
-        self.coordinator_call::<GetTableId>(&request)
+        self.coordinator_call::<GetTableId>(&request, self.retry().deadline)
             .await
             .map(|reply| reply.id)
     }
 
     /// Runs `attempt` against the owner of `key`, refreshing the map and retrying as
     /// the module doc describes. `idempotent` says whether a request that may have been
-    /// applied can be sent again.
+    /// executed can be sent again (true for reads only).
     async fn on_owner<T, F, Fut>(
         &self,
         table: TableId,
@@ -312,7 +334,7 @@ impl Client {
         loop {
             let map = self.map();
             let Some((tablet, addr)) = map.route(table, hash) else {
-                self.refresh_map(map.version).await?;
+                self.refresh_map(map.version, retry.deadline).await?;
                 let map = self.map();
                 if !map.has_table(table) {
                     return Err(ClientError::TableDoesntExist(table.to_string()));
@@ -327,19 +349,20 @@ impl Client {
             let why = match attempt(addr.clone(), tablet.end_hash, retry.deadline).await {
                 Ok(Attempt::Done(result)) => return result,
                 Ok(Attempt::Reroute(why)) => {
-                    self.refresh_map(map.version).await?;
+                    self.refresh_map(map.version, retry.deadline).await?;
                     why
                 }
                 Ok(Attempt::Later(why)) => why,
-                Err(e @ RpcError::Connect { .. }) => {
-                    self.refresh_map(map.version).await?;
+                // Never reached the master whole: always safe to send again.
+                Err(e) if e.is_transport() && !e.may_have_executed() => {
+                    self.refresh_map(map.version, retry.deadline).await?;
                     e.to_string()
                 }
                 Err(e) if e.is_transport() => {
                     if !idempotent {
                         return Err(ClientError::Indeterminate(e.to_string()));
                     }
-                    self.refresh_map(map.version).await?;
+                    self.refresh_map(map.version, retry.deadline).await?;
                     e.to_string()
                 }
                 Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
@@ -404,8 +427,7 @@ impl Client {
             value: Bytes::copy_from_slice(value),
             rules,
         };
-        let idempotent = rules == RejectRules::default();
-        self.on_owner(table, key, idempotent, |addr, deadline| {
+        self.on_owner(table, key, false, |addr, deadline| {
             let request = &request;
             async move {
                 let reply = self
@@ -436,9 +458,8 @@ impl Client {
             key: Bytes::copy_from_slice(key),
             rules,
         };
-        let idempotent = rules == RejectRules::default();
         let version = self
-            .on_owner(table, key, idempotent, |addr, deadline| {
+            .on_owner(table, key, false, |addr, deadline| {
                 let request = &request;
                 async move {
                     let reply = self
@@ -517,7 +538,7 @@ impl Client {
             let Some(table) = unrouted else {
                 return Ok(groups);
             };
-            self.refresh_map(map.version).await?;
+            self.refresh_map(map.version, retry.deadline).await?;
             if !self.map().has_table(table) {
                 return Err(ClientError::TableDoesntExist(table.to_string()));
             }
@@ -527,48 +548,48 @@ impl Client {
         }
     }
 
-    /// Reads several objects, in parallel from their masters; results in input order.
+    /// Reads several objects, in parallel from their masters. Results in input order:
+    /// `Ok(None)` for a missing object, an error for an object that could not be read
+    /// (e.g. a key over the size limit).
     pub async fn multi_read(
         &self,
         keys: &[(TableId, &[u8])],
-    ) -> Result<Vec<Option<Object>>, ClientError> {
-        let mut results: Vec<Option<Option<Object>>> = vec![None; keys.len()];
-        self.multi_op(
-            keys,
-            true,
-            |addr, indices, deadline| {
-                let request = MultiReadRequest {
-                    objects: indices
-                        .iter()
-                        .map(|&i| ObjectKey {
-                            table: keys[i].0,
-                            key: Bytes::copy_from_slice(keys[i].1),
-                        })
-                        .collect(),
-                };
-                async move {
-                    let reply = self
-                        .inner
-                        .pool
-                        .call::<MultiRead>(&addr, &request, deadline)
-                        .await?;
-                    Ok(reply
-                        .objects
-                        .into_iter()
-                        .map(|r| (r.status, r.version, r.value))
-                        .collect())
+    ) -> Result<Vec<Result<Option<Object>, ClientError>>, ClientError> {
+        let request = |indices: &[usize]| MultiReadRequest {
+            objects: indices
+                .iter()
+                .map(|&i| ObjectKey {
+                    table: keys[i].0,
+                    key: Bytes::copy_from_slice(keys[i].1),
+                })
+                .collect(),
+        };
+        let call = |addr: String, indices: Vec<usize>, deadline| {
+            let request = request(&indices);
+            async move {
+                let reply = self
+                    .inner
+                    .pool
+                    .call::<MultiRead>(&addr, &request, deadline)
+                    .await?;
+                Ok(reply
+                    .objects
+                    .into_iter()
+                    .map(|r| (r.status, r.version, r.value))
+                    .collect())
+            }
+        };
+        let results = self.multi_op(keys, true, |i| keys[i].1.len(), call).await?;
+        Ok(results
+            .into_iter()
+            .map(|result| match result? {
+                (Status::Ok, version, value) => Ok(Some(Object { value, version })),
+                (Status::ObjectDoesntExist, _, _) => Ok(None),
+                (status, version, _) => {
+                    Err(ClientError::from_status(status, version, String::new()))
                 }
-            },
-            |i, status, version, value| {
-                results[i] = Some(match status {
-                    Status::Ok => Some(Object { value, version }),
-                    _ => None,
-                });
-                Ok(())
-            },
-        )
-        .await?;
-        Ok(results.into_iter().map(Option::flatten).collect())
+            })
+            .collect())
     }
 
     /// Writes several objects, in parallel to their masters. Each object succeeds or
@@ -578,7 +599,6 @@ impl Client {
         items: &[WriteItem],
     ) -> Result<Vec<Result<Version, ClientError>>, ClientError> {
         let keys: Vec<(TableId, &[u8])> = items.iter().map(|w| (w.table, &w.key[..])).collect();
-        let idempotent = items.iter().all(|w| w.rules == RejectRules::default());
         let request = |indices: &[usize]| MultiWriteRequest {
             objects: indices
                 .iter()
@@ -590,7 +610,8 @@ impl Client {
                 })
                 .collect(),
         };
-        self.multi_mutate::<MultiWrite, _>(&keys, idempotent, request, |version| version)
+        let weight = |i: usize| items[i].key.len() + items[i].value.len();
+        self.multi_mutate::<MultiWrite, _>(&keys, weight, request, |version| version)
             .await
     }
 
@@ -611,23 +632,24 @@ impl Client {
                 .collect(),
         };
         let removed = |version: Version| (version != Version(0)).then_some(version);
-        self.multi_mutate::<MultiRemove, _>(keys, true, request, removed)
+        self.multi_mutate::<MultiRemove, _>(keys, |i| keys[i].1.len(), request, removed)
             .await
     }
 
     /// Multi-write and multi-remove: RPC `R` built by `request` for each owner's share
-    /// of `keys`, each object's version turned into its result by `done`.
+    /// of `keys`, each object's version turned into its result by `done`. Writes are
+    /// never sent twice (see the module doc): a share whose connection broke after it
+    /// was sent reports [`ClientError::Indeterminate`] for each of its objects.
     async fn multi_mutate<R, T>(
         &self,
         keys: &[(TableId, &[u8])],
-        idempotent: bool,
+        weight: impl Fn(usize) -> usize,
         request: impl Fn(&[usize]) -> R::Request,
         done: impl Fn(Version) -> T,
     ) -> Result<Vec<Result<T, ClientError>>, ClientError>
     where
         R: Rpc<Reply = MultiWriteReply>,
     {
-        let mut results: Vec<Option<Result<T, ClientError>>> = keys.iter().map(|_| None).collect();
         let call = |addr: String, indices: Vec<usize>, deadline| {
             let request = request(&indices);
             async move {
@@ -639,86 +661,114 @@ impl Client {
                     .collect())
             }
         };
-        let record = |i: usize, status, version, _| {
-            results[i] = Some(match status {
-                Status::Ok => Ok(done(version)),
-                other => Err(ClientError::from_status(other, version, String::new())),
-            });
-            Ok(())
-        };
-        self.multi_op(keys, idempotent, call, record).await?;
+        let results = self.multi_op(keys, false, weight, call).await?;
         Ok(results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(ClientError::Server("no reply".into()))))
+            .map(|result| match result? {
+                (Status::Ok, version, _) => Ok(done(version)),
+                (status, version, _) => {
+                    Err(ClientError::from_status(status, version, String::new()))
+                }
+            })
             .collect())
     }
 
-    /// The shared engine of the multi operations: groups items by owner (in chunks of
-    /// at most [`MULTI_OPS_MAX`]), calls every owner in parallel, hands each item's
-    /// (status, version, value) to `record`, and retries the items whose tablet moved.
+    /// The shared engine of the multi operations: groups objects by owner, in requests
+    /// of at most [`MULTI_OPS_MAX`] objects and [`MULTI_WRITE_REQUEST_BYTES_MAX`] bytes
+    /// (by `weight`), calls every owner in parallel, and retries the objects whose tablet
+    /// moved, whose master asked to retry, or whose request never reached its master.
+    /// Returns each object's (status, version, value), or the error that ended it.
     async fn multi_op<F, Fut>(
         &self,
         keys: &[(TableId, &[u8])],
         idempotent: bool,
+        weight: impl Fn(usize) -> usize,
         call: F,
-        mut record: impl FnMut(usize, Status, Version, Bytes) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError>
+    ) -> Result<Vec<Result<ObjectReply, ClientError>>, ClientError>
     where
         F: Fn(String, Vec<usize>, Instant) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<(Status, Version, Bytes)>, RpcError>>,
+        Fut: std::future::Future<Output = Result<Vec<ObjectReply>, RpcError>>,
     {
+        let mut results: Vec<Option<Result<ObjectReply, ClientError>>> =
+            keys.iter().map(|_| None).collect();
         let mut retry = self.retry();
         let mut pending: Vec<usize> = (0..keys.len()).collect();
         while !pending.is_empty() {
             let version = self.map().version;
             let groups = self.group_by_owner(keys, &pending, &mut retry).await?;
-            let calls = groups.into_iter().flat_map(|(addr, indices)| {
-                indices
-                    .chunks(MULTI_OPS_MAX)
-                    .map(|chunk| (addr.clone(), chunk.to_vec()))
-                    .collect::<Vec<_>>()
+            let mut chunks = Vec::new();
+            for (addr, indices) in groups {
+                let (mut chunk, mut bytes) = (Vec::new(), 0);
+                for i in indices {
+                    let full = chunk.len() == MULTI_OPS_MAX
+                        || (!chunk.is_empty() && bytes + weight(i) > MULTI_WRITE_REQUEST_BYTES_MAX);
+                    if full {
+                        chunks.push((addr.clone(), std::mem::take(&mut chunk)));
+                        bytes = 0;
+                    }
+                    bytes += weight(i);
+                    chunk.push(i);
+                }
+                chunks.push((addr, chunk));
+            }
+            let calls = chunks.into_iter().map(|(addr, indices)| {
+                let future = call(addr, indices.clone(), retry.deadline);
+                async move { (indices, future.await) }
             });
-            let calls: Vec<_> = calls
-                .map(|(addr, indices)| {
-                    let future = call(addr, indices.clone(), retry.deadline);
-                    async move { (indices, future.await) }
-                })
-                .collect();
             let mut again = Vec::new();
             let mut why = String::new();
             for (indices, outcome) in futures::future::join_all(calls).await {
                 match outcome {
-                    Ok(replies) => {
+                    Ok(replies) if replies.len() == indices.len() => {
                         for (i, (status, version, value)) in indices.into_iter().zip(replies) {
-                            if status == Status::UnknownTablet {
+                            if matches!(status, Status::UnknownTablet | Status::Retry) {
+                                why = format!("{status} for some objects");
                                 again.push(i);
-                                why = "unknown tablet".into();
                             } else {
-                                record(i, status, version, value)?;
+                                results[i] = Some(Ok((status, version, value)));
                             }
                         }
                     }
-                    Err(e @ RpcError::Connect { .. }) => {
+                    Ok(replies) => {
+                        let error = ClientError::Server(format!(
+                            "{} replies for {} objects",
+                            replies.len(),
+                            indices.len()
+                        ));
+                        for i in indices {
+                            results[i] = Some(Err(error.clone()));
+                        }
+                    }
+                    Err(e) if e.is_transport() && (idempotent || !e.may_have_executed()) => {
                         why = e.to_string();
                         again.extend(indices);
                     }
-                    Err(e) if e.is_transport() && idempotent => {
+                    Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
                         why = e.to_string();
                         again.extend(indices);
                     }
-                    Err(e) if e.is_transport() => {
-                        return Err(ClientError::Indeterminate(e.to_string()))
+                    Err(e) => {
+                        let error = if e.may_have_executed() {
+                            ClientError::Indeterminate(e.to_string())
+                        } else {
+                            ClientError::from_rpc(e)
+                        };
+                        for i in indices {
+                            results[i] = Some(Err(error.clone()));
+                        }
                     }
-                    Err(e) => return Err(ClientError::from_rpc(e)),
                 }
             }
             pending = again;
             if !pending.is_empty() {
-                self.refresh_map(version).await?;
+                self.refresh_map(version, retry.deadline).await?;
                 retry.pause(why).await?;
             }
         }
-        Ok(())
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(ClientError::Server("no reply".into()))))
+            .collect())
     }
 
     /// The address of the master that serves `key` of `table`, per the cached tablet

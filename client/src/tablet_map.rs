@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 pub struct TabletMapCache {
     /// The map's version.
     pub version: u64,
+    /// When it was fetched (`None` for the empty map a client starts with).
+    pub fetched_at: Option<std::time::Instant>,
     names: HashMap<String, TableId>,
     /// (table, start hash) → tablet.
     tablets: BTreeMap<(TableId, u64), Tablet>,
@@ -20,6 +22,7 @@ impl TabletMapCache {
     pub fn new(map: TabletMap) -> TabletMapCache {
         let mut cache = TabletMapCache {
             version: map.version,
+            fetched_at: Some(std::time::Instant::now()),
             ..TabletMapCache::default()
         };
         for table in map.tables {

@@ -22,6 +22,15 @@ pub const RPC_PAYLOAD_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Most objects in one multi_read / multi_write / multi_remove request.
 pub const MULTI_OPS_MAX: usize = 4096;
 
+/// Bytes of values one multi-read reply may carry; the objects past it are answered
+/// `Retry` and the client asks for them again, so a reply stays below the payload limit
+/// whatever the values' sizes. The first object is always served, so reads progress.
+pub const MULTI_READ_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
+
+/// Bytes of keys and values a client puts in one multi-write request (it splits larger
+/// batches), keeping requests below the payload limit.
+pub const MULTI_WRITE_REQUEST_BYTES_MAX: usize = 32 * 1024 * 1024;
+
 /// Requests one connection may have in flight on a server; further requests wait to be
 /// read until one finishes (back-pressure onto the peer's socket).
 pub const RPC_IN_FLIGHT_PER_CONNECTION_MAX: usize = 256;
@@ -35,3 +44,10 @@ pub const ENUMERATE_PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
 const _: () = assert!(KEY_BYTES_MAX + VALUE_BYTES_LIMIT + 4096 < RPC_PAYLOAD_BYTES_MAX);
 const _: () =
     assert!(ENUMERATE_PAGE_BYTES_MAX + KEY_BYTES_MAX + VALUE_BYTES_LIMIT < RPC_PAYLOAD_BYTES_MAX);
+const _: () = assert!(
+    MULTI_READ_REPLY_BYTES_MAX + VALUE_BYTES_LIMIT + MULTI_OPS_MAX * 32 < RPC_PAYLOAD_BYTES_MAX
+);
+const _: () = assert!(
+    MULTI_WRITE_REQUEST_BYTES_MAX + KEY_BYTES_MAX + VALUE_BYTES_LIMIT + MULTI_OPS_MAX * 64
+        < RPC_PAYLOAD_BYTES_MAX
+);

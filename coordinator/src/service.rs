@@ -23,15 +23,23 @@ use rampart_common::protocol::master::{DropTablets, TabletsRequest, TakeTablets}
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, RpcPool, Service};
 use rampart_common::status::Status;
-use rampart_common::tablet::{ServerInfo, Tablet};
+use rampart_common::tablet::Tablet;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::state::{Command, CommandResult, CoordinatorState};
 
-/// How long the coordinator tries to push tablet ownership to one master.
+/// How long a create or drop waits for the masters to take or drop their tablets.
 pub const TABLET_PUSH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Pause between attempts to push tablets to an unreachable master.
+pub const TABLET_PUSH_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// How long the coordinator keeps retrying, in the background, a `DropTablets` that a
+/// master missed. (With failure detection, a master gone this long is declared dead.)
+pub const DROP_PUSH_RETRY_WINDOW: Duration = Duration::from_secs(600);
 
 /// The coordinator service of one coordinator process.
 #[derive(Debug, Default)]
@@ -41,7 +49,7 @@ pub struct CoordinatorService {
     /// Serialises configuration changes together with the pushes that follow them.
     changes: tokio::sync::Mutex<()>,
     /// Connections to masters.
-    pool: RpcPool,
+    pool: Arc<RpcPool>,
 }
 
 impl CoordinatorService {
@@ -61,9 +69,10 @@ impl CoordinatorService {
         result
     }
 
-    /// Sends `tablets`, grouped by owner, with RPC `R` (take or drop); returns the
-    /// owners that could not be reached.
-    async fn push<R>(&self, tablets: &[Tablet]) -> Vec<(ServerId, String)>
+    /// Sends `tablets`, grouped by owner, with RPC `R` (take or drop), retrying
+    /// transport failures until `deadline` (a master may be between enlisting and
+    /// serving); returns the pushes that did not get through.
+    async fn push<R>(&self, tablets: &[Tablet], deadline: Instant) -> Vec<FailedPush>
     where
         R: Rpc<Request = TabletsRequest, Reply = ()>,
     {
@@ -71,30 +80,36 @@ impl CoordinatorService {
         for tablet in tablets {
             by_owner.entry(tablet.owner).or_default().push(*tablet);
         }
-        let servers: BTreeMap<ServerId, ServerInfo> = {
+        let addrs: BTreeMap<ServerId, String> = {
             let state = self.state.lock();
             by_owner
                 .keys()
-                .filter_map(|id| state.server(*id).map(|s| (*id, s.clone())))
+                .filter_map(|id| state.server(*id).map(|s| (*id, s.addr.clone())))
                 .collect()
         };
-        let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
         let pushes = by_owner.into_iter().map(|(owner, tablets)| {
-            let addr = servers.get(&owner).map(|s| s.addr.clone());
+            let addr = addrs.get(&owner).cloned();
             async move {
                 let Some(addr) = addr else {
-                    return Some((owner, "not in the server list".to_string()));
+                    let error = "not in the server list".to_string();
+                    return Some(FailedPush {
+                        owner,
+                        addr: None,
+                        tablets,
+                        error,
+                    });
                 };
                 let request = TabletsRequest { tablets };
-                // Retry transport failures until the deadline: a master may be between
-                // enlisting and serving.
-                loop {
-                    match self.pool.call::<R>(&addr, &request, deadline).await {
-                        Ok(()) => return None,
-                        Err(e) if e.is_transport() && Instant::now() < deadline => {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        Err(e) => return Some((owner, e.to_string())),
+                match push_until::<R>(&self.pool, &addr, &request, deadline).await {
+                    Ok(()) => None,
+                    Err(error) => {
+                        let tablets = request.tablets;
+                        Some(FailedPush {
+                            owner,
+                            addr: Some(addr),
+                            tablets,
+                            error,
+                        })
                     }
                 }
             }
@@ -104,6 +119,29 @@ impl CoordinatorService {
             .into_iter()
             .flatten()
             .collect()
+    }
+
+    /// Keeps pushing `DropTablets` to masters that missed it, in the background, for up
+    /// to [`DROP_PUSH_RETRY_WINDOW`]: until a master drops the tablets it keeps serving
+    /// them to clients with a stale map, and keeps their memory.
+    fn retry_drops_in_background(&self, failed: Vec<FailedPush>) {
+        let pool = Arc::clone(&self.pool);
+        tokio::spawn(async move {
+            let give_up = Instant::now() + DROP_PUSH_RETRY_WINDOW;
+            for push in failed {
+                let Some(addr) = push.addr else { continue };
+                let request = TabletsRequest {
+                    tablets: push.tablets,
+                };
+                match push_until::<DropTablets>(&pool, &addr, &request, give_up).await {
+                    Ok(()) => tracing::info!(owner = %push.owner, "late drop of tablets delivered"),
+                    Err(error) => tracing::error!(
+                        owner = %push.owner, %error,
+                        "master never dropped the tablets of a dropped table"
+                    ),
+                }
+            }
+        });
     }
 
     async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
@@ -147,15 +185,21 @@ impl CoordinatorService {
                         if created {
                             tracing::info!(%id, name = %request.name, span = request.span, "table created");
                         }
-                        let failed = self.push::<TakeTablets>(&tablets).await;
+                        let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
+                        let failed = self.push::<TakeTablets>(&tablets, deadline).await;
                         if failed.is_empty() {
                             Reply::ok(&TableIdReply { id })
                         } else {
-                            tracing::warn!(%id, ?failed, "masters did not take their tablets");
-                            Reply::error(
-                                Status::Retry,
-                                format!("table {id} created but masters unreachable: {failed:?}"),
-                            )
+                            let why: Vec<String> = failed
+                                .iter()
+                                .map(|f| format!("{}: {}", f.owner, f.error))
+                                .collect();
+                            let why = why.join("; ");
+                            tracing::warn!(%id, %why, "masters did not take their tablets");
+                            let detail = format!(
+                                "table {id} created, but its masters did not take it: {why}"
+                            );
+                            Reply::error(Status::Retry, detail)
                         }
                     }
                     other => rejected(other),
@@ -174,9 +218,11 @@ impl CoordinatorService {
                         if let Some(id) = id {
                             tracing::info!(%id, name = %request.name, "table dropped");
                         }
-                        let failed = self.push::<DropTablets>(&tablets).await;
+                        let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
+                        let failed = self.push::<DropTablets>(&tablets, deadline).await;
                         if !failed.is_empty() {
-                            tracing::warn!(?failed, "masters did not drop their tablets");
+                            tracing::warn!(?failed, "masters did not drop their tablets; retrying");
+                            self.retry_drops_in_background(failed);
                         }
                         Reply::ok(&())
                     }
@@ -212,5 +258,36 @@ fn rejected(result: CommandResult) -> Reply {
 impl Service for CoordinatorService {
     fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
         Box::pin(self.handle_request(opcode, payload))
+    }
+}
+
+/// A tablet push that did not get through.
+#[derive(Debug)]
+struct FailedPush {
+    owner: ServerId,
+    addr: Option<String>,
+    tablets: Vec<Tablet>,
+    error: String,
+}
+
+/// Calls `R` on `addr` until it succeeds, answers an error, or `deadline` passes,
+/// pausing [`TABLET_PUSH_RETRY_PAUSE`] after each transport failure.
+async fn push_until<R>(
+    pool: &RpcPool,
+    addr: &str,
+    request: &TabletsRequest,
+    deadline: Instant,
+) -> Result<(), String>
+where
+    R: Rpc<Request = TabletsRequest, Reply = ()>,
+{
+    loop {
+        match pool.call::<R>(addr, request, deadline).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transport() && Instant::now() < deadline => {
+                tokio::time::sleep(TABLET_PUSH_RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
     }
 }

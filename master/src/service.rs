@@ -9,12 +9,12 @@
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::ServerId;
-use rampart_common::limits::MULTI_OPS_MAX;
+use rampart_common::ids::{ServerId, Version};
+use rampart_common::limits::{MULTI_OPS_MAX, MULTI_READ_REPLY_BYTES_MAX};
 use rampart_common::protocol::master::{
     self as proto, EnumerateRequest, IncrementRequest, MultiReadReply, MultiReadRequest,
-    MultiRemoveRequest, MultiWriteReply, MultiWriteRequest, PingReply, ReadRequest, RemoveRequest,
-    TabletsRequest, WriteRequest,
+    MultiRemoveRequest, MultiWriteReply, MultiWriteRequest, PingReply, ReadReply, ReadRequest,
+    RemoveRequest, TabletsRequest, WriteRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
@@ -103,10 +103,24 @@ impl MasterService {
         let request: MultiReadRequest = Reply::decode(payload)?;
         check_multi(request.objects.len())?;
         let store = self.store.lock();
+        let mut bytes = 0;
         let objects = request
             .objects
             .iter()
-            .map(|o| store.read(o.table, &o.key))
+            .map(|o| {
+                if bytes >= MULTI_READ_REPLY_BYTES_MAX {
+                    // Past the reply budget: the client asks again for the rest.
+                    let retry = Status::Retry;
+                    return ReadReply {
+                        status: retry,
+                        version: Version(0),
+                        value: Bytes::new(),
+                    };
+                }
+                let reply = store.read(o.table, &o.key);
+                bytes += reply.value.len();
+                reply
+            })
             .collect();
         Ok(Reply::ok(&MultiReadReply { objects }))
     }

@@ -224,11 +224,25 @@ fn client_library_serves_every_operation_across_several_masters() {
             keys.iter().map(|k| (table, k.as_slice())).collect();
         let read = client.multi_read(&key_refs).await.unwrap();
         for (i, object) in read.iter().enumerate() {
-            match object {
+            match object.as_ref().unwrap() {
                 Some(object) => assert_eq!(object.value, format!("value-{i}").into_bytes()),
                 None => assert!(i >= 50, "multi-{i} should exist"),
             }
         }
+        // One bad object fails alone; the others are read.
+        let long_key = vec![b'k'; KEY_BYTES_MAX + 1];
+        let mixed = client
+            .multi_read(&[(table, b"multi-1"), (table, &long_key)])
+            .await
+            .unwrap();
+        assert!(matches!(mixed[0], Ok(Some(_))));
+        assert!(matches!(
+            mixed[1],
+            Err(ClientError::Invalid {
+                status: Status::KeyTooLarge,
+                ..
+            })
+        ));
         let removed = client.multi_remove(&key_refs[..10]).await.unwrap();
         assert!(removed.iter().all(|r| matches!(r, Ok(Some(_)))));
         assert!(client.read(table, b"multi-3").await.unwrap().is_none());
@@ -515,5 +529,44 @@ fn operations_racing_a_table_drop_succeed_or_report_the_table_gone() {
             &client.read(keep, b"k").await.unwrap().unwrap().value[..],
             b"v"
         );
+    });
+}
+
+#[test]
+fn a_multi_read_larger_than_one_reply_is_split_and_completed() {
+    // Five 16 MiB values (80 MiB) cannot travel in one reply (64 MiB payload limit):
+    // the master fills its 32 MiB multi-read budget and answers the rest `Retry`, and
+    // the client asks again until it has them all. The multi-write is split by bytes.
+    let flags = [
+        "--memory",
+        "512MiB",
+        "--segment-bytes",
+        "32MiB",
+        "--value-bytes-max",
+        "16MiB",
+    ];
+    let cluster = LocalCluster::start(1, &flags).unwrap();
+    runtime().block_on(async {
+        let client = connect(&cluster).await;
+        let table = client.create_table("big", 1).await.unwrap();
+        let value = |i: u8| vec![i; 16 * 1024 * 1024];
+        let items: Vec<WriteItem> = (1..=5u8)
+            .map(|i| WriteItem {
+                table,
+                key: vec![b'k', i].into(),
+                value: value(i).into(),
+                rules: RejectRules::default(),
+            })
+            .collect();
+        let written = client.multi_write(&items).await.unwrap();
+        assert!(written.iter().all(Result::is_ok), "{written:?}");
+        let keys: Vec<Vec<u8>> = (1..=5u8).map(|i| vec![b'k', i]).collect();
+        let refs: Vec<(rampart_client::TableId, &[u8])> =
+            keys.iter().map(|k| (table, k.as_slice())).collect();
+        let read = client.multi_read(&refs).await.unwrap();
+        for (i, object) in (1..=5u8).zip(read) {
+            let object = object.unwrap().unwrap();
+            assert!(object.value == value(i), "object {i} came back wrong");
+        }
     });
 }

@@ -11,8 +11,13 @@
 //!   slot is dropped, so a late reply is discarded. A call whose caller drops it early
 //!   loses its slot the same way.
 //! * If a caller is cancelled in the middle of writing its frame, the byte stream is
-//!   no longer framed: a drop guard marks the connection broken (calls on it fail at
-//!   once) and the pool dials anew; the old socket closes when its last user drops it.
+//!   no longer framed: a drop guard marks the connection broken, and every later writer
+//!   checks that mark under the writer lock before writing, so the half frame is never
+//!   completed with another request's bytes (the peer would execute a spliced request).
+//!   The pool dials anew; the old socket closes when its last user drops it.
+//! * Errors say whether the request may have run: [`RpcError::Connect`] and
+//!   [`RpcError::NotSent`] mean it never reached the peer whole (safe to retry);
+//!   [`RpcError::ConnectionLost`] and [`RpcError::Timeout`] come after it was sent.
 //! * A peer that stalls in the middle of a frame for [`FRAME_STALL_TIMEOUT`] is treated
 //!   as gone, and TCP keepalive detects peers that vanished without closing.
 //! * When the reader sees end-of-stream, an error or a frame that is not a reply, it
@@ -212,11 +217,15 @@ impl Connection {
         };
         header.write_to(&mut frame[..FRAME_HEADER_BYTES]);
 
+        let not_sent = |reason: &str| RpcError::NotSent {
+            addr: self.addr.clone(),
+            reason: reason.to_string(),
+        };
         let (tx, rx) = oneshot::channel();
         {
             let mut pending = self.shared.pending.lock();
             if self.is_closed() {
-                return Err(lost());
+                return Err(not_sent("connection closed"));
             }
             pending.insert(rpc_id, tx);
         }
@@ -225,25 +234,30 @@ impl Connection {
             rpc_id,
             armed: true,
         };
-        let timeout = || RpcError::Timeout {
-            addr: self.addr.clone(),
-            opcode,
-        };
+        // Set once the whole frame is on the socket: only then can the peer execute it.
+        // A frame cut short is never completed (see below), so the peer never runs it.
+        let mut sent = false;
         // One timer for the whole call: writing the frame and waiting for the reply.
         let outcome = tokio::time::timeout_at(deadline, async {
             {
                 let mut writer = self.writer.lock().await;
+                // A call abandoned mid-frame closed the connection while holding this
+                // lock. Writing now would complete its frame with our bytes, and the
+                // peer would execute a spliced request.
+                if self.is_closed() {
+                    return Err(not_sent("connection closed by an abandoned write"));
+                }
                 let mut guard = WriteGuard {
                     shared: &self.shared,
                     armed: true,
                 };
                 let result = writer.write_all(&frame).await;
                 guard.armed = result.is_err();
-                if result.is_err() {
-                    self.shared.close();
-                    return Err(lost());
+                if let Err(error) = result {
+                    return Err(not_sent(&error.to_string()));
                 }
             }
+            sent = true;
             rx.await.map_err(|_| lost())
         })
         .await;
@@ -255,7 +269,11 @@ impl Connection {
             }
             Ok(Err(error)) => Err(error),
             // `slot` drops the reply slot on the way out.
-            Err(_) => Err(timeout()),
+            Err(_) if sent => Err(RpcError::Timeout {
+                addr: self.addr.clone(),
+                opcode,
+            }),
+            Err(_) => Err(not_sent("deadline passed before the request was sent")),
         }
     }
 }
@@ -410,9 +428,9 @@ impl RpcPool {
             // Dialling gets a timer of its own; the common case above needs none.
             None => tokio::time::timeout_at(deadline, self.get(addr))
                 .await
-                .map_err(|_| RpcError::Timeout {
+                .map_err(|_| RpcError::Connect {
                     addr: addr.to_string(),
-                    opcode: R::OPCODE,
+                    reason: "deadline passed while dialling".to_string(),
                 })??,
         };
         connection.call::<R>(request, deadline).await

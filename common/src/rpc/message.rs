@@ -32,31 +32,38 @@ pub trait Rpc {
 #[error("malformed message: {0}")]
 pub struct DecodeError(pub String);
 
-fn bincode_options() -> impl bincode::Options {
+/// The wire encoding: fixed-width little-endian integers, no trailing bytes.
+fn bincode_encoding() -> impl bincode::Options {
     use bincode::Options;
     bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .with_little_endian()
-        .with_limit(crate::limits::RPC_PAYLOAD_BYTES_MAX as u64)
         .reject_trailing_bytes()
 }
 
 /// Encodes a serde message with the protocol's bincode options.
+///
+/// No size limit applies here: an oversized message is caught once, where its frame is
+/// built (a request is refused before sending, a reply becomes `MessageTooLarge`).
+/// With bincode's limit on encoding too, an oversized reply failed to serialise, and
+/// the `expect` below turned that into a panic.
 pub fn encode_bincode<T: serde::Serialize>(value: &T, out: &mut BytesMut) {
     use bincode::Options;
     use bytes::BufMut;
-    // Serialising plain data into memory only fails for types serde cannot represent
-    // in bincode (maps with non-string keys are fine; `serialize_any` is never used),
-    // so an error here is a programmer error in a protocol type.
-    bincode_options()
+    // Without a limit, serialising plain data into memory fails only for types serde
+    // cannot represent in bincode (`serialize_any` is never used), so an error here is
+    // a programmer error in a protocol type.
+    bincode_encoding()
         .serialize_into((&mut *out).writer(), value)
         .expect("protocol types always serialise");
 }
 
-/// Decodes a serde message with the protocol's bincode options.
+/// Decodes a serde message with the protocol's bincode options, refusing length
+/// prefixes that would allocate past the payload limit.
 pub fn decode_bincode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, DecodeError> {
     use bincode::Options;
-    bincode_options()
+    bincode_encoding()
+        .with_limit(crate::limits::RPC_PAYLOAD_BYTES_MAX as u64)
         .deserialize(payload)
         .map_err(|e| DecodeError(e.to_string()))
 }

@@ -50,6 +50,15 @@ pub enum RpcError {
         /// What the OS said.
         reason: String,
     },
+    /// The request never reached the peer whole (the connection broke or was found
+    /// broken before the frame was written out); the peer did not execute it.
+    #[error("request to {addr} not sent: {reason}")]
+    NotSent {
+        /// The peer.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
     /// The connection broke while the call was in flight; the request may or may not
     /// have been executed.
     #[error("connection to {addr} lost")]
@@ -94,11 +103,23 @@ impl RpcError {
         }
     }
 
+    /// Whether the peer may have executed the request although no reply came (the
+    /// frame was sent whole, then the connection broke or the deadline passed).
+    pub fn may_have_executed(&self) -> bool {
+        matches!(
+            self,
+            RpcError::ConnectionLost { .. } | RpcError::Timeout { .. }
+        )
+    }
+
     /// Whether the peer is unreachable or broke mid-call (as opposed to answering).
     pub fn is_transport(&self) -> bool {
         matches!(
             self,
-            RpcError::Connect { .. } | RpcError::ConnectionLost { .. } | RpcError::Timeout { .. }
+            RpcError::Connect { .. }
+                | RpcError::NotSent { .. }
+                | RpcError::ConnectionLost { .. }
+                | RpcError::Timeout { .. }
         )
     }
 }

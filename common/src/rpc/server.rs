@@ -125,6 +125,13 @@ impl Reply {
     }
 
     fn into_frame(mut self, opcode: Opcode, rpc_id: u64) -> BytesMut {
+        let payload_len = self.frame.len() - FRAME_HEADER_BYTES;
+        if payload_len > RPC_PAYLOAD_BYTES_MAX {
+            // The peer would refuse the frame and drop the connection, failing every
+            // other call on it; answer this call alone with an error instead.
+            let detail = format!("reply of {payload_len} bytes exceeds the limit");
+            return Reply::error(Status::MessageTooLarge, detail).into_frame(opcode, rpc_id);
+        }
         let header = FrameHeader {
             opcode,
             is_reply: true,
@@ -190,7 +197,10 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
     }
     super::connection::set_keepalive(&stream);
     let (mut reader, writer) = stream.into_split();
-    let writer = Arc::new(Mutex::new(writer));
+    let writer = Arc::new(Mutex::new(ReplyWriter {
+        half: writer,
+        poisoned: false,
+    }));
     // Notified when a reply cannot be written: the peer is gone or stopped reading.
     let broken = Arc::new(tokio::sync::Notify::new());
     let in_flight = Arc::new(Semaphore::new(RPC_IN_FLIGHT_PER_CONNECTION_MAX));
@@ -261,15 +271,26 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
     while requests.join_next().await.is_some() {}
 }
 
+/// The write half of a server connection.
+struct ReplyWriter {
+    half: OwnedWriteHalf,
+    /// Set when a reply write was abandoned part-way (timeout, error). The stream is no
+    /// longer framed: a later reply written after the half frame would be read as the
+    /// rest of it, handing a caller another call's bytes. Nothing is written after it.
+    poisoned: bool,
+}
+
 /// Writes one reply frame. A peer that is gone, or that has not taken the frame within
 /// [`REPLY_WRITE_TIMEOUT`], gets its connection closed through `broken`.
-async fn send_reply(writer: &Mutex<OwnedWriteHalf>, frame: BytesMut, broken: &tokio::sync::Notify) {
-    let written = tokio::time::timeout(REPLY_WRITE_TIMEOUT, async {
-        let mut writer = writer.lock().await;
-        writer.write_all(&frame).await
-    })
-    .await;
+async fn send_reply(writer: &Mutex<ReplyWriter>, frame: BytesMut, broken: &tokio::sync::Notify) {
+    let mut writer = writer.lock().await;
+    if writer.poisoned {
+        return;
+    }
+    let written = tokio::time::timeout(REPLY_WRITE_TIMEOUT, writer.half.write_all(&frame)).await;
     if !matches!(written, Ok(Ok(()))) {
+        writer.poisoned = true;
+        let _ = writer.half.shutdown().await;
         broken.notify_one();
     }
 }

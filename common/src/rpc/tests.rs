@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{timeout, Instant};
 
@@ -33,6 +33,10 @@ const OP_ECHO: Opcode = Opcode(7001);
 const OP_SLEEP: Opcode = Opcode(7002);
 /// Replies `InvalidArgument` with the detail "detail".
 const OP_ERROR: Opcode = Opcode(7003);
+/// Records the payload in [`TestService::recorded`], then replies with nothing.
+const OP_RECORD: Opcode = Opcode(7004);
+/// Replies `Ok` with [`RPC_PAYLOAD_BYTES_MAX`] + 1 bytes, one more than a frame carries.
+const OP_HUGE_REPLY: Opcode = Opcode(7005);
 /// Served by nobody.
 const OP_UNKNOWN: Opcode = Opcode(7999);
 
@@ -48,6 +52,8 @@ struct TestService {
     sleeps_started: AtomicU64,
     /// Sleep requests that ran to completion, whether or not their caller stayed.
     sleeps_done: AtomicU64,
+    /// Every payload [`OP_RECORD`] received, in order.
+    recorded: parking_lot::Mutex<Vec<Bytes>>,
 }
 
 impl Service for TestService {
@@ -66,6 +72,13 @@ impl Service for TestService {
                     Reply::ok_with(|out| out.extend_from_slice(&payload))
                 }
                 OP_ERROR => Reply::error(Status::InvalidArgument, "detail"),
+                OP_RECORD => {
+                    self.recorded.lock().push(payload);
+                    Reply::ok_with(|_| {})
+                }
+                OP_HUGE_REPLY => {
+                    Reply::ok_with(|out| out.resize(out.len() + RPC_PAYLOAD_BYTES_MAX + 1, 0x11))
+                }
                 other => Reply::error(Status::UnknownOpcode, format!("opcode {}", other.0)),
             }
         })
@@ -103,6 +116,16 @@ impl Rpc for Fail {
     const OPCODE: Opcode = OP_ERROR;
     type Request = ();
     type Reply = ();
+}
+
+/// [`OP_HUGE_REPLY`] as a typed RPC.
+#[derive(Debug)]
+struct HugeReply;
+
+impl Rpc for HugeReply {
+    const OPCODE: Opcode = OP_HUGE_REPLY;
+    type Request = ();
+    type Reply = Blob;
 }
 
 /// A running [`RpcServer`] with a [`TestService`]. Dropping it shuts the server down
@@ -619,13 +642,15 @@ async fn server_shutdown_fails_calls_in_flight_with_connection_lost() {
     assert_eq!(connection.pending_len(), 0);
     assert_eq!(service.sleeps_done.load(Ordering::SeqCst), 0);
 
+    // A call on the connection already known closed never goes out: NotSent, which
+    // (unlike ConnectionLost) tells the caller the peer cannot have executed it.
     let started = Instant::now();
     let again = connection
         .call_raw(OP_ECHO, frame(b"too late"), deadline_in(STEP_TIMEOUT))
         .await;
     assert!(
-        matches!(again, Err(RpcError::ConnectionLost { .. })),
-        "expected ConnectionLost, got {again:?}"
+        matches!(again, Err(RpcError::NotSent { .. })),
+        "expected NotSent, got {again:?}"
     );
     assert!(
         started.elapsed() < Duration::from_millis(500),
@@ -750,9 +775,11 @@ async fn a_call_cancelled_mid_write_closes_the_connection() {
     )
     .await
     .expect("the call ends at its deadline");
+    // The frame never reached the peer whole, so the peer cannot have executed it: the
+    // deadline struck before the request was sent, which is NotSent, not Timeout.
     assert!(
-        matches!(result, Err(RpcError::Timeout { .. })),
-        "expected a timeout, got {result:?}"
+        matches!(result, Err(RpcError::NotSent { .. })),
+        "expected NotSent, got {result:?}"
     );
     // Half a frame is on the wire: nothing sent after it could be framed correctly.
     assert!(connection.is_closed());
@@ -761,8 +788,8 @@ async fn a_call_cancelled_mid_write_closes_the_connection() {
         .call_raw(OP_ECHO, frame(b"after"), deadline_in(STEP_TIMEOUT))
         .await;
     assert!(
-        matches!(next, Err(RpcError::ConnectionLost { .. })),
-        "expected ConnectionLost, got {next:?}"
+        matches!(next, Err(RpcError::NotSent { .. })),
+        "expected NotSent, got {next:?}"
     );
 }
 
@@ -859,6 +886,274 @@ async fn a_peer_that_answers_with_a_malformed_frame_fails_calls_with_connection_
         assert!(connection.is_closed(), "{what}");
         assert_eq!(connection.pending_len(), 0, "{what}");
     }
+}
+
+/// A TCP proxy on a fresh loopback port in front of `upstream`, for one connection. It
+/// accepts and dials `upstream` at once but forwards nothing, in either direction, until
+/// `release` is notified; until then a large frame sent through it fills the socket
+/// buffers and the sender's write stalls part-way. The task ends when both directions
+/// have closed.
+async fn start_held_proxy(upstream: String, release: Arc<Notify>) -> (String, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("bound").to_string();
+    let task = tokio::spawn(async move {
+        let (mut client, _) = timeout(STEP_TIMEOUT, listener.accept())
+            .await
+            .expect("the client dials the proxy")
+            .expect("accept");
+        let mut server = raw_connect(&upstream).await;
+        release.notified().await;
+        // Errors (a reset once one side is gone) end the proxy like a clean close.
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+    });
+    (addr, task)
+}
+
+/// A request frame carrying `len` bytes of `byte`.
+fn uniform_frame(byte: u8, len: usize) -> BytesMut {
+    let mut frame = frame(b"");
+    frame.resize(FRAME_HEADER_BYTES + len, byte);
+    frame
+}
+
+#[tokio::test]
+async fn a_write_abandoned_mid_frame_is_never_completed_with_another_request() {
+    const LEN: usize = 12 * 1024 * 1024;
+    let server = TestServer::start().await;
+    let release = Arc::new(Notify::new());
+    let (proxy_addr, proxy) = start_held_proxy(server.addr(), Arc::clone(&release)).await;
+    let connection = Arc::new(connect(&proxy_addr).await);
+
+    // A: far more than the held proxy's socket buffers take, with a short deadline, so
+    // the deadline strikes with A's frame half written and A still holding the writer.
+    let a = tokio::spawn({
+        let connection = Arc::clone(&connection);
+        async move {
+            connection
+                .call_raw(
+                    OP_RECORD,
+                    uniform_frame(0xAA, LEN),
+                    deadline_in(Duration::from_millis(300)),
+                )
+                .await
+        }
+    });
+    wait_until("A is writing", || connection.pending_len() == 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // B: queued on the writer lock behind A, with all the time in the world.
+    let b = tokio::spawn({
+        let connection = Arc::clone(&connection);
+        async move {
+            connection
+                .call_raw(
+                    OP_RECORD,
+                    uniform_frame(0xBB, LEN),
+                    deadline_in(Duration::from_secs(30)),
+                )
+                .await
+        }
+    });
+    wait_until("B waits behind A", || connection.pending_len() == 2).await;
+
+    let a = timeout(STEP_TIMEOUT, a)
+        .await
+        .expect("A ends at its deadline")
+        .expect("A does not panic");
+    assert!(
+        connection.is_closed(),
+        "test premise: A's frame was cut short (the held proxy took all {LEN} bytes?); got {a:?}"
+    );
+    // A's frame never went out whole: the peer cannot have run it.
+    match &a {
+        Err(error @ RpcError::NotSent { .. }) => assert!(!error.may_have_executed()),
+        other => panic!("A: expected NotSent, got {other:?}"),
+    }
+
+    // The proxy forwards again: whatever the client writes now reaches the server.
+    release.notify_one();
+    let b = timeout(STEP_TIMEOUT, b)
+        .await
+        .expect("B ends")
+        .expect("B does not panic");
+
+    // Close the client side; the server then sees the stream end (or garbage) and drops
+    // its side, and only after every request it read has run, so once the proxy is done
+    // the service has recorded everything it will ever receive.
+    drop(connection);
+    timeout(STEP_TIMEOUT, proxy)
+        .await
+        .expect("the proxied connection closes")
+        .expect("the proxy does not panic");
+    let recorded = server.service.recorded.lock().clone();
+    for (i, payload) in recorded.iter().enumerate() {
+        let aa = payload.iter().filter(|&&byte| byte == 0xAA).count();
+        let bb = payload.iter().filter(|&&byte| byte == 0xBB).count();
+        assert!(
+            payload.len() == LEN && (aa == LEN || bb == LEN),
+            "payload {i} the server executed is spliced: {} bytes, {aa} of 0xAA, {bb} of 0xBB",
+            payload.len()
+        );
+    }
+    match &b {
+        Err(error @ RpcError::NotSent { .. }) => assert!(!error.may_have_executed()),
+        other => panic!(
+            "B: expected NotSent (written after A's half frame it would complete it), got {other:?}"
+        ),
+    }
+    assert!(
+        recorded.is_empty(),
+        "neither A nor B went out whole, yet {} payloads were executed",
+        recorded.len()
+    );
+}
+
+#[tokio::test]
+async fn errors_say_whether_the_request_may_have_executed() {
+    let addr = || "10.0.0.9:7000".to_string();
+    let never_ran = [
+        RpcError::Connect {
+            addr: addr(),
+            reason: "refused".to_string(),
+        },
+        RpcError::NotSent {
+            addr: addr(),
+            reason: "connection closed".to_string(),
+        },
+    ];
+    for error in &never_ran {
+        assert!(!error.may_have_executed(), "{error:?}");
+        assert!(error.is_transport(), "{error:?}");
+    }
+    let may_have_run = [
+        RpcError::ConnectionLost { addr: addr() },
+        RpcError::Timeout {
+            addr: addr(),
+            opcode: OP_ECHO,
+        },
+    ];
+    for error in &may_have_run {
+        assert!(error.may_have_executed(), "{error:?}");
+        assert!(error.is_transport(), "{error:?}");
+    }
+
+    let server = TestServer::start().await;
+    let service = Arc::clone(&server.service);
+    let busy = Arc::new(connect(&server.addr()).await);
+    let idle = connect(&server.addr()).await;
+
+    // Sent whole, then the deadline passed while the peer was running it: Timeout.
+    let late = busy
+        .call_raw(
+            OP_SLEEP,
+            frame(&sleep_payload(300, b"late")),
+            deadline_in(Duration::from_millis(50)),
+        )
+        .await;
+    match &late {
+        Err(error @ RpcError::Timeout { .. }) => assert!(error.may_have_executed()),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert_eq!(service.sleeps_started.load(Ordering::SeqCst), 1);
+
+    // Sent whole, then the server died while running it: ConnectionLost.
+    let in_flight = tokio::spawn({
+        let busy = Arc::clone(&busy);
+        async move {
+            busy.call_raw(
+                OP_SLEEP,
+                frame(&sleep_payload(10_000, b"outlived")),
+                deadline_in(Duration::from_secs(30)),
+            )
+            .await
+        }
+    });
+    wait_until("the second sleep is running", || {
+        service.sleeps_started.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    server.stop().await;
+    let lost = timeout(STEP_TIMEOUT, in_flight)
+        .await
+        .expect("the call ends once the server is gone")
+        .expect("no panic");
+    match &lost {
+        Err(error @ RpcError::ConnectionLost { .. }) => assert!(error.may_have_executed()),
+        other => panic!("expected ConnectionLost, got {other:?}"),
+    }
+
+    // The idle connection notices the peer closed; a call on it never leaves: NotSent,
+    // at once rather than at its deadline.
+    wait_until("the idle connection sees the close", || idle.is_closed()).await;
+    for (connection, which) in [(&*busy, "busy"), (&idle, "idle")] {
+        let started = Instant::now();
+        let result = connection
+            .call_raw(OP_ECHO, frame(b"too late"), deadline_in(STEP_TIMEOUT))
+            .await;
+        match &result {
+            Err(error @ RpcError::NotSent { .. }) => {
+                assert!(!error.may_have_executed(), "{which}");
+                assert!(error.is_transport(), "{which}");
+            }
+            other => panic!("{which}: expected NotSent, got {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{which}: a call on a closed connection waited for its deadline"
+        );
+        assert_eq!(connection.pending_len(), 0, "{which}");
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_reply_fails_only_its_call_and_the_connection_stays_usable() {
+    let server = TestServer::start().await;
+    let connection = Arc::new(connect(&server.addr()).await);
+    // A call in flight on the same connection while the oversized reply is produced.
+    let bystander = tokio::spawn({
+        let connection = Arc::clone(&connection);
+        async move {
+            let mine = sleep_payload(200, b"bystander");
+            let (_, reply) = connection
+                .call_raw(OP_SLEEP, frame(&mine), deadline_in(STEP_TIMEOUT))
+                .await
+                .expect("the bystander call is unaffected");
+            assert_eq!(reply[..], mine[..]);
+        }
+    });
+    wait_until("the bystander sleep is running", || {
+        server.service.sleeps_started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+
+    let result = timeout(
+        STEP_TIMEOUT,
+        connection.call::<HugeReply>(&(), deadline_in(STEP_TIMEOUT)),
+    )
+    .await
+    .expect("the call does not hang");
+    let error = match result {
+        Ok(Blob(payload)) => panic!("expected an error, got {} bytes", payload.len()),
+        Err(error) => error,
+    };
+    assert_eq!(
+        error.status(),
+        Some(Status::MessageTooLarge),
+        "expected a MessageTooLarge reply, got {error:?}"
+    );
+    assert!(!error.is_transport());
+    assert!(
+        !connection.is_closed(),
+        "an oversized reply must not cost the connection"
+    );
+    assert_echo_works(&connection, "after the oversized reply").await;
+    timeout(STEP_TIMEOUT, bystander)
+        .await
+        .expect("the bystander finishes")
+        .expect("the bystander call succeeds");
+    assert!(!connection.is_closed());
+    assert_eq!(connection.pending_len(), 0);
 }
 
 mod decoders {
