@@ -495,9 +495,14 @@ impl ObjectStore {
     }
 
     /// Starts serving `tablets`.
+    ///
+    /// A tablet that replaces a wider owned range narrows it: objects in the part no
+    /// longer served are forgotten, so they cannot reappear if that range comes back.
     pub fn take_tablets(&mut self, tablets: &[Tablet]) {
         for tablet in tablets {
-            self.tablets.take(tablet);
+            for (start, end) in self.tablets.take(tablet) {
+                self.index.remove_range(tablet.table, start..=end);
+            }
         }
     }
 
@@ -1286,6 +1291,27 @@ mod tests {
         assert_eq!(store.drop_tablets(&halves), 40);
         assert_eq!(store.drop_tablets(&halves), 0);
         assert_eq!(store.object_count(), 0);
+    }
+
+    #[test]
+    fn narrowing_a_tablet_forgets_objects_outside_it() {
+        let split = u64::MAX / 2;
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&[tablet(TABLE, 0, u64::MAX)]);
+        let inside = key_on_side(split, true, "in");
+        let outside = key_on_side(split, false, "out");
+        put(&mut store, &inside, b"kept");
+        put(&mut store, &outside, b"forgotten");
+        store.take_tablets(&[tablet(TABLE, 0, split)]);
+        assert_eq!(store.object_count(), 1);
+        assert_eq!(store.read(TABLE, &outside).status, Status::UnknownTablet);
+        // Were the upper half to come back, its old object must not reappear.
+        store.take_tablets(&[tablet(TABLE, split + 1, u64::MAX)]);
+        assert_eq!(
+            store.read(TABLE, &outside).status,
+            Status::ObjectDoesntExist
+        );
+        assert_eq!(&store.read(TABLE, &inside).value[..], b"kept");
     }
 
     #[test]

@@ -40,10 +40,22 @@ impl OwnedTablets {
     }
 
     /// Starts serving `tablet`, replacing any owned range it overlaps.
-    pub fn take(&mut self, tablet: &Tablet) {
-        self.drop_overlapping(tablet);
+    /// Returns the hash ranges no longer served: the parts of replaced ranges that
+    /// `tablet` does not cover.
+    pub fn take(&mut self, tablet: &Tablet) -> Vec<(u64, u64)> {
+        let replaced = self.drop_overlapping(tablet);
         self.ranges
             .insert((tablet.table, tablet.start_hash), tablet.end_hash);
+        let mut lost = Vec::new();
+        for (start, end) in replaced {
+            if start < tablet.start_hash {
+                lost.push((start, tablet.start_hash - 1));
+            }
+            if end > tablet.end_hash {
+                lost.push((tablet.end_hash + 1, end));
+            }
+        }
+        lost
     }
 
     /// Stops serving every owned range that overlaps `tablet`; returns them.
@@ -97,6 +109,19 @@ mod tests {
         assert!(owned.owns(TableId(2), KeyHash(u64::MAX)));
         assert!(!owned.owns(TableId(3), KeyHash(5)));
         assert_eq!(owned.range_of(TableId(1), 150), Some((100, 200)));
+    }
+
+    #[test]
+    fn taking_a_narrower_tablet_reports_the_ranges_no_longer_served() {
+        let mut owned = OwnedTablets::new();
+        assert!(owned.take(&tablet(1, 0, 999)).is_empty());
+        assert_eq!(owned.take(&tablet(1, 100, 199)), vec![(0, 99), (200, 999)]);
+        assert!(owned.owns(TableId(1), KeyHash(150)));
+        assert!(!owned.owns(TableId(1), KeyHash(50)));
+        assert!(
+            owned.take(&tablet(1, 100, 199)).is_empty(),
+            "retaking is harmless"
+        );
     }
 
     #[test]
