@@ -374,29 +374,39 @@ impl Client {
         }
     }
 
+    /// Sends single-object RPC `R` to the owner of `key` (with the retry rules of
+    /// [`on_owner`](Self::on_owner)) and turns its reply into the next step with `step`.
+    async fn on_owner_call<R: Rpc, T>(
+        &self,
+        table: TableId,
+        key: &[u8],
+        idempotent: bool,
+        request: &R::Request,
+        step: impl Fn(&str, R::Reply) -> Attempt<T>,
+    ) -> Result<T, ClientError> {
+        let step = &step;
+        self.on_owner(table, key, idempotent, |addr, deadline| async move {
+            let reply = self.inner.pool.call::<R>(&addr, request, deadline).await?;
+            Ok(step(&addr, reply))
+        })
+        .await
+    }
+
     /// Reads `key`; `None` if it does not exist.
     pub async fn read(&self, table: TableId, key: &[u8]) -> Result<Option<Object>, ClientError> {
         let request = ReadRequest {
             table,
             key: Bytes::copy_from_slice(key),
         };
-        self.on_owner(table, key, true, |addr, deadline| {
-            let request = &request;
-            async move {
-                let reply = self
-                    .inner
-                    .pool
-                    .call::<Read>(&addr, request, deadline)
-                    .await?;
-                Ok(match reply.status {
-                    Status::ObjectDoesntExist => Attempt::Done(Ok(None)),
-                    status => outcome(&addr, status, reply.version, || {
-                        Some(Object {
-                            value: reply.value,
-                            version: reply.version,
-                        })
-                    }),
-                })
+        self.on_owner_call::<Read, _>(table, key, true, &request, |addr, reply| {
+            match reply.status {
+                Status::ObjectDoesntExist => Attempt::Done(Ok(None)),
+                status => outcome(addr, status, reply.version, || {
+                    Some(Object {
+                        value: reply.value.clone(),
+                        version: reply.version,
+                    })
+                }),
             }
         })
         .await
@@ -427,18 +437,8 @@ impl Client {
             value: Bytes::copy_from_slice(value),
             rules,
         };
-        self.on_owner(table, key, false, |addr, deadline| {
-            let request = &request;
-            async move {
-                let reply = self
-                    .inner
-                    .pool
-                    .call::<Write>(&addr, request, deadline)
-                    .await?;
-                Ok(write_attempt(&addr, reply))
-            }
-        })
-        .await
+        self.on_owner_call::<Write, _>(table, key, false, &request, write_attempt)
+            .await
     }
 
     /// Removes `key`; returns the version removed, `None` if there was no object.
@@ -459,17 +459,7 @@ impl Client {
             rules,
         };
         let version = self
-            .on_owner(table, key, false, |addr, deadline| {
-                let request = &request;
-                async move {
-                    let reply = self
-                        .inner
-                        .pool
-                        .call::<Remove>(&addr, request, deadline)
-                        .await?;
-                    Ok(write_attempt(&addr, reply))
-                }
-            })
+            .on_owner_call::<Remove, _>(table, key, false, &request, write_attempt)
             .await?;
         Ok((version != Version(0)).then_some(version))
     }
@@ -500,18 +490,10 @@ impl Client {
             delta,
             rules,
         };
-        self.on_owner(table, key, false, |addr, deadline| {
-            let request = &request;
-            async move {
-                let reply = self
-                    .inner
-                    .pool
-                    .call::<Increment>(&addr, request, deadline)
-                    .await?;
-                Ok(outcome(&addr, reply.status, reply.version, || {
-                    (reply.value, reply.version)
-                }))
-            }
+        self.on_owner_call::<Increment, _>(table, key, false, &request, |addr, reply| {
+            outcome(addr, reply.status, reply.version, || {
+                (reply.value, reply.version)
+            })
         })
         .await
     }
