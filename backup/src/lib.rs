@@ -1,3 +1,28 @@
-//! `rampart-backup`: the backup service of a storage server. It holds segment replicas
-//! of other masters' logs (DESIGN.md §5); it arrives with the replication issue, and
-//! this crate is its home in the workspace layout of DESIGN.md §2.
+//! `rampart-backup`: the backup service of a storage server (DESIGN.md §5). It holds
+//! replicas of other masters' log segments — first in memory frames written by
+//! one-sided writes, then on disk — and serves them back when a master crashes.
+//!
+//! # Modules
+//! * [`segment_store`] — `SegmentStore`: the on-disk store of segment replicas. Atomic,
+//!   fsynced replica writes; a restart scan that verifies every replica and reports
+//!   what it holds byte for byte; quarantine of anything that does not verify.
+//!
+//! The frames, the backup RPCs and the disk-bandwidth measurement of issue 3 arrive as
+//! modules beside it.
+//!
+//! # A replica's life on a backup
+//! 1. A master opens a replica of one of its segments (master, segment, epoch); the
+//!    backup reserves a zeroed frame for it.
+//! 2. The master writes the segment's bytes into the frame (one-sided: the backup's CPU
+//!    does nothing per write).
+//! 3. When the master closes the segment, the backup flushes the frame with
+//!    [`SegmentStore::write_replica`](segment_store::SegmentStore::write_replica) — one
+//!    large write and fsync — and zeroes the frame for reuse.
+//! 4. During recovery of that master, the backup reads its replicas back with
+//!    [`SegmentStore::read_replica`](segment_store::SegmentStore::read_replica), which
+//!    re-verifies their checksums; afterwards it frees them.
+//! 5. After a restart of the backup itself,
+//!    [`SegmentStore::open`](segment_store::SegmentStore::open) scans the disk and
+//!    reports every replica it still holds.
+
+pub mod segment_store;

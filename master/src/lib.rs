@@ -8,6 +8,8 @@
 //! * [`object_store`] — `ObjectStore`: the synchronous core: ownership, reject rules,
 //!   versions, staging and publishing batches, enumerate.
 //! * [`appender`] — `Appender`: the single writer with group commit.
+//! * [`replica_manager`] — where segments are replicated: `BackupSelector` places the
+//!   R replicas of each segment by randomized refinement.
 //! * [`service`] — `MasterService`: RPC handlers.
 //!
 //! # The write path
@@ -29,6 +31,7 @@
 pub mod appender;
 pub mod object_index;
 pub mod object_store;
+pub mod replica_manager;
 pub mod segmented_log;
 pub mod service;
 pub mod tablets;
