@@ -6,9 +6,12 @@
 //! * [`segment_store`] — `SegmentStore`: the on-disk store of segment replicas. Atomic,
 //!   fsynced replica writes; a restart scan that verifies every replica and reports
 //!   what it holds byte for byte; quarantine of anything that does not verify.
+//! * [`service`] — `BackupService`: the backup RPCs (open, write, close, free, list,
+//!   read a replica) over in-memory frames and the segment store; epochs, the bound on
+//!   open frames, and the ordering of a close against a free of the same replica.
 //!
-//! The frames, the backup RPCs and the disk-bandwidth measurement of issue 3 arrive as
-//! modules beside it.
+//! The one-sided transports and the disk-bandwidth measurement of issue 3 arrive as
+//! modules beside them.
 //!
 //! # A replica's life on a backup
 //! 1. A master opens a replica of one of its segments (master, segment, epoch); the
@@ -26,3 +29,4 @@
 //!    reports every replica it still holds.
 
 pub mod segment_store;
+pub mod service;

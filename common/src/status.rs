@@ -52,6 +52,12 @@ pub enum Status {
     NotEnoughServers,
     /// A bug or an unexpected failure on the server (detail in the payload).
     Internal,
+    /// A backup refused a replica operation whose epoch is older than the replica's.
+    StaleEpoch,
+    /// A backup has no open frame with this handle (never opened, closed or freed).
+    UnknownFrame,
+    /// A backup cannot take another replica: no free frame, or its disk is full.
+    BackupFull,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -79,6 +85,9 @@ impl Status {
             Status::ShuttingDown => 16,
             Status::NotEnoughServers => 17,
             Status::Internal => 18,
+            Status::StaleEpoch => 19,
+            Status::UnknownFrame => 20,
+            Status::BackupFull => 21,
             Status::Unrecognized(code) => code,
         }
     }
@@ -105,6 +114,9 @@ impl Status {
             16 => Status::ShuttingDown,
             17 => Status::NotEnoughServers,
             18 => Status::Internal,
+            19 => Status::StaleEpoch,
+            20 => Status::UnknownFrame,
+            21 => Status::BackupFull,
             other => Status::Unrecognized(other),
         }
     }
@@ -140,6 +152,9 @@ impl fmt::Display for Status {
             Status::ShuttingDown => "server shutting down",
             Status::NotEnoughServers => "not enough servers",
             Status::Internal => "internal server error",
+            Status::StaleEpoch => "replica epoch is stale",
+            Status::UnknownFrame => "no such open frame on the backup",
+            Status::BackupFull => "backup has no room for the replica",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

@@ -36,6 +36,9 @@ pub struct UpArgs {
     /// Bytes per log segment.
     #[arg(long, default_value = "8MiB")]
     pub segment_bytes: String,
+    /// Directory for the servers' data (server N uses DIR/server-N).
+    #[arg(long, default_value = "rampart-data")]
+    pub data_dir: std::path::PathBuf,
     /// Largest value a server accepts.
     #[arg(long, default_value = "1MiB")]
     pub value_bytes_max: String,
@@ -77,6 +80,7 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
         .clone();
     if print {
         println!("coordinator at {coordinator}");
+        println!("data in {}", args.data_dir.display());
     }
     let mut servers = Vec::new();
     for i in 1..=args.servers {
@@ -94,6 +98,11 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
                 args.segment_bytes.clone(),
                 "--value-bytes-max".into(),
                 args.value_bytes_max.clone(),
+                "--data-dir".into(),
+                args.data_dir
+                    .join(format!("server-{i}"))
+                    .display()
+                    .to_string(),
             ],
             &env,
         )?;

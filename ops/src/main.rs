@@ -10,6 +10,7 @@ mod children;
 mod cluster;
 mod kv;
 mod process;
+mod storage;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -26,7 +27,7 @@ struct Cli {
 enum Command {
     /// Run a coordinator.
     Coordinator(process::CoordinatorArgs),
-    /// Run a storage server (master; the backup service comes with replication).
+    /// Run a storage server (a master and a backup).
     Server(process::ServerArgs),
     /// Manage a local cluster of child processes.
     Cluster {

@@ -6,6 +6,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use rampart_backup::service::{BackupConfig, BackupService};
 use rampart_common::config::{ByteSize, MasterConfig, SEGMENT_BYTES_DEFAULT};
 use rampart_common::limits::VALUE_BYTES_MAX_DEFAULT;
 use rampart_common::protocol::coordinator::{Enlist, EnlistRequest};
@@ -13,6 +14,8 @@ use rampart_common::rpc::{RpcPool, RpcServer};
 use rampart_common::tablet::Services;
 use rampart_coordinator::CoordinatorService;
 use rampart_master::MasterService;
+
+use crate::storage::StorageService;
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -34,6 +37,13 @@ pub struct CoordinatorArgs {
 /// `rampart server`
 #[derive(Args, Debug)]
 pub struct ServerArgs {
+    /// Directory of the backup's segment replicas (created if missing). A restarted
+    /// server given the same directory reports the replicas it holds.
+    #[arg(long)]
+    pub data_dir: std::path::PathBuf,
+    /// Segment replicas the backup holds open in memory at once.
+    #[arg(long, default_value_t = 64)]
+    pub backup_frames: usize,
     /// Coordinator address(es), comma-separated.
     #[arg(long, env = "RAMPART_COORDINATOR", default_value = "127.0.0.1:7000")]
     pub coordinator: String,
@@ -131,6 +141,21 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         bail!("--coordinator needs at least one address");
     }
     runtime(args.threads)?.block_on(async {
+        let backup_config = BackupConfig {
+            frames_max: args.backup_frames,
+            frame_bytes_max: config.segment_bytes.max(SEGMENT_BYTES_DEFAULT),
+        };
+        let (backup, report) = BackupService::open(&args.data_dir, backup_config)
+            .with_context(|| format!("cannot open the backup store in {}", args.data_dir.display()))?;
+        tracing::info!(
+            data_dir = %args.data_dir.display(),
+            replicas = report.replicas.len(),
+            quarantined = report.quarantined.len(),
+            "backup store scanned"
+        );
+        for file in &report.quarantined {
+            tracing::warn!(file = %file.original.display(), reason = ?file.reason, "replica quarantined");
+        }
         let listener = TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -145,7 +170,8 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             disk_read_mbps: 0,
         };
         let id = enlist(&coordinators, &request).await?;
-        let service = Arc::new(MasterService::new(id, config));
+        let master = MasterService::new(id, config);
+        let service = Arc::new(StorageService { master, backup });
         announce(&format!("server {} listening on {addr}", id.0))?;
         tracing::info!(%id, %addr, memory = %args.memory, "server serving");
         RpcServer::run(listener, service, shutdown_signal()).await;

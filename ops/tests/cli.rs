@@ -25,13 +25,19 @@ fn help_lists_every_subcommand() {
 
 #[test]
 fn server_refuses_a_segment_too_small_for_its_largest_object() {
+    // Refused before the data directory is touched.
+    let data = std::env::temp_dir().join("rampart-cli-test-never-created");
+    let data = data.to_str().unwrap();
     let output = rampart(&[
         "server",
         "--segment-bytes",
         "64KiB",
         "--coordinator",
         "127.0.0.1:1",
+        "--data-dir",
+        data,
     ]);
+    assert!(!std::path::Path::new(data).exists());
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot hold"), "{stderr}");
@@ -39,9 +45,16 @@ fn server_refuses_a_segment_too_small_for_its_largest_object() {
 
 #[test]
 fn server_refuses_an_unparseable_memory_size() {
-    let output = rampart(&["server", "--memory", "lots"]);
+    let output = rampart(&["server", "--memory", "lots", "--data-dir", "/nonexistent"]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("byte size"));
+}
+
+#[test]
+fn server_requires_a_data_dir() {
+    let output = rampart(&["server", "--coordinator", "127.0.0.1:1"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--data-dir"));
 }
 
 #[test]

@@ -49,11 +49,16 @@ pub struct LocalCluster {
     child: Child,
     /// Lines the cluster printed after `ready` (e.g. "server 2 exited ...").
     _lines: mpsc::Receiver<String>,
+    /// The servers' data; dropped after the processes are stopped (`Drop` below runs
+    /// before the fields are dropped).
+    _data_dir: tempfile::TempDir,
 }
 
 impl LocalCluster {
-    /// Starts a cluster with `servers` storage servers and extra `cluster up` flags.
+    /// Starts a cluster with `servers` storage servers and extra `cluster up` flags,
+    /// its data in a fresh temporary directory (removed on drop).
     pub fn start(servers: u32, extra: &[&str]) -> Result<LocalCluster> {
+        let data_dir = tempfile::TempDir::new()?;
         let mut command = Command::new(rampart_bin()?);
         command
             .args([
@@ -64,6 +69,8 @@ impl LocalCluster {
                 "--servers",
             ])
             .arg(servers.to_string())
+            .arg("--data-dir")
+            .arg(data_dir.path())
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -109,6 +116,7 @@ impl LocalCluster {
             servers: announced,
             child,
             _lines: lines,
+            _data_dir: data_dir,
         })
     }
 
@@ -189,5 +197,73 @@ pub fn process_alive(pid: u32) -> bool {
             .next()
             .is_some_and(|rest| !rest.starts_with('Z')),
         Err(_) => false,
+    }
+}
+
+/// One `rampart` process started directly (a coordinator or a server), with the
+/// address it announced. Killed on drop.
+#[derive(Debug)]
+pub struct RampartProcess {
+    /// The address it announced (`... listening on ADDR`).
+    pub addr: String,
+    /// The words of its announce line.
+    pub announce: Vec<String>,
+    child: Child,
+}
+
+impl RampartProcess {
+    /// Starts `rampart ARGS...` and waits (up to [`CLUSTER_START_TIMEOUT`]) for its
+    /// `listening on` line.
+    pub fn start(args: &[&str]) -> Result<RampartProcess> {
+        let mut child = Command::new(rampart_bin()?)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start rampart")?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(wait) {
+                Ok(line) if line.contains(" listening on ") => {
+                    let announce: Vec<String> =
+                        line.split_whitespace().map(str::to_string).collect();
+                    let addr = announce.last().cloned().unwrap_or_default();
+                    return Ok(RampartProcess {
+                        addr,
+                        announce,
+                        child,
+                    });
+                }
+                Ok(_) => continue,
+                Err(_) => {
+                    let _ = child.kill();
+                    let status = child.wait();
+                    bail!("rampart {args:?} did not announce its address ({status:?})");
+                }
+            }
+        }
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RampartProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

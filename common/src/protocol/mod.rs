@@ -3,12 +3,15 @@
 //! * [`master`] — the data API served by masters, and tablet ownership changes sent
 //!   to them by the coordinator.
 //! * [`coordinator`] — enlistment, tables and the tablet map.
+//! * [`backup`] — segment replicas: open, write, close, free, list, read.
 //!
-//! Opcodes are stable wire constants: masters use 1–99, coordinators 100–199. Each RPC
+//! Opcodes are stable wire constants: masters use 1–99, coordinators 100–199, backups
+//! 200–299. Each RPC
 //! is a zero-sized marker type implementing [`crate::rpc::Rpc`], so a call site reads
 //! `pool.call::<Read>(addr, &request, deadline)` and cannot pair a request with the
 //! wrong reply type.
 
+pub mod backup;
 pub mod coordinator;
 pub mod master;
 
@@ -38,6 +41,7 @@ pub fn opcode_name(opcode: Opcode) -> Option<&'static str> {
     master::OPCODE_NAMES
         .iter()
         .chain(coordinator::OPCODE_NAMES)
+        .chain(backup::OPCODE_NAMES)
         .find(|(code, _)| *code == opcode.0)
         .map(|(_, name)| *name)
 }
@@ -52,6 +56,7 @@ mod tests {
         let all: Vec<u16> = master::OPCODE_NAMES
             .iter()
             .chain(coordinator::OPCODE_NAMES)
+            .chain(backup::OPCODE_NAMES)
             .map(|(c, _)| *c)
             .collect();
         let unique: HashSet<u16> = all.iter().copied().collect();

@@ -167,6 +167,15 @@ fn fnv64(mut value: u64) -> u64 {
     hash
 }
 
+/// Removes a directory tree when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Runs the benchmark.
 pub fn run(args: YcsbArgs) -> Result<ExitCode> {
     crate::init_logging("warn");
@@ -175,9 +184,15 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
     }
     let seed = args.seed.unwrap_or_else(rand::random);
     let mut children = Children::new();
+    // Declared before the cluster, so dropped after it (locals drop in reverse): the
+    // servers stop before their data directory goes.
+    let mut _data: Option<RemoveOnDrop> = None;
     let mut _cluster = None;
     let coordinator = if args.local {
+        let data_dir = std::env::temp_dir().join(format!("rampart-bench-{}", std::process::id()));
+        _data = Some(RemoveOnDrop(data_dir.clone()));
         let up = UpArgs {
+            data_dir,
             servers: args.servers,
             coordinator_addr: "127.0.0.1:0".into(),
             memory: "2GiB".into(),

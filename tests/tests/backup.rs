@@ -1,0 +1,145 @@
+//! Backups on real processes: replicas written through the backup RPCs survive a
+//! SIGKILL of the server and are reported, byte for byte, by its successor.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::protocol::backup::{
+    CloseReplica, CloseReplicaRequest, ListReplicas, ListReplicasRequest, OpenReplica,
+    OpenReplicaRequest, ReadReplica, ReplicaId, WriteReplica, WriteReplicaRequest,
+};
+use rampart_common::rpc::{RpcError, RpcPool};
+use rampart_common::status::Status;
+use rampart_tests::RampartProcess;
+use std::time::Duration;
+use tokio::time::Instant;
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(10)
+}
+
+fn replica_bytes(segment: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u64 * 31 + segment) as u8).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
+    let data = tempfile::TempDir::new().unwrap();
+    let data_dir = data.path().to_str().unwrap().to_string();
+    let coordinator = RampartProcess::start(&["coordinator", "--listen", "127.0.0.1:0"]).unwrap();
+    let server_args = |coordinator: &str| {
+        vec![
+            "server".to_string(),
+            "--coordinator".to_string(),
+            coordinator.to_string(),
+            "--listen".to_string(),
+            "127.0.0.1:0".to_string(),
+            "--memory".to_string(),
+            "64MiB".to_string(),
+            "--data-dir".to_string(),
+            data_dir.clone(),
+        ]
+    };
+    let args = server_args(&coordinator.addr);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = RampartProcess::start(&args).unwrap();
+    let pool = RpcPool::new();
+    let master = ServerId(77);
+
+    // Three closed replicas of different sizes and one left open.
+    let mut written = Vec::new();
+    for (segment, len) in [(1u64, 100_000usize), (2, 8 << 20), (3, 0)] {
+        let open = OpenReplicaRequest {
+            master,
+            segment: SegmentId(segment),
+            epoch: 1,
+            capacity: 8 << 20,
+        };
+        let handle = pool
+            .call::<OpenReplica>(&server.addr, &open, deadline())
+            .await
+            .unwrap();
+        let bytes = replica_bytes(segment, len);
+        for (i, chunk) in bytes.chunks(1 << 20).enumerate() {
+            let write = WriteReplicaRequest {
+                handle: handle.handle,
+                epoch: 1,
+                offset: (i << 20) as u32,
+                bytes: chunk.to_vec().into(),
+            };
+            pool.call::<WriteReplica>(&server.addr, &write, deadline())
+                .await
+                .unwrap();
+        }
+        let close = CloseReplicaRequest {
+            handle: handle.handle,
+            epoch: 1,
+            length: len as u32,
+        };
+        let info = pool
+            .call::<CloseReplica>(&server.addr, &close, deadline())
+            .await
+            .unwrap();
+        assert!(info.closed);
+        written.push((SegmentId(segment), bytes));
+    }
+    let open = OpenReplicaRequest {
+        master,
+        segment: SegmentId(4),
+        epoch: 1,
+        capacity: 8 << 20,
+    };
+    pool.call::<OpenReplica>(&server.addr, &open, deadline())
+        .await
+        .unwrap();
+
+    // SIGKILL: no chance to flush anything more.
+    server.kill();
+    let args = server_args(&coordinator.addr);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let restarted = RampartProcess::start(&args).unwrap();
+
+    let listed = pool
+        .call::<ListReplicas>(
+            &restarted.addr,
+            &ListReplicasRequest {
+                master: Some(master),
+            },
+            deadline(),
+        )
+        .await
+        .unwrap();
+    let segments: Vec<SegmentId> = listed.replicas.iter().map(|r| r.segment).collect();
+    assert_eq!(
+        segments,
+        [SegmentId(1), SegmentId(2), SegmentId(3)],
+        "closed replicas only"
+    );
+    for (segment, bytes) in written {
+        let id = ReplicaId { master, segment };
+        let read = pool
+            .call::<ReadReplica>(&restarted.addr, &id, deadline())
+            .await
+            .unwrap();
+        assert!(read.info.closed);
+        assert_eq!(read.info.length as usize, bytes.len());
+        assert!(read.bytes == bytes, "{segment} differs after the restart");
+    }
+    let missing = ReplicaId {
+        master,
+        segment: SegmentId(4),
+    };
+    let result = pool
+        .call::<ReadReplica>(&restarted.addr, &missing, deadline())
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(RpcError::Status {
+                status: Status::ObjectDoesntExist,
+                ..
+            })
+        ),
+        "the open frame died with the process: {result:?}"
+    );
+}
