@@ -59,9 +59,12 @@ pub struct ServerArgs {
     /// Largest value accepted.
     #[arg(long, default_value_t = ByteSize(VALUE_BYTES_MAX_DEFAULT as u64))]
     pub value_bytes_max: ByteSize,
-    /// Failure domain (rack) of this server.
-    #[arg(long, default_value = "default")]
-    pub failure_domain: String,
+    /// Failure domain (rack) of this server: no two replicas of a segment are placed in
+    /// one domain. Default: the server's own address, so every server is its own domain
+    /// (right for one server per machine); give servers that share a rack or a power
+    /// supply the same name.
+    #[arg(long)]
+    pub failure_domain: Option<String>,
     /// Worker threads of the server's runtime (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -164,9 +167,9 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             addr: addr.clone(),
             services: Services {
                 master: true,
-                backup: false,
+                backup: true,
             },
-            failure_domain: args.failure_domain.clone(),
+            failure_domain: args.failure_domain.clone().unwrap_or_else(|| addr.clone()),
             disk_read_mbps: 0,
         };
         let id = enlist(&coordinators, &request).await?;

@@ -143,3 +143,28 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
         "the open frame died with the process: {result:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_servers_enlist_as_backups_in_distinct_failure_domains() {
+    use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
+    let cluster = rampart_tests::LocalCluster::start(3, &["--memory", "64MiB"]).unwrap();
+    let map = RpcPool::new()
+        .call::<GetTabletMap>(&cluster.coordinator, &TabletMapRequest {}, deadline())
+        .await
+        .unwrap();
+    assert_eq!(map.servers.len(), 3);
+    assert!(map
+        .servers
+        .iter()
+        .all(|s| s.services.master && s.services.backup));
+    let domains: std::collections::BTreeSet<&str> = map
+        .servers
+        .iter()
+        .map(|s| s.failure_domain.as_str())
+        .collect();
+    assert_eq!(
+        domains.len(),
+        3,
+        "each server is its own failure domain by default"
+    );
+}
