@@ -10,24 +10,23 @@ use rampart_tests::{process_alive, LocalCluster};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+/// `cluster up` flags for small servers: 1 MiB segments, so tests roll over often.
+const SMALL_SERVERS: &[&str] = &[
+    "--memory",
+    "64MiB",
+    "--segment-bytes",
+    "1MiB",
+    "--value-bytes-max",
+    "64KiB",
+];
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]
 fn kv_cli_session_reads_writes_and_reports_missing_keys() {
-    let cluster = LocalCluster::start(
-        2,
-        &[
-            "--memory",
-            "64MiB",
-            "--segment-bytes",
-            "1MiB",
-            "--value-bytes-max",
-            "64KiB",
-        ],
-    )
-    .unwrap();
+    let cluster = LocalCluster::start(2, SMALL_SERVERS).unwrap();
     let kv = |args: &[&str], stdin: Option<&[u8]>| {
         let mut all = vec!["kv"];
         all.extend_from_slice(args);
@@ -159,18 +158,7 @@ async fn connect(cluster: &LocalCluster) -> Client {
 
 #[test]
 fn client_library_serves_every_operation_across_several_masters() {
-    let cluster = LocalCluster::start(
-        3,
-        &[
-            "--memory",
-            "64MiB",
-            "--segment-bytes",
-            "1MiB",
-            "--value-bytes-max",
-            "64KiB",
-        ],
-    )
-    .unwrap();
+    let cluster = LocalCluster::start(3, SMALL_SERVERS).unwrap();
     runtime().block_on(async {
         let client = connect(&cluster).await;
         let table = client.create_table("people", 6).await.unwrap();
