@@ -10,11 +10,14 @@
 //!   Tailwind checksums, and the valid-prefix scanner.
 //! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (DESIGN.md §8).
 //! * [`protocol`] — every RPC's request and reply messages, by service.
+//! * [`onesided`] — one-sided writes into backup frames: `shm`, the `tcp` soft-NIC,
+//!   and `rdma` (DESIGN.md §5).
 
 pub mod config;
 pub mod ids;
 pub mod limits;
 pub mod log;
+pub mod onesided;
 pub mod protocol;
 pub mod reject;
 pub mod rpc;

@@ -58,6 +58,9 @@ pub enum Status {
     UnknownFrame,
     /// A backup cannot take another replica: no free frame, or its disk is full.
     BackupFull,
+    /// A backup fenced this replica (recovery of its master has begun): the write may not
+    /// be acknowledged.
+    Fenced,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -88,6 +91,7 @@ impl Status {
             Status::StaleEpoch => 19,
             Status::UnknownFrame => 20,
             Status::BackupFull => 21,
+            Status::Fenced => 22,
             Status::Unrecognized(code) => code,
         }
     }
@@ -117,6 +121,7 @@ impl Status {
             19 => Status::StaleEpoch,
             20 => Status::UnknownFrame,
             21 => Status::BackupFull,
+            22 => Status::Fenced,
             other => Status::Unrecognized(other),
         }
     }
@@ -155,6 +160,7 @@ impl fmt::Display for Status {
             Status::StaleEpoch => "replica epoch is stale",
             Status::UnknownFrame => "no such open frame on the backup",
             Status::BackupFull => "backup has no room for the replica",
+            Status::Fenced => "replica fenced by its backup",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

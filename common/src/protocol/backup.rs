@@ -1,10 +1,10 @@
 //! RPCs served by backups: segment replicas (DESIGN.md §5 "Backups").
 //!
 //! A master opens a *frame* for each replica (a segment-sized buffer on the backup),
-//! fills it, and closes it; the backup then writes the replica to disk. In this version
-//! the bytes travel in `WriteReplica` RPCs (the `rpc` transport: the backup's CPU copies
-//! them); the one-sided transports of DESIGN.md §5 move the same bytes into the same
-//! frames without the backup's CPU, and use these RPCs only to open and close.
+//! fills it, and closes it; the backup then writes the replica to disk. The bytes travel
+//! by one of the transports of `common::onesided`: `WriteReplica` RPCs (the `rpc`
+//! baseline: the backup's CPU copies them), or one-sided writes into the same frames
+//! (`shm`, `tcp`, `rdma`), which use these RPCs only to open, close and fence.
 //!
 //! Every replica carries an *epoch*: a master that re-creates an open replica elsewhere
 //! bumps it, and a backup refuses any operation with an epoch older than the replica's
@@ -29,11 +29,44 @@ pub struct OpenReplicaRequest {
     pub capacity: u32,
 }
 
-/// An open frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FrameHandle {
+/// An open frame, and where one-sided writes can reach it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenReplicaReply {
     /// Names the frame on this backup until it is closed or freed; never reused.
     pub handle: u64,
+    /// Where the frame lives in the backup's shared-memory frame file (the `shm`
+    /// transport); `None` when the backup has no frame file.
+    pub shm: Option<ShmFrame>,
+    /// The backup's soft-NIC address (the `tcp` transport), `host:port`.
+    pub nic: Option<String>,
+}
+
+/// A frame's place in a backup's shared-memory frame file (`common::onesided::shm`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmFrame {
+    /// Identity of the backup's host (`onesided::host_id`): a master maps the file only
+    /// when this equals its own, i.e. both run on one machine.
+    pub host: String,
+    /// Absolute path of the frame file on that host.
+    pub path: String,
+    /// Byte offset of the frame's slot (its header) in the file.
+    pub slot_offset: u64,
+    /// Bytes of data the slot holds after its header (≥ the frame's capacity).
+    pub slot_capacity: u32,
+}
+
+/// Move an open frame to a newer epoch in place, keeping its bytes: after a master
+/// re-created a lost replica of its open segment elsewhere, the replicas that survived
+/// are told the new epoch, so that a replica left behind at the old epoch (on a backup
+/// thought dead) is known to be stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BumpEpochRequest {
+    /// The frame.
+    pub handle: u64,
+    /// Its current epoch.
+    pub epoch: u64,
+    /// The new epoch (> `epoch`).
+    pub new_epoch: u64,
 }
 
 /// Copy `bytes` into an open frame at `offset` (the `rpc` transport).
@@ -117,7 +150,9 @@ pub struct FreeReplicaReply {
 
 bincode_message!(
     OpenReplicaRequest,
-    FrameHandle,
+    OpenReplicaReply,
+    ShmFrame,
+    BumpEpochRequest,
     WriteReplicaRequest,
     CloseReplicaRequest,
     ReplicaId,
@@ -131,7 +166,7 @@ bincode_message!(
 rpcs! {
     /// Reserve a frame for a replica (`BackupFull` when none can be taken, `StaleEpoch`
     /// when the backup holds a newer epoch of it).
-    OpenReplica = 200: OpenReplicaRequest => FrameHandle;
+    OpenReplica = 200: OpenReplicaRequest => OpenReplicaReply;
     /// Copy bytes into an open frame (`UnknownFrame`, `StaleEpoch`, `InvalidArgument`
     /// past the frame's end).
     WriteReplica = 201: WriteReplicaRequest => ();
@@ -143,4 +178,7 @@ rpcs! {
     ListReplicas = 204: ListReplicasRequest => ListReplicasReply;
     /// One replica's bytes (`ObjectDoesntExist` if not held).
     ReadReplica = 205: ReplicaId => ReadReplicaReply;
+    /// Move an open frame to a newer epoch, keeping its bytes (`UnknownFrame`,
+    /// `StaleEpoch`, `InvalidArgument` when `new_epoch` is not newer).
+    BumpEpoch = 206: BumpEpochRequest => ();
 }
