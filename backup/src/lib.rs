@@ -3,6 +3,9 @@
 //! one-sided writes, then on disk — and serves them back when a master crashes.
 //!
 //! # Modules
+//! * [`disk_speed`] — `DiskSpeed`: the start-up measurement of the disk's read
+//!   bandwidth (a probe file written, read back with `O_DIRECT`, removed; about a
+//!   second) that the backup reports at enlistment unless `--disk-mbps` overrides it.
 //! * [`segment_store`] — `SegmentStore`: the on-disk store of segment replicas. Atomic,
 //!   fsynced replica writes; a restart scan that verifies every replica and reports
 //!   what it holds byte for byte; quarantine of anything that does not verify.
@@ -28,5 +31,6 @@
 //!    [`SegmentStore::open`](segment_store::SegmentStore::open) scans the disk and
 //!    reports every replica it still holds.
 
+pub mod disk_speed;
 pub mod segment_store;
 pub mod service;
