@@ -28,6 +28,7 @@
 //! write is never acknowledged.
 
 pub mod nic;
+pub mod rdma;
 pub mod shm;
 
 use std::fmt;
