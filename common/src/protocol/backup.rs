@@ -51,7 +51,8 @@ pub struct ShmFrame {
     pub path: String,
     /// Byte offset of the frame's slot (its header) in the file.
     pub slot_offset: u64,
-    /// Bytes of data the slot holds after its header (≥ the frame's capacity).
+    /// Bytes of data a writer may place after the slot's header: the frame's capacity
+    /// (the slot itself may hold more).
     pub slot_capacity: u32,
 }
 
@@ -119,7 +120,9 @@ pub struct ReplicaInfo {
     pub segment: SegmentId,
     /// Its epoch.
     pub epoch: u64,
-    /// Bytes held (for an open frame: up to the furthest byte written).
+    /// Bytes held. For an open frame: its valid prefix (DESIGN.md §4), up to the last
+    /// matching `Checksum` entry, since one-sided writes do not tell the backup how far
+    /// they wrote; for a fenced frame, the prefix its fence reported.
     pub length: u32,
     /// Whether it was closed (and is on disk).
     pub closed: bool,
@@ -165,12 +168,13 @@ bincode_message!(
 
 rpcs! {
     /// Reserve a frame for a replica (`BackupFull` when none can be taken, `StaleEpoch`
-    /// when the backup holds a newer epoch of it).
+    /// when the backup holds a newer epoch of it, `Fenced` when its open frame is).
     OpenReplica = 200: OpenReplicaRequest => OpenReplicaReply;
     /// Copy bytes into an open frame (`UnknownFrame`, `StaleEpoch`, `InvalidArgument`
-    /// past the frame's end).
+    /// past the frame's end, `Fenced`).
     WriteReplica = 201: WriteReplicaRequest => ();
-    /// Complete a replica: write it to disk and release its frame.
+    /// Complete a replica: write it to disk and release its frame (`Fenced` once its
+    /// master's recovery began: the frame stays for recovery).
     CloseReplica = 202: CloseReplicaRequest => ReplicaInfo;
     /// Forget a replica (open or on disk).
     FreeReplica = 203: ReplicaId => FreeReplicaReply;
@@ -179,6 +183,6 @@ rpcs! {
     /// One replica's bytes (`ObjectDoesntExist` if not held).
     ReadReplica = 205: ReplicaId => ReadReplicaReply;
     /// Move an open frame to a newer epoch, keeping its bytes (`UnknownFrame`,
-    /// `StaleEpoch`, `InvalidArgument` when `new_epoch` is not newer).
+    /// `StaleEpoch`, `InvalidArgument` when `new_epoch` is not newer, `Fenced`).
     BumpEpoch = 206: BumpEpochRequest => ();
 }
