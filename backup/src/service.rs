@@ -1,12 +1,15 @@
-//! `BackupService`: the backup's RPC handlers (DESIGN.md §5 "Backups", "One-sided
-//! writes").
+//! `BackupService`: the backup's RPC handlers and its frames (DESIGN.md §5 "Backups",
+//! "One-sided writes", "Fencing").
 //!
-//! A master opens a *frame* for each replica it places here (`OpenReplica`), fills it
-//! (`WriteReplica` in the `rpc` transport; one-sided transports later), and closes it
-//! (`CloseReplica`); the close writes the replica to the [`SegmentStore`] and releases
-//! the frame. `FreeReplica`, `ListReplicas` and `ReadReplica` serve the cleaner and
-//! recovery. Callers see replicas named by (master, segment) and frames named by
-//! handles; they never see the store's files, the locks or the blocking threads.
+//! A master opens a *frame* for each replica it places here (`OpenReplica`), fills it —
+//! by `WriteReplica` RPCs (the `rpc` transport), through the soft-NIC ([`BackupNic`], the
+//! `tcp` transport) or by copying straight into the shared frame file (`shm`) — and
+//! closes it (`CloseReplica`); the close writes the replica to the [`SegmentStore`] and
+//! releases the frame. `BumpEpoch` moves an open frame to a newer epoch, and
+//! `FreeReplica`, `ListReplicas` and `ReadReplica` serve the cleaner and recovery;
+//! [`BackupService::fence_master`] is recovery's fence. Callers see replicas named by
+//! (master, segment) and frames named by handles; they never see the store's files,
+//! the slots, the locks or the blocking threads.
 //!
 //! # Guarantees
 //! 1. A `CloseReplica` is answered `Ok` only once [`SegmentStore::write_replica`]
@@ -16,32 +19,58 @@
 //! 3. A replica is never invisible while it moves from frame to disk: the frame stays
 //!    in the frame table until the stored replica is in the metadata mirror, and both
 //!    changes happen in one critical section.
-//! 4. Handles are never reused, so a late request for a closed, freed or replaced frame
-//!    gets `UnknownFrame` rather than touching another replica.
+//! 4. Handles are never reused, and a slot's owner word is the handle of the frame it
+//!    holds, so a late write for a closed, freed or replaced frame — by any transport —
+//!    gets `UnknownFrame` (or `FrameGone`) rather than touching another replica.
 //! 5. No input panics the service: every request is decoded with [`Reply::decode`],
 //!    every offset and length is checked in 64-bit arithmetic before it is used.
+//! 6. Fencing: after [`BackupService::fence_master`] returns, no write to the fenced
+//!    frames is acknowledged by any transport (`Fenced`), and every write acknowledged
+//!    before it lies within the lengths it reported (the Dekker pair of
+//!    `rampart_common::onesided::shm`). Those lengths are final: lists and reads of a
+//!    fenced frame serve exactly that prefix, even if an unacknowledged write in flight
+//!    during the fence landed past it. Close, `BumpEpoch` and a replacing open of a
+//!    fenced frame are `Fenced` too; list, read and free still serve it.
 //!
 //! # Frames
-//! A frame is the small private struct `Frame` holding a zeroed `Vec<u8>` of the requested
-//! capacity (behind an `Arc`, so a close can hand it to a blocking thread without a
-//! copy). A later increment moves frames into a shared-memory file for the one-sided
-//! `shm` transport; only `Frame` (where its bytes live and how they are copied) changes
-//! then, not the frame table or the handlers. At most [`BackupConfig::frames_max`]
-//! frames are open at once — the bound on unflushed data; past it `OpenReplica` is
-//! `BackupFull` and the master picks another backup.
+//! A frame is the small private struct `Frame`: (master, segment, epoch, capacity) and
+//! the *slot* of the backup's [`FrameFile`] that holds its bytes. The file is created at
+//! start-up at [`BackupConfig::frame_file`] with [`BackupConfig::frames_max`] slots of
+//! [`BackupConfig::frame_bytes_max`] bytes; `OpenReplica` takes a free slot (oldest
+//! released first), zeroes it and stamps it with the handle, and its reply tells the
+//! master where the slot lies in the file and where the soft-NIC listens. At most
+//! `frames_max` frames are open at once — the bound on unflushed data; past it (or when
+//! every slot is still being flushed) `OpenReplica` is `BackupFull` and the master picks
+//! another backup.
+//!
+//! One-sided writes do not tell the backup how far they wrote, so the length of an open
+//! frame (in lists, reads and the fence) is its *valid prefix*: the frame is copied out
+//! of its slot and scanned with [`scan`] (DESIGN.md §4), which stops at the last
+//! `Checksum` entry that matches. A close stores the first `length` bytes the master
+//! names.
 //!
 //! # Concurrency
 //! Two locks, both `parking_lot` mutexes (nothing awaits while holding either):
 //! * `store` — the [`SegmentStore`]. Held across disk I/O, so it is only ever taken on
 //!   a blocking thread (`spawn_blocking`), never on the reactor.
-//! * `state` — the frame table and a mirror of the store's metadata. Held only for
-//!   in-memory work (a lookup, a copy of at most one RPC payload), so the reactor and
-//!   the connection tasks (`handle_now`) take it freely.
+//! * `state` — the frame table, the free slots and a mirror of the store's metadata.
+//!   Held only for lookups and bookkeeping (and to zero a slot on open, which costs one
+//!   `fallocate` on an already released slot), so the reactor and the connection tasks
+//!   (`handle_now`) take it freely. Writes (`WriteReplica`, the soft-NIC) look their
+//!   frame up under it and copy *outside* it: the slot's owner word, checked by the copy
+//!   itself, stops a write to a slot that changed hands meanwhile. Copying frames out
+//!   for a scan, and releasing a slot's memory, also happen outside it.
 //!
 //! Lock order: `store` before `state`. A blocking task holding `store` may take `state`
 //! briefly to publish its result; nothing that holds `state` ever waits for `store`.
-//! Hence `state` is never held while the store lock is held across blocking I/O by the
-//! same thread, and no cycle exists.
+//! Hence no cycle exists.
+//!
+//! **A slot is released only when nothing reads it.** A frame removed from the table
+//! (closed, freed, replaced) while a close is still copying its slot to disk is parked in
+//! `retiring`; its slot is released when the last such close ends. Lists, reads and the
+//! fence copy a slot without pinning it, and check afterwards, under `state`, that its
+//! frame is still in the table (it cannot come back: handles are never reused); a copy
+//! that lost that race is discarded.
 //!
 //! **Close racing free (or a replacing open) of the same replica.** `FreeReplica` first
 //! removes the frame from the table (under `state`), then frees the stored replica
@@ -61,82 +90,119 @@
 //!   reported as `Internal` with the reason; it is no longer listed.
 //! * A retried close whose first attempt succeeded finds the frame gone and gets
 //!   `UnknownFrame`; the master can confirm with `ListReplicas`.
+//! * A frame refuses writes while a close of it runs (`UnknownFrame`: the master
+//!   declared it complete). That covers the `rpc` and `tcp` transports; a master writing
+//!   by `shm` must not write after sending close, and does not.
+//! * The frame file lives as long as the service (and the [`BackupNic`] and closes that
+//!   share it), then is removed. A backup that is killed leaves it behind; the next start
+//!   replaces it ([`FrameFile::create`]). Open frames do not survive a restart.
 //!
 //! # Cost
-//! Open, write and list run on the connection task (`handle_now`). A write copies its
-//! payload once, under `state` (≈ 100 µs per MiB at memory speed; writes of all frames
-//! serialise there, acceptable for the `rpc` baseline that one-sided writes replace).
-//! A close costs one replica write plus two fsyncs in the store (≈ 17 ms for 8 MiB at
-//! 500 MB/s), on a blocking thread.
+//! Open, write and `BumpEpoch` run on the connection task (`handle_now`). A write copies
+//! its payload once, outside `state` (≈ 100 µs per MiB at memory speed). Listing or
+//! reading an open frame copies and scans it on a blocking thread (≈ 1–5 ms per 8 MiB
+//! frame). A close costs one replica write plus two fsyncs in the store (≈ 17 ms for
+//! 8 MiB at 500 MB/s), on a blocking thread, then a `fallocate` to release the slot.
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::log::scan;
+use rampart_common::onesided::nic::NicTarget;
+use rampart_common::onesided::shm::FrameFile;
+use rampart_common::onesided::{host_id, FrameWriteError};
 use rampart_common::protocol::backup::{
-    self as proto, CloseReplicaRequest, FrameHandle, FreeReplicaReply, ListReplicasReply,
-    ListReplicasRequest, OpenReplicaRequest, ReadReplicaReply, ReplicaId, ReplicaInfo,
-    WriteReplicaRequest,
+    self as proto, BumpEpochRequest, CloseReplicaRequest, FreeReplicaReply, ListReplicasReply,
+    ListReplicasRequest, OpenReplicaReply, OpenReplicaRequest, ReadReplicaReply, ReplicaId,
+    ReplicaInfo, ShmFrame, WriteReplicaRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
 use rampart_common::status::Status;
-use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::segment_store::{
     Disk, RealDisk, ReplicaMeta, ScanReport, SegmentStore, StoreError, REPLICA_BYTES_MAX,
 };
 
-/// How a backup sizes its frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a backup sizes and places its frames.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackupConfig {
-    /// Frames open at once: the bound on replica bytes held only in memory. Sized so
-    /// the disk can flush them (issue 3); `OpenReplica` past it is `BackupFull`.
+    /// Frames open at once: the bound on replica bytes held only in memory, and the
+    /// number of slots of the frame file. Sized so the disk can flush them (issue 3);
+    /// `OpenReplica` past it is `BackupFull`. Must be at least 1.
     pub frames_max: usize,
     /// Largest frame capacity accepted, in bytes; larger opens are `InvalidArgument`.
     /// Values above [`REPLICA_BYTES_MAX`] are treated as it (the store takes no more).
+    /// Each slot of the frame file holds this much.
     pub frame_bytes_max: u32,
+    /// Where the backup creates its shared-memory frame file (replacing any file a dead
+    /// backup left there). Masters on the same host map it, so it should lie on a
+    /// memory file system (`/dev/shm`); anywhere else works, with the kernel writing the
+    /// frames back to that disk in the background. The path must be valid UTF-8 (it
+    /// travels in `OpenReplica` replies).
+    pub frame_file: PathBuf,
 }
 
 /// (master, segment): the key of a replica.
 type ReplicaKey = (ServerId, SegmentId);
 
 /// One open frame: a replica being written.
-///
-/// Kept small and private so that moving frames into a shared-memory file (the `shm`
-/// transport) changes only this struct.
 #[derive(Debug)]
 struct Frame {
     master: ServerId,
     segment: SegmentId,
     epoch: u64,
-    /// Bytes the frame holds; equals `bytes.len()`.
+    /// Bytes the frame holds. Invariant: ≤ the frame file's slot capacity.
     capacity: u32,
-    /// The frame's content, zeroed at open. Shared with a close in flight (which writes
-    /// a snapshot of it to the store); otherwise the only reference.
-    bytes: Arc<Vec<u8>>,
-    /// One past the furthest byte written (`WriteReplica` only: one-sided writes do not
-    /// tell the backup). Invariant: ≤ `capacity`.
-    written_end: u32,
-    /// Closes running on a blocking thread. While non-zero the frame refuses writes:
-    /// the master has declared it complete, and the bytes are being flushed.
+    /// The frame file slot holding the bytes. Invariant: owned by this frame alone
+    /// (the slot's owner word is this frame's handle) until the frame leaves the table
+    /// and `retiring`.
+    slot: usize,
+    /// Closes running on a blocking thread. While non-zero the frame refuses writes
+    /// (the master has declared it complete, and the bytes are being flushed) and its
+    /// slot is not released (a close is copying it).
     closes_in_flight: u32,
+    /// Set by [`BackupService::fence_master`], never cleared: the frame's master is
+    /// being recovered. Mirrors the slot's fence word, so that the RPC paths refuse
+    /// without touching the slot.
+    fenced: bool,
+    /// The valid prefix the first fence reported; from then on the frame's length. A
+    /// write in flight during the fence may still land past it, unacknowledged: it is
+    /// cut off so that every reader of a fenced frame sees the same replica.
+    /// Invariant: `Some` only if `fenced`.
+    fenced_length: Option<u32>,
 }
 
 impl Frame {
-    fn info(&self) -> ReplicaInfo {
+    fn info(&self, length: u32) -> ReplicaInfo {
         ReplicaInfo {
             master: self.master,
             segment: self.segment,
             epoch: self.epoch,
-            length: self.written_end,
+            length,
             closed: false,
         }
     }
+
+    fn gone(handle: u64) -> Reply {
+        Reply::error(Status::UnknownFrame, format!("no open frame {handle}"))
+    }
+
+    fn fenced_reply(&self, handle: u64) -> Reply {
+        Reply::error(
+            Status::Fenced,
+            format!(
+                "frame {handle} of {}/{} is fenced: recovery of its master has begun",
+                self.master, self.segment
+            ),
+        )
+    }
 }
 
-/// The frame table and the store-metadata mirror, behind `BackupService::state`.
+/// The frame table, the slots and the store-metadata mirror, behind `Shared::state`.
 #[derive(Debug)]
 struct State {
     /// Open frames by handle.
@@ -145,12 +211,48 @@ struct State {
     /// Invariants: 1. a bijection with `frames` (one frame per replica at most).
     /// 2. `len() ≤ frames_max`.
     open: BTreeMap<ReplicaKey, u64>,
+    /// Frames removed from the table while a close was still copying their slot, by
+    /// handle. 3. Every entry has `closes_in_flight > 0`; the last close to end
+    /// releases the slot.
+    retiring: HashMap<u64, Frame>,
+    /// Slots holding no frame, oldest release first (reused as late as possible, see
+    /// `onesided::shm` on stale writers). 4. Every slot is in exactly one of:
+    /// `free_slots`, a frame of `frames` or `retiring`, or the hands of a thread
+    /// releasing it (between leaving the table and entering this queue).
+    free_slots: VecDeque<usize>,
     /// What the store holds, mirrored so that open and list never take the store lock.
     /// Invariant: equal to `SegmentStore::list(None)` whenever the store lock is free;
     /// updated only by a thread holding the store lock, right after the store changed.
     stored: BTreeMap<ReplicaKey, ReplicaMeta>,
-    /// The next handle to hand out; handles are never reused.
+    /// The next handle to hand out; handles are never reused, and never 0 (the frame
+    /// file's mark of a free slot).
     next_handle: u64,
+    /// The soft-NIC's address, reported in `OpenReplica` replies.
+    nic_addr: Option<String>,
+}
+
+/// What the service shares with closes in flight and with its [`BackupNic`].
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// The frames' bytes. Lock order: only `FrameFile`'s per-slot locks are taken while
+    /// `state` is held (by `assign`), never the other way round.
+    file: FrameFile,
+    /// What `OpenReplica` replies say of the file: this host's identity and the file's
+    /// absolute path.
+    host: String,
+    path: String,
+}
+
+/// A frame captured under `state` for work outside it (a copy in or out).
+#[derive(Clone, Copy, Debug)]
+struct FrameRef {
+    handle: u64,
+    slot: usize,
+    capacity: u32,
+    /// `Frame::fenced_length`: the scan reports no more than it.
+    fenced_length: Option<u32>,
+    info: ReplicaInfo,
 }
 
 impl State {
@@ -164,28 +266,63 @@ impl State {
         };
     }
 
-    fn remove_frame(&mut self, handle: u64) -> Option<Frame> {
+    /// Removes frame `handle` from the table. Returns its slot if the caller must
+    /// release it now (outside `state`, then [`Shared::free_slot`]); `None` if there was
+    /// no such frame or a close still reads the slot (it is then parked in `retiring`).
+    fn remove_frame(&mut self, handle: u64) -> Option<usize> {
         let frame = self.frames.remove(&handle)?;
         self.open.remove(&(frame.master, frame.segment));
-        Some(frame)
+        if frame.closes_in_flight > 0 {
+            self.retiring.insert(handle, frame);
+            return None;
+        }
+        Some(frame.slot)
     }
 
     /// The open frame of `key` if it is what reads and lists report for the replica:
     /// the copy with the newer epoch wins, the frame on a tie (it holds at least what
     /// was flushed of the same epoch).
-    fn visible_frame(&self, key: ReplicaKey) -> Option<&Frame> {
-        let frame = self.open.get(&key).and_then(|h| self.frames.get(h))?;
+    fn visible_frame(&self, key: ReplicaKey) -> Option<(u64, &Frame)> {
+        let handle = *self.open.get(&key)?;
+        let frame = self.frames.get(&handle)?;
         match self.stored.get(&key) {
             Some(stored) if stored.epoch > frame.epoch => None,
-            _ => Some(frame),
+            _ => Some((handle, frame)),
+        }
+    }
+
+    fn frame_ref(handle: u64, frame: &Frame) -> FrameRef {
+        FrameRef {
+            handle,
+            slot: frame.slot,
+            capacity: frame.capacity,
+            fenced_length: frame.fenced_length,
+            info: frame.info(0),
+        }
+    }
+
+    fn open_reply(&self, shared: &Shared, handle: u64, frame: &Frame) -> OpenReplicaReply {
+        OpenReplicaReply {
+            handle,
+            shm: Some(ShmFrame {
+                host: shared.host.clone(),
+                path: shared.path.clone(),
+                pid: std::process::id(),
+                slot_offset: shared.file.slot_offset(frame.slot),
+                // The frame's own capacity: one-sided writes past the frame's end are
+                // refused like `WriteReplica`s, not merely those past the slot's.
+                slot_capacity: frame.capacity,
+            }),
+            nic: self.nic_addr.clone(),
         }
     }
 
     fn open_replica(
         &mut self,
+        shared: &Shared,
         request: &OpenReplicaRequest,
         config: &BackupConfig,
-    ) -> Result<FrameHandle, Reply> {
+    ) -> Result<OpenReplicaReply, Reply> {
         let key = (request.master, request.segment);
         if request.capacity > config.frame_bytes_max {
             return Err(Reply::error(
@@ -201,6 +338,9 @@ impl State {
             .get(&key)
             .and_then(|&handle| Some((handle, self.frames.get(&handle)?)));
         if let Some((handle, frame)) = existing {
+            if frame.fenced {
+                return Err(frame.fenced_reply(handle));
+            }
             if frame.epoch == request.epoch {
                 if frame.capacity != request.capacity {
                     return Err(Reply::error(
@@ -215,8 +355,8 @@ impl State {
                         ),
                     ));
                 }
-                // A retried open: the same frame.
-                return Ok(FrameHandle { handle });
+                // A retried open: the same frame, the same reply.
+                return Ok(self.open_reply(shared, handle, frame));
             }
             if frame.epoch > request.epoch {
                 return Err(stale(key, request.epoch, frame.epoch, "an open frame"));
@@ -234,49 +374,59 @@ impl State {
             }
         }
         let replaced = self.open.get(&key).copied();
-        match replaced {
-            // The re-replication after an epoch bump rewrites the frame from byte 0.
-            Some(old) => {
-                self.remove_frame(old);
-            }
-            None if self.open.len() >= config.frames_max => {
-                return Err(Reply::error(
-                    Status::BackupFull,
-                    format!("all {} frames are open", config.frames_max),
-                ));
-            }
-            None => {}
+        if replaced.is_none() && self.open.len() >= config.frames_max {
+            return Err(Reply::error(
+                Status::BackupFull,
+                format!("all {} frames are open", config.frames_max),
+            ));
         }
+        // The re-replication after an epoch bump rewrites the frame from byte 0: a
+        // replaced frame's slot is reused (`assign` zeroes it) unless a close still
+        // reads it. Checked before anything changes, so a refusal leaves all as it was.
+        let slot_reusable = replaced
+            .and_then(|old| self.frames.get(&old))
+            .is_some_and(|old| old.closes_in_flight == 0);
+        if !slot_reusable && self.free_slots.is_empty() {
+            return Err(Reply::error(
+                Status::BackupFull,
+                format!(
+                    "no free frame slot: {} frames open, {} still being flushed",
+                    self.open.len(),
+                    self.retiring.len()
+                ),
+            ));
+        }
+        let reused = replaced.and_then(|old| self.remove_frame(old));
+        let Some(slot) = reused.or_else(|| self.free_slots.pop_front()) else {
+            return Err(Reply::error(Status::Internal, "free frame slot vanished"));
+        };
         let handle = self.next_handle;
         self.next_handle += 1;
-        let capacity = usize::try_from(request.capacity).unwrap_or(usize::MAX);
-        self.frames.insert(
-            handle,
-            Frame {
-                master: request.master,
-                segment: request.segment,
-                epoch: request.epoch,
-                capacity: request.capacity,
-                bytes: Arc::new(vec![0; capacity]),
-                written_end: 0,
-                closes_in_flight: 0,
-            },
-        );
+        shared.file.assign(slot, handle);
+        let frame = Frame {
+            master: request.master,
+            segment: request.segment,
+            epoch: request.epoch,
+            capacity: request.capacity,
+            slot,
+            closes_in_flight: 0,
+            fenced: false,
+            fenced_length: None,
+        };
+        let reply = self.open_reply(shared, handle, &frame);
+        self.frames.insert(handle, frame);
         self.open.insert(key, handle);
         tracing::debug!(
             master = %request.master, segment = %request.segment, epoch = request.epoch,
-            handle, replaced = replaced.is_some(), "frame opened"
+            handle, slot, replaced = replaced.is_some(), "frame opened"
         );
-        Ok(FrameHandle { handle })
+        Ok(reply)
     }
 
     /// The frame `handle`, checked against `epoch`.
     fn frame_mut(&mut self, handle: u64, epoch: u64) -> Result<&mut Frame, Reply> {
         let Some(frame) = self.frames.get_mut(&handle) else {
-            return Err(Reply::error(
-                Status::UnknownFrame,
-                format!("no open frame {handle}"),
-            ));
+            return Err(Frame::gone(handle));
         };
         if frame.epoch != epoch {
             return Err(Reply::error(
@@ -290,59 +440,179 @@ impl State {
         Ok(frame)
     }
 
-    fn write_replica(&mut self, request: &WriteReplicaRequest) -> Result<(), Reply> {
-        let frame = self.frame_mut(request.handle, request.epoch)?;
+    /// Checks a write of `len` bytes at `offset` into frame `handle` at `epoch`, and
+    /// returns where to copy it. The copy itself happens outside `state`.
+    fn writable(&mut self, handle: u64, epoch: u64, offset: u64, len: u64) -> Result<usize, Reply> {
+        let frame = self.frame_mut(handle, epoch)?;
+        if frame.fenced {
+            return Err(frame.fenced_reply(handle));
+        }
         if frame.closes_in_flight > 0 {
             return Err(Reply::error(
                 Status::UnknownFrame,
-                format!("frame {} is being closed", request.handle),
+                format!("frame {handle} is being closed"),
             ));
         }
-        let end = u64::from(request.offset) + request.bytes.len() as u64;
-        if end > u64::from(frame.capacity) {
+        if offset
+            .checked_add(len)
+            .map_or(true, |end| end > u64::from(frame.capacity))
+        {
             return Err(Reply::error(
                 Status::InvalidArgument,
                 format!(
-                    "write of {} bytes at offset {} passes the end of frame {} ({} bytes)",
-                    request.bytes.len(),
-                    request.offset,
-                    request.handle,
+                    "write of {len} bytes at offset {offset} passes the end of frame {handle} \
+                     ({} bytes)",
                     frame.capacity
                 ),
             ));
         }
-        // `end ≤ capacity ≤ u32::MAX`, and `capacity == bytes.len()`, so these fit.
-        let (start, end) = (request.offset as usize, end as usize);
-        // Copies only if a finished close's snapshot is still referenced (it drops its
-        // reference before `closes_in_flight` falls to 0, so in practice never).
-        let bytes = Arc::make_mut(&mut frame.bytes);
-        let Some(target) = bytes.get_mut(start..end) else {
-            return Err(Reply::error(
-                Status::Internal,
-                "frame shorter than capacity",
-            ));
+        Ok(frame.slot)
+    }
+
+    fn bump_epoch(&mut self, request: &BumpEpochRequest) -> Result<(), Reply> {
+        let handle = request.handle;
+        let Some(frame) = self.frames.get(&handle) else {
+            return Err(Frame::gone(handle));
         };
-        target.copy_from_slice(&request.bytes);
-        frame.written_end = frame.written_end.max(end as u32);
+        let key = (frame.master, frame.segment);
+        if frame.fenced {
+            return Err(frame.fenced_reply(handle));
+        }
+        if frame.closes_in_flight > 0 {
+            return Err(Reply::error(
+                Status::UnknownFrame,
+                format!("frame {handle} is being closed"),
+            ));
+        }
+        if frame.epoch == request.new_epoch && request.epoch < request.new_epoch {
+            // A retried bump whose first attempt succeeded.
+            return Ok(());
+        }
+        if frame.epoch != request.epoch {
+            return Err(Reply::error(
+                Status::StaleEpoch,
+                format!(
+                    "frame {handle} of {}/{} has epoch {}, not {}",
+                    key.0, key.1, frame.epoch, request.epoch
+                ),
+            ));
+        }
+        if request.new_epoch <= request.epoch {
+            return Err(Reply::error(
+                Status::InvalidArgument,
+                format!(
+                    "frame {handle}: new epoch {} is not newer than {}",
+                    request.new_epoch, request.epoch
+                ),
+            ));
+        }
+        if let Some(stored) = self.stored.get(&key) {
+            // The same rule as a fresh open at the new epoch.
+            if stored.epoch > request.new_epoch
+                || (stored.closed && stored.epoch == request.new_epoch)
+            {
+                return Err(stale(
+                    key,
+                    request.new_epoch,
+                    stored.epoch,
+                    "a stored replica",
+                ));
+            }
+        }
+        if let Some(frame) = self.frames.get_mut(&handle) {
+            frame.epoch = request.new_epoch;
+        }
+        tracing::debug!(
+            master = %key.0, segment = %key.1, handle, epoch = request.new_epoch,
+            "frame epoch bumped"
+        );
         Ok(())
     }
 
-    fn list(&self, master: Option<ServerId>) -> Vec<ReplicaInfo> {
+    /// The replicas of `master` (or all): stored ones, and open frames captured for a
+    /// scan (their lengths are filled in by [`Shared::scan_frames`]).
+    fn list(&self, master: Option<ServerId>) -> (BTreeMap<ReplicaKey, ReplicaInfo>, Vec<FrameRef>) {
         let range = match master {
             Some(master) => (master, SegmentId(0))..=(master, SegmentId(u64::MAX)),
             None => (ServerId(0), SegmentId(0))..=(ServerId(u64::MAX), SegmentId(u64::MAX)),
         };
-        let mut replicas: BTreeMap<ReplicaKey, ReplicaInfo> = self
+        let stored = self
             .stored
             .range(range.clone())
             .map(|(key, meta)| (*key, info_of(meta)))
             .collect();
-        for (key, _) in self.open.range(range) {
-            if let Some(frame) = self.visible_frame(*key) {
-                replicas.insert(*key, frame.info());
-            }
-        }
-        replicas.into_values().collect()
+        let frames = self
+            .open
+            .range(range)
+            .filter_map(|(key, _)| self.visible_frame(*key))
+            .map(|(handle, frame)| State::frame_ref(handle, frame))
+            .collect();
+        (stored, frames)
+    }
+}
+
+impl Shared {
+    /// Copies rpc or soft-NIC bytes into frame `handle` (the checks under `state`, the
+    /// copy outside it).
+    fn write(&self, handle: u64, epoch: u64, offset: u64, bytes: &[u8]) -> Result<(), Reply> {
+        let slot = self
+            .state
+            .lock()
+            .writable(handle, epoch, offset, bytes.len() as u64)?;
+        self.file
+            .write(slot, handle, offset, bytes)
+            .map_err(|error| match error {
+                FrameWriteError::Fenced => Reply::error(
+                    Status::Fenced,
+                    format!("frame {handle} is fenced: recovery of its master has begun"),
+                ),
+                FrameWriteError::FrameGone => Reply::error(
+                    Status::UnknownFrame,
+                    format!("frame {handle} was closed, freed or replaced during the write"),
+                ),
+                FrameWriteError::OutOfBounds { .. } => {
+                    Reply::error(Status::InvalidArgument, format!("frame {handle}: {error}"))
+                }
+                other => Reply::error(Status::Internal, format!("frame {handle}: {other}")),
+            })
+    }
+
+    /// Returns a released slot to the free queue. Called without `state` held, after
+    /// [`FrameFile::release`].
+    fn free_slot(&self, slot: usize) {
+        self.file.release(slot);
+        self.state.lock().free_slots.push_back(slot);
+    }
+
+    /// Copies each frame out of its slot and scans it for its valid prefix, then keeps
+    /// those still in the table (a frame that left it meanwhile may have had its slot
+    /// reused: that copy is discarded). Blocks for the copies and scans.
+    fn scan_frames(&self, frames: Vec<FrameRef>) -> Vec<(FrameRef, Vec<u8>)> {
+        let scanned: Vec<(FrameRef, Vec<u8>)> = frames
+            .into_iter()
+            .map(|mut frame| {
+                let mut bytes = self.file.read(frame.slot, frame.capacity);
+                let scanned = scan(&bytes).valid_bytes;
+                // The fenced length ends at a checksum that the later scan also passes
+                // (writers only append), so the cut prefix is still valid.
+                let valid = frame
+                    .fenced_length
+                    .map_or(scanned, |fenced| fenced.min(scanned));
+                bytes.truncate(valid as usize);
+                frame.info.length = valid;
+                (frame, bytes)
+            })
+            .collect();
+        let state = self.state.lock();
+        scanned
+            .into_iter()
+            .filter(|(frame, _)| {
+                state
+                    .frames
+                    .get(&frame.handle)
+                    .is_some_and(|held| held.slot == frame.slot)
+            })
+            .collect()
     }
 }
 
@@ -378,7 +648,7 @@ fn store_error_reply(error: StoreError) -> Reply {
     Reply::error(status, error)
 }
 
-/// Runs `f` on a blocking thread (it takes the store lock).
+/// Runs `f` on a blocking thread (it takes the store lock, or copies and scans frames).
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Reply> {
     tokio::task::spawn_blocking(f)
         .await
@@ -386,16 +656,15 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 /// A close on its way to the store. Dropping it (done, failed, or never run because
-/// the runtime shut down) releases the frame for writes again if it is still open.
+/// the runtime shut down) ends its claim on the frame: the frame takes writes again if
+/// it is still open, and its slot is released if it left the table meanwhile.
 struct CloseJob {
-    state: Arc<Mutex<State>>,
+    shared: Arc<Shared>,
     handle: u64,
+    slot: usize,
     key: ReplicaKey,
     epoch: u64,
     length: u32,
-    /// The frame's bytes; dropped before `closes_in_flight` is decremented, so the
-    /// frame's `Arc` is unshared again when it next takes writes.
-    bytes: Option<Arc<Vec<u8>>>,
 }
 
 /// Why a close did not store its replica.
@@ -408,20 +677,22 @@ enum CloseFailure {
 
 impl CloseJob {
     /// Writes the replica, under the store lock; see "Close racing free" in the module
-    /// doc for why the frame's presence is checked under that lock.
-    fn run(mut self, store: &Mutex<SegmentStore>) -> Result<ReplicaMeta, CloseFailure> {
-        let bytes = self.bytes.take().unwrap_or_default();
+    /// doc for why the frame's presence is checked under that lock. The slot cannot be
+    /// released while this job lives (`closes_in_flight`), so the copy reads this frame.
+    fn run(self, store: &Mutex<SegmentStore>) -> Result<ReplicaMeta, CloseFailure> {
         let mut store = store.lock();
-        if !self.state.lock().frames.contains_key(&self.handle) {
+        if !self.shared.state.lock().frames.contains_key(&self.handle) {
             return Err(CloseFailure::FrameGone);
         }
-        let content = bytes.get(..self.length as usize).unwrap_or(&bytes[..]);
+        let content = self.shared.file.read(self.slot, self.length);
         let (master, segment) = self.key;
-        let result = store.write_replica(master, segment, self.epoch, true, content);
-        let mut state = self.state.lock();
+        let result = store.write_replica(master, segment, self.epoch, true, &content);
+        let mut state = self.shared.state.lock();
         state.sync_stored(&store, self.key);
         if result.is_ok() {
-            state.remove_frame(self.handle);
+            // Parked in `retiring` (this job is in flight): released when it drops.
+            let released = state.remove_frame(self.handle);
+            debug_assert!(released.is_none(), "a closing frame's slot is pinned");
         }
         drop(state);
         drop(store);
@@ -431,9 +702,25 @@ impl CloseJob {
 
 impl Drop for CloseJob {
     fn drop(&mut self) {
-        self.bytes = None;
-        if let Some(frame) = self.state.lock().frames.get_mut(&self.handle) {
-            frame.closes_in_flight = frame.closes_in_flight.saturating_sub(1);
+        let release = {
+            let mut state = self.shared.state.lock();
+            if let Some(frame) = state.frames.get_mut(&self.handle) {
+                frame.closes_in_flight = frame.closes_in_flight.saturating_sub(1);
+                None
+            } else if let Some(frame) = state.retiring.get_mut(&self.handle) {
+                frame.closes_in_flight = frame.closes_in_flight.saturating_sub(1);
+                if frame.closes_in_flight == 0 {
+                    state.retiring.remove(&self.handle).map(|frame| frame.slot)
+                } else {
+                    None
+                }
+            } else {
+                None
+            }
+        };
+        if let Some(slot) = release {
+            debug_assert_eq!(slot, self.slot);
+            self.shared.free_slot(slot);
         }
     }
 }
@@ -445,18 +732,37 @@ pub struct BackupService {
     /// The on-disk store. Lock order: taken before `state`, and only on blocking
     /// threads (it is held across fsyncs).
     store: Arc<Mutex<SegmentStore>>,
-    /// Frames and the store-metadata mirror. Never held across I/O or `.await`, and
-    /// never held while waiting for `store`.
-    state: Arc<Mutex<State>>,
+    /// Frames, slots and the store-metadata mirror. `state` is never held across I/O
+    /// or `.await`, and never while waiting for `store`.
+    shared: Arc<Shared>,
+}
+
+/// The backup's side of the soft-NIC (`rampart_common::onesided::nic::serve`): places
+/// bytes into open frames with the checks of `WriteReplica`. Shares the frames with its
+/// [`BackupService`] (from [`BackupService::nic_target`]).
+#[derive(Debug, Clone)]
+pub struct BackupNic {
+    shared: Arc<Shared>,
+}
+
+impl NicTarget for BackupNic {
+    fn place(&self, handle: u64, epoch: u64, offset: u64, bytes: &[u8]) -> Result<(), Status> {
+        self.shared
+            .write(handle, epoch, offset, bytes)
+            .map_err(|reply| reply.status())
+    }
 }
 
 impl BackupService {
-    /// Opens (scans) the segment store under `data_dir` and returns the service with
-    /// the scan report (the replicas this backup still holds after a restart).
+    /// Opens (scans) the segment store under `data_dir`, creates the frame file at
+    /// [`BackupConfig::frame_file`], and returns the service with the scan report (the
+    /// replicas this backup still holds after a restart). A frame file that cannot be
+    /// created (`frames_max` 0, a path that is not UTF-8, a file another live backup
+    /// holds, an I/O error) is [`StoreError::Io`] naming the file.
     ///
     /// The scan blocks on the disk: call this at start-up, before serving. The
-    /// service's handlers must run inside a tokio runtime (closes, frees and reads of
-    /// stored replicas use `spawn_blocking`).
+    /// service's handlers must run inside a tokio runtime (closes, frees, lists and
+    /// reads use `spawn_blocking`).
     pub fn open(
         data_dir: &Path,
         config: BackupConfig,
@@ -479,7 +785,29 @@ impl BackupService {
             );
             config.frame_bytes_max = REPLICA_BYTES_MAX;
         }
+        // The store first: its directory lock keeps a second backup on this data
+        // directory from replacing our frame file.
         let (store, report) = SegmentStore::open_with_disk(data_dir, disk)?;
+        let frame_error = |source: std::io::Error| StoreError::Io {
+            path: config.frame_file.clone(),
+            source,
+        };
+        let file = FrameFile::create(
+            &config.frame_file,
+            config.frames_max,
+            config.frame_bytes_max,
+        )
+        .map_err(frame_error)?;
+        let path = file
+            .path()
+            .to_str()
+            .ok_or_else(|| {
+                frame_error(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "the frame file's path is not valid UTF-8",
+                ))
+            })?
+            .to_string();
         let stored = store
             .list(None)
             .into_iter()
@@ -488,13 +816,25 @@ impl BackupService {
         let state = State {
             frames: HashMap::new(),
             open: BTreeMap::new(),
+            retiring: HashMap::new(),
+            free_slots: (0..file.slots()).collect(),
             stored,
             next_handle: 1,
+            nic_addr: None,
         };
+        tracing::info!(
+            frame_file = %path, slots = file.slots(), slot_bytes = file.slot_capacity(),
+            "frame file created"
+        );
         let service = BackupService {
             config,
             store: Arc::new(Mutex::new(store)),
-            state: Arc::new(Mutex::new(state)),
+            shared: Arc::new(Shared {
+                state: Mutex::new(state),
+                file,
+                host: host_id(),
+                path,
+            }),
         };
         Ok((service, report))
     }
@@ -504,23 +844,93 @@ impl BackupService {
         &self.config
     }
 
-    /// Requests answered from memory without waiting: open, write, list.
+    /// The frame file's absolute path (what `OpenReplica` replies name).
+    pub fn frame_file_path(&self) -> &Path {
+        self.shared.file.path()
+    }
+
+    /// Records where this backup's soft-NIC listens; later `OpenReplica` replies name it.
+    /// The process running the backup binds the listener and serves
+    /// [`BackupService::nic_target`] on it.
+    pub fn set_nic_addr(&self, addr: String) {
+        self.shared.state.lock().nic_addr = Some(addr);
+    }
+
+    /// The soft-NIC's target: this backup's frames.
+    pub fn nic_target(&self) -> Arc<BackupNic> {
+        Arc::new(BackupNic {
+            shared: Arc::clone(&self.shared),
+        })
+    }
+
+    /// Fences every open frame of `master` (recovery of it has begun) and reports each
+    /// one with the length of its valid prefix. After this returns, no write to those
+    /// frames is acknowledged by any transport, and every write acknowledged before it
+    /// lies within the reported lengths (module doc, guarantee 6). The first fence's
+    /// lengths are final: later fences, lists and reads report the same. Idempotent.
+    ///
+    /// Blocks while it copies and scans the frames (≈ 1–5 ms per 8 MiB frame): call it
+    /// on a blocking thread.
+    pub fn fence_master(&self, master: ServerId) -> Vec<ReplicaInfo> {
+        let frames: Vec<FrameRef> = {
+            let mut state = self.shared.state.lock();
+            let range = (master, SegmentId(0))..=(master, SegmentId(u64::MAX));
+            let handles: Vec<u64> = state.open.range(range).map(|(_, &h)| h).collect();
+            handles
+                .into_iter()
+                .filter_map(|handle| {
+                    let frame = state.frames.get_mut(&handle)?;
+                    frame.fenced = true;
+                    // Under `state`: the slot is this frame's (slots change hands only
+                    // after their frame left the table).
+                    self.shared.file.fence(frame.slot);
+                    Some(State::frame_ref(handle, frame))
+                })
+                .collect()
+        };
+        let scanned = self.shared.scan_frames(frames);
+        let mut state = self.shared.state.lock();
+        let fenced: Vec<ReplicaInfo> = scanned
+            .into_iter()
+            .filter_map(|(mut frame, _)| {
+                // Gone since the scan: freed by recovery already, nothing to report.
+                let held = state.frames.get_mut(&frame.handle)?;
+                let length = *held.fenced_length.get_or_insert(frame.info.length);
+                frame.info.length = length;
+                Some(frame.info)
+            })
+            .collect();
+        drop(state);
+        tracing::info!(%master, frames = fenced.len(), "open frames fenced");
+        fenced
+    }
+
+    /// Requests answered from memory without waiting: open, write, bump epoch.
     fn handle_immediately(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         let reply = match opcode {
             proto::OpenReplica::OPCODE => Reply::decode::<OpenReplicaRequest>(payload.clone())
                 .and_then(|request| {
-                    let handle = self.state.lock().open_replica(&request, &self.config)?;
-                    Ok(Reply::ok(&handle))
+                    let reply = self.shared.state.lock().open_replica(
+                        &self.shared,
+                        &request,
+                        &self.config,
+                    )?;
+                    Ok(Reply::ok(&reply))
                 }),
             proto::WriteReplica::OPCODE => Reply::decode::<WriteReplicaRequest>(payload.clone())
                 .and_then(|request| {
-                    self.state.lock().write_replica(&request)?;
+                    self.shared.write(
+                        request.handle,
+                        request.epoch,
+                        u64::from(request.offset),
+                        &request.bytes,
+                    )?;
                     Ok(Reply::ok(&()))
                 }),
-            proto::ListReplicas::OPCODE => Reply::decode::<ListReplicasRequest>(payload.clone())
-                .map(|request| {
-                    let replicas = self.state.lock().list(request.master);
-                    Reply::ok(&ListReplicasReply { replicas })
+            proto::BumpEpoch::OPCODE => Reply::decode::<BumpEpochRequest>(payload.clone())
+                .and_then(|request| {
+                    self.shared.state.lock().bump_epoch(&request)?;
+                    Ok(Reply::ok(&()))
                 }),
             _ => return None,
         };
@@ -534,6 +944,7 @@ impl BackupService {
         let reply = match opcode {
             proto::CloseReplica::OPCODE => self.close(payload).await,
             proto::FreeReplica::OPCODE => self.free(payload).await,
+            proto::ListReplicas::OPCODE => self.list(payload).await,
             proto::ReadReplica::OPCODE => self.read(payload).await,
             other => Err(Reply::error(
                 Status::UnknownOpcode,
@@ -546,8 +957,11 @@ impl BackupService {
     async fn close(&self, payload: Bytes) -> Result<Reply, Reply> {
         let request: CloseReplicaRequest = Reply::decode(payload)?;
         let job = {
-            let mut state = self.state.lock();
+            let mut state = self.shared.state.lock();
             let frame = state.frame_mut(request.handle, request.epoch)?;
+            if frame.fenced {
+                return Err(frame.fenced_reply(request.handle));
+            }
             if request.length > frame.capacity {
                 return Err(Reply::error(
                     Status::InvalidArgument,
@@ -559,12 +973,12 @@ impl BackupService {
             }
             frame.closes_in_flight += 1;
             CloseJob {
-                state: Arc::clone(&self.state),
+                shared: Arc::clone(&self.shared),
                 handle: request.handle,
+                slot: frame.slot,
                 key: (frame.master, frame.segment),
                 epoch: frame.epoch,
                 length: request.length,
-                bytes: Some(Arc::clone(&frame.bytes)),
             }
         };
         let store = Arc::clone(&self.store);
@@ -594,16 +1008,21 @@ impl BackupService {
         let id: ReplicaId = Reply::decode(payload)?;
         let key = (id.master, id.segment);
         // The frame goes first, so that a close in flight finds it gone (module doc).
-        let frame_freed = {
-            let mut state = self.state.lock();
-            let handle = state.open.get(&key).copied();
-            handle.and_then(|h| state.remove_frame(h)).is_some()
+        let (frame_freed, release) = {
+            let mut state = self.shared.state.lock();
+            match state.open.get(&key).copied() {
+                Some(handle) => (true, state.remove_frame(handle)),
+                None => (false, None),
+            }
         };
-        let (store, state) = (Arc::clone(&self.store), Arc::clone(&self.state));
+        let (store, shared) = (Arc::clone(&self.store), Arc::clone(&self.shared));
         let result = blocking(move || {
+            if let Some(slot) = release {
+                shared.free_slot(slot);
+            }
             let mut store = store.lock();
             let result = store.free(key.0, key.1);
-            state.lock().sync_stored(&store, key);
+            shared.state.lock().sync_stored(&store, key);
             result
         })
         .await?;
@@ -614,28 +1033,51 @@ impl BackupService {
         }))
     }
 
+    async fn list(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: ListReplicasRequest = Reply::decode(payload)?;
+        let (mut replicas, frames) = self.shared.state.lock().list(request.master);
+        let shared = Arc::clone(&self.shared);
+        let scanned = blocking(move || shared.scan_frames(frames)).await?;
+        // A frame shadows the stored copy of its replica (`visible_frame`); a frame that
+        // left the table during the scan is not listed (its stored copy, if any, is).
+        for (frame, _) in scanned {
+            replicas.insert((frame.info.master, frame.info.segment), frame.info);
+        }
+        Ok(Reply::ok(&ListReplicasReply {
+            replicas: replicas.into_values().collect(),
+        }))
+    }
+
     async fn read(&self, payload: Bytes) -> Result<Reply, Reply> {
         let id: ReplicaId = Reply::decode(payload)?;
         let key = (id.master, id.segment);
-        {
-            let state = self.state.lock();
-            if let Some(frame) = state.visible_frame(key) {
-                let bytes = frame.bytes.get(..frame.written_end as usize).unwrap_or(&[]);
-                return Ok(Reply::ok(&ReadReplicaReply {
-                    info: frame.info(),
-                    bytes: Bytes::copy_from_slice(bytes),
-                }));
-            }
-            if !state.stored.contains_key(&key) {
+        let frame = {
+            let state = self.shared.state.lock();
+            let frame = state
+                .visible_frame(key)
+                .map(|(handle, frame)| State::frame_ref(handle, frame));
+            if frame.is_none() && !state.stored.contains_key(&key) {
                 return Err(not_held(key));
             }
+            frame
+        };
+        if let Some(frame) = frame {
+            let shared = Arc::clone(&self.shared);
+            let scanned = blocking(move || shared.scan_frames(vec![frame])).await?;
+            if let Some((frame, bytes)) = scanned.into_iter().next() {
+                return Ok(Reply::ok(&ReadReplicaReply {
+                    info: frame.info,
+                    bytes: Bytes::from(bytes),
+                }));
+            }
+            // Closed, freed or replaced meanwhile: the store has the answer.
         }
-        let (store, state) = (Arc::clone(&self.store), Arc::clone(&self.state));
+        let (store, shared) = (Arc::clone(&self.store), Arc::clone(&self.shared));
         let (result, meta) = blocking(move || {
             let mut store = store.lock();
             let result = store.read_replica(key.0, key.1);
             let meta = store.meta(key.0, key.1);
-            state.lock().sync_stored(&store, key);
+            shared.state.lock().sync_stored(&store, key);
             (result, meta)
         })
         .await?;
@@ -675,20 +1117,24 @@ impl Service for BackupService {
 mod tests {
     use super::*;
     use bytes::BytesMut;
+    use rampart_common::onesided::nic::{self, NicClient};
+    use rampart_common::onesided::shm::{ShmMapping, SLOT_HEADER_BYTES};
     use rampart_common::rpc::WireMessage;
     use tempfile::TempDir;
 
     const CAPACITY: u32 = 64 * 1024;
 
-    fn config(frames_max: usize) -> BackupConfig {
+    fn config(dir: &TempDir, frames_max: usize) -> BackupConfig {
         BackupConfig {
             frames_max,
             frame_bytes_max: CAPACITY,
+            frame_file: dir.path().join("frames"),
         }
     }
 
     fn open_service(dir: &TempDir, frames_max: usize) -> BackupService {
-        let (service, report) = BackupService::open(dir.path(), config(frames_max)).expect("open");
+        let (service, report) =
+            BackupService::open(dir.path(), config(dir, frames_max)).expect("open");
         assert_eq!(report.quarantined, vec![]);
         service
     }
@@ -724,11 +1170,80 @@ mod tests {
         }
     }
 
-    async fn open(service: &BackupService, master: u64, segment: u64, epoch: u64) -> u64 {
+    async fn open_reply(
+        service: &BackupService,
+        master: u64,
+        segment: u64,
+        epoch: u64,
+    ) -> OpenReplicaReply {
         call::<proto::OpenReplica>(service, &open_req(master, segment, epoch))
             .await
             .expect("open")
-            .handle
+    }
+
+    async fn open(service: &BackupService, master: u64, segment: u64, epoch: u64) -> u64 {
+        open_reply(service, master, segment, epoch).await.handle
+    }
+
+    async fn bump(
+        service: &BackupService,
+        handle: u64,
+        epoch: u64,
+        new_epoch: u64,
+    ) -> Result<(), (Status, String)> {
+        let request = BumpEpochRequest {
+            handle,
+            epoch,
+            new_epoch,
+        };
+        call::<proto::BumpEpoch>(service, &request).await
+    }
+
+    /// A segment of (master, segment) as a master's log writes it: `batches` sealed
+    /// batches of a few objects. Returns its bytes and the committed length after the
+    /// opening and after each batch.
+    fn segment(master: u64, segment: u64, batches: usize) -> (Vec<u8>, Vec<u32>) {
+        use rampart_common::ids::{TableId, Version};
+        use rampart_common::log::SegmentWriter;
+        let mut writer = SegmentWriter::open(
+            ServerId(master),
+            SegmentId(segment),
+            CAPACITY,
+            &[SegmentId(segment)],
+        )
+        .expect("segment opens");
+        let mut ends = vec![writer.committed_len()];
+        for batch in 0..batches {
+            for object in 0..3u64 {
+                let key = format!("key-{batch}-{object}");
+                let value = content(batch as u8, 100 + batch * 10);
+                writer
+                    .append_object(TableId(1), Version(object + 1), key.as_bytes(), &value)
+                    .expect("fits");
+            }
+            ends.push(writer.seal_batch());
+        }
+        (writer.bytes().to_vec(), ends)
+    }
+
+    /// Writes `bytes[from..to]` by `WriteReplica`.
+    async fn write_range(
+        service: &BackupService,
+        handle: u64,
+        epoch: u64,
+        bytes: &[u8],
+        from: u32,
+        to: u32,
+    ) {
+        write(
+            service,
+            handle,
+            epoch,
+            from,
+            &bytes[from as usize..to as usize],
+        )
+        .await
+        .expect("write");
     }
 
     async fn write(
@@ -833,7 +1348,7 @@ mod tests {
         );
 
         drop(service);
-        let (service, report) = BackupService::open(dir.path(), config(4)).expect("reopen");
+        let (service, report) = BackupService::open(dir.path(), config(&dir, 4)).expect("reopen");
         assert_eq!(report.replicas.len(), 1);
         assert_eq!(list(&service, None).await, vec![closed]);
         assert_eq!(list(&service, Some(1)).await, vec![closed]);
@@ -847,8 +1362,9 @@ mod tests {
     async fn open_is_idempotent_per_epoch_replaced_by_newer_and_refuses_older_or_closed() {
         let dir = TempDir::new().expect("tempdir");
         let service = open_service(&dir, 4);
-        let first = open(&service, 1, 1, 2).await;
-        assert_eq!(open(&service, 1, 1, 2).await, first);
+        let first_reply = open_reply(&service, 1, 1, 2).await;
+        let first = first_reply.handle;
+        assert_eq!(open_reply(&service, 1, 1, 2).await, first_reply);
         write(&service, first, 2, 0, b"old epoch")
             .await
             .expect("write");
@@ -953,8 +1469,15 @@ mod tests {
         // A retry or an epoch bump of an open replica needs no new frame.
         open(&service, 1, 2, 1).await;
         open(&service, 1, 2, 2).await;
+        let first_slot = slot_offset(&open_reply(&service, 1, 1, 1).await);
         close(&service, first, 1, 0).await.expect("close");
-        open(&service, 1, 3, 1).await;
+        // The closed frame's slot is the one free again.
+        let reply = open_reply(&service, 1, 3, 1).await;
+        assert_eq!(slot_offset(&reply), first_slot);
+    }
+
+    fn slot_offset(reply: &OpenReplicaReply) -> u64 {
+        reply.shm.as_ref().expect("shm location").slot_offset
     }
 
     #[tokio::test]
@@ -962,9 +1485,8 @@ mod tests {
         let dir = TempDir::new().expect("tempdir");
         let service = open_service(&dir, 4);
         let open_frame = open(&service, 1, 1, 1).await;
-        write(&service, open_frame, 1, 0, b"open")
-            .await
-            .expect("write");
+        let (bytes, ends) = segment(1, 1, 1);
+        write_range(&service, open_frame, 1, &bytes, 0, ends[1]).await;
         let closed = open(&service, 1, 2, 1).await;
         write(&service, closed, 1, 0, b"closed")
             .await
@@ -972,7 +1494,7 @@ mod tests {
         close(&service, closed, 1, 6).await.expect("close");
         assert_eq!(
             list(&service, Some(1)).await,
-            vec![info(1, 1, 1, 4, false), info(1, 2, 1, 6, true)]
+            vec![info(1, 1, 1, ends[1], false), info(1, 2, 1, 6, true)]
         );
 
         assert!(free(&service, 1, 1).await);
@@ -991,18 +1513,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn read_of_an_open_frame_returns_the_bytes_written_so_far() {
+    async fn read_of_an_open_frame_returns_its_valid_prefix() {
         let dir = TempDir::new().expect("tempdir");
         let service = open_service(&dir, 4);
         let handle = open(&service, 3, 1, 1).await;
         let replica = read(&service, 3, 1).await.expect("read empty");
         assert_eq!(replica.info, info(3, 1, 1, 0, false));
         assert!(replica.bytes.is_empty());
-        write(&service, handle, 1, 2, b"cd").await.expect("write");
-        write(&service, handle, 1, 0, b"ab").await.expect("write");
+        let (bytes, ends) = segment(3, 1, 2);
+        // The second batch first: nothing past the opening is valid until the first
+        // batch lands too.
+        write_range(&service, handle, 1, &bytes, ends[1], ends[2]).await;
+        write_range(&service, handle, 1, &bytes, 0, ends[0]).await;
         let replica = read(&service, 3, 1).await.expect("read");
-        assert_eq!(replica.info, info(3, 1, 1, 4, false));
-        assert_eq!(&replica.bytes[..], b"abcd");
+        assert_eq!(replica.info, info(3, 1, 1, ends[0], false));
+        assert_eq!(&replica.bytes[..], &bytes[..ends[0] as usize]);
+        write_range(&service, handle, 1, &bytes, ends[0], ends[1]).await;
+        let replica = read(&service, 3, 1).await.expect("read");
+        assert_eq!(replica.info, info(3, 1, 1, ends[2], false));
+        assert_eq!(&replica.bytes[..], &bytes[..ends[2] as usize]);
+        // A batch whose checksum has not landed is not part of the prefix.
+        let (longer, longer_ends) = segment(3, 1, 3);
+        write_range(&service, handle, 1, &longer, ends[2], longer_ends[3] - 4).await;
+        assert_eq!(
+            list(&service, None).await,
+            vec![info(3, 1, 1, ends[2], false)]
+        );
         assert_eq!(
             status(read(&service, 3, 2).await),
             Status::ObjectDoesntExist
@@ -1061,26 +1597,28 @@ mod tests {
         let dir = TempDir::new().expect("tempdir");
         let disk = FillableDisk::default();
         let (service, _) =
-            BackupService::open_with_disk(dir.path(), config(4), Box::new(disk.clone()))
+            BackupService::open_with_disk(dir.path(), config(&dir, 4), Box::new(disk.clone()))
                 .expect("open");
         let handle = open(&service, 1, 1, 1).await;
-        write(&service, handle, 1, 0, b"full").await.expect("write");
+        let (bytes, ends) = segment(1, 1, 2);
+        write_range(&service, handle, 1, &bytes, 0, ends[1]).await;
         disk.full.store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(
-            status(close(&service, handle, 1, 4).await),
+            status(close(&service, handle, 1, ends[1]).await),
             Status::BackupFull
         );
         // Still open, still readable and writable.
-        assert_eq!(list(&service, None).await, vec![info(1, 1, 1, 4, false)]);
-        write(&service, handle, 1, 4, b"er")
-            .await
-            .expect("write after failed close");
+        assert_eq!(
+            list(&service, None).await,
+            vec![info(1, 1, 1, ends[1], false)]
+        );
+        write_range(&service, handle, 1, &bytes, ends[1], ends[2]).await;
         disk.full.store(false, std::sync::atomic::Ordering::SeqCst);
-        let closed = close(&service, handle, 1, 6).await.expect("retry");
-        assert_eq!(closed, info(1, 1, 1, 6, true));
+        let closed = close(&service, handle, 1, ends[2]).await.expect("retry");
+        assert_eq!(closed, info(1, 1, 1, ends[2], true));
         assert_eq!(
             &read(&service, 1, 1).await.expect("read").bytes[..],
-            b"fuller"
+            &bytes[..ends[2] as usize]
         );
     }
 
@@ -1112,6 +1650,10 @@ mod tests {
         }
         // Report how the race went; which interleavings occur is up to the scheduler.
         eprintln!("{closes_ok} of 64 closes completed before their free");
+        // Every slot came back, whichever way each race went.
+        for segment in 100..164 {
+            open(&service, 1, segment, 1).await;
+        }
         drop(service);
         let service = open_service(&dir, 64);
         assert_eq!(list(&service, None).await, vec![]);
@@ -1128,6 +1670,7 @@ mod tests {
             proto::FreeReplica::OPCODE,
             proto::ListReplicas::OPCODE,
             proto::ReadReplica::OPCODE,
+            proto::BumpEpoch::OPCODE,
         ];
         let garbage: [&[u8]; 4] = [b"", &[0xFF; 3], &[0xFF; 64], &[0x01; 200]];
         for opcode in opcodes {
@@ -1148,5 +1691,354 @@ mod tests {
         assert!(service
             .handle_now(proto::CloseReplica::OPCODE, &Bytes::new())
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn open_reply_locates_the_frame_for_shm_and_the_nic_and_a_retry_gets_the_same() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let first = open_reply(&service, 1, 1, 1).await;
+        let shm = first.shm.clone().expect("shm location");
+        assert_eq!(shm.host, rampart_common::onesided::host_id());
+        assert_eq!(Path::new(&shm.path), service.frame_file_path());
+        assert!(Path::new(&shm.path).is_absolute());
+        assert_eq!(shm.pid, std::process::id());
+        assert_eq!(shm.slot_capacity, CAPACITY);
+        assert_eq!(first.nic, None);
+        service.set_nic_addr("127.0.0.1:9999".to_string());
+        let retry = open_reply(&service, 1, 1, 1).await;
+        assert_eq!((retry.handle, &retry.shm), (first.handle, &first.shm));
+        assert_eq!(retry.nic.as_deref(), Some("127.0.0.1:9999"));
+        assert_eq!(open_reply(&service, 1, 1, 1).await, retry);
+        // Another frame, another slot; a smaller frame reports its own capacity.
+        let mut request = open_req(1, 2, 1);
+        request.capacity = 1000;
+        let second = call::<proto::OpenReplica>(&service, &request)
+            .await
+            .expect("open");
+        let second_shm = second.shm.expect("shm location");
+        assert_ne!(second_shm.slot_offset, shm.slot_offset);
+        assert_eq!(second_shm.slot_capacity, 1000);
+    }
+
+    #[tokio::test]
+    async fn shm_writes_land_in_the_frame_and_lists_report_their_valid_prefix() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let reply = open_reply(&service, 1, 7, 1).await;
+        let shm = reply.shm.expect("shm location");
+        let mapping = ShmMapping::open(Path::new(&shm.path)).expect("map");
+        let shm_write = |offset: u32, bytes: &[u8]| {
+            mapping.write(
+                shm.slot_offset,
+                shm.slot_capacity,
+                reply.handle,
+                u64::from(offset),
+                bytes,
+            )
+        };
+        let (bytes, ends) = segment(1, 7, 3);
+        for pair in ends.windows(2).take(2) {
+            shm_write(pair[0], &bytes[pair[0] as usize..pair[1] as usize]).expect("write");
+        }
+        shm_write(0, &bytes[..ends[0] as usize]).expect("write the opening last");
+        assert_eq!(
+            list(&service, None).await,
+            vec![info(1, 7, 1, ends[2], false)]
+        );
+        // Past the frame's end: refused by the mapping, nothing written.
+        assert!(matches!(
+            shm_write(CAPACITY - 2, b"abc"),
+            Err(FrameWriteError::OutOfBounds { .. })
+        ));
+        let closed = close(&service, reply.handle, 1, ends[2])
+            .await
+            .expect("close");
+        assert_eq!(closed, info(1, 7, 1, ends[2], true));
+        assert_eq!(
+            &read(&service, 1, 7).await.expect("read").bytes[..],
+            &bytes[..ends[2] as usize]
+        );
+        // The slot was released: a late write finds it gone.
+        assert!(matches!(
+            shm_write(ends[2], &bytes[ends[2] as usize..ends[3] as usize]),
+            Err(FrameWriteError::FrameGone)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_is_reused_zeroed() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 1);
+        let first = open_reply(&service, 1, 1, 1).await;
+        write(&service, first.handle, 1, 0, &[0xEE; CAPACITY as usize])
+            .await
+            .expect("fill");
+        assert!(free(&service, 1, 1).await);
+        let second = open_reply(&service, 2, 1, 1).await;
+        assert_eq!(slot_offset(&second), slot_offset(&first));
+        let file = std::fs::read(service.frame_file_path()).expect("read the frame file");
+        let data_start = slot_offset(&second) as usize + SLOT_HEADER_BYTES as usize;
+        assert!(file[data_start..data_start + CAPACITY as usize]
+            .iter()
+            .all(|&b| b == 0));
+        // The old handle cannot reach the new frame.
+        assert_eq!(
+            status(write(&service, first.handle, 1, 0, b"x").await),
+            Status::UnknownFrame
+        );
+    }
+
+    #[tokio::test]
+    async fn nic_writes_land_with_the_checks_of_write_replica() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        service.set_nic_addr(addr.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(nic::serve(listener, service.nic_target(), async move {
+            let _ = stopped.await;
+        }));
+        let reply = open_reply(&service, 1, 1, 1).await;
+        assert_eq!(reply.nic.as_deref(), Some(addr.as_str()));
+        let client = NicClient::new();
+        let timeout = std::time::Duration::from_secs(5);
+        let (bytes, ends) = segment(1, 1, 1);
+        client
+            .write(
+                &addr,
+                reply.handle,
+                1,
+                0,
+                &bytes[..ends[1] as usize],
+                timeout,
+            )
+            .await
+            .expect("write");
+        assert_eq!(
+            list(&service, None).await,
+            vec![info(1, 1, 1, ends[1], false)]
+        );
+        let refusals = [
+            (reply.handle, 2, 0, Status::StaleEpoch),
+            (999, 1, 0, Status::UnknownFrame),
+            (
+                reply.handle,
+                1,
+                u64::from(CAPACITY) - 1,
+                Status::InvalidArgument,
+            ),
+            (reply.handle, 1, u64::MAX, Status::InvalidArgument),
+        ];
+        for (handle, epoch, offset, expected) in refusals {
+            match client
+                .write(&addr, handle, epoch, offset, b"xy", timeout)
+                .await
+            {
+                Err(FrameWriteError::Refused(status)) => assert_eq!(status, expected),
+                other => panic!("{handle}/{epoch}/{offset}: {other:?}"),
+            }
+        }
+        service.fence_master(ServerId(1));
+        assert!(matches!(
+            client
+                .write(&addr, reply.handle, 1, 0, b"late", timeout)
+                .await,
+            Err(FrameWriteError::Refused(Status::Fenced))
+        ));
+        drop(stop);
+        server.await.expect("server stops");
+    }
+
+    #[tokio::test]
+    async fn bump_epoch_moves_an_open_frame_keeping_its_bytes() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let handle = open(&service, 1, 1, 1).await;
+        let (bytes, ends) = segment(1, 1, 2);
+        write_range(&service, handle, 1, &bytes, 0, ends[1]).await;
+        bump(&service, handle, 1, 2).await.expect("bump");
+        assert_eq!(
+            list(&service, None).await,
+            vec![info(1, 1, 2, ends[1], false)]
+        );
+        assert_eq!(
+            status(write(&service, handle, 1, ends[1], b"x").await),
+            Status::StaleEpoch
+        );
+        write_range(&service, handle, 2, &bytes, ends[1], ends[2]).await;
+        // A retried bump is answered as the first was.
+        bump(&service, handle, 1, 2).await.expect("retry");
+        assert_eq!(
+            status(bump(&service, handle, 2, 2).await),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            status(bump(&service, handle, 2, 1).await),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            status(bump(&service, handle, 3, 4).await),
+            Status::StaleEpoch
+        );
+        assert_eq!(
+            status(bump(&service, 999, 1, 2).await),
+            Status::UnknownFrame
+        );
+        // An open at the old epoch is stale; at the new one it is a retry.
+        assert_eq!(
+            status(call::<proto::OpenReplica>(&service, &open_req(1, 1, 1)).await),
+            Status::StaleEpoch
+        );
+        assert_eq!(open(&service, 1, 1, 2).await, handle);
+        let closed = close(&service, handle, 2, ends[2]).await.expect("close");
+        assert_eq!(closed, info(1, 1, 2, ends[2], true));
+        assert_eq!(
+            status(bump(&service, handle, 2, 3).await),
+            Status::UnknownFrame
+        );
+    }
+
+    #[tokio::test]
+    async fn fence_master_reports_acknowledged_writes_and_refuses_every_later_one() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let fenced = open_reply(&service, 1, 1, 1).await;
+        let other_segment = open(&service, 1, 2, 1).await;
+        let other_master = open(&service, 2, 1, 1).await;
+        let (bytes, ends) = segment(1, 1, 2);
+        let shm = fenced.shm.clone().expect("shm location");
+        let mapping = ShmMapping::open(Path::new(&shm.path)).expect("map");
+        mapping
+            .write(
+                shm.slot_offset,
+                shm.slot_capacity,
+                fenced.handle,
+                0,
+                &bytes[..ends[1] as usize],
+            )
+            .expect("shm write before the fence");
+        let infos = service.fence_master(ServerId(1));
+        assert_eq!(
+            infos,
+            vec![info(1, 1, 1, ends[1], false), info(1, 2, 1, 0, false)]
+        );
+        // Every transport is refused now.
+        let late = &bytes[ends[1] as usize..ends[2] as usize];
+        assert!(matches!(
+            mapping.write(
+                shm.slot_offset,
+                shm.slot_capacity,
+                fenced.handle,
+                u64::from(ends[1]),
+                late
+            ),
+            Err(FrameWriteError::Fenced)
+        ));
+        assert_eq!(
+            status(write(&service, fenced.handle, 1, ends[1], late).await),
+            Status::Fenced
+        );
+        assert_eq!(
+            service
+                .nic_target()
+                .place(fenced.handle, 1, u64::from(ends[1]), late),
+            Err(Status::Fenced)
+        );
+        assert_eq!(
+            status(close(&service, fenced.handle, 1, ends[1]).await),
+            Status::Fenced
+        );
+        assert_eq!(
+            status(bump(&service, fenced.handle, 1, 2).await),
+            Status::Fenced
+        );
+        for epoch in [1, 2] {
+            assert_eq!(
+                status(call::<proto::OpenReplica>(&service, &open_req(1, 1, epoch)).await),
+                Status::Fenced
+            );
+        }
+        assert_eq!(
+            status(write(&service, other_segment, 1, 0, b"x").await),
+            Status::Fenced
+        );
+        // The replica is still listed and readable with what was acknowledged.
+        let replica = read(&service, 1, 1).await.expect("read");
+        assert_eq!(&replica.bytes[..], &bytes[..ends[1] as usize]);
+        // Fencing is idempotent; other masters are unaffected.
+        assert_eq!(service.fence_master(ServerId(1)), infos);
+        write(&service, other_master, 1, 0, b"fine")
+            .await
+            .expect("other master");
+        // Recovery frees the fenced frames; their slots serve new frames.
+        assert!(free(&service, 1, 1).await);
+        assert!(free(&service, 1, 2).await);
+        open(&service, 3, 1, 1).await;
+        open(&service, 3, 2, 1).await;
+    }
+
+    /// Guarantee 6 under a race: a writer copies batches through the shared mapping
+    /// while the backup fences; every batch acknowledged to the writer lies within the
+    /// reported length, and nothing is acknowledged once the fence has returned.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fence_master_racing_an_shm_writer_never_loses_an_acknowledged_write() {
+        const ROUNDS: u64 = 50;
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 2);
+        let (bytes, ends) = segment(1, 1, 40);
+        let mut fenced_mid_stream = 0;
+        for round in 0..ROUNDS {
+            // Each round a new master: the fence of an earlier round is not in the way.
+            let master = round + 1;
+            let reply = open_reply(&service, master, 1, 1).await;
+            let shm = reply.shm.clone().expect("shm location");
+            let mapping = ShmMapping::open(Path::new(&shm.path)).expect("map");
+            let shm_write = |from: u32, to: u32| {
+                let batch = &bytes[from as usize..to as usize];
+                let (at, capacity) = (shm.slot_offset, shm.slot_capacity);
+                mapping.write(at, capacity, reply.handle, u64::from(from), batch)
+            };
+            shm_write(0, ends[0]).expect("the opening");
+            let (acked_end, reported) = std::thread::scope(|scope| {
+                let writer = scope.spawn(|| {
+                    let mut acked_end = ends[0];
+                    for pair in ends.windows(2) {
+                        match shm_write(pair[0], pair[1]) {
+                            Ok(()) => acked_end = pair[1],
+                            Err(FrameWriteError::Fenced) => break,
+                            Err(error) => panic!("unexpected {error:?}"),
+                        }
+                    }
+                    acked_end
+                });
+                // Let the writer get going for a while that varies by round.
+                for _ in 0..(round * 997) % 20_000 {
+                    std::hint::spin_loop();
+                }
+                let infos = service.fence_master(ServerId(master));
+                (writer.join().expect("writer"), infos[0].length)
+            });
+            assert!(
+                reported >= acked_end,
+                "round {round}: batches acknowledged up to {acked_end}, fence reported {reported}"
+            );
+            assert!(ends.contains(&reported), "round {round}: {reported}");
+            assert!(matches!(
+                shm_write(0, ends[0]),
+                Err(FrameWriteError::Fenced)
+            ));
+            let held = read(&service, master, 1).await.expect("read");
+            assert_eq!(held.info.length, reported);
+            assert_eq!(&held.bytes[..], &bytes[..reported as usize]);
+            if acked_end < *ends.last().expect("batches") {
+                fenced_mid_stream += 1;
+            }
+            assert!(free(&service, master, 1).await);
+        }
+        eprintln!("{fenced_mid_stream} of {ROUNDS} fences landed mid-stream");
     }
 }
