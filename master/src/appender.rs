@@ -6,8 +6,8 @@
 //!
 //! 1. **stage** — under the store lock, check and append each operation
 //!    ([`ObjectStore::stage`]), then seal the batch with one Tailwind checksum;
-//! 2. **replicate** — hand the sealed byte ranges to replication and wait until every
-//!    replica holds them (the lock is not held: reads continue meanwhile);
+//! 2. **replicate** — hand the sealed byte ranges to the [`Replicator`] and wait until
+//!    every replica holds them (the lock is not held: reads continue meanwhile);
 //! 3. **publish** — under the lock, make the batch visible to reads;
 //! 4. **reply** — complete every job of the batch.
 //!
@@ -15,19 +15,29 @@
 //! so under load many writes share one replication round trip.
 //!
 //! Tablet ownership changes travel on the same queue and are applied between batches,
-//! so they are ordered with the writes around them.
+//! so they are ordered with the writes around them. When the queue is idle, the task
+//! gives the replicator time for upkeep every [`UPKEEP_INTERVAL`] (background closes,
+//! probing backups, re-creating lost replicas).
 //!
 //! # Failure handling
 //! The queue is bounded ([`APPENDER_QUEUE_MAX`]): when it is full, submitters wait
 //! (back-pressure to the RPC layer, which stops reading from connections past its own
 //! in-flight limit). If a submitter goes away, its job still completes atomically.
+//! A [`Fatal`] replication error (this master was fenced) stops the appender for good:
+//! the batch in hand and every later job are never answered, and the reason is
+//! published in [`AppenderStatus`] so the process can exit.
 
+use bytes::Bytes;
 use parking_lot::Mutex;
+use rampart_common::ids::SegmentId;
 use rampart_common::tablet::Tablet;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::object_store::{Batch, ObjectStore, OpOutcome, WriteOp};
+use crate::replica_manager::{
+    Fatal, RangeToReplicate, ReplicationConfig, ReplicationStats, Replicator, SegmentSource,
+};
 use crate::segmented_log::SegmentRange;
 
 /// Jobs that may wait for the appender. Beyond it, submitters wait.
@@ -75,11 +85,35 @@ impl std::fmt::Debug for Job {
     }
 }
 
+/// What the appender reports about replication, for `Ping` and tests.
+#[derive(Debug, Default)]
+pub struct AppenderStatus {
+    /// The replicator's counts after the last batch or upkeep tick.
+    pub replication: Mutex<ReplicationStats>,
+    /// Set once, when the appender stopped for good (e.g. fenced); the reason.
+    pub fatal: Mutex<Option<String>>,
+    /// Woken when `fatal` is set.
+    pub fatal_notify: tokio::sync::Notify,
+}
+
 impl Appender {
-    /// Starts the appender task over `store`. The task ends when every handle is dropped.
+    /// Starts the appender task over `store` without replication (R = 0). The task ends
+    /// when every handle is dropped.
     pub fn spawn(store: Arc<Mutex<ObjectStore>>) -> Appender {
+        let own = store.lock().log().log_id();
+        let replicator = Replicator::new(own, ReplicationConfig::none());
+        Appender::spawn_replicated(store, replicator, Arc::default())
+    }
+
+    /// Starts the appender task over `store`, replicating every batch with
+    /// `replicator` before it is acknowledged, and reporting into `status`.
+    pub fn spawn_replicated(
+        store: Arc<Mutex<ObjectStore>>,
+        replicator: Replicator,
+        status: Arc<AppenderStatus>,
+    ) -> Appender {
         let (jobs, queue) = mpsc::channel(APPENDER_QUEUE_MAX);
-        tokio::spawn(run(store, queue));
+        tokio::spawn(run(store, queue, replicator, status));
         Appender { jobs }
     }
 
@@ -115,15 +149,64 @@ impl Appender {
     }
 }
 
-async fn run(store: Arc<Mutex<ObjectStore>>, mut queue: mpsc::Receiver<Job>) {
+/// How often the appender gives the replicator time for upkeep when idle.
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The log as the replicator reads it.
+struct StoreSource<'a> {
+    store: &'a Mutex<ObjectStore>,
+    capacity: u32,
+}
+
+impl SegmentSource for StoreSource<'_> {
+    fn segment_capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    fn segment_range(&self, segment: SegmentId, start: u32, end: u32) -> Option<Bytes> {
+        let store = self.store.lock();
+        let bytes = store.log().segment_bytes(segment)?;
+        bytes
+            .get(start as usize..end as usize)
+            .map(Bytes::copy_from_slice)
+    }
+}
+
+async fn run(
+    store: Arc<Mutex<ObjectStore>>,
+    mut queue: mpsc::Receiver<Job>,
+    mut replicator: Replicator,
+    status: Arc<AppenderStatus>,
+) {
+    let capacity = store.lock().log().segment_capacity();
+    let source = StoreSource {
+        store: &store,
+        capacity,
+    };
+    let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
+    upkeep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut carried: Option<Job> = None;
     loop {
         let first = match carried.take() {
             Some(job) => job,
-            None => match queue.recv().await {
-                Some(job) => job,
-                None => return,
-            },
+            None => {
+                let job = tokio::select! {
+                    biased;
+                    job = queue.recv() => job,
+                    _ = upkeep.tick() => {
+                        let result = replicator.tick(&source).await;
+                        *status.replication.lock() = replicator.stats();
+                        if let Err(fatal) = result {
+                            return stop(fatal, &status, queue, Vec::new()).await;
+                        }
+                        continue;
+                    }
+                };
+                match job {
+                    Some(job) => job,
+                    None => return,
+                }
+            }
         };
         // Gather a batch of ops jobs; a control job ends the batch and runs after it.
         let mut ops_jobs = Vec::new();
@@ -151,7 +234,11 @@ async fn run(store: Arc<Mutex<ObjectStore>>, mut queue: mpsc::Receiver<Job>) {
             next = queue.try_recv().ok();
         }
         if !ops_jobs.is_empty() {
-            write_batch(&store, ops_jobs).await;
+            let result = write_batch(&store, ops_jobs, &mut replicator, &source).await;
+            *status.replication.lock() = replicator.stats();
+            if let Err((fatal, parked)) = result {
+                return stop(fatal, &status, queue, parked).await;
+            }
         }
         match control {
             Some(Job::TakeTablets { tablets, reply }) => {
@@ -168,11 +255,30 @@ async fn run(store: Arc<Mutex<ObjectStore>>, mut queue: mpsc::Receiver<Job>) {
     }
 }
 
+/// Replies of a batch that must never be answered.
+type Parked = Vec<oneshot::Sender<Vec<OpOutcome>>>;
+
+/// The appender stops for good: it reports `fatal` and never answers the parked jobs
+/// nor any later one, so no client sees a write acknowledged (their calls time out, and
+/// the client library reports them as indeterminate). The master process exits on the
+/// report (`MasterService::failed`).
+async fn stop(fatal: Fatal, status: &AppenderStatus, queue: mpsc::Receiver<Job>, parked: Parked) {
+    tracing::error!(%fatal, "appender stopped; this master serves no more writes");
+    *status.fatal.lock() = Some(fatal.to_string());
+    status.fatal_notify.notify_waiters();
+    status.fatal_notify.notify_one();
+    // Holding the queue and the parked replies keeps every submitter waiting.
+    let _held = (queue, parked);
+    std::future::pending::<()>().await;
+}
+
 /// Stages, replicates, publishes and acknowledges one batch.
 async fn write_batch(
     store: &Mutex<ObjectStore>,
     jobs: Vec<(Vec<WriteOp>, oneshot::Sender<Vec<OpOutcome>>)>,
-) {
+    replicator: &mut Replicator,
+    source: &StoreSource<'_>,
+) -> Result<(), (Fatal, Parked)> {
     let mut batch = Batch::new();
     let (outcomes, ranges): (Vec<Vec<OpOutcome>>, Vec<SegmentRange>) = {
         let mut store = store.lock();
@@ -183,11 +289,23 @@ async fn write_batch(
         (outcomes, store.seal())
     };
 
-    // Replication point. Issue 3 hands `ranges` (in order: a new head's header and
-    // digest before the old head's footer) to the replica manager here and waits until
-    // all R replicas hold them; until then nothing below runs, so nothing is visible or
-    // acknowledged. With no backups (R = 0) the batch is durable once sealed in DRAM.
-    replicate(&ranges).await;
+    // Replication point: until every replica holds the batch's ranges (in order: a new
+    // head's header and digest before the old head's footer), nothing below runs, so
+    // nothing is visible or acknowledged. With R = 0 the batch is durable once sealed
+    // in DRAM.
+    let ranges: Vec<RangeToReplicate> = ranges
+        .iter()
+        .map(|r| RangeToReplicate {
+            segment: r.segment,
+            start: r.start,
+            end: r.end,
+            closes: r.closes,
+        })
+        .collect();
+    if let Err(fatal) = replicator.replicate(&ranges, source).await {
+        let parked = jobs.into_iter().map(|(_, reply)| reply).collect();
+        return Err((fatal, parked));
+    }
 
     if !batch.is_empty() {
         store.lock().publish(batch);
@@ -196,12 +314,7 @@ async fn write_batch(
         // A submitter that went away still had its writes applied atomically.
         let _ = reply.send(outcome);
     }
-}
-
-/// Makes `ranges` durable on every replica. This master runs with R = 0 until the
-/// replica manager exists (issue 3): the bytes are already sealed in DRAM.
-async fn replicate(ranges: &[SegmentRange]) {
-    tracing::trace!(ranges = ranges.len(), "batch sealed");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -226,6 +226,16 @@ impl SegmentedLog {
         self.segments.get(&id).map(|s| s.bytes())
     }
 
+    /// Whose log this is.
+    pub fn log_id(&self) -> ServerId {
+        self.log_id
+    }
+
+    /// Bytes each segment holds.
+    pub fn segment_capacity(&self) -> u32 {
+        self.segment_bytes
+    }
+
     /// The head segment's id.
     pub fn head(&self) -> SegmentId {
         self.head

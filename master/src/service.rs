@@ -21,8 +21,9 @@ use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
 use rampart_common::status::Status;
 use std::sync::Arc;
 
-use crate::appender::Appender;
+use crate::appender::{Appender, AppenderStatus};
 use crate::object_store::{ObjectStore, OpOutcome, WriteOp};
+use crate::replica_manager::{ReplicationConfig, ReplicationStats, Replicator};
 
 /// The master service of one storage server.
 #[derive(Debug)]
@@ -32,6 +33,7 @@ pub struct MasterService {
     /// it, and every critical section is a lookup or a batch of appends.
     store: Arc<Mutex<ObjectStore>>,
     appender: Appender,
+    status: Arc<AppenderStatus>,
 }
 
 impl MasterService {
@@ -41,12 +43,46 @@ impl MasterService {
     /// # Panics
     /// If `config` does not validate (callers validate at start-up).
     pub fn new(id: ServerId, config: MasterConfig) -> MasterService {
+        MasterService::with_replication(id, config, ReplicationConfig::none())
+    }
+
+    /// A master with an empty log whose every batch is replicated as `replication`
+    /// says before it is acknowledged; must run inside a tokio runtime.
+    ///
+    /// # Panics
+    /// If `config` does not validate (callers validate at start-up).
+    pub fn with_replication(
+        id: ServerId,
+        config: MasterConfig,
+        replication: ReplicationConfig,
+    ) -> MasterService {
         let store = Arc::new(Mutex::new(ObjectStore::new(id, config)));
-        let appender = Appender::spawn(Arc::clone(&store));
+        let status = Arc::new(AppenderStatus::default());
+        let replicator = Replicator::new(id, replication);
+        let appender =
+            Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
         MasterService {
             id,
             store,
             appender,
+            status,
+        }
+    }
+
+    /// Replication counts (under-replicated segments, re-created replicas).
+    pub fn replication_stats(&self) -> ReplicationStats {
+        *self.status.replication.lock()
+    }
+
+    /// Completes, with the reason, when this master stopped serving writes for good
+    /// (it was fenced: another server is recovering its data). The process should exit.
+    pub async fn failed(&self) -> String {
+        loop {
+            let notified = self.status.fatal_notify.notified();
+            if let Some(reason) = self.status.fatal.lock().clone() {
+                return reason;
+            }
+            notified.await;
         }
     }
 
@@ -81,6 +117,7 @@ impl MasterService {
                     objects: store.object_count(),
                     log_bytes_used: used,
                     log_bytes_max: max,
+                    segments_under_replicated: self.status.replication.lock().under_replicated,
                 }))
             }
             _ => return None,

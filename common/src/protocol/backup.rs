@@ -54,6 +54,10 @@ pub struct ShmFrame {
     /// Bytes of data a writer may place after the slot's header: the frame's capacity
     /// (the slot itself may hold more).
     pub slot_capacity: u32,
+    /// The backup's process id on that host. The frame file outlives a killed backup,
+    /// so a master writing by `shm` checks after each copy that this process still runs
+    /// (a write into a dead backup's file must fail, not succeed silently).
+    pub pid: u32,
 }
 
 /// Move an open frame to a newer epoch in place, keeping its bytes: after a master

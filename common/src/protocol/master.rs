@@ -202,6 +202,8 @@ pub struct PingReply {
     pub log_bytes_used: u64,
     /// Bytes of log memory it may use.
     pub log_bytes_max: u64,
+    /// Segments with fewer than R replicas right now (0 in a healthy cluster).
+    pub segments_under_replicated: u64,
 }
 
 bincode_message!(

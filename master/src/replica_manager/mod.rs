@@ -1,9 +1,17 @@
-//! The replica manager: where each segment of this master's log is replicated
-//! (DESIGN.md §5).
+//! The replica manager: where each segment of this master's log is replicated, and
+//! keeping it so (DESIGN.md §5).
 //!
 //! * [`backup_selector`] — `BackupSelector`: chooses the R backups of each new segment
 //!   by randomized refinement, and a replacement when a backup is lost. Pure and
-//!   synchronous: the async replication driver feeds it the server list and asks it
-//!   for placements.
+//!   synchronous.
+//! * [`replicator`] — `Replicator`: the async driver the appender calls at its
+//!   replication point. It opens, writes (over `shm`, `tcp` or `rpc`), closes and
+//!   re-creates replicas, feeding the selector the server list.
 
 pub mod backup_selector;
+pub mod replicator;
+
+pub use replicator::{
+    Fatal, RangeToReplicate, ReplicationConfig, ReplicationStats, Replicator, SegmentSource,
+    ServerSource,
+};

@@ -1,0 +1,468 @@
+//! The replicator against real backup services (in this process, on loopback): every
+//! acknowledged batch is on R backups byte for byte, over each transport; lost backups
+//! are replaced; a fenced master never acknowledges; writes wait for enough backups.
+
+// A failed unwrap is a failed test, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rampart_backup::service::{BackupConfig, BackupService};
+use rampart_common::config::MasterConfig;
+use rampart_common::ids::{SegmentId, ServerId, TableId};
+use rampart_common::log::scan;
+use rampart_common::onesided::TransportKind;
+use rampart_common::protocol::backup::{
+    ListReplicas, ListReplicasRequest, OpenReplica, OpenReplicaRequest, ReadReplica, ReplicaId,
+    ReplicaInfo,
+};
+use rampart_common::reject::RejectRules;
+use rampart_common::rpc::{RpcPool, RpcServer};
+use rampart_common::status::Status;
+use rampart_common::tablet::{ServerInfo, ServerStatus, Services, Tablet};
+use rampart_master::appender::{Appender, AppenderStatus};
+use rampart_master::object_store::{ObjectStore, WriteOp};
+use rampart_master::replica_manager::{ReplicationConfig, Replicator, ServerSource};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+const MASTER: ServerId = ServerId(100);
+const TABLE: TableId = TableId(1);
+const SEGMENT_BYTES: u32 = 128 * 1024;
+
+struct TestBackup {
+    id: ServerId,
+    addr: String,
+    service: Arc<BackupService>,
+    stop: Option<(oneshot::Sender<()>, oneshot::Sender<()>)>,
+    _dir: TempDir,
+}
+
+impl TestBackup {
+    async fn start(id: u64, frames_max: usize) -> TestBackup {
+        let dir = TempDir::new().unwrap();
+        let config = BackupConfig {
+            frames_max,
+            frame_bytes_max: SEGMENT_BYTES,
+            frame_file: dir.path().join("frames"),
+        };
+        let (service, _) = BackupService::open(&dir.path().join("store"), config).unwrap();
+        let service = Arc::new(service);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let nic_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        service.set_nic_addr(nic_listener.local_addr().unwrap().to_string());
+        let (stop_rpc, rpc_stopped) = oneshot::channel::<()>();
+        let (stop_nic, nic_stopped) = oneshot::channel::<()>();
+        tokio::spawn(RpcServer::run(listener, Arc::clone(&service), async move {
+            let _ = rpc_stopped.await;
+        }));
+        tokio::spawn(rampart_common::onesided::nic::serve(
+            nic_listener,
+            service.nic_target(),
+            async move {
+                let _ = nic_stopped.await;
+            },
+        ));
+        TestBackup {
+            id: ServerId(id),
+            addr,
+            service,
+            stop: Some((stop_rpc, stop_nic)),
+            _dir: dir,
+        }
+    }
+
+    fn info(&self) -> ServerInfo {
+        ServerInfo {
+            id: self.id,
+            addr: self.addr.clone(),
+            services: Services {
+                master: false,
+                backup: true,
+            },
+            status: ServerStatus::Up,
+            failure_domain: self.addr.clone(),
+            disk_read_mbps: 100,
+        }
+    }
+
+    /// Stops serving: RPCs and soft-NIC connections break, as if the process died.
+    fn kill(&mut self) {
+        if let Some((rpc, nic)) = self.stop.take() {
+            let _ = rpc.send(());
+            let _ = nic.send(());
+        }
+    }
+}
+
+struct Master {
+    store: Arc<Mutex<ObjectStore>>,
+    appender: Appender,
+    status: Arc<AppenderStatus>,
+}
+
+fn start_master(
+    replicas: usize,
+    transport: Option<TransportKind>,
+    servers: Arc<Mutex<Vec<ServerInfo>>>,
+) -> Master {
+    let config = MasterConfig {
+        segment_bytes: SEGMENT_BYTES,
+        memory_bytes: 64 * u64::from(SEGMENT_BYTES),
+        value_bytes_max: 4096,
+    };
+    let mut store = ObjectStore::new(MASTER, config);
+    store.take_tablets(&[Tablet {
+        table: TABLE,
+        start_hash: 0,
+        end_hash: u64::MAX,
+        owner: MASTER,
+    }]);
+    let store = Arc::new(Mutex::new(store));
+    let replication = ReplicationConfig {
+        replicas,
+        transport,
+        servers: ServerSource::Fixed(servers),
+        seed: 7,
+    };
+    let status = Arc::new(AppenderStatus::default());
+    let appender = Appender::spawn_replicated(
+        Arc::clone(&store),
+        Replicator::new(MASTER, replication),
+        Arc::clone(&status),
+    );
+    Master {
+        store,
+        appender,
+        status,
+    }
+}
+
+fn write(i: usize) -> WriteOp {
+    WriteOp::Write {
+        table: TABLE,
+        key: Bytes::from(format!("key-{i}")),
+        value: Bytes::from(vec![(i % 251) as u8; 300]),
+        rules: RejectRules::default(),
+    }
+}
+
+/// Writes `keys` objects in batches of `per_batch`, each acknowledged Ok.
+async fn write_many(master: &Master, range: std::ops::Range<usize>, per_batch: usize) {
+    let keys: Vec<usize> = range.collect();
+    for chunk in keys.chunks(per_batch) {
+        let outcomes = master
+            .appender
+            .submit(chunk.iter().map(|&i| write(i)).collect())
+            .await
+            .unwrap();
+        assert!(outcomes.iter().all(|o| o.status() == Status::Ok));
+    }
+}
+
+/// Every replica of `MASTER` on the live `backups`, by segment.
+async fn replicas_by_segment(
+    backups: &[&TestBackup],
+) -> BTreeMap<SegmentId, Vec<(ServerId, ReplicaInfo)>> {
+    let pool = RpcPool::new();
+    let mut by_segment: BTreeMap<SegmentId, Vec<(ServerId, ReplicaInfo)>> = BTreeMap::new();
+    for backup in backups {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let list = pool
+            .call::<ListReplicas>(
+                &backup.addr,
+                &ListReplicasRequest {
+                    master: Some(MASTER),
+                },
+                deadline,
+            )
+            .await
+            .unwrap();
+        for info in list.replicas {
+            by_segment
+                .entry(info.segment)
+                .or_default()
+                .push((backup.id, info));
+        }
+    }
+    by_segment
+}
+
+/// Waits until every segment of the master's log has `replicas` replicas on distinct
+/// live backups, each holding exactly the master's bytes (closed segments: closed and
+/// whole; the head: at least up to its last sealed batch). Panics after 10 s.
+async fn assert_fully_replicated(master: &Master, backups: &[&TestBackup], replicas: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pool = RpcPool::new();
+    loop {
+        let found = replicas_by_segment(backups).await;
+        let (segments, head): (Vec<(SegmentId, Vec<u8>, bool)>, SegmentId) = {
+            let store = master.store.lock();
+            let log = store.log();
+            let head = log.head();
+            (
+                log.segment_ids()
+                    .map(|id| (id, log.segment_bytes(id).unwrap().to_vec(), id != head))
+                    .collect(),
+                head,
+            )
+        };
+        let mut problems = Vec::new();
+        for (id, bytes, closed) in &segments {
+            let held = found.get(id).cloned().unwrap_or_default();
+            let mut holders: Vec<ServerId> = held.iter().map(|(b, _)| *b).collect();
+            holders.sort();
+            holders.dedup();
+            if held.len() != replicas || holders.len() != replicas {
+                problems.push(format!("segment {id}: replicas on {holders:?}"));
+                continue;
+            }
+            for (backup, info) in &held {
+                if *closed && !info.closed {
+                    problems.push(format!("segment {id} on {backup}: not closed yet"));
+                    continue;
+                }
+                let addr = &backups.iter().find(|b| b.id == *backup).unwrap().addr;
+                let reply = pool
+                    .call::<ReadReplica>(
+                        addr,
+                        &ReplicaId {
+                            master: MASTER,
+                            segment: *id,
+                        },
+                        Instant::now() + Duration::from_secs(2),
+                    )
+                    .await
+                    .unwrap();
+                let want = if *closed {
+                    &bytes[..]
+                } else {
+                    // The head: what its valid prefix covers (every sealed batch).
+                    let valid = scan(bytes).valid_bytes as usize;
+                    &bytes[..valid]
+                };
+                if reply.bytes.len() < want.len() || &reply.bytes[..want.len()] != want {
+                    problems.push(format!(
+                        "segment {id} on {backup}: {} bytes held, {} expected or differing",
+                        reply.bytes.len(),
+                        want.len()
+                    ));
+                }
+                let scanned = scan(&reply.bytes);
+                if *closed {
+                    assert!(
+                        scanned.closed && scanned.valid_bytes as usize == reply.bytes.len(),
+                        "closed replica of {id} on {backup} scans cleanly to its footer: {:?}",
+                        scanned.stop
+                    );
+                }
+            }
+        }
+        if problems.is_empty() {
+            assert!(found
+                .keys()
+                .all(|id| segments.iter().any(|(s, ..)| s == id)));
+            let _ = head;
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("not fully replicated: {problems:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn cluster(n: u64) -> (Vec<TestBackup>, Arc<Mutex<Vec<ServerInfo>>>) {
+    let mut backups = Vec::new();
+    for id in 1..=n {
+        backups.push(TestBackup::start(id, 32).await);
+    }
+    let list = Arc::new(Mutex::new(backups.iter().map(TestBackup::info).collect()));
+    (backups, list)
+}
+
+async fn every_batch_is_on_r_backups(transport: TransportKind) {
+    let (backups, list) = cluster(5).await;
+    let master = start_master(3, Some(transport), list);
+    // ≈ 300 KiB of objects: several rollovers of 64 KiB segments.
+    write_many(&master, 0..2000, 7).await;
+    assert!(master.store.lock().log().segment_ids().count() >= 4);
+    let live: Vec<&TestBackup> = backups.iter().collect();
+    assert_fully_replicated(&master, &live, 3).await;
+    assert_eq!(master.status.replication.lock().replicas_recreated, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_batch_is_on_r_backups_over_shm() {
+    every_batch_is_on_r_backups(TransportKind::Shm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_batch_is_on_r_backups_over_tcp() {
+    every_batch_is_on_r_backups(TransportKind::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_batch_is_on_r_backups_over_rpc() {
+    every_batch_is_on_r_backups(TransportKind::Rpc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r_zero_needs_no_backups() {
+    let list = Arc::new(Mutex::new(Vec::new()));
+    let master = start_master(0, None, list);
+    write_many(&master, 0..300, 10).await;
+    assert_eq!(master.store.lock().object_count(), 300);
+}
+
+/// Kills one backup while writes go on (tcp and rpc: an in-process backup cannot die
+/// for `shm`, whose liveness check is by process; the process tests cover that).
+async fn lost_backup_is_replaced(transport: TransportKind) {
+    let (mut backups, list) = cluster(5).await;
+    let master = start_master(3, Some(transport), Arc::clone(&list));
+    write_many(&master, 0..400, 5).await;
+    // The backup holding the most replicas of ours.
+    let found = replicas_by_segment(&backups.iter().collect::<Vec<_>>()).await;
+    let victim = (0..backups.len())
+        .max_by_key(|&i| {
+            found
+                .values()
+                .filter(|held| held.iter().any(|(b, _)| *b == backups[i].id))
+                .count()
+        })
+        .unwrap();
+    backups[victim].kill();
+    // Writes continue (they wait only while the head is re-replicated).
+    write_many(&master, 400..900, 5).await;
+    let live: Vec<&TestBackup> = backups
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .map(|(_, b)| b)
+        .collect();
+    assert_fully_replicated(&master, &live, 3).await;
+    let stats = *master.status.replication.lock();
+    assert!(stats.replicas_recreated >= 1, "{stats:?}");
+    assert!(stats.backups_failed >= 1, "{stats:?}");
+    // Every acknowledged write is still readable from the master.
+    let store = master.store.lock();
+    for i in 0..900 {
+        assert_eq!(
+            store.read(TABLE, format!("key-{i}").as_bytes()).status,
+            Status::Ok
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_backup_is_replaced_over_tcp() {
+    lost_backup_is_replaced(TransportKind::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_backup_is_replaced_over_rpc() {
+    lost_backup_is_replaced(TransportKind::Rpc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_wait_for_enough_backups() {
+    let (backups, list) = cluster(3).await;
+    // Only two backups listed: R = 3 cannot be placed yet.
+    list.lock().truncate(2);
+    let master = start_master(3, None, Arc::clone(&list));
+    let appender = master.appender.clone();
+    let pending = tokio::spawn(async move { appender.submit(vec![write(1)]).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !pending.is_finished(),
+        "acknowledged with fewer than R backups"
+    );
+    list.lock().push(backups[2].info());
+    let outcomes = tokio::time::timeout(Duration::from_secs(10), pending)
+        .await
+        .expect("the write completes once a third backup exists")
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcomes[0].status(), Status::Ok);
+    assert_fully_replicated(&master, &backups.iter().collect::<Vec<_>>(), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_backup_is_skipped() {
+    let (mut backups, _) = cluster(3).await;
+    // A fourth backup whose only frame another master holds: every open there is
+    // BackupFull.
+    let full = TestBackup::start(4, 1).await;
+    RpcPool::new()
+        .call::<OpenReplica>(
+            &full.addr,
+            &OpenReplicaRequest {
+                master: ServerId(999),
+                segment: SegmentId(1),
+                epoch: 1,
+                capacity: SEGMENT_BYTES,
+            },
+            Instant::now() + Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+    backups.push(full);
+    let list = Arc::new(Mutex::new(backups.iter().map(TestBackup::info).collect()));
+    let master = start_master(3, None, list);
+    write_many(&master, 0..600, 8).await;
+    let found = replicas_by_segment(&backups.iter().collect::<Vec<_>>()).await;
+    assert!(found
+        .values()
+        .all(|held| held.iter().all(|(b, _)| *b != ServerId(4))));
+    assert_fully_replicated(&master, &backups[..3].iter().collect::<Vec<_>>(), 3).await;
+}
+
+async fn fenced_master_never_acknowledges(transport: TransportKind) {
+    let (backups, list) = cluster(4).await;
+    let master = start_master(3, Some(transport), list);
+    write_many(&master, 0..20, 5).await;
+    // Recovery of MASTER begins: every backup fences its open frames.
+    for backup in &backups {
+        backup.service.fence_master(MASTER);
+    }
+    let appender = master.appender.clone();
+    let pending = tokio::spawn(async move { appender.submit(vec![write(999)]).await });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while master.status.fatal.lock().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the master did not notice the fence"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!pending.is_finished(), "a fenced write was answered");
+    assert!(master
+        .status
+        .fatal
+        .lock()
+        .as_deref()
+        .unwrap()
+        .contains("fenced"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_master_never_acknowledges_over_shm() {
+    fenced_master_never_acknowledges(TransportKind::Shm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_master_never_acknowledges_over_tcp() {
+    fenced_master_never_acknowledges(TransportKind::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_master_never_acknowledges_over_rpc() {
+    fenced_master_never_acknowledges(TransportKind::Rpc).await;
+}
