@@ -14,6 +14,9 @@ use std::time::Duration;
 
 use crate::children::Children;
 
+/// Replicas per segment when `--replicas` is not given (clamped to servers − 1).
+pub const REPLICAS_DEFAULT: u32 = 3;
+
 /// `rampart cluster ...`
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
@@ -24,9 +27,17 @@ pub enum ClusterCommand {
 /// `rampart cluster up`
 #[derive(Args, Debug, Clone)]
 pub struct UpArgs {
-    /// Storage servers to start.
-    #[arg(long, default_value_t = 3)]
+    /// Storage servers to start (each runs a master and a backup).
+    #[arg(long, default_value_t = 4)]
     pub servers: u32,
+    /// Backup replicas of every segment (R). Default: 3, or fewer when the cluster is
+    /// too small (a master never replicates to its own server, so R ≤ servers − 1).
+    #[arg(long)]
+    pub replicas: Option<u32>,
+    /// Replication transport of every server: shm, tcp, rpc or rdma. Default: shm
+    /// between servers on one host (all of them, here), else tcp.
+    #[arg(long)]
+    pub replication: Option<String>,
     /// Coordinator address (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:7000")]
     pub coordinator_addr: String,
@@ -63,6 +74,15 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     if args.servers == 0 {
         bail!("--servers must be at least 1");
     }
+    let replicas = match args.replicas {
+        Some(r) if r >= args.servers => bail!(
+            "--replicas {r} needs at least {} servers (a master never keeps a replica on its \
+             own server); start more with --servers",
+            r + 1
+        ),
+        Some(r) => r,
+        None => REPLICAS_DEFAULT.min(args.servers - 1),
+    };
     let mut children = Children::new();
     let log = std::env::var("RAMPART_LOG").unwrap_or_else(|_| args.log_level.clone());
     let env = [("RAMPART_LOG", log)];
@@ -81,31 +101,38 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     if print {
         println!("coordinator at {coordinator}");
         println!("data in {}", args.data_dir.display());
+        println!("replicas {replicas}");
     }
     let mut servers = Vec::new();
     for i in 1..=args.servers {
-        let running = children.spawn(
-            &format!("server #{i}"),
-            &[
-                "server".into(),
-                "--coordinator".into(),
-                coordinator.clone(),
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--memory".into(),
-                args.memory.clone(),
-                "--segment-bytes".into(),
-                args.segment_bytes.clone(),
-                "--value-bytes-max".into(),
-                args.value_bytes_max.clone(),
-                "--data-dir".into(),
-                args.data_dir
-                    .join(format!("server-{i}"))
-                    .display()
-                    .to_string(),
-            ],
-            &env,
-        )?;
+        let server_args: Vec<String> = [
+            "server".into(),
+            "--coordinator".into(),
+            coordinator.clone(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--memory".into(),
+            args.memory.clone(),
+            "--segment-bytes".into(),
+            args.segment_bytes.clone(),
+            "--value-bytes-max".into(),
+            args.value_bytes_max.clone(),
+            "--data-dir".into(),
+            args.data_dir
+                .join(format!("server-{i}"))
+                .display()
+                .to_string(),
+            "--replicas".into(),
+            replicas.to_string(),
+        ]
+        .into_iter()
+        .chain(
+            args.replication
+                .iter()
+                .flat_map(|t| ["--replication".to_string(), t.clone()]),
+        )
+        .collect();
+        let running = children.spawn(&format!("server #{i}"), &server_args, &env)?;
         let id: u64 = running
             .announce
             .get(1)

@@ -1,6 +1,12 @@
 //! `StorageService`: one storage server's RPC service — its master and its backup
 //! behind one listener (DESIGN.md §1), routed by opcode range (masters 1–99, backups
 //! 200–299; see `rampart_common::protocol`).
+//!
+//! Backup requests run on the backup's own runtime (threads named
+//! [`BACKUP_THREAD_NAME`], where the soft-NIC also runs), so that the CPU a backup
+//! spends is visible per thread in `/proc` (`rampart bench replication` reads it) and
+//! backup work cannot starve the master's workers. Only the decoding of the RPC frame
+//! happens on the connection's thread.
 
 use bytes::Bytes;
 use rampart_backup::service::BackupService;
@@ -8,6 +14,10 @@ use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Service};
 use rampart_common::status::Status;
 use rampart_master::MasterService;
+use std::sync::Arc;
+
+/// Name of the threads of a server's backup runtime (≤ 15 bytes: the kernel's limit).
+pub const BACKUP_THREAD_NAME: &str = "rampart-backup";
 
 /// The services of one storage server.
 #[derive(Debug)]
@@ -15,7 +25,9 @@ pub struct StorageService {
     /// Serves objects.
     pub master: MasterService,
     /// Holds other masters' segment replicas.
-    pub backup: BackupService,
+    pub backup: Arc<BackupService>,
+    /// Where backup requests run.
+    pub backup_runtime: tokio::runtime::Handle,
 }
 
 fn is_master(opcode: Opcode) -> bool {
@@ -31,7 +43,15 @@ impl Service for StorageService {
         if is_master(opcode) {
             self.master.handle(opcode, payload)
         } else if is_backup(opcode) {
-            self.backup.handle(opcode, payload)
+            let backup = Arc::clone(&self.backup);
+            let task = self
+                .backup_runtime
+                .spawn(async move { backup.handle(opcode, payload).await });
+            Box::pin(async move {
+                task.await.unwrap_or_else(|e| {
+                    Reply::error(Status::Internal, format!("backup task failed: {e}"))
+                })
+            })
         } else {
             let detail = format!("a storage server does not serve {opcode}");
             Box::pin(async move { Reply::error(Status::UnknownOpcode, detail) })
@@ -41,9 +61,8 @@ impl Service for StorageService {
     fn handle_now(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         if is_master(opcode) {
             self.master.handle_now(opcode, payload)
-        } else if is_backup(opcode) {
-            self.backup.handle_now(opcode, payload)
         } else {
+            // Backup requests go to the backup runtime (module doc).
             None
         }
     }

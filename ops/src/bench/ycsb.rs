@@ -99,6 +99,12 @@ pub struct YcsbArgs {
     /// Servers of the --local cluster.
     #[arg(long, default_value_t = 1)]
     pub servers: u32,
+    /// Replicas per segment in the --local cluster (default: 3, at most servers − 1).
+    #[arg(long)]
+    pub replicas: Option<u32>,
+    /// Replication transport of the --local cluster (shm, tcp, rpc).
+    #[arg(long)]
+    pub replication: Option<String>,
     /// Tablets of the benchmark table.
     #[arg(long, default_value_t = 1)]
     pub span: u32,
@@ -199,6 +205,8 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
             segment_bytes: "8MiB".into(),
             value_bytes_max: "1MiB".into(),
             log_level: "warn".into(),
+            replicas: args.replicas,
+            replication: args.replication.clone(),
         };
         let started = cluster::start(&up, false)?;
         let addr = started.coordinator.clone();
