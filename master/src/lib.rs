@@ -9,7 +9,8 @@
 //!   versions, staging and publishing batches, enumerate.
 //! * [`appender`] — `Appender`: the single writer with group commit.
 //! * [`replica_manager`] — where segments are replicated: `BackupSelector` places the
-//!   R replicas of each segment by randomized refinement.
+//!   R replicas of each segment by randomized refinement; `Replicator` opens, writes
+//!   (over `shm`, `tcp` or `rpc`), closes and re-creates them.
 //! * [`service`] — `MasterService`: RPC handlers.
 //!
 //! # The write path
@@ -20,7 +21,9 @@
 //!    reject rules against the current (possibly just-staged) version, new version,
 //!    append of the object or tombstone to the head segment (rolling over when full,
 //!    `NoSpace` when memory is exhausted). It seals the batch with one Tailwind checksum.
-//! 3. The sealed byte ranges are replicated (the replication point in `appender`).
+//! 3. The sealed byte ranges are written to all R replicas of their segments by the
+//!    `Replicator` (the replication point in `appender`); the appender waits for every
+//!    transport completion.
 //! 4. The batch is published to the index — reads see it from now on — and every
 //!    request in it is answered.
 //!
