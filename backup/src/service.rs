@@ -3,7 +3,8 @@
 //!
 //! A master opens a *frame* for each replica it places here (`OpenReplica`), fills it —
 //! by `WriteReplica` RPCs (the `rpc` transport), through the soft-NIC ([`BackupNic`], the
-//! `tcp` transport) or by copying straight into the shared frame file (`shm`) — and
+//! `tcp` transport), by copying straight into the shared frame file (`shm`) or by RDMA
+//! WRITE into it (`rdma`, after an `RdmaConnect`; see `rdma.rs`) — and
 //! closes it (`CloseReplica`); the close writes the replica to the [`SegmentStore`] and
 //! releases the frame. `BumpEpoch` moves an open frame to a newer epoch, and
 //! `FreeReplica`, `ListReplicas` and `ReadReplica` serve the cleaner and recovery;
@@ -30,7 +31,10 @@
 //!    `rampart_common::onesided::shm`). Those lengths are final: lists and reads of a
 //!    fenced frame serve exactly that prefix, even if an unacknowledged write in flight
 //!    during the fence landed past it. Close, `BumpEpoch` and a replacing open of a
-//!    fenced frame are `Fenced` too; list, read and free still serve it.
+//!    fenced frame are `Fenced` too; list, read and free still serve it. For `rdma`,
+//!    whose writes the NIC acknowledges without looking at the fence word, the fence
+//!    revokes the master's RDMA key before the scan, and the master is refused a new
+//!    one.
 //!
 //! # Frames
 //! A frame is the small private struct `Frame`: (master, segment, epoch, capacity) and
@@ -63,7 +67,8 @@
 //!
 //! Lock order: `store` before `state`. A blocking task holding `store` may take `state`
 //! briefly to publish its result; nothing that holds `state` ever waits for `store`.
-//! Hence no cycle exists.
+//! Hence no cycle exists. The RDMA state (`rdma.rs`) has a mutex of its own, taken by
+//! `RdmaConnect` and `fence_master` with neither held.
 //!
 //! **A slot is released only when nothing reads it.** A frame removed from the table
 //! (closed, freed, replaced) while a close is still copying its slot to disk is parked in
@@ -113,8 +118,8 @@ use rampart_common::onesided::shm::FrameFile;
 use rampart_common::onesided::{host_id, FrameWriteError};
 use rampart_common::protocol::backup::{
     self as proto, BumpEpochRequest, CloseReplicaRequest, FreeReplicaReply, ListReplicasReply,
-    ListReplicasRequest, OpenReplicaReply, OpenReplicaRequest, ReadReplicaReply, ReplicaId,
-    ReplicaInfo, ShmFrame, WriteReplicaRequest,
+    ListReplicasRequest, OpenReplicaReply, OpenReplicaRequest, RdmaConnectRequest,
+    ReadReplicaReply, ReplicaId, ReplicaInfo, ShmFrame, WriteReplicaRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
@@ -126,6 +131,11 @@ use std::sync::Arc;
 use crate::segment_store::{
     Disk, RealDisk, ReplicaMeta, ScanReport, SegmentStore, StoreError, REPLICA_BYTES_MAX,
 };
+
+// The backup's side of the `rdma` transport. Declared here rather than in `lib.rs`, whose
+// module list is not this change's to edit; it depends on nothing private of this module.
+#[path = "rdma.rs"]
+mod rdma;
 
 /// How a backup sizes and places its frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -735,6 +745,9 @@ pub struct BackupService {
     /// Frames, slots and the store-metadata mirror. `state` is never held across I/O
     /// or `.await`, and never while waiting for `store`.
     shared: Arc<Shared>,
+    /// RDMA connections of masters and their keys (`RdmaConnect`, revoked by
+    /// `fence_master`). Its lock is never taken while `state` or `store` is held.
+    rdma: Arc<rdma::RdmaTarget>,
 }
 
 /// The backup's side of the soft-NIC (`rampart_common::onesided::nic::serve`): places
@@ -798,6 +811,8 @@ impl BackupService {
             config.frame_bytes_max,
         )
         .map_err(frame_error)?;
+        let rdma = rdma::RdmaTarget::new(file.path(), file.slot_offset(file.slots()))
+            .map_err(frame_error)?;
         let path = file
             .path()
             .to_str()
@@ -835,6 +850,7 @@ impl BackupService {
                 host: host_id(),
                 path,
             }),
+            rdma: Arc::new(rdma),
         };
         Ok((service, report))
     }
@@ -888,6 +904,10 @@ impl BackupService {
                 })
                 .collect()
         };
+        // RDMA WRITEs ignore the fence word: revoke the master's key before the scan, and
+        // after the frames are marked (a master whose write fails at its NIC then asks
+        // with an empty `WriteReplica`, and must hear `Fenced`).
+        self.rdma.revoke(master);
         let scanned = self.shared.scan_frames(frames);
         let mut state = self.shared.state.lock();
         let fenced: Vec<ReplicaInfo> = scanned
@@ -946,6 +966,7 @@ impl BackupService {
             proto::FreeReplica::OPCODE => self.free(payload).await,
             proto::ListReplicas::OPCODE => self.list(payload).await,
             proto::ReadReplica::OPCODE => self.read(payload).await,
+            proto::RdmaConnect::OPCODE => self.rdma_connect(payload).await,
             other => Err(Reply::error(
                 Status::UnknownOpcode,
                 format!("backup does not serve {other}"),
@@ -1002,6 +1023,15 @@ impl BackupService {
                 Err(store_error_reply(error))
             }
         }
+    }
+
+    /// `RdmaConnect`, on a blocking thread (it opens the device the first time and
+    /// registers the frame file).
+    async fn rdma_connect(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: RdmaConnectRequest = Reply::decode(payload)?;
+        let rdma = Arc::clone(&self.rdma);
+        let reply = blocking(move || rdma.connect(&request)).await??;
+        Ok(Reply::ok(&reply))
     }
 
     async fn free(&self, payload: Bytes) -> Result<Reply, Reply> {
@@ -2040,5 +2070,91 @@ mod tests {
             assert!(free(&service, master, 1).await);
         }
         eprintln!("{fenced_mid_stream} of {ROUNDS} fences landed mid-stream");
+    }
+
+    /// Whether the kernel shows an RDMA device (then the no-device tests do not apply).
+    fn host_has_rdma_device() -> bool {
+        std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut entries| entries.next().is_some())
+    }
+
+    fn rdma_connect_req(master: u64) -> proto::RdmaConnectRequest {
+        proto::RdmaConnectRequest {
+            master: ServerId(master),
+            endpoint: rampart_common::onesided::rdma::RdmaEndpoint {
+                qpn: 7,
+                lid: 1,
+                gid: [0; 16],
+                psn: 1,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn rdma_connect_without_rdma_answers_invalid_argument_plainly() {
+        if cfg!(feature = "rdma") && host_has_rdma_device() {
+            eprintln!("skipped: this host can serve RDMA");
+            return;
+        }
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 2);
+        let reason = rampart_common::onesided::rdma::rdma_available()
+            .expect_err("no RDMA in this build or on this host");
+        assert_eq!(
+            call::<proto::RdmaConnect>(&service, &rdma_connect_req(1)).await,
+            Err((Status::InvalidArgument, reason))
+        );
+        // The rest of the service is unaffected, fencing included.
+        let handle = open(&service, 1, 1, 1).await;
+        service.fence_master(ServerId(1));
+        assert_eq!(
+            status(write(&service, handle, 1, 0, b"x").await),
+            Status::Fenced
+        );
+    }
+
+    /// The question an RDMA writer asks after a failed write: an empty `WriteReplica`
+    /// moves no bytes and answers whether the frame is fenced or gone.
+    #[tokio::test]
+    async fn an_empty_write_tells_whether_a_frame_is_fenced_or_gone() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 2);
+        let handle = open(&service, 1, 1, 1).await;
+        write(&service, handle, 1, 100, b"")
+            .await
+            .expect("open frame");
+        write(&service, handle, 1, CAPACITY, b"")
+            .await
+            .expect("at the frame's end");
+        service.fence_master(ServerId(1));
+        for offset in [0, 100, CAPACITY] {
+            assert_eq!(
+                status(write(&service, handle, 1, offset, b"").await),
+                Status::Fenced
+            );
+        }
+        assert!(free(&service, 1, 1).await);
+        assert_eq!(
+            status(write(&service, handle, 1, 100, b"").await),
+            Status::UnknownFrame
+        );
+    }
+
+    #[cfg(feature = "rdma")]
+    #[tokio::test]
+    async fn rdma_connect_from_a_fenced_master_is_refused() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 2);
+        service.fence_master(ServerId(1));
+        assert_eq!(
+            status(call::<proto::RdmaConnect>(&service, &rdma_connect_req(1)).await),
+            Status::Fenced
+        );
+        if !host_has_rdma_device() {
+            // Other masters get the device's answer: here, none.
+            assert_eq!(
+                status(call::<proto::RdmaConnect>(&service, &rdma_connect_req(2)).await),
+                Status::InvalidArgument
+            );
+        }
     }
 }

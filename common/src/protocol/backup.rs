@@ -4,7 +4,8 @@
 //! fills it, and closes it; the backup then writes the replica to disk. The bytes travel
 //! by one of the transports of `common::onesided`: `WriteReplica` RPCs (the `rpc`
 //! baseline: the backup's CPU copies them), or one-sided writes into the same frames
-//! (`shm`, `tcp`, `rdma`), which use these RPCs only to open, close and fence.
+//! (`shm`, `tcp`, `rdma`), which use these RPCs only to open, close and fence. The
+//! `rdma` transport first connects a queue pair per (master, backup) with `RdmaConnect`.
 //!
 //! Every replica carries an *epoch*: a master that re-creates an open replica elsewhere
 //! bumps it, and a backup refuses any operation with an epoch older than the replica's
@@ -13,6 +14,7 @@
 use super::rpcs;
 use crate::bincode_message;
 use crate::ids::{SegmentId, ServerId};
+use crate::onesided::rdma::RdmaEndpoint;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -155,6 +157,33 @@ pub struct FreeReplicaReply {
     pub freed: bool,
 }
 
+/// Connect an RDMA queue pair of `master` to this backup (the `rdma` transport,
+/// `common::onesided::rdma`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaConnectRequest {
+    /// The master asking; the region in the reply is its own, revoked when it is fenced.
+    pub master: ServerId,
+    /// The master's queue pair, which the backup's new queue pair connects to.
+    pub endpoint: RdmaEndpoint,
+}
+
+/// The backup's side of an RDMA connection: its queue pair, and the region the master
+/// may RDMA-WRITE into — the backup's whole frame file, so that the frame at
+/// [`ShmFrame::slot_offset`] of an `OpenReplica` reply has its header at
+/// `region_addr + slot_offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaConnectReply {
+    /// The backup's queue pair, already connected to the master's.
+    pub endpoint: RdmaEndpoint,
+    /// Address of the frame file's first byte, as RDMA WRITEs name it.
+    pub region_addr: u64,
+    /// Bytes of the region (the frame file's length): writes past it are refused.
+    pub region_bytes: u64,
+    /// The key the master presents; valid until the backup fences this master or the
+    /// master connects again.
+    pub rkey: u32,
+}
+
 bincode_message!(
     OpenReplicaRequest,
     OpenReplicaReply,
@@ -168,6 +197,8 @@ bincode_message!(
     ListReplicasReply,
     ReadReplicaReply,
     FreeReplicaReply,
+    RdmaConnectRequest,
+    RdmaConnectReply,
 );
 
 rpcs! {
@@ -189,4 +220,9 @@ rpcs! {
     /// Move an open frame to a newer epoch, keeping its bytes (`UnknownFrame`,
     /// `StaleEpoch`, `InvalidArgument` when `new_epoch` is not newer, `Fenced`).
     BumpEpoch = 206: BumpEpochRequest => ();
+    /// Connect the master's RDMA queue pair and register the frame file for its writes;
+    /// a new connect of the same master replaces its earlier one (`InvalidArgument` with
+    /// the plain reason where the backup has no RDMA, `Fenced` once recovery of the
+    /// master began).
+    RdmaConnect = 207: RdmaConnectRequest => RdmaConnectReply;
 }

@@ -9,6 +9,7 @@
 //!   re-creates replicas, feeding the selector the server list.
 
 pub mod backup_selector;
+pub mod rdma_link;
 pub mod replicator;
 
 pub use replicator::{
