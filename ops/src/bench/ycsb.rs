@@ -48,7 +48,7 @@ pub enum Workload {
 }
 
 impl Workload {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Workload::A => "a",
             Workload::B => "b",
@@ -59,7 +59,7 @@ impl Workload {
     }
 
     /// Fraction of reads; the rest are updates (or read-modify-writes for F).
-    fn read_fraction(self) -> f64 {
+    pub(crate) fn read_fraction(self) -> f64 {
         match self {
             Workload::A | Workload::F => 0.5,
             Workload::B => 0.95,
@@ -125,25 +125,30 @@ pub struct YcsbArgs {
 /// Rounds the run is split into, alternating with slices of the floor measurement.
 const BENCH_ROUNDS: u32 = 10;
 
+/// Objects per multi-write while loading.
+const LOAD_BATCH_OBJECTS: usize = 256;
+
 /// Latencies of one operation type, in nanoseconds.
 type Latencies = BTreeMap<&'static str, Histogram<u64>>;
 
-fn histogram() -> Histogram<u64> {
+/// A latency histogram in nanoseconds, 1 ns to 60 s, three significant digits.
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds are valid")
 }
 
-fn key(i: u64) -> Vec<u8> {
+/// The key of record `i` (YCSB's `user` + a zero-padded number).
+pub(crate) fn key(i: u64) -> Vec<u8> {
     format!("user{i:012}").into_bytes()
 }
 
 /// YCSB's scrambled Zipfian: a Zipf rank, hashed so hot keys spread over the key space.
-struct KeyChooser {
+pub(crate) struct KeyChooser {
     records: u64,
     zipf: Option<Zipf<f64>>,
 }
 
 impl KeyChooser {
-    fn new(records: u64, theta: f64) -> Result<KeyChooser> {
+    pub(crate) fn new(records: u64, theta: f64) -> Result<KeyChooser> {
         let zipf = if theta > 0.0 {
             Some(Zipf::new(records, theta).context("invalid --zipf")?)
         } else {
@@ -152,7 +157,7 @@ impl KeyChooser {
         Ok(KeyChooser { records, zipf })
     }
 
-    fn next(&self, rng: &mut SmallRng) -> u64 {
+    pub(crate) fn next(&self, rng: &mut SmallRng) -> u64 {
         match &self.zipf {
             Some(zipf) => {
                 let rank = zipf.sample(rng) as u64;
@@ -174,7 +179,7 @@ fn fnv64(mut value: u64) -> u64 {
 }
 
 /// Removes a directory tree when dropped.
-struct RemoveOnDrop(std::path::PathBuf);
+pub(crate) struct RemoveOnDrop(pub(crate) std::path::PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
@@ -331,32 +336,7 @@ async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Res
     for _ in 0..args.clients {
         clients.push(Client::connect_with(&coordinators, options.clone()).await?);
     }
-    let loads = clients.iter().enumerate().map(|(c, client)| {
-        let value = value.clone();
-        let share: Vec<u64> = (0..args.records)
-            .filter(|i| i % u64::from(args.clients) == c as u64)
-            .collect();
-        async move {
-            for chunk in share.chunks(256) {
-                let items: Vec<WriteItem> = chunk
-                    .iter()
-                    .map(|i| WriteItem {
-                        table,
-                        key: Bytes::from(key(*i)),
-                        value: value.clone(),
-                        rules: RejectRules::default(),
-                    })
-                    .collect();
-                for result in client.multi_write(&items).await? {
-                    result?;
-                }
-            }
-            Ok::<(), anyhow::Error>(())
-        }
-    });
-    for result in futures::future::join_all(loads).await {
-        result?;
-    }
+    load(&clients, table, args.records, &value).await?;
     let load_s = load_start.elapsed().as_secs_f64();
 
     // Run, in rounds alternating with slices of the floor, so that both see the same
@@ -448,6 +428,42 @@ async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Res
         floor_request_bytes: request_wire,
         floor_reply_bytes: reply_wire,
     })
+}
+
+/// Loads records `0..records` into `table`: client `c` of `clients` writes the records
+/// `i` with `i % clients.len() == c`, in multi-write batches.
+pub(crate) async fn load(
+    clients: &[Client],
+    table: rampart_client::TableId,
+    records: u64,
+    value: &Bytes,
+) -> Result<()> {
+    let count = clients.len() as u64;
+    let loads = clients.iter().enumerate().map(|(c, client)| {
+        let value = value.clone();
+        let share: Vec<u64> = (0..records).filter(|i| i % count == c as u64).collect();
+        async move {
+            for chunk in share.chunks(LOAD_BATCH_OBJECTS) {
+                let items: Vec<WriteItem> = chunk
+                    .iter()
+                    .map(|i| WriteItem {
+                        table,
+                        key: Bytes::from(key(*i)),
+                        value: value.clone(),
+                        rules: RejectRules::default(),
+                    })
+                    .collect();
+                for result in client.multi_write(&items).await? {
+                    result?;
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+    });
+    for result in futures::future::join_all(loads).await {
+        result?;
+    }
+    Ok(())
 }
 
 /// `samples` sequential reads of chosen keys over one bare RPC connection to each key's
