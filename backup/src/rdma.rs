@@ -57,10 +57,9 @@
 //! * A pin holds the *physical* pages the file had when the region was registered. The
 //!   frame file gives a slot's memory back to the kernel by punching a hole when it
 //!   assigns or releases the slot; after that the file's pages are new ones and the
-//!   region still names the old ones, so NIC writes would no longer reach the frame. The
-//!   `rdma` transport is therefore only correct once `FrameFile` zeroes slots in place
-//!   (no hole punching) while regions exist — a change that belongs in
-//!   `common::onesided::shm`, not here.
+//!   region still names the old ones, so NIC writes would no longer reach the frame.
+//!   Hence the first `RdmaConnect` calls `FrameFile::keep_pages` before registering:
+//!   from then on slots are zeroed in place, and no punch is still running.
 
 #[cfg(feature = "rdma")]
 pub(crate) use verbs::RdmaTarget;

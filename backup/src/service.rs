@@ -117,14 +117,14 @@ use rampart_common::onesided::nic::NicTarget;
 use rampart_common::onesided::shm::FrameFile;
 use rampart_common::onesided::{host_id, FrameWriteError};
 use rampart_common::protocol::backup::{
-    self as proto, BumpEpochRequest, CloseReplicaRequest, FreeReplicaReply, ListReplicasReply,
-    ListReplicasRequest, OpenReplicaReply, OpenReplicaRequest, RdmaConnectRequest,
-    ReadReplicaReply, ReplicaId, ReplicaInfo, ShmFrame, WriteReplicaRequest,
+    self as proto, BumpEpochRequest, CloseReplicaRequest, FreeReplicaReply, FreeReplicaRequest,
+    ListReplicasReply, ListReplicasRequest, OpenReplicaReply, OpenReplicaRequest,
+    RdmaConnectRequest, ReadReplicaReply, ReplicaId, ReplicaInfo, ShmFrame, WriteReplicaRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
 use rampart_common::status::Status;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -155,6 +155,9 @@ pub struct BackupConfig {
     /// travels in `OpenReplica` replies).
     pub frame_file: PathBuf,
 }
+
+/// First read of an open frame when listing or reading it (see `read_written`).
+const SCAN_READ_BYTES_MIN: u32 = 256 * 1024;
 
 /// (master, segment): the key of a replica.
 type ReplicaKey = (ServerId, SegmentId);
@@ -235,8 +238,16 @@ struct State {
     /// updated only by a thread holding the store lock, right after the store changed.
     stored: BTreeMap<ReplicaKey, ReplicaMeta>,
     /// The next handle to hand out; handles are never reused, and never 0 (the frame
-    /// file's mark of a free slot).
+    /// file's mark of a free slot). Starts at a random point in [1, 2^62): a backup
+    /// restarted at the same address must not hand out the handles its predecessor
+    /// did, or a master's late write, close or bump naming an old handle could reach
+    /// another master's new frame.
     next_handle: u64,
+    /// Masters this backup fenced (their recovery began): they may not open new
+    /// replicas here either, so a cut-off master cannot move its log to this backup
+    /// after its open frames were fenced. Server ids are never reused; one entry per
+    /// crashed server.
+    fenced_masters: HashSet<ServerId>,
     /// The soft-NIC's address, reported in `OpenReplica` replies.
     nic_addr: Option<String>,
 }
@@ -334,6 +345,15 @@ impl State {
         config: &BackupConfig,
     ) -> Result<OpenReplicaReply, Reply> {
         let key = (request.master, request.segment);
+        if self.fenced_masters.contains(&request.master) {
+            return Err(Reply::error(
+                Status::Fenced,
+                format!(
+                    "{} was fenced on this backup: recovery of its log has begun",
+                    request.master
+                ),
+            ));
+        }
         if request.capacity > config.frame_bytes_max {
             return Err(Reply::error(
                 Status::InvalidArgument,
@@ -597,12 +617,31 @@ impl Shared {
     /// Copies each frame out of its slot and scans it for its valid prefix, then keeps
     /// those still in the table (a frame that left it meanwhile may have had its slot
     /// reused: that copy is discarded). Blocks for the copies and scans.
+    /// The written part of `frame` (at least its valid prefix) and the valid prefix's
+    /// length. One-sided writers do not say how far they wrote, so this reads a first
+    /// [`SCAN_READ_BYTES_MIN`] and grows ×4 until the bytes past the valid prefix are
+    /// all zero (the frame was zeroed at open) or the whole capacity is read: listing an
+    /// almost empty 8 MiB frame costs a 256 KiB copy, not 8 MiB.
+    fn read_written(&self, frame: &FrameRef) -> (Vec<u8>, u32) {
+        let mut len = SCAN_READ_BYTES_MIN.min(frame.capacity);
+        loop {
+            let bytes = self.file.read(frame.slot, len);
+            let valid = scan(&bytes).valid_bytes;
+            let rest_is_zero = bytes
+                .get(valid as usize..)
+                .is_some_and(|rest| rest.iter().all(|&b| b == 0));
+            if len >= frame.capacity || (valid < len && rest_is_zero) {
+                return (bytes, valid);
+            }
+            len = len.saturating_mul(4).min(frame.capacity);
+        }
+    }
+
     fn scan_frames(&self, frames: Vec<FrameRef>) -> Vec<(FrameRef, Vec<u8>)> {
         let scanned: Vec<(FrameRef, Vec<u8>)> = frames
             .into_iter()
             .map(|mut frame| {
-                let mut bytes = self.file.read(frame.slot, frame.capacity);
-                let scanned = scan(&bytes).valid_bytes;
+                let (mut bytes, scanned) = self.read_written(&frame);
                 // The fenced length ends at a checksum that the later scan also passes
                 // (writers only append), so the cut prefix is still valid.
                 let valid = frame
@@ -834,7 +873,8 @@ impl BackupService {
             retiring: HashMap::new(),
             free_slots: (0..file.slots()).collect(),
             stored,
-            next_handle: 1,
+            next_handle: (rand::random::<u64>() >> 2).max(1),
+            fenced_masters: HashSet::new(),
             nic_addr: None,
         };
         tracing::info!(
@@ -890,6 +930,7 @@ impl BackupService {
     pub fn fence_master(&self, master: ServerId) -> Vec<ReplicaInfo> {
         let frames: Vec<FrameRef> = {
             let mut state = self.shared.state.lock();
+            state.fenced_masters.insert(master);
             let range = (master, SegmentId(0))..=(master, SegmentId(u64::MAX));
             let handles: Vec<u64> = state.open.range(range).map(|(_, &h)| h).collect();
             handles
@@ -1029,18 +1070,30 @@ impl BackupService {
     /// registers the frame file).
     async fn rdma_connect(&self, payload: Bytes) -> Result<Reply, Reply> {
         let request: RdmaConnectRequest = Reply::decode(payload)?;
-        let rdma = Arc::clone(&self.rdma);
-        let reply = blocking(move || rdma.connect(&request)).await??;
+        let (rdma, shared) = (Arc::clone(&self.rdma), Arc::clone(&self.shared));
+        let reply = blocking(move || {
+            // A registered region pins the file's pages: from now on slots are zeroed
+            // in place, never hole-punched (see `FrameFile::keep_pages`).
+            if cfg!(feature = "rdma") {
+                shared.file.keep_pages();
+            }
+            rdma.connect(&request)
+        })
+        .await??;
         Ok(Reply::ok(&reply))
     }
 
     async fn free(&self, payload: Bytes) -> Result<Reply, Reply> {
-        let id: ReplicaId = Reply::decode(payload)?;
+        let id: FreeReplicaRequest = Reply::decode(payload)?;
         let key = (id.master, id.segment);
+        let epoch_max = id.epoch_max;
         // The frame goes first, so that a close in flight finds it gone (module doc).
+        // Copies newer than `epoch_max` stay (a replacement placed after the free was
+        // decided).
         let (frame_freed, release) = {
             let mut state = self.shared.state.lock();
-            match state.open.get(&key).copied() {
+            let handle = state.open.get(&key).copied();
+            match handle.filter(|h| state.frames.get(h).is_some_and(|f| f.epoch <= epoch_max)) {
                 Some(handle) => (true, state.remove_frame(handle)),
                 None => (false, None),
             }
@@ -1051,7 +1104,10 @@ impl BackupService {
                 shared.free_slot(slot);
             }
             let mut store = store.lock();
-            let result = store.free(key.0, key.1);
+            let result = match store.meta(key.0, key.1) {
+                Some(meta) if meta.epoch > epoch_max => Ok(false),
+                _ => store.free(key.0, key.1),
+            };
             shared.state.lock().sync_stored(&store, key);
             result
         })
@@ -1332,7 +1388,21 @@ mod tests {
     }
 
     async fn free(service: &BackupService, master: u64, segment: u64) -> bool {
-        call::<proto::FreeReplica>(service, &id(master, segment))
+        free_up_to(service, master, segment, u64::MAX).await
+    }
+
+    async fn free_up_to(
+        service: &BackupService,
+        master: u64,
+        segment: u64,
+        epoch_max: u64,
+    ) -> bool {
+        let request = FreeReplicaRequest {
+            master: ServerId(master),
+            segment: SegmentId(segment),
+            epoch_max,
+        };
+        call::<proto::FreeReplica>(service, &request)
             .await
             .expect("free")
             .freed
@@ -1540,6 +1610,96 @@ mod tests {
         drop(service);
         let service = open_service(&dir, 4);
         assert_eq!(list(&service, None).await, vec![]);
+    }
+
+    #[tokio::test]
+    async fn free_keeps_copies_newer_than_its_epoch_bound() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        // A replica abandoned at epoch 1, then replaced here at epoch 2 (open frame)…
+        open(&service, 1, 1, 1).await;
+        open(&service, 1, 1, 2).await;
+        // …and a closed replica at epoch 3.
+        let closed = open(&service, 1, 2, 3).await;
+        write(&service, closed, 3, 0, b"closed")
+            .await
+            .expect("write");
+        close(&service, closed, 3, 6).await.expect("close");
+        // A late free of the epoch-1 copies touches neither.
+        assert!(!free_up_to(&service, 1, 1, 1).await);
+        assert!(!free_up_to(&service, 1, 2, 2).await);
+        assert_eq!(list(&service, Some(1)).await.len(), 2);
+        assert!(free_up_to(&service, 1, 1, 2).await);
+        assert!(free_up_to(&service, 1, 2, 3).await);
+        assert_eq!(list(&service, Some(1)).await, vec![]);
+    }
+
+    #[tokio::test]
+    async fn listing_a_large_open_frame_reports_its_whole_valid_prefix() {
+        use rampart_common::ids::{TableId, Version};
+        use rampart_common::log::SegmentWriter;
+        const LARGE: u32 = 4 * 1024 * 1024;
+        let dir = TempDir::new().expect("tempdir");
+        let config = BackupConfig {
+            frames_max: 2,
+            frame_bytes_max: LARGE,
+            frame_file: dir.path().join("frames"),
+        };
+        let (service, _) = BackupService::open(dir.path(), config).expect("open");
+        let request = OpenReplicaRequest {
+            capacity: LARGE,
+            ..open_req(1, 1, 1)
+        };
+        let handle = call::<proto::OpenReplica>(&service, &request)
+            .await
+            .expect("open")
+            .handle;
+        // ≈ 1.2 MiB of sealed batches: past the first read and the first growth.
+        let mut writer =
+            SegmentWriter::open(ServerId(1), SegmentId(1), LARGE, &[SegmentId(1)]).expect("open");
+        for batch in 0..300u64 {
+            for object in 0..4u64 {
+                let key = format!("key-{batch}-{object}");
+                writer
+                    .append_object(TableId(1), Version(1), key.as_bytes(), &[batch as u8; 1000])
+                    .expect("fits");
+            }
+            writer.seal_batch();
+        }
+        let bytes = writer.bytes().to_vec();
+        let end = writer.committed_len();
+        assert!(end > 1024 * 1024);
+        write_range(&service, handle, 1, &bytes, 0, end).await;
+        assert_eq!(
+            list(&service, Some(1)).await,
+            vec![info(1, 1, 1, end, false)]
+        );
+        let replica = read(&service, 1, 1).await.expect("read");
+        assert_eq!(&replica.bytes[..], &bytes[..end as usize]);
+    }
+
+    #[tokio::test]
+    async fn a_fenced_master_cannot_open_new_replicas() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        // Fenced with no open frame here: a backup recovery only asked.
+        assert_eq!(service.fence_master(ServerId(7)), vec![]);
+        let refused = call::<proto::OpenReplica>(&service, &open_req(7, 1, 1)).await;
+        assert_eq!(status(refused), Status::Fenced);
+        // Other masters are unaffected.
+        open(&service, 8, 1, 1).await;
+    }
+
+    #[tokio::test]
+    async fn handles_do_not_repeat_across_restarts() {
+        let dir = TempDir::new().expect("tempdir");
+        let first = {
+            let service = open_service(&dir, 4);
+            open(&service, 1, 1, 1).await
+        };
+        let service = open_service(&dir, 4);
+        let second = open(&service, 1, 2, 1).await;
+        assert_ne!(first, second);
     }
 
     #[tokio::test]

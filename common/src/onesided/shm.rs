@@ -339,6 +339,10 @@ pub struct FrameFile {
     /// to their final check; exclusive for `assign` and `release`. Never held by
     /// anything that waits.
     slot_locks: Box<[RwLock<()>]>,
+    /// Once set, slots are zeroed in place and never hole-punched: a region registered
+    /// with an RDMA NIC pins the file's pages, and a punched page would be replaced by
+    /// a fresh one the NIC never writes to.
+    keep_pages: std::sync::atomic::AtomicBool,
 }
 
 impl FrameFile {
@@ -418,6 +422,7 @@ impl FrameFile {
             stride,
             page_bytes: page,
             slot_locks,
+            keep_pages: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -491,7 +496,8 @@ impl FrameFile {
             first_page_end - (start + SLOT_HEADER_BYTES),
         );
         let rest = self.stride - (first_page_end - start);
-        if rest > 0 && !self.punch_hole(first_page_end, rest) {
+        let keep = self.keep_pages.load(Ordering::SeqCst);
+        if rest > 0 && (keep || !self.punch_hole(first_page_end, rest)) {
             self.map.fill_zero(first_page_end, rest);
         }
         // The zeroes must be visible before the owner or the fence word change.
@@ -519,6 +525,18 @@ impl FrameFile {
     #[cfg(not(target_os = "linux"))]
     fn punch_hole(&self, _at: u64, _len: u64) -> bool {
         false
+    }
+
+    /// From now on, zero released slots in place instead of punching holes (see the
+    /// `keep_pages` field). Returns once no hole-punch is still running, so a caller may
+    /// register the file's pages with a NIC right after.
+    pub fn keep_pages(&self) {
+        self.keep_pages.store(true, Ordering::SeqCst);
+        for lock in self.slot_locks.iter() {
+            // `assign` and `release` punch under the exclusive lock: taking each once
+            // waits out any punch that started before the flag was set.
+            drop(lock.write());
+        }
     }
 
     /// Fences slot `slot`: fence word := 1, then a SeqCst fence. Call it *before*

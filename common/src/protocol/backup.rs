@@ -110,6 +110,19 @@ pub struct ReplicaId {
     pub segment: SegmentId,
 }
 
+/// Forget a replica (open or on disk), if its epoch is at most `epoch_max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeReplicaRequest {
+    /// Whose log.
+    pub master: ServerId,
+    /// Which segment of it.
+    pub segment: SegmentId,
+    /// Copies at a newer epoch are kept: a master that abandoned a replica at epoch e and
+    /// later placed a replacement at e + 1 on the same backup frees only the old one,
+    /// however late the free arrives. `u64::MAX` frees any epoch.
+    pub epoch_max: u64,
+}
+
 /// Asks for the replicas a backup holds, of one master or of all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListReplicasRequest {
@@ -192,6 +205,7 @@ bincode_message!(
     WriteReplicaRequest,
     CloseReplicaRequest,
     ReplicaId,
+    FreeReplicaRequest,
     ReplicaInfo,
     ListReplicasRequest,
     ListReplicasReply,
@@ -212,7 +226,7 @@ rpcs! {
     /// master's recovery began: the frame stays for recovery).
     CloseReplica = 202: CloseReplicaRequest => ReplicaInfo;
     /// Forget a replica (open or on disk).
-    FreeReplica = 203: ReplicaId => FreeReplicaReply;
+    FreeReplica = 203: FreeReplicaRequest => FreeReplicaReply;
     /// The replicas held.
     ListReplicas = 204: ListReplicasRequest => ListReplicasReply;
     /// One replica's bytes (`ObjectDoesntExist` if not held).
