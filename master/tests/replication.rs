@@ -466,3 +466,86 @@ async fn fenced_master_never_acknowledges_over_tcp() {
 async fn fenced_master_never_acknowledges_over_rpc() {
     fenced_master_never_acknowledges(TransportKind::Rpc).await;
 }
+
+/// The head's holders, by the backups' own lists.
+async fn head_holders(master: &Master, backups: &[TestBackup]) -> Vec<ServerId> {
+    let head = master.store.lock().log().head();
+    replicas_by_segment(&backups.iter().collect::<Vec<_>>()).await[&head]
+        .iter()
+        .map(|(b, _)| *b)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_head_that_lost_every_replica_is_re_created() {
+    let (mut backups, list) = cluster(3).await;
+    let master = start_master(1, Some(TransportKind::Tcp), Arc::clone(&list));
+    write_many(&master, 0..50, 5).await;
+    let holder = head_holders(&master, &backups).await[0];
+    let victim = backups.iter().position(|b| b.id == holder).unwrap();
+    backups[victim].kill();
+    list.lock().retain(|s| s.id != holder);
+    // No write follows: upkeep alone must restore the head.
+    let live: Vec<&TestBackup> = backups.iter().filter(|b| b.id != holder).collect();
+    assert_fully_replicated(&master, &live, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_fenced_everywhere_cannot_move_its_head_to_fresh_backups() {
+    let (backups, list) = cluster(6).await;
+    let master = start_master(3, Some(TransportKind::Tcp), Arc::clone(&list));
+    write_many(&master, 0..20, 5).await;
+    // Recovery fences the master on every backup; then the head's backups vanish from
+    // the master's list (a partition), and it tries to re-create its head elsewhere:
+    // backups that fenced it refuse to open new replicas for it.
+    let holders = head_holders(&master, &backups).await;
+    for backup in &backups {
+        backup.service.fence_master(MASTER);
+    }
+    list.lock().retain(|s| !holders.contains(&s.id));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let appender = master.appender.clone();
+    let pending = tokio::spawn(async move { appender.submit(vec![write(999)]).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !pending.is_finished(),
+        "a fenced master acknowledged a write"
+    );
+    assert!(master.status.fatal.lock().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_declared_crashed_cannot_move_its_head_to_fresh_backups() {
+    let (backups, list) = cluster(6).await;
+    let master = start_master(3, Some(TransportKind::Tcp), Arc::clone(&list));
+    write_many(&master, 0..20, 5).await;
+    // The head's backups vanish, and the coordinator has declared this master crashed
+    // (no backup fenced anything yet).
+    let holders = head_holders(&master, &backups).await;
+    {
+        let mut list = list.lock();
+        list.retain(|s| !holders.contains(&s.id));
+        list.push(ServerInfo {
+            id: MASTER,
+            addr: "127.0.0.1:1".into(),
+            services: Services {
+                master: true,
+                backup: false,
+            },
+            status: ServerStatus::Crashed,
+            failure_domain: "m".into(),
+            disk_read_mbps: 0,
+        });
+    }
+    // Let the master see the new list (it loses every head replica with it).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let appender = master.appender.clone();
+    let pending = tokio::spawn(async move { appender.submit(vec![write(999)]).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !pending.is_finished(),
+        "a crashed master acknowledged a write"
+    );
+    let fatal = master.status.fatal.lock().clone().unwrap();
+    assert!(fatal.contains("declared crashed"), "{fatal}");
+}

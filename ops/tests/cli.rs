@@ -70,3 +70,52 @@ fn cluster_up_refuses_zero_servers() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("at least 1"));
 }
+
+#[test]
+fn server_with_rdma_and_no_rdma_says_why_plainly() {
+    // Refused before the data directory is touched: a build without the `rdma` feature,
+    // or a machine without an RDMA device (CI builds the feature separately and checks
+    // the no-device message in `common::onesided::rdma`).
+    let data = std::env::temp_dir().join("rampart-cli-test-rdma-never-created");
+    let data = data.to_str().unwrap();
+    let output = rampart(&[
+        "server",
+        "--replication",
+        "rdma",
+        "--coordinator",
+        "127.0.0.1:1",
+        "--data-dir",
+        data,
+    ]);
+    assert!(!std::path::Path::new(data).exists());
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let device = std::path::Path::new("/sys/class/infiniband")
+        .read_dir()
+        .is_ok_and(|mut entries| entries.next().is_some());
+    if cfg!(feature = "rdma") && device {
+        return; // A machine that can run it: nothing to refuse.
+    }
+    assert!(
+        stderr.contains("--replication rdma: this build has no RDMA support")
+            || stderr.contains("--replication rdma: no RDMA device found"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn server_refuses_an_unknown_transport() {
+    let output = rampart(&[
+        "server",
+        "--replication",
+        "carrier-pigeon",
+        "--data-dir",
+        "/x",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("expected shm, tcp, rpc or rdma"),
+        "{stderr}"
+    );
+}

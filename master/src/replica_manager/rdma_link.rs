@@ -380,7 +380,7 @@ mod tests {
     use rampart_backup::service::{BackupConfig, BackupService};
     use rampart_common::ids::{SegmentId, ServerId};
     use rampart_common::protocol::backup::{
-        FreeReplica, OpenReplica, OpenReplicaRequest, ReplicaId,
+        FreeReplica, FreeReplicaRequest, OpenReplica, OpenReplicaRequest,
     };
     use rampart_common::rpc::RpcServer;
     use std::sync::Arc;
@@ -476,9 +476,10 @@ mod tests {
             probe(u64::from(CAPACITY)).await,
             FrameWriteError::Fenced
         ));
-        let id = ReplicaId {
+        let id = FreeReplicaRequest {
             master: MASTER,
             segment: SegmentId(1),
+            epoch_max: u64::MAX,
         };
         pool.call::<FreeReplica>(&backup.addr, &id, deadline)
             .await

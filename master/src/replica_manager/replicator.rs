@@ -22,7 +22,9 @@
 //! Chosen per replica from the backup's `OpenReplica` reply: with no transport forced,
 //! `shm` when the backup runs on this host (its frame file is mapped once per backup),
 //! else `tcp` (its soft-NIC), else `rpc`. A forced transport that a backup cannot offer
-//! makes the replica go elsewhere.
+//! makes the replica go elsewhere. `rdma` is used only when forced: one RC connection
+//! per backup (`RdmaLink`, set up by the `RdmaConnect` RPC), writing into the frame's
+//! slot of the backup's registered frame file.
 //!
 //! # Lost replicas
 //! A replica is *lost* when a write, open, close or probe to its backup fails at the
@@ -35,8 +37,8 @@
 //! may only have looked dead) is recognisably stale. A lost replica of a **closed**
 //! segment is re-created by [`Replicator::tick`], one segment per tick, so writes keep
 //! flowing meanwhile. A backup that holds this master's replicas and was not heard from
-//! for [`PROBE_INTERVAL`] is probed (`ListReplicas`); one that the server list no longer
-//! shows Up is failed at once.
+//! for [`PROBE_INTERVAL`] is probed (`Ping`, answered by the storage server it runs in);
+//! one that the server list no longer shows Up is failed at once.
 //!
 //! `shm` writes cannot notice a dead backup (the frame file outlives its process), so the
 //! replicator holds a pidfd of each `shm` backup and checks after every copy that the
@@ -57,11 +59,12 @@ use rampart_common::onesided::nic::NicClient;
 use rampart_common::onesided::shm::ShmMapping;
 use rampart_common::onesided::{self, FrameWriteError, TransportKind};
 use rampart_common::protocol::backup::{
-    BumpEpoch, BumpEpochRequest, CloseReplica, CloseReplicaRequest, FreeReplica, ListReplicas,
-    ListReplicasRequest, OpenReplica, OpenReplicaReply, OpenReplicaRequest, ReplicaId,
-    WriteReplica, WriteReplicaRequest,
+    BumpEpoch, BumpEpochRequest, CloseReplica, CloseReplicaRequest, FreeReplica,
+    FreeReplicaRequest, OpenReplica, OpenReplicaReply, OpenReplicaRequest, WriteReplica,
+    WriteReplicaRequest,
 };
 use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
+use rampart_common::protocol::master::{Ping, PingRequest};
 use rampart_common::rpc::{RpcError, RpcPool};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus};
@@ -73,6 +76,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::backup_selector::{BackupInfo, BackupSelector};
+use super::rdma_link::{RdmaFrame, RdmaLink};
 
 /// Deadline of one replication RPC or soft-NIC write.
 pub const REPLICA_IO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -167,6 +171,9 @@ pub enum Fatal {
         /// The backup that fenced it.
         backup: ServerId,
     },
+    /// The coordinator lists this master as no longer Up: it was declared crashed.
+    #[error("{0} is no longer Up in the coordinator's server list: it was declared crashed")]
+    DeclaredDead(ServerId),
     /// The log no longer has bytes it was asked to replicate (a bug).
     #[error("segment {0} bytes are not in the log")]
     MissingBytes(SegmentId),
@@ -209,9 +216,19 @@ impl ShmBackup {
                     events: libc::POLLIN,
                     revents: 0,
                 };
-                // SAFETY: one valid pollfd, zero timeout.
-                let ready = unsafe { libc::poll(&mut poll, 1, 0) };
-                ready == 0
+                loop {
+                    // SAFETY: one valid pollfd, zero timeout.
+                    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+                    if ready >= 0 {
+                        // Readable (1) once the process has exited.
+                        return ready == 0;
+                    }
+                    if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                        // Cannot tell: count it dead (a spurious re-replication is
+                        // safe; acknowledging into a dead backup's file is not).
+                        return false;
+                    }
+                }
             }
             // SAFETY: signal 0 only checks that the process exists.
             None => (unsafe { libc::kill(self.pid, 0) }) == 0,
@@ -237,6 +254,11 @@ enum Route {
         nic: String,
     },
     Rpc,
+    Rdma {
+        link: Arc<RdmaLink>,
+        slot_offset: u64,
+        slot_capacity: u32,
+    },
 }
 
 impl Route {
@@ -245,6 +267,7 @@ impl Route {
             Route::Shm { .. } => TransportKind::Shm,
             Route::Tcp { .. } => TransportKind::Tcp,
             Route::Rpc => TransportKind::Rpc,
+            Route::Rdma { .. } => TransportKind::Rdma,
         }
     }
 }
@@ -284,6 +307,15 @@ impl Segment {
     fn backups(&self) -> Vec<ServerId> {
         self.replicas.iter().flatten().map(|r| r.backup).collect()
     }
+}
+
+/// How long [`Replicator::restore`] keeps trying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Patience {
+    /// Until every replica exists (the write path: nothing is acknowledged before).
+    UntilDone,
+    /// One placement round (upkeep between batches: the next tick tries again).
+    OneAttempt,
 }
 
 /// What a failed replica operation means.
@@ -356,10 +388,46 @@ pub struct Replicator {
     /// Backups marked failed, and when.
     failed: HashMap<ServerId, Instant>,
     shm: HashMap<(String, u32), Arc<ShmBackup>>,
+    /// One RDMA connection per backup address (`--replication rdma`).
+    rdma: HashMap<String, Arc<RdmaLink>>,
     /// Every live segment this replicator has seen.
     segments: BTreeMap<SegmentId, Segment>,
     closes: JoinSet<CloseDone>,
     stats: ReplicationStats,
+    /// Set when a background close was refused as fenced: the next call to
+    /// `replicate` or `tick` fails with it.
+    fenced: Option<Fatal>,
+    /// Replicas this master stopped using that may still exist on a live backup; freed
+    /// (epoch-bounded) by `tick`. Invariant: at most [`ABANDONED_MAX`] entries.
+    abandoned: Vec<Abandoned>,
+}
+
+/// A replica given up on, to be freed on its backup.
+#[derive(Debug, Clone)]
+struct Abandoned {
+    backup: ServerId,
+    addr: String,
+    segment: SegmentId,
+    /// The replica's epoch: the free spares newer copies (a replacement placed on the
+    /// same backup later).
+    epoch: u64,
+}
+
+/// Most abandoned replicas remembered for freeing; older ones are forgotten (their
+/// frames stay until the backup restarts or recovery frees the master's replicas).
+pub const ABANDONED_MAX: usize = 4096;
+
+fn abandon(abandoned: &mut Vec<Abandoned>, segment: SegmentId, replica: &Replica) {
+    if abandoned.len() >= ABANDONED_MAX {
+        let forgotten = abandoned.remove(0);
+        tracing::warn!(backup = %forgotten.backup, segment = %forgotten.segment, "too many abandoned replicas; one is not freed");
+    }
+    abandoned.push(Abandoned {
+        backup: replica.backup,
+        addr: replica.addr.clone(),
+        segment,
+        epoch: replica.epoch,
+    });
 }
 
 impl std::fmt::Debug for Replicator {
@@ -386,9 +454,12 @@ impl Replicator {
             list_fetched: None,
             failed: HashMap::new(),
             shm: HashMap::new(),
+            rdma: HashMap::new(),
             segments: BTreeMap::new(),
             closes: JoinSet::new(),
             stats: ReplicationStats::default(),
+            fenced: None,
+            abandoned: Vec::new(),
         }
     }
 
@@ -430,6 +501,9 @@ impl Replicator {
             return Ok(());
         }
         self.drain_closes();
+        if let Some(fatal) = &self.fenced {
+            return Err(fatal.clone());
+        }
         for range in ranges {
             self.replicate_range(range, source).await?;
         }
@@ -454,7 +528,8 @@ impl Replicator {
             );
         }
         // Every replica must hold [0, start) before this range goes on top of it.
-        self.restore(id, range.start, source).await?;
+        self.restore(id, range.start, source, Patience::UntilDone)
+            .await?;
         let bytes = source
             .segment_range(id, range.start, range.end)
             .ok_or(Fatal::MissingBytes(id))?;
@@ -462,7 +537,8 @@ impl Replicator {
         if !failures.is_empty() {
             self.apply_failures(id, failures)?;
             // The survivors hold [0, end); lost replicas are re-created holding as much.
-            self.restore(id, range.end, source).await?;
+            self.restore(id, range.end, source, Patience::UntilDone)
+                .await?;
         }
         let segment = self.segment_mut(id)?;
         segment.len = range.end;
@@ -553,17 +629,7 @@ impl Replicator {
             if slot == 0 {
                 self.selector.primary_freed(replica.backup);
             }
-            // Best effort: tell the backup to drop what it holds, so its frame is not
-            // kept open. A dead backup does not answer; that is fine.
-            let (pool, addr) = (Arc::clone(&self.pool), replica.addr.clone());
-            let request = ReplicaId {
-                master: self.own,
-                segment: id,
-            };
-            tokio::spawn(async move {
-                let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
-                let _ = pool.call::<FreeReplica>(&addr, &request, deadline).await;
-            });
+            abandon(&mut self.abandoned, id, replica);
         }
         if let Some(r) = segment.replicas.get_mut(slot) {
             *r = None;
@@ -572,16 +638,23 @@ impl Replicator {
 
     /// Marks `backup` failed: every replica on it is lost.
     fn backup_failed(&mut self, backup: ServerId, detail: &str) {
+        // Unmap the frame files of backups that exited (each pins its file's memory),
+        // and drop broken RDMA connections.
+        self.shm.retain(|_, shm| shm.alive());
+        self.rdma.retain(|_, link| !link.is_broken());
         if self.failed.insert(backup, Instant::now()).is_none() {
             self.stats.backups_failed += 1;
             tracing::warn!(%backup, %detail, "backup failed; re-creating its replicas elsewhere");
         }
-        for segment in self.segments.values_mut() {
+        for (id, segment) in self.segments.iter_mut() {
             for (slot, r) in segment.replicas.iter_mut().enumerate() {
-                if r.as_ref().is_some_and(|r| r.backup == backup) {
+                if let Some(replica) = r.as_ref().filter(|r| r.backup == backup) {
                     if slot == 0 {
                         self.selector.primary_freed(backup);
                     }
+                    // If the backup was only thought dead, its copy must not keep a
+                    // frame there forever.
+                    abandon(&mut self.abandoned, *id, replica);
                     *r = None;
                 }
             }
@@ -600,6 +673,7 @@ impl Replicator {
         id: SegmentId,
         len: u32,
         source: &dyn SegmentSource,
+        patience: Patience,
     ) -> Result<(), Fatal> {
         let mut refused: HashSet<ServerId> = HashSet::new();
         let mut waiting_since: Option<Instant> = None;
@@ -619,6 +693,13 @@ impl Replicator {
             } else {
                 segment.epoch + 1
             };
+            if fresh && len > 0 && !segment.closed {
+                // Every replica of the open segment is gone, so no survivor's fence
+                // can tell this master that it is being recovered (the bump below is
+                // what normally would). Before its bytes go to new backups, the
+                // coordinator must still list it Up.
+                self.confirm_alive().await?;
+            }
             self.refresh_servers(false).await;
             let mut exclude = self.excluded();
             exclude.extend(refused.iter().copied());
@@ -639,6 +720,9 @@ impl Replicator {
                     if !refused.is_empty() && now - since > WAIT_WARN_INTERVAL {
                         // Backups that refused may have room again.
                         refused.clear();
+                    }
+                    if patience == Patience::OneAttempt {
+                        return Ok(());
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(WAIT_BACKOFF_MAX);
@@ -671,16 +755,24 @@ impl Replicator {
                             segment.replicas[slot] = Some(replica);
                         }
                     }
-                    Err(Failure::Fenced) => {
-                        return Err(Fatal::Fenced {
-                            segment: id,
-                            backup,
-                        })
-                    }
-                    Err(Failure::Backup(detail)) => self.backup_failed(backup, &detail),
-                    Err(Failure::Replica(detail)) => {
-                        tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
-                        refused.insert(backup);
+                    Err(failure) => {
+                        if slot == 0 && fresh {
+                            // `select` counted a primary there; it holds none.
+                            self.selector.primary_freed(backup);
+                        }
+                        match failure {
+                            Failure::Fenced => {
+                                return Err(Fatal::Fenced {
+                                    segment: id,
+                                    backup,
+                                })
+                            }
+                            Failure::Backup(detail) => self.backup_failed(backup, &detail),
+                            Failure::Replica(detail) => {
+                                tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
+                                refused.insert(backup);
+                            }
+                        }
                     }
                 }
             }
@@ -688,6 +780,9 @@ impl Replicator {
                 return Ok(());
             };
             if segment.missing() > 0 {
+                if patience == Patience::OneAttempt {
+                    return Ok(());
+                }
                 continue;
             }
             if new_epoch != segment.epoch {
@@ -706,6 +801,34 @@ impl Replicator {
                 }
             }
             return Ok(());
+        }
+    }
+
+    /// Returns once the server list shows this master Up; [`Fatal::DeclaredDead`] when
+    /// it shows it otherwise. Waits while no coordinator answers. A master absent
+    /// from a [`ServerSource::Fixed`] list (tests) counts as Up.
+    async fn confirm_alive(&mut self) -> Result<(), Fatal> {
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            match self.fetch_servers().await {
+                Some(servers) => {
+                    let own = servers.iter().find(|s| s.id == self.own);
+                    return match own {
+                        Some(server) if server.status != ServerStatus::Up => {
+                            Err(Fatal::DeclaredDead(self.own))
+                        }
+                        None if matches!(self.config.servers, ServerSource::Coordinators(_)) => {
+                            Err(Fatal::DeclaredDead(self.own))
+                        }
+                        _ => Ok(()),
+                    };
+                }
+                None => {
+                    tracing::warn!("no coordinator answers; the open segment waits for it");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(WAIT_BACKOFF_MAX);
+                }
+            }
         }
     }
 
@@ -776,7 +899,12 @@ impl Replicator {
             .await
             .map_err(|e| classify_rpc(&e))?;
         self.heard(backup);
-        let route = self.route(&reply).map_err(Failure::Replica)?;
+        let link = if self.config.transport == Some(TransportKind::Rdma) {
+            Some(self.rdma_link(&addr).await?)
+        } else {
+            None
+        };
+        let route = self.route(&reply, link).map_err(Failure::Replica)?;
         tracing::debug!(
             segment = %id, %backup, epoch, handle = reply.handle, transport = %route.kind(),
             "replica opened"
@@ -803,8 +931,44 @@ impl Replicator {
         Ok(replica)
     }
 
+    /// The RDMA connection to the backup at `addr`, made on first use (and again after
+    /// it broke).
+    async fn rdma_link(&mut self, addr: &str) -> Result<Arc<RdmaLink>, Failure> {
+        if let Some(link) = self.rdma.get(addr).filter(|l| !l.is_broken()) {
+            return Ok(Arc::clone(link));
+        }
+        let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
+        let link = RdmaLink::connect(&self.pool, addr, self.own, deadline)
+            .await
+            .map_err(|error| {
+                if error.contains("Fenced") || error.contains("fenced") {
+                    Failure::Fenced
+                } else {
+                    Failure::Replica(format!("RDMA connection failed: {error}"))
+                }
+            })?;
+        let link = Arc::new(link);
+        self.rdma.insert(addr.to_string(), Arc::clone(&link));
+        Ok(link)
+    }
+
     /// How bytes will reach the frame the backup opened.
-    fn route(&mut self, reply: &OpenReplicaReply) -> Result<Route, String> {
+    fn route(
+        &mut self,
+        reply: &OpenReplicaReply,
+        link: Option<Arc<RdmaLink>>,
+    ) -> Result<Route, String> {
+        if let Some(link) = link {
+            let shm = reply
+                .shm
+                .as_ref()
+                .ok_or("the backup reports no frame slot to write by RDMA")?;
+            return Ok(Route::Rdma {
+                link,
+                slot_offset: shm.slot_offset,
+                slot_capacity: shm.slot_capacity,
+            });
+        }
         let local_shm = reply.shm.as_ref().filter(|shm| shm.host == self.host);
         let want = self.config.transport;
         if matches!(want, None | Some(TransportKind::Shm)) {
@@ -954,8 +1118,10 @@ impl Replicator {
                         self.lose_replica(done.segment, done.slot);
                     }
                     Failure::Fenced => {
-                        tracing::warn!(segment = %done.segment, %backup, "close refused: fenced");
-                        self.lose_replica(done.segment, done.slot);
+                        self.fenced = Some(Fatal::Fenced {
+                            segment: done.segment,
+                            backup,
+                        });
                     }
                 }
             }
@@ -972,8 +1138,12 @@ impl Replicator {
             return Ok(());
         }
         self.drain_closes();
+        if let Some(fatal) = &self.fenced {
+            return Err(fatal.clone());
+        }
         self.refresh_servers(false).await;
         self.probe_quiet_backups().await;
+        self.free_abandoned().await;
         let now = Instant::now();
         self.failed
             .retain(|_, since| now - *since < FAILED_BACKUP_EXCLUSION);
@@ -984,17 +1154,17 @@ impl Replicator {
             .find(|(_, s)| s.closed && s.missing() > 0)
             .map(|(id, s)| (*id, s.len));
         if let Some((id, len)) = closed_needing {
-            self.restore(id, len, source).await?;
+            self.restore(id, len, source, Patience::OneAttempt).await?;
         }
         // The open segment's lost replicas: without a write they would wait for one.
         let open_needing: Vec<(SegmentId, u32)> = self
             .segments
             .iter()
-            .filter(|(_, s)| !s.closed && s.missing() > 0 && s.missing() < s.replicas.len())
+            .filter(|(_, s)| !s.closed && s.missing() > 0)
             .map(|(id, s)| (*id, s.len))
             .collect();
         for (id, len) in open_needing {
-            self.restore(id, len, source).await?;
+            self.restore(id, len, source, Patience::OneAttempt).await?;
         }
         Ok(())
     }
@@ -1002,6 +1172,46 @@ impl Replicator {
     /// Whether the replicator has upkeep to do soon (lost replicas or closes in flight).
     pub fn busy(&self) -> bool {
         !self.closes.is_empty() || self.segments.values().any(|s| s.missing() > 0)
+    }
+
+    /// Frees abandoned replicas on backups that are Up and not failed; forgets those
+    /// whose backup left the server list (its replicas went with it).
+    async fn free_abandoned(&mut self) {
+        if self.abandoned.is_empty() {
+            return;
+        }
+        let backups = &self.backups;
+        self.abandoned.retain(|a| backups.contains_key(&a.backup));
+        let (ready, waiting): (Vec<Abandoned>, Vec<Abandoned>) =
+            std::mem::take(&mut self.abandoned)
+                .into_iter()
+                .partition(|a| !self.failed.contains_key(&a.backup));
+        self.abandoned = waiting;
+        let own = self.own;
+        let frees = ready.into_iter().map(|a| {
+            let pool = Arc::clone(&self.pool);
+            async move {
+                let request = FreeReplicaRequest {
+                    master: own,
+                    segment: a.segment,
+                    epoch_max: a.epoch,
+                };
+                let deadline = Instant::now() + PROBE_TIMEOUT;
+                let result = pool.call::<FreeReplica>(&a.addr, &request, deadline).await;
+                (a, result)
+            }
+        });
+        for (a, result) in join_all(frees).await {
+            match result {
+                Ok(_) => {}
+                // Unreachable now: try again later (a failed backup waits in the list
+                // until it answers or leaves the server list).
+                Err(error) if error.is_transport() => self.abandoned.push(a),
+                Err(error) => {
+                    tracing::debug!(backup = %a.backup, segment = %a.segment, %error, "free of an abandoned replica refused");
+                }
+            }
+        }
     }
 
     /// Probes backups holding replicas of this master that were quiet for
@@ -1016,13 +1226,13 @@ impl Replicator {
                 (now - known.heard >= PROBE_INTERVAL).then(|| (id, known.addr.clone()))
             })
             .collect();
-        let own = self.own;
         let probes = quiet.into_iter().map(|(id, addr)| {
             let pool = Arc::clone(&self.pool);
             async move {
+                // `Ping` is answered from memory by the storage server's connection
+                // task; `ListReplicas` would make the backup scan our open frames.
                 let deadline = Instant::now() + PROBE_TIMEOUT;
-                let request = ListReplicasRequest { master: Some(own) };
-                let result = pool.call::<ListReplicas>(&addr, &request, deadline).await;
+                let result = pool.call::<Ping>(&addr, &PingRequest {}, deadline).await;
                 (id, result)
             }
         });
@@ -1035,16 +1245,9 @@ impl Replicator {
         }
     }
 
-    /// Re-reads the server list when it is older than [`SERVER_LIST_REFRESH`] (or
-    /// always, with `force`). A backup that is no longer Up is failed.
-    async fn refresh_servers(&mut self, force: bool) {
-        let stale = self
-            .list_fetched
-            .map_or(true, |at| at.elapsed() >= SERVER_LIST_REFRESH);
-        if !force && !stale {
-            return;
-        }
-        let servers = match &self.config.servers {
+    /// The server list from its source; `None` when no coordinator answered.
+    async fn fetch_servers(&self) -> Option<Vec<ServerInfo>> {
+        match &self.config.servers {
             ServerSource::Fixed(list) => Some(list.lock().clone()),
             ServerSource::Coordinators(addrs) => {
                 let mut found = None;
@@ -1066,7 +1269,19 @@ impl Replicator {
                 }
                 found
             }
-        };
+        }
+    }
+
+    /// Re-reads the server list when it is older than [`SERVER_LIST_REFRESH`] (or
+    /// always, with `force`). A backup that is no longer Up is failed.
+    async fn refresh_servers(&mut self, force: bool) {
+        let stale = self
+            .list_fetched
+            .map_or(true, |at| at.elapsed() >= SERVER_LIST_REFRESH);
+        if !force && !stale {
+            return;
+        }
+        let servers = self.fetch_servers().await;
         self.list_fetched = Some(Instant::now());
         let Some(servers) = servers else { return };
         let infos: Vec<BackupInfo> = servers.iter().filter_map(BackupInfo::from_server).collect();
@@ -1141,6 +1356,21 @@ async fn write_replica(
             )
             .await
             .map_err(classify_write),
+        Route::Rdma {
+            link,
+            slot_offset,
+            slot_capacity,
+        } => {
+            let frame = RdmaFrame {
+                handle: replica.handle,
+                epoch: replica.epoch,
+                slot_offset: *slot_offset,
+                slot_capacity: *slot_capacity,
+            };
+            link.write(pool, &frame, u64::from(offset), bytes)
+                .await
+                .map_err(classify_write)
+        }
         Route::Rpc => {
             let request = WriteReplicaRequest {
                 handle: replica.handle,
