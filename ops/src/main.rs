@@ -3,7 +3,8 @@
 //! * `rampart coordinator` / `rampart server` — the two long-running processes.
 //! * `rampart cluster up` — a whole local cluster as child processes.
 //! * `rampart kv ...` — table operations from the shell.
-//! * `rampart bench ycsb` — the YCSB benchmark.
+//! * `rampart bench ycsb` — the YCSB benchmark; `rampart bench replication` — the
+//!   replication transports side by side (throughput, write latency, backup CPU).
 
 mod bench;
 mod children;

@@ -121,11 +121,14 @@ pub enum FrameWriteError {
     Transport(String),
 }
 
-/// This host's identity: the kernel's boot id (`/proc/sys/kernel/random/boot_id`), which
-/// differs between machines and between boots. A master uses `shm` towards a backup only
-/// when the backup reports the same identity. Falls back to the host name.
+/// This host's identity as `shm` needs it: the kernel's boot id
+/// (`/proc/sys/kernel/random/boot_id`, different between machines and between boots)
+/// and this process's pid namespace (`/proc/self/ns/pid`). A master uses `shm` towards
+/// a backup only when the backup reports the same identity: containers on one machine
+/// share the boot id, but a master in another pid namespace could not check the
+/// backup's liveness by its pid. Falls back to the host name.
 pub fn host_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .ok()
         .filter(|s| !s.is_empty())
@@ -134,7 +137,11 @@ pub fn host_id() -> String {
                 .ok()
                 .map(|s| s.trim().to_string())
         })
-        .unwrap_or_else(|| "unknown-host".to_string())
+        .unwrap_or_else(|| "unknown-host".to_string());
+    match std::fs::read_link("/proc/self/ns/pid") {
+        Ok(ns) => format!("{boot}/{}", ns.display()),
+        Err(_) => boot,
+    }
 }
 
 #[cfg(test)]
