@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use rampart_backup::segment_store::{Disk, RealDisk};
 use rampart_backup::service::{BackupConfig, BackupService};
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{SegmentId, ServerId, TableId};
@@ -43,15 +44,36 @@ struct TestBackup {
     _dir: TempDir,
 }
 
+/// A disk with no room: every replica write fails with ENOSPC.
+#[derive(Debug)]
+struct FullDisk;
+
+impl Disk for FullDisk {
+    fn write_durable(&self, _: &std::path::Path, _: &[&[u8]]) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        RealDisk.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        RealDisk.sync_dir(dir)
+    }
+}
+
 impl TestBackup {
     async fn start(id: u64, frames_max: usize) -> TestBackup {
+        TestBackup::start_on(id, frames_max, Box::new(RealDisk)).await
+    }
+
+    async fn start_on(id: u64, frames_max: usize, disk: Box<dyn Disk>) -> TestBackup {
         let dir = TempDir::new().unwrap();
         let config = BackupConfig {
             frames_max,
             frame_bytes_max: SEGMENT_BYTES,
             frame_file: dir.path().join("frames"),
         };
-        let (service, _) = BackupService::open(&dir.path().join("store"), config).unwrap();
+        let (service, _) =
+            BackupService::open_with_disk(&dir.path().join("store"), config, disk).unwrap();
         let service = Arc::new(service);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -548,4 +570,24 @@ async fn a_master_declared_crashed_cannot_move_its_head_to_fresh_backups() {
     );
     let fatal = master.status.fatal.lock().clone().unwrap();
     assert!(fatal.contains("declared crashed"), "{fatal}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_whose_backup_disk_is_full_are_placed_elsewhere() {
+    let (mut backups, _) = cluster(4).await;
+    // A fifth backup takes frames but cannot write a closed replica to disk.
+    backups.push(TestBackup::start_on(5, 32, Box::new(FullDisk)).await);
+    let list = Arc::new(Mutex::new(backups.iter().map(TestBackup::info).collect()));
+    let master = start_master(3, None, list);
+    write_many(&master, 0..2000, 7).await;
+    assert!(master.store.lock().log().segment_ids().count() >= 4);
+    // Every closed segment ends up closed on three backups, none of them the full one
+    // (a closed replica there cannot exist); nothing acknowledged is lost.
+    assert_fully_replicated(&master, &backups.iter().collect::<Vec<_>>(), 3).await;
+    let found = replicas_by_segment(&backups.iter().collect::<Vec<_>>()).await;
+    let head = master.store.lock().log().head();
+    assert!(found
+        .iter()
+        .filter(|(id, _)| **id != head)
+        .all(|(_, held)| held.iter().all(|(b, _)| *b != ServerId(5))));
 }

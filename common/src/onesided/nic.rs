@@ -52,7 +52,7 @@ use std::future::Future;
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -76,6 +76,9 @@ pub const NIC_CONNECTIONS_MAX: usize = 1024;
 /// How long a peer may leave a request (or our reply) half transferred before its
 /// connection is closed.
 pub const NIC_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Read buffer of one soft-NIC connection: many small requests arrive in one `read`.
+pub const NIC_READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Receive buffer capacity a connection keeps between requests; a larger one (after a
 /// large write) is freed, so idle connections do not pin memory.
@@ -181,21 +184,24 @@ pub async fn serve<T: NicTarget>(
 
 /// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err`, why).
 async fn serve_connection<T: NicTarget>(
-    mut stream: TcpStream,
+    stream: TcpStream,
     target: Arc<T>,
 ) -> Result<(), String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     crate::rpc::connection::set_keepalive(&stream);
+    let (read_half, mut stream) = stream.into_split();
+    // Buffered: one `read` syscall usually brings a whole request (header and bytes).
+    let mut reader = tokio::io::BufReader::with_capacity(NIC_READ_BUFFER_BYTES, read_half);
     let mut buf: Vec<u8> = Vec::new();
     loop {
         let mut header = [0u8; NIC_REQUEST_HEADER_BYTES];
         // Between requests the peer may be idle for as long as it likes.
-        match stream.read(&mut header[..1]).await {
+        match reader.read(&mut header[..1]).await {
             Ok(0) => return Ok(()),
             Ok(_) => {}
             Err(error) => return Err(error.to_string()),
         }
-        read_stalling(&mut stream, &mut header[1..]).await?;
+        read_stalling(&mut reader, &mut header[1..]).await?;
         let Some(request) = RequestHeader::decode(&header) else {
             return Err("bad magic".to_string());
         };
@@ -211,7 +217,7 @@ async fn serve_connection<T: NicTarget>(
             buf = Vec::new();
         }
         buf.resize(len, 0);
-        read_stalling(&mut stream, &mut buf).await?;
+        read_stalling(&mut reader, &mut buf).await?;
         let status = if len <= NIC_INLINE_PLACE_BYTES_MAX {
             place(&*target, &request, &buf)
         } else {
@@ -239,7 +245,10 @@ fn place<T: NicTarget>(target: &T, request: &RequestHeader, bytes: &[u8]) -> Sta
 
 /// Fills `buf` from `stream`, failing if the peer stalls for [`NIC_STALL_TIMEOUT`] or
 /// closes the stream.
-async fn read_stalling(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), String> {
+async fn read_stalling(
+    stream: &mut (impl AsyncRead + Unpin),
+    buf: &mut [u8],
+) -> Result<(), String> {
     let mut filled = 0;
     while filled < buf.len() {
         let read = tokio::time::timeout(NIC_STALL_TIMEOUT, stream.read(&mut buf[filled..]))
@@ -254,7 +263,7 @@ async fn read_stalling(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), Str
     Ok(())
 }
 
-async fn reply(stream: &mut TcpStream, status: Status) -> Result<(), String> {
+async fn reply(stream: &mut (impl AsyncWrite + Unpin), status: Status) -> Result<(), String> {
     tokio::time::timeout(
         NIC_STALL_TIMEOUT,
         stream.write_all(&status.code().to_le_bytes()),

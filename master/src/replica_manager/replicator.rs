@@ -96,6 +96,9 @@ pub const SERVER_LIST_REFRESH: Duration = Duration::from_secs(1);
 /// a new id at once; this only bounds how long a transient network fault excludes one.
 pub const FAILED_BACKUP_EXCLUSION: Duration = Duration::from_secs(10);
 
+/// A backup that refused a replica (full) is not chosen again for this long.
+pub const REFUSED_BACKUP_EXCLUSION: Duration = Duration::from_secs(2);
+
 /// While the write path waits for backups, it warns this often.
 pub const WAIT_WARN_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -387,6 +390,9 @@ pub struct Replicator {
     list_fetched: Option<Instant>,
     /// Backups marked failed, and when.
     failed: HashMap<ServerId, Instant>,
+    /// Backups that refused a replica (full frames or disk), and until when they are
+    /// not chosen.
+    refused: HashMap<ServerId, Instant>,
     shm: HashMap<(String, u32), Arc<ShmBackup>>,
     /// One RDMA connection per backup address (`--replication rdma`).
     rdma: HashMap<String, Arc<RdmaLink>>,
@@ -453,6 +459,7 @@ impl Replicator {
             backups: HashMap::new(),
             list_fetched: None,
             failed: HashMap::new(),
+            refused: HashMap::new(),
             shm: HashMap::new(),
             rdma: HashMap::new(),
             segments: BTreeMap::new(),
@@ -662,7 +669,17 @@ impl Replicator {
     }
 
     fn excluded(&self) -> HashSet<ServerId> {
-        self.failed.keys().copied().collect()
+        let now = Instant::now();
+        self.failed
+            .keys()
+            .copied()
+            .chain(
+                self.refused
+                    .iter()
+                    .filter(|(_, until)| **until > now)
+                    .map(|(id, _)| *id),
+            )
+            .collect()
     }
 
     /// Fills every empty slot of `id` with a new replica holding `[0, len)`; for an
@@ -771,6 +788,8 @@ impl Replicator {
                             Failure::Replica(detail) => {
                                 tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
                                 refused.insert(backup);
+                                self.refused
+                                    .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
                             }
                         }
                     }
@@ -1115,6 +1134,8 @@ impl Replicator {
                     Failure::Backup(detail) => self.backup_failed(backup, &detail),
                     Failure::Replica(detail) => {
                         tracing::warn!(segment = %done.segment, %backup, %detail, "close failed; replica lost");
+                        self.refused
+                            .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
                         self.lose_replica(done.segment, done.slot);
                     }
                     Failure::Fenced => {
@@ -1147,6 +1168,7 @@ impl Replicator {
         let now = Instant::now();
         self.failed
             .retain(|_, since| now - *since < FAILED_BACKUP_EXCLUSION);
+        self.refused.retain(|_, until| *until > now);
         // One closed segment per tick, so that writes interleave with re-replication.
         let closed_needing = self
             .segments
