@@ -183,10 +183,7 @@ pub async fn serve<T: NicTarget>(
 }
 
 /// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err`, why).
-async fn serve_connection<T: NicTarget>(
-    stream: TcpStream,
-    target: Arc<T>,
-) -> Result<(), String> {
+async fn serve_connection<T: NicTarget>(stream: TcpStream, target: Arc<T>) -> Result<(), String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     crate::rpc::connection::set_keepalive(&stream);
     let (read_half, mut stream) = stream.into_split();
