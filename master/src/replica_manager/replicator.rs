@@ -293,7 +293,14 @@ struct Replica {
 /// The replicas of one segment.
 #[derive(Debug)]
 struct Segment {
+    /// The epoch every live replica is at (once `restore` finished).
     epoch: u64,
+    /// The epoch the next placement attempt uses. Every attempt takes a new one, so a
+    /// replica given up on at epoch e is never confused with a later one: an abandoned
+    /// copy's free (bounded by e) cannot touch it, and a backup never sees the same
+    /// (segment, epoch) opened twice for two different copies.
+    /// Invariant: > every epoch used for this segment.
+    next_epoch: u64,
     /// Bytes every live replica holds.
     len: u32,
     /// The footer is among those bytes.
@@ -528,6 +535,7 @@ impl Replicator {
                 id,
                 Segment {
                     epoch: 1,
+                    next_epoch: 1,
                     len: range.start,
                     closed: false,
                     replicas: vec![None; self.config.replicas],
@@ -671,8 +679,9 @@ impl Replicator {
     fn excluded(&self) -> HashSet<ServerId> {
         let now = Instant::now();
         self.failed
-            .keys()
-            .copied()
+            .iter()
+            .filter(|(_, since)| now - **since < FAILED_BACKUP_EXCLUSION)
+            .map(|(id, _)| *id)
             .chain(
                 self.refused
                     .iter()
@@ -705,11 +714,6 @@ impl Replicator {
             }
             let fresh = segment.replicas.iter().all(Option::is_none);
             let had_survivors = !fresh;
-            let new_epoch = if fresh && len == 0 {
-                segment.epoch
-            } else {
-                segment.epoch + 1
-            };
             if fresh && len > 0 && !segment.closed {
                 // Every replica of the open segment is gone, so no survivor's fence
                 // can tell this master that it is being recovered (the bump below is
@@ -746,6 +750,13 @@ impl Replicator {
                     self.refresh_servers(true).await;
                     continue;
                 }
+            };
+            let new_epoch = match self.segments.get_mut(&id) {
+                Some(segment) => {
+                    segment.next_epoch += 1;
+                    segment.next_epoch - 1
+                }
+                None => return Ok(()),
             };
             let capacity = source.segment_capacity();
             let bytes = if len > 0 {
@@ -891,6 +902,8 @@ impl Replicator {
 
     /// Opens a replica of `id` on `backup` at `epoch`, writes `bytes` (from offset 0) and,
     /// for a closed segment, closes it.
+    /// A failure after the open may have reached the backup leaves a frame there: it is
+    /// abandoned (freed later, bounded by `epoch`, which no later copy reuses).
     async fn create_replica(
         &mut self,
         id: SegmentId,
@@ -905,6 +918,34 @@ impl Replicator {
             .get(&backup)
             .map(|b| b.addr.clone())
             .ok_or_else(|| Failure::Replica(format!("{backup} left the server list")))?;
+        let result = self
+            .open_and_fill(id, backup, &addr, epoch, capacity, bytes, closed)
+            .await;
+        if result.is_err() {
+            if self.abandoned.len() >= ABANDONED_MAX {
+                self.abandoned.remove(0);
+            }
+            self.abandoned.push(Abandoned {
+                backup,
+                addr,
+                segment: id,
+                epoch,
+            });
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn open_and_fill(
+        &mut self,
+        id: SegmentId,
+        backup: ServerId,
+        addr: &str,
+        epoch: u64,
+        capacity: u32,
+        bytes: Option<&Bytes>,
+        closed: bool,
+    ) -> Result<Replica, Failure> {
         let request = OpenReplicaRequest {
             master: self.own,
             segment: id,
@@ -914,12 +955,12 @@ impl Replicator {
         let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
         let reply = self
             .pool
-            .call::<OpenReplica>(&addr, &request, deadline)
+            .call::<OpenReplica>(addr, &request, deadline)
             .await
             .map_err(|e| classify_rpc(&e))?;
         self.heard(backup);
         let link = if self.config.transport == Some(TransportKind::Rdma) {
-            Some(self.rdma_link(&addr).await?)
+            Some(self.rdma_link(addr).await?)
         } else {
             None
         };
@@ -930,7 +971,7 @@ impl Replicator {
         );
         let mut replica = Replica {
             backup,
-            addr,
+            addr: addr.to_string(),
             handle: reply.handle,
             route,
             epoch,
@@ -1226,9 +1267,12 @@ impl Replicator {
         for (a, result) in join_all(frees).await {
             match result {
                 Ok(_) => {}
-                // Unreachable now: try again later (a failed backup waits in the list
-                // until it answers or leaves the server list).
-                Err(error) if error.is_transport() => self.abandoned.push(a),
+                // Unreachable: the backup counts as failed (so upkeep does not wait on
+                // it every tick); the free is tried again once its exclusion ends.
+                Err(error) if error.is_transport() => {
+                    self.backup_failed(a.backup, &error.to_string());
+                    self.abandoned.push(a);
+                }
                 Err(error) => {
                     tracing::debug!(backup = %a.backup, segment = %a.segment, %error, "free of an abandoned replica refused");
                 }
