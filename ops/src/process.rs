@@ -109,13 +109,16 @@ pub fn frames_for_disk(disk_mbps: u32, frame_bytes: u32, configured: usize) -> u
     flushable.clamp(FRAMES_MIN.min(configured), configured.max(1))
 }
 
+/// Names of default frame files start with this.
+const FRAME_FILE_PREFIX: &str = "rampart-frames-";
+
 /// The default frame file of a server whose data directory is `data_dir`.
 fn default_frame_file(data_dir: &std::path::Path) -> std::path::PathBuf {
     let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     let hash = rampart_common::ids::key_hash(canonical.as_os_str().as_encoded_bytes()).0;
     let shm = std::path::Path::new("/dev/shm");
     if shm.is_dir() {
-        shm.join(format!("rampart-frames-{hash:016x}"))
+        shm.join(format!("{FRAME_FILE_PREFIX}{hash:016x}"))
     } else {
         data_dir.join("frames")
     }
@@ -238,6 +241,17 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             frame_bytes_max: frame_bytes,
             frame_file: frame_file.clone(),
         };
+        // Frame files of backups killed with SIGKILL stay behind; remove those that no
+        // live backup holds.
+        if let Some(dir) = frame_file.parent() {
+            let removed = rampart_common::onesided::shm::remove_stale_frame_files(
+                dir,
+                FRAME_FILE_PREFIX,
+            );
+            if !removed.is_empty() {
+                tracing::info!(files = removed.len(), dir = %dir.display(), "stale frame files removed");
+            }
+        }
         let (backup, report) = BackupService::open(&args.data_dir, backup_config)
             .with_context(|| format!("cannot open the backup store in {}", args.data_dir.display()))?;
         let backup = Arc::new(backup);

@@ -371,9 +371,17 @@ impl FrameFile {
                     path.display()
                 ))
             })?;
-        // Refuse a file another live backup holds.
+        // Refuse a file another live backup holds. A sweep of stale files
+        // (`remove_stale_frame_files`) holds a lock for an instant: retry briefly.
         if let Ok(existing) = File::open(path) {
-            lock_exclusive(&existing, path)?;
+            let mut attempts = 0;
+            while let Err(error) = lock_exclusive(&existing, path) {
+                attempts += 1;
+                if error.kind() != io::ErrorKind::WouldBlock || attempts >= LOCK_ATTEMPTS {
+                    return Err(error);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
         }
         let file_name = path.file_name().ok_or_else(|| {
             invalid_input(format!(
@@ -617,6 +625,36 @@ fn lock_exclusive(file: &File, path: &Path) -> io::Result<()> {
         ));
     }
     Err(error)
+}
+
+/// Tries of the lock check in [`FrameFile::create`] before a file counts as held.
+const LOCK_ATTEMPTS: u32 = 10;
+
+/// Removes the frame files in `dir` whose names start with `prefix` (temporary `.new`
+/// files excepted) that no live backup holds: a backup killed with SIGKILL cannot remove
+/// its own, and each keeps the pages its open frames had written. A file is removed only
+/// while this call holds its `flock`, so a file whose backup runs is never touched.
+/// Returns the removed paths; errors on single files are skipped.
+pub fn remove_stale_frame_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with(prefix) || name.contains('.') {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(file) = File::open(&path) else {
+            continue;
+        };
+        if lock_exclusive(&file, &path).is_ok() && std::fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
 }
 
 /// A master's mapping of a backup's frame file: the `shm` transport. See the
@@ -965,5 +1003,27 @@ mod tests {
             }
         }
         eprintln!("{fenced_mid_pass} of {ROUNDS} rounds fenced the writer mid-pass");
+    }
+
+    #[test]
+    fn only_frame_files_no_backup_holds_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = FrameFile::create(&dir.path().join("rampart-frames-live"), 1, 4096).unwrap();
+        std::fs::write(
+            dir.path().join("rampart-frames-dead"),
+            b"left by a killed backup",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("rampart-frames-x.123.new"),
+            b"being created",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("other"), b"not ours").unwrap();
+        let removed = remove_stale_frame_files(dir.path(), "rampart-frames-");
+        assert_eq!(removed, vec![dir.path().join("rampart-frames-dead")]);
+        assert!(live.path().exists());
+        assert!(dir.path().join("rampart-frames-x.123.new").exists());
+        assert!(dir.path().join("other").exists());
     }
 }
