@@ -114,6 +114,35 @@ impl TestBackup {
         }
     }
 
+    /// Serves again on the same address (after `kill`), with the same state: a backup
+    /// that was only unreachable for a while.
+    async fn revive(&mut self) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket.bind(self.addr.parse().unwrap()).unwrap();
+        let listener = socket.listen(64).unwrap();
+        let nic_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.service
+            .set_nic_addr(nic_listener.local_addr().unwrap().to_string());
+        let (stop_rpc, rpc_stopped) = oneshot::channel::<()>();
+        let (stop_nic, nic_stopped) = oneshot::channel::<()>();
+        tokio::spawn(RpcServer::run(
+            listener,
+            Arc::clone(&self.service),
+            async move {
+                let _ = rpc_stopped.await;
+            },
+        ));
+        tokio::spawn(rampart_common::onesided::nic::serve(
+            nic_listener,
+            self.service.nic_target(),
+            async move {
+                let _ = nic_stopped.await;
+            },
+        ));
+        self.stop = Some((stop_rpc, stop_nic));
+    }
+
     /// Stops serving: RPCs and soft-NIC connections break, as if the process died.
     fn kill(&mut self) {
         if let Some((rpc, nic)) = self.stop.take() {
@@ -134,6 +163,20 @@ fn start_master(
     transport: Option<TransportKind>,
     servers: Arc<Mutex<Vec<ServerInfo>>>,
 ) -> Master {
+    start_master_excluding_failed_for(
+        replicas,
+        transport,
+        servers,
+        rampart_master::replica_manager::replicator::FAILED_BACKUP_EXCLUSION,
+    )
+}
+
+fn start_master_excluding_failed_for(
+    replicas: usize,
+    transport: Option<TransportKind>,
+    servers: Arc<Mutex<Vec<ServerInfo>>>,
+    failed_backup_exclusion: Duration,
+) -> Master {
     let config = MasterConfig {
         segment_bytes: SEGMENT_BYTES,
         memory_bytes: 64 * u64::from(SEGMENT_BYTES),
@@ -152,6 +195,7 @@ fn start_master(
         transport,
         servers: ServerSource::Fixed(servers),
         seed: 7,
+        failed_backup_exclusion,
     };
     let status = Arc::new(AppenderStatus::default());
     let appender = Appender::spawn_replicated(
@@ -590,4 +634,32 @@ async fn replicas_whose_backup_disk_is_full_are_placed_elsewhere() {
         .iter()
         .filter(|(id, _)| **id != head)
         .all(|(_, held)| held.iter().all(|(b, _)| *b != ServerId(5))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_that_was_only_unreachable_is_used_again() {
+    // R = 3 over exactly 3 backups: while one is unreachable no replacement exists,
+    // and the write path waits; once the backup answers again and its exclusion has
+    // run out, writes go on (on it).
+    let (mut backups, list) = cluster(3).await;
+    let master = start_master_excluding_failed_for(
+        3,
+        Some(TransportKind::Tcp),
+        list,
+        Duration::from_millis(300),
+    );
+    write_many(&master, 0..20, 5).await;
+    backups[0].kill();
+    let appender = master.appender.clone();
+    let pending = tokio::spawn(async move { appender.submit(vec![write(1000)]).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!pending.is_finished(), "acknowledged with a replica short");
+    backups[0].revive().await;
+    let outcomes = tokio::time::timeout(Duration::from_secs(10), pending)
+        .await
+        .expect("writes go on once the backup is back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcomes[0].status(), Status::Ok);
+    assert_fully_replicated(&master, &backups.iter().collect::<Vec<_>>(), 3).await;
 }

@@ -290,6 +290,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             transport: args.replication,
             servers: ServerSource::Coordinators(coordinators.clone()),
             seed: rand::random(),
+            failed_backup_exclusion: rampart_master::replica_manager::replicator::FAILED_BACKUP_EXCLUSION,
         };
         let master = MasterService::with_replication(id, config, replication);
         let service = Arc::new(StorageService {

@@ -125,6 +125,9 @@ pub struct ReplicationConfig {
     pub servers: ServerSource,
     /// Seeds the backup selector, so a test can reproduce placements.
     pub seed: u64,
+    /// How long a backup marked failed is not chosen again
+    /// ([`FAILED_BACKUP_EXCLUSION`] by default).
+    pub failed_backup_exclusion: Duration,
 }
 
 impl ReplicationConfig {
@@ -135,6 +138,7 @@ impl ReplicationConfig {
             transport: None,
             servers: ServerSource::Fixed(Arc::default()),
             seed: 0,
+            failed_backup_exclusion: FAILED_BACKUP_EXCLUSION,
         }
     }
 }
@@ -680,7 +684,7 @@ impl Replicator {
         let now = Instant::now();
         self.failed
             .iter()
-            .filter(|(_, since)| now - **since < FAILED_BACKUP_EXCLUSION)
+            .filter(|(_, since)| now - **since < self.config.failed_backup_exclusion)
             .map(|(id, _)| *id)
             .chain(
                 self.refused
@@ -1207,8 +1211,8 @@ impl Replicator {
         self.probe_quiet_backups().await;
         self.free_abandoned().await;
         let now = Instant::now();
-        self.failed
-            .retain(|_, since| now - *since < FAILED_BACKUP_EXCLUSION);
+        let exclusion = self.config.failed_backup_exclusion;
+        self.failed.retain(|_, since| now - *since < exclusion);
         self.refused.retain(|_, until| *until > now);
         // One closed segment per tick, so that writes interleave with re-replication.
         let closed_needing = self
