@@ -31,12 +31,15 @@
 //! transport level (the backup is then marked failed and every replica on it is lost),
 //! or when its backup refuses it (`UnknownFrame`, `StaleEpoch`, `BackupFull` on close:
 //! only that replica). A lost replica of the **open** segment is re-created before the
-//! write path goes on: a replacement backup is opened at epoch e+1, given every byte the
-//! segment holds so far, then the surviving replicas are moved to e+1 (`BumpEpoch`), and
-//! only then does the write continue — so the replica left behind at e (on a backup that
-//! may only have looked dead) is recognisably stale. A lost replica of a **closed**
-//! segment is re-created by [`Replicator::tick`], one segment per tick, so writes keep
-//! flowing meanwhile. A backup that holds this master's replicas and was not heard from
+//! write path goes on: a replacement backup is opened at a new epoch e' > e, given every
+//! byte the segment holds so far, then the surviving replicas are moved to e'
+//! (`BumpEpoch`), and only then does the write continue — so the replica left behind at
+//! e (on a backup that may only have looked dead) is recognisably stale. Every placement
+//! attempt takes a new epoch (`Segment::next_epoch`), so no two copies of a segment ever
+//! share one. A lost replica of a **closed** segment is re-created by
+//! [`Replicator::tick`], one segment per tick and one attempt each, so writes keep
+//! flowing meanwhile. Replicas given up on (lost, or on a backup only thought dead) are
+//! freed later by `tick` with `FreeReplica { epoch_max }`, which spares any newer copy. A backup that holds this master's replicas and was not heard from
 //! for [`PROBE_INTERVAL`] is probed (`Ping`, answered by the storage server it runs in);
 //! one that the server list no longer shows Up is failed at once.
 //!
@@ -50,7 +53,21 @@
 //!   their deadline pass; the batch is acknowledged once the backups exist.
 //! * `Fenced` from any replica: this master is being recovered elsewhere. The batch must
 //!   never be acknowledged: [`replicate`](Replicator::replicate) returns
-//!   [`Fatal::Fenced`] and the master stops.
+//!   [`Fatal::Fenced`] and the master stops. Backups that fenced a master also refuse
+//!   its new opens.
+//! * An open segment that lost *every* replica has no survivor whose fence could stop
+//!   the master, so before its bytes go to new backups the master checks that the
+//!   coordinator still lists it Up ([`Fatal::DeclaredDead`] otherwise). Closing the last
+//!   gap (a master cut off from everything between that check and its writes) needs the
+//!   leases of issue 5.
+//!
+//! # Departures from DESIGN.md
+//! * The epoch of a re-created open replica is recorded on the backups (`BumpEpoch`),
+//!   not at the coordinator as RAMCloud's `updateReplicationEpoch` does. Recovery (issue
+//!   5) needs the coordinator to know each master's open-segment epoch; until then a
+//!   stale replica is recognisable by its epoch among the replicas found.
+//! * Liveness of `shm` backups by pidfd (above): DESIGN.md assumed a write to a dead
+//!   backup fails, which holds for tcp, rpc and rdma but not for shared memory.
 
 use bytes::Bytes;
 use futures::future::join_all;
