@@ -919,6 +919,41 @@ impl BackupService {
         })
     }
 
+    /// At a graceful stop: writes every open frame's valid prefix to the segment store
+    /// as an *open* (not closed) replica, so that a backup restarted on the same data
+    /// directory still reports it — the frame file itself is removed at exit. Frames stay
+    /// open here (a master still writing sees this backup go away and re-creates the
+    /// replica elsewhere). A copy the store already holds at the same or a newer epoch
+    /// is kept. Returns how many replicas were written. Blocks on the disk: call it on a
+    /// blocking thread, after the service stopped taking requests.
+    pub fn flush_open_frames(&self) -> usize {
+        let frames: Vec<FrameRef> = {
+            let state = self.shared.state.lock();
+            state
+                .open
+                .values()
+                .filter_map(|&handle| {
+                    let frame = state.frames.get(&handle)?;
+                    Some(State::frame_ref(handle, frame))
+                })
+                .collect()
+        };
+        let scanned = self.shared.scan_frames(frames);
+        let mut store = self.store.lock();
+        let mut written = 0;
+        for (frame, bytes) in scanned {
+            let key = (frame.info.master, frame.info.segment);
+            match store.write_replica(key.0, key.1, frame.info.epoch, false, &bytes) {
+                Ok(_) => written += 1,
+                Err(error) => {
+                    tracing::warn!(master = %key.0, segment = %key.1, %error, "open frame not flushed");
+                }
+            }
+            self.shared.state.lock().sync_stored(&store, key);
+        }
+        written
+    }
+
     /// Fences every open frame of `master` (recovery of it has begun) and reports each
     /// one with the length of its valid prefix. After this returns, no write to those
     /// frames is acknowledged by any transport, and every write acknowledged before it
@@ -1676,6 +1711,29 @@ mod tests {
         );
         let replica = read(&service, 1, 1).await.expect("read");
         assert_eq!(&replica.bytes[..], &bytes[..end as usize]);
+    }
+
+    #[tokio::test]
+    async fn open_frames_flushed_at_a_graceful_stop_are_reported_after_a_restart() {
+        let dir = TempDir::new().expect("tempdir");
+        let (bytes, ends) = segment(4, 1, 2);
+        {
+            let service = open_service(&dir, 4);
+            let handle = open(&service, 4, 1, 3).await;
+            write_range(&service, handle, 3, &bytes, 0, ends[2]).await;
+            // A torn third batch past the valid prefix is not flushed.
+            write(&service, handle, 3, ends[2], b"\x02torn")
+                .await
+                .expect("write");
+            assert_eq!(service.flush_open_frames(), 1);
+        }
+        let service = open_service(&dir, 4);
+        assert_eq!(
+            list(&service, Some(4)).await,
+            vec![info(4, 1, 3, ends[2], false)]
+        );
+        let replica = read(&service, 4, 1).await.expect("read");
+        assert_eq!(&replica.bytes[..], &bytes[..ends[2] as usize]);
     }
 
     #[tokio::test]

@@ -312,6 +312,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         announce(&format!("server {} listening on {addr}", id.0))?;
         tracing::info!(%id, %addr, memory = %args.memory, replicas = args.replicas, "server serving");
         let failed = Arc::clone(&service);
+        let flusher = Arc::clone(&service.backup);
         let stop = async move {
             tokio::select! {
                 _ = shutdown_signal() => None,
@@ -324,6 +325,11 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         })
         .await;
         nic.abort();
+        // The frame file goes with this process: keep what its open frames hold.
+        match tokio::task::spawn_blocking(move || flusher.flush_open_frames()).await {
+            Ok(flushed) => tracing::info!(%id, flushed, "open frames written to the store"),
+            Err(error) => tracing::warn!(%id, %error, "open frames not written to the store"),
+        }
         if let Ok(Some(reason)) = stopped_rx.await {
             tracing::error!(%id, %reason, "server stopped: its master cannot go on");
             eprintln!("server {id} stopped: {reason}");
