@@ -2,6 +2,8 @@
 //!
 //! * [`state`] — `CoordinatorState`: the deterministic state machine of servers,
 //!   tables and tablets; `apply(command) -> result`, no I/O.
+//! * [`raft_storage`] — `RaftStorage`: the durable Raft log (entries, hard state, conf
+//!   state, snapshot) in a `raft-engine` directory, behind `raft::Storage`.
 //! * [`service`] — `CoordinatorService`: RPC handlers that apply commands and push
 //!   tablet ownership to masters.
 //!
@@ -15,6 +17,7 @@
 //! This issue runs one coordinator process; the state machine is written so that a
 //! later issue replicates its commands through Raft without changing it.
 
+pub mod raft_storage;
 pub mod service;
 pub mod state;
 
