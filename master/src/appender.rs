@@ -15,9 +15,9 @@
 //! so under load many writes share one replication round trip.
 //!
 //! Tablet ownership changes travel on the same queue and are applied between batches,
-//! so they are ordered with the writes around them. When the queue is idle, the task
-//! gives the replicator time for upkeep every [`UPKEEP_INTERVAL`] (background closes,
-//! probing backups, re-creating lost replicas).
+//! so they are ordered with the writes around them. Every [`UPKEEP_INTERVAL`], between
+//! batches and whether or not the queue is empty, the task gives the replicator time for
+//! upkeep (background closes, probing backups, re-creating lost replicas).
 //!
 //! # Failure handling
 //! The queue is bounded ([`APPENDER_QUEUE_MAX`]): when it is full, submitters wait
@@ -183,24 +183,27 @@ async fn run(
         store: &store,
         capacity,
     };
-    let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
-    upkeep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_upkeep = tokio::time::Instant::now() + UPKEEP_INTERVAL;
     let mut carried: Option<Job> = None;
     loop {
+        // Upkeep runs every UPKEEP_INTERVAL whether or not jobs keep coming: under
+        // steady load the queue is never empty, and lost closed replicas, probes and
+        // frees must not wait for a lull.
+        if tokio::time::Instant::now() >= next_upkeep {
+            let result = replicator.tick(&source).await;
+            *status.replication.lock() = replicator.stats();
+            if let Err(fatal) = result {
+                return stop(fatal, &status, queue, Vec::new()).await;
+            }
+            next_upkeep = tokio::time::Instant::now() + UPKEEP_INTERVAL;
+        }
         let first = match carried.take() {
             Some(job) => job,
             None => {
                 let job = tokio::select! {
                     biased;
                     job = queue.recv() => job,
-                    _ = upkeep.tick() => {
-                        let result = replicator.tick(&source).await;
-                        *status.replication.lock() = replicator.stats();
-                        if let Err(fatal) = result {
-                            return stop(fatal, &status, queue, Vec::new()).await;
-                        }
-                        continue;
-                    }
+                    _ = tokio::time::sleep_until(next_upkeep) => continue,
                 };
                 match job {
                     Some(job) => job,
@@ -235,7 +238,11 @@ async fn run(
         }
         if !ops_jobs.is_empty() {
             let result = write_batch(&store, ops_jobs, &mut replicator, &source).await;
-            *status.replication.lock() = replicator.stats();
+            // Counting under-replicated segments walks them all: only when a replica
+            // changed, not after every batch.
+            if let Some(stats) = replicator.take_changed_stats() {
+                *status.replication.lock() = stats;
+            }
             if let Err((fatal, parked)) = result {
                 return stop(fatal, &status, queue, parked).await;
             }

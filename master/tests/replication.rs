@@ -663,3 +663,34 @@ async fn a_backup_that_was_only_unreachable_is_used_again() {
     assert_eq!(outcomes[0].status(), Status::Ok);
     assert_fully_replicated(&master, &backups.iter().collect::<Vec<_>>(), 3).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_that_never_answers_times_out_and_is_replaced() {
+    // A listed backup whose listener accepts connections and never replies (a hung
+    // process): opens and writes to it time out, and the replicas go elsewhere.
+    let (backups, list) = cluster(3).await;
+    let hung = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hung_addr = hung.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = hung.accept().await {
+            held.push(stream);
+        }
+    });
+    list.lock().push(ServerInfo {
+        id: ServerId(9),
+        addr: hung_addr.clone(),
+        services: Services {
+            master: false,
+            backup: true,
+        },
+        status: ServerStatus::Up,
+        failure_domain: hung_addr,
+        disk_read_mbps: 100,
+    });
+    let master = start_master(3, None, list);
+    write_many(&master, 0..600, 8).await;
+    assert_fully_replicated(&master, &backups.iter().collect::<Vec<_>>(), 3).await;
+    let stats = *master.status.replication.lock();
+    assert!(stats.backups_failed >= 1, "{stats:?}");
+}

@@ -25,22 +25,21 @@ fn help_lists_every_subcommand() {
 
 #[test]
 fn server_refuses_a_segment_too_small_for_its_largest_object() {
-    // Refused before the data directory is touched.
-    let data = std::env::temp_dir().join("rampart-cli-test-never-created");
+    let stderr = server_refusal("segment", &["--segment-bytes", "64KiB"]);
+    assert!(stderr.contains("cannot hold"), "{stderr}");
+}
+
+/// Runs `rampart server` with `flags` and a data directory that must stay untouched;
+/// asserts it refused to start (exit 2) and returns its stderr.
+fn server_refusal(name: &str, flags: &[&str]) -> String {
+    let data = std::env::temp_dir().join(format!("rampart-cli-test-{name}-never-created"));
     let data = data.to_str().unwrap();
-    let output = rampart(&[
-        "server",
-        "--segment-bytes",
-        "64KiB",
-        "--coordinator",
-        "127.0.0.1:1",
-        "--data-dir",
-        data,
-    ]);
+    let mut args = vec!["server", "--coordinator", "127.0.0.1:1", "--data-dir", data];
+    args.extend_from_slice(flags);
+    let output = rampart(&args);
     assert!(!std::path::Path::new(data).exists());
     assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("cannot hold"), "{stderr}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 #[test]
@@ -76,26 +75,13 @@ fn server_with_rdma_and_no_rdma_says_why_plainly() {
     // Refused before the data directory is touched: a build without the `rdma` feature,
     // or a machine without an RDMA device (CI builds the feature separately and checks
     // the no-device message in `common::onesided::rdma`).
-    let data = std::env::temp_dir().join("rampart-cli-test-rdma-never-created");
-    let data = data.to_str().unwrap();
-    let output = rampart(&[
-        "server",
-        "--replication",
-        "rdma",
-        "--coordinator",
-        "127.0.0.1:1",
-        "--data-dir",
-        data,
-    ]);
-    assert!(!std::path::Path::new(data).exists());
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
     let device = std::path::Path::new("/sys/class/infiniband")
         .read_dir()
         .is_ok_and(|mut entries| entries.next().is_some());
     if cfg!(feature = "rdma") && device {
         return; // A machine that can run it: nothing to refuse.
     }
+    let stderr = server_refusal("rdma", &["--replication", "rdma"]);
     assert!(
         stderr.contains("--replication rdma: this build has no RDMA support")
             || stderr.contains("--replication rdma: no RDMA device found"),

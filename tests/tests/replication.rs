@@ -97,6 +97,17 @@ async fn write_until(
     acked
 }
 
+/// What the backup at `addr` lists of `master`'s replicas.
+async fn list_replicas(pool: &RpcPool, addr: &str, master: ServerId) -> Vec<ReplicaInfo> {
+    let request = ListReplicasRequest {
+        master: Some(master),
+    };
+    pool.call::<ListReplicas>(addr, &request, deadline())
+        .await
+        .unwrap()
+        .replicas
+}
+
 /// Every replica of `master` held by the servers at `addrs`, by segment, with bytes.
 async fn replicas_of(
     pool: &RpcPool,
@@ -105,17 +116,7 @@ async fn replicas_of(
 ) -> BTreeMap<SegmentId, Vec<(String, ReplicaInfo, Vec<u8>)>> {
     let mut found: BTreeMap<SegmentId, Vec<(String, ReplicaInfo, Vec<u8>)>> = BTreeMap::new();
     for addr in addrs {
-        let list = pool
-            .call::<ListReplicas>(
-                addr,
-                &ListReplicasRequest {
-                    master: Some(master),
-                },
-                deadline(),
-            )
-            .await
-            .unwrap();
-        for info in list.replicas {
+        for info in list_replicas(pool, addr, master).await {
             let id = ReplicaId {
                 master,
                 segment: info.segment,
@@ -240,17 +241,8 @@ fn killed_backup_writes_continue_and_segments_regain_r_replicas() {
             .collect();
         let mut holding = Vec::new();
         for (_, addr, pid) in &backups {
-            let list = pool
-                .call::<ListReplicas>(
-                    addr,
-                    &ListReplicasRequest {
-                        master: Some(master),
-                    },
-                    deadline(),
-                )
-                .await
-                .unwrap();
-            holding.push((list.replicas.len(), addr.clone(), *pid));
+            let held = list_replicas(&pool, addr, master).await.len();
+            holding.push((held, addr.clone(), *pid));
         }
         holding.sort();
         let (held, victim_addr, victim_pid) = holding.last().cloned().unwrap();

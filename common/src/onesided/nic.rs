@@ -54,8 +54,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 
 /// First four bytes of every request: `RNIC`.
 pub const NIC_MAGIC: u32 = u32::from_le_bytes(*b"RNIC");
@@ -148,41 +146,23 @@ pub async fn serve<T: NicTarget>(
     target: Arc<T>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(Semaphore::new(NIC_CONNECTIONS_MAX));
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            _ = &mut shutdown => break,
-            permit = Arc::clone(&permits).acquire_owned() => permit,
-        };
-        let Ok(permit) = permit else { break };
-        let accepted = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let target = Arc::clone(&target);
-                connections.spawn(async move {
-                    if let Err(reason) = serve_connection(stream, target).await {
-                        tracing::debug!(%peer, %reason, "soft-NIC connection closed");
-                    }
-                    drop(permit);
-                });
+    crate::rpc::server::accept_connections(
+        listener,
+        NIC_CONNECTIONS_MAX,
+        "soft-NIC",
+        shutdown,
+        move |stream| {
+            let target = Arc::clone(&target);
+            async move {
+                if let Err(reason) = serve_connection(stream, target).await {
+                    tracing::debug!(%reason, "soft-NIC connection closed");
+                }
             }
-            Err(error) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(%error, "soft-NIC accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        while connections.try_join_next().is_some() {}
-    }
-    connections.shutdown().await;
+        },
+    )
+    .await;
 }
 
-/// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err`, why).
 async fn serve_connection<T: NicTarget>(stream: TcpStream, target: Arc<T>) -> Result<(), String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     crate::rpc::connection::set_keepalive(&stream);

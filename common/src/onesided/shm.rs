@@ -1007,19 +1007,20 @@ mod tests {
 
     #[test]
     fn only_frame_files_no_backup_holds_are_swept() {
-        let dir = tempfile::tempdir().unwrap();
-        let live = FrameFile::create(&dir.path().join("rampart-frames-live"), 1, 4096).unwrap();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let live =
+            FrameFile::create(&dir.path().join("rampart-frames-live"), 1, 4096).expect("create");
         std::fs::write(
             dir.path().join("rampart-frames-dead"),
             b"left by a killed backup",
         )
-        .unwrap();
+        .expect("write");
         std::fs::write(
             dir.path().join("rampart-frames-x.123.new"),
             b"being created",
         )
-        .unwrap();
-        std::fs::write(dir.path().join("other"), b"not ours").unwrap();
+        .expect("write");
+        std::fs::write(dir.path().join("other"), b"not ours").expect("write");
         let removed = remove_stale_frame_files(dir.path(), "rampart-frames-");
         assert_eq!(removed, vec![dir.path().join("rampart-frames-dead")]);
         assert!(live.path().exists());

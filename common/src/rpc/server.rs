@@ -156,39 +156,64 @@ impl RpcServer {
         service: Arc<S>,
         shutdown: impl Future<Output = ()>,
     ) {
-        let connection_permits = Arc::new(Semaphore::new(RPC_CONNECTIONS_MAX));
-        let mut connections = JoinSet::new();
-        tokio::pin!(shutdown);
-        loop {
-            let permit = tokio::select! {
-                _ = &mut shutdown => break,
-                permit = Arc::clone(&connection_permits).acquire_owned() => permit,
-            };
-            let Ok(permit) = permit else { break };
-            let accepted = tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    let service = Arc::clone(&service);
-                    connections.spawn(async move {
-                        serve_connection(stream, service).await;
-                        tracing::trace!(%peer, "connection closed");
-                        drop(permit);
-                    });
-                }
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-            // Reap finished connections so the set does not grow without bound.
-            while connections.try_join_next().is_some() {}
-        }
-        connections.shutdown().await;
+        accept_connections(
+            listener,
+            RPC_CONNECTIONS_MAX,
+            "rpc",
+            shutdown,
+            move |stream| serve_connection(stream, Arc::clone(&service)),
+        )
+        .await;
     }
+}
+
+/// Accepts connections on `listener` until `shutdown` completes, at most
+/// `connections_max` open at once (past it, accepting waits for one to close), each
+/// served by its own task running `serve`; then stops accepting and drops every
+/// connection. `what` names the server in logs. Shared by the RPC server and the
+/// soft-NIC (`onesided::nic`).
+pub(crate) async fn accept_connections<F, Fut>(
+    listener: TcpListener,
+    connections_max: usize,
+    what: &'static str,
+    shutdown: impl Future<Output = ()>,
+    serve: F,
+) where
+    F: Fn(TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(connections_max));
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            _ = &mut shutdown => break,
+            permit = Arc::clone(&permits).acquire_owned() => permit,
+        };
+        let Ok(permit) = permit else { break };
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let served = serve(stream);
+                connections.spawn(async move {
+                    served.await;
+                    tracing::trace!(%peer, server = what, "connection closed");
+                    drop(permit);
+                });
+            }
+            Err(error) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(%error, server = what, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        // Reap finished connections so the set does not grow without bound.
+        while connections.try_join_next().is_some() {}
+    }
+    connections.shutdown().await;
 }
 
 async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {

@@ -434,6 +434,8 @@ pub struct Replicator {
     /// Replicas this master stopped using that may still exist on a live backup; freed
     /// (epoch-bounded) by `tick`. Invariant: at most [`ABANDONED_MAX`] entries.
     abandoned: Vec<Abandoned>,
+    /// A replica was placed, lost, closed or re-created since `take_changed_stats`.
+    changed: bool,
 }
 
 /// A replica given up on, to be freed on its backup.
@@ -495,12 +497,19 @@ impl Replicator {
             stats: ReplicationStats::default(),
             fenced: None,
             abandoned: Vec::new(),
+            changed: false,
         }
     }
 
     /// Replicas per segment.
     pub fn replicas(&self) -> usize {
         self.config.replicas
+    }
+
+    /// Current counts if any replica was placed, lost, closed or re-created since the
+    /// last call (cheap otherwise: the write path calls it after every batch).
+    pub fn take_changed_stats(&mut self) -> Option<ReplicationStats> {
+        std::mem::take(&mut self.changed).then(|| self.stats())
     }
 
     /// Current counts.
@@ -658,6 +667,7 @@ impl Replicator {
     }
 
     fn lose_replica(&mut self, id: SegmentId, slot: usize) {
+        self.changed = true;
         let Some(segment) = self.segments.get_mut(&id) else {
             return;
         };
@@ -674,6 +684,7 @@ impl Replicator {
 
     /// Marks `backup` failed: every replica on it is lost.
     fn backup_failed(&mut self, backup: ServerId, detail: &str) {
+        self.changed = true;
         // Unmap the frame files of backups that exited (each pins its file's memory),
         // and drop broken RDMA connections.
         self.shm.retain(|_, shm| shm.alive());
@@ -803,6 +814,7 @@ impl Replicator {
                         if let Some(segment) = self.segments.get_mut(&id) {
                             segment.replicas[slot] = Some(replica);
                         }
+                        self.changed = true;
                     }
                     Err(failure) => {
                         if slot == 0 && fresh {
@@ -1142,6 +1154,7 @@ impl Replicator {
     /// Sends `CloseReplica` to every replica of the closed segment `id`, in the
     /// background.
     fn start_closes(&mut self, id: SegmentId) {
+        self.changed = true;
         let Some(segment) = self.segments.get_mut(&id) else {
             return;
         };
@@ -1174,6 +1187,7 @@ impl Replicator {
     }
 
     fn close_finished(&mut self, done: CloseDone) {
+        self.changed = true;
         let Some(replica) = self
             .segments
             .get_mut(&done.segment)
