@@ -61,6 +61,11 @@ pub enum Status {
     /// A backup fenced this replica (recovery of its master has begun): the write may not
     /// be acknowledged.
     Fenced,
+    /// This coordinator is not the Raft leader (or, being leader, cannot reach a majority
+    /// of coordinators): it changed nothing. The detail names the leader when known
+    /// (see [`crate::protocol::coordinator::NotLeaderHint`]); callers retry there, or
+    /// every coordinator in turn, until their deadline.
+    NotLeader,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -92,6 +97,7 @@ impl Status {
             Status::UnknownFrame => 20,
             Status::BackupFull => 21,
             Status::Fenced => 22,
+            Status::NotLeader => 23,
             Status::Unrecognized(code) => code,
         }
     }
@@ -122,6 +128,7 @@ impl Status {
             20 => Status::UnknownFrame,
             21 => Status::BackupFull,
             22 => Status::Fenced,
+            23 => Status::NotLeader,
             other => Status::Unrecognized(other),
         }
     }
@@ -161,6 +168,7 @@ impl fmt::Display for Status {
             Status::UnknownFrame => "no such open frame on the backup",
             Status::BackupFull => "backup has no room for the replica",
             Status::Fenced => "replica fenced by its backup",
+            Status::NotLeader => "coordinator is not the Raft leader",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

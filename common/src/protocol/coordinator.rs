@@ -53,6 +53,103 @@ pub struct TableNameRequest {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TabletMapRequest {}
 
+/// Where the Raft leader is, as far as a coordinator that is not it knows: the detail of
+/// a [`crate::status::Status::NotLeader`] reply. On the wire it is text, so that it reads
+/// well in an error message too: `leader N at ADDR`, or `no leader: WHY`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotLeaderHint {
+    /// Coordinator `id`, serving clients at `addr`, is the leader this one follows.
+    Leader {
+        /// Its Raft id.
+        id: u64,
+        /// Its RPC address.
+        addr: String,
+    },
+    /// No leader is known (an election is under way, or no majority is reachable).
+    Unknown {
+        /// Why, for the error message.
+        why: String,
+    },
+}
+
+impl NotLeaderHint {
+    /// The reply detail.
+    pub fn encode(&self) -> String {
+        match self {
+            NotLeaderHint::Leader { id, addr } => format!("leader {id} at {addr}"),
+            NotLeaderHint::Unknown { why } => format!("no leader: {why}"),
+        }
+    }
+
+    /// Reads a reply detail; anything that does not name a leader is `Unknown`.
+    pub fn parse(detail: &str) -> NotLeaderHint {
+        let mut words = detail.split_whitespace();
+        if let (Some("leader"), Some(id), Some("at"), Some(addr), None) = (
+            words.next(),
+            words.next(),
+            words.next(),
+            words.next(),
+            words.next(),
+        ) {
+            if let Ok(id) = id.parse() {
+                return NotLeaderHint::Leader {
+                    id,
+                    addr: addr.to_string(),
+                };
+            }
+        }
+        let why = detail.strip_prefix("no leader: ").unwrap_or(detail);
+        NotLeaderHint::Unknown {
+            why: why.to_string(),
+        }
+    }
+
+    /// The leader's address, if known.
+    pub fn leader_addr(&self) -> Option<&str> {
+        match self {
+            NotLeaderHint::Leader { addr, .. } => Some(addr),
+            NotLeaderHint::Unknown { .. } => None,
+        }
+    }
+}
+
+/// Asks a coordinator how its Raft node stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaftStatusRequest {}
+
+/// One coordinator's view of the Raft group. Served by every coordinator, leader or not,
+/// without going through Raft (it describes the node, not the configuration).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaftStatusReply {
+    /// This coordinator's Raft id.
+    pub id: u64,
+    /// `leader`, `follower`, `candidate` or `pre-candidate`.
+    pub role: String,
+    /// Its current term.
+    pub term: u64,
+    /// The leader it knows of (0: none).
+    pub leader_id: u64,
+    /// Highest log index known committed.
+    pub commit: u64,
+    /// Highest log index applied to its state machine.
+    pub applied: u64,
+    /// Index of its latest state-machine snapshot (0: none).
+    pub snapshot_index: u64,
+    /// Configuration version of its state machine.
+    pub config_version: u64,
+    /// Every member: (Raft id, RPC address).
+    pub peers: Vec<(u64, String)>,
+}
+
+/// Raft messages from one coordinator to another (coordinator ↔ coordinator only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaftMessagesRequest {
+    /// The sender's Raft id.
+    pub from: u64,
+    /// Each a protobuf-encoded `raft::eraftpb::Message`, in the order sent.
+    pub messages: Vec<bytes::Bytes>,
+}
+
 bincode_message!(
     EnlistRequest,
     EnlistReply,
@@ -61,6 +158,9 @@ bincode_message!(
     TableNameRequest,
     TabletMapRequest,
     TabletMap,
+    RaftStatusRequest,
+    RaftStatusReply,
+    RaftMessagesRequest,
 );
 
 rpcs! {
@@ -74,4 +174,43 @@ rpcs! {
     GetTableId = 103: TableNameRequest => TableIdReply;
     /// The server list and every table's tablets.
     GetTabletMap = 104: TabletMapRequest => TabletMap;
+    /// This coordinator's Raft role, term, leader and indexes (any coordinator answers).
+    RaftStatus = 105: RaftStatusRequest => RaftStatusReply;
+    /// Raft messages between coordinators.
+    RaftMessages = 110: RaftMessagesRequest => ();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_leader_hint_round_trips() {
+        let hints = [
+            NotLeaderHint::Leader {
+                id: 2,
+                addr: "127.0.0.1:7001".into(),
+            },
+            NotLeaderHint::Unknown {
+                why: "election under way".into(),
+            },
+        ];
+        for hint in hints {
+            assert_eq!(NotLeaderHint::parse(&hint.encode()), hint);
+        }
+        assert_eq!(
+            NotLeaderHint::parse("leader x at y"),
+            NotLeaderHint::Unknown {
+                why: "leader x at y".into()
+            }
+        );
+        assert_eq!(
+            NotLeaderHint::Leader {
+                id: 3,
+                addr: "h:1".into()
+            }
+            .leader_addr(),
+            Some("h:1")
+        );
+    }
 }

@@ -206,6 +206,13 @@ pub struct PingReply {
     pub segments_under_replicated: u64,
 }
 
+/// The coordinator's configuration version after a change to the server list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerListVersion {
+    /// The configuration version (`TabletMap::version`) that holds the changed list.
+    pub version: u64,
+}
+
 bincode_message!(
     RemoveRequest,
     IncrementRequest,
@@ -220,6 +227,7 @@ bincode_message!(
     TabletsRequest,
     PingRequest,
     PingReply,
+    ServerListVersion,
 );
 
 rpcs! {
@@ -245,6 +253,11 @@ rpcs! {
     DropTablets = 10: TabletsRequest => ();
     /// Liveness and a few figures.
     Ping = 11: PingRequest => PingReply;
+    /// Pushed by the coordinator leader to every `Up` server after the server list
+    /// changes. A server holding an older list pulls (`GetTabletMap`) at once, instead of
+    /// at its next periodic refresh. Only the version travels, so a push costs the same
+    /// in a cluster of any size.
+    ServerListChanged = 12: ServerListVersion => ();
 }
 
 /// Bounds-checked reader over a payload that hands out zero-copy slices.
