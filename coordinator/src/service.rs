@@ -1,34 +1,53 @@
-//! `CoordinatorService`: the coordinator's RPC handlers over [`CoordinatorState`].
+//! `CoordinatorService`: the coordinator's RPC handlers over its Raft member
+//! ([`RaftNode`]).
 //!
-//! Every change is a [`Command`] applied to the state machine (a later issue replicates
-//! the same commands through Raft). Changes that move tablets are followed by pushes to
-//! the masters concerned: `TakeTablets` after a table is created, `DropTablets` after
-//! it is dropped. Changes and their pushes are serialised by one async mutex, so two
-//! concurrent creates/drops of one name cannot reach a master in the wrong order.
+//! Every change is a [`Command`] proposed through Raft; the handler answers with what
+//! applying it produced once it is committed. Reads that must be current (`GetTabletMap`,
+//! `GetTableId`) pass a ReadIndex barrier first, so they are linearizable. A coordinator
+//! that is not the leader answers `NotLeader` with a hint naming the leader (see
+//! `NotLeaderHint`); clients follow it. `RaftStatus` is answered by every coordinator, and
+//! `RaftMessages` carries Raft's own traffic between coordinators.
+//!
+//! Changes that move tablets are followed by pushes to the masters concerned: `TakeTablets`
+//! after a table is created, `DropTablets` after it is dropped. A change and its pushes hold
+//! the lock of the table's name (one of [`NAME_LOCKS`] stripes), so two concurrent
+//! creates/drops of one name cannot reach a master in the wrong order, while changes to
+//! other tables proceed in parallel. After an enlistment the leader tells every `Up` server
+//! the new configuration version (`ServerListChanged`), and servers holding an older list
+//! pull it.
 //!
 //! # Failure handling
-//! If a master cannot be reached to take its tablets, `create_table` answers `Retry`
-//! (the table exists; the client library retries, and a repeated create re-pushes the
-//! tablets, because create is idempotent by name). A failed `DropTablets` push is only
-//! logged: the table is already gone from the map, its id is never reused, so no client
-//! can reach the stale tablet through a fresh map.
+//! * A proposal not committed within [`PROPOSAL_TIMEOUT`] (a leader cut off from its
+//!   majority never commits) is answered `Retry` with the reason; its outcome is unknown,
+//!   and every command is safe to retry (creates and drops are idempotent by name; a
+//!   retried enlistment gets a new id and crashes the orphaned one).
+//! * If a master cannot be reached to take its tablets, `create_table` answers `Retry`
+//!   (the table exists; the client library retries, and a repeated create re-pushes the
+//!   tablets). A leader that dies between the commit and the push leaves the same state,
+//!   repaired the same way.
+//! * A failed `DropTablets` push is only logged: the table is already gone from the map,
+//!   its id is never reused, so no client can reach the stale tablet through a fresh map.
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{
-    self as proto, CreateTableRequest, EnlistReply, EnlistRequest, TableIdReply, TableNameRequest,
+    self as proto, CreateTableRequest, EnlistReply, EnlistRequest, RaftMessagesRequest,
+    TableIdReply, TableNameRequest,
 };
-use rampart_common::protocol::master::{DropTablets, TabletsRequest, TakeTablets};
+use rampart_common::protocol::master::{
+    DropTablets, ServerListChanged, ServerListVersion, TabletsRequest, TakeTablets,
+};
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, RpcPool, Service};
 use rampart_common::status::Status;
-use rampart_common::tablet::Tablet;
+use rampart_common::tablet::{ServerStatus, Tablet};
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+use crate::node::{NodeError, RaftNode};
 use crate::state::{Command, CommandResult, CoordinatorState};
 
 /// How long a create or drop waits for the masters to take or drop their tablets.
@@ -41,32 +60,120 @@ pub const TABLET_PUSH_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// master missed. (With failure detection, a master gone this long is declared dead.)
 pub const DROP_PUSH_RETRY_WINDOW: Duration = Duration::from_secs(600);
 
+/// How long a handler waits for its proposal to commit, or for a read barrier. Several
+/// election timeouts: a leader that lost its majority steps down within one.
+pub const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Deadline of one `ServerListChanged` push; a server that misses it pulls within its
+/// periodic refresh anyway.
+pub const SERVER_LIST_PUSH_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Lock stripes that serialise changes to one table name with their pushes.
+pub const NAME_LOCKS: usize = 64;
+
 /// The coordinator service of one coordinator process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CoordinatorService {
-    /// The configuration. A blocking mutex: nothing awaits while holding it.
-    state: Mutex<CoordinatorState>,
-    /// Serialises configuration changes together with the pushes that follow them.
-    changes: tokio::sync::Mutex<()>,
+    /// This coordinator's Raft member, holding the configuration.
+    node: RaftNode,
+    /// Serialise a table's change with the pushes that follow it, by name hash.
+    names: Vec<tokio::sync::Mutex<()>>,
     /// Connections to masters.
     pool: Arc<RpcPool>,
 }
 
 impl CoordinatorService {
-    /// A coordinator with an empty configuration.
-    pub fn new() -> CoordinatorService {
-        CoordinatorService::default()
+    /// The service of a running Raft member.
+    pub fn new(node: RaftNode) -> CoordinatorService {
+        CoordinatorService {
+            node,
+            names: (0..NAME_LOCKS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+            pool: Arc::new(RpcPool::new()),
+        }
     }
 
-    /// A copy of the current state (for status pages and tests).
+    /// This coordinator's Raft member.
+    pub fn node(&self) -> &RaftNode {
+        &self.node
+    }
+
+    /// A copy of this member's state machine (for status pages and tests; not
+    /// necessarily current on a follower).
     pub fn state(&self) -> CoordinatorState {
-        self.state.lock().clone()
+        self.node.with_state(CoordinatorState::clone)
     }
 
-    fn apply(&self, command: &Command) -> CommandResult {
-        let result = self.state.lock().apply(command);
-        tracing::debug!(?command, ?result, "applied");
-        result
+    fn name_lock(&self, name: &str) -> &tokio::sync::Mutex<()> {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut hasher);
+        &self.names[(hasher.finish() % NAME_LOCKS as u64) as usize]
+    }
+
+    /// Proposes `command` and waits for its result, or for the reply that says why not.
+    async fn apply(&self, command: Command) -> Result<CommandResult, Reply> {
+        let what = command_name(&command);
+        match tokio::time::timeout(PROPOSAL_TIMEOUT, self.node.propose(command)).await {
+            Ok(Ok(result)) => {
+                tracing::debug!(what, ?result, "applied");
+                Ok(result)
+            }
+            Ok(Err(e)) => Err(node_error_reply(e)),
+            Err(_) => Err(Reply::error(
+                Status::Retry,
+                format!(
+                    "{what} not committed within {PROPOSAL_TIMEOUT:?}: this coordinator \
+                     cannot reach a majority of the coordinators; it may still commit, and \
+                     retrying is safe"
+                ),
+            )),
+        }
+    }
+
+    /// Waits until this member's state reflects every change committed before the call.
+    async fn read_barrier(&self) -> Result<(), Reply> {
+        match tokio::time::timeout(PROPOSAL_TIMEOUT, self.node.read_barrier()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(node_error_reply(e)),
+            Err(_) => Err(Reply::error(
+                Status::Retry,
+                format!(
+                    "read not confirmed within {PROPOSAL_TIMEOUT:?}: this coordinator cannot \
+                     reach a majority of the coordinators"
+                ),
+            )),
+        }
+    }
+
+    /// Tells every `Up` server, in the background, that the server list changed.
+    fn push_server_list_version(&self) {
+        let (version, addrs): (u64, Vec<String>) = self.node.with_state(|state| {
+            let addrs = state
+                .servers()
+                .filter(|s| s.status == ServerStatus::Up)
+                .map(|s| s.addr.clone())
+                .collect();
+            (state.version(), addrs)
+        });
+        let pool = Arc::clone(&self.pool);
+        tokio::spawn(async move {
+            let request = ServerListVersion { version };
+            let deadline = Instant::now() + SERVER_LIST_PUSH_TIMEOUT;
+            let pushes = addrs.iter().map(|addr| {
+                let pool = &pool;
+                let request = &request;
+                async move {
+                    if let Err(e) = pool
+                        .call::<ServerListChanged>(addr, request, deadline)
+                        .await
+                    {
+                        tracing::debug!(%addr, error = %e, "server-list push not delivered");
+                    }
+                }
+            });
+            futures::future::join_all(pushes).await;
+        });
     }
 
     /// Sends `tablets`, grouped by owner, with RPC `R` (take or drop), retrying
@@ -80,13 +187,12 @@ impl CoordinatorService {
         for tablet in tablets {
             by_owner.entry(tablet.owner).or_default().push(*tablet);
         }
-        let addrs: BTreeMap<ServerId, String> = {
-            let state = self.state.lock();
+        let addrs: BTreeMap<ServerId, String> = self.node.with_state(|state| {
             by_owner
                 .keys()
                 .filter_map(|id| state.server(*id).map(|s| (*id, s.addr.clone())))
                 .collect()
-        };
+        });
         let pushes = by_owner.into_iter().map(|(owner, tablets)| {
             let addr = addrs.get(&owner).cloned();
             async move {
@@ -151,19 +257,20 @@ impl CoordinatorService {
                     Ok(r) => r,
                     Err(reply) => return reply,
                 };
-                let _change = self.changes.lock().await;
                 let command = Command::EnlistServer {
                     addr: request.addr.clone(),
                     services: request.services,
                     failure_domain: request.failure_domain,
                     disk_read_mbps: request.disk_read_mbps,
                 };
-                match self.apply(&command) {
-                    CommandResult::Enlisted { id } => {
+                match self.apply(command).await {
+                    Ok(CommandResult::Enlisted { id }) => {
                         tracing::info!(%id, addr = %request.addr, "server enlisted");
+                        self.push_server_list_version();
                         Reply::ok(&EnlistReply { id })
                     }
-                    other => rejected(other),
+                    Ok(other) => rejected(other),
+                    Err(reply) => reply,
                 }
             }
             proto::CreateTable::OPCODE => {
@@ -171,17 +278,17 @@ impl CoordinatorService {
                     Ok(r) => r,
                     Err(reply) => return reply,
                 };
-                let _change = self.changes.lock().await;
+                let _change = self.name_lock(&request.name).lock().await;
                 let command = Command::CreateTable {
                     name: request.name.clone(),
                     span: request.span,
                 };
-                match self.apply(&command) {
-                    CommandResult::TableCreated {
+                match self.apply(command).await {
+                    Ok(CommandResult::TableCreated {
                         id,
                         tablets,
                         created,
-                    } => {
+                    }) => {
                         if created {
                             tracing::info!(%id, name = %request.name, span = request.span, "table created");
                         }
@@ -202,7 +309,8 @@ impl CoordinatorService {
                             Reply::error(Status::Retry, detail)
                         }
                     }
-                    other => rejected(other),
+                    Ok(other) => rejected(other),
+                    Err(reply) => reply,
                 }
             }
             proto::DropTable::OPCODE => {
@@ -210,11 +318,12 @@ impl CoordinatorService {
                     Ok(r) => r,
                     Err(reply) => return reply,
                 };
-                let _change = self.changes.lock().await;
-                match self.apply(&Command::DropTable {
+                let _change = self.name_lock(&request.name).lock().await;
+                let command = Command::DropTable {
                     name: request.name.clone(),
-                }) {
-                    CommandResult::TableDropped { id, tablets } => {
+                };
+                match self.apply(command).await {
+                    Ok(CommandResult::TableDropped { id, tablets }) => {
                         if let Some(id) = id {
                             tracing::info!(%id, name = %request.name, "table dropped");
                         }
@@ -226,7 +335,8 @@ impl CoordinatorService {
                         }
                         Reply::ok(&())
                     }
-                    other => rejected(other),
+                    Ok(other) => rejected(other),
+                    Err(reply) => reply,
                 }
             }
             proto::GetTableId::OPCODE => {
@@ -234,17 +344,64 @@ impl CoordinatorService {
                     Ok(r) => r,
                     Err(reply) => return reply,
                 };
-                match self.state.lock().table_id(&request.name) {
+                if let Err(reply) = self.read_barrier().await {
+                    return reply;
+                }
+                match self.node.with_state(|state| state.table_id(&request.name)) {
                     Some(id) => Reply::ok(&TableIdReply { id }),
                     None => Reply::error(Status::TableDoesntExist, request.name),
                 }
             }
-            proto::GetTabletMap::OPCODE => Reply::ok(&self.state.lock().tablet_map()),
+            proto::GetTabletMap::OPCODE => match self.read_barrier().await {
+                Ok(()) => Reply::ok(&self.node.with_state(CoordinatorState::tablet_map)),
+                Err(reply) => reply,
+            },
+            proto::RaftStatus::OPCODE => Reply::ok(&self.node.status()),
+            proto::RaftMessages::OPCODE => {
+                let request: RaftMessagesRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                if !self.node.peers().contains_key(&request.from) {
+                    let detail = format!(
+                        "raft messages from {}, which is not a member of this group",
+                        request.from
+                    );
+                    return Reply::error(Status::InvalidArgument, detail);
+                }
+                let messages = match crate::node::decode_messages(&request) {
+                    Ok(messages) => messages,
+                    Err(detail) => return Reply::error(Status::MalformedRequest, detail),
+                };
+                match self.node.receive(messages) {
+                    Ok(()) => Reply::ok(&()),
+                    Err(e) => node_error_reply(e),
+                }
+            }
             other => Reply::error(
                 Status::UnknownOpcode,
                 format!("coordinator does not serve {other}"),
             ),
         }
+    }
+}
+
+/// What a command is, for messages.
+fn command_name(command: &Command) -> &'static str {
+    match command {
+        Command::EnlistServer { .. } => "enlistment",
+        Command::SetServerStatus { .. } => "server status change",
+        Command::CreateTable { .. } => "create-table",
+        Command::DropTable { .. } => "drop-table",
+    }
+}
+
+/// The reply for a proposal or read the node did not carry out.
+fn node_error_reply(error: NodeError) -> Reply {
+    match error {
+        NodeError::NotLeader(hint) => Reply::error(Status::NotLeader, hint.encode()),
+        NodeError::Dropped | NodeError::Busy => Reply::error(Status::Retry, error.to_string()),
+        NodeError::Stopped(_) => Reply::error(Status::ShuttingDown, error.to_string()),
     }
 }
 

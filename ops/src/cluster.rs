@@ -1,11 +1,12 @@
 //! `rampart cluster up`: a whole local cluster as child processes on loopback.
 //!
-//! Starts one coordinator and N storage servers, prints one line per process
-//! (`coordinator at ADDR`, `server ID at ADDR`) and then a line starting with `ready`.
+//! Starts a Raft group of coordinators (3 by default) and N storage servers, prints one
+//! line per process (`coordinator ID at ADDR (pid P)`, `server ID at ADDR (pid P)`) and then
+//! a line starting with `ready`.
 //! Scripts and tests rely on these lines. It then waits; Ctrl-C or SIGTERM stops every
 //! child, and children die with it even if it is killed (see `children`).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,7 +39,12 @@ pub struct UpArgs {
     /// between servers on one host (all of them, here), else tcp.
     #[arg(long)]
     pub replication: Option<String>,
-    /// Coordinator address (port 0 picks a free one).
+    /// Coordinators in the Raft group: 3 survives the loss of one, 5 of two; 1 runs a
+    /// single coordinator (no fault tolerance).
+    #[arg(long, default_value_t = 3)]
+    pub coordinators: u32,
+    /// Address of the first coordinator; the others listen on the next ports (port 0
+    /// picks free ports).
     #[arg(long, default_value = "127.0.0.1:7000")]
     pub coordinator_addr: String,
     /// DRAM per server for its log.
@@ -61,8 +67,10 @@ pub struct UpArgs {
 /// A started local cluster.
 #[derive(Debug)]
 pub struct LocalCluster {
-    /// The coordinator's address.
+    /// The coordinators' addresses, comma-separated (what `RAMPART_COORDINATOR` takes).
     pub coordinator: String,
+    /// (Raft id, address) of each coordinator.
+    pub coordinators: Vec<(u64, String)>,
     /// (server id, address) of each server.
     pub servers: Vec<(u64, String)>,
     /// The processes; dropping this stops them.
@@ -73,6 +81,9 @@ pub struct LocalCluster {
 pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     if args.servers == 0 {
         bail!("--servers must be at least 1");
+    }
+    if args.coordinators == 0 || args.coordinators > COORDINATORS_MAX {
+        bail!("--coordinators must be 1 to {COORDINATORS_MAX} (3 or 5 for fault tolerance)");
     }
     let replicas = match args.replicas {
         Some(r) if r >= args.servers => bail!(
@@ -86,20 +97,47 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     let mut children = Children::new();
     let log = std::env::var("RAMPART_LOG").unwrap_or_else(|_| args.log_level.clone());
     let env = [("RAMPART_LOG", log)];
-    let coordinator = children
-        .spawn(
-            "coordinator",
-            &[
-                "coordinator".into(),
-                "--listen".into(),
-                args.coordinator_addr.clone(),
-            ],
-            &env,
-        )?
-        .addr
-        .clone();
+    let addrs = coordinator_addrs(&args.coordinator_addr, args.coordinators)?;
+    let peers: Vec<String> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| format!("{}={addr}", i + 1))
+        .collect();
+    let peers = peers.join(",");
+    let mut coordinators = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let id = i as u64 + 1;
+        let mut coordinator_args: Vec<String> = vec![
+            "coordinator".into(),
+            "--id".into(),
+            id.to_string(),
+            "--data-dir".into(),
+            args.data_dir
+                .join(format!("coordinator-{id}"))
+                .display()
+                .to_string(),
+        ];
+        if args.coordinators == 1 {
+            coordinator_args.extend(["--listen".into(), addr.clone()]);
+        } else {
+            coordinator_args.extend(["--peers".into(), peers.clone()]);
+        }
+        let running = children.spawn(&format!("coordinator {id}"), &coordinator_args, &env)?;
+        if print {
+            println!(
+                "coordinator {id} at {} (pid {})",
+                running.addr,
+                running.pid()
+            );
+        }
+        coordinators.push((id, running.addr.clone()));
+    }
+    let coordinator = coordinators
+        .iter()
+        .map(|(_, addr)| addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
     if print {
-        println!("coordinator at {coordinator}");
         println!("data in {}", args.data_dir.display());
         println!("replicas {replicas}");
     }
@@ -145,9 +183,44 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     }
     Ok(LocalCluster {
         coordinator,
+        coordinators,
         servers,
         children,
     })
+}
+
+/// Most coordinators `cluster up` starts.
+pub const COORDINATORS_MAX: u32 = 7;
+
+/// The coordinators' addresses: `first`, then the next ports; with port 0, free ports
+/// chosen by the OS (bound and released here, so another process could take one in
+/// between; `cluster up` then fails to start that coordinator with a clear message).
+fn coordinator_addrs(first: &str, count: u32) -> Result<Vec<String>> {
+    let addr: std::net::SocketAddr = first
+        .parse()
+        .with_context(|| format!("--coordinator-addr `{first}` is not IP:PORT"))?;
+    if addr.port() == 0 {
+        if count == 1 {
+            return Ok(vec![first.to_string()]);
+        }
+        let listeners = (0..count)
+            .map(|_| std::net::TcpListener::bind((addr.ip(), 0)))
+            .collect::<std::io::Result<Vec<_>>>()
+            .context("cannot find free ports for the coordinators")?;
+        return listeners
+            .iter()
+            .map(|l| Ok(l.local_addr()?.to_string()))
+            .collect();
+    }
+    (0..count)
+        .map(|i| {
+            let port = addr
+                .port()
+                .checked_add(i as u16)
+                .context("--coordinator-addr: ports run past 65535")?;
+            Ok(std::net::SocketAddr::new(addr.ip(), port).to_string())
+        })
+        .collect()
 }
 
 /// Runs `rampart cluster ...`.

@@ -10,14 +10,16 @@ use rampart_backup::service::{BackupConfig, BackupService};
 use rampart_common::config::{ByteSize, MasterConfig, SEGMENT_BYTES_DEFAULT};
 use rampart_common::limits::VALUE_BYTES_MAX_DEFAULT;
 use rampart_common::onesided::TransportKind;
-use rampart_common::protocol::coordinator::{Enlist, EnlistRequest};
+use rampart_common::protocol::coordinator::{Enlist, EnlistRequest, RaftStatus, RaftStatusRequest};
 use rampart_common::rpc::{RpcPool, RpcServer};
 use rampart_common::tablet::Services;
+use rampart_coordinator::node::{NodeConfig, RaftNode};
 use rampart_coordinator::CoordinatorService;
 use rampart_master::replica_manager::{ReplicationConfig, ServerSource};
 use rampart_master::MasterService;
 
 use crate::storage::{StorageService, BACKUP_THREAD_NAME};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -31,9 +33,63 @@ const ENLIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// `rampart coordinator`
 #[derive(Args, Debug)]
 pub struct CoordinatorArgs {
-    /// Address to listen on (port 0 picks a free port, printed at start).
-    #[arg(long, default_value = "127.0.0.1:7000")]
-    pub listen: String,
+    /// This coordinator's Raft id, a key of `--peers`.
+    #[arg(long, default_value_t = 1)]
+    pub id: u64,
+    /// Every coordinator of the Raft group, this one included: `1=HOST:PORT,2=...`.
+    /// Static membership: give every member the same list. Without it the coordinator
+    /// runs alone, as a group of one at `--listen`.
+    #[arg(long)]
+    pub peers: Option<String>,
+    /// Address to listen on. Default: this coordinator's address in `--peers`, or
+    /// 127.0.0.1:7000 alone (port 0 picks a free port, printed at start; alone only).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Directory of this coordinator's Raft log and snapshots (created if missing). It
+    /// belongs to this id for good: never wipe it to restart a member (see the README).
+    #[arg(long)]
+    pub data_dir: std::path::PathBuf,
+    /// Raft tick, in milliseconds.
+    #[arg(long, default_value_t = rampart_coordinator::node::TICK_DEFAULT.as_millis() as u64)]
+    pub raft_tick_ms: u64,
+    /// Ticks without a leader before a follower stands for election (randomized up to
+    /// twice this). Lower fails over faster; too low elects needlessly under load.
+    #[arg(long, default_value_t = rampart_coordinator::node::ELECTION_TICKS_DEFAULT)]
+    pub election_ticks: usize,
+    /// Ticks between the leader's heartbeats (less than `--election-ticks`).
+    #[arg(long, default_value_t = rampart_coordinator::node::HEARTBEAT_TICKS_DEFAULT)]
+    pub heartbeat_ticks: usize,
+    /// Applied changes between snapshots of the configuration (each compacts the log).
+    #[arg(long, default_value_t = rampart_coordinator::node::SNAPSHOT_ENTRIES_DEFAULT)]
+    pub snapshot_entries: u64,
+}
+
+/// Parses `--peers`: `ID=ADDR` pairs, comma-separated.
+pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
+    let mut peers = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((id, addr)) = pair.split_once('=') else {
+            bail!("--peers: `{pair}` is not ID=HOST:PORT");
+        };
+        let id: u64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("--peers: `{id}` is not a Raft id"))?;
+        if id == 0 {
+            bail!("--peers: Raft ids start at 1");
+        }
+        let addr = addr.trim();
+        if addr.is_empty() || addr.ends_with(":0") {
+            bail!("--peers: member {id} needs a fixed HOST:PORT, not `{addr}`");
+        }
+        if peers.insert(id, addr.to_string()).is_some() {
+            bail!("--peers names id {id} twice");
+        }
+    }
+    if peers.is_empty() {
+        bail!("--peers is empty");
+    }
+    Ok(peers)
 }
 
 /// `rampart server`
@@ -156,25 +212,121 @@ fn announce(line: &str) -> Result<()> {
     Ok(())
 }
 
-/// Runs a coordinator until a signal.
+/// Runs a coordinator until a signal, or until its Raft node fails.
 pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
     crate::init_logging("info");
-    runtime(0)?.block_on(async {
-        let listener = TcpListener::bind(&args.listen)
+    let peers = args.peers.as_deref().map(parse_peers).transpose()?;
+    if let Some(peers) = &peers {
+        if !peers.contains_key(&args.id) {
+            bail!(
+                "--id {} is not in --peers (ids {:?})",
+                args.id,
+                peers.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+    let listen = match (&args.listen, &peers) {
+        (Some(listen), _) => listen.clone(),
+        (None, Some(peers)) => peers.get(&args.id).cloned().unwrap_or_default(),
+        (None, None) => "127.0.0.1:7000".to_string(),
+    };
+    let runtime = runtime(0)?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind(&listen)
             .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+            .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
-        announce(&format!("coordinator listening on {addr}"))?;
-        tracing::info!(%addr, "coordinator serving");
-        RpcServer::run(
-            listener,
-            Arc::new(CoordinatorService::new()),
-            shutdown_signal(),
-        )
+        let peers = match peers {
+            Some(peers) => peers,
+            None => BTreeMap::from([(args.id, addr.to_string())]),
+        };
+        if rampart_coordinator::node::is_fresh(&args.data_dir) && peers.len() > 1 {
+            refuse_to_rejoin(args.id, &peers).await?;
+        }
+        let config = NodeConfig {
+            id: args.id,
+            peers,
+            data_dir: args.data_dir.clone(),
+            tick: Duration::from_millis(args.raft_tick_ms.max(1)),
+            election_ticks: args.election_ticks,
+            heartbeat_ticks: args.heartbeat_ticks,
+            snapshot_entries: args.snapshot_entries,
+        };
+        let node = RaftNode::start(config, tokio::runtime::Handle::current())
+            .with_context(|| format!("cannot start coordinator {}", args.id))?;
+        announce(&format!("coordinator {} listening on {addr}", args.id))?;
+        tracing::info!(id = args.id, %addr, data_dir = %args.data_dir.display(), "coordinator serving");
+        let service = Arc::new(CoordinatorService::new(node.clone()));
+        let failed = {
+            let node = node.clone();
+            async move {
+                loop {
+                    if node.failure().is_some() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        RpcServer::run(listener, service, async {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = failed => {}
+            }
+        })
         .await;
-        tracing::info!("coordinator stopped");
-        Ok(ExitCode::SUCCESS)
+        let failure = node.failure();
+        tokio::task::block_in_place(|| node.stop());
+        match failure {
+            Some(why) => {
+                tracing::error!(%why, "coordinator stopped: its Raft node failed");
+                Ok(ExitCode::FAILURE)
+            }
+            None => {
+                tracing::info!("coordinator stopped");
+                Ok(ExitCode::SUCCESS)
+            }
+        }
     })
+}
+
+/// How long a fresh member asks its peers whether the group already holds a configuration.
+const REJOIN_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Refuses to start a member with an empty data directory in a group that already holds a
+/// configuration: that member lost its log (or was never part of this group), and a Raft
+/// member that forgets its votes and log could elect a second leader in one term. Peers
+/// that do not answer are not evidence either way: a brand-new group starts its members
+/// one by one.
+async fn refuse_to_rejoin(id: u64, peers: &BTreeMap<u64, String>) -> Result<()> {
+    let pool = RpcPool::new();
+    let deadline = Instant::now() + REJOIN_CHECK_TIMEOUT;
+    let asks = peers
+        .iter()
+        .filter(|(peer, _)| **peer != id)
+        .map(|(peer, addr)| {
+            let pool = &pool;
+            async move {
+                let status = pool
+                    .call::<RaftStatus>(addr, &RaftStatusRequest {}, deadline)
+                    .await;
+                (*peer, status)
+            }
+        });
+    for (peer, status) in futures::future::join_all(asks).await {
+        if let Ok(status) = status {
+            if status.config_version > 0 {
+                bail!(
+                    "coordinator {id} has an empty data directory, but coordinator {peer} \
+                     already holds configuration version {}: a member's Raft log cannot be \
+                     recreated. Restore this member's data directory, or see \
+                     \"Replacing a coordinator\" in the README",
+                    status.config_version
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs a storage server until a signal.

@@ -42,8 +42,10 @@ pub fn rampart_bin() -> Result<PathBuf> {
 /// A `rampart cluster up` process and what it announced.
 #[derive(Debug)]
 pub struct LocalCluster {
-    /// The coordinator's address.
+    /// The coordinators' addresses, comma-separated (as `RAMPART_COORDINATOR` takes them).
     pub coordinator: String,
+    /// (Raft id, address, pid) of each coordinator.
+    pub coordinators: Vec<(u64, String, u32)>,
     /// (server id, address, pid) of each storage server.
     pub servers: Vec<(u64, String, u32)>,
     child: Child,
@@ -86,7 +88,7 @@ impl LocalCluster {
                 }
             }
         });
-        let mut coordinator = None;
+        let mut coordinators = Vec::new();
         let mut announced = Vec::new();
         let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
         loop {
@@ -101,7 +103,10 @@ impl LocalCluster {
             };
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
-                ["coordinator", "at", addr, ..] => coordinator = Some(addr.to_string()),
+                ["coordinator", id, "at", addr, "(pid", pid] => {
+                    let pid = pid.trim_end_matches(')').parse()?;
+                    coordinators.push((id.parse()?, addr.to_string(), pid));
+                }
                 ["server", id, "at", addr, "(pid", pid] => {
                     let pid = pid.trim_end_matches(')').parse()?;
                     announced.push((id.parse()?, addr.to_string(), pid));
@@ -110,9 +115,17 @@ impl LocalCluster {
                 _ => {}
             }
         }
-        let coordinator = coordinator.ok_or_else(|| anyhow!("no coordinator line"))?;
+        if coordinators.is_empty() {
+            bail!("no coordinator line");
+        }
+        let coordinator = coordinators
+            .iter()
+            .map(|(_, addr, _)| addr.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         Ok(LocalCluster {
             coordinator,
+            coordinators,
             servers: announced,
             child,
             _lines: lines,

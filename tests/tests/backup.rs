@@ -26,7 +26,15 @@ fn replica_bytes(segment: u64, len: usize) -> Vec<u8> {
 async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
     let data = tempfile::TempDir::new().unwrap();
     let data_dir = data.path().to_str().unwrap().to_string();
-    let coordinator = RampartProcess::start(&["coordinator", "--listen", "127.0.0.1:0"]).unwrap();
+    let coordinator_dir = data.path().join("coordinator");
+    let coordinator = RampartProcess::start(&[
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        coordinator_dir.to_str().unwrap(),
+    ])
+    .unwrap();
     let server_args = |coordinator: &str| {
         vec![
             "server".to_string(),

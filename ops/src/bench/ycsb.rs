@@ -205,6 +205,8 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
         let up = UpArgs {
             data_dir,
             servers: args.servers,
+            // The data path is measured; one coordinator leaves the cores to it.
+            coordinators: 1,
             coordinator_addr: "127.0.0.1:0".into(),
             memory: "2GiB".into(),
             segment_bytes: "8MiB".into(),

@@ -1,0 +1,408 @@
+//! A Raft group of coordinators in one process, talking over loopback RPC: election,
+//! replication, leader loss, restarts from disk, snapshots, and a minority that refuses.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+use rampart_common::protocol::coordinator::{
+    GetTabletMap, NotLeaderHint, RaftStatus, RaftStatusRequest, TabletMapRequest,
+};
+use rampart_common::rpc::{RpcError, RpcPool, RpcServer};
+use rampart_common::status::Status;
+use rampart_common::tablet::Services;
+use rampart_coordinator::node::{NodeConfig, NodeError, RaftNode};
+use rampart_coordinator::{Command, CommandResult, CoordinatorService, CoordinatorState};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// How long a test waits for an election or for members to converge.
+const SETTLE: Duration = Duration::from_secs(10);
+
+struct Member {
+    node: RaftNode,
+    stop: Option<oneshot::Sender<()>>,
+    served: tokio::task::JoinHandle<()>,
+}
+
+struct Group {
+    peers: BTreeMap<u64, String>,
+    dirs: BTreeMap<u64, PathBuf>,
+    snapshot_entries: u64,
+    members: BTreeMap<u64, Member>,
+    _root: tempfile::TempDir,
+}
+
+impl Group {
+    async fn start(size: u64, snapshot_entries: u64) -> Group {
+        let root = tempfile::TempDir::new().unwrap();
+        let mut listeners = BTreeMap::new();
+        for id in 1..=size {
+            listeners.insert(id, TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let peers: BTreeMap<u64, String> = listeners
+            .iter()
+            .map(|(id, l)| (*id, l.local_addr().unwrap().to_string()))
+            .collect();
+        let dirs = peers
+            .keys()
+            .map(|id| (*id, root.path().join(format!("coordinator-{id}"))))
+            .collect();
+        let mut group = Group {
+            peers,
+            dirs,
+            snapshot_entries,
+            members: BTreeMap::new(),
+            _root: root,
+        };
+        for (id, listener) in listeners {
+            group.serve(id, listener);
+        }
+        group
+    }
+
+    fn config(&self, id: u64) -> NodeConfig {
+        let mut config = NodeConfig::new(id, self.peers.clone(), self.dirs[&id].clone());
+        config.snapshot_entries = self.snapshot_entries;
+        config
+    }
+
+    fn serve(&mut self, id: u64, listener: TcpListener) {
+        let node = RaftNode::start(self.config(id), tokio::runtime::Handle::current()).unwrap();
+        let service = Arc::new(CoordinatorService::new(node.clone()));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(async move {
+            RpcServer::run(listener, service, async {
+                let _ = stopped.await;
+            })
+            .await;
+        });
+        self.members.insert(
+            id,
+            Member {
+                node,
+                stop: Some(stop),
+                served,
+            },
+        );
+    }
+
+    /// Stops member `id` as a crash would: its listener and connections close, its Raft
+    /// thread ends; what it synced stays on disk.
+    async fn stop(&mut self, id: u64) {
+        let mut member = self.members.remove(&id).unwrap();
+        let _ = member.stop.take().unwrap().send(());
+        let _ = (&mut member.served).await;
+        let node = member.node.clone();
+        tokio::task::spawn_blocking(move || node.stop())
+            .await
+            .unwrap();
+    }
+
+    async fn restart(&mut self, id: u64) {
+        let addr = self.peers[&id].clone();
+        let listener = TcpListener::bind(&addr).await.unwrap();
+        self.serve(id, listener);
+    }
+
+    fn node(&self, id: u64) -> &RaftNode {
+        &self.members[&id].node
+    }
+
+    /// Waits until exactly one running member leads and the others follow it.
+    async fn leader(&self) -> u64 {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let leaders: Vec<u64> = self
+                .members
+                .iter()
+                .filter(|(_, m)| m.node.is_leader())
+                .map(|(id, _)| *id)
+                .collect();
+            if let [leader] = leaders.as_slice() {
+                let agreed = self
+                    .members
+                    .values()
+                    .all(|m| m.node.status().leader_id == *leader);
+                if agreed {
+                    return *leader;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader within {SETTLE:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until every running member's state machine equals the leader's.
+    async fn converged(&self) -> CoordinatorState {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let leader = self.leader().await;
+            let state = self.node(leader).with_state(CoordinatorState::clone);
+            if self
+                .members
+                .values()
+                .all(|m| m.node.with_state(|s| *s == state))
+            {
+                return state;
+            }
+            assert!(Instant::now() < deadline, "members did not converge");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop_all(&mut self) {
+        let ids: Vec<u64> = self.members.keys().copied().collect();
+        for id in ids {
+            self.stop(id).await;
+        }
+    }
+}
+
+fn enlist(addr: &str) -> Command {
+    Command::EnlistServer {
+        addr: addr.to_string(),
+        services: Services {
+            master: true,
+            backup: true,
+        },
+        failure_domain: String::new(),
+        disk_read_mbps: 500,
+    }
+}
+
+fn create(name: &str) -> Command {
+    Command::CreateTable {
+        name: name.to_string(),
+        span: 2,
+    }
+}
+
+/// Proposes on the current leader, retrying through elections, until `SETTLE`.
+async fn propose(group: &Group, command: Command) -> CommandResult {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let leader = group.leader().await;
+        match group.node(leader).propose(command.clone()).await {
+            Ok(result) => return result,
+            Err(e) => assert!(Instant::now() < deadline, "proposal failed: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_elect_one_leader_and_apply_the_same_changes() {
+    let mut group = Group::start(3, 10_000).await;
+    let leader = group.leader().await;
+    assert!(matches!(
+        propose(&group, enlist("127.0.0.1:9001")).await,
+        CommandResult::Enlisted { .. }
+    ));
+    assert!(matches!(
+        propose(&group, create("t")).await,
+        CommandResult::TableCreated { created: true, .. }
+    ));
+    let state = group.converged().await;
+    assert_eq!(state.version(), 2);
+    assert!(state.table_id("t").is_some());
+
+    // A follower refuses proposals and reads, naming the leader.
+    let follower = *group.peers.keys().find(|id| **id != leader).unwrap();
+    let refused = group.node(follower).propose(create("u")).await;
+    let hint = NotLeaderHint::Leader {
+        id: leader,
+        addr: group.peers[&leader].clone(),
+    };
+    assert_eq!(refused, Err(NodeError::NotLeader(hint.clone())));
+    assert_eq!(
+        group.node(follower).read_barrier().await,
+        Err(NodeError::NotLeader(hint))
+    );
+    // Over RPC: NotLeader with the hint in the detail; the leader serves the map.
+    let pool = RpcPool::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    match pool
+        .call::<GetTabletMap>(&group.peers[&follower], &TabletMapRequest {}, deadline)
+        .await
+    {
+        Err(RpcError::Status { status, detail, .. }) => {
+            assert_eq!(status, Status::NotLeader);
+            assert_eq!(
+                NotLeaderHint::parse(&detail).leader_addr(),
+                Some(group.peers[&leader].as_str())
+            );
+        }
+        other => panic!("expected NotLeader, got {other:?}"),
+    }
+    let map = pool
+        .call::<GetTabletMap>(&group.peers[&leader], &TabletMapRequest {}, deadline)
+        .await
+        .unwrap();
+    assert_eq!(map.version, 2);
+    let status = pool
+        .call::<RaftStatus>(&group.peers[&follower], &RaftStatusRequest {}, deadline)
+        .await
+        .unwrap();
+    assert_eq!((status.id, status.leader_id), (follower, leader));
+    assert_eq!(status.role, "follower");
+    group.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_leader_elects_another_and_loses_nothing_committed() {
+    let mut group = Group::start(3, 10_000).await;
+    propose(&group, enlist("127.0.0.1:9001")).await;
+    for i in 0..5 {
+        propose(&group, create(&format!("before-{i}"))).await;
+    }
+    let before = group.converged().await;
+    let old = group.leader().await;
+    group.stop(old).await;
+    let new = group.leader().await;
+    assert_ne!(new, old);
+    let survivor = group.node(new).with_state(CoordinatorState::clone);
+    assert_eq!(
+        survivor, before,
+        "a committed change was lost with the leader"
+    );
+    for i in 0..5 {
+        propose(&group, create(&format!("after-{i}"))).await;
+    }
+    // The old leader comes back from its disk and catches up.
+    group.restart(old).await;
+    let state = group.converged().await;
+    assert_eq!(state.version(), before.version() + 5);
+    assert!(state.table_id("before-4").is_some() && state.table_id("after-4").is_some());
+    group.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_group_restarted_from_disk_has_its_state_back() {
+    let mut group = Group::start(3, 7).await;
+    propose(&group, enlist("127.0.0.1:9001")).await;
+    for i in 0..20 {
+        propose(&group, create(&format!("t{i}"))).await;
+    }
+    let before = group.converged().await;
+    group.stop_all().await;
+    for id in 1..=3 {
+        group.restart(id).await;
+    }
+    let after = group.converged().await;
+    assert_eq!(after, before);
+    // Snapshots were taken (every 7 entries) and the log compacted behind them.
+    let leader = group.leader().await;
+    assert!(group.node(leader).status().snapshot_index > 0);
+    propose(&group, create("more")).await;
+    assert_eq!(group.converged().await.version(), before.version() + 1);
+    group.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_far_behind_catches_up_from_a_snapshot() {
+    let mut group = Group::start(3, 5).await;
+    propose(&group, enlist("127.0.0.1:9001")).await;
+    let leader = group.leader().await;
+    let behind = *group.peers.keys().find(|id| **id != leader).unwrap();
+    group.stop(behind).await;
+    for i in 0..30 {
+        propose(&group, create(&format!("t{i}"))).await;
+    }
+    let leader = group.leader().await;
+    assert!(
+        group.node(leader).status().snapshot_index > 2,
+        "the leader compacted the entries the stopped member lacks"
+    );
+    group.restart(behind).await;
+    let state = group.converged().await;
+    assert!(state.table_id("t29").is_some());
+    assert!(group.node(behind).status().snapshot_index > 0);
+    group.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_survivor_refuses_changes_and_reads() {
+    let mut group = Group::start(3, 10_000).await;
+    propose(&group, enlist("127.0.0.1:9001")).await;
+    let leader = group.leader().await;
+    // Keep the leader: the survivor that believed itself leader must step down too.
+    let others: Vec<u64> = group
+        .peers
+        .keys()
+        .copied()
+        .filter(|id| *id != leader)
+        .collect();
+    for id in others {
+        group.stop(id).await;
+    }
+    let survivor = group.node(leader).clone();
+    let deadline = Instant::now() + SETTLE;
+    while survivor.is_leader() {
+        assert!(
+            Instant::now() < deadline,
+            "a leader without a majority kept leading"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let version = survivor.with_state(|s| s.version());
+    match survivor.propose(create("lost")).await {
+        Err(NodeError::NotLeader(NotLeaderHint::Unknown { why })) => {
+            assert!(why.contains("majority"), "{why}");
+        }
+        other => panic!("expected NotLeader without a leader, got {other:?}"),
+    }
+    assert!(matches!(
+        survivor.read_barrier().await,
+        Err(NodeError::NotLeader(_))
+    ));
+    assert_eq!(survivor.with_state(|s| s.version()), version);
+    group.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_is_refused_under_another_id_or_other_peers() {
+    let root = tempfile::TempDir::new().unwrap();
+    let dir = root.path().join("c");
+    let peers: BTreeMap<u64, String> = (1..=3).map(|i| (i, format!("127.0.0.1:{i}"))).collect();
+    let handle = tokio::runtime::Handle::current();
+    let node = RaftNode::start(
+        NodeConfig::new(1, peers.clone(), dir.clone()),
+        handle.clone(),
+    )
+    .unwrap();
+    tokio::task::spawn_blocking(move || node.stop())
+        .await
+        .unwrap();
+    let wrong_id = RaftNode::start(
+        NodeConfig::new(2, peers.clone(), dir.clone()),
+        handle.clone(),
+    )
+    .unwrap_err();
+    assert!(wrong_id.to_string().contains("belongs to"), "{wrong_id}");
+    let mut five = peers.clone();
+    five.insert(4, "127.0.0.1:4".into());
+    five.insert(5, "127.0.0.1:5".into());
+    let wrong_peers =
+        RaftNode::start(NodeConfig::new(1, five, dir.clone()), handle.clone()).unwrap_err();
+    assert!(wrong_peers.to_string().contains("voters"), "{wrong_peers}");
+    let not_member = RaftNode::start(NodeConfig::new(9, peers, dir), handle).unwrap_err();
+    assert!(not_member.to_string().contains("not among"), "{not_member}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_coordinator_commits_alone() {
+    let mut group = Group::start(1, 3).await;
+    propose(&group, enlist("127.0.0.1:9001")).await;
+    for i in 0..10 {
+        propose(&group, create(&format!("t{i}"))).await;
+    }
+    let before = group.converged().await;
+    group.stop(1).await;
+    group.restart(1).await;
+    assert_eq!(group.converged().await, before);
+    group.stop_all().await;
+}
