@@ -138,6 +138,21 @@ impl Children {
         Ok(self.running.last().expect("just pushed"))
     }
 
+    /// Kills the running child called `name` with SIGKILL, as a crash would, and reaps it.
+    pub fn kill(&mut self, name: &str) -> Result<()> {
+        let running = self
+            .running
+            .iter_mut()
+            .find(|r| r.name == name && r.exited.is_none())
+            .ok_or_else(|| anyhow!("no running child called {name}"))?;
+        running
+            .child
+            .kill()
+            .with_context(|| format!("cannot kill {name}"))?;
+        running.exited = Some(running.child.wait()?);
+        Ok(())
+    }
+
     /// Children that exited since the last call, with their status.
     pub fn reap(&mut self) -> Vec<(String, ExitStatus)> {
         let mut exited = Vec::new();

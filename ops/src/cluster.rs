@@ -75,6 +75,35 @@ pub struct LocalCluster {
     pub servers: Vec<(u64, String)>,
     /// The processes; dropping this stops them.
     pub children: Children,
+    /// Each coordinator's command line, to restart it.
+    coordinator_args: Vec<(u64, Vec<String>)>,
+    /// The children's environment.
+    env: [(&'static str, String); 1],
+}
+
+impl LocalCluster {
+    /// Kills coordinator `id` with SIGKILL, as a crash would.
+    pub fn kill_coordinator(&mut self, id: u64) -> Result<()> {
+        self.children.kill(&coordinator_name(id))
+    }
+
+    /// Starts coordinator `id` again, on its data directory; returns its pid.
+    pub fn restart_coordinator(&mut self, id: u64) -> Result<u32> {
+        let (_, command) = self
+            .coordinator_args
+            .iter()
+            .find(|(i, _)| *i == id)
+            .ok_or_else(|| anyhow::anyhow!("no coordinator {id}"))?;
+        let command = command.clone();
+        Ok(self
+            .children
+            .spawn(&coordinator_name(id), &command, &self.env)?
+            .pid())
+    }
+}
+
+fn coordinator_name(id: u64) -> String {
+    format!("coordinator {id}")
 }
 
 /// Starts a cluster as described by `args`, printing a line per process.
@@ -105,9 +134,10 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
         .collect();
     let peers = peers.join(",");
     let mut coordinators = Vec::new();
+    let mut coordinator_args = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
         let id = i as u64 + 1;
-        let mut coordinator_args: Vec<String> = vec![
+        let mut command: Vec<String> = vec![
             "coordinator".into(),
             "--id".into(),
             id.to_string(),
@@ -118,11 +148,12 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
                 .to_string(),
         ];
         if args.coordinators == 1 {
-            coordinator_args.extend(["--listen".into(), addr.clone()]);
+            command.extend(["--listen".into(), addr.clone()]);
         } else {
-            coordinator_args.extend(["--peers".into(), peers.clone()]);
+            command.extend(["--peers".into(), peers.clone()]);
         }
-        let running = children.spawn(&format!("coordinator {id}"), &coordinator_args, &env)?;
+        let running = children.spawn(&coordinator_name(id), &command, &env)?;
+        coordinator_args.push((id, command));
         if print {
             println!(
                 "coordinator {id} at {} (pid {})",
@@ -186,6 +217,8 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
         coordinators,
         servers,
         children,
+        coordinator_args,
+        env,
     })
 }
 

@@ -280,3 +280,130 @@ impl Drop for RampartProcess {
         let _ = self.child.wait();
     }
 }
+
+/// A Raft group of `rampart coordinator` processes on free loopback ports, started
+/// directly so a test can kill and restart members. Each member keeps its data directory
+/// (under one temporary directory) across restarts.
+#[derive(Debug)]
+pub struct CoordinatorGroup {
+    /// (Raft id, address) of every member.
+    pub peers: Vec<(u64, String)>,
+    /// The running members.
+    processes: std::collections::BTreeMap<u64, RampartProcess>,
+    dir: tempfile::TempDir,
+}
+
+impl CoordinatorGroup {
+    /// Starts `size` coordinators with ids 1..=size.
+    pub fn start(size: u64) -> Result<CoordinatorGroup> {
+        let dir = tempfile::TempDir::new()?;
+        // Ports the OS picked free; released just before the members bind them.
+        let listeners = (0..size)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let peers = listeners
+            .iter()
+            .enumerate()
+            .map(|(i, l)| Ok((i as u64 + 1, l.local_addr()?.to_string())))
+            .collect::<Result<Vec<_>>>()?;
+        drop(listeners);
+        let mut group = CoordinatorGroup {
+            peers,
+            processes: std::collections::BTreeMap::new(),
+            dir,
+        };
+        for id in 1..=size {
+            group.restart(id)?;
+        }
+        Ok(group)
+    }
+
+    /// Every member's address, comma-separated (for `--coordinator` and clients).
+    pub fn addrs(&self) -> String {
+        let addrs: Vec<&str> = self.peers.iter().map(|(_, a)| a.as_str()).collect();
+        addrs.join(",")
+    }
+
+    /// Kills member `id` with SIGKILL.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(process) = self.processes.remove(&id) {
+            process.kill();
+        }
+    }
+
+    /// Starts member `id` (again) on its data directory.
+    pub fn restart(&mut self, id: u64) -> Result<()> {
+        let peers: Vec<String> = self.peers.iter().map(|(i, a)| format!("{i}={a}")).collect();
+        let data_dir = self.dir.path().join(format!("coordinator-{id}"));
+        let data_dir = data_dir
+            .to_str()
+            .ok_or_else(|| anyhow!("non-UTF-8 temp dir"))?;
+        let id_text = id.to_string();
+        let process = RampartProcess::start(&[
+            "coordinator",
+            "--id",
+            &id_text,
+            "--peers",
+            &peers.join(","),
+            "--data-dir",
+            data_dir,
+        ])?;
+        self.processes.insert(id, process);
+        Ok(())
+    }
+
+    /// The member every running member agrees leads, waiting up to `timeout`.
+    pub async fn leader(&self, timeout: Duration) -> Result<u64> {
+        use rampart_common::protocol::coordinator::{RaftStatus, RaftStatusRequest};
+        let pool = rampart_common::rpc::RpcPool::new();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut leaders = Vec::new();
+            for (id, addr) in &self.peers {
+                if !self.processes.contains_key(id) {
+                    continue;
+                }
+                let call = tokio::time::Instant::now() + Duration::from_millis(500);
+                match pool
+                    .call::<RaftStatus>(addr, &RaftStatusRequest {}, call)
+                    .await
+                {
+                    Ok(status) => leaders.push(status.leader_id),
+                    Err(_) => leaders.push(0),
+                }
+            }
+            if let Some(&leader) = leaders.first() {
+                if leader != 0 && leaders.iter().all(|l| *l == leader) {
+                    return Ok(leader);
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!("no agreed leader within {timeout:?}: {leaders:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts a storage server enlisting with this group; `extra` are more flags.
+    pub fn start_server(
+        &self,
+        data_dir: &std::path::Path,
+        extra: &[&str],
+    ) -> Result<RampartProcess> {
+        let data_dir = data_dir
+            .to_str()
+            .ok_or_else(|| anyhow!("non-UTF-8 data dir"))?;
+        let addrs = self.addrs();
+        let mut args = vec![
+            "server",
+            "--coordinator",
+            &addrs,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir,
+        ];
+        args.extend_from_slice(extra);
+        RampartProcess::start(&args)
+    }
+}

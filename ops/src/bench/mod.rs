@@ -3,9 +3,12 @@
 //! * [`ycsb`] — YCSB workloads against a cluster, beside a raw TCP ping-pong floor.
 //! * [`replication`] — the replication transports (shm, tcp, rpc) side by side on
 //!   symmetric clusters: write latency, throughput and the backups' CPU per write.
+//! * [`coordinator`] — the Raft-replicated coordinator: configuration changes per second
+//!   and leader failover time.
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
 
+pub mod coordinator;
 pub mod echo;
 pub mod replication;
 pub mod ycsb;
@@ -21,6 +24,8 @@ pub enum BenchCommand {
     Ycsb(ycsb::YcsbArgs),
     /// Replication transports compared: write latency, throughput, backup CPU per write.
     Replication(replication::ReplicationArgs),
+    /// Coordinator: configuration changes per second, and failover after killing the leader.
+    Coordinator(coordinator::CoordinatorBenchArgs),
     /// The floor's echo server (used by `bench ycsb`).
     #[command(hide = true)]
     Echo(echo::EchoArgs),
@@ -31,6 +36,21 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
     match command {
         BenchCommand::Ycsb(args) => ycsb::run(args),
         BenchCommand::Replication(args) => replication::run(args),
+        BenchCommand::Coordinator(args) => coordinator::run(args),
         BenchCommand::Echo(args) => echo::run(args),
     }
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` if empty.
+pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(if values.len() % 2 == 0 {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    })
 }

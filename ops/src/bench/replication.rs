@@ -65,6 +65,7 @@
 //! "ratios_shm_over_rpc": {...}, "whole_run": {...}}`; `modes` holds the write-only
 //! figures.
 
+use super::median;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use clap::Args;
@@ -923,21 +924,6 @@ fn print_progress(m: &Measurement, replicas: u32, clk_tck: u64) {
 
 fn fmt_opt(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "n/a".to_string(), |v| format!("{v:.decimals$}"))
-}
-
-/// The median of `values` (the mean of the middle two for an even count); `None` when
-/// empty.
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    Some(if values.len() % 2 == 0 {
-        (values[mid - 1] + values[mid]) / 2.0
-    } else {
-        values[mid]
-    })
 }
 
 /// What the figures were measured under.
