@@ -307,7 +307,12 @@ impl RaftNode {
         };
         raft_config.validate()?;
         let logger = slog::Logger::root(TracingDrain, slog::o!("raft_id" => config.id));
-        let raw = RawNode::new(&raft_config, storage, &logger)?;
+        let mut raw = RawNode::new(&raft_config, storage, &logger)?;
+        if voters == [config.id] {
+            // A group of one needs no election timeout: it is its own majority, and leads
+            // as soon as it starts (the vote is persisted by the loop's first ready).
+            raw.campaign()?;
+        }
 
         let shared = Arc::new(Shared {
             state: RwLock::new(state),
