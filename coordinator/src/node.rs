@@ -127,6 +127,9 @@ pub struct NodeConfig {
     /// Entries applied since the last snapshot that trigger a new snapshot and the
     /// compaction of the log before it.
     pub snapshot_entries: u64,
+    /// For a fresh data directory only: start the group's log from this configuration
+    /// (exported from a member of an old group, see [`Seed`]) instead of an empty one.
+    pub seed: Option<Seed>,
 }
 
 /// Default Raft tick.
@@ -151,8 +154,128 @@ impl NodeConfig {
             election_ticks: ELECTION_TICKS_DEFAULT,
             heartbeat_ticks: HEARTBEAT_TICKS_DEFAULT,
             snapshot_entries: SNAPSHOT_ENTRIES_DEFAULT,
+            seed: None,
         }
     }
+}
+
+/// The configuration of a stopped member, exported to re-create a group whose member lost
+/// its data directory (README, "Replacing a coordinator"): every member of the new group
+/// starts from the same seed on a fresh directory, so their logs begin identical at
+/// `index`. It holds everything the member had applied **and** every entry it held beyond
+/// (a follower may hold acknowledged entries before it learns they committed), so export
+/// it from the survivor with the highest `(last_term, index)`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Seed {
+    /// The old log's last index: the new log starts after it.
+    pub index: u64,
+    /// The term of that entry in the old group (to choose the most up-to-date survivor).
+    pub last_term: u64,
+    /// The configuration after every entry up to `index`.
+    pub state: CoordinatorState,
+}
+
+/// First bytes of a seed file.
+const SEED_MAGIC: &[u8; 8] = b"RPSEED01";
+
+impl Seed {
+    /// Reads the configuration held in the data directory of a stopped member.
+    pub fn export(data_dir: &std::path::Path) -> Result<Seed, StartError> {
+        if is_fresh(data_dir) {
+            return Err(StartError::Config(format!(
+                "{} holds no coordinator",
+                data_dir.display()
+            )));
+        }
+        let storage = RaftStorage::open(data_dir)?;
+        let first = storage.first_index()?;
+        let last = storage.last_index()?;
+        let mut state = if first > 1 {
+            let snapshot = storage.snapshot(first - 1, 0)?;
+            decode_state(snapshot.get_data()).map_err(|detail| StartError::Snapshot {
+                dir: data_dir.to_path_buf(),
+                detail,
+            })?
+        } else {
+            CoordinatorState::new()
+        };
+        let mut next = first;
+        while next <= last {
+            let entries = storage.entries(
+                next,
+                last + 1,
+                Some(MAX_SIZE_PER_MSG),
+                raft::GetEntriesContext::empty(false),
+            )?;
+            for entry in &entries {
+                if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() {
+                    let command: Command =
+                        bincode::deserialize(&entry.data).map_err(|e| StartError::Snapshot {
+                            dir: data_dir.to_path_buf(),
+                            detail: format!("entry {} does not decode: {e}", entry.index),
+                        })?;
+                    state.apply(&command);
+                }
+                next = entry.index + 1;
+            }
+        }
+        let last_term = storage.term(last)?;
+        Ok(Seed {
+            index: last,
+            last_term,
+            state,
+        })
+    }
+
+    /// The seed file's bytes: magic, bincode, CRC-32C of the bincode.
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let body = bincode::serialize(self).map_err(|e| format!("cannot encode a seed: {e}"))?;
+        let mut bytes = SEED_MAGIC.to_vec();
+        bytes.extend_from_slice(&body);
+        bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        Ok(bytes)
+    }
+
+    /// Reads a seed file's bytes, checking the magic, the checksum and the state.
+    pub fn decode(bytes: &[u8]) -> Result<Seed, String> {
+        let body = bytes
+            .strip_prefix(SEED_MAGIC)
+            .ok_or("not a coordinator seed file")?;
+        let (body, crc) = body.split_last_chunk::<4>().ok_or("truncated seed file")?;
+        if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+            return Err("seed file checksum mismatch (corrupt or truncated)".into());
+        }
+        let seed: Seed = bincode::deserialize(body).map_err(|e| format!("bad seed file: {e}"))?;
+        seed.state
+            .check_invariants()
+            .map_err(|e| format!("seed breaks an invariant: {e}"))?;
+        Ok(seed)
+    }
+
+    /// Identifies the seed in the group id.
+    fn digest(&self) -> u64 {
+        let body = bincode::serialize(self).unwrap_or_default();
+        u64::from(crc32fast::hash(&body)) << 32 | self.index & 0xffff_ffff
+    }
+}
+
+/// The id of a Raft group: a hash of its voters and of the seed it started from. Members
+/// refuse Raft messages from another group, so a coordinator of another cluster, or an old
+/// member left running after its group was re-created, cannot disturb this one.
+pub fn group_id(voters: &[u64], seed: Option<&Seed>) -> u64 {
+    // FNV-1a: stable across builds and platforms, unlike `DefaultHasher`.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |value: u64| {
+        for byte in value.to_le_bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for voter in voters {
+        eat(*voter);
+    }
+    eat(seed.map_or(0, Seed::digest));
+    hash
 }
 
 /// Why a proposal or a read did not succeed.
@@ -239,6 +362,7 @@ struct NodeStatus {
 #[derive(Clone, Debug)]
 pub struct RaftNode {
     id: u64,
+    group: u64,
     peers: Arc<BTreeMap<u64, String>>,
     inbox: mpsc::Sender<Input>,
     shared: Arc<Shared>,
@@ -268,10 +392,20 @@ impl RaftNode {
         }
         std::fs::create_dir_all(&config.data_dir)?;
         let storage = RaftStorage::open(&config.data_dir)?;
-        check_member_file(&config)?;
         let voters: Vec<u64> = config.peers.keys().copied().collect();
+        let fresh = is_fresh(&config.data_dir);
+        if !fresh && config.seed.is_some() {
+            return Err(StartError::Config(format!(
+                "{} already holds coordinator state; a seed only starts a fresh directory",
+                config.data_dir.display()
+            )));
+        }
+        let group = check_member_file(&config, group_id(&voters, config.seed.as_ref()))?;
         if !storage.is_initialized() {
             storage.initialize(&voters)?;
+            if let Some(seed) = &config.seed {
+                storage.apply_snapshot(&seed_snapshot(seed, &voters)?)?;
+            }
         }
         let initial = storage.initial_state()?;
         let mut stored_voters = initial.conf_state.voters.clone();
@@ -328,7 +462,7 @@ impl RaftNode {
         });
         let (inbox, inputs) = mpsc::channel(INBOX_MAX);
         let peers = Arc::new(config.peers.clone());
-        let senders = PeerSenders::start(&config, &runtime, inbox.clone());
+        let senders = PeerSenders::start(&config, group, &runtime, inbox.clone());
         let mut driver = Driver {
             raw,
             id: config.id,
@@ -359,6 +493,7 @@ impl RaftNode {
             })?;
         Ok(RaftNode {
             id: config.id,
+            group,
             peers,
             inbox,
             shared,
@@ -369,6 +504,11 @@ impl RaftNode {
     /// This member's Raft id.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The id of its group (see [`group_id`]).
+    pub fn group(&self) -> u64 {
+        self.group
     }
 
     /// Every member's id and address.
@@ -432,6 +572,7 @@ impl RaftNode {
         let status = self.shared.status.lock().clone();
         RaftStatusReply {
             id: self.id,
+            group: self.group,
             role: status.role.to_string(),
             term: status.term,
             leader_id: status.leader_id,
@@ -485,29 +626,59 @@ pub fn is_fresh(data_dir: &std::path::Path) -> bool {
     !data_dir.join(MEMBER_FILE).exists()
 }
 
-/// Records the member id in a fresh data directory, or checks it in a used one: a data
-/// directory started under another id would vote twice in one term.
-fn check_member_file(config: &NodeConfig) -> Result<(), StartError> {
+/// Records the member id and group id in a fresh data directory, or checks the id in a
+/// used one (a data directory started under another id would vote twice in one term);
+/// returns the directory's group id.
+fn check_member_file(config: &NodeConfig, fresh_group: u64) -> Result<u64, StartError> {
     let path = config.data_dir.join(MEMBER_FILE);
-    let expected = format!("raft id {}\n", config.id);
     match std::fs::read_to_string(&path) {
-        Ok(found) if found == expected => Ok(()),
-        Ok(found) => Err(StartError::Config(format!(
-            "{} belongs to coordinator `{}`, not to id {}",
-            config.data_dir.display(),
-            found.trim(),
-            config.id
-        ))),
+        Ok(found) => {
+            let mut id = None;
+            let mut group = None;
+            for line in found.lines() {
+                match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                    ["raft", "id", value] => id = value.parse::<u64>().ok(),
+                    ["group", value] => group = u64::from_str_radix(value, 16).ok(),
+                    _ => {}
+                }
+            }
+            match (id, group) {
+                (Some(id), Some(group)) if id == config.id => Ok(group),
+                (Some(id), Some(_)) => Err(StartError::Config(format!(
+                    "{} belongs to coordinator {id}, not to id {}",
+                    config.data_dir.display(),
+                    config.id
+                ))),
+                _ => Err(StartError::Config(format!(
+                    "{} is unreadable: {found:?}",
+                    path.display()
+                ))),
+            }
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let text = format!("raft id {}\ngroup {fresh_group:016x}\n", config.id);
             let tmp = config.data_dir.join(format!("{MEMBER_FILE}.tmp"));
-            std::fs::write(&tmp, &expected)?;
+            std::fs::write(&tmp, text)?;
             std::fs::File::open(&tmp)?.sync_all()?;
             std::fs::rename(&tmp, &path)?;
             std::fs::File::open(&config.data_dir)?.sync_all()?;
-            Ok(())
+            Ok(fresh_group)
         }
         Err(e) => Err(StartError::Thread(e)),
     }
+}
+
+/// The snapshot a seeded member's log starts from: identical on every member.
+fn seed_snapshot(seed: &Seed, voters: &[u64]) -> Result<Snapshot, StartError> {
+    let data = bincode::serialize(&seed.state)
+        .map_err(|e| StartError::Config(format!("cannot encode the seed: {e}")))?;
+    let mut snapshot = Snapshot::default();
+    snapshot.set_data(data.into());
+    let meta = snapshot.mut_metadata();
+    meta.index = seed.index;
+    meta.term = 1;
+    meta.mut_conf_state().voters = voters.to_vec();
+    Ok(snapshot)
 }
 
 fn decode_state(data: &[u8]) -> Result<CoordinatorState, String> {
@@ -859,6 +1030,7 @@ struct PeerSenders {
 impl PeerSenders {
     fn start(
         config: &NodeConfig,
+        group: u64,
         runtime: &tokio::runtime::Handle,
         inbox: mpsc::Sender<Input>,
     ) -> PeerSenders {
@@ -871,6 +1043,7 @@ impl PeerSenders {
             let (tx, rx) = mpsc::channel(PEER_QUEUE_MAX);
             runtime.spawn(send_to_peer(
                 config.id,
+                group,
                 peer,
                 addr.clone(),
                 rx,
@@ -900,6 +1073,7 @@ impl PeerSenders {
 /// RPC. A failed batch is dropped (Raft retransmits) and the peer reported unreachable.
 async fn send_to_peer(
     from: u64,
+    group: u64,
     peer: u64,
     addr: String,
     mut queue: mpsc::Receiver<Message>,
@@ -924,7 +1098,11 @@ async fn send_to_peer(
                 Err(e) => tracing::error!(error = %e, "cannot encode a raft message"),
             }
         }
-        let request = RaftMessagesRequest { from, messages };
+        let request = RaftMessagesRequest {
+            from,
+            group,
+            messages,
+        };
         let deadline = Instant::now() + PEER_SEND_TIMEOUT;
         if let Err(e) = pool.call::<RaftMessages>(&addr, &request, deadline).await {
             tracing::debug!(peer, %addr, error = %e, "raft messages not delivered");

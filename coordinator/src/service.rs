@@ -362,6 +362,17 @@ impl CoordinatorService {
                     Ok(r) => r,
                     Err(reply) => return reply,
                 };
+                if request.group != self.node.group() {
+                    let detail = format!(
+                        "raft messages from coordinator {} of group {:016x}; this coordinator \
+                         belongs to group {:016x} (another cluster, or a member of an old \
+                         group left running after the group was re-created)",
+                        request.from,
+                        request.group,
+                        self.node.group()
+                    );
+                    return Reply::error(Status::InvalidArgument, detail);
+                }
                 if !self.node.peers().contains_key(&request.from) {
                     let detail = format!(
                         "raft messages from {}, which is not a member of this group",

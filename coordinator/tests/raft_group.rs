@@ -9,7 +9,7 @@ use rampart_common::protocol::coordinator::{
 use rampart_common::rpc::{RpcError, RpcPool, RpcServer};
 use rampart_common::status::Status;
 use rampart_common::tablet::Services;
-use rampart_coordinator::node::{NodeConfig, NodeError, RaftNode};
+use rampart_coordinator::node::{NodeConfig, NodeError, RaftNode, Seed};
 use rampart_coordinator::{Command, CommandResult, CoordinatorService, CoordinatorState};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,6 +32,7 @@ struct Group {
     peers: BTreeMap<u64, String>,
     dirs: BTreeMap<u64, PathBuf>,
     snapshot_entries: u64,
+    seed: Option<Seed>,
     members: BTreeMap<u64, Member>,
     _root: tempfile::TempDir,
 }
@@ -55,6 +56,7 @@ impl Group {
             peers,
             dirs,
             snapshot_entries,
+            seed: None,
             members: BTreeMap::new(),
             _root: root,
         };
@@ -67,6 +69,7 @@ impl Group {
     fn config(&self, id: u64) -> NodeConfig {
         let mut config = NodeConfig::new(id, self.peers.clone(), self.dirs[&id].clone());
         config.snapshot_entries = self.snapshot_entries;
+        config.seed = self.seed.clone();
         config
     }
 
@@ -405,4 +408,48 @@ async fn a_single_coordinator_commits_alone() {
     group.restart(1).await;
     assert_eq!(group.converged().await, before);
     group.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_re_created_from_a_seed_has_the_old_configuration() {
+    let mut group = Group::start(3, 5).await;
+    propose(&group, enlist("127.0.0.1:9001")).await;
+    for i in 0..12 {
+        propose(&group, create(&format!("t{i}"))).await;
+    }
+    let before = group.converged().await;
+    let old_group = group.node(1).group();
+    group.stop_all().await;
+
+    let seed = Seed::export(&group.dirs[&2]).unwrap();
+    assert_eq!(seed.state, before);
+    let bytes = seed.encode().unwrap();
+    assert_eq!(Seed::decode(&bytes).unwrap(), seed);
+    let mut corrupt = bytes.clone();
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 1;
+    assert!(Seed::decode(&corrupt).is_err());
+    assert!(Seed::decode(b"not a seed").is_err());
+
+    // Every member of the new group starts on a fresh directory from the same seed.
+    for (id, dir) in group.dirs.iter_mut() {
+        *dir = dir.with_file_name(format!("new-coordinator-{id}"));
+    }
+    group.seed = Some(seed);
+    for id in 1..=3 {
+        group.restart(id).await;
+    }
+    let after = group.converged().await;
+    assert_eq!(after, before);
+    assert_ne!(group.node(1).group(), old_group);
+    propose(&group, create("new")).await;
+    assert_eq!(group.converged().await.version(), before.version() + 1);
+    group.stop_all().await;
+
+    // A seed never overwrites a used directory.
+    let dir = group.dirs[&1].clone();
+    let mut config = NodeConfig::new(1, group.peers.clone(), dir);
+    config.seed = Some(Seed::export(&group.dirs[&2]).unwrap());
+    let refused = RaftNode::start(config, tokio::runtime::Handle::current()).unwrap_err();
+    assert!(refused.to_string().contains("fresh"), "{refused}");
 }

@@ -123,6 +123,8 @@ pub struct RaftStatusRequest {}
 pub struct RaftStatusReply {
     /// This coordinator's Raft id.
     pub id: u64,
+    /// Its group's id: a hash of the voters and of the seed the group started from.
+    pub group: u64,
     /// `leader`, `follower`, `candidate` or `pre-candidate`.
     pub role: String,
     /// Its current term.
@@ -146,6 +148,8 @@ pub struct RaftStatusReply {
 pub struct RaftMessagesRequest {
     /// The sender's Raft id.
     pub from: u64,
+    /// The sender's group id; a member refuses messages from another group.
+    pub group: u64,
     /// Each a protobuf-encoded `raft::eraftpb::Message`, in the order sent.
     pub messages: Vec<bytes::Bytes>,
 }
