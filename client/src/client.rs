@@ -15,6 +15,16 @@
 //! value back after the newer one, which no linearizable history allows. Exactly-once
 //! retries need per-client request ids recorded with the writes (RAMCloud's RIFL), which
 //! a later issue can add.
+//!
+//! # Coordinators
+//! Table operations and map refreshes go to the leader of the coordinators' Raft group
+//! through a [`CoordinatorSet`]: it asks the leader it last found first, follows
+//! `NotLeader` hints, and goes round the given coordinators (pausing between rounds)
+//! until the operation's deadline, when the operation fails with
+//! [`ClientError::NoCoordinator`] carrying the last reason (`no leader: ...`,
+//! `connection refused`). `TableDoesntExist` fails it at once. Every coordinator call of
+//! the client is safe to repeat after a lost reply: reads, and creates and drops that are
+//! idempotent by name.
 
 use bytes::Bytes;
 use parking_lot::RwLock;
@@ -31,7 +41,7 @@ use rampart_common::protocol::master::{
     WriteRequest,
 };
 use rampart_common::reject::RejectRules;
-use rampart_common::rpc::{Rpc, RpcError, RpcPool};
+use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, Rpc, RpcError, RpcPool};
 use rampart_common::status::Status;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,9 +56,10 @@ use crate::tablet_map::TabletMapCache;
 pub struct ClientOptions {
     /// How long one operation may take, retries included.
     pub deadline: Duration,
-    /// First pause between retries; doubles up to `backoff_max`.
+    /// First pause between retries on masters; doubles up to `backoff_max`. (Coordinator
+    /// calls pause as `rampart_common::rpc::coordinator_set` says.)
     pub backoff_min: Duration,
-    /// Longest pause between retries.
+    /// Longest pause between retries on masters.
     pub backoff_max: Duration,
 }
 
@@ -93,7 +104,8 @@ pub struct Client {
 
 #[derive(Debug)]
 struct Inner {
-    coordinators: Vec<String>,
+    /// The coordinators given to `connect`, and their leader once found.
+    coordinators: CoordinatorSet,
     options: ClientOptions,
     pool: RpcPool,
     /// The cached map; replaced whole on refresh.
@@ -142,8 +154,9 @@ impl Retry {
 }
 
 impl Client {
-    /// Connects to the cluster through any of `coordinators` (`host:port`) and fetches
-    /// the tablet map.
+    /// Connects to the cluster through its coordinators (`host:port` each; an entry may
+    /// list several, comma-separated, as `RAMPART_COORDINATOR` does) and fetches the
+    /// tablet map. Any one reachable coordinator is enough: the client finds the leader.
     pub async fn connect<S: AsRef<str>>(coordinators: &[S]) -> Result<Client, ClientError> {
         Client::connect_with(coordinators, ClientOptions::default()).await
     }
@@ -153,11 +166,7 @@ impl Client {
         coordinators: &[S],
         options: ClientOptions,
     ) -> Result<Client, ClientError> {
-        let coordinators: Vec<String> = coordinators
-            .iter()
-            .map(|c| c.as_ref().trim().to_string())
-            .filter(|c| !c.is_empty())
-            .collect();
+        let coordinators = CoordinatorSet::new(coordinators);
         if coordinators.is_empty() {
             return Err(ClientError::NoCoordinator(
                 "no coordinator address given".into(),
@@ -216,43 +225,29 @@ impl Client {
         Ok(())
     }
 
-    /// Calls a coordinator RPC, trying each coordinator until the deadline.
+    /// Calls a coordinator RPC on the coordinators' leader, following `NotLeader`
+    /// hints and retrying until `deadline` (see `rampart_common::rpc::coordinator_set`).
     async fn coordinator_call<R: Rpc>(
         &self,
         request: &R::Request,
         deadline: Instant,
     ) -> Result<R::Reply, ClientError> {
-        let mut retry = self.retry_until(deadline);
-        let mut last = String::new();
-        loop {
-            for addr in &self.inner.coordinators {
-                match self
-                    .inner
-                    .pool
-                    .call::<R>(addr, request, retry.deadline)
-                    .await
-                {
-                    Ok(reply) => return Ok(reply),
-                    // A call cut short by the deadline says less than the refusal
-                    // before it ("connection refused"), so that one is kept.
-                    Err(RpcError::Timeout { .. }) if !last.is_empty() => {}
-                    Err(e) if e.is_transport() || e.status() == Some(Status::Retry) => {
-                        last = e.to_string();
-                    }
-                    Err(RpcError::Status {
-                        status: Status::TableDoesntExist,
-                        detail,
-                        ..
-                    }) => {
-                        return Err(ClientError::TableDoesntExist(detail));
-                    }
-                    Err(e) => return Err(ClientError::from_rpc(e)),
-                }
+        let inner = &self.inner;
+        match inner
+            .coordinators
+            .call::<R>(&inner.pool, request, deadline)
+            .await
+        {
+            Ok(reply) => Ok(reply),
+            Err(CoordinatorCallError::NoLeader { last, .. }) => {
+                Err(ClientError::NoCoordinator(last))
             }
-            retry.pause(last.clone()).await.map_err(|e| match e {
-                ClientError::Timeout { last, .. } => ClientError::NoCoordinator(last),
-                other => other,
-            })?;
+            Err(CoordinatorCallError::Rpc(RpcError::Status {
+                status: Status::TableDoesntExist,
+                detail,
+                ..
+            })) => Err(ClientError::TableDoesntExist(detail)),
+            Err(CoordinatorCallError::Rpc(error)) => Err(ClientError::from_rpc(error)),
         }
     }
 

@@ -44,7 +44,8 @@ pub enum ClientError {
     /// have been applied, and retrying could apply it twice or misreport it.
     #[error("outcome unknown (connection lost after sending): {0}")]
     Indeterminate(String),
-    /// No coordinator could be reached.
+    /// No coordinator served the call as the Raft leader before the deadline (all
+    /// unreachable, or no leader elected); carries the last reason seen.
     #[error("no coordinator reachable: {0}")]
     NoCoordinator(String),
     /// A server answered something the client does not expect.

@@ -1,14 +1,17 @@
 //! `rampart-client`: the table API of a Rampart cluster.
 //!
 //! * [`client`] — [`Client`]: tables, reads, writes, removes, increments, multi-ops
-//!   and enumeration, with retries through tablet moves until a deadline.
+//!   and enumeration, with retries through tablet moves and coordinator leader changes
+//!   until a deadline.
 //! * [`error`] — [`ClientError`].
 //! * [`tablet_map`] — the cached tablet map used for routing.
 //!
 //! # Example
 //! Against a cluster started with `cargo run --release -p rampart-ops -- cluster up`,
-//! connect to its coordinator (`127.0.0.1:7000`). This example runs as a doc test; its
-//! hidden first lines start a coordinator and one master in-process instead.
+//! connect to its coordinators (`127.0.0.1:7000` to `7002`, a Raft group): the client
+//! finds their leader itself, and any one reachable address would do to start. This
+//! example runs as a doc test; its hidden first lines start a one-member coordinator
+//! group and one master in-process instead.
 //!
 //! ```
 //! use rampart_client::{Client, RejectRules};
@@ -16,10 +19,15 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # use rampart_common::protocol::coordinator::{Enlist, EnlistRequest};
-//! # use rampart_common::rpc::{RpcPool, RpcServer};
+//! # use rampart_common::rpc::{CoordinatorSet, RpcPool, RpcServer};
+//! # use rampart_coordinator::node::{NodeConfig, RaftNode};
+//! # let dir = tempfile::TempDir::new()?;
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! # let coordinator = listener.local_addr()?.to_string();
-//! # let service = std::sync::Arc::new(rampart_coordinator::CoordinatorService::new());
+//! # let peers = std::collections::BTreeMap::from([(1, coordinator.clone())]);
+//! # let config = NodeConfig::new(1, peers, dir.path().join("coordinator"));
+//! # let node = RaftNode::start(config, tokio::runtime::Handle::current())?;
+//! # let service = std::sync::Arc::new(rampart_coordinator::CoordinatorService::new(node));
 //! # tokio::spawn(RpcServer::run(listener, service, std::future::pending()));
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! # let request = EnlistRequest {
@@ -29,13 +37,17 @@
 //! #     disk_read_mbps: 0,
 //! # };
 //! # let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-//! # let id = RpcPool::new().call::<Enlist>(&coordinator, &request, deadline).await?.id;
+//! # // The member elects itself within an election timeout; the set waits for it.
+//! # let group = CoordinatorSet::new(&[coordinator.as_str()]);
+//! # let id = group.call::<Enlist>(&RpcPool::new(), &request, deadline).await?.id;
 //! # let config = rampart_common::config::MasterConfig::default();
 //! # let master = std::sync::Arc::new(rampart_master::MasterService::new(id, config));
 //! # tokio::spawn(RpcServer::run(listener, master, std::future::pending()));
 //! # let coordinator_addr = coordinator.as_str();
-//! // With a `cluster up` cluster: let coordinator_addr = "127.0.0.1:7000";
-//! let client = Client::connect(&[coordinator_addr]).await?;
+//! // With a `cluster up` cluster:
+//! // let coordinators = ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"];
+//! # let coordinators = [coordinator_addr];
+//! let client = Client::connect(&coordinators).await?;
 //! let users = client.create_table("users", 4).await?;
 //!
 //! let v1 = client.write(users, b"alice", b"engineer").await?;

@@ -17,7 +17,11 @@
 //! Tablet ownership changes travel on the same queue and are applied between batches,
 //! so they are ordered with the writes around them. Every [`UPKEEP_INTERVAL`], between
 //! batches and whether or not the queue is empty, the task gives the replicator time for
-//! upkeep (background closes, probing backups, re-creating lost replicas).
+//! upkeep (background closes, probing backups, re-creating lost replicas, pulling the
+//! server list). A `ServerListChanged` push of a newer list pokes the replicator's
+//! [`ServerListWatch`](crate::replica_manager::ServerListWatch), and the task runs that
+//! upkeep at once — between two batches under load, or woken when idle — so the new list
+//! is pulled without waiting for the interval.
 //!
 //! # Failure handling
 //! The queue is bounded ([`APPENDER_QUEUE_MAX`]): when it is full, submitters wait
@@ -185,11 +189,13 @@ async fn run(
     };
     let mut next_upkeep = tokio::time::Instant::now() + UPKEEP_INTERVAL;
     let mut carried: Option<Job> = None;
+    let server_list = replicator.server_list_watch();
     loop {
         // Upkeep runs every UPKEEP_INTERVAL whether or not jobs keep coming: under
         // steady load the queue is never empty, and lost closed replicas, probes and
-        // frees must not wait for a lull.
-        if tokio::time::Instant::now() >= next_upkeep {
+        // frees must not wait for a lull. A pushed server list runs it at once.
+        let poked = server_list.take_poke();
+        if poked || tokio::time::Instant::now() >= next_upkeep {
             let result = replicator.tick(&source).await;
             *status.replication.lock() = replicator.stats();
             if let Err(fatal) = result {
@@ -204,6 +210,7 @@ async fn run(
                     biased;
                     job = queue.recv() => job,
                     _ = tokio::time::sleep_until(next_upkeep) => continue,
+                    _ = server_list.poked() => continue,
                 };
                 match job {
                     Some(job) => job,

@@ -5,6 +5,10 @@
 //! replies once the write is durable and visible. Every request is validated before it
 //! touches the store: an oversized key or value, an unknown opcode or a malformed
 //! payload gets its status and the master keeps serving.
+//!
+//! `ServerListChanged` (the coordinator leader announcing a new server-list version) is
+//! answered at once: the version goes to the replicator's
+//! [`ServerListWatch`], which pulls the list at once if it holds an older one.
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -14,7 +18,7 @@ use rampart_common::limits::{MULTI_OPS_MAX, MULTI_READ_REPLY_BYTES_MAX};
 use rampart_common::protocol::master::{
     self as proto, EnumerateRequest, IncrementRequest, MultiReadReply, MultiReadRequest,
     MultiRemoveRequest, MultiWriteReply, MultiWriteRequest, PingReply, ReadReply, ReadRequest,
-    RemoveRequest, TabletsRequest, WriteRequest,
+    RemoveRequest, ServerListVersion, TabletsRequest, WriteRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
@@ -23,7 +27,7 @@ use std::sync::Arc;
 
 use crate::appender::{Appender, AppenderStatus};
 use crate::object_store::{ObjectStore, OpOutcome, WriteOp};
-use crate::replica_manager::{ReplicationConfig, ReplicationStats, Replicator};
+use crate::replica_manager::{ReplicationConfig, ReplicationStats, Replicator, ServerListWatch};
 
 /// The master service of one storage server.
 #[derive(Debug)]
@@ -34,6 +38,9 @@ pub struct MasterService {
     store: Arc<Mutex<ObjectStore>>,
     appender: Appender,
     status: Arc<AppenderStatus>,
+    /// Where `ServerListChanged` pushes go; the replicator (on the appender's task)
+    /// reads them.
+    server_list: Arc<ServerListWatch>,
 }
 
 impl MasterService {
@@ -59,6 +66,7 @@ impl MasterService {
         let store = Arc::new(Mutex::new(ObjectStore::new(id, config)));
         let status = Arc::new(AppenderStatus::default());
         let replicator = Replicator::new(id, replication);
+        let server_list = replicator.server_list_watch();
         let appender =
             Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
         MasterService {
@@ -66,6 +74,7 @@ impl MasterService {
             store,
             appender,
             status,
+            server_list,
         }
     }
 
@@ -103,8 +112,9 @@ impl MasterService {
             .map_err(|e| Reply::error(Status::ShuttingDown, e))
     }
 
-    /// Requests served from memory without waiting — reads, enumerate, ping — which the
-    /// RPC layer runs on the connection's task (see `Service::handle_now`).
+    /// Requests served from memory without waiting — reads, enumerate, ping, and the
+    /// server-list push — which the RPC layer runs on the connection's task (see
+    /// `Service::handle_now`).
     fn handle_immediately(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         let reply = match opcode {
             proto::Read::OPCODE => self.read(payload.clone()),
@@ -119,6 +129,14 @@ impl MasterService {
                     log_bytes_max: max,
                     segments_under_replicated: self.status.replication.lock().under_replicated,
                 }))
+            }
+            proto::ServerListChanged::OPCODE => {
+                Reply::decode::<ServerListVersion>(payload.clone()).map(|pushed| {
+                    if self.server_list.push(pushed.version) {
+                        tracing::debug!(master = %self.id, version = pushed.version, "newer server list announced");
+                    }
+                    Reply::ok(&())
+                })
             }
             _ => return None,
         };

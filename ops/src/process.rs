@@ -492,23 +492,34 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     })
 }
 
-/// Enlists with the first coordinator that answers, retrying until [`ENLIST_TIMEOUT`].
+/// Enlists with the coordinators' Raft leader (found by following `NotLeader` hints),
+/// retrying until [`ENLIST_TIMEOUT`].
+///
+/// Each attempt may wait `ENLIST_ATTEMPT_TIMEOUT`, longer than the coordinator's own
+/// `PROPOSAL_TIMEOUT`: a working leader answers (`Retry` at worst) before the attempt is
+/// abandoned, so an enlistment is sent again only after a coordinator hung or went away
+/// (a repeated enlistment gets a new id and orphans the first).
 async fn enlist(
     coordinators: &[String],
     request: &EnlistRequest,
 ) -> Result<rampart_common::ids::ServerId> {
+    use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet};
+    /// See the function doc.
+    const ENLIST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
+    const _: () = assert!(
+        ENLIST_ATTEMPT_TIMEOUT.as_millis()
+            > rampart_coordinator::service::PROPOSAL_TIMEOUT.as_millis()
+    );
     let pool = RpcPool::new();
+    let set = CoordinatorSet::new(coordinators).with_attempt_timeout(ENLIST_ATTEMPT_TIMEOUT);
     let deadline = Instant::now() + ENLIST_TIMEOUT;
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        for addr in coordinators {
-            match pool.call::<Enlist>(addr, request, deadline).await {
-                Ok(reply) => return Ok(reply.id),
-                Err(e) if e.is_transport() => last = e.to_string(),
-                Err(e) => bail!("coordinator {addr} refused enlistment: {e}"),
-            }
+    match set.call::<Enlist>(&pool, request, deadline).await {
+        Ok(reply) => Ok(reply.id),
+        Err(CoordinatorCallError::NoLeader { last, .. }) => {
+            bail!("no coordinator leader answered within {ENLIST_TIMEOUT:?}: {last}")
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        Err(CoordinatorCallError::Rpc(error)) => {
+            bail!("the coordinator refused enlistment: {error}")
+        }
     }
-    bail!("no coordinator answered within {ENLIST_TIMEOUT:?}: {last}")
 }

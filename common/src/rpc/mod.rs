@@ -8,6 +8,8 @@
 //!   deadlines, and [`RpcPool`] that reuses one connection per peer.
 //! * [`server`] — the server side: accepts connections, reads frames, runs a
 //!   [`Service`] per request and writes replies.
+//! * [`coordinator_set`] — [`CoordinatorSet`]: calls that must reach the leader of the
+//!   coordinators' Raft group, following `NotLeader` hints until a deadline.
 //!
 //! # Failure handling
 //! A peer that sends garbage (bad magic, a reply where a request belongs) gets its
@@ -19,6 +21,7 @@
 //! the next call.
 
 pub mod connection;
+pub mod coordinator_set;
 pub mod frame;
 pub mod message;
 pub mod server;
@@ -26,6 +29,7 @@ pub mod server;
 mod tests;
 
 pub use connection::{Connection, RpcPool};
+pub use coordinator_set::{CoordinatorCallError, CoordinatorSet};
 pub use frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES, FRAME_MAGIC};
 pub use message::{DecodeError, Rpc, WireMessage};
 pub use server::{Reply, RpcServer, Service};

@@ -47,6 +47,16 @@
 //! replicator holds a pidfd of each `shm` backup and checks after every copy that the
 //! process is alive; a dead one fails the write.
 //!
+//! # The server list
+//! Backups come from the server list. With [`ServerSource::Coordinators`] it is pulled
+//! (`GetTabletMap`) from the coordinators' Raft leader through a `CoordinatorSet`, which
+//! asks the leader it last found first and follows `NotLeader` hints — one round per pull,
+//! within [`SERVER_LIST_FETCH_TIMEOUT`], since the appender waits for it. The replicator
+//! records the `TabletMap::version` of the list it holds and pulls again when that list is
+//! older than [`SERVER_LIST_REFRESH`], or at once (the appender's next upkeep, run on
+//! the push) when a `ServerListChanged` push recorded in its [`ServerListWatch`]
+//! announced a newer version. The periodic pull is the fallback for a lost push.
+//!
 //! # Failure handling
 //! * Not enough backups (fewer eligible failure domains than R): the write path waits,
 //!   refreshing the server list, and warns every [`WAIT_WARN_INTERVAL`]. Clients see
@@ -82,7 +92,7 @@ use rampart_common::protocol::backup::{
 };
 use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
 use rampart_common::protocol::master::{Ping, PingRequest};
-use rampart_common::rpc::{RpcError, RpcPool};
+use rampart_common::rpc::{CoordinatorSet, RpcError, RpcPool};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -94,6 +104,7 @@ use tokio::time::Instant;
 
 use super::backup_selector::{BackupInfo, BackupSelector};
 use super::rdma_link::{RdmaFrame, RdmaLink};
+use super::server_list_watch::ServerListWatch;
 
 /// Deadline of one replication RPC or soft-NIC write.
 pub const REPLICA_IO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -105,8 +116,14 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// Deadline of a probe.
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// The server list is re-read from the coordinator at least this often.
+/// The server list is re-read from the coordinator at least this often (sooner when the
+/// coordinator announces a newer one: see [`ServerListWatch`]).
 pub const SERVER_LIST_REFRESH: Duration = Duration::from_secs(1);
+
+/// How long one pull of the server list may take: one round over the coordinators
+/// (`CoordinatorSet::call_round`, each attempt capped at a second), never a wait for an
+/// election — the appender runs this between batches, and the next upkeep tries again.
+pub const SERVER_LIST_FETCH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A backup marked failed is not chosen again for this long (unless the server list
 /// drops it first). Server ids are never reused, so a restarted backup comes back under
@@ -125,7 +142,8 @@ const WAIT_BACKOFF_MAX: Duration = Duration::from_millis(200);
 /// Where the replicator learns the server list.
 #[derive(Clone, Debug)]
 pub enum ServerSource {
-    /// Ask these coordinators (`GetTabletMap`), the first that answers.
+    /// Ask the leader among these coordinators (`GetTabletMap` through a
+    /// `CoordinatorSet`, which follows `NotLeader` hints).
     Coordinators(Vec<String>),
     /// A list the caller maintains (tests, benchmarks).
     Fixed(Arc<parking_lot::Mutex<Vec<ServerInfo>>>),
@@ -413,9 +431,19 @@ pub struct Replicator {
     pool: Arc<RpcPool>,
     nic: Arc<NicClient>,
     selector: BackupSelector,
+    /// The coordinators of a [`ServerSource::Coordinators`] source, and their leader
+    /// once found (empty for a fixed list).
+    coordinators: CoordinatorSet,
     /// Up backups from the last server list, by id.
     backups: HashMap<ServerId, KnownBackup>,
+    /// When the list was last fetched (or a fetch last failed).
     list_fetched: Option<Instant>,
+    /// `TabletMap::version` of the server list held (0: none yet). For a fixed list, the
+    /// version pushed when it was last read.
+    list_version: u64,
+    /// Versions announced by `ServerListChanged` pushes; a newer one than `list_version`
+    /// makes the next refresh pull at once.
+    server_list: Arc<ServerListWatch>,
     /// Backups marked failed, and when.
     failed: HashMap<ServerId, Instant>,
     /// Backups that refused a replica (full frames or disk), and until when they are
@@ -479,6 +507,10 @@ impl std::fmt::Debug for Replicator {
 impl Replicator {
     /// A replicator for the master on server `own`.
     pub fn new(own: ServerId, config: ReplicationConfig) -> Replicator {
+        let coordinators = match &config.servers {
+            ServerSource::Coordinators(addrs) => CoordinatorSet::new(addrs),
+            ServerSource::Fixed(_) => CoordinatorSet::new::<&str>(&[]),
+        };
         Replicator {
             own,
             selector: BackupSelector::new(own, config.seed ^ own.0),
@@ -486,8 +518,11 @@ impl Replicator {
             host: onesided::host_id(),
             pool: Arc::new(RpcPool::new()),
             nic: Arc::new(NicClient::new()),
+            coordinators,
             backups: HashMap::new(),
             list_fetched: None,
+            list_version: 0,
+            server_list: Arc::new(ServerListWatch::new()),
             failed: HashMap::new(),
             refused: HashMap::new(),
             shm: HashMap::new(),
@@ -504,6 +539,17 @@ impl Replicator {
     /// Replicas per segment.
     pub fn replicas(&self) -> usize {
         self.config.replicas
+    }
+
+    /// Where the master service records `ServerListChanged` pushes for this replicator
+    /// (and the appender looks for a poke to run upkeep at once).
+    pub fn server_list_watch(&self) -> Arc<ServerListWatch> {
+        Arc::clone(&self.server_list)
+    }
+
+    /// `TabletMap::version` of the server list held (0: none fetched yet).
+    pub fn server_list_version(&self) -> u64 {
+        self.list_version
     }
 
     /// Current counts if any replica was placed, lost, closed or re-created since the
@@ -874,7 +920,7 @@ impl Replicator {
         let mut backoff = Duration::from_millis(5);
         loop {
             match self.fetch_servers().await {
-                Some(servers) => {
+                Some((_, servers)) => {
                     let own = servers.iter().find(|s| s.id == self.own);
                     return match own {
                         Some(server) if server.status != ServerStatus::Up => {
@@ -1346,45 +1392,54 @@ impl Replicator {
         }
     }
 
-    /// The server list from its source; `None` when no coordinator answered.
-    async fn fetch_servers(&self) -> Option<Vec<ServerInfo>> {
+    /// The server list from its source with its version; `None` when no coordinator
+    /// served it within one round ([`SERVER_LIST_FETCH_TIMEOUT`]).
+    async fn fetch_servers(&self) -> Option<(u64, Vec<ServerInfo>)> {
         match &self.config.servers {
-            ServerSource::Fixed(list) => Some(list.lock().clone()),
-            ServerSource::Coordinators(addrs) => {
-                let mut found = None;
-                for addr in addrs {
-                    let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
-                    match self
-                        .pool
-                        .call::<GetTabletMap>(addr, &TabletMapRequest {}, deadline)
-                        .await
-                    {
-                        Ok(map) => {
-                            found = Some(map.servers);
-                            break;
-                        }
-                        Err(error) => {
-                            tracing::debug!(coordinator = %addr, %error, "server list unavailable");
-                        }
+            // Read the version first: a push after it is then pulled again, not lost.
+            ServerSource::Fixed(list) => Some((self.server_list.pushed(), list.lock().clone())),
+            ServerSource::Coordinators(_) => {
+                let deadline = Instant::now() + SERVER_LIST_FETCH_TIMEOUT;
+                match self
+                    .coordinators
+                    .call_round::<GetTabletMap>(&self.pool, &TabletMapRequest {}, deadline)
+                    .await
+                {
+                    Ok(map) => Some((map.version, map.servers)),
+                    Err(error) => {
+                        tracing::debug!(%error, "server list unavailable");
+                        None
                     }
                 }
-                found
             }
         }
     }
 
-    /// Re-reads the server list when it is older than [`SERVER_LIST_REFRESH`] (or
-    /// always, with `force`). A backup that is no longer Up is failed.
+    /// Re-reads the server list when it is older than [`SERVER_LIST_REFRESH`], when a
+    /// push announced a newer version than the one held, or always with `force`. A
+    /// backup that is no longer Up is failed.
     async fn refresh_servers(&mut self, force: bool) {
         let stale = self
             .list_fetched
             .map_or(true, |at| at.elapsed() >= SERVER_LIST_REFRESH);
-        if !force && !stale {
+        let announced = self.server_list.is_newer_than(self.list_version);
+        if !force && !stale && !announced {
             return;
         }
-        let servers = self.fetch_servers().await;
+        let fetched = self.fetch_servers().await;
         self.list_fetched = Some(Instant::now());
-        let Some(servers) = servers else { return };
+        let Some((version, servers)) = fetched else {
+            return;
+        };
+        if announced {
+            tracing::debug!(
+                held = self.list_version,
+                pushed = self.server_list.pushed(),
+                fetched = version,
+                "server list pulled after a push"
+            );
+        }
+        self.list_version = version;
         let infos: Vec<BackupInfo> = servers.iter().filter_map(BackupInfo::from_server).collect();
         let now = Instant::now();
         let mut backups = HashMap::new();
