@@ -440,7 +440,7 @@ impl RaftNode {
             ..raft::Config::default()
         };
         raft_config.validate()?;
-        let logger = slog::Logger::root(TracingDrain, slog::o!("raft_id" => config.id));
+        let logger = slog::Logger::root(TracingDrain, slog::o!());
         let mut raw = RawNode::new(&raft_config, storage, &logger)?;
         if voters == [config.id] {
             // A group of one needs no election timeout: it is its own majority, and leads

@@ -13,7 +13,7 @@ use rampart_common::onesided::TransportKind;
 use rampart_common::protocol::coordinator::{Enlist, EnlistRequest, RaftStatus, RaftStatusRequest};
 use rampart_common::rpc::{RpcPool, RpcServer};
 use rampart_common::tablet::Services;
-use rampart_coordinator::node::{NodeConfig, RaftNode};
+use rampart_coordinator::node::{group_id, NodeConfig, RaftNode, Seed};
 use rampart_coordinator::CoordinatorService;
 use rampart_master::replica_manager::{ReplicationConfig, ServerSource};
 use rampart_master::MasterService;
@@ -62,6 +62,19 @@ pub struct CoordinatorArgs {
     /// Applied changes between snapshots of the configuration (each compacts the log).
     #[arg(long, default_value_t = rampart_coordinator::node::SNAPSHOT_ENTRIES_DEFAULT)]
     pub snapshot_entries: u64,
+    /// Write the configuration held in `--data-dir` (a stopped member's) to FILE, and
+    /// exit: the seed to re-create a group (see the README, "Replacing a coordinator").
+    #[arg(long, value_name = "FILE")]
+    pub export: Option<std::path::PathBuf>,
+    /// Start a fresh `--data-dir` from a configuration written by `--export`. Every member
+    /// of the re-created group must be started from the same file.
+    #[arg(long, value_name = "FILE")]
+    pub seed: Option<std::path::PathBuf>,
+    /// Confirm that this member has never run before, although the other members already
+    /// hold a configuration (a member added to the group after the others started).
+    /// Never use it for a member that lost its data directory.
+    #[arg(long)]
+    pub first_start: bool,
 }
 
 /// Parses `--peers`: `ID=ADDR` pairs, comma-separated.
@@ -215,6 +228,19 @@ fn announce(line: &str) -> Result<()> {
 /// Runs a coordinator until a signal, or until its Raft node fails.
 pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
     crate::init_logging("info");
+    if let Some(file) = &args.export {
+        return export_seed(&args.data_dir, file);
+    }
+    let seed = match &args.seed {
+        Some(file) => {
+            let bytes =
+                std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+            let seed =
+                Seed::decode(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            Some(seed)
+        }
+        None => None,
+    };
     let peers = args.peers.as_deref().map(parse_peers).transpose()?;
     if let Some(peers) = &peers {
         if !peers.contains_key(&args.id) {
@@ -240,8 +266,14 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             Some(peers) => peers,
             None => BTreeMap::from([(args.id, addr.to_string())]),
         };
-        if rampart_coordinator::node::is_fresh(&args.data_dir) && peers.len() > 1 {
-            refuse_to_rejoin(args.id, &peers).await?;
+        if rampart_coordinator::node::is_fresh(&args.data_dir)
+            && peers.len() > 1
+            && !args.first_start
+        {
+            let voters: Vec<u64> = peers.keys().copied().collect();
+            let group = group_id(&voters, seed.as_ref());
+            let version = seed.as_ref().map_or(0, |s| s.state.version());
+            refuse_to_rejoin(args.id, &peers, group, version).await?;
         }
         let config = NodeConfig {
             id: args.id,
@@ -251,6 +283,7 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             election_ticks: args.election_ticks,
             heartbeat_ticks: args.heartbeat_ticks,
             snapshot_entries: args.snapshot_entries,
+            seed,
         };
         let node = RaftNode::start(config, tokio::runtime::Handle::current())
             .with_context(|| format!("cannot start coordinator {}", args.id))?;
@@ -294,11 +327,17 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
 const REJOIN_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Refuses to start a member with an empty data directory in a group that already holds a
-/// configuration: that member lost its log (or was never part of this group), and a Raft
-/// member that forgets its votes and log could elect a second leader in one term. Peers
-/// that do not answer are not evidence either way: a brand-new group starts its members
-/// one by one.
-async fn refuse_to_rejoin(id: u64, peers: &BTreeMap<u64, String>) -> Result<()> {
+/// configuration beyond the one it starts from (`version`: 0, or the seed's): that member
+/// lost its log, and a Raft member that forgets its votes and log could elect a second
+/// leader in one term or lose committed changes. Also refuses when a peer belongs to
+/// another group (`group` is this member's). Peers that do not answer are not evidence
+/// either way: a brand-new group starts its members one by one.
+async fn refuse_to_rejoin(
+    id: u64,
+    peers: &BTreeMap<u64, String>,
+    group: u64,
+    version: u64,
+) -> Result<()> {
     let pool = RpcPool::new();
     let deadline = Instant::now() + REJOIN_CHECK_TIMEOUT;
     let asks = peers
@@ -314,19 +353,44 @@ async fn refuse_to_rejoin(id: u64, peers: &BTreeMap<u64, String>) -> Result<()> 
             }
         });
     for (peer, status) in futures::future::join_all(asks).await {
-        if let Ok(status) = status {
-            if status.config_version > 0 {
-                bail!(
-                    "coordinator {id} has an empty data directory, but coordinator {peer} \
-                     already holds configuration version {}: a member's Raft log cannot be \
-                     recreated. Restore this member's data directory, or see \
-                     \"Replacing a coordinator\" in the README",
-                    status.config_version
-                );
-            }
+        let Ok(status) = status else { continue };
+        if status.group != group {
+            bail!(
+                "coordinator {peer} belongs to group {:016x}, but this one would start group \
+                 {group:016x}: stop every member of an old group before re-creating it, and \
+                 start every member of a re-created group with the same --seed",
+                status.group
+            );
+        }
+        if status.config_version > version {
+            bail!(
+                "coordinator {id} has an empty data directory, but coordinator {peer} already \
+                 holds configuration version {}: a member's Raft log cannot be recreated. \
+                 Restore this member's data directory, or re-create the group (README, \
+                 \"Replacing a coordinator\"); if this member has truly never run, pass \
+                 --first-start",
+                status.config_version
+            );
         }
     }
     Ok(())
+}
+
+/// `rampart coordinator --export FILE`: writes the configuration of a stopped member.
+fn export_seed(data_dir: &std::path::Path, file: &std::path::Path) -> Result<ExitCode> {
+    let seed = Seed::export(data_dir)
+        .with_context(|| format!("cannot export from {}", data_dir.display()))?;
+    let bytes = seed.encode().map_err(anyhow::Error::msg)?;
+    std::fs::write(file, bytes).with_context(|| format!("cannot write {}", file.display()))?;
+    println!(
+        "exported configuration version {} (log index {}, last term {}) from {} to {}",
+        seed.state.version(),
+        seed.index,
+        seed.last_term,
+        data_dir.display(),
+        file.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs a storage server until a signal.

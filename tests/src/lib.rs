@@ -288,9 +288,11 @@ impl Drop for RampartProcess {
 pub struct CoordinatorGroup {
     /// (Raft id, address) of every member.
     pub peers: Vec<(u64, String)>,
+    /// Each member's data directory; a test may point a member at a new one.
+    pub dirs: std::collections::BTreeMap<u64, PathBuf>,
     /// The running members.
     processes: std::collections::BTreeMap<u64, RampartProcess>,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl CoordinatorGroup {
@@ -307,10 +309,14 @@ impl CoordinatorGroup {
             .map(|(i, l)| Ok((i as u64 + 1, l.local_addr()?.to_string())))
             .collect::<Result<Vec<_>>>()?;
         drop(listeners);
+        let dirs = (1..=size)
+            .map(|id| (id, dir.path().join(format!("coordinator-{id}"))))
+            .collect();
         let mut group = CoordinatorGroup {
             peers,
+            dirs,
             processes: std::collections::BTreeMap::new(),
-            dir,
+            _dir: dir,
         };
         for id in 1..=size {
             group.restart(id)?;
@@ -333,23 +339,36 @@ impl CoordinatorGroup {
 
     /// Starts member `id` (again) on its data directory.
     pub fn restart(&mut self, id: u64) -> Result<()> {
-        let peers: Vec<String> = self.peers.iter().map(|(i, a)| format!("{i}={a}")).collect();
-        let data_dir = self.dir.path().join(format!("coordinator-{id}"));
-        let data_dir = data_dir
-            .to_str()
-            .ok_or_else(|| anyhow!("non-UTF-8 temp dir"))?;
-        let id_text = id.to_string();
-        let process = RampartProcess::start(&[
-            "coordinator",
-            "--id",
-            &id_text,
-            "--peers",
-            &peers.join(","),
-            "--data-dir",
-            data_dir,
-        ])?;
+        self.restart_with(id, &[])
+    }
+
+    /// Starts member `id` (again) on its data directory, with more flags.
+    pub fn restart_with(&mut self, id: u64, extra: &[&str]) -> Result<()> {
+        let args = self.member_args(id)?;
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        let process = RampartProcess::start(&args)?;
         self.processes.insert(id, process);
         Ok(())
+    }
+
+    /// The `rampart coordinator ...` arguments of member `id`.
+    pub fn member_args(&self, id: u64) -> Result<Vec<String>> {
+        let peers: Vec<String> = self.peers.iter().map(|(i, a)| format!("{i}={a}")).collect();
+        let data_dir = self
+            .dirs
+            .get(&id)
+            .and_then(|d| d.to_str())
+            .ok_or_else(|| anyhow!("no UTF-8 data directory for member {id}"))?;
+        Ok(vec![
+            "coordinator".into(),
+            "--id".into(),
+            id.to_string(),
+            "--peers".into(),
+            peers.join(","),
+            "--data-dir".into(),
+            data_dir.into(),
+        ])
     }
 
     /// The member every running member agrees leads, waiting up to `timeout`.

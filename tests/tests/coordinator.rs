@@ -269,3 +269,88 @@ fn a_lone_coordinator_refuses_changes_with_a_clear_error() {
         assert!(map.tables.iter().any(|t| t.id == table));
     });
 }
+
+#[test]
+fn a_wiped_member_is_refused_and_the_group_is_re_created_from_a_seed() {
+    let mut group = CoordinatorGroup::start(3).unwrap();
+    let data = tempfile::TempDir::new().unwrap();
+    let _servers: Vec<RampartProcess> = (0..2)
+        .map(|i| {
+            group
+                .start_server(&data.path().join(format!("s{i}")), SERVER_FLAGS)
+                .unwrap()
+        })
+        .collect();
+    let rt = runtime();
+    let table = rt.block_on(async {
+        let client = connect(&group, Duration::from_secs(10)).await;
+        let table = client.create_table("kept", 2).await.unwrap();
+        client.write(table, b"k", b"v").await.unwrap();
+        table
+    });
+    let before = rt.block_on(tablet_map(&group));
+
+    // Member 3 loses its data directory: starting it empty is refused, clearly.
+    group.kill(3);
+    std::fs::remove_dir_all(&group.dirs[&3]).unwrap();
+    let args = group.member_args(3).unwrap();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = rampart_tests::rampart(&args, None, &[]).unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("cannot be recreated"), "{stderr}");
+
+    // Re-create the group: stop all, export the survivors, seed every member afresh.
+    for id in 1..=2 {
+        group.kill(id);
+    }
+    let mut best: Option<(u64, u64, std::path::PathBuf)> = None;
+    for id in 1..=2 {
+        let file = data.path().join(format!("seed-{id}.bin"));
+        let dir = group.dirs[&id].to_str().unwrap().to_string();
+        let out = rampart_tests::rampart(
+            &[
+                "coordinator",
+                "--data-dir",
+                &dir,
+                "--export",
+                file.to_str().unwrap(),
+            ],
+            None,
+            &[],
+        )
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // "exported configuration version V (log index I, last term T) from ..."
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let index: u64 = words[6].trim_end_matches(',').parse().unwrap();
+        let term: u64 = words[9].trim_end_matches(')').parse().unwrap();
+        if best
+            .as_ref()
+            .map_or(true, |(t, i, _)| (term, index) > (*t, *i))
+        {
+            best = Some((term, index, file));
+        }
+    }
+    let (_, _, seed) = best.unwrap();
+    for id in 1..=3 {
+        let fresh = data.path().join(format!("new-coordinator-{id}"));
+        group.dirs.insert(id, fresh);
+        group
+            .restart_with(id, &["--seed", seed.to_str().unwrap()])
+            .unwrap();
+    }
+    rt.block_on(async {
+        assert_eq!(tablet_map(&group).await, before);
+        let client = connect(&group, Duration::from_secs(10)).await;
+        assert_eq!(client.get_table_id("kept").await.unwrap(), table);
+        let object = client.read(table, b"k").await.unwrap().unwrap();
+        assert_eq!(object.value.as_ref(), b"v");
+        client.create_table("after", 1).await.unwrap();
+    });
+}
