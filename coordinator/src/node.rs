@@ -729,6 +729,9 @@ impl Driver {
             tokio::select! {
                 _ = ticker.tick() => {
                     self.raw.tick();
+                    // Callers that gave up (their timeout passed) wait no more; an entry
+                    // that commits later is applied all the same.
+                    self.proposals.retain(|_, p| !p.reply.is_closed());
                 }
                 input = inputs.recv() => {
                     let Some(input) = input else { return "the node was dropped".into() };

@@ -40,7 +40,7 @@ use rampart_common::protocol::master::{
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, RpcPool, Service};
 use rampart_common::status::Status;
-use rampart_common::tablet::{ServerStatus, Tablet};
+use rampart_common::tablet::Tablet;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -150,8 +150,8 @@ impl CoordinatorService {
     fn push_server_list_version(&self) {
         let (version, addrs): (u64, Vec<String>) = self.node.with_state(|state| {
             let addrs = state
-                .servers()
-                .filter(|s| s.status == ServerStatus::Up)
+                .up_servers()
+                .into_iter()
                 .map(|s| s.addr.clone())
                 .collect();
             (state.version(), addrs)

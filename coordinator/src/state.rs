@@ -356,6 +356,18 @@ impl CoordinatorState {
         self.servers.values()
     }
 
+    /// The `Up` servers, in id order. Costs O(Up servers), however many crashed and
+    /// removed servers the list keeps.
+    pub fn up_servers(&self) -> Vec<&ServerInfo> {
+        let mut up: Vec<&ServerInfo> = self
+            .up_addrs
+            .values()
+            .filter_map(|id| self.servers.get(id))
+            .collect();
+        up.sort_unstable_by_key(|s| s.id);
+        up
+    }
+
     /// The tablets `owner` serves, in (table id, hash) order. Scans every table: for the
     /// rare control-path callers (enlist replies, recovery planning), not per request.
     pub fn tablets_of(&self, owner: ServerId) -> Vec<Tablet> {
@@ -552,9 +564,9 @@ impl CoordinatorState {
             });
         }
         let masters: Vec<ServerId> = self
-            .servers
-            .values()
-            .filter(|s| s.status == ServerStatus::Up && s.services.master)
+            .up_servers()
+            .into_iter()
+            .filter(|s| s.services.master)
             .map(|s| s.id)
             .collect();
         if masters.is_empty() {
