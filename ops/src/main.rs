@@ -3,6 +3,7 @@
 //! * `rampart coordinator` / `rampart server` — the two long-running processes.
 //! * `rampart cluster up` — a whole local cluster as child processes.
 //! * `rampart kv ...` — table operations from the shell.
+//! * `rampart status` — the coordinators' Raft state and the server list.
 //! * `rampart bench ycsb` — the YCSB benchmark; `rampart bench replication` — the
 //!   replication transports side by side (throughput, write latency, backup CPU).
 
@@ -11,6 +12,7 @@ mod children;
 mod cluster;
 mod kv;
 mod process;
+mod status;
 mod storage;
 
 use anyhow::Result;
@@ -37,6 +39,8 @@ enum Command {
     },
     /// Table operations: create-table, drop-table, put, get, del, incr, scan.
     Kv(kv::KvArgs),
+    /// The coordinators' Raft state and the server list.
+    Status(status::StatusArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -51,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Server(args) => process::run_server(args),
         Command::Cluster { command } => cluster::run(command),
         Command::Kv(args) => kv::run(args),
+        Command::Status(args) => status::run(args),
         Command::Bench { command } => bench::run(command),
     };
     match result {

@@ -223,6 +223,25 @@ fn killing_every_coordinator_and_restarting_them_brings_the_cluster_back() {
         let other = client.create_table("new", 2).await.unwrap();
         assert_ne!(other, table);
     });
+    // `rampart status` shows one leader, two followers and both servers Up.
+    let out =
+        rampart_tests::rampart(&["status", "--coordinator", &group.addrs()], None, &[]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let roles: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|role| ["leader", "follower", "candidate"].contains(role))
+        .collect();
+    assert_eq!(roles.iter().filter(|r| **r == "leader").count(), 1, "{text}");
+    assert_eq!(roles.iter().filter(|r| **r == "follower").count(), 2, "{text}");
+    for server in &servers {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&server.addr))
+            .unwrap_or_else(|| panic!("server {} missing: {text}", server.addr));
+        assert!(line.contains(" Up "), "{line}");
+    }
 }
 
 #[test]
