@@ -111,6 +111,7 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
     let pool = Arc::new(RpcPool::new());
     let names = Arc::new(AtomicU64::new(0));
 
+    let term_before = runtime.block_on(max_term(&pool, &local.coordinators));
     let mut rates = Vec::new();
     for round in 1..=args.rounds {
         let rate = runtime.block_on(throughput_round(&args, &addrs, &pool, &names))?;
@@ -118,6 +119,11 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
         rates.push(rate);
     }
     let changes_per_s = median(rates.clone()).unwrap_or(0.0);
+    // Each election bumps the term: a stable group keeps its leader under full load.
+    let elections_under_load = runtime
+        .block_on(max_term(&pool, &local.coordinators))
+        .saturating_sub(term_before);
+    println!("elections during the throughput rounds: {elections_under_load}");
 
     let mut failovers = Vec::new();
     for run in 1..=args.failovers {
@@ -146,6 +152,7 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
         "| changes/s (median of {} rounds) | {changes_per_s:.0} |",
         args.rounds
     );
+    println!("| elections under load | {elections_under_load} |");
     if let Some(m) = failover_median {
         println!("| failover ms (median of {}) | {m:.0} |", failovers.len());
         let all: Vec<String> = failovers.iter().map(|f| format!("{f:.0}")).collect();
@@ -158,6 +165,7 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
             "seconds_per_round": args.seconds,
             "changes_per_s_rounds": rates,
             "changes_per_s": changes_per_s,
+            "elections_under_load": elections_under_load,
             "failover_ms": failovers,
             "failover_ms_median": failover_median,
         });
@@ -320,6 +328,16 @@ async fn wait_caught_up(pool: &RpcPool, coordinators: &[(u64, String)]) -> Resul
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     bail!("the restarted coordinator did not catch up within {FAILOVER_GIVE_UP:?}")
+}
+
+/// The highest term any coordinator reports.
+async fn max_term(pool: &RpcPool, coordinators: &[(u64, String)]) -> u64 {
+    statuses(pool, coordinators)
+        .await
+        .iter()
+        .map(|s| s.term)
+        .max()
+        .unwrap_or(0)
 }
 
 async fn statuses(
