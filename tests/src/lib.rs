@@ -201,6 +201,18 @@ pub fn rampart(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Res
     Ok(child.wait_with_output()?)
 }
 
+/// The runtime integration tests drive clients from: two workers, like the machine.
+///
+/// # Panics
+/// If the runtime cannot be built.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("cannot build a tokio runtime")
+}
+
 /// Whether process `pid` still exists (and is not a zombie).
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -11,7 +11,7 @@ use rampart_common::protocol::coordinator::{
 };
 use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::{ServerStatus, TabletMap};
-use rampart_tests::{CoordinatorGroup, RampartProcess};
+use rampart_tests::{runtime, CoordinatorGroup, RampartProcess};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -29,14 +29,6 @@ const SERVER_FLAGS: &[&str] = &[
 ];
 
 const ELECTION: Duration = Duration::from_secs(10);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 async fn connect(group: &CoordinatorGroup, deadline: Duration) -> Client {
     let addrs = group.addrs();
@@ -67,6 +59,21 @@ async fn tablet_map(group: &CoordinatorGroup) -> TabletMap {
     }
 }
 
+/// Three coordinators and two storage servers enlisted with them (the servers' data in
+/// the directory returned; declare the servers last so they stop first).
+fn cluster() -> (CoordinatorGroup, tempfile::TempDir, Vec<RampartProcess>) {
+    let group = CoordinatorGroup::start(3).unwrap();
+    let data = tempfile::TempDir::new().unwrap();
+    let servers = (0..2)
+        .map(|i| {
+            group
+                .start_server(&data.path().join(format!("s{i}")), SERVER_FLAGS)
+                .unwrap()
+        })
+        .collect();
+    (group, data, servers)
+}
+
 fn server_id(server: &RampartProcess) -> u64 {
     server.announce[1].parse().unwrap()
 }
@@ -79,15 +86,7 @@ fn up(map: &TabletMap, id: u64) -> bool {
 
 #[test]
 fn killing_the_leader_while_tables_are_created_and_servers_enlist_loses_nothing() {
-    let mut group = CoordinatorGroup::start(3).unwrap();
-    let data = tempfile::TempDir::new().unwrap();
-    let servers: Vec<RampartProcess> = (0..2)
-        .map(|i| {
-            group
-                .start_server(&data.path().join(format!("s{i}")), SERVER_FLAGS)
-                .unwrap()
-        })
-        .collect();
+    let (mut group, data, servers) = cluster();
     let rt = runtime();
     let client = rt.block_on(connect(&group, Duration::from_secs(15)));
     let creates = rt.spawn({
@@ -175,15 +174,7 @@ fn killing_the_leader_while_tables_are_created_and_servers_enlist_loses_nothing(
 
 #[test]
 fn killing_every_coordinator_and_restarting_them_brings_the_cluster_back() {
-    let mut group = CoordinatorGroup::start(3).unwrap();
-    let data = tempfile::TempDir::new().unwrap();
-    let servers: Vec<RampartProcess> = (0..2)
-        .map(|i| {
-            group
-                .start_server(&data.path().join(format!("s{i}")), SERVER_FLAGS)
-                .unwrap()
-        })
-        .collect();
+    let (mut group, _data, servers) = cluster();
     let rt = runtime();
     let table = rt.block_on(async {
         let client = connect(&group, Duration::from_secs(10)).await;
@@ -233,8 +224,16 @@ fn killing_every_coordinator_and_restarting_them_brings_the_cluster_back() {
         .filter_map(|l| l.split_whitespace().nth(2))
         .filter(|role| ["leader", "follower", "candidate"].contains(role))
         .collect();
-    assert_eq!(roles.iter().filter(|r| **r == "leader").count(), 1, "{text}");
-    assert_eq!(roles.iter().filter(|r| **r == "follower").count(), 2, "{text}");
+    assert_eq!(
+        roles.iter().filter(|r| **r == "leader").count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        roles.iter().filter(|r| **r == "follower").count(),
+        2,
+        "{text}"
+    );
     for server in &servers {
         let line = text
             .lines()
@@ -246,14 +245,7 @@ fn killing_every_coordinator_and_restarting_them_brings_the_cluster_back() {
 
 #[test]
 fn a_lone_coordinator_refuses_changes_with_a_clear_error() {
-    let mut group = CoordinatorGroup::start(3).unwrap();
-    let data = tempfile::TempDir::new().unwrap();
-    let _server = group
-        .start_server(&data.path().join("s0"), SERVER_FLAGS)
-        .unwrap();
-    let _other = group
-        .start_server(&data.path().join("s1"), SERVER_FLAGS)
-        .unwrap();
+    let (mut group, _data, _servers) = cluster();
     let rt = runtime();
     let client = rt.block_on(connect(&group, Duration::from_secs(3)));
     let table = rt.block_on(client.create_table("before", 1)).unwrap();
@@ -291,15 +283,7 @@ fn a_lone_coordinator_refuses_changes_with_a_clear_error() {
 
 #[test]
 fn a_wiped_member_is_refused_and_the_group_is_re_created_from_a_seed() {
-    let mut group = CoordinatorGroup::start(3).unwrap();
-    let data = tempfile::TempDir::new().unwrap();
-    let _servers: Vec<RampartProcess> = (0..2)
-        .map(|i| {
-            group
-                .start_server(&data.path().join(format!("s{i}")), SERVER_FLAGS)
-                .unwrap()
-        })
-        .collect();
+    let (mut group, data, _servers) = cluster();
     let rt = runtime();
     let table = rt.block_on(async {
         let client = connect(&group, Duration::from_secs(10)).await;

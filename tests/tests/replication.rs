@@ -11,7 +11,7 @@ use rampart_common::protocol::backup::{
 };
 use rampart_common::protocol::master::{Ping, PingRequest};
 use rampart_common::rpc::RpcPool;
-use rampart_tests::LocalCluster;
+use rampart_tests::{runtime, LocalCluster};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,14 +27,6 @@ const SMALL_SERVERS: &[&str] = &[
     "--value-bytes-max",
     "16KiB",
 ];
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 async fn connect(cluster: &LocalCluster, deadline: Duration) -> Client {
     let options = ClientOptions {

@@ -6,7 +6,7 @@
 use rampart_client::{Client, ClientError, ClientOptions, RejectRules, Version, WriteItem};
 use rampart_common::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX_DEFAULT};
 use rampart_common::status::Status;
-use rampart_tests::{process_alive, LocalCluster};
+use rampart_tests::{process_alive, runtime, LocalCluster};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -136,14 +136,6 @@ fn kv_cli_session_reads_writes_and_reports_missing_keys() {
     .unwrap();
     assert_eq!(unreachable.status.code(), Some(2));
     assert!(text(&unreachable.stderr).contains("cannot reach the cluster"));
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 async fn connect(cluster: &LocalCluster) -> Client {
