@@ -38,7 +38,8 @@
 //! The leader remembers the index it was appended at. When an entry is applied, a waiting
 //! proposal with the entry's id gets the result; a waiting proposal whose index was
 //! applied with some other entry was overwritten by a newer leader and gets
-//! [`NodeError::Dropped`] (it can never commit). A proposal whose leader lost its majority
+//! [`NodeError::Dropped`] (it can never commit); one whose index a snapshot from a newer
+//! leader covers gets [`NodeError::OutcomeUnknown`]. A proposal whose leader lost its majority
 //! resolves either way once a new leader is elected, or the caller's timeout ends the wait
 //! (the outcome is then unknown: every command is safe to retry, see the state module).
 //!
@@ -49,14 +50,25 @@
 //! returns once the state machine has applied the commit index of that moment. A read made
 //! after it sees every change committed before the read began. A follower refuses reads
 //! (as it refuses proposals) with [`NodeError::NotLeader`], so clients go to the leader.
+//! A new leader cannot serve a ReadIndex before an entry of its own term commits (raft-rs
+//! drops the request): reads arriving then wait in the node and start once it has.
 //!
 //! # Failure handling
 //!
 //! A storage error is fatal (the on-disk state is unknown, see `raft_storage`): the loop
 //! stops, every waiter gets [`NodeError::Stopped`], and [`RaftNode::failure`] says why; the
 //! process must exit and be restarted. A snapshot whose contents fail to decode or break
-//! the state's invariants is fatal too. Messages that cannot be delivered are dropped
-//! (Raft retransmits) and the peer is reported unreachable.
+//! the state's invariants is fatal too, and so is a panic on the loop's thread (a storage
+//! invariant, a raft-rs `fatal!`). Messages that cannot be delivered are dropped (Raft
+//! retransmits) and the peer is reported unreachable; a snapshot's delivery or loss is
+//! always reported, since the leader pauses a follower until it learns which.
+//!
+//! # Starting
+//!
+//! A fresh data directory is initialized in one synced write (the voters, or the seed's
+//! snapshot), and only then is the member file written (its id and group id): a
+//! directory without a member file never ran a node. A start cut short between the two is
+//! finished by the next start with the same settings.
 //!
 //! # Limits
 //!
@@ -106,6 +118,9 @@ const MAX_INFLIGHT_MSGS: usize = 256;
 
 /// Inputs the loop handles before looking at the ready again.
 const INPUT_BATCH_MAX: usize = 256;
+
+/// Readies the loop handles in one turn before it looks at its inputs again.
+const READIES_PER_TURN_MAX: usize = 8;
 
 /// How one coordinator's Raft member runs.
 #[derive(Clone, Debug)]
@@ -219,6 +234,12 @@ impl Seed {
                 next = entry.index + 1;
             }
         }
+        if last == 0 {
+            return Err(StartError::Config(format!(
+                "{} holds an empty log: nothing to export",
+                data_dir.display()
+            )));
+        }
         let last_term = storage.term(last)?;
         Ok(Seed {
             index: last,
@@ -246,6 +267,9 @@ impl Seed {
             return Err("seed file checksum mismatch (corrupt or truncated)".into());
         }
         let seed: Seed = bincode::deserialize(body).map_err(|e| format!("bad seed file: {e}"))?;
+        if seed.index == 0 {
+            return Err("seed file starts at log index 0".into());
+        }
         seed.state
             .check_invariants()
             .map_err(|e| format!("seed breaks an invariant: {e}"))?;
@@ -260,8 +284,10 @@ impl Seed {
 }
 
 /// The id of a Raft group: a hash of its voters and of the seed it started from. Members
-/// refuse Raft messages from another group, so a coordinator of another cluster, or an old
-/// member left running after its group was re-created, cannot disturb this one.
+/// refuse Raft messages from another group, so an old member left running after its group
+/// was re-created from a seed, or a member of a group with other voters, cannot disturb
+/// this one. (Two unseeded groups with the same voter ids share an id: keep clusters'
+/// `--peers` apart.)
 pub fn group_id(voters: &[u64], seed: Option<&Seed>) -> u64 {
     // FNV-1a: stable across builds and platforms, unlike `DefaultHasher`.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -290,6 +316,10 @@ pub enum NodeError {
     /// The inbox is full; nothing was proposed.
     #[error("coordinator busy: {INBOX_MAX} requests queued for the Raft loop")]
     Busy,
+    /// The proposal's index was covered by a snapshot from a newer leader before its entry
+    /// was applied here: it may or may not have committed.
+    #[error("proposal overtaken by a snapshot from a newer leader; it may have committed")]
+    OutcomeUnknown,
     /// The node stopped (shutdown or a fatal storage error); the outcome is unknown.
     #[error("the Raft node stopped: {0}")]
     Stopped(String),
@@ -315,9 +345,9 @@ pub enum StartError {
         /// What is wrong with it.
         detail: String,
     },
-    /// The loop thread could not start.
-    #[error("cannot start the Raft thread: {0}")]
-    Thread(#[from] std::io::Error),
+    /// The data directory or the loop thread could not be set up.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// What the loop does next; sent through the inbox.
@@ -330,11 +360,15 @@ enum Input {
         reply: oneshot::Sender<Result<(), NodeError>>,
     },
     Messages(Vec<Message>),
+    /// A `RaftMessages` RPC to `peer` failed; `snapshot` if it carried a snapshot.
     Unreachable {
         peer: u64,
-        snapshot_failed: bool,
+        snapshot: bool,
     },
-    Stop,
+    /// A snapshot reached `peer`.
+    SnapshotDelivered {
+        peer: u64,
+    },
 }
 
 /// What the service reads without going through the loop.
@@ -366,6 +400,8 @@ pub struct RaftNode {
     peers: Arc<BTreeMap<u64, String>>,
     inbox: mpsc::Sender<Input>,
     shared: Arc<Shared>,
+    /// Ends the loop (a permit is kept if the loop is busy, so a stop is never lost).
+    stop: Arc<tokio::sync::Notify>,
     thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
@@ -393,20 +429,28 @@ impl RaftNode {
         std::fs::create_dir_all(&config.data_dir)?;
         let storage = RaftStorage::open(&config.data_dir)?;
         let voters: Vec<u64> = config.peers.keys().copied().collect();
-        let fresh = is_fresh(&config.data_dir);
-        if !fresh && config.seed.is_some() {
+        // The member file is written last: a directory without one never ran a node.
+        let group = if is_fresh(&config.data_dir) {
+            let seed = config.seed.as_ref();
+            if storage.is_initialized() {
+                check_unfinished_start(&storage, &config)?;
+            } else if let Some(seed) = seed {
+                // One synced batch: conf state, hard state and the seed snapshot.
+                storage.apply_snapshot(&seed_snapshot(seed, &voters)?)?;
+            } else {
+                storage.initialize(&voters)?;
+            }
+            let group = group_id(&voters, seed);
+            write_member_file(&config, group)?;
+            group
+        } else if config.seed.is_some() {
             return Err(StartError::Config(format!(
                 "{} already holds coordinator state; a seed only starts a fresh directory",
                 config.data_dir.display()
             )));
-        }
-        let group = check_member_file(&config, group_id(&voters, config.seed.as_ref()))?;
-        if !storage.is_initialized() {
-            storage.initialize(&voters)?;
-            if let Some(seed) = &config.seed {
-                storage.apply_snapshot(&seed_snapshot(seed, &voters)?)?;
-            }
-        }
+        } else {
+            read_member_file(&config)?
+        };
         let initial = storage.initial_state()?;
         let mut stored_voters = initial.conf_state.voters.clone();
         stored_voters.sort_unstable();
@@ -475,9 +519,12 @@ impl RaftNode {
             proposals: HashMap::new(),
             reads: HashMap::new(),
             waiting_reads: Vec::new(),
+            deferred_reads: Vec::new(),
         };
         let tick = config.tick;
         let loop_shared = Arc::clone(&shared);
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let loop_stop = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("rampart-raft".into())
             .spawn(move || {
@@ -485,7 +532,19 @@ impl RaftNode {
                     .enable_time()
                     .build()
                 {
-                    Ok(rt) => rt.block_on(driver.run(inputs, tick)),
+                    // A panic (a storage invariant, a raft-rs `fatal!`) must stop the
+                    // node visibly, so the process exits instead of serving errors.
+                    Ok(rt) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        rt.block_on(driver.run(inputs, tick, &loop_stop))
+                    }))
+                    .unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<String>()
+                            .map(String::as_str)
+                            .or_else(|| panic.downcast_ref::<&str>().copied())
+                            .unwrap_or("a panic");
+                        format!("the Raft loop panicked: {what}")
+                    }),
                     Err(e) => format!("cannot build the Raft runtime: {e}"),
                 };
                 driver.fail_all(&why);
@@ -497,6 +556,7 @@ impl RaftNode {
             peers,
             inbox,
             shared,
+            stop,
             thread: Arc::new(Mutex::new(Some(thread))),
         })
     }
@@ -591,7 +651,7 @@ impl RaftNode {
 
     /// Stops the loop and waits for its thread. Waiters get [`NodeError::Stopped`].
     pub fn stop(&self) {
-        let _ = self.inbox.try_send(Input::Stop);
+        self.stop.notify_one();
         let thread = self.thread.lock().take();
         if let Some(thread) = thread {
             let _ = thread.join();
@@ -626,46 +686,61 @@ pub fn is_fresh(data_dir: &std::path::Path) -> bool {
     !data_dir.join(MEMBER_FILE).exists()
 }
 
-/// Records the member id and group id in a fresh data directory, or checks the id in a
-/// used one (a data directory started under another id would vote twice in one term);
-/// returns the directory's group id.
-fn check_member_file(config: &NodeConfig, fresh_group: u64) -> Result<u64, StartError> {
+/// Reads the member file of a used data directory: checks the id (a data directory
+/// started under another id would vote twice in one term) and returns the group id.
+fn read_member_file(config: &NodeConfig) -> Result<u64, StartError> {
     let path = config.data_dir.join(MEMBER_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(found) => {
-            let mut id = None;
-            let mut group = None;
-            for line in found.lines() {
-                match line.split_whitespace().collect::<Vec<_>>().as_slice() {
-                    ["raft", "id", value] => id = value.parse::<u64>().ok(),
-                    ["group", value] => group = u64::from_str_radix(value, 16).ok(),
-                    _ => {}
-                }
-            }
-            match (id, group) {
-                (Some(id), Some(group)) if id == config.id => Ok(group),
-                (Some(id), Some(_)) => Err(StartError::Config(format!(
-                    "{} belongs to coordinator {id}, not to id {}",
-                    config.data_dir.display(),
-                    config.id
-                ))),
-                _ => Err(StartError::Config(format!(
-                    "{} is unreadable: {found:?}",
-                    path.display()
-                ))),
-            }
+    let found = std::fs::read_to_string(&path)?;
+    let mut id = None;
+    let mut group = None;
+    for line in found.lines() {
+        match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["raft", "id", value] => id = value.parse::<u64>().ok(),
+            ["group", value] => group = u64::from_str_radix(value, 16).ok(),
+            _ => {}
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let text = format!("raft id {}\ngroup {fresh_group:016x}\n", config.id);
-            let tmp = config.data_dir.join(format!("{MEMBER_FILE}.tmp"));
-            std::fs::write(&tmp, text)?;
-            std::fs::File::open(&tmp)?.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&config.data_dir)?.sync_all()?;
-            Ok(fresh_group)
-        }
-        Err(e) => Err(StartError::Thread(e)),
     }
+    match (id, group) {
+        (Some(id), Some(group)) if id == config.id => Ok(group),
+        (Some(id), Some(_)) => Err(StartError::Config(format!(
+            "{} belongs to coordinator {id}, not to id {}",
+            config.data_dir.display(),
+            config.id
+        ))),
+        _ => Err(StartError::Config(format!(
+            "{} is unreadable: {found:?}",
+            path.display()
+        ))),
+    }
+}
+
+/// Records the member id and group id, durably: the last step of a fresh start.
+fn write_member_file(config: &NodeConfig, group: u64) -> Result<(), StartError> {
+    let text = format!("raft id {}\ngroup {group:016x}\n", config.id);
+    let tmp = config.data_dir.join(format!("{MEMBER_FILE}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, config.data_dir.join(MEMBER_FILE))?;
+    std::fs::File::open(&config.data_dir)?.sync_all()?;
+    Ok(())
+}
+
+/// A store initialized by a start that stopped before writing the member file never ran
+/// a node (no vote, no entry); it may be used if it is what this start would write.
+fn check_unfinished_start(storage: &RaftStorage, config: &NodeConfig) -> Result<(), StartError> {
+    let held = storage.first_index()? - 1;
+    let last = storage.last_index()?;
+    let vote = storage.initial_state()?.hard_state.vote;
+    let expected = config.seed.as_ref().map_or(0, |seed| seed.index);
+    if held == expected && last == held && vote == 0 {
+        return Ok(());
+    }
+    Err(StartError::Config(format!(
+        "{} holds a Raft store from an earlier start that did not finish, made with other \
+         settings (snapshot at {held}, expected {expected}); it never ran, so remove the \
+         directory and start again",
+        config.data_dir.display()
+    )))
 }
 
 /// The snapshot a seeded member's log starts from: identical on every member.
@@ -718,77 +793,124 @@ struct Driver {
     reads: HashMap<u64, oneshot::Sender<Result<(), NodeError>>>,
     /// Reads whose index is known, waiting for it to be applied.
     waiting_reads: Vec<(u64, oneshot::Sender<Result<(), NodeError>>)>,
+    /// Reads on a leader that has not committed an entry of its term yet.
+    deferred_reads: Vec<oneshot::Sender<Result<(), NodeError>>>,
 }
 
 impl Driver {
-    /// Runs until `Stop`, the inbox closing, or a fatal error; returns why it stopped.
-    async fn run(&mut self, mut inputs: mpsc::Receiver<Input>, tick: Duration) -> String {
+    /// Runs until `stop`, the inbox closing, or a fatal error; returns why it stopped.
+    async fn run(
+        &mut self,
+        mut inputs: mpsc::Receiver<Input>,
+        tick: Duration,
+        stop: &tokio::sync::Notify,
+    ) -> String {
         let mut ticker = tokio::time::interval_at(Instant::now() + tick, tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                biased;
+                _ = stop.notified() => return "stopped".into(),
                 _ = ticker.tick() => {
                     self.raw.tick();
                     // Callers that gave up (their timeout passed) wait no more; an entry
                     // that commits later is applied all the same.
                     self.proposals.retain(|_, p| !p.reply.is_closed());
+                    self.reads.retain(|_, reply| !reply.is_closed());
+                    self.waiting_reads.retain(|(_, reply)| !reply.is_closed());
+                    self.deferred_reads.retain(|reply| !reply.is_closed());
                 }
                 input = inputs.recv() => {
                     let Some(input) = input else { return "the node was dropped".into() };
-                    if self.handle(input) {
-                        return "stopped".into();
-                    }
+                    self.handle(input);
                     for _ in 1..INPUT_BATCH_MAX {
                         match inputs.try_recv() {
-                            Ok(input) => {
-                                if self.handle(input) {
-                                    return "stopped".into();
-                                }
-                            }
+                            Ok(input) => self.handle(input),
                             Err(_) => break,
                         }
                     }
                 }
             }
-            if let Err(why) = self.on_ready() {
-                tracing::error!(%why, "the Raft node stops");
-                return why;
+            // A ready's light ready can leave more work (a newer commit index); drain it
+            // now rather than a tick later, within a bound so inputs are not starved.
+            for _ in 0..READIES_PER_TURN_MAX {
+                match self.on_ready() {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(why) => {
+                        tracing::error!(%why, "the Raft node stops");
+                        return why;
+                    }
+                }
             }
+            self.start_deferred_reads();
         }
     }
 
-    /// Handles one input; true for `Stop`.
-    fn handle(&mut self, input: Input) -> bool {
+    /// Handles one input.
+    fn handle(&mut self, input: Input) {
         match input {
             Input::Propose { command, reply } => self.propose(command, reply),
             Input::Read { reply } => {
                 if self.raw.raft.state != StateRole::Leader {
                     let _ = reply.send(Err(NodeError::NotLeader(self.hint())));
-                    return false;
+                    return;
                 }
-                let id = self.next_id();
-                self.reads.insert(id, reply);
-                self.raw.read_index(id.to_le_bytes().to_vec());
+                // raft-rs 0.7 silently drops a ReadIndex on a leader that has not yet
+                // committed an entry of its own term (raft.rs, `MsgReadIndex`): such a
+                // read waits here until the leader's first entry commits.
+                self.deferred_reads.push(reply);
+                self.start_deferred_reads();
             }
             Input::Messages(messages) => {
                 for message in messages {
+                    if message.to != self.id {
+                        tracing::warn!(
+                            to = message.to,
+                            from = message.from,
+                            "raft message for another member (check --peers on every \
+                             coordinator)"
+                        );
+                        continue;
+                    }
                     if let Err(e) = self.raw.step(message) {
                         tracing::debug!(error = %e, "raft message not taken");
                     }
                 }
             }
-            Input::Unreachable {
-                peer,
-                snapshot_failed,
-            } => {
+            Input::Unreachable { peer, snapshot } => {
                 self.raw.report_unreachable(peer);
-                if snapshot_failed {
+                if snapshot {
                     self.raw.report_snapshot(peer, SnapshotStatus::Failure);
                 }
             }
-            Input::Stop => return true,
+            Input::SnapshotDelivered { peer } => {
+                self.raw.report_snapshot(peer, SnapshotStatus::Finish);
+            }
         }
-        false
+    }
+
+    /// Starts ReadIndex for the deferred reads once this leader can serve them.
+    fn start_deferred_reads(&mut self) {
+        if self.deferred_reads.is_empty()
+            || self.raw.raft.state != StateRole::Leader
+            || !self.raw.raft.commit_to_current_term()
+        {
+            return;
+        }
+        for reply in std::mem::take(&mut self.deferred_reads) {
+            let id = self.next_id();
+            self.reads.insert(id, reply);
+            self.raw.read_index(id.to_le_bytes().to_vec());
+        }
+    }
+
+    /// Queues messages for their peers; a snapshot that cannot even be queued is reported
+    /// failed at once, so the leader sends it again instead of pausing the follower.
+    fn send(&mut self, messages: Vec<Message>) {
+        for peer in self.senders.send(messages) {
+            self.raw.report_snapshot(peer, SnapshotStatus::Failure);
+        }
     }
 
     fn next_id(&mut self) -> u64 {
@@ -831,15 +953,16 @@ impl Driver {
         }
     }
 
-    /// Runs the steps of the module docs for one `Ready`, if there is one.
-    fn on_ready(&mut self) -> Result<(), String> {
+    /// Runs the steps of the module docs for one `Ready`, if there is one; says whether
+    /// there was.
+    fn on_ready(&mut self) -> Result<bool, String> {
         if !self.raw.has_ready() {
             self.publish_status();
-            return Ok(());
+            return Ok(false);
         }
         let mut ready = self.raw.ready();
         // 1. Messages that need nothing durable first.
-        self.senders.send(ready.take_messages());
+        self.send(ready.take_messages());
         // 2. A snapshot from the leader.
         if !ready.snapshot().is_empty() {
             self.install_snapshot(ready.snapshot())?;
@@ -852,7 +975,7 @@ impl Driver {
                 .append_and_set_hard_state(ready.entries(), hard_state.as_ref())
                 .map_err(|e| format!("cannot persist the Raft log: {e}"))?;
         }
-        self.senders.send(ready.take_persisted_messages());
+        self.send(ready.take_persisted_messages());
         // 4. Committed entries.
         self.apply(ready.take_committed_entries())?;
         let read_states = ready.take_read_states();
@@ -866,7 +989,7 @@ impl Driver {
                 .set_hard_state(&hard_state)
                 .map_err(|e| format!("cannot persist the commit index: {e}"))?;
         }
-        self.senders.send(light.take_messages());
+        self.send(light.take_messages());
         self.apply(light.take_committed_entries())?;
         self.raw.advance_apply();
 
@@ -880,7 +1003,8 @@ impl Driver {
         }
         self.publish_status();
         self.answer_reads();
-        self.maybe_snapshot()
+        self.maybe_snapshot()?;
+        Ok(true)
     }
 
     /// Applies committed entries in order, answering the proposals they carry.
@@ -933,6 +1057,19 @@ impl Driver {
             .map_err(|e| format!("cannot store the snapshot at {index}: {e}"))?;
         *self.shared.state.write() = state;
         self.snapshot_index = index;
+        // Proposals at or below the snapshot were decided by a newer leader; whether with
+        // their own entry is unknown here.
+        let covered: Vec<u64> = self
+            .proposals
+            .iter()
+            .filter(|(_, p)| p.index <= index)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in covered {
+            if let Some(proposal) = self.proposals.remove(&id) {
+                let _ = proposal.reply.send(Err(NodeError::OutcomeUnknown));
+            }
+        }
         let mut status = self.shared.status.lock();
         status.applied = index;
         status.snapshot_index = index;
@@ -943,7 +1080,7 @@ impl Driver {
     /// Snapshots the state machine and compacts the log when enough entries were applied.
     fn maybe_snapshot(&mut self) -> Result<(), String> {
         let applied = self.raw.raft.raft_log.applied;
-        if applied < self.snapshot_index + self.snapshot_entries {
+        if applied < self.snapshot_index.saturating_add(self.snapshot_entries) {
             return Ok(());
         }
         let data = bincode::serialize(&*self.shared.state.read())
@@ -999,8 +1136,12 @@ impl Driver {
             status.commit = raft.raft_log.committed;
             status.applied = raft.raft_log.applied;
         }
-        if !leader && (!self.reads.is_empty() || !self.waiting_reads.is_empty()) {
+        let pending = self.reads.len() + self.waiting_reads.len() + self.deferred_reads.len();
+        if !leader && pending > 0 {
             let hint = self.hint();
+            for reply in self.deferred_reads.drain(..) {
+                let _ = reply.send(Err(NodeError::NotLeader(hint.clone())));
+            }
             for (_, reply) in self.reads.drain() {
                 let _ = reply.send(Err(NodeError::NotLeader(hint.clone())));
             }
@@ -1020,6 +1161,9 @@ impl Driver {
             let _ = reply.send(Err(error.clone()));
         }
         for (_, reply) in self.waiting_reads.drain(..) {
+            let _ = reply.send(Err(error.clone()));
+        }
+        for reply in self.deferred_reads.drain(..) {
             let _ = reply.send(Err(error.clone()));
         }
     }
@@ -1058,17 +1202,26 @@ impl PeerSenders {
         PeerSenders { queues }
     }
 
-    fn send(&self, messages: Vec<Message>) {
+    /// Queues each message for its peer, dropping it when the queue is full (Raft
+    /// retransmits); returns the peers whose snapshot message was dropped.
+    fn send(&self, messages: Vec<Message>) -> Vec<u64> {
+        let mut lost_snapshots = Vec::new();
         for message in messages {
-            match self.queues.get(&message.to) {
+            let to = message.to;
+            let snapshot = message.get_msg_type() == MessageType::MsgSnapshot;
+            match self.queues.get(&to) {
                 Some(queue) => {
                     if queue.try_send(message).is_err() {
-                        tracing::debug!("a peer's Raft queue is full; message dropped");
+                        tracing::debug!(to, "a peer's Raft queue is full; message dropped");
+                        if snapshot {
+                            lost_snapshots.push(to);
+                        }
                     }
                 }
-                None => tracing::warn!(to = message.to, "raft message to an unknown peer"),
+                None => tracing::warn!(to, "raft message to an unknown peer"),
             }
         }
+        lost_snapshots
     }
 }
 
@@ -1095,10 +1248,14 @@ async fn send_to_peer(
             .iter()
             .any(|m| m.get_msg_type() == MessageType::MsgSnapshot);
         let mut messages = Vec::with_capacity(batch.len());
+        let mut snapshot_lost = false;
         for message in &batch {
             match message.write_to_bytes() {
                 Ok(bytes) => messages.push(Bytes::from(bytes)),
-                Err(e) => tracing::error!(error = %e, "cannot encode a raft message"),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot encode a raft message");
+                    snapshot_lost |= message.get_msg_type() == MessageType::MsgSnapshot;
+                }
             }
         }
         let request = RaftMessagesRequest {
@@ -1107,12 +1264,25 @@ async fn send_to_peer(
             messages,
         };
         let deadline = Instant::now() + PEER_SEND_TIMEOUT;
-        if let Err(e) = pool.call::<RaftMessages>(&addr, &request, deadline).await {
-            tracing::debug!(peer, %addr, error = %e, "raft messages not delivered");
-            let _ = inbox.try_send(Input::Unreachable {
-                peer,
-                snapshot_failed: snapshot,
-            });
+        // The leader pauses a follower it sent a snapshot to until told how it went.
+        match pool.call::<RaftMessages>(&addr, &request, deadline).await {
+            Ok(()) if snapshot && !snapshot_lost => {
+                let _ = inbox.send(Input::SnapshotDelivered { peer }).await;
+            }
+            Ok(()) if snapshot_lost => {
+                let _ = inbox.send(Input::Unreachable { peer, snapshot }).await;
+            }
+            Ok(()) => {}
+            Err(e) => {
+                tracing::debug!(peer, %addr, error = %e, "raft messages not delivered");
+                let input = Input::Unreachable { peer, snapshot };
+                if snapshot {
+                    // Must arrive, or the follower stays paused.
+                    let _ = inbox.send(input).await;
+                } else {
+                    let _ = inbox.try_send(input);
+                }
+            }
         }
     }
 }

@@ -411,7 +411,9 @@ fn command_name(command: &Command) -> &'static str {
 fn node_error_reply(error: NodeError) -> Reply {
     match error {
         NodeError::NotLeader(hint) => Reply::error(Status::NotLeader, hint.encode()),
-        NodeError::Dropped | NodeError::Busy => Reply::error(Status::Retry, error.to_string()),
+        NodeError::Dropped | NodeError::Busy | NodeError::OutcomeUnknown => {
+            Reply::error(Status::Retry, error.to_string())
+        }
         NodeError::Stopped(_) => Reply::error(Status::ShuttingDown, error.to_string()),
     }
 }

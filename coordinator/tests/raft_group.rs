@@ -267,6 +267,12 @@ async fn losing_the_leader_elects_another_and_loses_nothing_committed() {
     group.stop(old).await;
     let new = group.leader().await;
     assert_ne!(new, old);
+    // A new leader serves reads before its first entry committed (raft-rs drops a
+    // ReadIndex until then; the node holds it instead of losing it).
+    tokio::time::timeout(SETTLE, group.node(new).read_barrier())
+        .await
+        .expect("a read on a new leader never completed")
+        .unwrap();
     let survivor = group.node(new).with_state(CoordinatorState::clone);
     assert_eq!(
         survivor, before,
@@ -406,6 +412,10 @@ async fn a_single_coordinator_commits_alone() {
     let before = group.converged().await;
     group.stop(1).await;
     group.restart(1).await;
+    tokio::time::timeout(SETTLE, group.node(1).read_barrier())
+        .await
+        .expect("a read right after a restart never completed")
+        .unwrap();
     assert_eq!(group.converged().await, before);
     group.stop_all().await;
 }
@@ -452,4 +462,34 @@ async fn a_group_re_created_from_a_seed_has_the_old_configuration() {
     config.seed = Some(Seed::export(&group.dirs[&2]).unwrap());
     let refused = RaftNode::start(config, tokio::runtime::Handle::current()).unwrap_err();
     assert!(refused.to_string().contains("fresh"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_cut_short_before_the_member_file_is_finished_by_the_next_start() {
+    let root = tempfile::TempDir::new().unwrap();
+    let dir = root.path().join("c");
+    let peers: BTreeMap<u64, String> = (1..=3).map(|i| (i, format!("127.0.0.1:{i}"))).collect();
+    // What a start leaves when it dies between initializing the store and the member file.
+    rampart_coordinator::raft_storage::RaftStorage::open(&dir)
+        .unwrap()
+        .initialize(&[1, 2, 3])
+        .unwrap();
+    let handle = tokio::runtime::Handle::current();
+    // Started with a seed, it is not what this start would have written: refused.
+    let mut seeded = NodeConfig::new(1, peers.clone(), dir.clone());
+    seeded.seed = Some(Seed {
+        index: 7,
+        last_term: 3,
+        state: CoordinatorState::new(),
+    });
+    let refused = RaftNode::start(seeded, handle.clone()).unwrap_err();
+    assert!(refused.to_string().contains("did not finish"), "{refused}");
+    // Started as it was first meant, it finishes the start.
+    let node = RaftNode::start(NodeConfig::new(1, peers, dir.clone()), handle).unwrap();
+    tokio::task::spawn_blocking(move || node.stop())
+        .await
+        .unwrap();
+    // An empty log is no seed.
+    let empty = Seed::export(&dir).unwrap_err();
+    assert!(empty.to_string().contains("empty log"), "{empty}");
 }
