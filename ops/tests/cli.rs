@@ -18,7 +18,7 @@ fn help_lists_every_subcommand() {
     let output = rampart(&["--help"]);
     assert!(output.status.success());
     let help = String::from_utf8_lossy(&output.stdout);
-    for command in ["coordinator", "server", "cluster", "kv", "bench"] {
+    for command in ["coordinator", "server", "cluster", "kv", "status", "bench"] {
         assert!(help.contains(command), "help lacks {command}:\n{help}");
     }
 }
@@ -104,4 +104,38 @@ fn server_refuses_an_unknown_transport() {
         stderr.contains("expected shm, tcp, rpc or rdma"),
         "{stderr}"
     );
+}
+
+#[test]
+fn coordinator_refuses_bad_peers_plainly() {
+    let data = std::env::temp_dir().join("rampart-cli-test-coordinator-never-created");
+    let data = data.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--peers", "1=127.0.0.1:7000,2=127.0.0.1:7001"],
+            "--id 3 is not in --peers",
+        ),
+        (&["--peers", "3=127.0.0.1:0"], "fixed HOST:PORT"),
+        (&["--peers", "3=127.0.0.1:1,3=127.0.0.1:2"], "twice"),
+        (&["--peers", "3:127.0.0.1:1"], "ID=HOST:PORT"),
+        (&["--peers", "0=127.0.0.1:1"], "start at 1"),
+    ];
+    for (flags, expected) in cases {
+        let mut args = vec!["coordinator", "--id", "3", "--data-dir", data];
+        args.extend_from_slice(flags);
+        let output = rampart(&args);
+        assert_eq!(output.status.code(), Some(2), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+        assert!(!std::path::Path::new(data).exists());
+    }
+    let output = rampart(&[
+        "coordinator",
+        "--data-dir",
+        data,
+        "--seed",
+        "/nonexistent/seed",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read"));
 }
