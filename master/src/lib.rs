@@ -8,6 +8,8 @@
 //! * [`object_store`] — `ObjectStore`: the synchronous core: ownership, reject rules,
 //!   versions, staging and publishing batches, enumerate.
 //! * [`appender`] — `Appender`: the single writer with group commit.
+//! * [`profiler`] — `Profiler`: per-tablet trees of byte and record counts over the key
+//!   hash, and the will (recovery partitions) computed from them.
 //! * [`replica_manager`] — where segments are replicated: `BackupSelector` places the
 //!   R replicas of each segment by randomized refinement; `Replicator` opens, writes
 //!   (over `shm`, `tcp` or `rpc`), closes and re-creates them.
@@ -34,6 +36,7 @@
 pub mod appender;
 pub mod object_index;
 pub mod object_store;
+pub mod profiler;
 pub mod replica_manager;
 pub mod segmented_log;
 pub mod service;
