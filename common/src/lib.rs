@@ -10,6 +10,7 @@
 //!   Tailwind checksums, and the valid-prefix scanner.
 //! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (DESIGN.md §8).
 //! * [`protocol`] — every RPC's request and reply messages, by service.
+//! * [`will`] — a master's will: how its tablets are cut into recovery partitions.
 //! * [`onesided`] — one-sided writes into backup frames: `shm`, the `tcp` soft-NIC,
 //!   and `rdma` (DESIGN.md §5).
 
@@ -23,3 +24,4 @@ pub mod reject;
 pub mod rpc;
 pub mod status;
 pub mod tablet;
+pub mod will;

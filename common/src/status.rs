@@ -66,6 +66,12 @@ pub enum Status {
     /// (see [`crate::protocol::coordinator::NotLeaderHint`]); callers retry there, or
     /// every coordinator in turn, until their deadline.
     NotLeader,
+    /// The coordinator declared this server crashed: its tablets are (being) recovered
+    /// elsewhere. A master told so stops serving and exits.
+    ServerCrashed,
+    /// A recovery cannot proceed: its log is incomplete, or a partition could not be
+    /// replayed (detail in the payload).
+    RecoveryFailed,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -98,6 +104,8 @@ impl Status {
             Status::BackupFull => 21,
             Status::Fenced => 22,
             Status::NotLeader => 23,
+            Status::ServerCrashed => 24,
+            Status::RecoveryFailed => 25,
             Status::Unrecognized(code) => code,
         }
     }
@@ -129,6 +137,8 @@ impl Status {
             21 => Status::BackupFull,
             22 => Status::Fenced,
             23 => Status::NotLeader,
+            24 => Status::ServerCrashed,
+            25 => Status::RecoveryFailed,
             other => Status::Unrecognized(other),
         }
     }
@@ -169,6 +179,8 @@ impl fmt::Display for Status {
             Status::BackupFull => "backup has no room for the replica",
             Status::Fenced => "replica fenced by its backup",
             Status::NotLeader => "coordinator is not the Raft leader",
+            Status::ServerCrashed => "server was declared crashed",
+            Status::RecoveryFailed => "recovery failed",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

@@ -70,7 +70,7 @@
 
 use rampart_common::ids::{KeyHash, TableId};
 use rampart_common::tablet::Tablet;
-use serde::{Deserialize, Serialize};
+pub use rampart_common::will::{push_range, Partition, Will};
 
 /// Buckets in each array. 256 = 8 bits of hash per level, as in RAMCloud: wide enough
 /// that a uniform tablet needs one level per 256× growth, small enough (6 KiB) that a
@@ -638,92 +638,6 @@ impl Profiler {
             partitions: collector.finish(),
         }
     }
-}
-
-/// How this master's tablets are to be split among recovery masters should it crash.
-/// Uploaded to the coordinator, which commits it through Raft.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Will {
-    /// The byte limit the partitions were cut to.
-    pub bytes_max: u64,
-    /// The record limit the partitions were cut to.
-    pub records_max: u64,
-    /// In (table, hash) order; together they cover every tablet of the master exactly
-    /// once.
-    pub partitions: Vec<Partition>,
-}
-
-/// One partition of a will: what one recovery master replays.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Partition {
-    /// `(table, start_hash, end_hash)` ranges, inclusive, in order, non-empty, disjoint;
-    /// adjacent ranges of one table are merged.
-    pub tablets: Vec<(TableId, u64, u64)>,
-    /// Upper bound on the log bytes in these ranges.
-    pub bytes: u64,
-    /// Upper bound on the log entries in these ranges.
-    pub records: u64,
-}
-
-impl Will {
-    /// The partition holding `hash` of `table`, by index. Linear in the ranges.
-    pub fn partition_of(&self, table: TableId, hash: KeyHash) -> Option<usize> {
-        self.partitions.iter().position(|partition| {
-            partition
-                .tablets
-                .iter()
-                .any(|&(t, start, end)| t == table && start <= hash.0 && hash.0 <= end)
-        })
-    }
-
-    /// Every range covered, sorted, with adjacent ranges of one table merged.
-    pub fn coverage(&self) -> Vec<(TableId, u64, u64)> {
-        let mut ranges: Vec<(TableId, u64, u64)> = self
-            .partitions
-            .iter()
-            .flat_map(|partition| partition.tablets.iter().copied())
-            .collect();
-        ranges.sort_unstable();
-        let mut merged = Vec::with_capacity(ranges.len());
-        for (table, start, end) in ranges {
-            push_range(&mut merged, table, start, end);
-        }
-        merged
-    }
-
-    /// Whether `self` differs enough from `other` (the will last uploaded) to upload it:
-    /// other limits, other coverage (a tablet taken or dropped: the old will no longer
-    /// describes the master), another number of partitions, or a partition whose bytes
-    /// or records moved by more than `fraction` of the limit (`bytes_max`,
-    /// `records_max`). Measured against the limit rather than the partition's own size,
-    /// so that a nearly empty partition growing from 1 KiB to 2 KiB is not material.
-    /// Boundaries that move with the counts within the fraction are not material either:
-    /// the old will still covers everything and is still about as balanced.
-    pub fn changed_materially(&self, other: &Will, fraction: f64) -> bool {
-        if self.bytes_max != other.bytes_max
-            || self.records_max != other.records_max
-            || self.partitions.len() != other.partitions.len()
-            || self.coverage() != other.coverage()
-        {
-            return true;
-        }
-        let moved = |a: u64, b: u64, limit: u64| a.abs_diff(b) as f64 > fraction * limit as f64;
-        self.partitions.iter().zip(&other.partitions).any(|(a, b)| {
-            moved(a.bytes, b.bytes, self.bytes_max) || moved(a.records, b.records, self.records_max)
-        })
-    }
-}
-
-/// Appends `[start, end]` of `table` to `ranges`, extending the last range when it is
-/// of the same table and ends just before `start`.
-fn push_range(ranges: &mut Vec<(TableId, u64, u64)>, table: TableId, start: u64, end: u64) {
-    if let Some(last) = ranges.last_mut() {
-        if last.0 == table && last.2.checked_add(1) == Some(start) {
-            last.2 = end;
-            return;
-        }
-    }
-    ranges.push((table, start, end));
 }
 
 /// Cuts the buckets fed to it in hash order into partitions (RAMCloud's

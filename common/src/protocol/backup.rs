@@ -13,7 +13,7 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{SegmentId, ServerId};
+use crate::ids::{SegmentId, ServerId, TableId, Version};
 use crate::onesided::rdma::RdmaEndpoint;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -197,7 +197,114 @@ pub struct RdmaConnectReply {
     pub rkey: u32,
 }
 
+/// Key-hash ranges `(table, start_hash, end_hash)`, inclusive, sorted and disjoint: one
+/// recovery partition (a partition of the crashed master's will, cut to the tablets it
+/// still owned).
+pub type PartitionRanges = Vec<(TableId, u64, u64)>;
+
+/// Recovery of `master` begins (DESIGN.md §6 step 1): fence its open frames and report
+/// every replica of it this backup holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartRecoveryRequest {
+    /// The crashed master.
+    pub master: ServerId,
+}
+
+/// One replica reported at the start of a recovery, with the facts the coordinator
+/// needs to check that the log is complete (DESIGN.md §4 "Digests").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryReplica {
+    /// Its facts (for an open frame, the length is the fenced valid prefix).
+    pub info: ReplicaInfo,
+    /// The log digest in its valid prefix: every live segment of the log when this
+    /// segment was opened. Reported for replicas that are not closed (the candidates
+    /// for the log's head); `None` for closed ones, or when the prefix holds no digest.
+    pub digest: Option<Vec<SegmentId>>,
+}
+
+/// Every replica of the crashed master held here, sorted by segment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartRecoveryReply {
+    /// One per replica.
+    pub replicas: Vec<RecoveryReplica>,
+}
+
+/// Read these replicas of `master` from disk, in this order, splitting each into
+/// per-partition pieces as it is read, and keep the pieces until recovery masters fetch
+/// them (DESIGN.md §6: backups read "in an order they choose and report"; here the
+/// coordinator chooses one replica per segment, balancing the reads over backups, and
+/// each backup reads its share in segment order).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryReadRequest {
+    /// The crashed master.
+    pub master: ServerId,
+    /// Names this attempt at recovering `master`; a newer attempt replaces an older one's
+    /// reads and pieces.
+    pub recovery: u64,
+    /// Segments to read, in order.
+    pub segments: Vec<SegmentId>,
+    /// The partitions, by index: a piece for partition `i` holds the entries whose
+    /// (table, key hash) lies in `partitions[i]`.
+    pub partitions: Vec<PartitionRanges>,
+}
+
+/// Ask for the entries of one replica that fall in one partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryDataRequest {
+    /// The crashed master.
+    pub master: ServerId,
+    /// The recovery attempt (see [`RecoveryReadRequest::recovery`]).
+    pub recovery: u64,
+    /// Which segment.
+    pub segment: SegmentId,
+    /// The partition's index in the attempt.
+    pub partition: u32,
+    /// The partition's ranges: a backup that was not asked to read this segment (the
+    /// recovery master falls back to it because the chosen one failed) reads it now and
+    /// cuts out this partition's entries.
+    pub ranges: PartitionRanges,
+}
+
+/// The entries of one replica that fall in one partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryDataReply {
+    /// The replica's epoch.
+    pub epoch: u64,
+    /// The highest `SafeVersion` floor in the replica (0 if none): the recovery master
+    /// raises its own floor to it, so a key deleted on the crashed master is never
+    /// re-created with a version it already used.
+    pub safe_version: Version,
+    /// `Object` and `Tombstone` entries in the log's own format (DESIGN.md §4), one after
+    /// another, as they lay in the replica (each carries its own CRC).
+    pub entries: Bytes,
+    /// How many entries `entries` holds.
+    pub count: u32,
+}
+
+/// Recovery of `master` is over: free every replica of it held here and forget its
+/// recovery reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndRecoveryRequest {
+    /// The recovered master.
+    pub master: ServerId,
+}
+
+/// What ending a recovery freed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndRecoveryReply {
+    /// Replicas freed.
+    pub freed: u32,
+}
+
 bincode_message!(
+    StartRecoveryRequest,
+    RecoveryReplica,
+    StartRecoveryReply,
+    RecoveryReadRequest,
+    RecoveryDataRequest,
+    RecoveryDataReply,
+    EndRecoveryRequest,
+    EndRecoveryReply,
     OpenReplicaRequest,
     OpenReplicaReply,
     ShmFrame,
@@ -239,4 +346,13 @@ rpcs! {
     /// the plain reason where the backup has no RDMA, `Fenced` once recovery of the
     /// master began).
     RdmaConnect = 207: RdmaConnectRequest => RdmaConnectReply;
+    /// Fence a crashed master's open frames and list its replicas with their digests.
+    StartRecovery = 208: StartRecoveryRequest => StartRecoveryReply;
+    /// Start reading a crashed master's replicas in order, splitting them by partition.
+    RecoveryRead = 209: RecoveryReadRequest => ();
+    /// One partition's entries of one replica (waits while that replica is being read;
+    /// `ObjectDoesntExist` if not held, `Internal` if it does not verify).
+    RecoveryData = 210: RecoveryDataRequest => RecoveryDataReply;
+    /// Free every replica of a recovered master.
+    EndRecovery = 211: EndRecoveryRequest => EndRecoveryReply;
 }

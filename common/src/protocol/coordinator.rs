@@ -4,6 +4,7 @@ use super::rpcs;
 use crate::bincode_message;
 use crate::ids::{ServerId, TableId};
 use crate::tablet::{Services, TabletMap};
+use crate::will::Will;
 use serde::{Deserialize, Serialize};
 
 /// A storage server announces itself and receives its id.
@@ -154,7 +155,110 @@ pub struct RaftMessagesRequest {
     pub messages: Vec<bytes::Bytes>,
 }
 
+/// A server that did not answer: reported by a server's pinger or a client, verified by
+/// the coordinator with its own ping before it declares the server crashed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportFailureRequest {
+    /// The server that did not answer.
+    pub server: ServerId,
+    /// Who reports it (an address or a name), for the log.
+    pub reporter: String,
+}
+
+/// A master asks to keep serving for another lease period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewLeaseRequest {
+    /// The master.
+    pub server: ServerId,
+}
+
+/// A granted lease (`ServerCrashed` when the server was declared crashed: it must stop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewLeaseReply {
+    /// How long the master may serve, counted from when it *sent* the request.
+    pub lease_ms: u32,
+}
+
+/// A master uploads its will (DESIGN.md §5).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadWillRequest {
+    /// The master.
+    pub server: ServerId,
+    /// Its will.
+    pub will: Will,
+}
+
+/// Names one server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerIdRequest {
+    /// The server.
+    pub server: ServerId,
+}
+
+/// Asks for the recoveries the leader ran or runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryStatusRequest {}
+
+/// One partition of a recovery, as the leader saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionReport {
+    /// Its index.
+    pub partition: u32,
+    /// The recovery master that replayed it (0 while none has).
+    pub master: ServerId,
+    /// Milliseconds from the crash being declared until its tablets went live (0: not yet).
+    pub live_ms: u64,
+    /// Milliseconds the recovery master spent replaying (its own figure).
+    pub replay_ms: u64,
+    /// Milliseconds from the crash being declared until the replay began.
+    pub replay_start_ms: u64,
+    /// Log bytes and objects replayed.
+    pub bytes: u64,
+    /// Objects replayed.
+    pub objects: u64,
+    /// Attempts (1 unless a recovery master failed).
+    pub attempts: u32,
+}
+
+/// One recovery, as the leader saw it; times in milliseconds since the crash was
+/// declared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryReport {
+    /// The crashed server.
+    pub crashed: ServerId,
+    /// Milliseconds from the first failure report to the crash being declared (0 when
+    /// it was declared for another reason, e.g. a restart at the same address).
+    pub detection_ms: u64,
+    /// Setup (fence, list, completeness check, reads started) ended.
+    pub setup_ms: u64,
+    /// Every partition live and the replicas freed (0: not yet).
+    pub done_ms: u64,
+    /// Segments in the crashed master's log.
+    pub segments: u64,
+    /// Why it waits, if it does (a missing replica, no recovery master).
+    pub waiting: Option<String>,
+    /// Its partitions.
+    pub partitions: Vec<PartitionReport>,
+}
+
+/// The recoveries this leader knows of, oldest first (at most
+/// `coordinator::recovery::REPORTS_MAX`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryStatusReply {
+    /// Oldest first.
+    pub recoveries: Vec<RecoveryReport>,
+}
+
 bincode_message!(
+    ReportFailureRequest,
+    RenewLeaseRequest,
+    RenewLeaseReply,
+    UploadWillRequest,
+    ServerIdRequest,
+    RecoveryStatusRequest,
+    PartitionReport,
+    RecoveryReport,
+    RecoveryStatusReply,
     EnlistRequest,
     EnlistReply,
     CreateTableRequest,
@@ -180,6 +284,17 @@ rpcs! {
     GetTabletMap = 104: TabletMapRequest => TabletMap;
     /// This coordinator's Raft role, term, leader and indexes (any coordinator answers).
     RaftStatus = 105: RaftStatusRequest => RaftStatusReply;
+    /// A server stopped answering (the coordinator verifies before declaring a crash).
+    ReportFailure = 106: ReportFailureRequest => ();
+    /// Renew a master's lease (`ServerCrashed` once it was declared crashed).
+    RenewLease = 107: RenewLeaseRequest => RenewLeaseReply;
+    /// Upload a master's will.
+    UploadWill = 108: UploadWillRequest => ();
+    /// Let the recovery of a server whose log is incomplete go on with the replicas
+    /// found (the operator accepts losing what the missing ones held).
+    AllowLoss = 109: ServerIdRequest => ();
+    /// The recoveries the leader ran or runs, with their timings.
+    RecoveryStatus = 111: RecoveryStatusRequest => RecoveryStatusReply;
     /// Raft messages between coordinators.
     RaftMessages = 110: RaftMessagesRequest => ();
 }

@@ -12,7 +12,8 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{TableId, Version};
+use crate::ids::{SegmentId, ServerId, TableId, Version};
+use crate::protocol::backup::PartitionRanges;
 use crate::reject::RejectRules;
 use crate::rpc::{DecodeError, WireMessage};
 use crate::status::Status;
@@ -213,7 +214,65 @@ pub struct ServerListVersion {
     pub version: u64,
 }
 
+/// Where one segment of a crashed master can be fetched from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoverySource {
+    /// The segment.
+    pub segment: SegmentId,
+    /// Addresses of backups holding a usable replica: the first was asked to read it
+    /// (`RecoveryRead`); the others are fallbacks, tried in order if it fails.
+    pub backups: Vec<String>,
+}
+
+/// Replay one partition of a crashed master (coordinator → recovery master, DESIGN.md §6
+/// step 2). Answered once every entry of the partition is replayed into this master's
+/// log and replicated; the coordinator then gives it the partition's tablets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoverRequest {
+    /// The crashed master.
+    pub crashed: ServerId,
+    /// The recovery attempt.
+    pub recovery: u64,
+    /// The partition's index in the attempt.
+    pub partition: u32,
+    /// The partition's key-hash ranges.
+    pub ranges: PartitionRanges,
+    /// Every segment of the crashed master's log, in expected-availability order (the
+    /// order the backups read them).
+    pub segments: Vec<RecoverySource>,
+}
+
+/// What a recovery master replayed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoverReply {
+    /// Objects live at the end of replay (now in this master's log).
+    pub objects: u64,
+    /// Tombstones kept (now in this master's log).
+    pub tombstones: u64,
+    /// Log bytes the replayed entries take in this master's log.
+    pub bytes: u64,
+    /// Entries received from backups (objects and tombstones, before deduplication).
+    pub entries_received: u64,
+    /// Segments fetched from a fallback backup because the first one failed.
+    pub fallbacks: u32,
+    /// Milliseconds from the request's arrival to its reply.
+    pub replay_ms: u32,
+}
+
+/// Stop serving the given tablets' objects that a recovery left behind here (a recovery
+/// attempt that failed, or whose result the coordinator could not commit): forget every
+/// object in the ranges, unless this master owns them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbandonRecoveryRequest {
+    /// The ranges.
+    pub ranges: PartitionRanges,
+}
+
 bincode_message!(
+    RecoverySource,
+    RecoverRequest,
+    RecoverReply,
+    AbandonRecoveryRequest,
     RemoveRequest,
     IncrementRequest,
     IncrementReply,
@@ -258,6 +317,10 @@ rpcs! {
     /// at its next periodic refresh. Only the version travels, so a push costs the same
     /// in a cluster of any size.
     ServerListChanged = 12: ServerListVersion => ();
+    /// Replay one partition of a crashed master (coordinator → recovery master).
+    Recover = 13: RecoverRequest => RecoverReply;
+    /// Forget objects a failed recovery left in ranges this master does not own.
+    AbandonRecovery = 14: AbandonRecoveryRequest => ();
 }
 
 /// Bounds-checked reader over a payload that hands out zero-copy slices.
