@@ -404,6 +404,9 @@ fn command_name(command: &Command) -> &'static str {
         Command::SetServerStatus { .. } => "server status change",
         Command::CreateTable { .. } => "create-table",
         Command::DropTable { .. } => "drop-table",
+        Command::SetWill { .. } => "will upload",
+        Command::RecoveredPartition { .. } => "recovered partition",
+        Command::AllowLoss { .. } => "allow-loss",
     }
 }
 

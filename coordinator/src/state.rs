@@ -38,17 +38,24 @@
 //! table succeeds with nothing to drop, and setting a server to its current status is a
 //! no-op. None of these bump the version.
 //!
-//! # Not yet
+//! # Crash recovery
 //!
-//! A crashed server keeps its tablets here: crash recovery (a later issue) reassigns them
-//! with its own commands, and adds the wills and recoveries in progress of DESIGN.md §7.
+//! A crashed server keeps its tablets until recovery hands them over: each recovered
+//! partition enters as [`Command::RecoveredPartition`], which gives the partition's ranges
+//! (splitting tablets where a range starts or ends inside one) to the recovery master
+//! that replayed them. A crashed server that owns no tablet any more has been recovered;
+//! the leader's recovery driver then frees its replicas and marks it `Removed`. Masters'
+//! wills ([`Command::SetWill`]) and the operator's consent to lose data of an incomplete
+//! log ([`Command::AllowLoss`]) live here too, so a new leader carries on any recovery
+//! where the old one stopped (`coordinator::recovery`).
 
 use rampart_common::ids::{ServerId, TableId};
+use rampart_common::will::Will;
 use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 /// Most live tables. Bounds the memory of the state and the size of a [`TabletMap`] that
@@ -76,6 +83,12 @@ pub const TABLE_SPAN_MAX: u32 = 1024;
 
 /// Longest server address (`host:port`) or failure-domain name, in bytes.
 pub const SERVER_FIELD_BYTES_MAX: usize = 256;
+
+/// Most key-hash ranges in one will (over all its partitions), and in one recovered
+/// partition. A will is one Raft entry and travels whole; a master that owns more tablets
+/// than this would be cut coarser by the recovery driver's fallback (one partition per
+/// tablet).
+pub const WILL_RANGES_MAX: usize = 65_536;
 
 // A whole `TabletMap` must fit one RPC payload: its tablets in half of it, the table names
 // well within it, and no one table larger than the tablet budget.
@@ -122,6 +135,32 @@ pub enum Command {
         /// Its name.
         name: String,
     },
+    /// Records the will a master uploaded (replacing its previous one). Refused for a
+    /// server that is not `Up`: a crashed master's will is what recovery follows.
+    SetWill {
+        /// The master.
+        server: ServerId,
+        /// Its will.
+        will: Will,
+    },
+    /// A recovery master replayed one partition of `crashed`: the ranges become its own.
+    /// Every range must lie in tablets `crashed` still owns (else the partition was
+    /// recovered already, and the command is refused, changing nothing). Tablets are split
+    /// where a range starts or ends inside one.
+    RecoveredPartition {
+        /// The crashed master.
+        crashed: ServerId,
+        /// The partition's key-hash ranges `(table, start_hash, end_hash)`, inclusive.
+        ranges: Vec<(TableId, u64, u64)>,
+        /// The recovery master that holds their objects now.
+        owner: ServerId,
+    },
+    /// The operator lets the recovery of `server` proceed with the replicas found although
+    /// its log is incomplete (`rampart recovery allow-loss`).
+    AllowLoss {
+        /// The crashed server.
+        server: ServerId,
+    },
 }
 
 /// What applying a [`Command`] produced; sent back to the client that proposed it.
@@ -151,6 +190,16 @@ pub enum CommandResult {
         /// The tablets the owners must drop; empty if no such table existed.
         tablets: Vec<Tablet>,
     },
+    /// A will was recorded (or was already the recorded one).
+    WillSet,
+    /// A partition was handed over.
+    PartitionRecovered {
+        /// The new owner's tablets that the partition's ranges became; the owner must be
+        /// told to take them.
+        tablets: Vec<Tablet>,
+    },
+    /// The operator's consent to lose data was recorded.
+    LossAllowed,
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -186,6 +235,19 @@ enum Reject {
     TooManyServers,
     #[error("unknown server {0}")]
     UnknownServer(ServerId),
+    #[error("will of {server}: {why}")]
+    BadWill { server: ServerId, why: String },
+    #[error("{0} is not up")]
+    NotUp(ServerId),
+    #[error("{0} is not crashed")]
+    NotCrashed(ServerId),
+    #[error("{crashed} no longer owns {table} hashes {start:#x}..={end:#x}: recovered already")]
+    NotOwned {
+        crashed: ServerId,
+        table: TableId,
+        start: u64,
+        end: u64,
+    },
     #[error("server {id} cannot go from {from:?} to {to:?}")]
     StatusBackwards {
         id: ServerId,
@@ -198,6 +260,7 @@ impl Reject {
     fn status(&self) -> Status {
         match self {
             Reject::NoMasters => Status::NotEnoughServers,
+            Reject::NotOwned { .. } | Reject::NotCrashed(_) => Status::RecoveryFailed,
             _ => Status::InvalidArgument,
         }
     }
@@ -277,6 +340,13 @@ pub struct CoordinatorState {
     /// tablet goes to the first `Up` master with a larger id, wrapping around, so many small
     /// tables spread over all masters instead of piling onto the first one.
     last_placed: ServerId,
+    /// The latest will of each master.
+    /// 1. Keys are servers of `servers`; a `Removed` server has none.
+    /// 2. At most [`WILL_RANGES_MAX`] ranges each.
+    wills: BTreeMap<ServerId, Will>,
+    /// Crashed servers whose recovery may proceed with an incomplete log.
+    /// 1. Keys are servers of `servers` that are not `Removed`.
+    allow_loss: BTreeSet<ServerId>,
     /// Configuration version.
     /// 1. Bumped exactly once by every command that changes the state; never otherwise.
     version: u64,
@@ -300,6 +370,8 @@ impl CoordinatorState {
             up_addrs: BTreeMap::new(),
             tablet_count: 0,
             last_placed: ServerId(0),
+            wills: BTreeMap::new(),
+            allow_loss: BTreeSet::new(),
             version: 0,
         }
     }
@@ -317,6 +389,13 @@ impl CoordinatorState {
             Command::SetServerStatus { id, status } => self.set_server_status(*id, *status),
             Command::CreateTable { name, span } => self.create_table(name, *span),
             Command::DropTable { name } => Ok(self.drop_table(name)),
+            Command::SetWill { server, will } => self.set_will(*server, will),
+            Command::RecoveredPartition {
+                crashed,
+                ranges,
+                owner,
+            } => self.recovered_partition(*crashed, ranges, *owner),
+            Command::AllowLoss { server } => self.allow_loss(*server),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {
@@ -376,6 +455,26 @@ impl CoordinatorState {
             .flat_map(|table| table.tablets.iter())
             .filter(|tablet| tablet.owner == owner)
             .copied()
+            .collect()
+    }
+
+    /// The will `server` uploaded last.
+    pub fn will(&self, server: ServerId) -> Option<&Will> {
+        self.wills.get(&server)
+    }
+
+    /// Whether the operator let the recovery of `server` proceed with an incomplete log.
+    pub fn loss_allowed(&self, server: ServerId) -> bool {
+        self.allow_loss.contains(&server)
+    }
+
+    /// The servers declared crashed and not yet removed: those whose recovery is due or
+    /// under way, in id order.
+    pub fn crashed_servers(&self) -> Vec<ServerId> {
+        self.servers
+            .values()
+            .filter(|s| s.status == ServerStatus::Crashed)
+            .map(|s| s.id)
             .collect()
     }
 
@@ -472,6 +571,31 @@ impl CoordinatorState {
                 what: "entries without a table",
             });
         }
+        for (&server, will) in &self.wills {
+            let fail = |what| Err(InvariantViolation::Server { server, what });
+            match self.servers.get(&server) {
+                None => return fail("will of a server never enlisted"),
+                Some(s) if s.status == ServerStatus::Removed => {
+                    return fail("will of a removed server")
+                }
+                Some(_) => {}
+            }
+            if will_ranges(will) > WILL_RANGES_MAX {
+                return fail("will with more than WILL_RANGES_MAX ranges");
+            }
+        }
+        for &server in &self.allow_loss {
+            if !self
+                .servers
+                .get(&server)
+                .is_some_and(|s| s.status != ServerStatus::Removed)
+            {
+                return Err(InvariantViolation::Server {
+                    server,
+                    what: "loss allowed for a server not crashed or up",
+                });
+            }
+        }
         Ok(())
     }
 
@@ -536,8 +660,13 @@ impl CoordinatorState {
         if server.status == ServerStatus::Up {
             self.up_addrs.remove(&server.addr);
         }
-        // The server keeps its tablets: recovery (a later issue) reassigns them.
+        // A crashed server keeps its tablets: recovery reassigns them
+        // (`RecoveredPartition`), then marks it removed.
         server.status = status;
+        if status == ServerStatus::Removed {
+            self.wills.remove(&id);
+            self.allow_loss.remove(&id);
+        }
         Ok(Outcome::Changed(CommandResult::StatusSet))
     }
 
@@ -625,6 +754,172 @@ impl CoordinatorState {
             tablets: table.tablets,
         })
     }
+}
+
+impl CoordinatorState {
+    fn set_will(&mut self, server: ServerId, will: &Will) -> Result<Outcome, Reject> {
+        let info = self
+            .servers
+            .get(&server)
+            .ok_or(Reject::UnknownServer(server))?;
+        if info.status != ServerStatus::Up {
+            return Err(Reject::NotUp(server));
+        }
+        let bad = |why: &str| Reject::BadWill {
+            server,
+            why: why.to_owned(),
+        };
+        if will_ranges(will) > WILL_RANGES_MAX {
+            return Err(bad("too many ranges"));
+        }
+        for partition in &will.partitions {
+            check_ranges(&partition.tablets).map_err(bad)?;
+        }
+        if self.wills.get(&server) == Some(will) {
+            return Ok(Outcome::Unchanged(CommandResult::WillSet));
+        }
+        self.wills.insert(server, will.clone());
+        Ok(Outcome::Changed(CommandResult::WillSet))
+    }
+
+    fn allow_loss(&mut self, server: ServerId) -> Result<Outcome, Reject> {
+        let info = self
+            .servers
+            .get(&server)
+            .ok_or(Reject::UnknownServer(server))?;
+        if info.status == ServerStatus::Removed {
+            return Err(Reject::NotCrashed(server));
+        }
+        if self.allow_loss.insert(server) {
+            Ok(Outcome::Changed(CommandResult::LossAllowed))
+        } else {
+            Ok(Outcome::Unchanged(CommandResult::LossAllowed))
+        }
+    }
+
+    /// Hands `ranges` of `crashed` over to `owner`. Checks everything before changing
+    /// anything (a rejected command changes nothing).
+    fn recovered_partition(
+        &mut self,
+        crashed: ServerId,
+        ranges: &[(TableId, u64, u64)],
+        owner: ServerId,
+    ) -> Result<Outcome, Reject> {
+        let status_of = |id| self.servers.get(&id).map(|s: &ServerInfo| s.status);
+        match status_of(crashed) {
+            None => return Err(Reject::UnknownServer(crashed)),
+            Some(ServerStatus::Crashed) => {}
+            Some(_) => return Err(Reject::NotCrashed(crashed)),
+        }
+        match self.servers.get(&owner) {
+            None => return Err(Reject::UnknownServer(owner)),
+            Some(s) if s.status != ServerStatus::Up || !s.services.master => {
+                return Err(Reject::NotUp(owner))
+            }
+            Some(_) => {}
+        }
+        if ranges.len() > WILL_RANGES_MAX {
+            return Err(Reject::BadWill {
+                server: crashed,
+                why: "partition with too many ranges".to_owned(),
+            });
+        }
+        check_ranges(ranges).map_err(|why| Reject::BadWill {
+            server: crashed,
+            why: why.to_owned(),
+        })?;
+        // Every hash of every range must lie in a tablet `crashed` owns.
+        for &(table, start, end) in ranges {
+            let not_owned = Reject::NotOwned {
+                crashed,
+                table,
+                start,
+                end,
+            };
+            let Some(info) = self.tables.get(&table) else {
+                return Err(not_owned);
+            };
+            let first = info.tablets.partition_point(|t| t.end_hash < start);
+            let mut covered_to = start;
+            for tablet in &info.tablets[first..] {
+                if tablet.start_hash > end {
+                    break;
+                }
+                if tablet.owner != crashed {
+                    return Err(not_owned);
+                }
+                covered_to = tablet.end_hash;
+            }
+            if first == info.tablets.len() || covered_to < end {
+                return Err(not_owned);
+            }
+        }
+        // Splits add at most two tablets per range.
+        if self.tablet_count + 2 * ranges.len() > TABLETS_MAX {
+            return Err(Reject::TooManyTablets {
+                have: self.tablet_count,
+                span: u32::try_from(2 * ranges.len()).unwrap_or(u32::MAX),
+            });
+        }
+        let mut handed = Vec::new();
+        for &(table, start, end) in ranges {
+            let Some(info) = self.tables.get_mut(&table) else {
+                continue;
+            };
+            let before = info.tablets.len();
+            let mut split = Vec::with_capacity(before + 2);
+            for tablet in info.tablets.drain(..) {
+                if tablet.end_hash < start || tablet.start_hash > end {
+                    split.push(tablet);
+                    continue;
+                }
+                if tablet.start_hash < start {
+                    split.push(Tablet {
+                        end_hash: start - 1,
+                        ..tablet
+                    });
+                }
+                let inner = Tablet {
+                    table,
+                    start_hash: tablet.start_hash.max(start),
+                    end_hash: tablet.end_hash.min(end),
+                    owner,
+                };
+                split.push(inner);
+                handed.push(inner);
+                if tablet.end_hash > end {
+                    split.push(Tablet {
+                        start_hash: end + 1,
+                        ..tablet
+                    });
+                }
+            }
+            info.tablets = split;
+            self.tablet_count += info.tablets.len() - before;
+        }
+        Ok(Outcome::Changed(CommandResult::PartitionRecovered {
+            tablets: handed,
+        }))
+    }
+}
+
+/// Ranges over all partitions of a will.
+fn will_ranges(will: &Will) -> usize {
+    will.partitions.iter().map(|p| p.tablets.len()).sum()
+}
+
+/// Checks that ranges are non-empty, sorted and disjoint.
+fn check_ranges(ranges: &[(TableId, u64, u64)]) -> Result<(), &'static str> {
+    if ranges.iter().any(|&(_, start, end)| start > end) {
+        return Err("empty range");
+    }
+    if ranges
+        .windows(2)
+        .any(|pair| (pair[0].0, pair[0].2) >= (pair[1].0, pair[1].1))
+    {
+        return Err("ranges not sorted and disjoint");
+    }
+    Ok(())
 }
 
 /// Position of a status in its only allowed direction of travel.
@@ -854,6 +1149,150 @@ mod tests {
             status: ServerStatus::Crashed,
         });
         assert_eq!(state.tablets_of(ids[1]), vec![tablets[1]]);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    fn crash(state: &mut CoordinatorState, id: ServerId) {
+        let result = state.apply(&Command::SetServerStatus {
+            id,
+            status: ServerStatus::Crashed,
+        });
+        assert_eq!(result, CommandResult::StatusSet);
+    }
+
+    fn recovered(
+        crashed: ServerId,
+        ranges: Vec<(TableId, u64, u64)>,
+        owner: ServerId,
+    ) -> Command {
+        Command::RecoveredPartition {
+            crashed,
+            ranges,
+            owner,
+        }
+    }
+
+    #[test]
+    fn recovered_partition_splits_tablets_and_hands_the_ranges_over() {
+        let (mut state, ids) = cluster(2);
+        let (table, tablets) = created(&mut state, "t", 2);
+        let lost = tablets[0];
+        crash(&mut state, lost.owner);
+        let survivor = ids.iter().copied().find(|id| *id != lost.owner).expect("two");
+        let mid = lost.end_hash / 2;
+        let result = state.apply(&recovered(lost.owner, vec![(table, 100, mid)], survivor));
+        let CommandResult::PartitionRecovered { tablets: handed } = result else {
+            panic!("not recovered: {result:?}");
+        };
+        assert_eq!(
+            handed,
+            vec![Tablet {
+                table,
+                start_hash: 100,
+                end_hash: mid,
+                owner: survivor
+            }]
+        );
+        let now = &state.table(table).expect("table").tablets;
+        let shape: Vec<(u64, u64, ServerId)> =
+            now.iter().map(|t| (t.start_hash, t.end_hash, t.owner)).collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, 99, lost.owner),
+                (100, mid, survivor),
+                (mid + 1, lost.end_hash, lost.owner),
+                (tablets[1].start_hash, u64::MAX, tablets[1].owner),
+            ]
+        );
+        assert_eq!(state.check_invariants(), Ok(()));
+        // The rest goes too; then the crashed server owns nothing.
+        let rest = vec![(table, 0, 99), (table, mid + 1, lost.end_hash)];
+        let result = state.apply(&recovered(lost.owner, rest, survivor));
+        assert!(matches!(result, CommandResult::PartitionRecovered { .. }));
+        assert!(state.tablets_of(lost.owner).is_empty());
+        assert_eq!(state.crashed_servers(), vec![lost.owner]);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn recovered_partition_twice_is_refused_without_change() {
+        let (mut state, _) = cluster(2);
+        let (table, tablets) = created(&mut state, "t", 2);
+        crash(&mut state, tablets[0].owner);
+        let range = vec![(table, tablets[0].start_hash, tablets[0].end_hash)];
+        let first = state.apply(&recovered(tablets[0].owner, range.clone(), tablets[1].owner));
+        assert!(matches!(first, CommandResult::PartitionRecovered { .. }));
+        let again = recovered(tablets[0].owner, range, tablets[1].owner);
+        assert_rejected(&mut state, again, Status::RecoveryFailed);
+        // A range reaching into a tablet of a server that is not crashed is refused whole.
+        let reaching = vec![(table, tablets[0].end_hash - 5, tablets[0].end_hash + 5)];
+        let crashed_again = recovered(tablets[0].owner, reaching, tablets[1].owner);
+        assert_rejected(&mut state, crashed_again, Status::RecoveryFailed);
+    }
+
+    #[test]
+    fn recovered_partition_needs_a_crashed_source_and_an_up_owner() {
+        let (mut state, ids) = cluster(3);
+        let (table, tablets) = created(&mut state, "t", 1);
+        let owner = tablets[0].owner;
+        let other = ids.iter().copied().find(|id| *id != owner).expect("three");
+        let whole = vec![(table, 0, u64::MAX)];
+        // Not crashed yet.
+        assert_rejected(
+            &mut state,
+            recovered(owner, whole.clone(), other),
+            Status::RecoveryFailed,
+        );
+        crash(&mut state, owner);
+        // The owner-to-be is crashed too.
+        let third = ids.iter().copied().find(|id| *id != owner && *id != other).expect("3");
+        crash(&mut state, third);
+        assert_rejected(
+            &mut state,
+            recovered(owner, whole.clone(), third),
+            Status::InvalidArgument,
+        );
+        // Unsorted ranges.
+        let unsorted = vec![(table, 10, 20), (table, 0, 5)];
+        assert_rejected(&mut state, recovered(owner, unsorted, other), Status::InvalidArgument);
+        let result = state.apply(&recovered(owner, whole, other));
+        assert!(matches!(result, CommandResult::PartitionRecovered { .. }));
+    }
+
+    #[test]
+    fn wills_are_kept_for_up_servers_and_dropped_on_removal() {
+        let (mut state, ids) = cluster(2);
+        let (table, _) = created(&mut state, "t", 1);
+        let will = Will {
+            bytes_max: 1 << 20,
+            records_max: 1000,
+            partitions: vec![rampart_common::will::Partition {
+                tablets: vec![(table, 0, u64::MAX)],
+                bytes: 10,
+                records: 1,
+            }],
+        };
+        let set = |server| Command::SetWill {
+            server,
+            will: will.clone(),
+        };
+        assert_eq!(state.apply(&set(ids[0])), CommandResult::WillSet);
+        let version = state.version();
+        assert_eq!(state.apply(&set(ids[0])), CommandResult::WillSet);
+        assert_eq!(state.version(), version, "the same will changes nothing");
+        assert_eq!(state.will(ids[0]), Some(&will));
+        crash(&mut state, ids[0]);
+        assert_rejected(&mut state, set(ids[0]), Status::InvalidArgument);
+        assert_eq!(state.apply(&Command::AllowLoss { server: ids[0] }), CommandResult::LossAllowed);
+        assert!(state.loss_allowed(ids[0]));
+        assert_eq!(state.check_invariants(), Ok(()));
+        state.apply(&Command::SetServerStatus {
+            id: ids[0],
+            status: ServerStatus::Removed,
+        });
+        assert_eq!(state.will(ids[0]), None);
+        assert!(!state.loss_allowed(ids[0]));
         assert_eq!(state.check_invariants(), Ok(()));
     }
 
