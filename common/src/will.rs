@@ -92,4 +92,3 @@ pub fn push_range(ranges: &mut Vec<(TableId, u64, u64)>, table: TableId, start: 
     }
     ranges.push((table, start, end));
 }
-

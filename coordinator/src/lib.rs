@@ -6,6 +6,10 @@
 //!   state, snapshot) in a `raft-engine` directory, behind `raft::Storage`.
 //! * [`node`] — `RaftNode`: one member of the coordinators' Raft group; the ready loop,
 //!   proposals, ReadIndex reads, snapshots, and the Raft traffic between coordinators.
+//! * [`recovery`] — `RecoveryManager`: on the leader, verifies failure reports and
+//!   recovers crashed masters (setup, partitioned replay on recovery masters, tablets
+//!   live per partition, cleanup); the pure planning steps (log completeness, read plan,
+//!   partitions, assignment) are functions of their own.
 //! * [`service`] — `CoordinatorService`: RPC handlers that propose commands through the
 //!   node, serve linearizable reads, redirect clients to the leader, and push tablet
 //!   ownership to masters.
@@ -18,12 +22,22 @@
 //! service then pushes `TakeTablets` to each owner and answers once every owner serves its
 //! tablets, so a client can use the table as soon as `create_table` returns.
 //!
+//! # Recovering a crashed master
+//! A server's pinger (or a client) reports a silent server with `ReportFailure`; the
+//! leader pings it itself and commits `SetServerStatus{Crashed}`. The recovery manager
+//! then fences the master's replicas on every backup, checks that its log is complete,
+//! has the backups read and split the replicas by partition, and sends each partition of
+//! the master's will to a recovery master. As each one finishes, its tablets are handed
+//! over through Raft (`RecoveredPartition`) and go live, once every lease the crashed
+//! master held has lapsed. See [`recovery`].
+//!
 //! # Membership
 //! Static: every member is started with the same `--peers`, and a data directory belongs
 //! to one member id for good (see the README on replacing a coordinator).
 
 pub mod node;
 pub mod raft_storage;
+pub mod recovery;
 pub mod service;
 pub mod state;
 

@@ -48,7 +48,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::node::{NodeError, RaftNode};
+use crate::recovery::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
+use rampart_common::protocol::coordinator::{
+    RecoveryStatusReply, RenewLeaseReply, RenewLeaseRequest, ReportFailureRequest, ServerIdRequest,
+    UploadWillRequest,
+};
+use rampart_common::tablet::ServerStatus;
 
 /// How long a create or drop waits for the masters to take or drop their tablets.
 pub const TABLET_PUSH_TIMEOUT: Duration = Duration::from_secs(3);
@@ -80,18 +86,53 @@ pub struct CoordinatorService {
     names: Vec<tokio::sync::Mutex<()>>,
     /// Connections to masters.
     pool: Arc<RpcPool>,
+    /// Failure verification and crash recovery (active while this member leads).
+    recovery: Arc<RecoveryManager>,
+    /// Stops the recovery manager's loop when the service goes away.
+    _recovery_task: AbortOnDrop,
+}
+
+/// Aborts a background task when dropped.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl CoordinatorService {
-    /// The service of a running Raft member.
+    /// The service of a running Raft member, with the default recovery settings; must be
+    /// called inside a tokio runtime (it starts the recovery manager).
     pub fn new(node: RaftNode) -> CoordinatorService {
+        CoordinatorService::with_recovery(node, RecoveryConfig::default())
+    }
+
+    /// The service of a running Raft member; must be called inside a tokio runtime (it
+    /// starts the recovery manager, stopped when the service is dropped).
+    pub fn with_recovery(node: RaftNode, config: RecoveryConfig) -> CoordinatorService {
+        let pool = Arc::new(RpcPool::new());
+        let recovery = Arc::new(RecoveryManager::new(
+            node.clone(),
+            Arc::clone(&pool),
+            config,
+        ));
+        let task = tokio::spawn(Arc::clone(&recovery).run());
         CoordinatorService {
             node,
             names: (0..NAME_LOCKS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
-            pool: Arc::new(RpcPool::new()),
+            pool,
+            recovery,
+            _recovery_task: AbortOnDrop(task),
         }
+    }
+
+    /// The recovery manager (reports of past recoveries).
+    pub fn recovery(&self) -> &Arc<RecoveryManager> {
+        &self.recovery
     }
 
     /// This coordinator's Raft member.
@@ -357,6 +398,92 @@ impl CoordinatorService {
                 Err(reply) => reply,
             },
             proto::RaftStatus::OPCODE => Reply::ok(&self.node.status()),
+            proto::ReportFailure::OPCODE => {
+                let request: ReportFailureRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                match self
+                    .recovery
+                    .report_failure(request.server, &request.reporter)
+                {
+                    Ok(()) => Reply::ok(&()),
+                    Err(e) => node_error_reply(e),
+                }
+            }
+            proto::RenewLease::OPCODE => {
+                let request: RenewLeaseRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                // Linearizable: a deposed leader must not grant a lease to a server the
+                // new leader already declared crashed.
+                if let Err(reply) = self.read_barrier().await {
+                    return reply;
+                }
+                let status = self
+                    .node
+                    .with_state(|state| state.server(request.server).map(|s| s.status));
+                match status {
+                    Some(ServerStatus::Up) => Reply::ok(&RenewLeaseReply {
+                        lease_ms: u32::try_from(self.recovery.config().lease.as_millis())
+                            .unwrap_or(u32::MAX),
+                    }),
+                    Some(_) => Reply::error(
+                        Status::ServerCrashed,
+                        format!(
+                            "{} was declared crashed; its tablets are recovered elsewhere",
+                            request.server
+                        ),
+                    ),
+                    None => Reply::error(
+                        Status::InvalidArgument,
+                        format!("{} never enlisted", request.server),
+                    ),
+                }
+            }
+            proto::UploadWill::OPCODE => {
+                let request: UploadWillRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                let command = Command::SetWill {
+                    server: request.server,
+                    will: request.will,
+                };
+                match self.apply(command).await {
+                    Ok(CommandResult::WillSet) => Reply::ok(&()),
+                    Ok(other) => rejected(other),
+                    Err(reply) => reply,
+                }
+            }
+            proto::AllowLoss::OPCODE => {
+                let request: ServerIdRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                match self
+                    .apply(Command::AllowLoss {
+                        server: request.server,
+                    })
+                    .await
+                {
+                    Ok(CommandResult::LossAllowed) => {
+                        tracing::warn!(server = %request.server, "operator allowed the recovery to lose data");
+                        Reply::ok(&())
+                    }
+                    Ok(other) => rejected(other),
+                    Err(reply) => reply,
+                }
+            }
+            proto::RecoveryStatus::OPCODE => {
+                if !self.node.is_leader() {
+                    return Reply::error(Status::NotLeader, self.node.hint().encode());
+                }
+                Reply::ok(&RecoveryStatusReply {
+                    recoveries: self.recovery.reports(),
+                })
+            }
             proto::RaftMessages::OPCODE => {
                 let request: RaftMessagesRequest = match Reply::decode(payload) {
                     Ok(r) => r,

@@ -50,10 +50,10 @@
 //! where the old one stopped (`coordinator::recovery`).
 
 use rampart_common::ids::{ServerId, TableId};
-use rampart_common::will::Will;
 use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
+use rampart_common::will::Will;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
@@ -1160,11 +1160,7 @@ mod tests {
         assert_eq!(result, CommandResult::StatusSet);
     }
 
-    fn recovered(
-        crashed: ServerId,
-        ranges: Vec<(TableId, u64, u64)>,
-        owner: ServerId,
-    ) -> Command {
+    fn recovered(crashed: ServerId, ranges: Vec<(TableId, u64, u64)>, owner: ServerId) -> Command {
         Command::RecoveredPartition {
             crashed,
             ranges,
@@ -1178,7 +1174,11 @@ mod tests {
         let (table, tablets) = created(&mut state, "t", 2);
         let lost = tablets[0];
         crash(&mut state, lost.owner);
-        let survivor = ids.iter().copied().find(|id| *id != lost.owner).expect("two");
+        let survivor = ids
+            .iter()
+            .copied()
+            .find(|id| *id != lost.owner)
+            .expect("two");
         let mid = lost.end_hash / 2;
         let result = state.apply(&recovered(lost.owner, vec![(table, 100, mid)], survivor));
         let CommandResult::PartitionRecovered { tablets: handed } = result else {
@@ -1194,8 +1194,10 @@ mod tests {
             }]
         );
         let now = &state.table(table).expect("table").tablets;
-        let shape: Vec<(u64, u64, ServerId)> =
-            now.iter().map(|t| (t.start_hash, t.end_hash, t.owner)).collect();
+        let shape: Vec<(u64, u64, ServerId)> = now
+            .iter()
+            .map(|t| (t.start_hash, t.end_hash, t.owner))
+            .collect();
         assert_eq!(
             shape,
             vec![
@@ -1221,7 +1223,11 @@ mod tests {
         let (table, tablets) = created(&mut state, "t", 2);
         crash(&mut state, tablets[0].owner);
         let range = vec![(table, tablets[0].start_hash, tablets[0].end_hash)];
-        let first = state.apply(&recovered(tablets[0].owner, range.clone(), tablets[1].owner));
+        let first = state.apply(&recovered(
+            tablets[0].owner,
+            range.clone(),
+            tablets[1].owner,
+        ));
         assert!(matches!(first, CommandResult::PartitionRecovered { .. }));
         let again = recovered(tablets[0].owner, range, tablets[1].owner);
         assert_rejected(&mut state, again, Status::RecoveryFailed);
@@ -1246,7 +1252,11 @@ mod tests {
         );
         crash(&mut state, owner);
         // The owner-to-be is crashed too.
-        let third = ids.iter().copied().find(|id| *id != owner && *id != other).expect("3");
+        let third = ids
+            .iter()
+            .copied()
+            .find(|id| *id != owner && *id != other)
+            .expect("3");
         crash(&mut state, third);
         assert_rejected(
             &mut state,
@@ -1255,7 +1265,11 @@ mod tests {
         );
         // Unsorted ranges.
         let unsorted = vec![(table, 10, 20), (table, 0, 5)];
-        assert_rejected(&mut state, recovered(owner, unsorted, other), Status::InvalidArgument);
+        assert_rejected(
+            &mut state,
+            recovered(owner, unsorted, other),
+            Status::InvalidArgument,
+        );
         let result = state.apply(&recovered(owner, whole, other));
         assert!(matches!(result, CommandResult::PartitionRecovered { .. }));
     }
@@ -1284,7 +1298,10 @@ mod tests {
         assert_eq!(state.will(ids[0]), Some(&will));
         crash(&mut state, ids[0]);
         assert_rejected(&mut state, set(ids[0]), Status::InvalidArgument);
-        assert_eq!(state.apply(&Command::AllowLoss { server: ids[0] }), CommandResult::LossAllowed);
+        assert_eq!(
+            state.apply(&Command::AllowLoss { server: ids[0] }),
+            CommandResult::LossAllowed
+        );
         assert!(state.loss_allowed(ids[0]));
         assert_eq!(state.check_invariants(), Ok(()));
         state.apply(&Command::SetServerStatus {

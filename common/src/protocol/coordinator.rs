@@ -226,6 +226,10 @@ pub struct PartitionReport {
 pub struct RecoveryReport {
     /// The crashed server.
     pub crashed: ServerId,
+    /// When the crash was declared (or, for a recovery a new leader took over, when it
+    /// took it over), in milliseconds since the Unix epoch: to line the timings up with
+    /// an outside clock on the same host.
+    pub declared_unix_ms: u64,
     /// Milliseconds from the first failure report to the crash being declared (0 when
     /// it was declared for another reason, e.g. a restart at the same address).
     pub detection_ms: u64,

@@ -1,0 +1,1179 @@
+//! `RecoveryManager`: failure verification and the recovery of crashed masters
+//! (DESIGN.md §6), driven by the coordinators' Raft leader.
+//!
+//! # What it does for callers
+//! * [`RecoveryManager::report_failure`]: a server or a client says a server stopped
+//!   answering. The leader pings the suspect itself ([`RecoveryConfig::verify_timeout`],
+//!   [`RecoveryConfig::verify_attempts`]) and, if it stays silent, commits
+//!   `SetServerStatus{Crashed}` through Raft.
+//! * [`RecoveryManager::run`]: while this coordinator leads, every server the state says
+//!   is `Crashed` is recovered, each by its own task, so several crashes are recovered
+//!   concurrently (RAMCloud ran one recovery at a time).
+//! * [`RecoveryManager::reports`]: the timings of the last [`REPORTS_MAX`] recoveries.
+//!
+//! # One recovery (the three phases of §6)
+//! 1. **Setup.** Every `Up` backup gets `StartRecovery`: it fences the crashed master's
+//!    open frames and lists its replicas, with the log digest of those not closed.
+//!    [`check_log`] decides from the lists whether the log is complete (the head is the
+//!    highest segment with data; a closed head means its successor is missing; every
+//!    segment of the head's digest must be found). If not, the recovery **waits**, says
+//!    which segments are missing in the log and in `RecoveryStatus`, and asks again every
+//!    [`SETUP_RETRY_PAUSE`] — until the missing replicas come back (a backup restarted on
+//!    its disk) or the operator runs `rampart recovery allow-loss`. Otherwise
+//!    [`choose_sources`] picks one replica per segment, spreading the reads evenly over the
+//!    backups, and each backup is told to read its share in order and split it by
+//!    partition (`RecoveryRead`). The partitions are the crashed master's will cut to the
+//!    tablets it still owns ([`partitions_for`]); [`assign_partitions`] spreads them over
+//!    the `Up` masters by free memory.
+//! 2. **Replay.** Each recovery master gets `Recover` with its partition and, per segment,
+//!    the chosen backup first and the other replicas as fallbacks. It fetches, replays and
+//!    re-replicates, and answers when done.
+//! 3. **Cleanup.** A finished partition goes live at once, independently of the others:
+//!    `RecoveredPartition` is committed (tablets split and handed to the recovery master)
+//!    and the new owner is told to take them. A partition whose recovery master failed is
+//!    sent to another one. When the crashed master owns nothing any more, every backup
+//!    frees its replicas (`EndRecovery`) and the server is marked `Removed`.
+//!
+//! # Fencing and leases
+//! A master serves only while it holds a lease, granted by the leader through a
+//! linearizable read ([`RecoveryConfig::lease`], counted by the master from when it sent
+//! the renewal). A renewal answered before the crash was committed was sent before it,
+//! so every lease of the crashed master has lapsed `lease` after this leader saw the
+//! crash committed (or took the recovery over). Tablets go live no earlier than that,
+//! plus [`LEASE_MARGIN`] for clock-rate differences; setup and replay run meanwhile, so
+//! the wait costs nothing when replay takes longer than the lease. Writes are fenced
+//! earlier still: the backups refuse them from setup on.
+//!
+//! # Failure handling
+//! * Leadership lost: commits fail with `NotLeader`, and the task ends; the new leader
+//!   finds the server still `Crashed` with the tablets not yet handed over, and starts
+//!   again (a recovery is idempotent: what is left to recover is what the crashed server
+//!   still owns). Recovery masters of an abandoned attempt keep objects they may not serve;
+//!   the next `Recover` or `AbandonRecovery` of those ranges forgets them.
+//! * A recovery master fails (`RecoveryFailed`, unreachable, crashed): its partition goes
+//!   to another master, up to [`PARTITION_ATTEMPTS_MAX`] times; then the whole attempt
+//!   starts again from setup (a backup may have died meanwhile).
+//! * A backup dies: recovery masters fall back to other replicas.
+//! * A commit refused because the ranges are no longer the crashed server's: the
+//!   recovery master is told to forget them (`AbandonRecovery`).
+
+use rampart_common::ids::{SegmentId, ServerId, TableId};
+use rampart_common::protocol::backup::{
+    EndRecovery, EndRecoveryRequest, PartitionRanges, RecoveryRead, RecoveryReadRequest,
+    RecoveryReplica, StartRecovery, StartRecoveryRequest,
+};
+use rampart_common::protocol::coordinator::{PartitionReport, RecoveryReport};
+use rampart_common::protocol::master::{
+    AbandonRecovery, AbandonRecoveryRequest, Ping, PingRequest, Recover, RecoverReply,
+    RecoverRequest, RecoverySource, TabletsRequest, TakeTablets,
+};
+use rampart_common::rpc::{RpcError, RpcPool};
+use rampart_common::status::Status;
+use rampart_common::tablet::{ServerInfo, ServerStatus, Tablet};
+use rampart_common::will::Will;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+use crate::node::{NodeError, RaftNode};
+use crate::state::{Command, CommandResult};
+
+/// How long a master may serve after it sent a renewal that was granted. Longer rides
+/// out longer coordinator outages (a leader election takes 150–500 ms); shorter lets
+/// recovered tablets go live sooner when replay is quick.
+pub const LEASE_DEFAULT: Duration = Duration::from_millis(750);
+
+/// Added to the lease before recovered tablets go live: clocks of two processes may run
+/// at slightly different rates.
+pub const LEASE_MARGIN: Duration = Duration::from_millis(25);
+
+/// Deadline of each of the coordinator's own pings of a suspect.
+pub const VERIFY_TIMEOUT_DEFAULT: Duration = Duration::from_millis(200);
+
+/// Pings of a suspect, one after another; all must fail before it is declared crashed. A
+/// killed process refuses at once, so only a hung one costs the timeouts.
+pub const VERIFY_ATTEMPTS_DEFAULT: u32 = 2;
+
+/// How often the leader looks for crashed servers to recover.
+pub const RECOVERY_SCAN_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Deadline of `StartRecovery` (each backup copies and scans its open frames of the
+/// crashed master: a few milliseconds each) and of `RecoveryRead`.
+pub const SETUP_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pause before asking the backups again when the log is incomplete or no recovery
+/// master is up.
+pub const SETUP_RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// Deadline of one `Recover` (a partition is sized to replay in about half a second;
+/// this leaves room for a slow disk and a loaded machine).
+pub const RECOVER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Recovery masters tried for one partition in one attempt.
+pub const PARTITION_ATTEMPTS_MAX: u32 = 3;
+
+/// Deadline of pushing recovered tablets to their new owner, and of `EndRecovery`.
+pub const CLEANUP_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Recoveries whose reports are kept.
+pub const REPORTS_MAX: usize = 32;
+
+/// Tunables of failure verification and recovery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecoveryConfig {
+    /// Lease granted to masters.
+    pub lease: Duration,
+    /// Deadline of each verification ping.
+    pub verify_timeout: Duration,
+    /// Verification pings that must all fail.
+    pub verify_attempts: u32,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        RecoveryConfig {
+            lease: LEASE_DEFAULT,
+            verify_timeout: VERIFY_TIMEOUT_DEFAULT,
+            verify_attempts: VERIFY_ATTEMPTS_DEFAULT,
+        }
+    }
+}
+
+/// The crashed master's partitions: its will's partitions cut to the tablets it still
+/// owns (a partition recovered already, or a tablet dropped, falls away), plus one
+/// partition per owned range the will does not cover (no will uploaded yet, or tablets
+/// taken after the last upload). Each partition's ranges are sorted and disjoint; empty
+/// partitions are left out. Returns each partition with its will's byte bound (0 when
+/// unknown).
+pub fn partitions_for(will: Option<&Will>, owned: &[Tablet]) -> Vec<(PartitionRanges, u64)> {
+    let mut owned: Vec<(TableId, u64, u64)> = owned
+        .iter()
+        .map(|t| (t.table, t.start_hash, t.end_hash))
+        .collect();
+    owned.sort_unstable();
+    let mut partitions = Vec::new();
+    // What of `owned` the will covers, to find the rest afterwards.
+    let mut covered: Vec<(TableId, u64, u64)> = Vec::new();
+    for partition in will.map(|w| w.partitions.as_slice()).unwrap_or_default() {
+        let mut ranges = Vec::new();
+        for &(table, start, end) in &partition.tablets {
+            for &(t, s, e) in &owned {
+                if t == table && s <= end && start <= e {
+                    ranges.push((table, s.max(start), e.min(end)));
+                }
+            }
+        }
+        ranges.sort_unstable();
+        if !ranges.is_empty() {
+            covered.extend(ranges.iter().copied());
+            partitions.push((ranges, partition.bytes));
+        }
+    }
+    covered.sort_unstable();
+    for (table, start, end) in owned {
+        // The parts of [start, end] no covered range holds.
+        let mut at = Some(start);
+        for &(t, s, e) in covered.iter().filter(|c| c.0 == table) {
+            let Some(from) = at else { break };
+            if e < from || s > end {
+                continue;
+            }
+            if s > from {
+                partitions.push((vec![(t, from, s - 1)], 0));
+            }
+            at = e.checked_add(1).filter(|next| *next <= end);
+        }
+        if let Some(from) = at {
+            partitions.push((vec![(table, from, end)], 0));
+        }
+    }
+    partitions
+}
+
+/// One replica reported by backup number `backup` (an index into the caller's list).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundReplica {
+    /// Which backup holds it.
+    pub backup: usize,
+    /// What it reported.
+    pub replica: RecoveryReplica,
+}
+
+/// Why a log cannot be recovered whole yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incomplete {
+    /// Segments known to belong to the log that no backup holds.
+    pub missing: Vec<SegmentId>,
+    /// What is wrong, for the log and `RecoveryStatus`.
+    pub why: String,
+}
+
+/// Checks that the replicas found hold the whole log (DESIGN.md §4 "Digests"): returns
+/// the segments to replay, in id order. Replicas with no valid bytes do not count (a
+/// segment opened but never written). With `allow_loss`, an incomplete log yields what
+/// was found (the digest's segments that exist, or every segment found when there is no
+/// digest).
+pub fn check_log(found: &[FoundReplica], allow_loss: bool) -> Result<Vec<SegmentId>, Incomplete> {
+    let usable: Vec<&FoundReplica> = found.iter().filter(|f| f.replica.info.length > 0).collect();
+    let held: BTreeSet<SegmentId> = usable.iter().map(|f| f.replica.info.segment).collect();
+    let everything = || held.iter().copied().collect::<Vec<_>>();
+    let Some(&head) = held.last() else {
+        return Err(Incomplete {
+            missing: Vec::new(),
+            why: "no backup holds any replica of this master's log".to_string(),
+        });
+    };
+    let head_replicas: Vec<&&FoundReplica> = usable
+        .iter()
+        .filter(|f| f.replica.info.segment == head)
+        .collect();
+    if head_replicas.iter().any(|f| f.replica.info.closed) {
+        let successor = SegmentId(head.0 + 1);
+        if allow_loss {
+            return Ok(everything());
+        }
+        return Err(Incomplete {
+            missing: vec![successor],
+            why: format!(
+                "{head} is closed but no backup holds its successor {successor}: the log's \
+                 head is missing"
+            ),
+        });
+    }
+    let digest = head_replicas
+        .iter()
+        .filter_map(|f| f.replica.digest.as_ref().map(|d| (f.replica.info.epoch, d)))
+        .max_by_key(|(epoch, _)| *epoch)
+        .map(|(_, digest)| digest);
+    let Some(digest) = digest else {
+        if allow_loss {
+            return Ok(everything());
+        }
+        return Err(Incomplete {
+            missing: Vec::new(),
+            why: format!("no replica of the head {head} holds its log digest"),
+        });
+    };
+    let missing: Vec<SegmentId> = digest
+        .iter()
+        .filter(|s| !held.contains(s))
+        .copied()
+        .collect();
+    if missing.is_empty() || allow_loss {
+        let mut segments: Vec<SegmentId> = digest
+            .iter()
+            .filter(|s| held.contains(s))
+            .copied()
+            .collect();
+        segments.sort_unstable();
+        segments.dedup();
+        return Ok(segments);
+    }
+    let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    Err(Incomplete {
+        why: format!(
+            "no backup holds {} of the {} segments in the log digest of {head}: {}",
+            missing.len(),
+            digest.len(),
+            names.join(", ")
+        ),
+        missing,
+    })
+}
+
+/// Where each segment is read: the replica each backup reads, in order, and for each
+/// segment the backups to ask (the chosen one first, then fallbacks).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadPlan {
+    /// Segments each backup (by index) reads, in order.
+    pub reads: BTreeMap<usize, Vec<SegmentId>>,
+    /// Per segment, in expected-availability order: the backups holding a usable replica,
+    /// the chosen one first.
+    pub sources: Vec<(SegmentId, Vec<usize>)>,
+}
+
+/// Chooses one replica of each segment to read, spreading the reads evenly over the
+/// backups. Only replicas of a segment's newest epoch are used (an older epoch is a copy
+/// its master replaced and may lack acknowledged writes); among them a closed replica
+/// is preferred, then the longest valid prefix (an open head). Each backup reads its
+/// share in segment order; the sources are listed in the order the reads should
+/// complete (round by round over the backups), which is the order recovery masters ask.
+pub fn choose_sources(segments: &[SegmentId], found: &[FoundReplica]) -> ReadPlan {
+    let mut by_segment: BTreeMap<SegmentId, Vec<&FoundReplica>> = BTreeMap::new();
+    for f in found.iter().filter(|f| f.replica.info.length > 0) {
+        by_segment
+            .entry(f.replica.info.segment)
+            .or_default()
+            .push(f);
+    }
+    let mut load: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut plan = ReadPlan::default();
+    let mut chosen_at: Vec<(usize, usize, SegmentId, Vec<usize>)> = Vec::new();
+    for &segment in segments {
+        let Some(replicas) = by_segment.get(&segment) else {
+            continue;
+        };
+        let newest = replicas.iter().map(|f| f.replica.info.epoch).max();
+        let mut candidates: Vec<&FoundReplica> = replicas
+            .iter()
+            .filter(|f| Some(f.replica.info.epoch) == newest)
+            .copied()
+            .collect();
+        // Best first: closed, then longer.
+        candidates.sort_by_key(|f| {
+            (
+                !f.replica.info.closed,
+                std::cmp::Reverse(f.replica.info.length),
+                f.backup,
+            )
+        });
+        let Some(best) = candidates.first() else {
+            continue;
+        };
+        let (best_closed, best_length) = (best.replica.info.closed, best.replica.info.length);
+        // Equally good replicas: spread them by load.
+        let chosen = candidates
+            .iter()
+            .filter(|f| {
+                f.replica.info.closed == best_closed
+                    && (best_closed || f.replica.info.length == best_length)
+            })
+            .min_by_key(|f| (load.get(&f.backup).copied().unwrap_or(0), f.backup))
+            .map_or(best.backup, |f| f.backup);
+        let position = load.entry(chosen).or_insert(0);
+        let round = *position;
+        *position += 1;
+        plan.reads.entry(chosen).or_default().push(segment);
+        let mut backups = vec![chosen];
+        let mut seen = BTreeSet::from([chosen]);
+        for f in &candidates {
+            if seen.insert(f.backup) {
+                backups.push(f.backup);
+            }
+        }
+        chosen_at.push((round, chosen, segment, backups));
+    }
+    chosen_at.sort_by_key(|(round, backup, segment, _)| (*round, *backup, *segment));
+    plan.sources = chosen_at
+        .into_iter()
+        .map(|(_, _, segment, backups)| (segment, backups))
+        .collect();
+    plan
+}
+
+/// Assigns partitions (by their byte bounds) to recovery masters (by their free log
+/// memory): each partition goes to the master with the fewest partitions so far, then
+/// the most memory left, so partitions spread over distinct masters first. Returns, per
+/// partition, an index into `masters`; `None` when `masters` is empty.
+pub fn assign_partitions(bytes: &[u64], masters: &[(ServerId, u64)]) -> Option<Vec<usize>> {
+    if masters.is_empty() {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..bytes.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(bytes[i]));
+    let mut count = vec![0usize; masters.len()];
+    let mut free: Vec<u64> = masters.iter().map(|m| m.1).collect();
+    let mut assigned = vec![0; bytes.len()];
+    for i in order {
+        let best = (0..masters.len())
+            .min_by_key(|&m| (count[m], std::cmp::Reverse(free[m]), masters[m].0))
+            .unwrap_or(0);
+        assigned[i] = best;
+        count[best] += 1;
+        free[best] = free[best].saturating_sub(bytes[i]);
+    }
+    Some(assigned)
+}
+
+/// What the leader keeps about failures and recoveries.
+#[derive(Debug, Default)]
+struct Inner {
+    /// Crashed servers with a recovery task running here.
+    running: BTreeSet<ServerId>,
+    /// Suspects being verified now.
+    verifying: BTreeSet<ServerId>,
+    /// When each suspect was first reported (until it is declared crashed or found alive).
+    first_report: BTreeMap<ServerId, Instant>,
+    /// When this leader saw each crash committed, and how long detection took.
+    declared: BTreeMap<ServerId, (Instant, Duration)>,
+    /// Reports of the last recoveries, oldest first; at most [`REPORTS_MAX`].
+    reports: VecDeque<RecoveryReport>,
+    /// Attempts started by this leader (the low half of recovery ids).
+    attempts: u64,
+}
+
+/// Failure verification and recovery on the coordinators' leader (module doc).
+#[derive(Debug)]
+pub struct RecoveryManager {
+    node: RaftNode,
+    pool: Arc<RpcPool>,
+    config: RecoveryConfig,
+    /// A `parking_lot` mutex: held only for bookkeeping, never across an await.
+    inner: parking_lot::Mutex<Inner>,
+    /// Woken when a crash is declared, so recovery starts without waiting for the scan.
+    wake: tokio::sync::Notify,
+}
+
+/// Milliseconds in `d`, saturating.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RecoveryManager {
+    /// A manager over this coordinator's Raft member.
+    pub fn new(node: RaftNode, pool: Arc<RpcPool>, config: RecoveryConfig) -> RecoveryManager {
+        RecoveryManager {
+            node,
+            pool,
+            config,
+            inner: parking_lot::Mutex::new(Inner::default()),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Its tunables.
+    pub fn config(&self) -> &RecoveryConfig {
+        &self.config
+    }
+
+    /// The reports of the last recoveries, oldest first.
+    pub fn reports(&self) -> Vec<RecoveryReport> {
+        self.inner.lock().reports.iter().cloned().collect()
+    }
+
+    /// Starts recovering every crashed server, for as long as this coordinator leads;
+    /// runs until the process ends.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            if self.node.is_leader() {
+                let crashed = self.node.with_state(|state| state.crashed_servers());
+                for server in crashed {
+                    if self.inner.lock().running.insert(server) {
+                        let me = Arc::clone(&self);
+                        tokio::spawn(async move {
+                            me.recover(server).await;
+                            me.inner.lock().running.remove(&server);
+                        });
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RECOVERY_SCAN_INTERVAL) => {}
+                _ = self.wake.notified() => {}
+            }
+        }
+    }
+
+    /// A server or client reports `server` silent. Verifies in the background and
+    /// declares it crashed if it stays silent. Fails with `NotLeader` on a follower, so
+    /// that reporters find the leader.
+    pub fn report_failure(
+        self: &Arc<Self>,
+        server: ServerId,
+        reporter: &str,
+    ) -> Result<(), NodeError> {
+        if !self.node.is_leader() {
+            return Err(NodeError::NotLeader(self.node.hint()));
+        }
+        let addr = self.node.with_state(|state| {
+            state
+                .server(server)
+                .filter(|s| s.status == ServerStatus::Up)
+                .map(|s| s.addr.clone())
+        });
+        let Some(addr) = addr else {
+            return Ok(());
+        };
+        {
+            let mut inner = self.inner.lock();
+            inner
+                .first_report
+                .entry(server)
+                .or_insert_with(Instant::now);
+            if !inner.verifying.insert(server) {
+                return Ok(());
+            }
+        }
+        tracing::info!(%server, %addr, %reporter, "failure reported; verifying");
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            me.verify(server, addr).await;
+            me.inner.lock().verifying.remove(&server);
+        });
+        Ok(())
+    }
+
+    async fn verify(&self, server: ServerId, addr: String) {
+        let mut last = String::new();
+        for _ in 0..self.config.verify_attempts.max(1) {
+            let deadline = Instant::now() + self.config.verify_timeout;
+            match self
+                .pool
+                .call::<Ping>(&addr, &PingRequest {}, deadline)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(%server, "reported server answers; not crashed");
+                    self.inner.lock().first_report.remove(&server);
+                    return;
+                }
+                Err(error) => {
+                    // A fresh connection for the next try: the old one may be the problem.
+                    self.pool.forget(&addr);
+                    last = error.to_string();
+                }
+            }
+        }
+        let command = Command::SetServerStatus {
+            id: server,
+            status: ServerStatus::Crashed,
+        };
+        match self.node.propose(command).await {
+            Ok(CommandResult::StatusSet) => {
+                let now = Instant::now();
+                let mut inner = self.inner.lock();
+                let first = inner.first_report.remove(&server).unwrap_or(now);
+                inner.declared.insert(server, (now, now - first));
+                drop(inner);
+                tracing::warn!(%server, %addr, error = %last, detection_ms = ms(now - first), "server declared crashed");
+                self.wake.notify_one();
+            }
+            Ok(other) => tracing::warn!(%server, ?other, "crash not recorded"),
+            Err(error) => tracing::warn!(%server, %error, "crash not committed"),
+        }
+    }
+
+    /// Updates this recovery's report.
+    fn report(&self, crashed: ServerId, update: impl FnOnce(&mut RecoveryReport)) {
+        let mut inner = self.inner.lock();
+        if let Some(report) = inner
+            .reports
+            .iter_mut()
+            .rev()
+            .find(|r| r.crashed == crashed)
+        {
+            update(report);
+        }
+    }
+
+    /// Recovers `crashed` until it owns nothing, then frees its replicas and removes it.
+    async fn recover(&self, crashed: ServerId) {
+        let (declared, detection) = {
+            let mut inner = self.inner.lock();
+            inner
+                .declared
+                .remove(&crashed)
+                .unwrap_or((Instant::now(), Duration::ZERO))
+        };
+        let declared_unix_ms = SystemTime::now()
+            .checked_sub(declared.elapsed())
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, ms);
+        {
+            let mut inner = self.inner.lock();
+            if inner.reports.len() >= REPORTS_MAX {
+                inner.reports.pop_front();
+            }
+            inner.reports.push_back(RecoveryReport {
+                crashed,
+                declared_unix_ms,
+                detection_ms: ms(detection),
+                setup_ms: 0,
+                done_ms: 0,
+                segments: 0,
+                waiting: None,
+                partitions: Vec::new(),
+            });
+        }
+        let live_after = declared + self.config.lease + LEASE_MARGIN;
+        tracing::info!(%crashed, "recovery started");
+        loop {
+            if !self.node.is_leader() {
+                tracing::info!(%crashed, "no longer leader; recovery left to the new leader");
+                return;
+            }
+            let owned = self.node.with_state(|state| state.tablets_of(crashed));
+            if owned.is_empty() {
+                break;
+            }
+            match self.attempt(crashed, &owned, declared, live_after).await {
+                Ok(()) => {}
+                Err(Stop::Leadership) => return,
+                Err(Stop::Wait(why)) => {
+                    tracing::warn!(%crashed, %why, "recovery waits");
+                    self.report(crashed, |r| r.waiting = Some(why));
+                    tokio::time::sleep(SETUP_RETRY_PAUSE).await;
+                }
+            }
+        }
+        self.cleanup(crashed, declared).await;
+    }
+
+    /// Frees the replicas of a recovered server on every backup and removes it.
+    async fn cleanup(&self, crashed: ServerId, declared: Instant) {
+        let backups = self.backups(crashed);
+        let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
+        let request = EndRecoveryRequest { master: crashed };
+        let calls = backups.iter().map(|b| {
+            let request = &request;
+            async move {
+                let result = self
+                    .pool
+                    .call::<EndRecovery>(&b.addr, request, deadline)
+                    .await;
+                (b.id, result)
+            }
+        });
+        let mut freed = 0;
+        for (backup, result) in futures::future::join_all(calls).await {
+            match result {
+                Ok(reply) => freed += reply.freed,
+                Err(error) => {
+                    tracing::warn!(%crashed, %backup, %error, "replicas of a recovered master not freed")
+                }
+            }
+        }
+        let command = Command::SetServerStatus {
+            id: crashed,
+            status: ServerStatus::Removed,
+        };
+        if let Err(error) = self.node.propose(command).await {
+            tracing::warn!(%crashed, %error, "recovered server not marked removed");
+            return;
+        }
+        let done = ms(declared.elapsed());
+        self.report(crashed, |r| {
+            r.done_ms = done;
+            r.waiting = None;
+        });
+        tracing::info!(%crashed, freed, total_ms = done, "recovery finished");
+    }
+
+    /// The `Up` backups, except `crashed`.
+    fn backups(&self, crashed: ServerId) -> Vec<ServerInfo> {
+        self.node.with_state(|state| {
+            state
+                .up_servers()
+                .into_iter()
+                .filter(|s| s.services.backup && s.id != crashed)
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// One attempt: setup, replay of every partition, tablets live as each finishes.
+    /// Returns once every partition went live or was given up on this attempt.
+    async fn attempt(
+        &self,
+        crashed: ServerId,
+        owned: &[Tablet],
+        declared: Instant,
+        live_after: Instant,
+    ) -> Result<(), Stop> {
+        // Setup: fence and list.
+        let backups = self.backups(crashed);
+        let deadline = Instant::now() + SETUP_CALL_TIMEOUT;
+        let request = StartRecoveryRequest { master: crashed };
+        let calls = backups.iter().map(|b| {
+            let request = &request;
+            async move {
+                self.pool
+                    .call::<StartRecovery>(&b.addr, request, deadline)
+                    .await
+            }
+        });
+        let mut found = Vec::new();
+        for (index, result) in futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match result {
+                Ok(reply) => found.extend(reply.replicas.into_iter().map(|replica| FoundReplica {
+                    backup: index,
+                    replica,
+                })),
+                Err(error) => {
+                    tracing::warn!(%crashed, backup = %backups[index].id, %error, "backup did not answer StartRecovery")
+                }
+            }
+        }
+        let allow_loss = self.node.with_state(|state| state.loss_allowed(crashed));
+        let segments = check_log(&found, allow_loss).map_err(|incomplete| {
+            Stop::Wait(format!(
+                "log of {crashed} incomplete ({} replicas found on {} backups): {}; waiting \
+                 for the missing replicas, or run `rampart recovery allow-loss {}`",
+                found.len(),
+                backups.len(),
+                incomplete.why,
+                crashed.0
+            ))
+        })?;
+        let plan = choose_sources(&segments, &found);
+        let will = self.node.with_state(|state| state.will(crashed).cloned());
+        let partitions = partitions_for(will.as_ref(), owned);
+
+        // Recovery masters by free memory.
+        let masters: Vec<ServerInfo> = self.node.with_state(|state| {
+            state
+                .up_servers()
+                .into_iter()
+                .filter(|s| s.services.master && s.id != crashed)
+                .cloned()
+                .collect()
+        });
+        let pings = masters.iter().map(|m| async move {
+            let deadline = Instant::now() + self.config.verify_timeout;
+            self.pool
+                .call::<Ping>(&m.addr, &PingRequest {}, deadline)
+                .await
+        });
+        let pinged = futures::future::join_all(pings).await;
+        let mut live_masters: Vec<(ServerInfo, u64)> = Vec::new();
+        for (master, ping) in masters.iter().cloned().zip(pinged) {
+            if let Ok(ping) = ping {
+                let free = ping.log_bytes_max.saturating_sub(ping.log_bytes_used);
+                live_masters.push((master, free));
+            }
+        }
+        let capacities: Vec<(ServerId, u64)> =
+            live_masters.iter().map(|(m, free)| (m.id, *free)).collect();
+        let bytes: Vec<u64> = partitions.iter().map(|p| p.1).collect();
+        let Some(assigned) = assign_partitions(&bytes, &capacities) else {
+            return Err(Stop::Wait(format!(
+                "no master is up to recover {crashed} on"
+            )));
+        };
+
+        // Start the reads.
+        let recovery = self.recovery_id();
+        let partition_ranges: Vec<PartitionRanges> =
+            partitions.iter().map(|p| p.0.clone()).collect();
+        let reads = plan.reads.iter().map(|(&backup, segments)| {
+            let request = RecoveryReadRequest {
+                master: crashed,
+                recovery,
+                segments: segments.clone(),
+                partitions: partition_ranges.clone(),
+            };
+            let addr = backups[backup].addr.clone();
+            async move {
+                if let Err(error) = self.pool.call::<RecoveryRead>(&addr, &request, deadline).await {
+                    tracing::warn!(%crashed, %addr, %error, "backup did not start its recovery reads");
+                }
+            }
+        });
+        futures::future::join_all(reads).await;
+        let sources: Vec<RecoverySource> = plan
+            .sources
+            .iter()
+            .map(|(segment, holders)| RecoverySource {
+                segment: *segment,
+                backups: holders.iter().map(|&b| backups[b].addr.clone()).collect(),
+            })
+            .collect();
+        let setup_ms = ms(declared.elapsed());
+        self.report(crashed, |r| {
+            r.setup_ms = setup_ms;
+            r.segments = segments.len() as u64;
+            r.waiting = None;
+            r.partitions = (0..partitions.len())
+                .map(|i| PartitionReport {
+                    partition: i as u32,
+                    master: ServerId(0),
+                    live_ms: 0,
+                    replay_ms: 0,
+                    replay_start_ms: setup_ms,
+                    bytes: 0,
+                    objects: 0,
+                    attempts: 0,
+                })
+                .collect();
+        });
+        tracing::info!(
+            %crashed, recovery, segments = segments.len(), partitions = partitions.len(),
+            masters = live_masters.len(), backups = plan.reads.len(), setup_ms,
+            "recovery setup done; replaying"
+        );
+
+        // Replay every partition, each going live as soon as it is done.
+        let candidates: Vec<(ServerId, String)> = live_masters
+            .iter()
+            .map(|(m, _)| (m.id, m.addr.clone()))
+            .collect();
+        let jobs = partition_ranges.into_iter().enumerate().map(|(i, ranges)| {
+            let first = assigned[i];
+            let candidates = &candidates;
+            let sources = &sources;
+            async move {
+                self.replay_partition(
+                    crashed, recovery, i as u32, ranges, sources, candidates, first, declared,
+                    live_after,
+                )
+                .await
+            }
+        });
+        let results = futures::future::join_all(jobs).await;
+        if results.iter().any(|r| matches!(r, Err(Stop::Leadership))) {
+            return Err(Stop::Leadership);
+        }
+        Ok(())
+    }
+
+    /// A recovery id unique across leaders: the term in the high half (terms grow with
+    /// every election), a count of this leader's attempts in the low half.
+    fn recovery_id(&self) -> u64 {
+        let term = self.node.status().term;
+        let mut inner = self.inner.lock();
+        inner.attempts += 1;
+        (term << 32) | (inner.attempts & 0xffff_ffff)
+    }
+
+    /// Replays one partition on `candidates[first]`, then on the others in turn if it
+    /// fails, and puts it live. Gives up (for this attempt) after
+    /// [`PARTITION_ATTEMPTS_MAX`] masters.
+    #[allow(clippy::too_many_arguments)]
+    async fn replay_partition(
+        &self,
+        crashed: ServerId,
+        recovery: u64,
+        partition: u32,
+        ranges: PartitionRanges,
+        sources: &[RecoverySource],
+        candidates: &[(ServerId, String)],
+        first: usize,
+        declared: Instant,
+        live_after: Instant,
+    ) -> Result<(), Stop> {
+        let request = RecoverRequest {
+            crashed,
+            recovery,
+            partition,
+            ranges: ranges.clone(),
+            segments: sources.to_vec(),
+        };
+        let tries = candidates.len().min(PARTITION_ATTEMPTS_MAX as usize);
+        for attempt in 0..tries {
+            let (master, addr) = &candidates[(first + attempt) % candidates.len()];
+            let started = ms(declared.elapsed());
+            self.report(crashed, |r| {
+                if let Some(p) = r.partitions.get_mut(partition as usize) {
+                    p.master = *master;
+                    p.attempts += 1;
+                    p.replay_start_ms = started;
+                }
+            });
+            let deadline = Instant::now() + RECOVER_TIMEOUT;
+            let reply: RecoverReply = match self
+                .pool
+                .call::<Recover>(addr, &request, deadline)
+                .await
+            {
+                Ok(reply) => reply,
+                Err(error) => {
+                    tracing::warn!(%crashed, partition, %master, %error, "recovery master failed; trying another");
+                    continue;
+                }
+            };
+            // Not before every lease of the crashed master has lapsed.
+            tokio::time::sleep_until(live_after).await;
+            let command = Command::RecoveredPartition {
+                crashed,
+                ranges: ranges.clone(),
+                owner: *master,
+            };
+            match self.node.propose(command).await {
+                Ok(CommandResult::PartitionRecovered { tablets }) => {
+                    self.push_tablets(*master, addr, tablets).await;
+                    let live = ms(declared.elapsed());
+                    self.report(crashed, |r| {
+                        if let Some(p) = r.partitions.get_mut(partition as usize) {
+                            p.live_ms = live;
+                            p.replay_ms = u64::from(reply.replay_ms);
+                            p.bytes = reply.bytes;
+                            p.objects = reply.objects;
+                        }
+                    });
+                    tracing::info!(
+                        %crashed, partition, %master, objects = reply.objects, bytes = reply.bytes,
+                        replay_ms = reply.replay_ms, live_ms = live, fallbacks = reply.fallbacks,
+                        "partition live"
+                    );
+                    return Ok(());
+                }
+                Ok(CommandResult::Rejected { status, detail }) => {
+                    tracing::warn!(%crashed, partition, %master, ?status, %detail, "recovered partition refused; abandoning it");
+                    self.abandon(addr, ranges.clone()).await;
+                    // Recovered already, or the owner-to-be crashed: either way the next
+                    // attempt sees what is left.
+                    return Ok(());
+                }
+                Ok(other) => {
+                    tracing::error!(?other, "unexpected result of RecoveredPartition");
+                    return Ok(());
+                }
+                Err(error @ NodeError::NotLeader(_)) | Err(error @ NodeError::Stopped(_)) => {
+                    tracing::info!(%crashed, partition, %error, "partition not committed: leadership lost");
+                    self.abandon(addr, ranges.clone()).await;
+                    return Err(Stop::Leadership);
+                }
+                Err(error) => {
+                    tracing::warn!(%crashed, partition, %error, "partition not committed; trying again");
+                    self.abandon(addr, ranges.clone()).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells `master` to forget objects of `ranges` it does not own (best effort: the next
+    /// `Recover` of those ranges forgets them too).
+    async fn abandon(&self, addr: &str, ranges: PartitionRanges) {
+        let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
+        let request = AbandonRecoveryRequest { ranges };
+        if let Err(error) = self
+            .pool
+            .call::<AbandonRecovery>(addr, &request, deadline)
+            .await
+        {
+            tracing::debug!(%addr, %error, "AbandonRecovery not delivered");
+        }
+    }
+
+    /// Tells the new owner to serve its recovered tablets, retrying until
+    /// [`CLEANUP_CALL_TIMEOUT`]. If it cannot be told, clients get `UnknownTablet` from it
+    /// until it is (the tablets are its in the map): the owner is then presumably dead,
+    /// and its own recovery takes the tablets over.
+    async fn push_tablets(&self, owner: ServerId, addr: &str, tablets: Vec<Tablet>) {
+        let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
+        let request = TabletsRequest { tablets };
+        loop {
+            match self
+                .pool
+                .call::<TakeTablets>(addr, &request, deadline)
+                .await
+            {
+                Ok(()) => return,
+                Err(error) if retryable(&error) && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => {
+                    tracing::error!(%owner, %error, "recovered tablets not pushed to their owner");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn retryable(error: &RpcError) -> bool {
+    error.is_transport() || matches!(error.status(), Some(Status::Retry))
+}
+
+/// Why an attempt stopped short.
+#[derive(Debug)]
+enum Stop {
+    /// This coordinator no longer leads.
+    Leadership,
+    /// Setup cannot proceed yet (the reason).
+    Wait(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_common::protocol::backup::ReplicaInfo;
+    use rampart_common::will::Partition;
+
+    const T: TableId = TableId(7);
+
+    fn replica(backup: usize, segment: u64, epoch: u64, length: u32, closed: bool) -> FoundReplica {
+        FoundReplica {
+            backup,
+            replica: RecoveryReplica {
+                info: ReplicaInfo {
+                    master: ServerId(9),
+                    segment: SegmentId(segment),
+                    epoch,
+                    length,
+                    closed,
+                },
+                digest: None,
+            },
+        }
+    }
+
+    fn with_digest(mut f: FoundReplica, digest: &[u64]) -> FoundReplica {
+        f.replica.digest = Some(digest.iter().map(|&s| SegmentId(s)).collect());
+        f
+    }
+
+    fn ids(segments: &[u64]) -> Vec<SegmentId> {
+        segments.iter().map(|&s| SegmentId(s)).collect()
+    }
+
+    #[test]
+    fn check_log_accepts_a_complete_log() {
+        let found = vec![
+            replica(0, 1, 0, 100, true),
+            replica(1, 1, 0, 100, true),
+            replica(1, 2, 0, 100, true),
+            with_digest(replica(2, 3, 0, 50, false), &[1, 2, 3]),
+            with_digest(replica(0, 3, 0, 40, false), &[1, 2, 3]),
+        ];
+        assert_eq!(check_log(&found, false), Ok(ids(&[1, 2, 3])));
+    }
+
+    #[test]
+    fn check_log_waits_for_a_segment_of_the_digest() {
+        let found = vec![
+            replica(0, 1, 0, 100, true),
+            with_digest(replica(2, 3, 0, 50, false), &[1, 2, 3]),
+        ];
+        let incomplete = check_log(&found, false).expect_err("segment 2 is missing");
+        assert_eq!(incomplete.missing, ids(&[2]));
+        assert!(incomplete.why.contains("segment-2"), "{}", incomplete.why);
+        // The operator allows the loss: what exists is replayed.
+        assert_eq!(check_log(&found, true), Ok(ids(&[1, 3])));
+    }
+
+    #[test]
+    fn check_log_waits_for_the_successor_of_a_closed_head() {
+        // Crash right after a rollover: segment 2's replicas were lost, segment 1 is closed.
+        let found = vec![replica(0, 1, 0, 100, true), replica(1, 1, 0, 100, true)];
+        let incomplete = check_log(&found, false).expect_err("head missing");
+        assert_eq!(incomplete.missing, ids(&[2]));
+    }
+
+    #[test]
+    fn check_log_ignores_a_new_head_with_nothing_written() {
+        let found = vec![
+            with_digest(replica(0, 1, 0, 100, false), &[1]),
+            replica(1, 2, 0, 0, false),
+        ];
+        assert_eq!(check_log(&found, false), Ok(ids(&[1])));
+    }
+
+    #[test]
+    fn check_log_without_any_replica_waits() {
+        let incomplete = check_log(&[], false).expect_err("nothing found");
+        assert!(incomplete.why.contains("no backup"), "{}", incomplete.why);
+    }
+
+    #[test]
+    fn choose_sources_spreads_reads_and_keeps_fallbacks() {
+        let mut found = Vec::new();
+        for segment in 1..=6 {
+            for backup in 0..3 {
+                found.push(replica(backup, segment, 0, 100, true));
+            }
+        }
+        let plan = choose_sources(&ids(&[1, 2, 3, 4, 5, 6]), &found);
+        for backup in 0..3 {
+            assert_eq!(plan.reads.get(&backup).map(Vec::len), Some(2), "{plan:?}");
+        }
+        assert_eq!(plan.sources.len(), 6);
+        for (_, backups) in &plan.sources {
+            assert_eq!(backups.len(), 3, "chosen first, then two fallbacks");
+        }
+        // First round: one segment from each backup.
+        let first_round: BTreeSet<usize> = plan.sources[..3].iter().map(|(_, b)| b[0]).collect();
+        assert_eq!(first_round.len(), 3);
+    }
+
+    #[test]
+    fn choose_sources_prefers_the_newest_epoch_then_closed_then_longest() {
+        let found = vec![
+            replica(0, 1, 1, 100, true),
+            replica(1, 1, 2, 80, false),
+            replica(2, 1, 2, 90, false),
+        ];
+        let plan = choose_sources(&ids(&[1]), &found);
+        assert_eq!(plan.sources, vec![(SegmentId(1), vec![2, 1])]);
+    }
+
+    #[test]
+    fn partitions_follow_the_will_cut_to_owned_tablets() {
+        let owned = vec![
+            Tablet {
+                table: T,
+                start_hash: 0,
+                end_hash: 999,
+                owner: ServerId(9),
+            },
+            Tablet {
+                table: TableId(8),
+                start_hash: 0,
+                end_hash: u64::MAX,
+                owner: ServerId(9),
+            },
+        ];
+        let will = Will {
+            bytes_max: 100,
+            records_max: 100,
+            partitions: vec![
+                Partition {
+                    tablets: vec![(T, 0, 499)],
+                    bytes: 60,
+                    records: 1,
+                },
+                Partition {
+                    // Part of it was recovered already (hashes 1000..).
+                    tablets: vec![(T, 500, 1999)],
+                    bytes: 70,
+                    records: 1,
+                },
+            ],
+        };
+        let partitions = partitions_for(Some(&will), &owned);
+        assert_eq!(
+            partitions,
+            vec![
+                (vec![(T, 0, 499)], 60),
+                (vec![(T, 500, 999)], 70),
+                // Not in the will: a partition of its own.
+                (vec![(TableId(8), 0, u64::MAX)], 0),
+            ]
+        );
+        // Without a will: one partition per tablet.
+        assert_eq!(partitions_for(None, &owned).len(), 2);
+    }
+
+    #[test]
+    fn partitions_cover_gaps_the_will_leaves() {
+        let owned = vec![Tablet {
+            table: T,
+            start_hash: 0,
+            end_hash: 1000,
+            owner: ServerId(9),
+        }];
+        let will = Will {
+            bytes_max: 100,
+            records_max: 100,
+            partitions: vec![Partition {
+                tablets: vec![(T, 100, 200)],
+                bytes: 1,
+                records: 1,
+            }],
+        };
+        let mut ranges: Vec<(TableId, u64, u64)> = partitions_for(Some(&will), &owned)
+            .into_iter()
+            .flat_map(|(r, _)| r)
+            .collect();
+        ranges.sort_unstable();
+        assert_eq!(ranges, vec![(T, 0, 99), (T, 100, 200), (T, 201, 1000)]);
+    }
+
+    #[test]
+    fn assign_partitions_spreads_over_masters_then_by_memory() {
+        let masters = vec![(ServerId(1), 100), (ServerId(2), 300), (ServerId(3), 200)];
+        let assigned = assign_partitions(&[10, 10, 10, 10], &masters).expect("masters");
+        let mut counts = [0; 3];
+        for m in &assigned {
+            counts[*m] += 1;
+        }
+        assert_eq!(counts, [1, 2, 1], "the fourth goes to the most free memory");
+        assert_eq!(assign_partitions(&[1], &[]), None);
+    }
+}
