@@ -6,14 +6,19 @@
 //! * [`disk_speed`] — `DiskSpeed`: the start-up measurement of the disk's read
 //!   bandwidth (a probe file written, read back with `O_DIRECT`, removed; about a
 //!   second) that the backup reports at enlistment unless `--disk-mbps` overrides it.
+//! * [`recovery`] — `RecoveryReads`: recovery's reads of a crashed master's replicas
+//!   (`RecoveryRead`), each split once into per-partition pieces
+//!   ([`recovery::split_replica`], a pure function) and kept, within a memory bound, until
+//!   recovery masters fetch them (`RecoveryData`); replicas nobody scheduled here are
+//!   read and cut on demand.
 //! * [`segment_store`] — `SegmentStore`: the on-disk store of segment replicas. Atomic,
 //!   fsynced replica writes; a restart scan that verifies every replica and reports
 //!   what it holds byte for byte; quarantine of anything that does not verify.
 //! * [`service`] — `BackupService`: the backup RPCs (open, write, close, bump epoch,
-//!   free, list, read a replica) over frames held in a shared-memory frame file and the
-//!   segment store; the soft-NIC's target (`BackupNic`) and recovery's fence
-//!   (`fence_master`); epochs, the bound on open frames, and the ordering of a close
-//!   against a free of the same replica.
+//!   free, list, read a replica; start, read for, fetch for and end a recovery) over
+//!   frames held in a shared-memory frame file and the segment store; the soft-NIC's
+//!   target (`BackupNic`) and recovery's fence (`fence_master`); epochs, the bound on
+//!   open frames, and the ordering of a close against a free of the same replica.
 //!
 //! The one-sided transports themselves (the frame file, the soft-NIC) live in
 //! `rampart_common::onesided`, shared with the masters that write through them.
@@ -27,14 +32,19 @@
 //!    [`SegmentStore::write_replica`](segment_store::SegmentStore::write_replica) — one
 //!    large write and fsync — and releases the slot (zeroed, its memory returned).
 //! 4. During recovery of that master, the backup first fences its open frames
-//!    ([`BackupService::fence_master`](service::BackupService::fence_master)), then
-//!    reads its replicas back with
+//!    ([`BackupService::fence_master`](service::BackupService::fence_master), on
+//!    `StartRecovery`, which reports every replica of the master held here with the log
+//!    digests of the open ones), then reads its replicas back in the order
+//!    `RecoveryRead` gives — stored ones with
 //!    [`SegmentStore::read_replica`](segment_store::SegmentStore::read_replica), which
-//!    re-verifies their checksums; afterwards it frees them.
+//!    re-verifies their checksums, fenced frames up to their fenced length — and splits
+//!    each into per-partition pieces ([`RecoveryReads`](recovery::RecoveryReads)) that
+//!    recovery masters fetch with `RecoveryData`. `EndRecovery` frees them all.
 //! 5. After a restart of the backup itself,
 //!    [`SegmentStore::open`](segment_store::SegmentStore::open) scans the disk and
 //!    reports every replica it still holds.
 
 pub mod disk_speed;
+pub mod recovery;
 pub mod segment_store;
 pub mod service;

@@ -12,6 +12,22 @@
 //! (master, segment) and frames named by handles; they never see the store's files,
 //! the slots, the locks or the blocking threads.
 //!
+//! Crash recovery of a master (DESIGN.md §6) uses four more RPCs:
+//! * `StartRecovery` fences the master's open frames and reports every replica of it
+//!   held here, sorted by segment — open frames with their fenced lengths, stored
+//!   replicas open or closed, a frame shadowing the stored copy as in lists — with the
+//!   log digest of each replica that is not closed (the coordinator's completeness
+//!   check, DESIGN.md §4).
+//! * `RecoveryRead` answers at once and has [`RecoveryReads`] read the named replicas
+//!   in order on a blocking thread, splitting each by partition.
+//! * `RecoveryData` hands out one (segment, partition) piece, waits for it, or reads
+//!   the replica on demand (a fallback); see [`RecoveryReads::fetch`].
+//! * `EndRecovery` forgets the master's recovery and frees every replica of it here,
+//!   frames first, as `FreeReplica` does (so a close in flight cannot resurrect one).
+//!
+//! Every recovery read fences the master first if `StartRecovery` did not reach this
+//! backup: bytes a still-running master could change are never served to recovery.
+//!
 //! # Guarantees
 //! 1. A `CloseReplica` is answered `Ok` only once [`SegmentStore::write_replica`]
 //!    returned `Ok`, i.e. the replica is fsynced and survives a restart of the backup.
@@ -108,6 +124,9 @@
 //! reading an open frame copies and scans it on a blocking thread (≈ 1–5 ms per 8 MiB
 //! frame). A close costs one replica write plus two fsyncs in the store (≈ 17 ms for
 //! 8 MiB at 500 MB/s), on a blocking thread, then a `fallocate` to release the slot.
+//! `StartRecovery` scans each open frame of the master twice (fence, then digest) and
+//! reads each stored open replica from disk (one per master normally); recovery reads
+//! cost what [`crate::recovery`] says, all on blocking threads.
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -117,17 +136,20 @@ use rampart_common::onesided::nic::NicTarget;
 use rampart_common::onesided::shm::FrameFile;
 use rampart_common::onesided::{host_id, FrameWriteError};
 use rampart_common::protocol::backup::{
-    self as proto, BumpEpochRequest, CloseReplicaRequest, FreeReplicaReply, FreeReplicaRequest,
-    ListReplicasReply, ListReplicasRequest, OpenReplicaReply, OpenReplicaRequest,
-    RdmaConnectRequest, ReadReplicaReply, ReplicaId, ReplicaInfo, ShmFrame, WriteReplicaRequest,
+    self as proto, BumpEpochRequest, CloseReplicaRequest, EndRecoveryReply, EndRecoveryRequest,
+    FreeReplicaReply, FreeReplicaRequest, ListReplicasReply, ListReplicasRequest, OpenReplicaReply,
+    OpenReplicaRequest, RdmaConnectRequest, ReadReplicaReply, RecoveryDataRequest,
+    RecoveryReadRequest, RecoveryReplica, ReplicaId, ReplicaInfo, ShmFrame, StartRecoveryReply,
+    StartRecoveryRequest, WriteReplicaRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
 use rampart_common::status::Status;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::recovery::{HeldReplica, RecoveryReads, ReplicaSource, RECOVERY_PIECES_BYTES_MAX};
 use crate::segment_store::{
     Disk, RealDisk, ReplicaMeta, ScanReport, SegmentStore, StoreError, REPLICA_BYTES_MAX,
 };
@@ -665,6 +687,175 @@ impl Shared {
     }
 }
 
+/// [`BackupService::fence_master`], for callers holding the parts rather than the
+/// service (blocking threads of recovery). Blocks while it copies and scans frames.
+fn fence(shared: &Shared, rdma: &rdma::RdmaTarget, master: ServerId) -> Vec<ReplicaInfo> {
+    let frames: Vec<FrameRef> = {
+        let mut state = shared.state.lock();
+        state.fenced_masters.insert(master);
+        let range = (master, SegmentId(0))..=(master, SegmentId(u64::MAX));
+        let handles: Vec<u64> = state.open.range(range).map(|(_, &h)| h).collect();
+        handles
+            .into_iter()
+            .filter_map(|handle| {
+                let frame = state.frames.get_mut(&handle)?;
+                frame.fenced = true;
+                // Under `state`: the slot is this frame's (slots change hands only
+                // after their frame left the table).
+                shared.file.fence(frame.slot);
+                Some(State::frame_ref(handle, frame))
+            })
+            .collect()
+    };
+    // RDMA WRITEs ignore the fence word: revoke the master's key before the scan, and
+    // after the frames are marked (a master whose write fails at its NIC then asks
+    // with an empty `WriteReplica`, and must hear `Fenced`).
+    rdma.revoke(master);
+    let scanned = shared.scan_frames(frames);
+    let mut state = shared.state.lock();
+    let fenced: Vec<ReplicaInfo> = scanned
+        .into_iter()
+        .filter_map(|(mut frame, _)| {
+            // Gone since the scan: freed by recovery already, nothing to report.
+            let held = state.frames.get_mut(&frame.handle)?;
+            let length = *held.fenced_length.get_or_insert(frame.info.length);
+            frame.info.length = length;
+            Some(frame.info)
+        })
+        .collect();
+    drop(state);
+    tracing::info!(%master, frames = fenced.len(), "open frames fenced");
+    fenced
+}
+
+/// The replica `key` as reads see it: the visible open frame's valid prefix (its fenced
+/// length once fenced), else the stored copy, verified (a corrupt one is quarantined
+/// and reported as [`StoreError::Corrupt`]); `None` if not held. Blocks: takes the store
+/// lock and copies and scans frames.
+fn read_held(
+    store: &Mutex<SegmentStore>,
+    shared: &Shared,
+    key: ReplicaKey,
+) -> Result<Option<HeldReplica>, StoreError> {
+    let frame = shared
+        .state
+        .lock()
+        .visible_frame(key)
+        .map(|(handle, frame)| State::frame_ref(handle, frame));
+    if let Some(frame) = frame {
+        if let Some((frame, bytes)) = shared.scan_frames(vec![frame]).into_iter().next() {
+            return Ok(Some(HeldReplica {
+                info: frame.info,
+                bytes,
+            }));
+        }
+        // Closed, freed or replaced meanwhile: the store has the answer.
+    }
+    let mut store = store.lock();
+    let result = store.read_replica(key.0, key.1);
+    let meta = store.meta(key.0, key.1);
+    shared.state.lock().sync_stored(&store, key);
+    Ok(match (result?, meta) {
+        (Some(bytes), Some(meta)) => Some(HeldReplica {
+            info: info_of(&meta),
+            bytes,
+        }),
+        // Freed between the lookup above and the read.
+        _ => None,
+    })
+}
+
+/// Every replica of `master` held here, for `StartRecovery`: stored ones and visible
+/// frames (a frame shadows its stored copy, as in lists), sorted by segment, with the
+/// log digest of each one that is not closed. Blocks: scans frames, reads stored open
+/// replicas from disk.
+fn recovery_replicas(
+    store: &Mutex<SegmentStore>,
+    shared: &Shared,
+    master: ServerId,
+) -> Vec<RecoveryReplica> {
+    let (stored, frames) = shared.state.lock().list(Some(master));
+    let mut replicas: BTreeMap<ReplicaKey, RecoveryReplica> = stored
+        .into_iter()
+        .map(|(key, info)| (key, RecoveryReplica { info, digest: None }))
+        .collect();
+    let mut from_frames = BTreeSet::new();
+    for (frame, bytes) in shared.scan_frames(frames) {
+        let key = (frame.info.master, frame.info.segment);
+        from_frames.insert(key);
+        let digest = scan(&bytes).digest;
+        replicas.insert(
+            key,
+            RecoveryReplica {
+                info: frame.info,
+                digest,
+            },
+        );
+    }
+    // Open replicas on disk (flushed at a graceful stop): their digest is in their bytes.
+    let open_stored: Vec<ReplicaKey> = replicas
+        .iter()
+        .filter(|(key, replica)| !replica.info.closed && !from_frames.contains(*key))
+        .map(|(key, _)| *key)
+        .collect();
+    for key in open_stored {
+        let read = {
+            let mut store = store.lock();
+            let read = store.read_replica(key.0, key.1);
+            shared.state.lock().sync_stored(&store, key);
+            read
+        };
+        match read {
+            Ok(Some(bytes)) => {
+                if let Some(replica) = replicas.get_mut(&key) {
+                    replica.digest = scan(&bytes).digest;
+                }
+            }
+            // Freed meanwhile, or corrupt (now quarantined): no longer held.
+            Ok(None) | Err(StoreError::Corrupt { .. }) => {
+                replicas.remove(&key);
+            }
+            // Perhaps readable later: reported, without its digest.
+            Err(error) => {
+                tracing::warn!(master = %key.0, segment = %key.1, %error, "open replica unreadable at recovery start");
+            }
+        }
+    }
+    replicas.into_values().collect()
+}
+
+/// The service's replicas as recovery reads them ([`ReplicaSource`]). Fences the
+/// master first where that has not been done (`StartRecovery` may not have reached
+/// this backup), or is still under way for the replica's frame: a frame is served to
+/// recovery only with its final, fenced length.
+#[derive(Debug)]
+struct RecoverySource {
+    store: Arc<Mutex<SegmentStore>>,
+    shared: Arc<Shared>,
+    rdma: Arc<rdma::RdmaTarget>,
+}
+
+impl ReplicaSource for RecoverySource {
+    fn read(
+        &self,
+        master: ServerId,
+        segment: SegmentId,
+    ) -> Result<Option<HeldReplica>, StoreError> {
+        let key = (master, segment);
+        let unfenced = {
+            let state = self.shared.state.lock();
+            !state.fenced_masters.contains(&master)
+                || state
+                    .visible_frame(key)
+                    .is_some_and(|(_, frame)| frame.fenced_length.is_none())
+        };
+        if unfenced {
+            fence(&self.shared, &self.rdma, master);
+        }
+        read_held(&self.store, &self.shared, key)
+    }
+}
+
 fn info_of(meta: &ReplicaMeta) -> ReplicaInfo {
     ReplicaInfo {
         master: meta.master,
@@ -787,6 +978,9 @@ pub struct BackupService {
     /// RDMA connections of masters and their keys (`RdmaConnect`, revoked by
     /// `fence_master`). Its lock is never taken while `state` or `store` is held.
     rdma: Arc<rdma::RdmaTarget>,
+    /// Recovery reads and their pieces. Its lock is never held while it calls into the
+    /// service (through [`RecoverySource`]), so it nests with none of the above.
+    recovery: RecoveryReads,
 }
 
 /// The backup's side of the soft-NIC (`rampart_common::onesided::nic::serve`): places
@@ -891,6 +1085,7 @@ impl BackupService {
                 path,
             }),
             rdma: Arc::new(rdma),
+            recovery: RecoveryReads::new(RECOVERY_PIECES_BYTES_MAX),
         };
         Ok((service, report))
     }
@@ -963,42 +1158,7 @@ impl BackupService {
     /// Blocks while it copies and scans the frames (≈ 1–5 ms per 8 MiB frame): call it
     /// on a blocking thread.
     pub fn fence_master(&self, master: ServerId) -> Vec<ReplicaInfo> {
-        let frames: Vec<FrameRef> = {
-            let mut state = self.shared.state.lock();
-            state.fenced_masters.insert(master);
-            let range = (master, SegmentId(0))..=(master, SegmentId(u64::MAX));
-            let handles: Vec<u64> = state.open.range(range).map(|(_, &h)| h).collect();
-            handles
-                .into_iter()
-                .filter_map(|handle| {
-                    let frame = state.frames.get_mut(&handle)?;
-                    frame.fenced = true;
-                    // Under `state`: the slot is this frame's (slots change hands only
-                    // after their frame left the table).
-                    self.shared.file.fence(frame.slot);
-                    Some(State::frame_ref(handle, frame))
-                })
-                .collect()
-        };
-        // RDMA WRITEs ignore the fence word: revoke the master's key before the scan, and
-        // after the frames are marked (a master whose write fails at its NIC then asks
-        // with an empty `WriteReplica`, and must hear `Fenced`).
-        self.rdma.revoke(master);
-        let scanned = self.shared.scan_frames(frames);
-        let mut state = self.shared.state.lock();
-        let fenced: Vec<ReplicaInfo> = scanned
-            .into_iter()
-            .filter_map(|(mut frame, _)| {
-                // Gone since the scan: freed by recovery already, nothing to report.
-                let held = state.frames.get_mut(&frame.handle)?;
-                let length = *held.fenced_length.get_or_insert(frame.info.length);
-                frame.info.length = length;
-                Some(frame.info)
-            })
-            .collect();
-        drop(state);
-        tracing::info!(%master, frames = fenced.len(), "open frames fenced");
-        fenced
+        fence(&self.shared, &self.rdma, master)
     }
 
     /// Requests answered from memory without waiting: open, write, bump epoch.
@@ -1043,6 +1203,10 @@ impl BackupService {
             proto::ListReplicas::OPCODE => self.list(payload).await,
             proto::ReadReplica::OPCODE => self.read(payload).await,
             proto::RdmaConnect::OPCODE => self.rdma_connect(payload).await,
+            proto::StartRecovery::OPCODE => self.start_recovery(payload).await,
+            proto::RecoveryRead::OPCODE => self.recovery_read(payload).await,
+            proto::RecoveryData::OPCODE => self.recovery_data(payload).await,
+            proto::EndRecovery::OPCODE => self.end_recovery(payload).await,
             other => Err(Reply::error(
                 Status::UnknownOpcode,
                 format!("backup does not serve {other}"),
@@ -1172,48 +1336,118 @@ impl BackupService {
     async fn read(&self, payload: Bytes) -> Result<Reply, Reply> {
         let id: ReplicaId = Reply::decode(payload)?;
         let key = (id.master, id.segment);
-        let frame = {
+        {
             let state = self.shared.state.lock();
-            let frame = state
-                .visible_frame(key)
-                .map(|(handle, frame)| State::frame_ref(handle, frame));
-            if frame.is_none() && !state.stored.contains_key(&key) {
+            if !state.open.contains_key(&key) && !state.stored.contains_key(&key) {
                 return Err(not_held(key));
             }
-            frame
-        };
-        if let Some(frame) = frame {
-            let shared = Arc::clone(&self.shared);
-            let scanned = blocking(move || shared.scan_frames(vec![frame])).await?;
-            if let Some((frame, bytes)) = scanned.into_iter().next() {
-                return Ok(Reply::ok(&ReadReplicaReply {
-                    info: frame.info,
-                    bytes: Bytes::from(bytes),
-                }));
-            }
-            // Closed, freed or replaced meanwhile: the store has the answer.
         }
         let (store, shared) = (Arc::clone(&self.store), Arc::clone(&self.shared));
-        let (result, meta) = blocking(move || {
-            let mut store = store.lock();
-            let result = store.read_replica(key.0, key.1);
-            let meta = store.meta(key.0, key.1);
-            shared.state.lock().sync_stored(&store, key);
-            (result, meta)
-        })
-        .await?;
-        match (result, meta) {
-            (Ok(Some(bytes)), Some(meta)) => Ok(Reply::ok(&ReadReplicaReply {
-                info: info_of(&meta),
-                bytes: Bytes::from(bytes),
+        match blocking(move || read_held(&store, &shared, key)).await? {
+            Ok(Some(held)) => Ok(Reply::ok(&ReadReplicaReply {
+                info: held.info,
+                bytes: Bytes::from(held.bytes),
             })),
-            // Freed between the lookup above and the read.
-            (Ok(_), _) => Err(not_held(key)),
-            (Err(error), _) => {
+            Ok(None) => Err(not_held(key)),
+            Err(error) => {
                 tracing::error!(master = %id.master, segment = %id.segment, %error, "replica read failed");
                 Err(store_error_reply(error))
             }
         }
+    }
+
+    /// What recovery reads replicas through.
+    fn recovery_source(&self) -> Arc<dyn ReplicaSource> {
+        Arc::new(RecoverySource {
+            store: Arc::clone(&self.store),
+            shared: Arc::clone(&self.shared),
+            rdma: Arc::clone(&self.rdma),
+        })
+    }
+
+    /// `StartRecovery`: fence, then report every replica of the master with digests.
+    async fn start_recovery(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: StartRecoveryRequest = Reply::decode(payload)?;
+        let master = request.master;
+        let (store, shared, rdma) = (
+            Arc::clone(&self.store),
+            Arc::clone(&self.shared),
+            Arc::clone(&self.rdma),
+        );
+        let replicas = blocking(move || {
+            fence(&shared, &rdma, master);
+            recovery_replicas(&store, &shared, master)
+        })
+        .await?;
+        tracing::info!(%master, replicas = replicas.len(), "recovery started: replicas reported");
+        Ok(Reply::ok(&StartRecoveryReply { replicas }))
+    }
+
+    /// `RecoveryRead`: schedule the reads, answer at once.
+    async fn recovery_read(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: RecoveryReadRequest = Reply::decode(payload)?;
+        self.recovery
+            .start(request, self.recovery_source())
+            .map_err(|error| Reply::error(error.status(), error))?;
+        Ok(Reply::ok(&()))
+    }
+
+    /// `RecoveryData`: one piece, from the cache, after a wait, or read on demand.
+    async fn recovery_data(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: RecoveryDataRequest = Reply::decode(payload)?;
+        let reply = self
+            .recovery
+            .fetch(&request, self.recovery_source())
+            .await
+            .map_err(|error| Reply::error(error.status(), error))?;
+        Ok(Reply::ok(&reply))
+    }
+
+    /// `EndRecovery`: forget the master's recovery, then free every replica of it held
+    /// here with the ordering of `free` (frames leave the table before the store step,
+    /// so a close in flight either lands first and is deleted, or finds its frame gone).
+    async fn end_recovery(&self, payload: Bytes) -> Result<Reply, Reply> {
+        let request: EndRecoveryRequest = Reply::decode(payload)?;
+        let master = request.master;
+        self.recovery.end(master);
+        let (mut freed, releases) = {
+            let mut state = self.shared.state.lock();
+            let range = (master, SegmentId(0))..=(master, SegmentId(u64::MAX));
+            let frames: Vec<(ReplicaKey, u64)> =
+                state.open.range(range).map(|(&key, &h)| (key, h)).collect();
+            let mut freed = BTreeSet::new();
+            let mut releases = Vec::new();
+            for (key, handle) in frames {
+                freed.insert(key);
+                releases.extend(state.remove_frame(handle));
+            }
+            (freed, releases)
+        };
+        let (store, shared) = (Arc::clone(&self.store), Arc::clone(&self.shared));
+        let (result, stored) = blocking(move || {
+            for slot in releases {
+                shared.free_slot(slot);
+            }
+            let mut store = store.lock();
+            let stored: Vec<ReplicaKey> = store
+                .list(Some(master))
+                .iter()
+                .map(|meta| (meta.master, meta.segment))
+                .collect();
+            let result = store.free_master(master);
+            let mut state = shared.state.lock();
+            for &key in &stored {
+                state.sync_stored(&store, key);
+            }
+            (result, stored)
+        })
+        .await?;
+        result.map_err(store_error_reply)?;
+        freed.extend(stored);
+        tracing::info!(%master, freed = freed.len(), "recovery ended: replicas freed");
+        Ok(Reply::ok(&EndRecoveryReply {
+            freed: u32::try_from(freed.len()).unwrap_or(u32::MAX),
+        }))
     }
 }
 
@@ -1919,6 +2153,10 @@ mod tests {
             proto::ListReplicas::OPCODE,
             proto::ReadReplica::OPCODE,
             proto::BumpEpoch::OPCODE,
+            proto::StartRecovery::OPCODE,
+            proto::RecoveryRead::OPCODE,
+            proto::RecoveryData::OPCODE,
+            proto::EndRecovery::OPCODE,
         ];
         let garbage: [&[u8]; 4] = [b"", &[0xFF; 3], &[0xFF; 64], &[0x01; 200]];
         for opcode in opcodes {
@@ -2374,5 +2612,429 @@ mod tests {
                 Status::InvalidArgument
             );
         }
+    }
+
+    // ---- Crash recovery: StartRecovery, RecoveryRead, RecoveryData, EndRecovery ----
+
+    use rampart_common::ids::{key_hash, TableId, Version};
+    use rampart_common::log::{decode_entry, Entry, SegmentWriter};
+    use rampart_common::protocol::backup::{PartitionRanges, RecoveryDataReply};
+
+    /// What a log entry says, for comparisons: (tombstone?, table, key, version).
+    type Logged = (bool, TableId, Vec<u8>, Version);
+
+    const HALF: u64 = 1 << 63;
+
+    /// Partition 0: table 1's lower half of hashes; partition 1: table 1's upper half and
+    /// all of table 2. Table 3 is in none (a tablet the crashed master no longer owned).
+    fn partitions() -> Vec<PartitionRanges> {
+        vec![
+            vec![(TableId(1), 0, HALF - 1)],
+            vec![(TableId(1), HALF, u64::MAX), (TableId(2), 0, u64::MAX)],
+        ]
+    }
+
+    /// The model of `partitions()`.
+    fn partition_of(table: TableId, key: &[u8]) -> Option<u32> {
+        let hash = key_hash(key).0;
+        match table.0 {
+            1 if hash < HALF => Some(0),
+            1 | 2 => Some(1),
+            _ => None,
+        }
+    }
+
+    /// A segment of `master` with objects in tables 1–3, a tombstone and safe versions,
+    /// closed (footer to `segment + 1`) or open. Returns its bytes (the committed part),
+    /// what it logged, and its highest safe version.
+    fn recovery_segment(
+        master: u64,
+        segment: u64,
+        digest: &[u64],
+        closed: bool,
+    ) -> (Vec<u8>, Vec<Logged>, Version) {
+        let digest: Vec<SegmentId> = digest.iter().copied().map(SegmentId).collect();
+        let mut writer =
+            SegmentWriter::open(ServerId(master), SegmentId(segment), CAPACITY, &digest)
+                .expect("open");
+        let mut logged = Vec::new();
+        for i in 0..12u64 {
+            let table = TableId([1, 1, 1, 2, 3][i as usize % 5]);
+            let key = format!("s{segment}-k{i}").into_bytes();
+            writer
+                .append_object(table, Version(i + 1), &key, &content(i as u8, 50))
+                .expect("fits");
+            logged.push((false, table, key, Version(i + 1)));
+            if i == 5 {
+                writer
+                    .append_safe_version(Version(200 + segment))
+                    .expect("fits");
+                writer.seal_batch();
+            }
+        }
+        let gone = format!("s{segment}-gone").into_bytes();
+        writer
+            .append_tombstone(TableId(1), Version(3), SegmentId(1), &gone)
+            .expect("fits");
+        logged.push((true, TableId(1), gone, Version(3)));
+        writer
+            .append_safe_version(Version(100 + segment))
+            .expect("fits");
+        writer.seal_batch();
+        if closed {
+            writer.close(SegmentId(segment + 1));
+        }
+        let end = writer.committed_len() as usize;
+        (
+            writer.bytes()[..end].to_vec(),
+            logged,
+            Version(200 + segment),
+        )
+    }
+
+    /// The entries of `logged` in `partition`, in log order.
+    fn expected(logged: &[Logged], partition: u32) -> Vec<Logged> {
+        logged
+            .iter()
+            .filter(|(_, table, key, _)| partition_of(*table, key) == Some(partition))
+            .cloned()
+            .collect()
+    }
+
+    fn decode_piece(reply: &RecoveryDataReply) -> Vec<Logged> {
+        let mut offset = 0;
+        let mut seen = Vec::new();
+        while let Some((entry, next)) = decode_entry(&reply.entries, offset).expect("decodes") {
+            match entry {
+                Entry::Object(o) => seen.push((false, o.table, o.key.to_vec(), o.version)),
+                Entry::Tombstone(t) => seen.push((true, t.table, t.key.to_vec(), t.version)),
+                other => panic!("unexpected {other:?} in a piece"),
+            }
+            offset = next;
+        }
+        assert_eq!(seen.len(), reply.count as usize);
+        seen
+    }
+
+    /// Stores `bytes` as the closed replica (master, segment) at epoch 1.
+    async fn store_closed(service: &BackupService, master: u64, segment: u64, bytes: &[u8]) {
+        let handle = open(service, master, segment, 1).await;
+        write_range(service, handle, 1, bytes, 0, bytes.len() as u32).await;
+        close(service, handle, 1, bytes.len() as u32)
+            .await
+            .expect("close");
+    }
+
+    /// Writes `bytes` into a new open frame (master, segment) at epoch 1.
+    async fn write_open(service: &BackupService, master: u64, segment: u64, bytes: &[u8]) -> u64 {
+        let handle = open(service, master, segment, 1).await;
+        write_range(service, handle, 1, bytes, 0, bytes.len() as u32).await;
+        handle
+    }
+
+    async fn start_recovery(service: &BackupService, master: u64) -> Vec<RecoveryReplica> {
+        let request = StartRecoveryRequest {
+            master: ServerId(master),
+        };
+        call::<proto::StartRecovery>(service, &request)
+            .await
+            .expect("start recovery")
+            .replicas
+    }
+
+    async fn recovery_read(
+        service: &BackupService,
+        master: u64,
+        recovery: u64,
+        segments: &[u64],
+        partitions: Vec<PartitionRanges>,
+    ) -> Result<(), (Status, String)> {
+        let request = RecoveryReadRequest {
+            master: ServerId(master),
+            recovery,
+            segments: segments.iter().copied().map(SegmentId).collect(),
+            partitions,
+        };
+        call::<proto::RecoveryRead>(service, &request).await
+    }
+
+    async fn recovery_data(
+        service: &BackupService,
+        master: u64,
+        recovery: u64,
+        segment: u64,
+        partition: u32,
+        ranges: PartitionRanges,
+    ) -> Result<RecoveryDataReply, (Status, String)> {
+        let request = RecoveryDataRequest {
+            master: ServerId(master),
+            recovery,
+            segment: SegmentId(segment),
+            partition,
+            ranges,
+        };
+        call::<proto::RecoveryData>(service, &request).await
+    }
+
+    async fn end_recovery(service: &BackupService, master: u64) -> u32 {
+        let request = EndRecoveryRequest {
+            master: ServerId(master),
+        };
+        call::<proto::EndRecovery>(service, &request)
+            .await
+            .expect("end recovery")
+            .freed
+    }
+
+    #[tokio::test]
+    async fn start_recovery_fences_and_reports_closed_and_open_replicas_with_digests() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let (closed, _, _) = recovery_segment(1, 1, &[1], true);
+        store_closed(&service, 1, 1, &closed).await;
+        let (head, _, _) = recovery_segment(1, 2, &[1, 2], false);
+        let handle = write_open(&service, 1, 2, &head).await;
+        let other_master = write_open(&service, 2, 1, b"").await;
+
+        let replicas = start_recovery(&service, 1).await;
+        assert_eq!(
+            replicas,
+            vec![
+                RecoveryReplica {
+                    info: info(1, 1, 1, closed.len() as u32, true),
+                    digest: None,
+                },
+                RecoveryReplica {
+                    info: info(1, 2, 1, head.len() as u32, false),
+                    digest: Some(vec![SegmentId(1), SegmentId(2)]),
+                },
+            ]
+        );
+        // Fenced: a later write to the open frame is refused, and so is a new replica.
+        assert_eq!(
+            status(write(&service, handle, 1, head.len() as u32, b"late").await),
+            Status::Fenced
+        );
+        assert_eq!(
+            status(call::<proto::OpenReplica>(&service, &open_req(1, 3, 1)).await),
+            Status::Fenced
+        );
+        write(&service, other_master, 1, 0, b"fine")
+            .await
+            .expect("another master is not fenced");
+        // Idempotent.
+        assert_eq!(start_recovery(&service, 1).await, replicas);
+    }
+
+    #[tokio::test]
+    async fn start_recovery_reports_the_digest_of_an_open_replica_on_disk() {
+        let dir = TempDir::new().expect("tempdir");
+        let (head, _, _) = recovery_segment(5, 3, &[2, 3], false);
+        {
+            let service = open_service(&dir, 4);
+            write_open(&service, 5, 3, &head).await;
+            assert_eq!(service.flush_open_frames(), 1);
+        }
+        let service = open_service(&dir, 4);
+        assert_eq!(
+            start_recovery(&service, 5).await,
+            vec![RecoveryReplica {
+                info: info(5, 3, 1, head.len() as u32, false),
+                digest: Some(vec![SegmentId(2), SegmentId(3)]),
+            }]
+        );
+    }
+
+    #[tokio::test]
+    async fn recovery_read_then_recovery_data_returns_each_partitions_entries_once() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let (first, first_logged, first_safe) = recovery_segment(1, 1, &[1], true);
+        store_closed(&service, 1, 1, &first).await;
+        let (head, head_logged, head_safe) = recovery_segment(1, 2, &[1, 2], false);
+        write_open(&service, 1, 2, &head).await;
+        start_recovery(&service, 1).await;
+
+        recovery_read(&service, 1, 7, &[2, 1], partitions())
+            .await
+            .expect("recovery read");
+        // Asked in the backup's read order, as recovery masters do.
+        for (segment, logged, safe, epoch) in [
+            (2, &head_logged, head_safe, 1),
+            (1, &first_logged, first_safe, 1),
+        ] {
+            for partition in 0..2 {
+                let reply = recovery_data(&service, 1, 7, segment, partition, vec![])
+                    .await
+                    .expect("piece");
+                let want = expected(logged, partition);
+                assert!(!want.is_empty(), "the test covers every partition");
+                assert_eq!(decode_piece(&reply), want, "{segment}/{partition}");
+                assert_eq!((reply.safe_version, reply.epoch), (safe, epoch));
+            }
+        }
+        assert_eq!(service.recovery.pieces_bytes(), 0, "every piece handed out");
+        // Handed out once: a repeat re-reads the replica and cuts out the given ranges.
+        let again = recovery_data(&service, 1, 7, 1, 1, partitions()[1].clone())
+            .await
+            .expect("re-read");
+        assert_eq!(decode_piece(&again), expected(&first_logged, 1));
+        assert_eq!(
+            status(recovery_data(&service, 1, 7, 1, 2, vec![]).await),
+            Status::InvalidArgument,
+            "no partition 2"
+        );
+    }
+
+    #[tokio::test]
+    async fn recovery_data_for_an_unscheduled_segment_reads_it_and_cuts_out_the_ranges() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let (bytes, logged, safe) = recovery_segment(3, 4, &[4], true);
+        store_closed(&service, 3, 4, &bytes).await;
+        // No StartRecovery, no RecoveryRead here: a fallback for a failed backup.
+        for partition in 0..2u32 {
+            let ranges = partitions()[partition as usize].clone();
+            let reply = recovery_data(&service, 3, 1, 4, partition, ranges)
+                .await
+                .expect("on demand");
+            assert_eq!(decode_piece(&reply), expected(&logged, partition));
+            assert_eq!(reply.safe_version, safe);
+        }
+        assert_eq!(service.recovery.pieces_bytes(), 0, "nothing cached");
+        // The read fenced the master.
+        assert_eq!(
+            status(call::<proto::OpenReplica>(&service, &open_req(3, 9, 1)).await),
+            Status::Fenced
+        );
+        assert_eq!(
+            status(recovery_data(&service, 3, 1, 5, 0, partitions()[0].clone()).await),
+            Status::ObjectDoesntExist
+        );
+        let overlapping = vec![(TableId(1), 0, 10), (TableId(1), 5, 20)];
+        assert_eq!(
+            status(recovery_data(&service, 3, 1, 4, 0, overlapping).await),
+            Status::InvalidArgument
+        );
+    }
+
+    #[tokio::test]
+    async fn recovery_data_of_a_corrupt_stored_replica_is_internal() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let (bytes, _, _) = recovery_segment(1, 1, &[1], true);
+        store_closed(&service, 1, 1, &bytes).await;
+        let path = dir.path().join("replicas").join("m1-s1.replica");
+        let mut image = std::fs::read(&path).expect("read file");
+        let middle = image.len() / 2;
+        image[middle] ^= 0xFF;
+        std::fs::write(&path, image).expect("corrupt");
+
+        recovery_read(&service, 1, 1, &[1], partitions())
+            .await
+            .expect("recovery read");
+        let (code, detail) = recovery_data(&service, 1, 1, 1, 0, vec![])
+            .await
+            .expect_err("corrupt");
+        assert_eq!(code, Status::Internal);
+        assert!(detail.contains("checksum"), "{detail}");
+        // Every partition of it gets the same answer.
+        assert_eq!(
+            status(recovery_data(&service, 1, 1, 1, 1, vec![]).await),
+            Status::Internal
+        );
+        // It was quarantined: no longer held.
+        assert_eq!(list(&service, Some(1)).await, vec![]);
+    }
+
+    #[tokio::test]
+    async fn end_recovery_frees_every_replica_and_is_idempotent() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 2);
+        let (first, _, _) = recovery_segment(1, 1, &[1], true);
+        store_closed(&service, 1, 1, &first).await;
+        let (head, _, _) = recovery_segment(1, 2, &[1, 2], false);
+        write_open(&service, 1, 2, &head).await;
+        let (other, _, _) = recovery_segment(2, 1, &[1], true);
+        store_closed(&service, 2, 1, &other).await;
+        start_recovery(&service, 1).await;
+        recovery_read(&service, 1, 1, &[1, 2], partitions())
+            .await
+            .expect("recovery read");
+        recovery_data(&service, 1, 1, 1, 0, vec![])
+            .await
+            .expect("a piece, so the reader has run");
+
+        assert_eq!(end_recovery(&service, 1).await, 2);
+        assert_eq!(list(&service, Some(1)).await, vec![]);
+        assert_eq!(service.recovery.pieces_bytes(), 0);
+        assert_eq!(service.recovery.current(ServerId(1)), None);
+        assert_eq!(end_recovery(&service, 1).await, 0);
+        // Another master's replica stays; the freed frame's slot serves a new frame.
+        assert_eq!(list(&service, Some(2)).await.len(), 1);
+        open(&service, 3, 1, 1).await;
+        open(&service, 3, 2, 1).await;
+        // Nothing of master 1 is left to read.
+        assert_eq!(
+            status(recovery_data(&service, 1, 1, 1, 0, partitions()[0].clone()).await),
+            Status::ObjectDoesntExist
+        );
+        // After a restart too.
+        drop(service);
+        let service = open_service(&dir, 2);
+        assert_eq!(list(&service, Some(1)).await, vec![]);
+    }
+
+    #[tokio::test]
+    async fn a_newer_recovery_replaces_an_older_one_and_drops_its_pieces() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let (first, first_logged, _) = recovery_segment(1, 1, &[1], true);
+        store_closed(&service, 1, 1, &first).await;
+        let (second, second_logged, _) = recovery_segment(1, 2, &[1, 2], true);
+        store_closed(&service, 1, 2, &second).await;
+        start_recovery(&service, 1).await;
+
+        // Attempt 1: everything in one partition. Let it read both segments.
+        let everything = vec![vec![(TableId(1), 0, u64::MAX), (TableId(2), 0, u64::MAX)]];
+        recovery_read(&service, 1, 1, &[1, 2], everything.clone())
+            .await
+            .expect("attempt 1");
+        recovery_data(&service, 1, 1, 1, 0, vec![])
+            .await
+            .expect("attempt 1 read segment 1");
+        // Attempt 2 splits in two; attempt 1's unfetched pieces are dropped.
+        recovery_read(&service, 1, 2, &[1, 2], partitions())
+            .await
+            .expect("attempt 2");
+        assert_eq!(service.recovery.current(ServerId(1)), Some(2));
+        for (segment, logged) in [(1, &first_logged), (2, &second_logged)] {
+            for partition in 0..2 {
+                let reply = recovery_data(&service, 1, 2, segment, partition, vec![])
+                    .await
+                    .expect("attempt 2 piece");
+                assert_eq!(decode_piece(&reply), expected(logged, partition));
+            }
+        }
+        assert_eq!(
+            service.recovery.pieces_bytes(),
+            0,
+            "attempt 1's pieces are gone"
+        );
+        // Attempt 1 is stale; its late requests are served on demand with their ranges.
+        assert_eq!(
+            status(recovery_read(&service, 1, 1, &[1, 2], everything.clone()).await),
+            Status::InvalidArgument
+        );
+        let late = recovery_data(&service, 1, 1, 2, 0, everything[0].clone())
+            .await
+            .expect("on demand");
+        let all: Vec<Logged> = second_logged
+            .iter()
+            .filter(|(_, table, _, _)| table.0 <= 2)
+            .cloned()
+            .collect();
+        assert_eq!(decode_piece(&late), all);
+        assert_eq!(service.recovery.pieces_bytes(), 0);
     }
 }

@@ -4,6 +4,8 @@
 //! * `rampart cluster up` — a whole local cluster as child processes.
 //! * `rampart kv ...` — table operations from the shell.
 //! * `rampart status` — the coordinators' Raft state and the server list.
+//! * `rampart recovery status|allow-loss` — crash recoveries, and letting one proceed
+//!   with an incomplete log.
 //! * `rampart bench ycsb` — the YCSB benchmark; `rampart bench replication` — the
 //!   replication transports side by side (throughput, write latency, backup CPU).
 
@@ -12,6 +14,7 @@ mod children;
 mod cluster;
 mod kv;
 mod process;
+mod recovery;
 mod status;
 mod storage;
 
@@ -41,6 +44,8 @@ enum Command {
     Kv(kv::KvArgs),
     /// The coordinators' Raft state and the server list.
     Status(status::StatusArgs),
+    /// Crash recoveries: their status, and allow-loss for an incomplete log.
+    Recovery(recovery::RecoveryArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -56,6 +61,7 @@ fn main() -> std::process::ExitCode {
         Command::Cluster { command } => cluster::run(command),
         Command::Kv(args) => kv::run(args),
         Command::Status(args) => status::run(args),
+        Command::Recovery(args) => recovery::run(args),
         Command::Bench { command } => bench::run(command),
     };
     match result {

@@ -279,6 +279,29 @@ impl RampartProcess {
         }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops the process with SIGTERM (a graceful stop) and waits up to `timeout` for it
+    /// to exit; kills it if it does not.
+    pub fn stop(mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        // SAFETY: signalling our own child by pid; it has not been reaped (we hold it).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                bail!("process {} did not exit within {timeout:?} of SIGTERM", self.child.id());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the process with SIGKILL and reaps it.
     pub fn kill(mut self) {
         let _ = self.child.kill();

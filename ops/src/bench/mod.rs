@@ -5,11 +5,15 @@
 //!   symmetric clusters: write latency, throughput and the backups' CPU per write.
 //! * [`coordinator`] — the Raft-replicated coordinator: configuration changes per second
 //!   and leader failover time.
+//! * [`recovery`] — crash recovery of one master: detection, setup, replay per recovery
+//!   master, client-observed unavailability, beside the machine's floor; every object
+//!   verified.
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
 
 pub mod coordinator;
 pub mod echo;
+pub mod recovery;
 pub mod replication;
 pub mod ycsb;
 
@@ -26,6 +30,8 @@ pub enum BenchCommand {
     Replication(replication::ReplicationArgs),
     /// Coordinator: configuration changes per second, and failover after killing the leader.
     Coordinator(coordinator::CoordinatorBenchArgs),
+    /// Crash recovery: kill a loaded master, time its recovery, verify every object.
+    Recovery(recovery::RecoveryBenchArgs),
     /// The floor's echo server (used by `bench ycsb`).
     #[command(hide = true)]
     Echo(echo::EchoArgs),
@@ -37,6 +43,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Ycsb(args) => ycsb::run(args),
         BenchCommand::Replication(args) => replication::run(args),
         BenchCommand::Coordinator(args) => coordinator::run(args),
+        BenchCommand::Recovery(args) => recovery::run(args),
         BenchCommand::Echo(args) => echo::run(args),
     }
 }

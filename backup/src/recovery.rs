@@ -1,0 +1,1350 @@
+//! `RecoveryReads`: the backup's side of replaying a crashed master's log (DESIGN.md §6,
+//! step 2): reading that master's replicas in the order the coordinator gave, splitting
+//! each into one *piece* per recovery partition as it is read, and handing the pieces
+//! to the recovery masters that fetch them.
+//!
+//! Callers (the `RecoveryRead` and `RecoveryData` handlers of
+//! [`BackupService`](crate::service::BackupService)) see three calls:
+//! [`RecoveryReads::start`] schedules the reads of one recovery attempt and returns at
+//! once; [`RecoveryReads::fetch`] answers one (segment, partition) request — from the
+//! cache, after waiting for the reader, or by reading the replica on demand; and
+//! [`RecoveryReads::end`] forgets a master's recovery. Where the bytes come from (open
+//! frames or the segment store, the fence, the locks around them) is hidden behind
+//! [`ReplicaSource`]; the reader threads, the cache, its memory bound and the wake-ups
+//! are hidden here.
+//!
+//! The split itself is the pure function [`split_replica`]: replica bytes and a
+//! [`PartitionIndex`] in, one [`Piece`] per partition and the replica's highest
+//! `SafeVersion` out. It scans the replica for its valid prefix (DESIGN.md §4), walks
+//! its entries once, and appends the raw bytes of every `Object` and `Tombstone` whose
+//! (table, key hash) falls in a partition to that partition's piece; entries in no
+//! partition (tablets the crashed master no longer owned) are dropped.
+//!
+//! # Guarantees
+//! 1. Each cached piece is handed out once; a later request for it re-reads the replica
+//!    on demand (the first reply may have been lost on the way).
+//! 2. A piece holds the entries in log order, each with its own header and CRC: the
+//!    recovery master decodes and verifies them as it would its own log.
+//! 3. A request for a segment scheduled in its attempt but not read yet waits at most
+//!    [`RECOVERY_DATA_WAIT_MS`], then answers [`FetchError::NotReadYet`] (`Retry`).
+//! 4. Cached pieces, all recoveries together, never exceed the bound given to
+//!    [`RecoveryReads::new`] ([`RECOVERY_PIECES_BYTES_MAX`] in the service). Beyond
+//!    them, memory holds one split replica per reader waiting for room, and one replica
+//!    per on-demand read in flight (bounded by the RPC server's in-flight limit).
+//!
+//! # Concurrency
+//! One reader per recovery attempt, a blocking thread (`spawn_blocking`): replica
+//! reads touch the disk and splits cost milliseconds of CPU, neither of which may run
+//! on the backup's reactor. `fetch` runs on the reactor and never blocks: a wait is an
+//! `.await` on the attempt's progress channel (a `watch`), an on-demand read goes to a
+//! blocking thread of its own.
+//!
+//! One lock, `Inner::state` (a `parking_lot` mutex: nothing awaits while holding it,
+//! and nothing holds it across a replica read or a split). A reader waiting for room
+//! in the cache waits on the condition variable `Inner::room`, which releases the lock.
+//! The lock is never held while a [`ReplicaSource`] is called, so it nests with no lock
+//! of the service's.
+//!
+//! A newer attempt for the same master, [`RecoveryReads::end`], or dropping the
+//! `RecoveryReads` removes the attempt from the table: its pieces are dropped at once,
+//! its waiting fetches wake (the progress channel closes) and fall back to an on-demand
+//! read, and its reader — which checks before each segment and before publishing —
+//! stops at the next segment. Readers are told apart by a generation number, so an
+//! attempt that was ended and started again under the same id does not adopt the old
+//! reader.
+//!
+//! # Failure handling
+//! * A replica that cannot be read, fails verification (the store quarantines it), or
+//!   does not split (a closed replica that does not scan to its footer, a header naming
+//!   another segment) is remembered as [`FetchError::Unreadable`] for that segment
+//!   (`Internal`): the recovery master falls back to another backup's replica.
+//! * A replica not held is remembered as [`FetchError::NotHeld`] (`ObjectDoesntExist`).
+//! * A reader that stops early (its thread panicked, the runtime shut down) marks every
+//!   segment it had not read as unreadable (a drop guard), so no fetch waits for it.
+//! * The cache is not persistent: a restarted backup answers every fetch on demand.
+//!
+//! # Cost
+//! A split makes one scan (CRC over the replica, ≈ 0.6 ms per 8 MiB), one decoding
+//! pass (objects' own CRCs again, key hashes, a binary search of the partition index
+//! per entry) and one copy of the entries kept: ≈ 3–5 ms per 8 MiB segment on one
+//! core, below the ≈ 16 ms the disk takes to read it at 500 MB/s, so reading stays
+//! disk-bound. An on-demand fetch pays a whole read and split for one partition's piece.
+
+use crate::segment_store::{StoreError, REPLICA_BYTES_MAX};
+use parking_lot::{Condvar, Mutex};
+use rampart_common::ids::{key_hash, KeyHash, SegmentId, ServerId, TableId, Version};
+use rampart_common::log::{entries, object_entry_bytes, scan, tombstone_entry_bytes, Entry};
+use rampart_common::protocol::backup::{
+    PartitionRanges, RecoveryDataReply, RecoveryDataRequest, RecoveryReadRequest, ReplicaInfo,
+};
+use rampart_common::rpc::RPC_TIMEOUT_DEFAULT;
+use rampart_common::status::Status;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Bytes of pieces held in memory for all recoveries together. A backup reads ahead of
+/// its recovery masters (the disk is the bottleneck of recovery, DESIGN.md §6), but a
+/// stalled recovery master must not make it read the whole log into memory: past this
+/// bound the readers wait until fetches free space. 2 GiB is ≈ 250 segments of 8 MiB,
+/// seconds of read-ahead at disk speed, and a twelfth of a 24 GiB storage server whose
+/// master needs the rest.
+pub const RECOVERY_PIECES_BYTES_MAX: u64 = 2 * 1024 * 1024 * 1024;
+
+/// A single replica's pieces (never more than its bytes) always fit, so a reader can
+/// always make progress once the cache is empty.
+const _: () = assert!(RECOVERY_PIECES_BYTES_MAX >= REPLICA_BYTES_MAX as u64);
+
+/// How long a `RecoveryData` for a scheduled segment that is not read yet waits before
+/// answering `Retry`, in milliseconds. Recovery masters ask in the backup's read order
+/// with a few requests outstanding, so a request normally waits for a few segment
+/// reads (tens of ms); a longer wait means the reader is held up (cache full, a slow
+/// disk), and the recovery master is better told so than left hanging. Kept below the
+/// default RPC deadline so that the answer arrives before the caller gives up on it.
+pub const RECOVERY_DATA_WAIT_MS: u64 = 2_000;
+
+const _: () = assert!((RECOVERY_DATA_WAIT_MS as u128) < RPC_TIMEOUT_DEFAULT.as_millis());
+
+/// Recoveries (of distinct masters) tracked at once; a `RecoveryRead` past it is
+/// answered `Retry`. Each holds a reader thread while it reads and its bookkeeping until
+/// `EndRecovery`; 64 covers a rack of masters crashing together.
+pub const RECOVERIES_MAX: usize = 64;
+
+/// Segments one `RecoveryRead` may name: a 8 TiB log of 8 MiB segments. Bounds the
+/// per-attempt bookkeeping.
+pub const RECOVERY_SEGMENTS_MAX: usize = 1 << 20;
+
+/// Partitions of one recovery attempt (one recovery master each). Bounds the per-segment
+/// bookkeeping of a split.
+pub const RECOVERY_PARTITIONS_MAX: usize = 4096;
+
+/// Key-hash ranges of one recovery attempt, all partitions together (a few per tablet
+/// of the crashed master). Bounds the cost of building the index, done on the reactor.
+pub const RECOVERY_RANGES_MAX: usize = 65_536;
+
+/// Where replicas come from: the service's open frames and segment store. Implemented
+/// by the service; tests inject their own (STYLE habit 10).
+pub trait ReplicaSource: Send + Sync + fmt::Debug + 'static {
+    /// The replica of `segment` of `master` as recovery must see it (for an open frame,
+    /// its fenced valid prefix; for a stored copy, verified bytes), or `None` if not
+    /// held. Blocks on the disk: called on blocking threads only.
+    fn read(&self, master: ServerId, segment: SegmentId)
+        -> Result<Option<HeldReplica>, StoreError>;
+}
+
+/// A replica as a [`ReplicaSource`] hands it out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldReplica {
+    /// Its facts.
+    pub info: ReplicaInfo,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Why a set of partitions cannot be indexed.
+#[derive(thiserror::Error, Clone, Debug, PartialEq, Eq)]
+pub enum PartitionError {
+    /// More partitions than [`RECOVERY_PARTITIONS_MAX`].
+    #[error("{count} partitions exceed the limit of {max}")]
+    TooManyPartitions {
+        /// Partitions given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// More ranges than [`RECOVERY_RANGES_MAX`].
+    #[error("{count} key-hash ranges exceed the limit of {max}")]
+    TooManyRanges {
+        /// Ranges given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A range whose start lies past its end.
+    #[error("partition {partition}: range {table} [{start:#x}, {end:#x}] is empty")]
+    EmptyRange {
+        /// The partition's index.
+        partition: u32,
+        /// The range's table.
+        table: TableId,
+        /// Its first hash.
+        start: u64,
+        /// Its last hash.
+        end: u64,
+    },
+    /// Two ranges (of one partition or of two) share a hash.
+    #[error("partitions {first} and {second} overlap in {table} at {at:#x}")]
+    Overlap {
+        /// The table.
+        table: TableId,
+        /// The partition of the lower range.
+        first: u32,
+        /// The partition of the higher range.
+        second: u32,
+        /// The first hash they share.
+        at: u64,
+    },
+}
+
+/// Which partition each (table, key hash) belongs to: every partition's ranges, merged
+/// and sorted, so that a lookup is one binary search however many partitions there are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionIndex {
+    /// Invariants: 1. sorted by (table, start); 2. `start ≤ end` in each; 3. disjoint:
+    /// of two neighbours in one table, the first ends before the second starts.
+    ranges: Vec<IndexedRange>,
+    /// Partitions indexed (some may have no range). Invariant: every `partition` in
+    /// `ranges` is below it.
+    partitions: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IndexedRange {
+    table: TableId,
+    start: u64,
+    end: u64,
+    partition: u32,
+}
+
+impl PartitionIndex {
+    /// Indexes `partitions` (partition `i` is `partitions[i]`). Ranges are inclusive;
+    /// they need not be sorted, but must not overlap, within a partition or across.
+    pub fn new(partitions: &[PartitionRanges]) -> Result<PartitionIndex, PartitionError> {
+        if partitions.len() > RECOVERY_PARTITIONS_MAX {
+            return Err(PartitionError::TooManyPartitions {
+                count: partitions.len(),
+                max: RECOVERY_PARTITIONS_MAX,
+            });
+        }
+        let count: usize = partitions.iter().map(Vec::len).sum();
+        if count > RECOVERY_RANGES_MAX {
+            return Err(PartitionError::TooManyRanges {
+                count,
+                max: RECOVERY_RANGES_MAX,
+            });
+        }
+        let mut ranges = Vec::with_capacity(count);
+        for (partition, list) in (0u32..).zip(partitions) {
+            for &(table, start, end) in list {
+                if start > end {
+                    return Err(PartitionError::EmptyRange {
+                        partition,
+                        table,
+                        start,
+                        end,
+                    });
+                }
+                ranges.push(IndexedRange {
+                    table,
+                    start,
+                    end,
+                    partition,
+                });
+            }
+        }
+        ranges.sort_unstable_by_key(|range| (range.table, range.start));
+        for pair in ranges.windows(2) {
+            let (low, high) = (pair[0], pair[1]);
+            if low.table == high.table && low.end >= high.start {
+                return Err(PartitionError::Overlap {
+                    table: low.table,
+                    first: low.partition,
+                    second: high.partition,
+                    at: high.start,
+                });
+            }
+        }
+        Ok(PartitionIndex {
+            ranges,
+            partitions: partitions.len() as u32,
+        })
+    }
+
+    /// How many partitions were indexed.
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// The partition holding `hash` of `table`, if any.
+    pub fn partition_of(&self, table: TableId, hash: KeyHash) -> Option<u32> {
+        let after = self
+            .ranges
+            .partition_point(|range| (range.table, range.start) <= (table, hash.0));
+        let range = self.ranges.get(after.checked_sub(1)?)?;
+        (range.table == table && hash.0 <= range.end).then_some(range.partition)
+    }
+}
+
+/// The entries of one replica that fall in one partition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Piece {
+    /// Raw `Object` and `Tombstone` entries, headers included, in log order.
+    pub entries: Vec<u8>,
+    /// How many entries `entries` holds.
+    pub count: u32,
+}
+
+/// A replica split by partition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SplitReplica {
+    /// The highest `SafeVersion` floor in the replica's valid prefix; 0 if none.
+    pub safe_version: Version,
+    /// One per partition of the index, by partition.
+    pub pieces: Vec<Piece>,
+}
+
+/// Why a replica cannot be split.
+#[derive(thiserror::Error, Clone, Debug, PartialEq, Eq)]
+pub enum SplitError {
+    /// A closed replica whose valid prefix does not end with its footer (DESIGN.md §4:
+    /// treated as corrupt, another replica is used).
+    #[error(
+        "closed replica {master}/{segment} does not scan to its footer: valid prefix \
+         {valid_bytes} of {length} bytes ({stop})"
+    )]
+    NotClosed {
+        /// Whose log.
+        master: ServerId,
+        /// Which segment.
+        segment: SegmentId,
+        /// Where the valid prefix ends.
+        valid_bytes: u32,
+        /// Bytes of the replica.
+        length: usize,
+        /// Why the scan stopped.
+        stop: String,
+    },
+    /// The segment header names another log or segment than the replica it was read as.
+    #[error("replica {master}/{segment} holds the header of {found_master}/{found_segment}")]
+    WrongSegment {
+        /// Whose log it was read as.
+        master: ServerId,
+        /// Which segment it was read as.
+        segment: SegmentId,
+        /// The header's log id.
+        found_master: ServerId,
+        /// The header's segment id.
+        found_segment: SegmentId,
+    },
+}
+
+/// Splits the replica `bytes` (described by `replica`) into one piece per partition of
+/// `index`, in one pass: the valid prefix is found with [`scan`], its `Object` and
+/// `Tombstone` entries are appended, raw, to the piece of the partition holding their
+/// (table, key hash), and entries in no partition are skipped. Pure.
+pub fn split_replica(
+    bytes: &[u8],
+    replica: &ReplicaInfo,
+    index: &PartitionIndex,
+) -> Result<SplitReplica, SplitError> {
+    let found = scan(bytes);
+    if replica.closed && !found.closed {
+        return Err(SplitError::NotClosed {
+            master: replica.master,
+            segment: replica.segment,
+            valid_bytes: found.valid_bytes,
+            length: bytes.len(),
+            stop: format!("{:?}", found.stop),
+        });
+    }
+    if let Some(header) = found.header {
+        if (header.log_id, header.segment_id) != (replica.master, replica.segment) {
+            return Err(SplitError::WrongSegment {
+                master: replica.master,
+                segment: replica.segment,
+                found_master: header.log_id,
+                found_segment: header.segment_id,
+            });
+        }
+    }
+    let mut split = SplitReplica {
+        safe_version: Version(0),
+        pieces: vec![Piece::default(); index.partitions() as usize],
+    };
+    for (offset, entry) in entries(bytes, found.valid_bytes) {
+        let (table, key, length) = match entry {
+            Entry::Object(object) => (
+                object.table,
+                object.key,
+                object_entry_bytes(object.key.len(), object.value.len()),
+            ),
+            Entry::Tombstone(tombstone) => (
+                tombstone.table,
+                tombstone.key,
+                tombstone_entry_bytes(tombstone.key.len()),
+            ),
+            Entry::SafeVersion(floor) => {
+                split.safe_version = split.safe_version.max(floor);
+                continue;
+            }
+            _ => continue,
+        };
+        let Some(partition) = index.partition_of(table, key_hash(key)) else {
+            continue;
+        };
+        let start = offset as usize;
+        let piece = &mut split.pieces[partition as usize];
+        // In bounds: `entries` decoded this entry whole from `bytes`.
+        piece
+            .entries
+            .extend_from_slice(&bytes[start..start + length]);
+        piece.count += 1;
+    }
+    Ok(split)
+}
+
+/// Why a [`RecoveryReads::start`] was refused.
+#[derive(thiserror::Error, Clone, Debug, PartialEq, Eq)]
+pub enum StartError {
+    /// A newer attempt at recovering the master is under way here.
+    #[error("recovery {recovery} of {master} is stale: recovery {current} replaced it")]
+    Stale {
+        /// The master.
+        master: ServerId,
+        /// The attempt asked for.
+        recovery: u64,
+        /// The attempt under way.
+        current: u64,
+    },
+    /// [`RECOVERIES_MAX`] recoveries are tracked already.
+    #[error("{max} recoveries are under way on this backup; retry later")]
+    TooManyRecoveries {
+        /// The limit.
+        max: usize,
+    },
+    /// More segments than [`RECOVERY_SEGMENTS_MAX`].
+    #[error("{count} segments exceed the limit of {max}")]
+    TooManySegments {
+        /// Segments named.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The partitions cannot be indexed.
+    #[error("bad partitions: {0}")]
+    Partitions(#[from] PartitionError),
+    /// Called outside a tokio runtime (a programmer error in the caller).
+    #[error("no tokio runtime to run the reader on")]
+    NoRuntime,
+}
+
+impl StartError {
+    /// The wire status for this refusal.
+    pub fn status(&self) -> Status {
+        match self {
+            StartError::TooManyRecoveries { .. } => Status::Retry,
+            StartError::NoRuntime => Status::Internal,
+            StartError::Stale { .. }
+            | StartError::TooManySegments { .. }
+            | StartError::Partitions(_) => Status::InvalidArgument,
+        }
+    }
+}
+
+/// Why a [`RecoveryReads::fetch`] has no entries to return.
+#[derive(thiserror::Error, Clone, Debug, PartialEq, Eq)]
+pub enum FetchError {
+    /// This backup holds no replica of the segment.
+    #[error("no replica of {master}/{segment} on this backup")]
+    NotHeld {
+        /// Whose log.
+        master: ServerId,
+        /// Which segment.
+        segment: SegmentId,
+    },
+    /// The replica could not be read, did not verify, or did not split.
+    #[error("replica {master}/{segment} cannot be used: {reason}")]
+    Unreadable {
+        /// Whose log.
+        master: ServerId,
+        /// Which segment.
+        segment: SegmentId,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The segment is scheduled but was not read within [`RECOVERY_DATA_WAIT_MS`].
+    #[error("replica {master}/{segment} is not read yet (waited {waited_ms} ms); ask again")]
+    NotReadYet {
+        /// Whose log.
+        master: ServerId,
+        /// Which segment.
+        segment: SegmentId,
+        /// How long the request waited.
+        waited_ms: u64,
+    },
+    /// The partition index lies past the attempt's partitions.
+    #[error("recovery {recovery} of {master} has {partitions} partitions, not {partition}")]
+    NoSuchPartition {
+        /// The master.
+        master: ServerId,
+        /// The attempt.
+        recovery: u64,
+        /// Partitions of the attempt.
+        partitions: u32,
+        /// The index asked for.
+        partition: u32,
+    },
+    /// The ranges of an on-demand request cannot be indexed.
+    #[error("bad ranges: {0}")]
+    Ranges(#[from] PartitionError),
+}
+
+impl FetchError {
+    /// The wire status for this answer.
+    pub fn status(&self) -> Status {
+        match self {
+            FetchError::NotHeld { .. } => Status::ObjectDoesntExist,
+            FetchError::Unreadable { .. } => Status::Internal,
+            FetchError::NotReadYet { .. } => Status::Retry,
+            FetchError::NoSuchPartition { .. } | FetchError::Ranges(_) => Status::InvalidArgument,
+        }
+    }
+}
+
+/// The recovery reads of one backup. See the module doc.
+#[derive(Debug)]
+pub struct RecoveryReads {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: Mutex<ReadsState>,
+    /// Signalled (with `state` held) whenever `pieces_bytes` falls or an attempt leaves
+    /// the table: readers waiting for room in the cache wait on it.
+    room: Condvar,
+    /// The bound on `ReadsState::pieces_bytes`.
+    pieces_bytes_max: u64,
+}
+
+#[derive(Debug, Default)]
+struct ReadsState {
+    /// The current attempt of each master under recovery. Invariant: at most
+    /// [`RECOVERIES_MAX`] entries.
+    recoveries: HashMap<ServerId, Recovery>,
+    /// Bytes (allocated capacity) of every piece held. Invariants: 1. the sum of the
+    /// attempts' `pieces_bytes`; 2. at most `Inner::pieces_bytes_max`, except while a
+    /// single replica's pieces, published into an empty cache, exceed it (impossible in
+    /// the service: they are at most [`REPLICA_BYTES_MAX`]).
+    pieces_bytes: u64,
+    /// The next reader generation; never reused.
+    next_generation: u64,
+}
+
+#[derive(Debug)]
+struct Recovery {
+    /// The attempt's id, from the coordinator.
+    id: u64,
+    /// The reader working for this attempt (see the module doc on why ids are not
+    /// enough).
+    generation: u64,
+    /// Every scheduled segment. Invariant: `Pending` until the reader publishes it.
+    segments: HashMap<SegmentId, SegmentRead>,
+    /// Bytes of this attempt's pieces held.
+    pieces_bytes: u64,
+    /// Counts segments published. Fetches waiting for a segment subscribe to it (under
+    /// `state`, so no publication is missed); dropped with the attempt, which wakes them.
+    progress: watch::Sender<u64>,
+}
+
+#[derive(Debug)]
+enum SegmentRead {
+    /// Not read yet.
+    Pending,
+    /// Read and split.
+    Ready(ReadyReplica),
+    /// Not held, or unusable: every fetch gets this answer.
+    Failed(FetchError),
+}
+
+#[derive(Debug)]
+struct ReadyReplica {
+    epoch: u64,
+    safe_version: Version,
+    /// Partitions of the attempt.
+    partitions: u32,
+    /// Non-empty pieces not handed out yet, by partition.
+    pieces: HashMap<u32, Piece>,
+    /// Partitions whose piece (empty or not) was handed out: a later fetch re-reads.
+    handed_out: HashSet<u32>,
+}
+
+/// What a fetch found in the table.
+enum Lookup {
+    /// The answer.
+    Done(Result<RecoveryDataReply, FetchError>),
+    /// Scheduled, not read yet: wait for progress.
+    Wait(watch::Receiver<u64>),
+    /// Not scheduled in this attempt here (or handed out already): read on demand.
+    OnDemand,
+}
+
+impl RecoveryReads {
+    /// No recoveries; pieces bounded by `pieces_bytes_max` (the service passes
+    /// [`RECOVERY_PIECES_BYTES_MAX`]; tests pass small bounds).
+    pub fn new(pieces_bytes_max: u64) -> RecoveryReads {
+        RecoveryReads {
+            inner: Arc::new(Inner {
+                state: Mutex::new(ReadsState::default()),
+                room: Condvar::new(),
+                pieces_bytes_max,
+            }),
+        }
+    }
+
+    /// Starts attempt `request.recovery` at recovering `request.master`: a reader on a
+    /// blocking thread of the current runtime reads `request.segments` from `source`, in
+    /// order (repeats ignored), and splits each by `request.partitions`. Returns at
+    /// once. A newer attempt replaces the master's older one (its pieces are dropped,
+    /// its reader stops); a repeat of the current attempt is a no-op (a retried RPC).
+    pub fn start(
+        &self,
+        request: RecoveryReadRequest,
+        source: Arc<dyn ReplicaSource>,
+    ) -> Result<(), StartError> {
+        if request.segments.len() > RECOVERY_SEGMENTS_MAX {
+            return Err(StartError::TooManySegments {
+                count: request.segments.len(),
+                max: RECOVERY_SEGMENTS_MAX,
+            });
+        }
+        let index = PartitionIndex::new(&request.partitions)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| StartError::NoRuntime)?;
+        let master = request.master;
+        let mut seen = HashSet::with_capacity(request.segments.len());
+        let order: Vec<SegmentId> = request
+            .segments
+            .into_iter()
+            .filter(|segment| seen.insert(*segment))
+            .collect();
+        let (generation, replaced) = {
+            let mut state = self.inner.state.lock();
+            match state.recoveries.get(&master) {
+                Some(current) if current.id == request.recovery => return Ok(()),
+                Some(current) if current.id > request.recovery => {
+                    return Err(StartError::Stale {
+                        master,
+                        recovery: request.recovery,
+                        current: current.id,
+                    });
+                }
+                Some(_) => {}
+                None if state.recoveries.len() >= RECOVERIES_MAX => {
+                    return Err(StartError::TooManyRecoveries {
+                        max: RECOVERIES_MAX,
+                    });
+                }
+                None => {}
+            }
+            let generation = state.next_generation;
+            state.next_generation += 1;
+            let recovery = Recovery {
+                id: request.recovery,
+                generation,
+                segments: order.iter().map(|&s| (s, SegmentRead::Pending)).collect(),
+                pieces_bytes: 0,
+                progress: watch::channel(0).0,
+            };
+            let replaced = state.recoveries.insert(master, recovery);
+            if let Some(old) = &replaced {
+                state.pieces_bytes -= old.pieces_bytes;
+                self.inner.room.notify_all();
+            }
+            (generation, replaced)
+        };
+        if let Some(old) = replaced {
+            tracing::info!(%master, old = old.id, new = request.recovery, "recovery attempt replaced");
+            // Dropped outside the lock: frees the old pieces and wakes its fetches.
+            drop(old);
+        }
+        tracing::info!(
+            %master, recovery = request.recovery, segments = order.len(),
+            partitions = index.partitions(), "recovery reads scheduled"
+        );
+        let guard = ReaderGuard {
+            inner: Arc::clone(&self.inner),
+            master,
+            generation,
+        };
+        // Detached: the reader stops by itself once its attempt leaves the table.
+        drop(runtime.spawn_blocking(move || guard.run(source.as_ref(), order, &index)));
+        Ok(())
+    }
+
+    /// The entries of `request.segment` in partition `request.partition`: the cached
+    /// piece if this attempt read it here (handed out once); after waiting at most
+    /// [`RECOVERY_DATA_WAIT_MS`] if it is scheduled but not read yet; otherwise read
+    /// from `source` now, on a blocking thread, and cut to `request.ranges` (not cached).
+    pub async fn fetch(
+        &self,
+        request: &RecoveryDataRequest,
+        source: Arc<dyn ReplicaSource>,
+    ) -> Result<RecoveryDataReply, FetchError> {
+        let wait = Duration::from_millis(RECOVERY_DATA_WAIT_MS);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let mut progress = match self.lookup(request) {
+                Lookup::Done(answer) => return answer,
+                Lookup::Wait(progress) => progress,
+                Lookup::OnDemand => break,
+            };
+            // A change or a closed channel (the attempt left the table): look again.
+            if tokio::time::timeout_at(deadline, progress.changed())
+                .await
+                .is_err()
+            {
+                return Err(FetchError::NotReadYet {
+                    master: request.master,
+                    segment: request.segment,
+                    waited_ms: RECOVERY_DATA_WAIT_MS,
+                });
+            }
+        }
+        let index = PartitionIndex::new(std::slice::from_ref(&request.ranges))?;
+        let (master, segment) = (request.master, request.segment);
+        let read = tokio::task::spawn_blocking(move || {
+            read_and_split(source.as_ref(), master, segment, &index)
+        })
+        .await
+        .map_err(|error| FetchError::Unreadable {
+            master,
+            segment,
+            reason: format!("the read task failed: {error}"),
+        })?;
+        let (epoch, split) = read?;
+        let piece = split.pieces.into_iter().next().unwrap_or_default();
+        Ok(reply(epoch, split.safe_version, piece))
+    }
+
+    /// Forgets `master`'s recovery: drops its pieces, stops its reader at the next
+    /// segment, and sends its waiting fetches to on-demand reads. Returns whether an
+    /// attempt was under way. Idempotent.
+    pub fn end(&self, master: ServerId) -> bool {
+        let ended = {
+            let mut state = self.inner.state.lock();
+            let ended = state.recoveries.remove(&master);
+            if let Some(recovery) = &ended {
+                state.pieces_bytes -= recovery.pieces_bytes;
+                self.inner.room.notify_all();
+            }
+            ended
+        };
+        match ended {
+            Some(recovery) => {
+                tracing::info!(%master, recovery = recovery.id, "recovery reads ended");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Bytes of pieces held now, all recoveries together.
+    pub fn pieces_bytes(&self) -> u64 {
+        self.inner.state.lock().pieces_bytes
+    }
+
+    /// The attempt of `master` under way here, if any.
+    pub fn current(&self, master: ServerId) -> Option<u64> {
+        self.inner
+            .state
+            .lock()
+            .recoveries
+            .get(&master)
+            .map(|r| r.id)
+    }
+
+    fn lookup(&self, request: &RecoveryDataRequest) -> Lookup {
+        let mut guard = self.inner.state.lock();
+        let state = &mut *guard;
+        let Some(recovery) = state
+            .recoveries
+            .get_mut(&request.master)
+            .filter(|recovery| recovery.id == request.recovery)
+        else {
+            return Lookup::OnDemand;
+        };
+        let Some(read) = recovery.segments.get_mut(&request.segment) else {
+            return Lookup::OnDemand;
+        };
+        let ready = match read {
+            SegmentRead::Pending => return Lookup::Wait(recovery.progress.subscribe()),
+            SegmentRead::Failed(error) => return Lookup::Done(Err(error.clone())),
+            SegmentRead::Ready(ready) => ready,
+        };
+        if request.partition >= ready.partitions {
+            return Lookup::Done(Err(FetchError::NoSuchPartition {
+                master: request.master,
+                recovery: request.recovery,
+                partitions: ready.partitions,
+                partition: request.partition,
+            }));
+        }
+        if !ready.handed_out.insert(request.partition) {
+            return Lookup::OnDemand;
+        }
+        let piece = ready.pieces.remove(&request.partition).unwrap_or_default();
+        let bytes = piece.entries.capacity() as u64;
+        if bytes > 0 {
+            recovery.pieces_bytes -= bytes;
+            state.pieces_bytes -= bytes;
+            self.inner.room.notify_all();
+        }
+        Lookup::Done(Ok(reply(ready.epoch, ready.safe_version, piece)))
+    }
+}
+
+impl Drop for RecoveryReads {
+    /// Stops every reader at its next segment (they hold the store through their
+    /// source) and frees the pieces.
+    fn drop(&mut self) {
+        let mut state = self.inner.state.lock();
+        state.recoveries.clear();
+        state.pieces_bytes = 0;
+        self.inner.room.notify_all();
+    }
+}
+
+fn reply(epoch: u64, safe_version: Version, piece: Piece) -> RecoveryDataReply {
+    RecoveryDataReply {
+        epoch,
+        safe_version,
+        entries: piece.entries.into(),
+        count: piece.count,
+    }
+}
+
+/// Reads one replica and splits it. Blocks.
+fn read_and_split(
+    source: &dyn ReplicaSource,
+    master: ServerId,
+    segment: SegmentId,
+    index: &PartitionIndex,
+) -> Result<(u64, SplitReplica), FetchError> {
+    let unreadable = |reason: String| FetchError::Unreadable {
+        master,
+        segment,
+        reason,
+    };
+    let held = source
+        .read(master, segment)
+        .map_err(|error| unreadable(error.to_string()))?
+        .ok_or(FetchError::NotHeld { master, segment })?;
+    let split = split_replica(&held.bytes, &held.info, index)
+        .map_err(|error| unreadable(error.to_string()))?;
+    Ok((held.info.epoch, split))
+}
+
+/// One attempt's reader. Dropping it (done, panicked, or never run because the
+/// runtime shut down) marks the segments it left unread as unreadable, so that no
+/// fetch waits for them.
+struct ReaderGuard {
+    inner: Arc<Inner>,
+    master: ServerId,
+    generation: u64,
+}
+
+impl ReaderGuard {
+    fn run(self, source: &dyn ReplicaSource, order: Vec<SegmentId>, index: &PartitionIndex) {
+        let started = std::time::Instant::now();
+        let count = order.len();
+        for segment in order {
+            if !self.is_current() {
+                tracing::info!(master = %self.master, "recovery reader stops: attempt replaced or ended");
+                return;
+            }
+            let read = read_and_split(source, self.master, segment, index);
+            if let Err(error) = &read {
+                tracing::warn!(master = %self.master, %segment, %error, "recovery read failed");
+            }
+            if !self.publish(segment, read) {
+                return;
+            }
+        }
+        tracing::info!(
+            master = %self.master, segments = count, elapsed = ?started.elapsed(),
+            "recovery reads done"
+        );
+    }
+
+    fn is_current(&self) -> bool {
+        let state = self.inner.state.lock();
+        is_current(&state, self.master, self.generation)
+    }
+
+    /// Publishes one segment's outcome, first waiting (lock released) while its pieces
+    /// would overfill the cache. Returns false if the attempt left the table meanwhile.
+    fn publish(&self, segment: SegmentId, read: Result<(u64, SplitReplica), FetchError>) -> bool {
+        let (entry, bytes) = match read {
+            Ok((epoch, split)) => {
+                let partitions = split.pieces.len() as u32;
+                let pieces: HashMap<u32, Piece> = (0u32..)
+                    .zip(split.pieces)
+                    .filter(|(_, piece)| piece.count > 0)
+                    .map(|(partition, mut piece)| {
+                        piece.entries.shrink_to_fit();
+                        (partition, piece)
+                    })
+                    .collect();
+                let bytes = pieces.values().map(|p| p.entries.capacity() as u64).sum();
+                let ready = ReadyReplica {
+                    epoch,
+                    safe_version: split.safe_version,
+                    partitions,
+                    pieces,
+                    handed_out: HashSet::new(),
+                };
+                (SegmentRead::Ready(ready), bytes)
+            }
+            Err(error) => (SegmentRead::Failed(error), 0),
+        };
+        let mut guard = self.inner.state.lock();
+        loop {
+            if !is_current(&guard, self.master, self.generation) {
+                return false;
+            }
+            let held = guard.pieces_bytes;
+            if held == 0 || held.saturating_add(bytes) <= self.inner.pieces_bytes_max {
+                break;
+            }
+            tracing::debug!(master = %self.master, %segment, held, bytes, "recovery reader waits for room");
+            self.inner.room.wait(&mut guard);
+        }
+        let state = &mut *guard;
+        let Some(recovery) = state.recoveries.get_mut(&self.master) else {
+            return false;
+        };
+        state.pieces_bytes += bytes;
+        recovery.pieces_bytes += bytes;
+        recovery.segments.insert(segment, entry);
+        recovery.progress.send_modify(|published| *published += 1);
+        true
+    }
+}
+
+impl Drop for ReaderGuard {
+    fn drop(&mut self) {
+        let mut state = self.inner.state.lock();
+        if !is_current(&state, self.master, self.generation) {
+            return;
+        }
+        let Some(recovery) = state.recoveries.get_mut(&self.master) else {
+            return;
+        };
+        let mut abandoned = 0;
+        for (&segment, read) in recovery.segments.iter_mut() {
+            if matches!(read, SegmentRead::Pending) {
+                *read = SegmentRead::Failed(FetchError::Unreadable {
+                    master: self.master,
+                    segment,
+                    reason: "the backup's recovery reader stopped before reading it".into(),
+                });
+                abandoned += 1;
+            }
+        }
+        if abandoned > 0 {
+            tracing::error!(master = %self.master, abandoned, "recovery reader stopped early");
+            recovery.progress.send_modify(|published| *published += 1);
+        }
+    }
+}
+
+fn is_current(state: &ReadsState, master: ServerId, generation: u64) -> bool {
+    state
+        .recoveries
+        .get(&master)
+        .is_some_and(|recovery| recovery.generation == generation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_common::log::{decode_entry, SegmentWriter};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const MASTER: ServerId = ServerId(9);
+    const CAPACITY: u32 = 64 * 1024;
+
+    fn info(segment: u64, closed: bool) -> ReplicaInfo {
+        ReplicaInfo {
+            master: MASTER,
+            segment: SegmentId(segment),
+            epoch: 3,
+            length: 0,
+            closed,
+        }
+    }
+
+    /// What a decoded entry says, for comparisons: (tombstone?, table, key, version).
+    type Seen = (bool, TableId, Vec<u8>, Version);
+
+    fn decode_all(bytes: &[u8]) -> Vec<Seen> {
+        let mut offset = 0;
+        let mut seen = Vec::new();
+        while let Some((entry, next)) = decode_entry(bytes, offset).expect("entry decodes") {
+            match entry {
+                Entry::Object(o) => seen.push((false, o.table, o.key.to_vec(), o.version)),
+                Entry::Tombstone(t) => seen.push((true, t.table, t.key.to_vec(), t.version)),
+                other => panic!("unexpected {other:?} in a piece"),
+            }
+            offset = next;
+        }
+        seen
+    }
+
+    /// The first key `{prefix}-{i}` whose hash `accept` takes, with its hash.
+    fn key_with_hash(prefix: &str, accept: impl Fn(u64) -> bool) -> (Vec<u8>, u64) {
+        (0..100_000)
+            .map(|i| format!("{prefix}-{i}").into_bytes())
+            .map(|key| {
+                let hash = key_hash(&key).0;
+                (key, hash)
+            })
+            .find(|(_, hash)| accept(*hash))
+            .expect("a key with such a hash exists")
+    }
+
+    #[test]
+    fn partition_index_finds_ranges_at_their_boundaries_only() {
+        let index = PartitionIndex::new(&[
+            vec![(TableId(1), 100, 200), (TableId(2), 0, u64::MAX)],
+            vec![(TableId(1), 201, 300)],
+            vec![],
+            vec![(TableId(1), 0, 99)],
+        ])
+        .expect("disjoint");
+        assert_eq!(index.partitions(), 4);
+        let at = |table, hash| index.partition_of(TableId(table), KeyHash(hash));
+        assert_eq!(at(1, 0), Some(3));
+        assert_eq!(at(1, 99), Some(3));
+        assert_eq!(at(1, 100), Some(0));
+        assert_eq!(at(1, 200), Some(0));
+        assert_eq!(at(1, 201), Some(1));
+        assert_eq!(at(1, 300), Some(1));
+        assert_eq!(at(1, 301), None);
+        assert_eq!(at(1, u64::MAX), None);
+        assert_eq!(at(2, 0), Some(0));
+        assert_eq!(at(2, u64::MAX), Some(0));
+        assert_eq!(at(0, 150), None);
+        assert_eq!(at(3, 0), None);
+    }
+
+    #[test]
+    fn partition_index_refuses_overlaps_and_empty_ranges() {
+        let overlap =
+            PartitionIndex::new(&[vec![(TableId(1), 0, 100)], vec![(TableId(1), 100, 200)]]);
+        assert_eq!(
+            overlap,
+            Err(PartitionError::Overlap {
+                table: TableId(1),
+                first: 0,
+                second: 1,
+                at: 100
+            })
+        );
+        let within = PartitionIndex::new(&[vec![(TableId(1), 50, 60), (TableId(1), 0, 50)]]);
+        assert!(matches!(within, Err(PartitionError::Overlap { .. })));
+        let empty = PartitionIndex::new(&[vec![(TableId(1), 5, 4)]]);
+        assert!(matches!(empty, Err(PartitionError::EmptyRange { .. })));
+        let many = vec![vec![]; RECOVERY_PARTITIONS_MAX + 1];
+        assert!(matches!(
+            PartitionIndex::new(&many),
+            Err(PartitionError::TooManyPartitions { .. })
+        ));
+    }
+
+    #[test]
+    fn split_replica_puts_each_entry_in_its_partition_and_skips_the_rest() {
+        // Partition 0: table 1, hashes below 2^63; partition 1: table 1 from 2^63 on,
+        // and table 2 at exactly one key's hash (a range of one hash: both boundaries).
+        let half = 1u64 << 63;
+        let (low_key, _) = key_with_hash("low", |h| h < half);
+        let (high_key, _) = key_with_hash("high", |h| h >= half);
+        let (exact_key, exact_hash) = key_with_hash("exact", |_| true);
+        let (beside_key, _) = key_with_hash("beside", |h| h != exact_hash);
+        let partitions = vec![
+            vec![(TableId(1), 0, half - 1)],
+            vec![
+                (TableId(1), half, u64::MAX),
+                (TableId(2), exact_hash, exact_hash),
+            ],
+        ];
+        let index = PartitionIndex::new(&partitions).expect("index");
+        let mut writer =
+            SegmentWriter::open(MASTER, SegmentId(4), CAPACITY, &[SegmentId(4)]).expect("open");
+        let objects = [
+            (1, &low_key, 1),
+            (1, &high_key, 2),
+            (2, &exact_key, 3),
+            (2, &beside_key, 4),
+            (3, &low_key, 5),
+        ];
+        for (table, key, version) in objects {
+            writer
+                .append_object(TableId(table), Version(version), key, b"value")
+                .expect("fits");
+        }
+        writer.append_safe_version(Version(40)).expect("fits");
+        writer.seal_batch();
+        writer
+            .append_tombstone(TableId(1), Version(1), SegmentId(2), &low_key)
+            .expect("fits");
+        writer
+            .append_tombstone(TableId(9), Version(6), SegmentId(2), &high_key)
+            .expect("fits");
+        writer.append_safe_version(Version(30)).expect("fits");
+        writer.seal_batch();
+        // A torn batch past the valid prefix contributes nothing.
+        writer
+            .append_object(TableId(1), Version(7), &low_key, b"torn")
+            .expect("fits");
+        let bytes = writer.bytes().to_vec();
+
+        let split = split_replica(&bytes, &info(4, false), &index).expect("splits");
+        assert_eq!(split.safe_version, Version(40));
+        assert_eq!(split.pieces.len(), 2);
+        assert_eq!(
+            decode_all(&split.pieces[0].entries),
+            vec![
+                (false, TableId(1), low_key.clone(), Version(1)),
+                (true, TableId(1), low_key.clone(), Version(1)),
+            ]
+        );
+        assert_eq!(split.pieces[0].count, 2);
+        assert_eq!(
+            decode_all(&split.pieces[1].entries),
+            vec![
+                (false, TableId(1), high_key.clone(), Version(2)),
+                (false, TableId(2), exact_key.clone(), Version(3)),
+            ]
+        );
+        assert_eq!(split.pieces[1].count, 2);
+    }
+
+    #[test]
+    fn split_replica_refuses_a_closed_replica_cut_short_or_another_segment() {
+        let index = PartitionIndex::new(&[vec![(TableId(1), 0, u64::MAX)]]).expect("index");
+        let mut writer =
+            SegmentWriter::open(MASTER, SegmentId(4), CAPACITY, &[SegmentId(4)]).expect("open");
+        writer
+            .append_object(TableId(1), Version(1), b"k", b"v")
+            .expect("fits");
+        let sealed = writer.seal_batch();
+        let closed = writer.close(SegmentId(5));
+        let bytes = writer.bytes().to_vec();
+        let whole = split_replica(&bytes, &info(4, true), &index).expect("closed splits");
+        assert_eq!(whole.pieces[0].count, 1);
+        let cut = split_replica(&bytes[..sealed as usize], &info(4, true), &index);
+        assert!(matches!(cut, Err(SplitError::NotClosed { .. })), "{cut:?}");
+        // The same bytes as an open replica are fine.
+        split_replica(&bytes[..sealed as usize], &info(4, false), &index).expect("open");
+        let other = split_replica(&bytes[..closed as usize], &info(5, true), &index);
+        assert!(
+            matches!(other, Err(SplitError::WrongSegment { .. })),
+            "{other:?}"
+        );
+        // An empty open frame (nothing acknowledged) splits into empty pieces.
+        let empty = split_replica(&[], &info(6, false), &index).expect("empty");
+        assert_eq!(empty.pieces, vec![Piece::default()]);
+    }
+
+    /// Replicas in memory, counting reads.
+    #[derive(Debug, Default)]
+    struct FakeSource {
+        replicas: HashMap<SegmentId, HeldReplica>,
+        reads: AtomicUsize,
+    }
+
+    impl ReplicaSource for FakeSource {
+        fn read(
+            &self,
+            master: ServerId,
+            segment: SegmentId,
+        ) -> Result<Option<HeldReplica>, StoreError> {
+            assert_eq!(master, MASTER);
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            Ok(self.replicas.get(&segment).cloned())
+        }
+    }
+
+    /// `segments` closed replicas of one object each, of `value_bytes` bytes, all in
+    /// table 1.
+    fn source(segments: u64, value_bytes: usize) -> Arc<FakeSource> {
+        let replicas = (1..=segments)
+            .map(|segment| {
+                let id = SegmentId(segment);
+                let mut writer = SegmentWriter::open(MASTER, id, CAPACITY, &[id]).expect("open");
+                writer
+                    .append_object(TableId(1), Version(segment), b"key", &vec![7; value_bytes])
+                    .expect("fits");
+                writer.seal_batch();
+                writer.close(SegmentId(segment + 1));
+                let held = HeldReplica {
+                    info: info(segment, true),
+                    bytes: writer.bytes().to_vec(),
+                };
+                (id, held)
+            })
+            .collect();
+        Arc::new(FakeSource {
+            replicas,
+            reads: AtomicUsize::new(0),
+        })
+    }
+
+    /// Waits until `condition` holds (the reader runs on its own thread); fails after
+    /// 10 s.
+    async fn eventually(condition: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !condition() {
+            assert!(std::time::Instant::now() < deadline, "condition never held");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    fn read_request(recovery: u64, segments: u64) -> RecoveryReadRequest {
+        RecoveryReadRequest {
+            master: MASTER,
+            recovery,
+            segments: (1..=segments).map(SegmentId).collect(),
+            partitions: vec![vec![(TableId(1), 0, u64::MAX)]],
+        }
+    }
+
+    fn data_request(recovery: u64, segment: u64) -> RecoveryDataRequest {
+        RecoveryDataRequest {
+            master: MASTER,
+            recovery,
+            segment: SegmentId(segment),
+            partition: 0,
+            ranges: vec![(TableId(1), 0, u64::MAX)],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_holds_the_reader_until_fetches_free_room() {
+        const VALUE: usize = 10_000;
+        // Room for two pieces, not three.
+        let reads = RecoveryReads::new(2 * VALUE as u64 + 200);
+        let source = source(5, VALUE);
+        reads
+            .start(read_request(1, 5), source.clone())
+            .expect("start");
+        eventually(|| source.reads.load(Ordering::SeqCst) == 3).await;
+        // Give an unbounded reader time to go on; this one must not.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            source.reads.load(Ordering::SeqCst),
+            3,
+            "two published, one held"
+        );
+        assert!(reads.pieces_bytes() <= 2 * VALUE as u64 + 200);
+        for segment in 1..=5 {
+            let reply = reads
+                .fetch(&data_request(1, segment), source.clone())
+                .await
+                .expect("piece");
+            assert_eq!(reply.count, 1);
+        }
+        assert_eq!(
+            source.reads.load(Ordering::SeqCst),
+            5,
+            "every piece from the cache"
+        );
+        assert_eq!(reads.pieces_bytes(), 0);
+        // Handed out once: a repeat re-reads.
+        let again = reads
+            .fetch(&data_request(1, 3), source.clone())
+            .await
+            .expect("again");
+        assert_eq!(again.count, 1);
+        assert_eq!(source.reads.load(Ordering::SeqCst), 6);
+    }
+
+    #[tokio::test]
+    async fn ending_a_recovery_frees_its_pieces_and_stops_its_reader() {
+        const VALUE: usize = 10_000;
+        let reads = RecoveryReads::new(VALUE as u64 + 200);
+        let source = source(5, VALUE);
+        reads
+            .start(read_request(1, 5), source.clone())
+            .expect("start");
+        eventually(|| source.reads.load(Ordering::SeqCst) == 2).await;
+        assert!(reads.pieces_bytes() > 0);
+        assert!(reads.end(MASTER));
+        assert!(!reads.end(MASTER));
+        assert_eq!(reads.pieces_bytes(), 0);
+        // Give a reader that ignored the end time to go on; this one must not.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            source.reads.load(Ordering::SeqCst),
+            2,
+            "the reader stopped after the segment it held"
+        );
+        assert_eq!(reads.current(MASTER), None);
+    }
+
+    #[tokio::test]
+    async fn start_refuses_stale_attempts_and_treats_a_repeat_as_a_retry() {
+        let reads = RecoveryReads::new(1 << 20);
+        let source = source(2, 10);
+        reads
+            .start(read_request(5, 2), source.clone())
+            .expect("start");
+        reads
+            .start(read_request(5, 2), source.clone())
+            .expect("repeat");
+        let stale = reads.start(read_request(4, 2), source.clone());
+        assert!(matches!(stale, Err(StartError::Stale { current: 5, .. })));
+        assert_eq!(stale.map_err(|e| e.status()), Err(Status::InvalidArgument));
+        reads
+            .start(read_request(6, 2), source.clone())
+            .expect("newer");
+        assert_eq!(reads.current(MASTER), Some(6));
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_dies_marks_its_unread_segments_unreadable() {
+        /// Panics on the second read.
+        #[derive(Debug, Default)]
+        struct Crashing(AtomicUsize);
+        impl ReplicaSource for Crashing {
+            fn read(
+                &self,
+                _: ServerId,
+                segment: SegmentId,
+            ) -> Result<Option<HeldReplica>, StoreError> {
+                if self.0.fetch_add(1, Ordering::SeqCst) == 1 {
+                    panic!("injected reader crash");
+                }
+                let mut writer =
+                    SegmentWriter::open(MASTER, segment, CAPACITY, &[segment]).expect("open");
+                writer.seal_batch();
+                Ok(Some(HeldReplica {
+                    info: info(segment.0, false),
+                    bytes: writer.bytes().to_vec(),
+                }))
+            }
+        }
+        let reads = RecoveryReads::new(1 << 20);
+        let source: Arc<dyn ReplicaSource> = Arc::new(Crashing::default());
+        reads
+            .start(read_request(1, 3), Arc::clone(&source))
+            .expect("start");
+        let first = reads
+            .fetch(&data_request(1, 1), Arc::clone(&source))
+            .await
+            .expect("first segment");
+        assert_eq!(first.count, 0);
+        for segment in [2, 3] {
+            let answer = reads
+                .fetch(&data_request(1, segment), Arc::clone(&source))
+                .await;
+            assert!(
+                matches!(answer, Err(FetchError::Unreadable { .. })),
+                "{segment}: {answer:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! `rampart bench recovery`: crash recovery of one master, measured end to end.
+//!
+//! Starts a local cluster (3 coordinators, `--servers` servers, R = `--replicas`), fills
+//! one master with `--data-mb` MB of `--object-bytes` objects (one table, one tablet),
+//! measures the machine's **floor** on the same data, kills the master with SIGKILL and
+//! measures from the kill:
+//! * detection (kill → crash declared, from the coordinator's report),
+//! * setup, and per partition its recovery master, replay time and the moment it went
+//!   live (the coordinator's report, shifted to the kill),
+//! * **client-observed unavailability**: kill → a read of a key in every partition has
+//!   succeeded (`--probe-keys` keys spread over the hash space are read in a loop from
+//!   the kill on; the last first success ends it),
+//! and then verifies every object (count and checksum, by enumerating the table).
+//!
+//! The floor: one process reading the crashed master's replica files (one per segment,
+//! from the page cache: they were just written) and rebuilding a hash table of the same
+//! objects — the least work any recovery of this data does on this machine. Recovery
+//! rate is reported as a fraction of it.
+//!
+//! Prints a table, writes `--json FILE` and a timeline `--svg FILE` (one bar per
+//! partition's recovery master and one per backup that served reads; detection, setup,
+//! replay and the wait to go live in their own colours).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rampart_client::{Client, ClientOptions, WriteItem};
+use rampart_common::ids::{ServerId, TableId};
+use rampart_common::log::{entries, scan, Entry};
+use rampart_common::protocol::coordinator::{
+    RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
+};
+use rampart_common::reject::RejectRules;
+use rampart_common::rpc::{CoordinatorSet, RpcPool};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+use super::ycsb::RemoveOnDrop;
+use crate::cluster::{self, UpArgs};
+
+/// `rampart bench recovery`
+#[derive(Args, Debug)]
+pub struct RecoveryBenchArgs {
+    /// Storage servers (each a master and a backup).
+    #[arg(long, default_value_t = 6)]
+    pub servers: u32,
+    /// MB of object data (keys and values) to load into the master that is killed.
+    #[arg(long, default_value_t = 256)]
+    pub data_mb: u64,
+    /// Bytes of each value.
+    #[arg(long, default_value_t = 1024)]
+    pub object_bytes: usize,
+    /// Backup replicas per segment (R).
+    #[arg(long, default_value_t = 3)]
+    pub replicas: u32,
+    /// Bytes per log segment.
+    #[arg(long, default_value = "8MiB")]
+    pub segment_bytes: String,
+    /// Keys read in a loop from the kill on, spread over the hash space.
+    #[arg(long, default_value_t = 256)]
+    pub probe_keys: usize,
+    /// Write the figures as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the timeline (SVG).
+    #[arg(long, default_value = "recovery-timeline.svg")]
+    pub svg: PathBuf,
+}
+
+/// Keys and values of the loaded data: key `k{i}`, value derived from it.
+fn key(i: u64) -> Vec<u8> {
+    format!("k{i:010}").into_bytes()
+}
+
+fn value(i: u64, bytes: usize) -> Vec<u8> {
+    let mut v = vec![b'a' + (i % 26) as u8; bytes];
+    let tag = i.to_le_bytes();
+    let n = tag.len().min(bytes);
+    v[..n].copy_from_slice(&tag[..n]);
+    v
+}
+
+/// Order-independent checksum of a set of objects.
+fn checksum(key: &[u8], value: &[u8]) -> u64 {
+    let mut bytes = Vec::with_capacity(key.len() + value.len() + 1);
+    bytes.extend_from_slice(key);
+    bytes.push(0);
+    bytes.extend_from_slice(value);
+    xxhash_rust::xxh3::xxh3_64(&bytes)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs the benchmark.
+pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
+    crate::init_logging("warn");
+    if args.servers < 2 || args.replicas >= args.servers {
+        bail!("need at least 2 servers and --replicas below --servers");
+    }
+    if args.object_bytes == 0 || args.data_mb == 0 {
+        bail!("--object-bytes and --data-mb must be positive");
+    }
+    let data_dir =
+        std::env::temp_dir().join(format!("rampart-bench-recovery-{}", std::process::id()));
+    let _data = RemoveOnDrop(data_dir.clone());
+    // Each server must hold the whole data set (it may recover all of it) plus its share.
+    let memory_mb = (args.data_mb * 3).max(256) + 256;
+    let up = UpArgs {
+        data_dir: data_dir.clone(),
+        servers: args.servers,
+        coordinators: 3,
+        coordinator_addr: "127.0.0.1:0".into(),
+        replicas: Some(args.replicas),
+        replication: None,
+        memory: format!("{memory_mb}MiB"),
+        segment_bytes: args.segment_bytes.clone(),
+        value_bytes_max: "1MiB".into(),
+        log_level: "warn".into(),
+    };
+    let mut local = cluster::start(&up, false)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let objects = args.data_mb * 1_000_000 / (args.object_bytes as u64 + 11);
+    println!(
+        "{} servers, R = {}, {} MB in {} objects of {} bytes, segments {}",
+        args.servers, args.replicas, args.data_mb, objects, args.object_bytes, args.segment_bytes
+    );
+    let coordinator = local.coordinator.clone();
+    let client = runtime.block_on(async {
+        let options = ClientOptions {
+            deadline: Duration::from_secs(120),
+            ..ClientOptions::default()
+        };
+        Client::connect_with(&[coordinator.as_str()], options).await
+    })?;
+    let table = runtime.block_on(client.create_table("bench", 1))?;
+    let load_start = std::time::Instant::now();
+    let expected = runtime.block_on(load(&client, table, objects, args.object_bytes))?;
+    println!(
+        "loaded in {:.1} s",
+        load_start.elapsed().as_secs_f64()
+    );
+    let victim_addr = client
+        .locate(table, &key(0))
+        .context("no owner for the table")?;
+    let (index, (victim, _)) = local
+        .servers
+        .iter()
+        .enumerate()
+        .find(|(_, (_, addr))| *addr == victim_addr)
+        .map(|(i, s)| (i, s.clone()))
+        .context("owner not among the servers")?;
+
+    // The floor, on the replicas just written (page cache).
+    let (floor_bytes, floor_objects, floor_s) = floor(&data_dir, ServerId(victim))?;
+    let floor_rate = floor_bytes as f64 / 1e6 / floor_s.max(1e-9);
+    println!(
+        "floor: {floor_objects} objects, {:.0} MB of segments in {:.0} ms: {floor_rate:.0} MB/s",
+        floor_bytes as f64 / 1e6,
+        floor_s * 1e3
+    );
+
+    // Kill, and probe until every probe key has been read once.
+    let probes: Vec<u64> = (0..args.probe_keys as u64)
+        .map(|p| p * objects / args.probe_keys.max(1) as u64)
+        .collect();
+    local.children.kill(&format!("server #{}", index + 1))?;
+    let killed = Instant::now();
+    let killed_unix = unix_ms();
+    let unavailable = runtime.block_on(probe(&client, table, &probes, killed))?;
+    println!("client-observed unavailability: {:.0} ms", unavailable * 1e3);
+
+    let report = runtime.block_on(wait_report(&coordinator, ServerId(victim)))?;
+    let shift = report.declared_unix_ms.saturating_sub(killed_unix);
+    let detection_ms = shift;
+    let (verified, sum) = runtime.block_on(verify(&client, table))?;
+    let ok = verified == expected.0 && sum == expected.1;
+
+    let recovered_mb = args.data_mb as f64;
+    let total_s = report
+        .partitions
+        .iter()
+        .map(|p| p.live_ms + shift)
+        .max()
+        .unwrap_or(0) as f64
+        / 1e3;
+    let rate = recovered_mb / total_s.max(1e-9);
+    let masters: std::collections::BTreeSet<ServerId> =
+        report.partitions.iter().map(|p| p.master).collect();
+    println!();
+    println!("| partition | recovery master | objects | MB | replay ms | live at ms (from kill) |");
+    println!("|---|---|---|---|---|---|");
+    for p in &report.partitions {
+        println!(
+            "| {} | {} | {} | {:.1} | {} | {} |",
+            p.partition,
+            p.master,
+            p.objects,
+            p.bytes as f64 / 1e6,
+            p.replay_ms,
+            p.live_ms + shift
+        );
+    }
+    println!();
+    println!("| figure | value |");
+    println!("|---|---|");
+    println!("| detection ms | {detection_ms} |");
+    println!("| setup ms (from kill) | {} |", report.setup_ms + shift);
+    println!("| last partition live ms (from kill) | {:.0} |", total_s * 1e3);
+    println!("| client-observed unavailability ms | {:.0} |", unavailable * 1e3);
+    println!("| recovery masters | {} |", masters.len());
+    println!("| recovery rate MB/s (data / last live) | {rate:.0} |");
+    println!("| objects/s recovered | {:.0} |", objects as f64 / total_s.max(1e-9));
+    println!("| floor MB/s (one process, page cache) | {floor_rate:.0} |");
+    println!("| recovery rate / floor | {:.2} |", rate / floor_rate.max(1e-9));
+    println!(
+        "| objects verified | {verified} of {} ({}) |",
+        expected.0,
+        if ok { "checksum matches" } else { "MISMATCH" }
+    );
+    write_svg(&args.svg, &report, shift, detection_ms)?;
+    println!("timeline: {}", args.svg.display());
+    if let Some(path) = &args.json {
+        let partitions: Vec<serde_json::Value> = report
+            .partitions
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "partition": p.partition,
+                    "master": p.master.0,
+                    "live_ms": p.live_ms + shift,
+                    "replay_ms": p.replay_ms,
+                    "replay_start_ms": p.replay_start_ms + shift,
+                    "bytes": p.bytes,
+                    "objects": p.objects,
+                    "attempts": p.attempts,
+                })
+            })
+            .collect();
+        let json = serde_json::json!({
+            "servers": args.servers,
+            "replicas": args.replicas,
+            "object_bytes": args.object_bytes,
+            "data_mb": args.data_mb,
+            "objects_expected": expected.0,
+            "objects_verified": verified,
+            "checksum_ok": ok,
+            "detection_ms": detection_ms,
+            "setup_ms": report.setup_ms + shift,
+            "unavailability_ms": (unavailable * 1e3).round(),
+            "recovery_masters": masters.len(),
+            "recovery_rate_mb_s": rate,
+            "objects_per_s": objects as f64 / total_s.max(1e-9),
+            "floor_rate_mb_s": floor_rate,
+            "rate_over_floor": rate / floor_rate.max(1e-9),
+            "partitions": partitions,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    local.children.stop_all();
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Writes `objects` objects with multi-writes from 8 tasks; returns (count, checksum).
+async fn load(client: &Client, table: TableId, objects: u64, bytes: usize) -> Result<(u64, u64)> {
+    const WRITERS: u64 = 8;
+    let batch = (256 * 1024 / (bytes as u64 + 16)).clamp(1, 1000);
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..WRITERS {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let mut i = w * batch;
+            while i < objects {
+                let items: Vec<WriteItem> = (i..(i + batch).min(objects))
+                    .map(|j| WriteItem {
+                        table,
+                        key: key(j).into(),
+                        value: value(j, bytes).into(),
+                        rules: RejectRules::default(),
+                    })
+                    .collect();
+                client.multi_write(&items).await?;
+                i += batch * WRITERS;
+            }
+            Ok::<(), rampart_client::ClientError>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    let sum = (0..objects).fold(0u64, |s, i| s.wrapping_add(checksum(&key(i), &value(i, bytes))));
+    Ok((objects, sum))
+}
+
+/// Reads every probe key in a loop until each has been read once; returns the seconds
+/// from `killed` to the last first success.
+async fn probe(client: &Client, table: TableId, probes: &[u64], killed: Instant) -> Result<f64> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for &p in probes {
+        let client = client.clone();
+        tasks.spawn(async move {
+            loop {
+                match client.read(table, &key(p)).await {
+                    Ok(Some(_)) => return Ok(killed.elapsed().as_secs_f64()),
+                    Ok(None) => bail!("probe key {p} lost"),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+        });
+    }
+    let mut last: f64 = 0.0;
+    while let Some(done) = tasks.join_next().await {
+        last = last.max(done??);
+    }
+    Ok(last)
+}
+
+/// The coordinator's report of the recovery of `crashed`, once done.
+async fn wait_report(coordinator: &str, crashed: ServerId) -> Result<RecoveryReport> {
+    let set = CoordinatorSet::new(&[coordinator]);
+    let pool = RpcPool::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let call = Instant::now() + Duration::from_secs(5);
+        if let Ok(reply) = set
+            .call::<RecoveryStatus>(&pool, &RecoveryStatusRequest {}, call)
+            .await
+        {
+            if let Some(report) = reply
+                .recoveries
+                .into_iter()
+                .rev()
+                .find(|r| r.crashed == crashed && r.done_ms > 0)
+            {
+                return Ok(report);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the recovery of {crashed} did not finish");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Enumerates the table; returns (objects, checksum).
+async fn verify(client: &Client, table: TableId) -> Result<(u64, u64)> {
+    let mut enumeration = client.enumerate(table);
+    let (mut count, mut sum) = (0u64, 0u64);
+    while let Some(page) = enumeration.next_page().await? {
+        for object in page {
+            count += 1;
+            sum = sum.wrapping_add(checksum(&object.key, &object.value));
+        }
+    }
+    Ok((count, sum))
+}
+
+/// Reads one replica file per segment of `master` under `data_dir` and rebuilds a hash
+/// table of its objects; returns (segment bytes, objects, seconds).
+fn floor(data_dir: &Path, master: ServerId) -> Result<(u64, u64, f64)> {
+    let prefix = format!("m{}-s", master.0);
+    let mut files: HashMap<String, PathBuf> = HashMap::new();
+    for server in std::fs::read_dir(data_dir)? {
+        let replicas = server?.path().join("replicas");
+        let Ok(dir) = std::fs::read_dir(&replicas) else {
+            continue;
+        };
+        for file in dir {
+            let path = file?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with(&prefix) && name.ends_with(".replica") {
+                files.entry(name.to_string()).or_insert(path);
+            }
+        }
+    }
+    /// Bytes of a replica file's header (backup::segment_store's layout).
+    const REPLICA_HEADER_BYTES: usize = 49;
+    let start = std::time::Instant::now();
+    let mut table: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut bytes = 0u64;
+    for path in files.values() {
+        let data = std::fs::read(path)?;
+        let Some(segment) = data.get(REPLICA_HEADER_BYTES..) else {
+            continue;
+        };
+        let valid = scan(segment).valid_bytes;
+        bytes += u64::from(valid);
+        for (_, entry) in entries(segment, valid) {
+            if let Entry::Object(object) = entry {
+                table.insert(object.key.to_vec(), object.value.to_vec());
+            }
+        }
+    }
+    Ok((bytes, table.len() as u64, start.elapsed().as_secs_f64()))
+}
+
+/// The timeline: a bar per partition (on its recovery master), phases coloured.
+fn write_svg(path: &Path, report: &RecoveryReport, shift: u64, detection: u64) -> Result<()> {
+    let end = report
+        .partitions
+        .iter()
+        .map(|p| p.live_ms + shift)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let width = 900.0;
+    let x = |ms: u64| 150.0 + (ms as f64 / end) * (width - 170.0);
+    let row = 26.0;
+    let mut svg = String::new();
+    let height = 60.0 + row * (report.partitions.len() as f64 + 1.0);
+    svg.push_str(&format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n"
+    ));
+    svg.push_str(&format!(
+        "<text x='10' y='20'>Recovery of {} (kill at 0 ms, last partition live at {end:.0} ms)</text>\n",
+        report.crashed
+    ));
+    let bar = |svg: &mut String, y: f64, from: u64, to: u64, colour: &str| {
+        let (a, b) = (x(from), x(to.max(from)));
+        svg.push_str(&format!(
+            "<rect x='{a:.1}' y='{y:.1}' width='{:.1}' height='18' fill='{colour}'/>\n",
+            (b - a).max(1.0)
+        ));
+    };
+    let mut y = 40.0;
+    svg.push_str(&format!("<text x='10' y='{:.1}'>coordinator</text>\n", y + 13.0));
+    bar(&mut svg, y, 0, detection, "#d62728");
+    bar(&mut svg, y, detection, report.setup_ms + shift, "#ff7f0e");
+    for p in &report.partitions {
+        y += row;
+        svg.push_str(&format!(
+            "<text x='10' y='{:.1}'>p{} on {}</text>\n",
+            y + 13.0,
+            p.partition,
+            p.master
+        ));
+        let start = p.replay_start_ms + shift;
+        let replayed = start + p.replay_ms;
+        bar(&mut svg, y, start, replayed, "#1f77b4");
+        bar(&mut svg, y, replayed, p.live_ms + shift, "#2ca02c");
+    }
+    y += row + 10.0;
+    for (i, (name, colour)) in [
+        ("detection", "#d62728"),
+        ("setup", "#ff7f0e"),
+        ("fetch + replay + re-replication", "#1f77b4"),
+        ("lease wait, commit, take tablets", "#2ca02c"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let lx = 10.0 + i as f64 * 220.0;
+        svg.push_str(&format!(
+            "<rect x='{lx}' y='{y:.1}' width='12' height='12' fill='{colour}'/><text x='{:.1}' y='{:.1}'>{name}</text>\n",
+            lx + 16.0,
+            y + 11.0
+        ));
+    }
+    svg.push_str("</svg>\n");
+    std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
+}
+

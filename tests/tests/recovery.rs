@@ -1,0 +1,475 @@
+//! Crash recovery on real processes (issue 5): masters killed with SIGKILL are detected,
+//! recovered from their replicas by other masters, and every acknowledged write is read
+//! back afterwards, through the ordinary client, which rides through the recovery.
+//!
+//! Each test runs its own cluster of 3 coordinators and several storage servers on
+//! loopback, with small segments so that little data spans many of them. The tests hold
+//! one lock so that only one cluster runs at a time (two cores).
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+use rampart_client::{Client, ClientError, ClientOptions};
+use rampart_common::ids::{ServerId, TableId};
+use rampart_common::protocol::coordinator::{
+    RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
+};
+use rampart_common::rpc::{CoordinatorSet, RpcPool};
+use rampart_tests::{runtime, CoordinatorGroup, RampartProcess};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// One cluster at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// How long a recovery may take in these tests (a loaded 2-core machine).
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A cluster started process by process, so servers can be killed and restarted on their
+/// data directories.
+struct Cluster {
+    group: CoordinatorGroup,
+    /// Running servers by id: (process, data directory).
+    servers: BTreeMap<u64, (RampartProcess, PathBuf)>,
+    /// Flags of every server.
+    flags: Vec<String>,
+    next_dir: u32,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(servers: u32, replicas: u32, extra: &[&str]) -> Cluster {
+        let group = CoordinatorGroup::start(3).unwrap();
+        let mut flags: Vec<String> = [
+            "--disk-mbps",
+            "500",
+            "--memory",
+            "256MiB",
+            "--segment-bytes",
+            "256KiB",
+            "--value-bytes-max",
+            "128KiB",
+            "--replicas",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        flags.push(replicas.to_string());
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        let mut cluster = Cluster {
+            group,
+            servers: BTreeMap::new(),
+            flags,
+            next_dir: 0,
+            dir: tempfile::TempDir::new().unwrap(),
+        };
+        for _ in 0..servers {
+            cluster.start_server(None);
+        }
+        cluster
+    }
+
+    /// Starts a server on `data_dir` (a fresh one if `None`); returns its id.
+    fn start_server(&mut self, data_dir: Option<PathBuf>) -> u64 {
+        let data_dir = data_dir.unwrap_or_else(|| {
+            self.next_dir += 1;
+            self.dir.path().join(format!("server-{}", self.next_dir))
+        });
+        let flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+        let process = self.group.start_server(&data_dir, &flags).unwrap();
+        // "server N listening on ADDR"
+        let id: u64 = process.announce[1].parse().unwrap();
+        self.servers.insert(id, (process, data_dir));
+        id
+    }
+
+    fn addr(&self, id: u64) -> String {
+        self.servers[&id].0.addr.clone()
+    }
+
+    /// The id of the server at `addr`.
+    fn id_at(&self, addr: &str) -> u64 {
+        *self
+            .servers
+            .iter()
+            .find(|(_, (p, _))| p.addr == addr)
+            .map(|(id, _)| id)
+            .unwrap()
+    }
+
+    /// SIGKILLs server `id`; returns its data directory.
+    fn kill(&mut self, id: u64) -> PathBuf {
+        let (process, dir) = self.servers.remove(&id).unwrap();
+        process.kill();
+        dir
+    }
+
+    /// Stops server `id` gracefully; returns its data directory.
+    fn stop(&mut self, id: u64) -> PathBuf {
+        let (process, dir) = self.servers.remove(&id).unwrap();
+        let _ = process.stop(Duration::from_secs(10));
+        dir
+    }
+
+    async fn client(&self) -> Client {
+        let options = ClientOptions {
+            deadline: Duration::from_secs(30),
+            ..ClientOptions::default()
+        };
+        Client::connect_with(&[self.group.addrs()], options)
+            .await
+            .unwrap()
+    }
+
+    async fn recoveries(&self) -> Vec<RecoveryReport> {
+        let addrs = self.group.addrs();
+        let set = CoordinatorSet::new(&[addrs.as_str()]);
+        let pool = RpcPool::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        set.call::<RecoveryStatus>(&pool, &RecoveryStatusRequest {}, deadline)
+            .await
+            .map(|reply| reply.recoveries)
+            .unwrap_or_default()
+    }
+
+    /// Waits until the recovery of every server of `crashed` is done; returns the reports.
+    async fn wait_recovered(&self, crashed: &[u64]) -> Vec<RecoveryReport> {
+        let deadline = Instant::now() + RECOVERY_TIMEOUT;
+        loop {
+            let reports = self.recoveries().await;
+            let done: Vec<RecoveryReport> = crashed
+                .iter()
+                .filter_map(|id| {
+                    reports
+                        .iter()
+                        .rev()
+                        .find(|r| r.crashed == ServerId(*id) && r.done_ms > 0)
+                        .cloned()
+                })
+                .collect();
+            if done.len() == crashed.len() {
+                return done;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "recovery of {crashed:?} not done within {RECOVERY_TIMEOUT:?}: {reports:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn value(key: &str, counter: u64, bytes: usize) -> Vec<u8> {
+    let mut v = format!("{key}={counter:012};").into_bytes();
+    v.resize(bytes.max(v.len()), b'x');
+    v
+}
+
+/// The counter a value written by [`value`] carries.
+fn counter_of(value: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(value);
+    let digits = text.split('=').nth(1).and_then(|s| s.split(';').next());
+    digits.and_then(|d| d.parse().ok()).unwrap()
+}
+
+/// Writes `keys` keys once each, `bytes` per value; returns (key, counter 0).
+async fn fill(client: &Client, table: TableId, prefix: &str, keys: usize, bytes: usize) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let client = client.clone();
+        let prefix = prefix.to_string();
+        tasks.spawn(async move {
+            for i in (w..keys).step_by(8) {
+                let key = format!("{prefix}{i}");
+                client
+                    .write(table, key.as_bytes(), &value(&key, 0, bytes))
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+}
+
+/// Reads back `keys` keys written by [`fill`] and checks every one.
+async fn check_filled(client: &Client, table: TableId, prefix: &str, keys: usize) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let client = client.clone();
+        let prefix = prefix.to_string();
+        tasks.spawn(async move {
+            for i in (w..keys).step_by(8) {
+                let key = format!("{prefix}{i}");
+                let object = client.read(table, key.as_bytes()).await.unwrap();
+                let object = object.unwrap_or_else(|| panic!("{key} lost"));
+                assert!(object.value.starts_with(format!("{key}=").as_bytes()), "{key}");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+}
+
+/// Per key: the last acknowledged counter and the last one attempted.
+type History = BTreeMap<String, (Option<u64>, u64)>;
+
+/// Rewrites keys `w{w}-{j}` in rounds with growing counters until `stop`.
+async fn write_load(client: Client, table: TableId, stop: Arc<AtomicBool>) -> History {
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..6 {
+        let (client, stop) = (client.clone(), Arc::clone(&stop));
+        tasks.spawn(async move {
+            let mut history = History::new();
+            let mut counter = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                counter += 1;
+                for j in 0..20 {
+                    let key = format!("w{w}-{j}");
+                    let entry = history.entry(key.clone()).or_insert((None, 0));
+                    entry.1 = counter;
+                    match client
+                        .write(table, key.as_bytes(), &value(&key, counter, 200))
+                        .await
+                    {
+                        Ok(_) => entry.0 = Some(counter),
+                        Err(ClientError::Indeterminate(_)) | Err(ClientError::Timeout { .. }) => {}
+                        Err(error) => panic!("write of {key} failed: {error}"),
+                    }
+                }
+            }
+            history
+        });
+    }
+    let mut history = History::new();
+    while let Some(done) = tasks.join_next().await {
+        history.extend(done.unwrap());
+    }
+    history
+}
+
+/// Every key holds its last acknowledged value or a later attempted one.
+async fn check_history(client: &Client, table: TableId, history: &History) {
+    for (key, (acked, attempted)) in history {
+        let object = client.read(table, key.as_bytes()).await.unwrap();
+        match (acked, object) {
+            (Some(acked), None) => panic!("{key}: acknowledged counter {acked} lost"),
+            (None, _) => {}
+            (Some(acked), Some(object)) => {
+                let got = counter_of(&object.value);
+                assert!(
+                    *acked <= got && got <= *attempted,
+                    "{key}: holds {got}, acknowledged {acked}, last attempted {attempted}"
+                );
+            }
+        }
+    }
+}
+
+/// The server owning `key` of `table`.
+fn owner_of(cluster: &Cluster, client: &Client, table: TableId, key: &str) -> u64 {
+    cluster.id_at(&client.locate(table, key.as_bytes()).unwrap())
+}
+
+#[test]
+fn master_crash_under_write_load_loses_no_acknowledged_write() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(5, 3, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("load", 5).await.unwrap();
+        fill(&client, table, "pre", 2000, 500).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let load = tokio::spawn(write_load(client.clone(), table, Arc::clone(&stop)));
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let victim = owner_of(&cluster, &client, table, "w0-0");
+        cluster.kill(victim);
+        // Writes go on through the recovery.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        stop.store(true, Ordering::SeqCst);
+        let history = load.await.unwrap();
+        let reports = cluster.wait_recovered(&[victim]).await;
+        assert!(reports[0].partitions.iter().all(|p| p.live_ms > 0));
+        check_history(&client, table, &history).await;
+        check_filled(&client, table, "pre", 2000).await;
+        // The victim's tablets all have live owners.
+        assert_ne!(owner_of(&cluster, &client, table, "w0-0"), victim);
+    });
+}
+
+#[test]
+fn two_servers_killed_at_once_are_recovered_concurrently() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(6, 3, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("pair", 6).await.unwrap();
+        fill(&client, table, "k", 4000, 1000).await;
+        let first = owner_of(&cluster, &client, table, "k0");
+        let second = (1..4000)
+            .map(|i| owner_of(&cluster, &client, table, &format!("k{i}")))
+            .find(|id| *id != first)
+            .unwrap();
+        cluster.kill(first);
+        cluster.kill(second);
+        let reports = cluster.wait_recovered(&[first, second]).await;
+        // Both ran at once: each was declared before the other finished.
+        let (a, b) = (&reports[0], &reports[1]);
+        assert!(a.declared_unix_ms < b.declared_unix_ms + b.done_ms);
+        assert!(b.declared_unix_ms < a.declared_unix_ms + a.done_ms);
+        check_filled(&client, table, "k", 4000).await;
+    });
+}
+
+#[test]
+fn recovery_master_and_backup_killed_mid_recovery() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(6, 2, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("mid", 6).await.unwrap();
+        fill(&client, table, "k", 12_000, 2000).await;
+        let victim = owner_of(&cluster, &client, table, "k0");
+        cluster.kill(victim);
+        // As soon as a recovery master works on a partition, kill it, and one more
+        // backup that is neither the victim nor that recovery master.
+        let deadline = Instant::now() + RECOVERY_TIMEOUT;
+        let recovery_master = loop {
+            let reports = cluster.recoveries().await;
+            let busy = reports
+                .iter()
+                .filter(|r| r.crashed == ServerId(victim))
+                .flat_map(|r| r.partitions.iter())
+                .find(|p| p.master.0 != 0 && p.live_ms == 0)
+                .map(|p| p.master.0);
+            if let Some(master) = busy {
+                break master;
+            }
+            assert!(Instant::now() < deadline, "no partition in replay: {reports:#?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        cluster.kill(recovery_master);
+        let backup = *cluster.servers.keys().next().unwrap();
+        cluster.kill(backup);
+        cluster
+            .wait_recovered(&[victim, recovery_master, backup])
+            .await;
+        check_filled(&client, table, "k", 12_000).await;
+    });
+}
+
+#[test]
+fn crash_right_after_a_segment_rollover_recovers_the_new_head() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(4, 2, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("roll", 1).await.unwrap();
+        // Values of 3/4 of a 256 KiB segment: every write opens a new segment (header,
+        // digest; the previous one gets its footer), so the crash follows a rollover.
+        for i in 0..12 {
+            let key = format!("big{i}");
+            client
+                .write(table, key.as_bytes(), &value(&key, 0, 96 * 1024))
+                .await
+                .unwrap();
+        }
+        let victim = owner_of(&cluster, &client, table, "big0");
+        cluster.kill(victim);
+        cluster.wait_recovered(&[victim]).await;
+        check_filled(&client, table, "big", 12).await;
+    });
+}
+
+#[test]
+fn missing_replica_makes_recovery_wait_until_its_backup_returns() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        // R = 1: each segment of the victim has a single replica.
+        let mut cluster = Cluster::start(3, 1, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("lonely", 1).await.unwrap();
+        fill(&client, table, "k", 300, 1000).await;
+        let victim = owner_of(&cluster, &client, table, "k0");
+        let others: Vec<u64> = cluster
+            .servers
+            .keys()
+            .copied()
+            .filter(|id| *id != victim)
+            .collect();
+        // Stop both other servers (gracefully: their backups keep what they hold on
+        // disk), then kill the victim: its only replicas are on stopped backups.
+        let dirs: Vec<PathBuf> = others.iter().map(|id| cluster.stop(*id)).collect();
+        cluster.kill(victim);
+        // Bring one back on a fresh disk: it can host recovery, but holds no replica.
+        let spare = cluster.start_server(None);
+        let deadline = Instant::now() + RECOVERY_TIMEOUT;
+        let waiting = loop {
+            let reports = cluster.recoveries().await;
+            let waits = reports
+                .iter()
+                .find(|r| r.crashed == ServerId(victim))
+                .and_then(|r| r.waiting.clone());
+            if let Some(why) = waits {
+                break why;
+            }
+            assert!(Instant::now() < deadline, "recovery never waited: {reports:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(waiting.contains("incomplete"), "{waiting}");
+        assert!(waiting.contains("allow-loss"), "{waiting}");
+        // The backups come back on their disks: the recovery proceeds.
+        for dir in dirs {
+            cluster.start_server(Some(dir));
+        }
+        cluster.wait_recovered(&[victim]).await;
+        check_filled(&client, table, "k", 300).await;
+        let _ = spare;
+    });
+}
+
+#[test]
+fn cold_start_brings_every_table_back() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(4, 2, &[]);
+        let client = cluster.client().await;
+        let a = client.create_table("alpha", 4).await.unwrap();
+        let b = client.create_table("beta", 1).await.unwrap();
+        fill(&client, a, "a", 1500, 700).await;
+        fill(&client, b, "b", 200, 3000).await;
+        client.remove(a, b"a7").await.unwrap();
+        drop(client);
+        // Stop everything: coordinators first (so nothing is recovered while the servers
+        // go down), then every server gracefully.
+        for id in 1..=3 {
+            cluster.group.kill(id);
+        }
+        let ids: Vec<u64> = cluster.servers.keys().copied().collect();
+        let dirs: Vec<PathBuf> = ids.iter().map(|id| cluster.stop(*id)).collect();
+        for id in 1..=3 {
+            cluster.group.restart(id).unwrap();
+        }
+        for dir in dirs {
+            cluster.start_server(Some(dir));
+        }
+        cluster.wait_recovered(&ids).await;
+        let client = cluster.client().await;
+        check_filled(&client, a, "a", 7).await;
+        assert_eq!(client.read(a, b"a7").await.unwrap(), None, "a removed key stays removed");
+        for i in 8..1500 {
+            let key = format!("a{i}");
+            let object = client.read(a, key.as_bytes()).await.unwrap();
+            assert!(object.is_some(), "{key} lost in the cold start");
+        }
+        check_filled(&client, b, "b", 200).await;
+        // And the cluster takes writes again.
+        client.write(a, b"after", b"cold start").await.unwrap();
+        let _ = cluster.addr(*cluster.servers.keys().next().unwrap());
+    });
+}
