@@ -538,6 +538,8 @@ impl RecoveryManager {
                 drop(inner);
                 tracing::warn!(%server, %addr, error = %last, detection_ms = ms(now - first), "server declared crashed");
                 self.wake.notify_one();
+                // Servers stop pinging it, and clients' next map has it crashed.
+                crate::service::push_server_list_version(&self.node, &self.pool);
             }
             Ok(other) => tracing::warn!(%server, ?other, "crash not recorded"),
             Err(error) => tracing::warn!(%server, %error, "crash not committed"),

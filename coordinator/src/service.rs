@@ -189,32 +189,7 @@ impl CoordinatorService {
 
     /// Tells every `Up` server, in the background, that the server list changed.
     fn push_server_list_version(&self) {
-        let (version, addrs): (u64, Vec<String>) = self.node.with_state(|state| {
-            let addrs = state
-                .up_servers()
-                .into_iter()
-                .map(|s| s.addr.clone())
-                .collect();
-            (state.version(), addrs)
-        });
-        let pool = Arc::clone(&self.pool);
-        tokio::spawn(async move {
-            let request = ServerListVersion { version };
-            let deadline = Instant::now() + SERVER_LIST_PUSH_TIMEOUT;
-            let pushes = addrs.iter().map(|addr| {
-                let pool = &pool;
-                let request = &request;
-                async move {
-                    if let Err(e) = pool
-                        .call::<ServerListChanged>(addr, request, deadline)
-                        .await
-                    {
-                        tracing::debug!(%addr, error = %e, "server-list push not delivered");
-                    }
-                }
-            });
-            futures::future::join_all(pushes).await;
-        });
+        push_server_list_version(&self.node, &self.pool);
     }
 
     /// Sends `tablets`, grouped by owner, with RPC `R` (take or drop), retrying
@@ -535,6 +510,37 @@ fn command_name(command: &Command) -> &'static str {
         Command::RecoveredPartition { .. } => "recovered partition",
         Command::AllowLoss { .. } => "allow-loss",
     }
+}
+
+/// Tells every `Up` server, in the background, that the server list changed (a server
+/// enlisted or was declared crashed).
+pub(crate) fn push_server_list_version(node: &RaftNode, pool: &Arc<RpcPool>) {
+    let (version, addrs): (u64, Vec<String>) = node.with_state(|state| {
+        let addrs = state
+            .up_servers()
+            .into_iter()
+            .map(|s| s.addr.clone())
+            .collect();
+        (state.version(), addrs)
+    });
+    let pool = Arc::clone(pool);
+    tokio::spawn(async move {
+        let request = ServerListVersion { version };
+        let deadline = Instant::now() + SERVER_LIST_PUSH_TIMEOUT;
+        let pushes = addrs.iter().map(|addr| {
+            let pool = &pool;
+            let request = &request;
+            async move {
+                if let Err(e) = pool
+                    .call::<ServerListChanged>(addr, request, deadline)
+                    .await
+                {
+                    tracing::debug!(%addr, error = %e, "server-list push not delivered");
+                }
+            }
+        });
+        futures::future::join_all(pushes).await;
+    });
 }
 
 /// The reply for a proposal or read the node did not carry out.

@@ -9,8 +9,9 @@
 //!   live (the coordinator's report, shifted to the kill),
 //! * **client-observed unavailability**: kill → a read of a key in every partition has
 //!   succeeded (`--probe-keys` keys spread over the hash space are read in a loop from
-//!   the kill on; the last first success ends it),
-//! and then verifies every object (count and checksum, by enumerating the table).
+//!   the kill on; the last first success ends it).
+//!
+//! Then it verifies every object (count and checksum, by enumerating the table).
 //!
 //! The floor: one process reading the crashed master's replica files (one per segment,
 //! from the page cache: they were just written) and rebuilding a hash table of the same
@@ -144,10 +145,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let table = runtime.block_on(client.create_table("bench", 1))?;
     let load_start = std::time::Instant::now();
     let expected = runtime.block_on(load(&client, table, objects, args.object_bytes))?;
-    println!(
-        "loaded in {:.1} s",
-        load_start.elapsed().as_secs_f64()
-    );
+    println!("loaded in {:.1} s", load_start.elapsed().as_secs_f64());
     let victim_addr = client
         .locate(table, &key(0))
         .context("no owner for the table")?;
@@ -176,7 +174,10 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let killed = Instant::now();
     let killed_unix = unix_ms();
     let unavailable = runtime.block_on(probe(&client, table, &probes, killed))?;
-    println!("client-observed unavailability: {:.0} ms", unavailable * 1e3);
+    println!(
+        "client-observed unavailability: {:.0} ms",
+        unavailable * 1e3
+    );
 
     let report = runtime.block_on(wait_report(&coordinator, ServerId(victim)))?;
     let shift = report.declared_unix_ms.saturating_sub(killed_unix);
@@ -214,13 +215,25 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     println!("|---|---|");
     println!("| detection ms | {detection_ms} |");
     println!("| setup ms (from kill) | {} |", report.setup_ms + shift);
-    println!("| last partition live ms (from kill) | {:.0} |", total_s * 1e3);
-    println!("| client-observed unavailability ms | {:.0} |", unavailable * 1e3);
+    println!(
+        "| last partition live ms (from kill) | {:.0} |",
+        total_s * 1e3
+    );
+    println!(
+        "| client-observed unavailability ms | {:.0} |",
+        unavailable * 1e3
+    );
     println!("| recovery masters | {} |", masters.len());
     println!("| recovery rate MB/s (data / last live) | {rate:.0} |");
-    println!("| objects/s recovered | {:.0} |", objects as f64 / total_s.max(1e-9));
+    println!(
+        "| objects/s recovered | {:.0} |",
+        objects as f64 / total_s.max(1e-9)
+    );
     println!("| floor MB/s (one process, page cache) | {floor_rate:.0} |");
-    println!("| recovery rate / floor | {:.2} |", rate / floor_rate.max(1e-9));
+    println!(
+        "| recovery rate / floor | {:.2} |",
+        rate / floor_rate.max(1e-9)
+    );
     println!(
         "| objects verified | {verified} of {} ({}) |",
         expected.0,
@@ -301,7 +314,9 @@ async fn load(client: &Client, table: TableId, objects: u64, bytes: usize) -> Re
     while let Some(done) = tasks.join_next().await {
         done??;
     }
-    let sum = (0..objects).fold(0u64, |s, i| s.wrapping_add(checksum(&key(i), &value(i, bytes))));
+    let sum = (0..objects).fold(0u64, |s, i| {
+        s.wrapping_add(checksum(&key(i), &value(i, bytes)))
+    });
     Ok((objects, sum))
 }
 
@@ -436,7 +451,10 @@ fn write_svg(path: &Path, report: &RecoveryReport, shift: u64, detection: u64) -
         ));
     };
     let mut y = 40.0;
-    svg.push_str(&format!("<text x='10' y='{:.1}'>coordinator</text>\n", y + 13.0));
+    svg.push_str(&format!(
+        "<text x='10' y='{:.1}'>coordinator</text>\n",
+        y + 13.0
+    ));
     bar(&mut svg, y, 0, detection, "#d62728");
     bar(&mut svg, y, detection, report.setup_ms + shift, "#ff7f0e");
     for p in &report.partitions {
@@ -472,4 +490,3 @@ fn write_svg(path: &Path, report: &RecoveryReport, shift: u64, detection: u64) -
     svg.push_str("</svg>\n");
     std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
 }
-
