@@ -14,6 +14,15 @@
 //! Requests that arrive while a batch is in steps 1–3 queue up and form the next batch,
 //! so under load many writes share one replication round trip.
 //!
+//! Recovery replay ([`Appender::replay`]) travels on the same queue: consecutive replay
+//! jobs form a batch of their own (never mixed with client writes, whose publish checks
+//! ownership), staged piece by piece with
+//! [`ObjectStore::stage_replay`] — the store lock is taken once per piece, so reads
+//! wait at most one piece's staging — then sealed, replicated and published with
+//! [`ObjectStore::publish_recovered`]. Forgetting a failed recovery's objects
+//! ([`Appender::forget_unowned`]) is a control job like a tablet change, so it is
+//! ordered after every replay job queued before it.
+//!
 //! Tablet ownership changes travel on the same queue and are applied between batches,
 //! so they are ordered with the writes around them. Every [`UPKEEP_INTERVAL`], between
 //! batches and whether or not the queue is empty, the task gives the replicator time for
@@ -38,10 +47,14 @@ use rampart_common::tablet::Tablet;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
+use rampart_common::protocol::backup::PartitionRanges;
+
 use crate::object_store::{Batch, ObjectStore, OpOutcome, WriteOp};
+use crate::recovery::{RecoveryPiece, ReplayState};
 use crate::replica_manager::{
     Fatal, RangeToReplicate, ReplicationConfig, ReplicationStats, Replicator, SegmentSource,
 };
+use crate::segmented_log::NoSpace;
 use crate::segmented_log::SegmentRange;
 
 /// Jobs that may wait for the appender. Beyond it, submitters wait.
@@ -71,6 +84,16 @@ enum Job {
         tablets: Vec<Tablet>,
         reply: oneshot::Sender<u64>,
     },
+    Replay {
+        piece: RecoveryPiece,
+        /// The recovery's state. Lock order: the store, then this.
+        state: Arc<Mutex<ReplayState>>,
+        reply: oneshot::Sender<Result<(), NoSpace>>,
+    },
+    ForgetUnowned {
+        ranges: PartitionRanges,
+        reply: oneshot::Sender<u64>,
+    },
 }
 
 /// Handle to submit work to the appender task.
@@ -85,6 +108,8 @@ impl std::fmt::Debug for Job {
             Job::Ops { ops, .. } => write!(f, "Ops({})", ops.len()),
             Job::TakeTablets { tablets, .. } => write!(f, "TakeTablets({})", tablets.len()),
             Job::DropTablets { tablets, .. } => write!(f, "DropTablets({})", tablets.len()),
+            Job::Replay { piece, .. } => write!(f, "Replay({})", piece.segment()),
+            Job::ForgetUnowned { ranges, .. } => write!(f, "ForgetUnowned({})", ranges.len()),
         }
     }
 }
@@ -147,6 +172,39 @@ impl Appender {
         let (reply, done) = oneshot::channel();
         self.jobs
             .send(Job::DropTablets { tablets, reply })
+            .await
+            .map_err(|_| AppenderClosed)?;
+        done.await.map_err(|_| AppenderClosed)
+    }
+
+    /// Replays one recovery piece into the log; completes once its survivors are
+    /// replicated and published (still invisible until their tablets are taken). Err
+    /// inside when the log is full. Once queued, the job completes even if the caller
+    /// goes away.
+    pub async fn replay(
+        &self,
+        piece: RecoveryPiece,
+        state: Arc<Mutex<ReplayState>>,
+    ) -> Result<Result<(), NoSpace>, AppenderClosed> {
+        let (reply, done) = oneshot::channel();
+        self.jobs
+            .send(Job::Replay {
+                piece,
+                state,
+                reply,
+            })
+            .await
+            .map_err(|_| AppenderClosed)?;
+        done.await.map_err(|_| AppenderClosed)
+    }
+
+    /// Forgets every object in `ranges` this master does not own (see
+    /// [`ObjectStore::forget_unowned`]), ordered after every job submitted before;
+    /// returns how many.
+    pub async fn forget_unowned(&self, ranges: PartitionRanges) -> Result<u64, AppenderClosed> {
+        let (reply, done) = oneshot::channel();
+        self.jobs
+            .send(Job::ForgetUnowned { ranges, reply })
             .await
             .map_err(|_| AppenderClosed)?;
         done.await.map_err(|_| AppenderClosed)
@@ -218,8 +276,10 @@ async fn run(
                 }
             }
         };
-        // Gather a batch of ops jobs; a control job ends the batch and runs after it.
+        // Gather a batch of ops jobs, or of replay jobs; a job of another kind ends the
+        // batch and runs after it.
         let mut ops_jobs = Vec::new();
+        let mut replay_jobs = Vec::new();
         let mut control = None;
         let (mut ops, mut bytes) = (0usize, 0usize);
         let mut next = Some(first);
@@ -228,10 +288,23 @@ async fn run(
                 Job::Ops {
                     ops: job_ops,
                     reply,
-                } => {
+                } if replay_jobs.is_empty() => {
                     ops += job_ops.len();
                     bytes += job_ops.iter().map(WriteOp::bytes).sum::<usize>();
                     ops_jobs.push((job_ops, reply));
+                }
+                Job::Replay {
+                    piece,
+                    state,
+                    reply,
+                } if ops_jobs.is_empty() => {
+                    ops += piece.entries().len();
+                    bytes += piece.bytes();
+                    replay_jobs.push(ReplayJob {
+                        piece,
+                        state,
+                        reply,
+                    });
                 }
                 other => {
                     control = Some(other);
@@ -254,6 +327,15 @@ async fn run(
                 return stop(fatal, &status, queue, parked).await;
             }
         }
+        if !replay_jobs.is_empty() {
+            let result = replay_batch(&store, replay_jobs, &mut replicator, &source).await;
+            if let Some(stats) = replicator.take_changed_stats() {
+                *status.replication.lock() = stats;
+            }
+            if let Err((fatal, parked)) = result {
+                return stop(fatal, &status, queue, parked).await;
+            }
+        }
         match control {
             Some(Job::TakeTablets { tablets, reply }) => {
                 store.lock().take_tablets(&tablets);
@@ -263,14 +345,33 @@ async fn run(
                 let removed = store.lock().drop_tablets(&tablets);
                 let _ = reply.send(removed);
             }
-            Some(job @ Job::Ops { .. }) => carried = Some(job),
+            Some(Job::ForgetUnowned { ranges, reply }) => {
+                let removed = store.lock().forget_unowned(&ranges);
+                let _ = reply.send(removed);
+            }
+            Some(job @ (Job::Ops { .. } | Job::Replay { .. })) => carried = Some(job),
             None => {}
         }
     }
 }
 
+/// A reply of a batch that must never be answered. Held, never read: dropping it would
+/// tell its submitter the appender is gone.
+#[allow(dead_code)]
+enum ParkedReply {
+    Ops(oneshot::Sender<Vec<OpOutcome>>),
+    Replay(oneshot::Sender<Result<(), NoSpace>>),
+}
+
 /// Replies of a batch that must never be answered.
-type Parked = Vec<oneshot::Sender<Vec<OpOutcome>>>;
+type Parked = Vec<ParkedReply>;
+
+/// One queued replay job.
+struct ReplayJob {
+    piece: RecoveryPiece,
+    state: Arc<Mutex<ReplayState>>,
+    reply: oneshot::Sender<Result<(), NoSpace>>,
+}
 
 /// The appender stops for good: it reports `fatal` and never answers the parked jobs
 /// nor any later one, so no client sees a write acknowledged (their calls time out, and
@@ -307,17 +408,11 @@ async fn write_batch(
     // head's header and digest before the old head's footer), nothing below runs, so
     // nothing is visible or acknowledged. With R = 0 the batch is durable once sealed
     // in DRAM.
-    let ranges: Vec<RangeToReplicate> = ranges
-        .iter()
-        .map(|r| RangeToReplicate {
-            segment: r.segment,
-            start: r.start,
-            end: r.end,
-            closes: r.closes,
-        })
-        .collect();
-    if let Err(fatal) = replicator.replicate(&ranges, source).await {
-        let parked = jobs.into_iter().map(|(_, reply)| reply).collect();
+    if let Err(fatal) = replicate(&ranges, replicator, source).await {
+        let parked = jobs
+            .into_iter()
+            .map(|(_, reply)| ParkedReply::Ops(reply))
+            .collect();
         return Err((fatal, parked));
     }
 
@@ -327,6 +422,58 @@ async fn write_batch(
     for ((_, reply), outcome) in jobs.into_iter().zip(outcomes) {
         // A submitter that went away still had its writes applied atomically.
         let _ = reply.send(outcome);
+    }
+    Ok(())
+}
+
+/// Hands sealed ranges to the replicator and waits until every replica holds them.
+async fn replicate(
+    ranges: &[SegmentRange],
+    replicator: &mut Replicator,
+    source: &StoreSource<'_>,
+) -> Result<(), Fatal> {
+    let ranges: Vec<RangeToReplicate> = ranges
+        .iter()
+        .map(|r| RangeToReplicate {
+            segment: r.segment,
+            start: r.start,
+            end: r.end,
+            closes: r.closes,
+        })
+        .collect();
+    replicator.replicate(&ranges, source).await
+}
+
+/// Stages, replicates and publishes one batch of recovery pieces, then answers them.
+async fn replay_batch(
+    store: &Mutex<ObjectStore>,
+    jobs: Vec<ReplayJob>,
+    replicator: &mut Replicator,
+    source: &StoreSource<'_>,
+) -> Result<(), (Fatal, Parked)> {
+    let mut batch = Batch::new();
+    let mut outcomes = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        // One piece per lock hold: reads on this master wait for one piece at most.
+        let mut store = store.lock();
+        let mut state = job.state.lock();
+        outcomes.push(store.stage_replay(&mut batch, &mut state, &job.piece));
+    }
+    let ranges = store.lock().seal();
+    // The same replication point as for writes: the pieces are in this master's
+    // replicas before the recovery that sent them may report success.
+    if let Err(fatal) = replicate(&ranges, replicator, source).await {
+        let parked = jobs
+            .into_iter()
+            .map(|job| ParkedReply::Replay(job.reply))
+            .collect();
+        return Err((fatal, parked));
+    }
+    if !batch.is_empty() {
+        store.lock().publish_recovered(batch);
+    }
+    for (job, outcome) in jobs.into_iter().zip(outcomes) {
+        let _ = job.reply.send(outcome);
     }
     Ok(())
 }

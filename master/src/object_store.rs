@@ -18,6 +18,21 @@
 //! key deleted and re-created never reuses a version. The floor is written into every
 //! new segment (`SafeVersion` entry) and tombstones carry the removed version, so
 //! recovery can rebuild it.
+//!
+//! # Recovery replay
+//! [`ObjectStore::stage_replay`] stages one piece of a crashed master's log (see
+//! [`recovery`](crate::recovery) for the rules) into a batch like `stage` does, and
+//! [`ObjectStore::publish_recovered`] publishes it *although this master does not own
+//! the keys yet*: reads still answer `UnknownTablet` for them, because reads check
+//! ownership before the index. `take_tablets` of a fresh range keeps what the index
+//! holds there, which is how the replayed objects become visible;
+//! [`ObjectStore::forget_unowned`] drops them if the recovery is abandoned.
+//!
+//! # Profiles and the will
+//! Every object and tombstone appended is counted in the [`Profiler`] under its tablet.
+//! Entries replayed into ranges not owned yet are remembered and counted when their
+//! tablet is taken, so the will ([`ObjectStore::will`]) covers every entry of the log
+//! that a recovery of this master would replay.
 
 use bytes::Bytes;
 use rampart_common::config::MasterConfig;
@@ -32,8 +47,13 @@ use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
 use std::collections::HashMap;
 
+use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes};
+use rampart_common::protocol::backup::PartitionRanges;
+
 use crate::object_index::{LogRef, ObjectIndex};
-use crate::segmented_log::{SegmentRange, SegmentedLog};
+use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
+use crate::recovery::{PieceEntry, RecoveryPiece, ReplayState};
+use crate::segmented_log::{NoSpace, SegmentRange, SegmentedLog};
 use crate::tablets::OwnedTablets;
 
 /// A write-type operation on one object.
@@ -214,9 +234,20 @@ pub struct ObjectStore {
     index: ObjectIndex,
     tablets: OwnedTablets,
     /// Version of the next new object (a key with no live object). Invariant: greater
-    /// than every version this master has removed. Overwrites need not raise it: a live
-    /// key's next version is its own + 1, and only a remove ends a key's life.
+    /// than every version this master has removed, and than every version replayed
+    /// into it by a recovery. Overwrites need not raise it: a live key's next version is
+    /// its own + 1, and only a remove ends a key's life.
     safe_version: Version,
+    /// Byte and record counts of every appended entry, by owned tablet.
+    /// Invariants: 1. profiles exactly the tablets in `tablets` (taken and dropped
+    /// together). 2. every entry in `log` appended for an owned key was tracked once.
+    profiler: Profiler,
+    /// The limits the will is cut to; the profiler's split thresholds derive from them.
+    partition_limits: PartitionLimits,
+    /// Entries replayed into ranges not owned yet: (table, hash, entry bytes), tracked
+    /// in the profiler when their tablet is taken, dropped when their recovery is
+    /// abandoned. Empty outside a recovery.
+    replayed_untracked: Vec<(TableId, KeyHash, u64)>,
 }
 
 impl ObjectStore {
@@ -225,6 +256,18 @@ impl ObjectStore {
     /// # Panics
     /// If `config` does not validate (callers validate at start-up).
     pub fn new(server_id: ServerId, config: MasterConfig) -> ObjectStore {
+        ObjectStore::with_partition_limits(server_id, config, PartitionLimits::default())
+    }
+
+    /// An empty store whose will is cut to `limits`.
+    ///
+    /// # Panics
+    /// If `config` does not validate (callers validate at start-up).
+    pub fn with_partition_limits(
+        server_id: ServerId,
+        config: MasterConfig,
+        limits: PartitionLimits,
+    ) -> ObjectStore {
         assert_eq!(config.validate(), Ok(()), "master config must be validated");
         let safe_version = Version::FIRST;
         ObjectStore {
@@ -233,6 +276,12 @@ impl ObjectStore {
             index: ObjectIndex::new(),
             tablets: OwnedTablets::new(),
             safe_version,
+            profiler: Profiler::new(ProfilerConfig::for_partitions(
+                limits.bytes_max,
+                limits.records_max,
+            )),
+            partition_limits: limits,
+            replayed_untracked: Vec::new(),
         }
     }
 
@@ -348,6 +397,8 @@ impl ObjectStore {
                     .append_object(table, new_version, key, value, self.safe_version)
                 {
                     Ok(at) => {
+                        let bytes = object_entry_bytes(key.len(), value.len());
+                        self.profiler.track(table, hash, bytes as u64);
                         batch.staged.insert(
                             (table, key.clone()),
                             Staged::Live {
@@ -377,6 +428,8 @@ impl ObjectStore {
                     .append_tombstone(table, version, at.segment, key, floor)
                 {
                     Ok(_) => {
+                        let bytes = tombstone_entry_bytes(key.len());
+                        self.profiler.track(table, hash, bytes as u64);
                         self.safe_version = floor;
                         batch.staged.insert((table, key.clone()), Staged::Removed);
                         OpOutcome::Write(WriteReply {
@@ -404,6 +457,8 @@ impl ObjectStore {
                     .append_object(table, new_version, key, &value, self.safe_version)
                 {
                     Ok(at) => {
+                        let bytes = object_entry_bytes(key.len(), value.len());
+                        self.profiler.track(table, hash, bytes as u64);
                         batch.staged.insert(
                             (table, key.clone()),
                             Staged::Live {
@@ -433,6 +488,17 @@ impl ObjectStore {
 
     /// Makes a replicated batch visible to reads.
     pub fn publish(&mut self, batch: Batch) {
+        self.apply(batch, true);
+    }
+
+    /// Makes a replicated replay batch ([`stage_replay`](Self::stage_replay)) part of
+    /// the index, although its keys are not owned yet: reads see the objects once
+    /// `take_tablets` gives this master their ranges.
+    pub fn publish_recovered(&mut self, batch: Batch) {
+        self.apply(batch, false);
+    }
+
+    fn apply(&mut self, batch: Batch, owned_only: bool) {
         let ObjectStore {
             log,
             index,
@@ -443,7 +509,7 @@ impl ObjectStore {
             let hash = key_hash(&key);
             // A tablet dropped after staging (the appender orders tablet changes
             // between batches, so this is defence in depth) must not regain objects.
-            if !tablets.owns(table, hash) {
+            if owned_only && !tablets.owns(table, hash) {
                 continue;
             }
             match staged {
@@ -455,6 +521,150 @@ impl ObjectStore {
                 }
             }
         }
+    }
+
+    /// Stages one recovery piece into `batch` (see [`recovery`](crate::recovery) for the
+    /// rules): appends each surviving object with its original version and each needed
+    /// tombstone, updates `state`, and raises the safe version above everything the
+    /// piece holds (appending a `SafeVersion` entry when it rises). Publish the batch
+    /// with [`publish_recovered`](Self::publish_recovered) once it is replicated.
+    ///
+    /// # Errors
+    /// [`NoSpace`] when the log is full; the entries staged until then stay in `batch`
+    /// (publish it anyway: its bytes are in the log) and the recovery must fail.
+    pub fn stage_replay(
+        &mut self,
+        batch: &mut Batch,
+        state: &mut ReplayState,
+        piece: &RecoveryPiece,
+    ) -> Result<(), NoSpace> {
+        state.counts_mut().entries_received += piece.entries().len() as u64;
+        for entry in piece.entries() {
+            match entry {
+                PieceEntry::Object {
+                    table,
+                    hash,
+                    version,
+                    key,
+                    value,
+                } => {
+                    let (table, hash, version) = (*table, *hash, *version);
+                    state.note_version(version);
+                    let deleted = state.deleted(table, key).is_some_and(|d| d >= version);
+                    let current = self.current(batch, table, hash, key);
+                    if deleted || current.is_some_and(|(v, _)| v >= version) {
+                        state.counts_mut().objects_dropped += 1;
+                        continue;
+                    }
+                    let at =
+                        self.log
+                            .append_object(table, version, key, value, self.safe_version)?;
+                    let bytes = object_entry_bytes(key.len(), value.len()) as u64;
+                    self.note_replayed(table, hash, bytes);
+                    batch
+                        .staged
+                        .insert((table, key.clone()), Staged::Live { version, at });
+                    let counts = state.counts_mut();
+                    counts.objects_appended += 1;
+                    counts.bytes_appended += bytes;
+                    if current.is_none() {
+                        counts.objects_live += 1;
+                    }
+                }
+                PieceEntry::Tombstone {
+                    table,
+                    hash,
+                    version,
+                    key,
+                } => {
+                    let (table, hash, version) = (*table, *hash, *version);
+                    state.note_version(version);
+                    if !state.note_deleted(table, key, version) {
+                        // An equal or newer tombstone was replayed already.
+                        continue;
+                    }
+                    let current = self.current(batch, table, hash, key);
+                    if current.is_some_and(|(v, _)| v > version) {
+                        // The key was re-created after this deletion; it survives.
+                        continue;
+                    }
+                    // The tombstone names the segment of the object it kills here; with
+                    // none, the head: no older copy of the key can lie in a later one.
+                    let object_segment = current.map_or(self.log.head(), |(_, at)| at.segment);
+                    self.log.append_tombstone(
+                        table,
+                        version,
+                        object_segment,
+                        key,
+                        self.safe_version,
+                    )?;
+                    let bytes = tombstone_entry_bytes(key.len()) as u64;
+                    self.note_replayed(table, hash, bytes);
+                    batch.staged.insert((table, key.clone()), Staged::Removed);
+                    let counts = state.counts_mut();
+                    counts.tombstones_appended += 1;
+                    counts.bytes_appended += bytes;
+                    if current.is_some() {
+                        counts.objects_live = counts.objects_live.saturating_sub(1);
+                    }
+                }
+            }
+        }
+        let floor = self
+            .safe_version
+            .max(piece.safe_version())
+            .max(state.version_max().next());
+        if floor > self.safe_version {
+            self.safe_version = floor;
+            self.log.append_safe_version(floor)?;
+        }
+        Ok(())
+    }
+
+    /// Counts a replayed entry in the profiler, or remembers it until its tablet is
+    /// taken.
+    fn note_replayed(&mut self, table: TableId, hash: KeyHash, bytes: u64) {
+        if !self.profiler.track(table, hash, bytes) {
+            self.replayed_untracked.push((table, hash, bytes));
+        }
+    }
+
+    /// Whether this master owns any hash of `ranges`.
+    pub fn owns_any(&self, ranges: &PartitionRanges) -> bool {
+        ranges
+            .iter()
+            .any(|&(table, start, end)| self.tablets.owns_any(table, start, end))
+    }
+
+    /// Forgets every object in `ranges` that this master does not own: what a failed or
+    /// abandoned recovery left in the index. Their log space is reclaimed by the
+    /// cleaner; their pending profile counts are dropped (should the ranges come here
+    /// later, only the entries of that recovery are counted). Returns how many objects
+    /// were forgotten.
+    pub fn forget_unowned(&mut self, ranges: &PartitionRanges) -> u64 {
+        let mut removed = 0;
+        for &(table, start, end) in ranges {
+            for (from, to) in self.tablets.unowned_parts(table, start, end) {
+                removed += self.index.remove_range(table, from..=to);
+                self.replayed_untracked
+                    .retain(|&(t, hash, _)| t != table || !(from..=to).contains(&hash.0));
+            }
+        }
+        removed
+    }
+
+    /// This master's will: its owned tablets cut into partitions within the partition
+    /// limits, from the profiles of everything appended.
+    pub fn will(&self) -> Will {
+        self.profiler.will(
+            self.partition_limits.bytes_max,
+            self.partition_limits.records_max,
+        )
+    }
+
+    /// The profiles behind the will.
+    pub fn profiler(&self) -> &Profiler {
+        &self.profiler
     }
 
     /// One page of an enumeration (see [`EnumerateRequest`]).
@@ -498,11 +708,24 @@ impl ObjectStore {
     ///
     /// A tablet that replaces a wider owned range narrows it: objects in the part no
     /// longer served are forgotten, so they cannot reappear if that range comes back.
+    /// Objects already indexed in a range not owned before — replayed by a recovery —
+    /// are kept: this is how they become visible. Their entries are counted in the
+    /// tablet's profile now.
     pub fn take_tablets(&mut self, tablets: &[Tablet]) {
         for tablet in tablets {
             for (start, end) in self.tablets.take(tablet) {
                 self.index.remove_range(tablet.table, start..=end);
             }
+            self.profiler.take_tablet(tablet);
+            let range = tablet.start_hash..=tablet.end_hash;
+            let profiler = &mut self.profiler;
+            self.replayed_untracked.retain(|&(table, hash, bytes)| {
+                let inside = table == tablet.table && range.contains(&hash.0);
+                if inside {
+                    profiler.track(table, hash, bytes);
+                }
+                !inside
+            });
         }
     }
 
@@ -514,6 +737,7 @@ impl ObjectStore {
             for (start, end) in self.tablets.drop_overlapping(tablet) {
                 removed += self.index.remove_range(tablet.table, start..=end);
             }
+            self.profiler.drop_tablet(tablet);
         }
         removed
     }
@@ -1651,6 +1875,455 @@ mod tests {
                 Some(value) => assert_eq!(&read.value, value),
                 None => assert_eq!(read.status, Status::ObjectDoesntExist),
             }
+        }
+    }
+
+    // ---- Recovery replay ----
+
+    /// Where replays go in these tests: a table the recovering store does not own.
+    const RECOVERED: TableId = TableId(7);
+
+    fn whole(table: TableId) -> Tablet {
+        tablet(table, 0, u64::MAX)
+    }
+
+    fn partition() -> PartitionRanges {
+        vec![(RECOVERED, 0, u64::MAX)]
+    }
+
+    fn obj(key: &str, version: u64, value: &str) -> PieceEntry {
+        PieceEntry::Object {
+            table: RECOVERED,
+            hash: key_hash(key.as_bytes()),
+            version: Version(version),
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::copy_from_slice(value.as_bytes()),
+        }
+    }
+
+    fn tomb(key: &str, version: u64) -> PieceEntry {
+        PieceEntry::Tombstone {
+            table: RECOVERED,
+            hash: key_hash(key.as_bytes()),
+            version: Version(version),
+            key: Bytes::copy_from_slice(key.as_bytes()),
+        }
+    }
+
+    fn piece(entries: Vec<PieceEntry>) -> RecoveryPiece {
+        RecoveryPiece::from_entries(SegmentId(1), Version(0), entries)
+    }
+
+    /// Replays `pieces` one batch each: stage, seal, publish.
+    fn replay(store: &mut ObjectStore, state: &mut ReplayState, pieces: &[RecoveryPiece]) {
+        for piece in pieces {
+            let mut batch = Batch::new();
+            store.stage_replay(&mut batch, state, piece).unwrap();
+            store.seal();
+            store.publish_recovered(batch);
+        }
+    }
+
+    /// A recovery master: owns all of `TABLE`, nothing of `RECOVERED`.
+    fn recovery_master() -> ObjectStore {
+        store()
+    }
+
+    /// What reads of `keys` in `RECOVERED` return: (status, version, value).
+    fn reads(store: &ObjectStore, keys: &[&str]) -> Vec<(Status, Version, Vec<u8>)> {
+        keys.iter()
+            .map(|key| {
+                let read = store.read(RECOVERED, key.as_bytes());
+                (read.status, read.version, read.value.to_vec())
+            })
+            .collect()
+    }
+
+    /// Every object and tombstone in the store's log, in log order, as a crash of this
+    /// store would hand them to its own recovery.
+    fn log_entries(store: &ObjectStore) -> Vec<PieceEntry> {
+        let log = store.log();
+        let mut entries = Vec::new();
+        for id in log.segment_ids() {
+            let bytes = log.segment_bytes(id).unwrap();
+            let mut offset = 0;
+            while let Some((entry, next)) =
+                rampart_common::log::decode_entry(bytes, offset).unwrap()
+            {
+                match entry {
+                    rampart_common::log::Entry::Object(o) => entries.push(PieceEntry::Object {
+                        table: o.table,
+                        hash: key_hash(o.key),
+                        version: o.version,
+                        key: Bytes::copy_from_slice(o.key),
+                        value: Bytes::copy_from_slice(o.value),
+                    }),
+                    rampart_common::log::Entry::Tombstone(t) => {
+                        entries.push(PieceEntry::Tombstone {
+                            table: t.table,
+                            hash: key_hash(t.key),
+                            version: t.version,
+                            key: Bytes::copy_from_slice(t.key),
+                        })
+                    }
+                    _ => {}
+                }
+                offset = next;
+            }
+        }
+        entries
+    }
+
+    #[test]
+    fn replayed_objects_are_invisible_until_their_tablet_is_taken() {
+        let mut store = recovery_master();
+        let mut state = ReplayState::new();
+        replay(
+            &mut store,
+            &mut state,
+            &[piece(vec![obj("a", 3, "x"), obj("b", 4, "y")])],
+        );
+        assert_eq!(store.read(RECOVERED, b"a").status, Status::UnknownTablet);
+        assert_eq!(store.object_count(), 2, "indexed, not served");
+        assert_eq!(state.counts().objects_live, 2);
+        store.take_tablets(&[whole(RECOVERED)]);
+        assert_eq!(
+            reads(&store, &["a", "b"]),
+            vec![
+                (Status::Ok, Version(3), b"x".to_vec()),
+                (Status::Ok, Version(4), b"y".to_vec())
+            ]
+        );
+    }
+
+    #[test]
+    fn highest_version_wins_in_either_order() {
+        for order in [[0, 1], [1, 0]] {
+            let pieces = [
+                piece(vec![obj("k", 5, "old")]),
+                piece(vec![obj("k", 9, "new")]),
+            ];
+            let mut store = recovery_master();
+            let mut state = ReplayState::new();
+            replay(
+                &mut store,
+                &mut state,
+                &[pieces[order[0]].clone(), pieces[order[1]].clone()],
+            );
+            store.take_tablets(&[whole(RECOVERED)]);
+            assert_eq!(
+                reads(&store, &["k"]),
+                vec![(Status::Ok, Version(9), b"new".to_vec())],
+                "{order:?}"
+            );
+            assert_eq!(state.counts().objects_live, 1);
+        }
+    }
+
+    #[test]
+    fn tombstone_before_or_after_its_object_deletes_it() {
+        for tombstone_first in [false, true] {
+            let object = piece(vec![obj("k", 5, "v"), obj("other", 2, "o")]);
+            let tombstone = piece(vec![tomb("k", 5)]);
+            let pieces = if tombstone_first {
+                [tombstone, object]
+            } else {
+                [object, tombstone]
+            };
+            let mut store = recovery_master();
+            let mut state = ReplayState::new();
+            replay(&mut store, &mut state, &pieces);
+            store.take_tablets(&[whole(RECOVERED)]);
+            assert_eq!(
+                store.read(RECOVERED, b"k").status,
+                Status::ObjectDoesntExist,
+                "tombstone first: {tombstone_first}"
+            );
+            assert_eq!(store.read(RECOVERED, b"other").status, Status::Ok);
+            assert_eq!(state.counts().objects_live, 1);
+            assert_eq!(state.counts().tombstones_appended, 1, "kept in the log");
+        }
+    }
+
+    #[test]
+    fn a_tombstone_deletes_older_versions_arriving_later() {
+        let mut store = recovery_master();
+        let mut state = ReplayState::new();
+        replay(
+            &mut store,
+            &mut state,
+            &[
+                piece(vec![tomb("k", 5)]),
+                piece(vec![obj("k", 3, "older"), obj("k", 5, "same")]),
+            ],
+        );
+        store.take_tablets(&[whole(RECOVERED)]);
+        assert_eq!(
+            store.read(RECOVERED, b"k").status,
+            Status::ObjectDoesntExist
+        );
+        assert_eq!(state.counts().objects_dropped, 2);
+        assert_eq!(state.counts().objects_appended, 0);
+    }
+
+    #[test]
+    fn an_object_newer_than_a_tombstone_survives_it() {
+        for tombstone_first in [false, true] {
+            let object = piece(vec![obj("k", 8, "recreated")]);
+            let tombstone = piece(vec![tomb("k", 5), obj("k", 5, "deleted")]);
+            let pieces = if tombstone_first {
+                [tombstone, object]
+            } else {
+                [object, tombstone]
+            };
+            let mut store = recovery_master();
+            let mut state = ReplayState::new();
+            replay(&mut store, &mut state, &pieces);
+            store.take_tablets(&[whole(RECOVERED)]);
+            assert_eq!(
+                reads(&store, &["k"]),
+                vec![(Status::Ok, Version(8), b"recreated".to_vec())],
+                "tombstone first: {tombstone_first}"
+            );
+        }
+    }
+
+    #[test]
+    fn replay_raises_the_safe_version_above_every_version_and_floor() {
+        let mut store = recovery_master();
+        put(&mut store, b"local", b"v");
+        let mut state = ReplayState::new();
+        let floored =
+            RecoveryPiece::from_entries(SegmentId(3), Version(40), vec![obj("a", 7, "x")]);
+        replay(&mut store, &mut state, &[floored]);
+        assert_eq!(store.safe_version(), Version(40));
+        replay(&mut store, &mut state, &[piece(vec![tomb("b", 55)])]);
+        assert_eq!(store.safe_version(), Version(56));
+        // The floor is in the log itself: a crash of this master keeps it.
+        let floors: Vec<Version> = store
+            .log()
+            .segment_ids()
+            .flat_map(|id| {
+                let bytes = store.log().segment_bytes(id).unwrap().to_vec();
+                let mut found = Vec::new();
+                let mut offset = 0;
+                while let Some((entry, next)) =
+                    rampart_common::log::decode_entry(&bytes, offset).unwrap()
+                {
+                    if let rampart_common::log::Entry::SafeVersion(v) = entry {
+                        found.push(v);
+                    }
+                    offset = next;
+                }
+                found
+            })
+            .collect();
+        assert_eq!(floors.iter().max(), Some(&Version(56)));
+        // A deleted key re-created here outranks every version it had.
+        store.take_tablets(&[whole(RECOVERED)]);
+        let outcome = apply(
+            &mut store,
+            &WriteOp::Write {
+                table: RECOVERED,
+                key: Bytes::from_static(b"b"),
+                value: Bytes::from_static(b"new"),
+                rules: RejectRules::default(),
+            },
+        );
+        assert_eq!(outcome.status(), Status::Ok);
+        assert!(outcome.into_write_reply().version > Version(55));
+    }
+
+    #[test]
+    fn forget_unowned_drops_replayed_objects_but_not_owned_ones() {
+        let mut store = recovery_master();
+        put(&mut store, b"mine", b"v");
+        let mut state = ReplayState::new();
+        replay(
+            &mut store,
+            &mut state,
+            &[piece(vec![obj("a", 3, "x"), obj("b", 3, "y")])],
+        );
+        assert_eq!(store.object_count(), 3);
+        let mut ranges = partition();
+        ranges.insert(0, (TABLE, 0, u64::MAX));
+        assert_eq!(store.forget_unowned(&ranges), 2);
+        assert_eq!(store.object_count(), 1);
+        assert_eq!(store.read(TABLE, b"mine").status, Status::Ok);
+        store.take_tablets(&[whole(RECOVERED)]);
+        assert_eq!(
+            store.read(RECOVERED, b"a").status,
+            Status::ObjectDoesntExist
+        );
+        assert!(store.owns_any(&partition()));
+    }
+
+    #[test]
+    fn the_will_covers_every_tablet_and_counts_what_was_written() {
+        let mut store = ObjectStore::with_partition_limits(
+            ServerId(1),
+            config(),
+            PartitionLimits {
+                bytes_max: 4096,
+                records_max: 1_000,
+            },
+        );
+        let split = u64::MAX / 2;
+        store.take_tablets(&[tablet(TABLE, 0, split), tablet(TABLE, split + 1, u64::MAX)]);
+        let mut bytes = 0;
+        for i in 0..100 {
+            let key = format!("key-{i}");
+            put(&mut store, key.as_bytes(), &[1u8; 100]);
+            bytes += object_entry_bytes(key.len(), 100) as u64;
+        }
+        delete(&mut store, b"key-0");
+        bytes += tombstone_entry_bytes(b"key-0".len()) as u64;
+        let will = store.will();
+        assert_eq!(will.coverage(), vec![(TABLE, 0, u64::MAX)]);
+        assert!(
+            will.partitions.len() >= 2,
+            "{} bytes in 4 KiB partitions",
+            bytes
+        );
+        let records: u64 = will.partitions.iter().map(|p| p.records).sum();
+        let total: u64 = will.partitions.iter().map(|p| p.bytes).sum();
+        assert!(
+            records >= 101 && total >= bytes,
+            "{records} records, {total} bytes"
+        );
+        // Dropping a tablet drops it from the will.
+        store.drop_tablets(&[tablet(TABLE, split + 1, u64::MAX)]);
+        assert_eq!(store.will().coverage(), vec![(TABLE, 0, split)]);
+    }
+
+    #[test]
+    fn taking_a_recovered_tablet_counts_its_replayed_entries_in_the_will() {
+        let mut store = recovery_master();
+        let mut state = ReplayState::new();
+        let entries: Vec<PieceEntry> = (0..50)
+            .map(|i| obj(&format!("key-{i}"), 10 + i, "value"))
+            .chain([tomb("gone", 3)])
+            .collect();
+        let bytes: u64 = entries.iter().map(|e| e.entry_bytes() as u64).sum();
+        replay(&mut store, &mut state, &[piece(entries)]);
+        assert_eq!(store.will().coverage(), vec![(TABLE, 0, u64::MAX)]);
+        store.take_tablets(&[whole(RECOVERED)]);
+        let will = store.will();
+        let recovered: Vec<_> = will
+            .partitions
+            .iter()
+            .filter(|p| p.tablets.iter().any(|r| r.0 == RECOVERED))
+            .collect();
+        assert_eq!(recovered.len(), 1);
+        assert_eq!((recovered[0].records, recovered[0].bytes), (51, bytes));
+    }
+
+    /// One key's history on a crashed master: its log entries in log order.
+    fn arb_history() -> impl Strategy<Value = Vec<(bool, u64, u8)>> {
+        // (is_write, version step, value): a write creates or overwrites, a delete writes
+        // a tombstone of the live version.
+        proptest::collection::vec((any::<bool>(), 1u64..3, any::<u8>()), 1..8)
+    }
+
+    /// The crashed master's entries for keys k0.. and, per key, what must survive.
+    fn crashed_log(
+        histories: &[Vec<(bool, u64, u8)>],
+    ) -> (Vec<PieceEntry>, Vec<Option<(u64, u8)>>) {
+        let mut entries = Vec::new();
+        let mut expected = Vec::new();
+        for (k, history) in histories.iter().enumerate() {
+            let key = format!("k{k}");
+            let mut version = 0;
+            let mut live: Option<(u64, u8)> = None;
+            for &(write, step, value) in history {
+                if write || live.is_none() {
+                    version += step;
+                    entries.push(obj(&key, version, &value.to_string()));
+                    live = Some((version, value));
+                } else if let Some((v, _)) = live.take() {
+                    entries.push(tomb(&key, v));
+                }
+            }
+            expected.push(live);
+        }
+        (entries, expected)
+    }
+
+    fn check_recovered(
+        store: &ObjectStore,
+        expected: &[Option<(u64, u8)>],
+    ) -> Result<(), TestCaseError> {
+        for (k, want) in expected.iter().enumerate() {
+            let read = store.read(RECOVERED, format!("k{k}").as_bytes());
+            match want {
+                Some((version, value)) => {
+                    prop_assert_eq!(read.status, Status::Ok, "k{}", k);
+                    prop_assert_eq!(read.version, Version(*version));
+                    let value = value.to_string();
+                    prop_assert_eq!(&read.value[..], value.as_bytes());
+                }
+                None => prop_assert_eq!(read.status, Status::ObjectDoesntExist, "k{}", k),
+            }
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn replay_result_does_not_depend_on_piece_order_and_survives_a_second_crash(
+            histories in proptest::collection::vec(arb_history(), 1..6),
+            duplicates in proptest::collection::vec(any::<prop::sample::Index>(), 0..4),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..4),
+            order in any::<u64>(),
+            abandoned_prefix in 0usize..3,
+        ) {
+            let (mut entries, expected) = crashed_log(&histories);
+            // The cleaner may leave two copies of one object version in a log.
+            for d in &duplicates {
+                let copy = entries[d.index(entries.len())].clone();
+                entries.push(copy);
+            }
+            // Cut the log into pieces, then shuffle the pieces (and entries across them)
+            // with a seeded permutation.
+            let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(order);
+            rand::seq::SliceRandom::shuffle(&mut entries[..], &mut rng);
+            let mut bounds: Vec<usize> = cuts.iter().map(|c| c.index(entries.len() + 1)).collect();
+            bounds.push(0);
+            bounds.push(entries.len());
+            bounds.sort_unstable();
+            let pieces: Vec<RecoveryPiece> = bounds
+                .windows(2)
+                .map(|w| piece(entries[w[0]..w[1]].to_vec()))
+                .collect();
+
+            let mut store = recovery_master();
+            // An earlier attempt replayed a prefix, failed, and was forgotten: its
+            // entries stay in this master's log as orphans.
+            if abandoned_prefix > 0 {
+                let mut state = ReplayState::new();
+                replay(&mut store, &mut state, &pieces[..abandoned_prefix.min(pieces.len())]);
+                store.forget_unowned(&partition());
+            }
+            // The retry gets the pieces in another order (other backups, other timing).
+            let mut retry = pieces.clone();
+            rand::seq::SliceRandom::shuffle(&mut retry[..], &mut rng);
+            let mut state = ReplayState::new();
+            replay(&mut store, &mut state, &retry);
+            let live = expected.iter().filter(|e| e.is_some()).count() as u64;
+            prop_assert_eq!(state.counts().objects_live, live);
+            store.take_tablets(&[whole(RECOVERED)]);
+            check_recovered(&store, &expected)?;
+
+            // This master crashes in turn: its whole log, orphans included, replayed
+            // backwards into another gives the same objects.
+            let mut again = recovery_master();
+            let mut own = log_entries(&store);
+            own.retain(|e| e.table_and_hash().0 == RECOVERED);
+            own.reverse();
+            let mut state = ReplayState::new();
+            replay(&mut again, &mut state, &[piece(own)]);
+            again.take_tablets(&[whole(RECOVERED)]);
+            check_recovered(&again, &expected)?;
         }
     }
 

@@ -107,6 +107,35 @@ pub const SPLIT_DIVISOR: u64 = 64;
 /// untracking, counts grow with every overwrite, so the cap is what bounds memory.
 pub const ARRAYS_MAX: u32 = 1024;
 
+/// Default byte limit of a will's partitions: what one recovery master replays in about
+/// a second (DESIGN.md §5). Replay stages about 400 MB/s of 1 KiB objects on one core
+/// (see `recovery`), and the partition's bytes cross the network R + 1 times (fetched
+/// once, re-replicated R times: 512 MiB at R = 3, about 0.4 s at 10 Gb/s).
+pub const PARTITION_BYTES_DEFAULT: u64 = 128 * 1024 * 1024;
+
+/// Default record limit of a will's partitions: small objects cost per entry, not per
+/// byte (index insert, append, CRC): about 2 µs each in replay on the 2-core development
+/// VM (see `recovery`), so 800,000 records take 1–2 s there, less on a server core.
+pub const PARTITION_RECORDS_DEFAULT: u64 = 800_000;
+
+/// The limits a master cuts its will to (see [`Profiler::will`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionLimits {
+    /// Most log bytes in one partition.
+    pub bytes_max: u64,
+    /// Most log entries in one partition.
+    pub records_max: u64,
+}
+
+impl Default for PartitionLimits {
+    fn default() -> PartitionLimits {
+        PartitionLimits {
+            bytes_max: PARTITION_BYTES_DEFAULT,
+            records_max: PARTITION_RECORDS_DEFAULT,
+        }
+    }
+}
+
 /// A bucket's `child` when it has none.
 const NO_CHILD: u32 = u32::MAX;
 

@@ -172,6 +172,16 @@ impl SegmentedLog {
         Ok(())
     }
 
+    /// Appends a `SafeVersion` floor to the head (rolling over when it is full), so that
+    /// the log itself records a floor raised by recovery: replaying this log later must
+    /// not hand out versions the crashed master already used.
+    pub fn append_safe_version(&mut self, safe_version: Version) -> Result<(), NoSpace> {
+        self.append_with(safe_version, |segment| {
+            segment.append_safe_version(safe_version)
+        })
+        .map(|_| ())
+    }
+
     /// Closes the current append batch with a Tailwind checksum.
     pub fn seal_batch(&mut self) {
         self.head_mut().seal_batch();

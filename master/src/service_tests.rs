@@ -339,3 +339,439 @@ async fn ping_reports_the_object_count() {
     call::<DropTablets>(&service, &whole_table()).await;
     assert_eq!(call::<Ping>(&service, &PingRequest {}).await.objects, 0);
 }
+
+// ---- Recover and AbandonRecovery, against fake backups on loopback ----
+
+mod recovery {
+    use super::*;
+    use parking_lot::Mutex;
+    use rampart_common::ids::SegmentId;
+    use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes, SegmentWriter};
+    use rampart_common::protocol::backup::{RecoveryData, RecoveryDataReply, RecoveryDataRequest};
+    use rampart_common::protocol::master::{
+        AbandonRecovery, AbandonRecoveryRequest, Recover, RecoverReply, RecoverRequest,
+        RecoverySource,
+    };
+    use rampart_common::rpc::server::HandleFuture;
+    use rampart_common::rpc::RpcServer;
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    const CRASHED: ServerId = ServerId(9);
+    const RECOVERED: TableId = TableId(7);
+
+    fn ranges() -> Vec<(TableId, u64, u64)> {
+        vec![(RECOVERED, 0, u64::MAX)]
+    }
+
+    /// One entry of a crashed master's log.
+    enum E {
+        Obj(&'static str, u64, &'static str),
+        Tomb(&'static str, u64),
+    }
+
+    /// A backup's answer carrying `entries` in the log's format, with floor `safe`.
+    fn piece(entries: &[E], safe: u64) -> RecoveryDataReply {
+        let mut writer =
+            SegmentWriter::open(CRASHED, SegmentId(1), 1 << 20, &[SegmentId(1)]).unwrap();
+        let mut out = BytesMut::new();
+        for entry in entries {
+            let (offset, len) = match entry {
+                E::Obj(key, version, value) => (
+                    writer
+                        .append_object(
+                            RECOVERED,
+                            Version(*version),
+                            key.as_bytes(),
+                            value.as_bytes(),
+                        )
+                        .unwrap(),
+                    object_entry_bytes(key.len(), value.len()),
+                ),
+                E::Tomb(key, version) => (
+                    writer
+                        .append_tombstone(
+                            RECOVERED,
+                            Version(*version),
+                            SegmentId(1),
+                            key.as_bytes(),
+                        )
+                        .unwrap(),
+                    tombstone_entry_bytes(key.len()),
+                ),
+            };
+            let offset = offset as usize;
+            out.extend_from_slice(&writer.bytes()[offset..offset + len]);
+        }
+        RecoveryDataReply {
+            epoch: 1,
+            safe_version: Version(safe),
+            entries: out.freeze(),
+            count: entries.len() as u32,
+        }
+    }
+
+    /// How a fake backup answers `RecoveryData` for one segment.
+    #[derive(Clone, Debug)]
+    enum Answer {
+        Serve(RecoveryDataReply),
+        Fail(Status),
+        /// `Retry` this many more times, then serve.
+        RetryThenServe(u32, RecoveryDataReply),
+    }
+
+    /// A backup that answers only `RecoveryData`, from a table of answers; a segment
+    /// not in it is `ObjectDoesntExist`.
+    #[derive(Debug, Default)]
+    struct FakeBackup {
+        answers: Mutex<HashMap<SegmentId, Answer>>,
+        calls: AtomicU32,
+    }
+
+    impl FakeBackup {
+        fn answer(&self, request: RecoveryDataRequest) -> Reply {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            assert_eq!((request.master, request.ranges), (CRASHED, ranges()));
+            let mut answers = self.answers.lock();
+            match answers.get_mut(&request.segment) {
+                None => Reply::error(Status::ObjectDoesntExist, "replica not held"),
+                Some(Answer::Serve(reply)) => Reply::ok(&*reply),
+                Some(Answer::Fail(status)) => Reply::error(*status, "fake failure"),
+                Some(Answer::RetryThenServe(0, reply)) => Reply::ok(&*reply),
+                Some(Answer::RetryThenServe(left, _)) => {
+                    *left -= 1;
+                    Reply::error(Status::Retry, "still reading")
+                }
+            }
+        }
+    }
+
+    impl Service for FakeBackup {
+        fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
+            Box::pin(async move {
+                if opcode != RecoveryData::OPCODE {
+                    return Reply::error(Status::UnknownOpcode, "fake backup");
+                }
+                match Reply::decode::<RecoveryDataRequest>(payload) {
+                    Ok(request) => self.answer(request),
+                    Err(reply) => reply,
+                }
+            })
+        }
+    }
+
+    /// Serves `answers` on a fresh loopback port until the test ends.
+    async fn backup(answers: &[(u64, Answer)]) -> (String, Arc<FakeBackup>) {
+        let fake = Arc::new(FakeBackup::default());
+        fake.answers.lock().extend(
+            answers
+                .iter()
+                .map(|(segment, answer)| (SegmentId(*segment), answer.clone())),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(RpcServer::run(
+            listener,
+            Arc::clone(&fake),
+            std::future::pending(),
+        ));
+        (addr, fake)
+    }
+
+    /// An address where nothing listens.
+    async fn dead_addr() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap().to_string()
+    }
+
+    fn request(segments: &[(u64, &[&str])]) -> RecoverRequest {
+        RecoverRequest {
+            crashed: CRASHED,
+            recovery: 1,
+            partition: 0,
+            ranges: ranges(),
+            segments: segments
+                .iter()
+                .map(|(segment, backups)| RecoverySource {
+                    segment: SegmentId(*segment),
+                    backups: backups.iter().map(|b| b.to_string()).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    fn recovered_tablets() -> TabletsRequest {
+        TabletsRequest {
+            tablets: vec![Tablet {
+                table: RECOVERED,
+                start_hash: 0,
+                end_hash: u64::MAX,
+                owner: ServerId(1),
+            }],
+        }
+    }
+
+    fn read(service: &MasterService, key: &str) -> (Status, Version, Vec<u8>) {
+        let reply = service.store().lock().read(RECOVERED, key.as_bytes());
+        (reply.status, reply.version, reply.value.to_vec())
+    }
+
+    /// The crashed master's log over three segments: `a` overwritten, `b` deleted, `c`
+    /// untouched, `d` deleted and re-created; floor 50 in the last segment.
+    fn three_segments() -> Vec<(u64, RecoveryDataReply)> {
+        vec![
+            (
+                1,
+                piece(
+                    &[
+                        E::Obj("a", 1, "a1"),
+                        E::Obj("b", 2, "b2"),
+                        E::Obj("d", 3, "d3"),
+                    ],
+                    1,
+                ),
+            ),
+            (
+                2,
+                piece(&[E::Obj("a", 4, "a4"), E::Tomb("b", 2), E::Tomb("d", 3)], 4),
+            ),
+            (3, piece(&[E::Obj("c", 5, "c5"), E::Obj("d", 6, "d6")], 50)),
+        ]
+    }
+
+    fn serve_all(segments: &[(u64, RecoveryDataReply)]) -> Vec<(u64, Answer)> {
+        segments
+            .iter()
+            .map(|(id, reply)| (*id, Answer::Serve(reply.clone())))
+            .collect()
+    }
+
+    fn assert_three_segments_recovered(service: &MasterService) {
+        assert_eq!(read(service, "a"), (Status::Ok, Version(4), b"a4".to_vec()));
+        assert_eq!(read(service, "b").0, Status::ObjectDoesntExist);
+        assert_eq!(read(service, "c"), (Status::Ok, Version(5), b"c5".to_vec()));
+        assert_eq!(read(service, "d"), (Status::Ok, Version(6), b"d6".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn recover_replays_every_segment_and_take_tablets_makes_it_readable() {
+        let service = service();
+        call::<TakeTablets>(&service, &whole_table()).await;
+        let segments = three_segments();
+        let (addr, fake) = backup(&serve_all(&segments)).await;
+        let reply: RecoverReply = call::<Recover>(
+            &service,
+            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
+        )
+        .await;
+        assert_eq!(fake.calls.load(Ordering::Relaxed), 3);
+        assert_eq!(reply.entries_received, 8);
+        assert_eq!(reply.objects, 3, "a, c and d");
+        assert!(reply.tombstones >= 1, "b's tombstone is kept");
+        assert_eq!(reply.fallbacks, 0);
+        assert!(reply.bytes > 0);
+        // Replicated and indexed, but not served before TakeTablets.
+        assert_eq!(read(&service, "a").0, Status::UnknownTablet);
+        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        assert_three_segments_recovered(&service);
+        // Versions keep increasing: b, deleted on the crashed master, comes back newer
+        // than the floor it had.
+        let written = call::<Write>(
+            &service,
+            &WriteRequest {
+                table: RECOVERED,
+                ..write_request("b", "again")
+            },
+        )
+        .await;
+        assert_eq!(written.status, Status::Ok);
+        assert!(written.version >= Version(50), "{}", written.version);
+        // The master's own table still works.
+        assert_still_serving(&service, "own").await;
+    }
+
+    #[tokio::test]
+    async fn recover_falls_back_to_the_next_backup_when_one_fails() {
+        let service = service();
+        let segments = three_segments();
+        let (good, _) = backup(&serve_all(&segments)).await;
+        let mut corrupt_piece = segments[2].1.clone();
+        let mut bytes = corrupt_piece.entries.to_vec();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0xff;
+        corrupt_piece.entries = Bytes::from(bytes);
+        let (refusing, _) = backup(&[(2, Answer::Fail(Status::Internal))]).await;
+        let (corrupt, _) = backup(&[(3, Answer::Serve(corrupt_piece))]).await;
+        let dead = dead_addr().await;
+        let reply = call::<Recover>(
+            &service,
+            &request(&[
+                (1, &[&dead, &good]),
+                (2, &[&refusing, &good]),
+                (3, &[&corrupt, &good]),
+            ]),
+        )
+        .await;
+        assert_eq!(reply.fallbacks, 3);
+        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        assert_three_segments_recovered(&service);
+    }
+
+    #[tokio::test]
+    async fn retry_answers_ask_the_same_backup_again() {
+        let service = service();
+        let segments = three_segments();
+        let answers: Vec<(u64, Answer)> = segments
+            .iter()
+            .map(|(id, reply)| (*id, Answer::RetryThenServe(2, reply.clone())))
+            .collect();
+        let (addr, fake) = backup(&answers).await;
+        let (never_asked, spare) = backup(&serve_all(&segments)).await;
+        let reply = call::<Recover>(
+            &service,
+            &request(&[
+                (1, &[&addr, &never_asked]),
+                (2, &[&addr, &never_asked]),
+                (3, &[&addr, &never_asked]),
+            ]),
+        )
+        .await;
+        assert_eq!(reply.fallbacks, 0);
+        assert_eq!(fake.calls.load(Ordering::Relaxed), 9);
+        assert_eq!(spare.calls.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn recover_fails_when_every_backup_of_a_segment_fails_and_leaves_nothing() {
+        let service = service();
+        call::<TakeTablets>(&service, &whole_table()).await;
+        call::<Write>(&service, &write_request("own", "kept")).await;
+        let segments = three_segments();
+        // Segments 1 and 3 replay fine; segment 2 has no usable replica.
+        let (good, _) = backup(&[
+            (1, Answer::Serve(segments[0].1.clone())),
+            (3, Answer::Serve(segments[2].1.clone())),
+        ])
+        .await;
+        let (refusing, _) = backup(&[]).await;
+        let dead = dead_addr().await;
+        let reply = send::<Recover>(
+            &service,
+            &request(&[(1, &[&good]), (2, &[&refusing, &dead]), (3, &[&good])]),
+        )
+        .await;
+        assert_eq!(reply.status(), Status::RecoveryFailed);
+        let detail = String::from_utf8_lossy(reply.payload()).into_owned();
+        assert!(
+            detail.contains(&format!("{}: every backup failed", SegmentId(2))),
+            "{detail}"
+        );
+        assert!(
+            detail.contains(&refusing) && detail.contains(&dead),
+            "{detail}"
+        );
+        assert_eq!(
+            service.store().lock().object_count(),
+            1,
+            "only the master's own"
+        );
+        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        for key in ["a", "c", "d"] {
+            assert_eq!(read(&service, key).0, Status::ObjectDoesntExist, "{key}");
+        }
+        assert_eq!(read_own(&service), b"kept");
+    }
+
+    fn read_own(service: &MasterService) -> Vec<u8> {
+        service.store().lock().read(TABLE, b"own").value.to_vec()
+    }
+
+    #[tokio::test]
+    async fn recover_refuses_its_own_log_owned_ranges_and_bad_ranges() {
+        let service = service();
+        let own = RecoverRequest {
+            crashed: service.id(),
+            ..request(&[])
+        };
+        assert_eq!(
+            send::<Recover>(&service, &own).await.status(),
+            Status::InvalidArgument
+        );
+        let empty = RecoverRequest {
+            ranges: vec![],
+            ..request(&[])
+        };
+        assert_eq!(
+            send::<Recover>(&service, &empty).await.status(),
+            Status::InvalidArgument
+        );
+        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        assert_eq!(
+            send::<Recover>(&service, &request(&[])).await.status(),
+            Status::InvalidArgument
+        );
+    }
+
+    #[tokio::test]
+    async fn abandon_recovery_forgets_a_recovery_not_yet_taken() {
+        let service = service();
+        let segments = three_segments();
+        let (addr, _) = backup(&serve_all(&segments)).await;
+        let segments_request = request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]);
+        call::<Recover>(&service, &segments_request).await;
+        assert_eq!(service.store().lock().object_count(), 3);
+        call::<AbandonRecovery>(&service, &AbandonRecoveryRequest { ranges: ranges() }).await;
+        assert_eq!(service.store().lock().object_count(), 0);
+        // Sent again, the partition is replayed again to the same result.
+        let again = call::<Recover>(&service, &segments_request).await;
+        assert_eq!(again.objects, 3);
+        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        assert_three_segments_recovered(&service);
+    }
+
+    #[tokio::test]
+    async fn abandon_recovery_cancels_a_recovery_in_progress() {
+        let service = Arc::new(service());
+        let segments = three_segments();
+        // Segment 2 keeps answering Retry: the recovery stays in progress.
+        let (addr, _) = backup(&[
+            (1, Answer::Serve(segments[0].1.clone())),
+            (2, Answer::RetryThenServe(u32::MAX, segments[1].1.clone())),
+        ])
+        .await;
+        let recovering = {
+            let service = Arc::clone(&service);
+            let request = request(&[(1, &[&addr]), (2, &[&addr])]);
+            tokio::spawn(async move { send::<Recover>(&service, &request).await.status() })
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while service.store().lock().object_count() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "segment 1 never replayed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // Overlapping ranges may not be recovered twice at once.
+        let overlapping = send::<Recover>(&service, &request(&[(1, &[&addr])])).await;
+        assert_eq!(overlapping.status(), Status::Retry);
+        call::<AbandonRecovery>(&service, &AbandonRecoveryRequest { ranges: ranges() }).await;
+        assert_eq!(recovering.await.unwrap(), Status::RecoveryFailed);
+        assert_eq!(service.store().lock().object_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_recover_sent_twice_gives_the_same_objects() {
+        let service = service();
+        let segments = three_segments();
+        let (addr, _) = backup(&serve_all(&segments)).await;
+        let segments_request = request(&[(3, &[&addr]), (1, &[&addr]), (2, &[&addr])]);
+        let first = call::<Recover>(&service, &segments_request).await;
+        let second = call::<Recover>(&service, &segments_request).await;
+        assert_eq!(first.objects, second.objects);
+        assert_eq!(service.store().lock().object_count(), 3);
+        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        assert_three_segments_recovered(&service);
+    }
+}

@@ -72,6 +72,39 @@ impl OwnedTablets {
         overlapping
     }
 
+    /// The parts of `[start, end]` of `table` that no owned tablet covers, in order.
+    /// A recovery replays into exactly such parts (see `recovery`).
+    pub fn unowned_parts(&self, table: TableId, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut parts = Vec::new();
+        // `next` is the first hash not yet classified; `None` once past u64::MAX.
+        let mut next = Some(start);
+        let first_key = self
+            .range_of(table, start)
+            .map_or(start, |(owned_start, _)| owned_start);
+        for (&(_, owned_start), &owned_end) in self.ranges.range((table, first_key)..=(table, end))
+        {
+            let Some(from) = next else { break };
+            if owned_end < from {
+                continue;
+            }
+            if owned_start > from {
+                parts.push((from, owned_start - 1));
+            }
+            next = owned_end.checked_add(1);
+        }
+        if let Some(from) = next {
+            if from <= end {
+                parts.push((from, end));
+            }
+        }
+        parts
+    }
+
+    /// Whether any hash of `[start, end]` of `table` is owned.
+    pub fn owns_any(&self, table: TableId, start: u64, end: u64) -> bool {
+        self.unowned_parts(table, start, end) != [(start, end)]
+    }
+
     /// Number of tablets owned.
     pub fn len(&self) -> usize {
         self.ranges.len()
@@ -122,6 +155,28 @@ mod tests {
             owned.take(&tablet(1, 100, 199)).is_empty(),
             "retaking is harmless"
         );
+    }
+
+    #[test]
+    fn unowned_parts_are_the_gaps_between_owned_tablets() {
+        let mut owned = OwnedTablets::new();
+        owned.take(&tablet(1, 100, 199));
+        owned.take(&tablet(1, 300, 399));
+        owned.take(&tablet(2, 0, u64::MAX));
+        assert_eq!(
+            owned.unowned_parts(TableId(1), 0, 1000),
+            vec![(0, 99), (200, 299), (400, 1000)]
+        );
+        assert_eq!(owned.unowned_parts(TableId(1), 150, 350), vec![(200, 299)]);
+        assert!(owned.unowned_parts(TableId(1), 120, 180).is_empty());
+        assert!(owned.unowned_parts(TableId(2), 0, u64::MAX).is_empty());
+        assert_eq!(
+            owned.unowned_parts(TableId(3), 5, u64::MAX),
+            vec![(5, u64::MAX)]
+        );
+        assert!(owned.owns_any(TableId(1), 0, 100));
+        assert!(!owned.owns_any(TableId(1), 0, 99));
+        assert!(!owned.owns_any(TableId(1), 200, 299));
     }
 
     #[test]
