@@ -25,14 +25,25 @@
 //! `connection refused`). `TableDoesntExist` fails it at once. Every coordinator call of
 //! the client is safe to repeat after a lost reply: reads, and creates and drops that are
 //! idempotent by name.
+//!
+//! # Failure reports
+//! A master that cannot be reached (a transport failure in a single-object operation,
+//! an enumeration or a multi-op) is reported to the coordinators with `ReportFailure`
+//! (DESIGN.md §6), by a background task: the operation refreshes its map and retries at
+//! once, as above, without waiting for the report. Reports are rate-limited per server
+//! and bounded in number ([`crate::failure_reporter`]); one that fails is dropped.
+//!
+//! A master that answers `Retry` (for instance because its lease lapsed while it was cut
+//! off from the coordinators, so its tablets may be moving) makes the client refresh its
+//! map before it tries again.
 
 use bytes::Bytes;
 use parking_lot::RwLock;
-use rampart_common::ids::{key_hash, TableId, Version};
+use rampart_common::ids::{key_hash, ServerId, TableId, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_WRITE_REQUEST_BYTES_MAX};
 use rampart_common::protocol::coordinator::{
-    CreateTable, CreateTableRequest, DropTable, GetTableId, GetTabletMap, TableNameRequest,
-    TabletMapRequest,
+    CreateTable, CreateTableRequest, DropTable, GetTableId, GetTabletMap, ReportFailure,
+    ReportFailureRequest, TableNameRequest, TabletMapRequest,
 };
 use rampart_common::protocol::master::{
     Enumerate, EnumerateRequest, EnumeratedObject, Increment, IncrementRequest, MultiRead,
@@ -49,6 +60,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::ClientError;
+use crate::failure_reporter::{
+    FailureReporter, FAILURE_REPORTS_IN_FLIGHT_MAX, FAILURE_REPORT_TIMEOUT,
+};
 use crate::tablet_map::TabletMapCache;
 
 /// Tunables of a [`Client`].
@@ -112,6 +126,11 @@ struct Inner {
     map: RwLock<Arc<TabletMapCache>>,
     /// Serialises refreshes so a burst of `UnknownTablet`s fetches the map once.
     refreshing: tokio::sync::Mutex<()>,
+    /// Which unreachable masters to report, and when. A `parking_lot` mutex: taken for
+    /// a map lookup, never across an `.await`.
+    reporter: parking_lot::Mutex<FailureReporter>,
+    /// Bounds the reports in flight ([`FAILURE_REPORTS_IN_FLIGHT_MAX`]).
+    reports_in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 /// The outcome of one attempt, for the retry loop.
@@ -179,6 +198,10 @@ impl Client {
                 pool: RpcPool::new(),
                 map: RwLock::new(Arc::new(TabletMapCache::default())),
                 refreshing: tokio::sync::Mutex::new(()),
+                reporter: parking_lot::Mutex::new(FailureReporter::new()),
+                reports_in_flight: Arc::new(tokio::sync::Semaphore::new(
+                    FAILURE_REPORTS_IN_FLIGHT_MAX,
+                )),
             }),
         };
         client.refresh_map(0, client.retry().deadline).await?;
@@ -249,6 +272,39 @@ impl Client {
             })) => Err(ClientError::TableDoesntExist(detail)),
             Err(CoordinatorCallError::Rpc(error)) => Err(ClientError::from_rpc(error)),
         }
+    }
+
+    /// Reports `server` (found unreachable) to the coordinators in the background,
+    /// unless it was reported lately or too many reports are in flight (module doc).
+    fn report_unreachable(&self, server: ServerId, error: &RpcError) {
+        let Ok(permit) = Arc::clone(&self.inner.reports_in_flight).try_acquire_owned() else {
+            return;
+        };
+        if !self
+            .inner
+            .reporter
+            .lock()
+            .should_report(server, Instant::now())
+        {
+            return;
+        }
+        tracing::debug!(%server, %error, "reporting an unreachable master");
+        let inner = Arc::clone(&self.inner);
+        let request = ReportFailureRequest {
+            server,
+            reporter: format!("client pid {}", std::process::id()),
+        };
+        tokio::spawn(async move {
+            let deadline = Instant::now() + FAILURE_REPORT_TIMEOUT;
+            if let Err(error) = inner
+                .coordinators
+                .call_round::<ReportFailure>(&inner.pool, &request, deadline)
+                .await
+            {
+                tracing::debug!(%server, %error, "failure report not delivered");
+            }
+            drop(permit);
+        });
     }
 
     /// Creates table `name` split over `span` tablets (spread over the masters), or
@@ -350,17 +406,21 @@ impl Client {
                 Ok(Attempt::Later(why)) => why,
                 // Never reached the master whole: always safe to send again.
                 Err(e) if e.is_transport() && !e.may_have_executed() => {
+                    self.report_unreachable(tablet.owner, &e);
                     self.refresh_map(map.version, retry.deadline).await?;
                     e.to_string()
                 }
                 Err(e) if e.is_transport() => {
+                    self.report_unreachable(tablet.owner, &e);
                     if !idempotent {
                         return Err(ClientError::Indeterminate(e.to_string()));
                     }
                     self.refresh_map(map.version, retry.deadline).await?;
                     e.to_string()
                 }
+                // The master may be losing its tablets (a lapsed lease): look again.
                 Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
+                    self.refresh_map(map.version, retry.deadline).await?;
                     e.to_string()
                 }
                 Err(e) => return Err(ClientError::from_rpc(e)),
@@ -689,12 +749,19 @@ impl Client {
                 chunks.push((addr, chunk));
             }
             let calls = chunks.into_iter().map(|(addr, indices)| {
-                let future = call(addr, indices.clone(), retry.deadline);
-                async move { (indices, future.await) }
+                let future = call(addr.clone(), indices.clone(), retry.deadline);
+                async move { (addr, indices, future.await) }
             });
             let mut again = Vec::new();
             let mut why = String::new();
-            for (indices, outcome) in futures::future::join_all(calls).await {
+            for (addr, indices, outcome) in futures::future::join_all(calls).await {
+                if let Err(e) = &outcome {
+                    if e.is_transport() {
+                        if let Some(owner) = self.map().server_at(&addr) {
+                            self.report_unreachable(owner, e);
+                        }
+                    }
+                }
                 match outcome {
                     Ok(replies) if replies.len() == indices.len() => {
                         for (i, (status, version, value)) in indices.into_iter().zip(replies) {
@@ -846,4 +913,120 @@ impl Enumeration {
         }
         Ok(all)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_common::rpc::server::HandleFuture;
+    use rampart_common::rpc::{Opcode, Reply, RpcServer, Service};
+    use rampart_common::tablet::{
+        ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap,
+    };
+    use tokio::net::TcpListener;
+
+    /// Serves a fixed tablet map and records `ReportFailure`s.
+    #[derive(Debug)]
+    struct FakeCoordinator {
+        map: TabletMap,
+        reports: parking_lot::Mutex<Vec<(Instant, ReportFailureRequest)>>,
+    }
+
+    impl Service for FakeCoordinator {
+        fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
+            Box::pin(async move {
+                match opcode {
+                    GetTabletMap::OPCODE => Reply::ok(&self.map),
+                    ReportFailure::OPCODE => match Reply::decode::<ReportFailureRequest>(payload) {
+                        Ok(request) => {
+                            self.reports.lock().push((Instant::now(), request));
+                            Reply::ok(&())
+                        }
+                        Err(reply) => reply,
+                    },
+                    _ => Reply::error(Status::UnknownOpcode, "fake coordinator"),
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_master_is_reported_at_most_once_per_interval() {
+        // A port with nothing listening: the master is gone.
+        let dead = {
+            let gone = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            gone.local_addr().expect("addr").to_string()
+        };
+        let table = TableId(1);
+        let map = TabletMap {
+            version: 2,
+            servers: vec![ServerInfo {
+                id: ServerId(9),
+                addr: dead,
+                services: Services {
+                    master: true,
+                    backup: true,
+                },
+                status: ServerStatus::Up,
+                failure_domain: "rack".into(),
+                disk_read_mbps: 100,
+            }],
+            tables: vec![TableInfo {
+                id: table,
+                name: "t".into(),
+                tablets: vec![Tablet {
+                    table,
+                    start_hash: 0,
+                    end_hash: u64::MAX,
+                    owner: ServerId(9),
+                }],
+            }],
+        };
+        let fake = Arc::new(FakeCoordinator {
+            map,
+            reports: parking_lot::Mutex::new(Vec::new()),
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let coordinator = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(RpcServer::run(
+            listener,
+            Arc::clone(&fake),
+            std::future::pending(),
+        ));
+        let options = ClientOptions {
+            deadline: Duration::from_millis(600),
+            ..ClientOptions::default()
+        };
+        let client = Client::connect_with(&[coordinator], options)
+            .await
+            .expect("connect");
+        let started = Instant::now();
+        client
+            .read(table, b"k")
+            .await
+            .expect_err("the master is gone");
+        // A multi-op against the same master within the interval adds no report.
+        let keys: [(TableId, &[u8]); 1] = [(table, b"k")];
+        let _ = client.multi_read(&keys).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let reports = fake.reports.lock();
+        assert!(!reports.is_empty(), "nothing reported");
+        let elapsed = started.elapsed();
+        let most = 1 + (elapsed.as_millis() / FAILURE_REPORT_INTERVAL_MS) as usize;
+        assert!(
+            reports.len() <= most,
+            "{} reports in {elapsed:?}",
+            reports.len()
+        );
+        for pair in reports.windows(2) {
+            assert!(pair[1].0 - pair[0].0 >= Duration::from_millis(450));
+        }
+        for (_, report) in reports.iter() {
+            assert_eq!(report.server, ServerId(9));
+            assert!(report.reporter.starts_with("client"), "{}", report.reporter);
+        }
+    }
+
+    const FAILURE_REPORT_INTERVAL_MS: u128 =
+        crate::failure_reporter::FAILURE_REPORT_INTERVAL.as_millis();
 }

@@ -4,6 +4,8 @@
 //!   and enumeration, with retries through tablet moves and coordinator leader changes
 //!   until a deadline.
 //! * [`error`] — [`ClientError`].
+//! * [`failure_reporter`] — which unreachable masters the client reports to the
+//!   coordinator, at most once per server per 500 ms.
 //! * [`tablet_map`] — the cached tablet map used for routing.
 //!
 //! # Example
@@ -73,6 +75,7 @@
 
 pub mod client;
 pub mod error;
+pub mod failure_reporter;
 pub mod tablet_map;
 
 pub use client::{Client, ClientOptions, Enumeration, Object, WriteItem};

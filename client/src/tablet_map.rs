@@ -1,7 +1,7 @@
 //! `TabletMapCache`: the client's copy of the tablet map, indexed for routing.
 
 use rampart_common::ids::{KeyHash, ServerId, TableId};
-use rampart_common::tablet::{ServerInfo, Tablet, TabletMap};
+use rampart_common::tablet::{ServerInfo, ServerStatus, Tablet, TabletMap};
 use std::collections::{BTreeMap, HashMap};
 
 /// A tablet map indexed by table name and by (table, start hash).
@@ -62,6 +62,20 @@ impl TabletMapCache {
     /// The address of server `id`.
     pub fn addr(&self, id: ServerId) -> Option<&str> {
         self.servers.get(&id).map(|s| s.addr.as_str())
+    }
+
+    /// The server at `addr` (the `Up` one, if a restarted server left a crashed entry
+    /// at the same address). A scan of the server list: for failure reports, not for
+    /// every request.
+    pub fn server_at(&self, addr: &str) -> Option<ServerId> {
+        let mut found = None;
+        for server in self.servers.values().filter(|s| s.addr == addr) {
+            if server.status == ServerStatus::Up {
+                return Some(server.id);
+            }
+            found = Some(server.id);
+        }
+        found
     }
 
     /// The tablet holding `hash` and its owner's address.

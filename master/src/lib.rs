@@ -14,6 +14,14 @@
 //!   R replicas of each segment by randomized refinement; `Replicator` opens, writes
 //!   (over `shm`, `tcp` or `rpc`), closes and re-creates them.
 //! * [`service`] — `MasterService`: RPC handlers.
+//! * [`recovery`] — `RecoveryMaster`: replays a partition of a crashed master's log
+//!   (fetch pipeline from backups, replay rules, abandoning a failed attempt).
+//! * [`lease`] — `Lease`: whether this master may serve reads and writes (it holds a
+//!   lease from the coordinator), and `LeaseRenewer`, the task that renews it.
+//! * [`failure_detector`] — `FailureDetector`: pings a random other server every
+//!   100 ms and reports one that does not answer to the coordinator.
+//! * [`will_upload`] — `WillUploader`: uploads the will to the coordinator when it
+//!   changed materially.
 //!
 //! # The write path
 //! 1. `MasterService` decodes a write, remove or increment and submits it to the
@@ -29,18 +37,40 @@
 //! 4. The batch is published to the index — reads see it from now on — and every
 //!    request in it is answered.
 //!
+//! # The recovery path (DESIGN.md §6 step 2)
+//! 1. The coordinator sends `Recover` with a partition of a crashed master's will (its
+//!    ranges, which this master does not own) and, per segment of the crashed log, the
+//!    backups holding a replica. `RecoveryMaster` forgets leftovers of an earlier
+//!    attempt in those ranges.
+//! 2. It asks each segment's first backup for the partition's entries (`RecoveryData`),
+//!    a few segments in flight, falling back to the next backup when one fails, and
+//!    checks each piece off the reactor.
+//! 3. Each piece becomes an appender replay job: under the store lock, highest version
+//!    wins and tombstones delete older versions ([`ObjectStore::stage_replay`]); the
+//!    survivors are appended to this master's log with their original versions, sealed,
+//!    replicated to its own backups and published to the index — but not served, as
+//!    reads check ownership first.
+//! 4. Once every piece is published, `Recover` answers with the counts; the coordinator
+//!    then sends `TakeTablets`, which keeps the replayed objects (and counts them in the
+//!    profiles behind the will), and reads see them. If the recovery fails or is
+//!    abandoned (`AbandonRecovery`), the replayed objects are forgotten.
+//!
 //! # The read path
 //! `MasterService` locks the store, checks ownership, looks the key up in the index and
 //! copies the value from its segment into the reply frame.
 
 pub mod appender;
+pub mod failure_detector;
+pub mod lease;
 pub mod object_index;
 pub mod object_store;
 pub mod profiler;
+pub mod recovery;
 pub mod replica_manager;
 pub mod segmented_log;
 pub mod service;
 pub mod tablets;
+pub mod will_upload;
 
 #[cfg(test)]
 mod service_tests;

@@ -9,6 +9,21 @@
 //! `ServerListChanged` (the coordinator leader announcing a new server-list version) is
 //! answered at once: the version goes to the replicator's
 //! [`ServerListWatch`], which pulls the list at once if it holds an older one.
+//!
+//! # Lease
+//! Client reads and writes (Read, MultiRead, Enumerate, Write, Remove, Increment,
+//! MultiWrite, MultiRemove: [`needs_lease`]) are served only while the master's
+//! [`Lease`] is valid; otherwise they are answered `Retry` with
+//! [`LEASE_LAPSED_DETAIL`]. Control requests (Ping, ServerListChanged, tablet changes,
+//! recovery) are served regardless: the coordinator sends them and knows whom it
+//! trusts. The check sits at the two entry points every request passes through, not in
+//! the handlers: `handle_immediately` (both `Service::handle_now` and `handle` go
+//! through it) checks reads *after* the lookup, so a value is returned only if the
+//! lease still held once it was read; `handle_request` checks everything else before it
+//! reaches `handle_waiting`. Writes are checked on arrival only: one admitted with a
+//! lease and replicated after it lapsed is covered by backup fencing (see
+//! `crate::lease`). A master built without coordinators (`MasterService::new`) has
+//! [`Lease::always`].
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -26,7 +41,9 @@ use rampart_common::status::Status;
 use std::sync::Arc;
 
 use crate::appender::{Appender, AppenderStatus};
+use crate::lease::{Lease, LEASE_LAPSED_DETAIL};
 use crate::object_store::{ObjectStore, OpOutcome, WriteOp};
+use crate::recovery::{RecoveryConfig, RecoveryMaster};
 use crate::replica_manager::{ReplicationConfig, ReplicationStats, Replicator, ServerListWatch};
 
 /// The master service of one storage server.
@@ -41,6 +58,12 @@ pub struct MasterService {
     /// Where `ServerListChanged` pushes go; the replicator (on the appender's task)
     /// reads them.
     server_list: Arc<ServerListWatch>,
+    /// Whether client reads and writes may be served now ([`Lease::always`] unless
+    /// [`with_lease`](Self::with_lease) gave one). Its revocation ends the master
+    /// ([`failed`](Self::failed)).
+    lease: Arc<Lease>,
+    /// Serves `Recover` and `AbandonRecovery` (replays into `store` through `appender`).
+    recovery: RecoveryMaster,
 }
 
 impl MasterService {
@@ -69,13 +92,39 @@ impl MasterService {
         let server_list = replicator.server_list_watch();
         let appender =
             Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
+        let recovery = RecoveryMaster::new(
+            id,
+            Arc::clone(&store),
+            appender.clone(),
+            RecoveryConfig::default(),
+        );
         MasterService {
             id,
+            recovery,
             store,
             appender,
             status,
             server_list,
+            lease: Arc::new(Lease::always()),
         }
+    }
+
+    /// The same master, serving client reads and writes only while `lease` is valid,
+    /// and failing when it is revoked. Give it before the master serves requests.
+    pub fn with_lease(mut self, lease: Arc<Lease>) -> MasterService {
+        self.lease = lease;
+        self
+    }
+
+    /// The lease this master serves under.
+    pub fn lease(&self) -> &Arc<Lease> {
+        &self.lease
+    }
+
+    /// Where `ServerListChanged` pushes are recorded (the failure detector reads it to
+    /// pull a newer server list early).
+    pub fn server_list_watch(&self) -> Arc<ServerListWatch> {
+        Arc::clone(&self.server_list)
     }
 
     /// Replication counts (under-replicated segments, re-created replicas).
@@ -83,15 +132,22 @@ impl MasterService {
         *self.status.replication.lock()
     }
 
-    /// Completes, with the reason, when this master stopped serving writes for good
-    /// (it was fenced: another server is recovering its data). The process should exit.
+    /// Completes, with the reason, when this master stopped serving for good (it was
+    /// fenced, or the coordinator declared it crashed and its lease was revoked:
+    /// another server is recovering its data). The process should exit.
     pub async fn failed(&self) -> String {
-        loop {
-            let notified = self.status.fatal_notify.notified();
-            if let Some(reason) = self.status.fatal.lock().clone() {
-                return reason;
+        let fenced = async {
+            loop {
+                let notified = self.status.fatal_notify.notified();
+                if let Some(reason) = self.status.fatal.lock().clone() {
+                    return reason;
+                }
+                notified.await;
             }
-            notified.await;
+        };
+        tokio::select! {
+            reason = fenced => reason,
+            reason = self.lease.revoked() => reason,
         }
     }
 
@@ -140,6 +196,10 @@ impl MasterService {
             }
             _ => return None,
         };
+        // After the lookup: the value was current while the lease still held.
+        if needs_lease(opcode) && !self.lease.valid() {
+            return Some(lease_lapsed());
+        }
         Some(reply.unwrap_or_else(|error| error))
     }
 
@@ -190,6 +250,9 @@ impl MasterService {
     async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
         if let Some(reply) = self.handle_immediately(opcode, &payload) {
             return reply;
+        }
+        if needs_lease(opcode) && !self.lease.valid() {
+            return lease_lapsed();
         }
         self.handle_waiting(opcode, payload)
             .await
@@ -242,6 +305,25 @@ impl MasterService {
                 tracing::info!(master = %self.id, removed, "dropped tablets");
                 Ok(Reply::ok(&()))
             }
+            // Long and rare: never in `handle_immediately`.
+            proto::Recover::OPCODE => {
+                let request: proto::RecoverRequest = Reply::decode(payload)?;
+                self.recovery
+                    .recover(request)
+                    .await
+                    .map(|reply| Reply::ok(&reply))
+                    .map_err(|error| Reply::error(error.status(), error))
+            }
+            proto::AbandonRecovery::OPCODE => {
+                let request: proto::AbandonRecoveryRequest = Reply::decode(payload)?;
+                let forgotten = self
+                    .recovery
+                    .abandon(&request.ranges)
+                    .await
+                    .map_err(|error| Reply::error(error.status(), error))?;
+                tracing::info!(master = %self.id, forgotten, "abandoned recovery");
+                Ok(Reply::ok(&()))
+            }
             other => Err(Reply::error(
                 Status::UnknownOpcode,
                 format!("master does not serve {other}"),
@@ -276,6 +358,26 @@ impl Service for MasterService {
     fn handle_now(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         self.handle_immediately(opcode, payload)
     }
+}
+
+/// Whether `opcode` is a client read or write, served only under a valid lease (module
+/// doc).
+pub fn needs_lease(opcode: Opcode) -> bool {
+    matches!(
+        opcode,
+        proto::Read::OPCODE
+            | proto::MultiRead::OPCODE
+            | proto::Enumerate::OPCODE
+            | proto::Write::OPCODE
+            | proto::Remove::OPCODE
+            | proto::Increment::OPCODE
+            | proto::MultiWrite::OPCODE
+            | proto::MultiRemove::OPCODE
+    )
+}
+
+fn lease_lapsed() -> Reply {
+    Reply::error(Status::Retry, LEASE_LAPSED_DETAIL)
 }
 
 fn check_multi(count: usize) -> Result<(), Reply> {

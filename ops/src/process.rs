@@ -75,6 +75,20 @@ pub struct CoordinatorArgs {
     /// Never use it for a member that lost its data directory.
     #[arg(long)]
     pub first_start: bool,
+    /// Lease granted to masters, in milliseconds: a master cut off from the coordinators
+    /// stops serving this long after its last granted renewal, and recovered tablets go
+    /// live no sooner after a crash. Longer rides out longer coordinator outages;
+    /// shorter puts recovered data back sooner when replay is quick.
+    #[arg(long, default_value_t = rampart_coordinator::recovery::LEASE_DEFAULT.as_millis() as u64)]
+    pub lease_ms: u64,
+    /// Deadline of each of the leader's own pings of a server reported silent, in
+    /// milliseconds. Shorter declares a hung server dead sooner; too short declares a
+    /// merely slow one dead (it then exits and its data is recovered).
+    #[arg(long, default_value_t = rampart_coordinator::recovery::VERIFY_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub verify_timeout_ms: u64,
+    /// Pings of a reported server that must all fail before it is declared crashed.
+    #[arg(long, default_value_t = rampart_coordinator::recovery::VERIFY_ATTEMPTS_DEFAULT)]
+    pub verify_attempts: u32,
 }
 
 /// Parses `--peers`: `ID=ADDR` pairs, comma-separated.
@@ -155,6 +169,19 @@ pub struct ServerArgs {
     /// /dev/shm/rampart-frames-HASH, HASH naming the data directory.
     #[arg(long)]
     pub frame_file: Option<std::path::PathBuf>,
+    /// Milliseconds between two pings of the failure detector, each of a random other
+    /// server. Shorter detects a crash sooner, at more pings per second in the cluster.
+    #[arg(long, default_value_t = rampart_master::failure_detector::PING_INTERVAL.as_millis() as u64)]
+    pub ping_interval_ms: u64,
+    /// Milliseconds a pinged server has to answer before it is reported to the
+    /// coordinator (which checks for itself before declaring it crashed).
+    #[arg(long, default_value_t = rampart_master::failure_detector::PING_TIMEOUT.as_millis() as u64)]
+    pub ping_timeout_ms: u64,
+    /// Milliseconds between two renewals of the master's lease. The lease's length is
+    /// the coordinator's (`rampart coordinator --lease-ms`); renew several times per
+    /// lease so that a lost renewal does not stop the master.
+    #[arg(long, default_value_t = rampart_master::lease::LEASE_RENEW_INTERVAL.as_millis() as u64)]
+    pub lease_renew_ms: u64,
 }
 
 /// Worker threads of a server's backup runtime: backup requests are open, close and
@@ -289,7 +316,12 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             .with_context(|| format!("cannot start coordinator {}", args.id))?;
         announce(&format!("coordinator {} listening on {addr}", args.id))?;
         tracing::info!(id = args.id, %addr, data_dir = %args.data_dir.display(), "coordinator serving");
-        let service = Arc::new(CoordinatorService::new(node.clone()));
+        let recovery = rampart_coordinator::recovery::RecoveryConfig {
+            lease: Duration::from_millis(args.lease_ms.max(1)),
+            verify_timeout: Duration::from_millis(args.verify_timeout_ms.max(1)),
+            verify_attempts: args.verify_attempts.max(1),
+        };
+        let service = Arc::new(CoordinatorService::with_recovery(node.clone(), recovery));
         let failed = {
             let node = node.clone();
             async move {
@@ -393,8 +425,12 @@ fn export_seed(data_dir: &std::path::Path, file: &std::path::Path) -> Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs a storage server until a signal.
+/// Runs a storage server until a signal, or until its master cannot go on (fenced, or
+/// declared crashed by the coordinator: its lease renewal was refused).
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
+    /// How long a stopping server waits for its lease renewer, failure detector and will
+    /// uploader to stop before aborting them (each stops within one in-flight call).
+    const BACKGROUND_STOP_TIMEOUT: Duration = Duration::from_secs(2);
     crate::init_logging("info");
     let config = MasterConfig {
         segment_bytes: u32::try_from(args.segment_bytes.0)
@@ -412,6 +448,9 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         .collect();
     if coordinators.is_empty() {
         bail!("--coordinator needs at least one address");
+    }
+    if args.ping_interval_ms == 0 || args.ping_timeout_ms == 0 || args.lease_renew_ms == 0 {
+        bail!("--ping-interval-ms, --ping-timeout-ms and --lease-renew-ms must be positive");
     }
     if args.replication == Some(TransportKind::Rdma) {
         if let Err(reason) = rampart_common::onesided::rdma::rdma_available() {
@@ -508,7 +547,50 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             seed: rand::random(),
             failed_backup_exclusion: rampart_master::replica_manager::replicator::FAILED_BACKUP_EXCLUSION,
         };
-        let master = MasterService::with_replication(id, config, replication);
+        // Client reads and writes wait for the first lease (milliseconds after this).
+        let lease = Arc::new(rampart_master::lease::Lease::new());
+        let master = MasterService::with_replication(id, config, replication)
+            .with_lease(Arc::clone(&lease));
+        // The lease renewer, the failure detector and the will uploader run until
+        // `background_stop` is dropped (at shutdown, below).
+        let (background_stop, background_stopped) = tokio::sync::watch::channel(());
+        let stopped = move || {
+            let mut stopped = background_stopped.clone();
+            async move {
+                let _ = stopped.changed().await;
+            }
+        };
+        let mut background = tokio::task::JoinSet::new();
+        {
+            use rampart_master::failure_detector::{FailureDetectorConfig, FailureDetectorTask};
+            let set = Arc::new(rampart_common::rpc::CoordinatorSet::new(&coordinators));
+            let pool = Arc::new(RpcPool::new());
+            let renewer = rampart_master::lease::LeaseRenewer::new(
+                id,
+                lease,
+                Arc::clone(&set),
+                Arc::clone(&pool),
+            )
+            .with_interval(Duration::from_millis(args.lease_renew_ms));
+            background.spawn(renewer.run(stopped()));
+            let detector = FailureDetectorTask::new(
+                id,
+                addr.clone(),
+                FailureDetectorConfig {
+                    ping_interval: Duration::from_millis(args.ping_interval_ms),
+                    ping_timeout: Duration::from_millis(args.ping_timeout_ms),
+                    seed: rand::random(),
+                },
+                Arc::clone(&set),
+                Arc::clone(&pool),
+            )
+            .with_server_list_watch(master.server_list_watch());
+            background.spawn(detector.run(stopped()));
+            let store = Arc::clone(master.store());
+            let uploader =
+                rampart_master::will_upload::WillUploader::new(id, move || store.lock().will(), set, pool);
+            background.spawn(uploader.run(stopped()));
+        }
         let service = Arc::new(StorageService {
             master,
             backup: Arc::clone(&backup),
@@ -541,6 +623,14 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         })
         .await;
         nic.abort();
+        drop(background_stop);
+        let drained = tokio::time::timeout(BACKGROUND_STOP_TIMEOUT, async {
+            while background.join_next().await.is_some() {}
+        });
+        if drained.await.is_err() {
+            tracing::warn!(%id, "background tasks did not stop in time; aborted");
+        }
+        drop(background);
         // The frame file goes with this process: keep what its open frames hold.
         match tokio::task::spawn_blocking(move || flusher.flush_open_frames()).await {
             Ok(flushed) => tracing::info!(%id, flushed, "open frames written to the store"),

@@ -66,7 +66,9 @@ async fn recovery(args: RecoveryArgs) -> Result<ExitCode> {
     let pool = RpcPool::new();
     let deadline = Instant::now() + Duration::from_secs_f64(args.timeout.max(0.0));
     let failed = |error: CoordinatorCallError| match error {
-        CoordinatorCallError::NoLeader { last, .. } => anyhow::anyhow!("no coordinator leader: {last}"),
+        CoordinatorCallError::NoLeader { last, .. } => {
+            anyhow::anyhow!("no coordinator leader: {last}")
+        }
         CoordinatorCallError::Rpc(error) => anyhow::anyhow!("{error}"),
     };
     match args.command {

@@ -296,7 +296,10 @@ impl RampartProcess {
             }
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
-                bail!("process {} did not exit within {timeout:?} of SIGTERM", self.child.id());
+                bail!(
+                    "process {} did not exit within {timeout:?} of SIGTERM",
+                    self.child.id()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -267,7 +267,10 @@ fn a_lone_coordinator_refuses_changes_with_a_clear_error() {
         // Masters stop serving once their lease lapses (a master cut off from the
         // coordinators' majority might have been replaced): reads wait, with the reason.
         let error = client.read(table, b"k").await.unwrap_err();
-        assert!(error.to_string().contains("lease"), "unclear error: {error}");
+        assert!(
+            error.to_string().contains("lease"),
+            "unclear error: {error}"
+        );
     });
     // With a majority again, changes commit. (The refused create may still commit, if
     // the lone leader had appended it before stepping down: the error said so.)

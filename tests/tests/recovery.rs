@@ -207,7 +207,10 @@ async fn check_filled(client: &Client, table: TableId, prefix: &str, keys: usize
                 let key = format!("{prefix}{i}");
                 let object = client.read(table, key.as_bytes()).await.unwrap();
                 let object = object.unwrap_or_else(|| panic!("{key} lost"));
-                assert!(object.value.starts_with(format!("{key}=").as_bytes()), "{key}");
+                assert!(
+                    object.value.starts_with(format!("{key}=").as_bytes()),
+                    "{key}"
+                );
             }
         });
     }
@@ -350,7 +353,10 @@ fn recovery_master_and_backup_killed_mid_recovery() {
             if let Some(master) = busy {
                 break master;
             }
-            assert!(Instant::now() < deadline, "no partition in replay: {reports:#?}");
+            assert!(
+                Instant::now() < deadline,
+                "no partition in replay: {reports:#?}"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         cluster.kill(recovery_master);
@@ -418,7 +424,10 @@ fn missing_replica_makes_recovery_wait_until_its_backup_returns() {
             if let Some(why) = waits {
                 break why;
             }
-            assert!(Instant::now() < deadline, "recovery never waited: {reports:#?}");
+            assert!(
+                Instant::now() < deadline,
+                "recovery never waited: {reports:#?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         assert!(waiting.contains("incomplete"), "{waiting}");
@@ -461,7 +470,11 @@ fn cold_start_brings_every_table_back() {
         cluster.wait_recovered(&ids).await;
         let client = cluster.client().await;
         check_filled(&client, a, "a", 7).await;
-        assert_eq!(client.read(a, b"a7").await.unwrap(), None, "a removed key stays removed");
+        assert_eq!(
+            client.read(a, b"a7").await.unwrap(),
+            None,
+            "a removed key stays removed"
+        );
         for i in 8..1500 {
             let key = format!("a{i}");
             let object = client.read(a, key.as_bytes()).await.unwrap();
