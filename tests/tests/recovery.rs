@@ -333,14 +333,18 @@ fn two_servers_killed_at_once_are_recovered_concurrently() {
 fn recovery_master_and_backup_killed_mid_recovery() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
-        let mut cluster = Cluster::start(6, 2, &[]);
+        // R = 3 and 7 servers: the victim, a recovery master and a backup die, and every
+        // segment keeps a replica; the 4 survivors still have 3 backups each.
+        let mut cluster = Cluster::start(7, 3, &[]);
         let client = cluster.client().await;
-        let table = client.create_table("mid", 6).await.unwrap();
+        let table = client.create_table("mid", 7).await.unwrap();
         fill(&client, table, "k", 12_000, 2000).await;
         let victim = owner_of(&cluster, &client, table, "k0");
         cluster.kill(victim);
         // As soon as a recovery master works on a partition, kill it, and one more
-        // backup that is neither the victim nor that recovery master.
+        // backup that is neither the victim nor that recovery master (the reads are
+        // spread over every backup holding replicas, so it is the chosen source of some
+        // segments: their recovery masters fall back to other replicas).
         let deadline = Instant::now() + RECOVERY_TIMEOUT;
         let recovery_master = loop {
             let reports = cluster.recoveries().await;
