@@ -600,7 +600,14 @@ impl RecoveryManager {
                 break;
             }
             match self.attempt(crashed, &owned, declared, live_after).await {
-                Ok(()) => {}
+                Ok(()) => {
+                    let left = self.node.with_state(|state| state.tablets_of(crashed));
+                    if left == owned {
+                        // No partition went live (every recovery master failed): pause
+                        // before setting up again rather than spin.
+                        tokio::time::sleep(SETUP_RETRY_PAUSE).await;
+                    }
+                }
                 Err(Stop::Leadership) => return,
                 Err(Stop::Wait(why)) => {
                     tracing::warn!(%crashed, %why, "recovery waits");

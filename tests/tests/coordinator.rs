@@ -159,7 +159,8 @@ fn killing_the_leader_while_tables_are_created_and_servers_enlist_loses_nothing(
                 .call::<RaftStatus>(&addr, &RaftStatusRequest {}, call)
                 .await
             {
-                if status.config_version == map.version {
+                // At least: masters keep uploading their wills meanwhile.
+                if status.config_version >= map.version {
                     break;
                 }
             }
@@ -265,10 +266,13 @@ fn a_lone_coordinator_refuses_changes_with_a_clear_error() {
             "unclear error: {message}"
         );
         // Masters stop serving once their lease lapses (a master cut off from the
-        // coordinators' majority might have been replaced): reads wait, with the reason.
-        let error = client.read(table, b"k").await.unwrap_err();
+        // coordinators' majority might have been replaced): reads wait, and fail at their
+        // deadline saying why (the lease, or the coordinators the client then asks).
+        let error = client.read(table, b"k").await.unwrap_err().to_string();
         assert!(
-            error.to_string().contains("lease"),
+            ["lease", "no leader", "majority"]
+                .iter()
+                .any(|w| error.contains(w)),
             "unclear error: {error}"
         );
     });

@@ -162,6 +162,21 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Polls the leader's recovery reports until `found` picks something out of them.
+    async fn wait_for<T>(&self, what: &str, found: impl Fn(&[RecoveryReport]) -> Option<T>) -> T {
+        let deadline = Instant::now() + RECOVERY_TIMEOUT;
+        loop {
+            let reports = self.recoveries().await;
+            if let Some(t) = found(&reports) {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "{what} never seen: {reports:#?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 fn value(key: &str, counter: u64, bytes: usize) -> Vec<u8> {
     let mut v = format!("{key}={counter:012};").into_bytes();
     v.resize(bytes.max(v.len()), b'x');
