@@ -137,9 +137,7 @@ impl Cluster {
 
     /// Waits until the recovery of every server of `crashed` is done; returns the reports.
     async fn wait_recovered(&self, crashed: &[u64]) -> Vec<RecoveryReport> {
-        let deadline = Instant::now() + RECOVERY_TIMEOUT;
-        loop {
-            let reports = self.recoveries().await;
+        self.wait_for("the end of the recovery", |reports| {
             let done: Vec<RecoveryReport> = crashed
                 .iter()
                 .filter_map(|id| {
@@ -150,15 +148,9 @@ impl Cluster {
                         .cloned()
                 })
                 .collect();
-            if done.len() == crashed.len() {
-                return done;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "recovery of {crashed:?} not done within {RECOVERY_TIMEOUT:?}: {reports:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            (done.len() == crashed.len()).then_some(done)
+        })
+        .await
     }
 }
 
@@ -360,24 +352,16 @@ fn recovery_master_and_backup_killed_mid_recovery() {
         // backup that is neither the victim nor that recovery master (the reads are
         // spread over every backup holding replicas, so it is the chosen source of some
         // segments: their recovery masters fall back to other replicas).
-        let deadline = Instant::now() + RECOVERY_TIMEOUT;
-        let recovery_master = loop {
-            let reports = cluster.recoveries().await;
-            let busy = reports
-                .iter()
-                .filter(|r| r.crashed == ServerId(victim))
-                .flat_map(|r| r.partitions.iter())
-                .find(|p| p.master.0 != 0 && p.live_ms == 0)
-                .map(|p| p.master.0);
-            if let Some(master) = busy {
-                break master;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no partition in replay: {reports:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let recovery_master = cluster
+            .wait_for("a partition in replay", |reports| {
+                reports
+                    .iter()
+                    .filter(|r| r.crashed == ServerId(victim))
+                    .flat_map(|r| r.partitions.iter())
+                    .find(|p| p.master.0 != 0 && p.live_ms == 0)
+                    .map(|p| p.master.0)
+            })
+            .await;
         cluster.kill(recovery_master);
         let backup = *cluster.servers.keys().next().unwrap();
         cluster.kill(backup);
@@ -433,22 +417,14 @@ fn missing_replica_makes_recovery_wait_until_its_backup_returns() {
         cluster.kill(victim);
         // Bring one back on a fresh disk: it can host recovery, but holds no replica.
         let spare = cluster.start_server(None);
-        let deadline = Instant::now() + RECOVERY_TIMEOUT;
-        let waiting = loop {
-            let reports = cluster.recoveries().await;
-            let waits = reports
-                .iter()
-                .find(|r| r.crashed == ServerId(victim))
-                .and_then(|r| r.waiting.clone());
-            if let Some(why) = waits {
-                break why;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "recovery never waited: {reports:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let waiting = cluster
+            .wait_for("a waiting recovery", |reports| {
+                reports
+                    .iter()
+                    .find(|r| r.crashed == ServerId(victim))
+                    .and_then(|r| r.waiting.clone())
+            })
+            .await;
         assert!(waiting.contains("incomplete"), "{waiting}");
         assert!(waiting.contains("allow-loss"), "{waiting}");
         // The backups come back on their disks: the recovery proceeds.
