@@ -425,6 +425,15 @@ impl Client {
                 }
                 Err(e) => return Err(ClientError::from_rpc(e)),
             };
+            // The refreshed map names another owner (a recovered tablet went live):
+            // try it at once rather than after the backoff.
+            let moved = self
+                .map()
+                .route(table, hash)
+                .is_some_and(|(_, owner)| owner != addr);
+            if moved && Instant::now() < retry.deadline {
+                continue;
+            }
             retry.pause(why).await?;
         }
     }

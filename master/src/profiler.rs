@@ -108,15 +108,17 @@ pub const SPLIT_DIVISOR: u64 = 64;
 pub const ARRAYS_MAX: u32 = 1024;
 
 /// Default byte limit of a will's partitions: what one recovery master replays in about
-/// a second (DESIGN.md §5). Replay stages about 400 MB/s of 1 KiB objects on one core
-/// (see `recovery`), and the partition's bytes cross the network R + 1 times (fetched
-/// once, re-replicated R times: 512 MiB at R = 3, about 0.4 s at 10 Gb/s).
-pub const PARTITION_BYTES_DEFAULT: u64 = 128 * 1024 * 1024;
+/// half a second (issue 5) on the 2-core development VM, where a recovery master replays
+/// and re-replicates (R = 3) about 100 MB/s of 1 KiB objects while backups read and
+/// split beside it (`rampart bench recovery`, 64 MB in one partition: 610 ms). Smaller
+/// partitions also spread one crashed master over more recovery masters.
+pub const PARTITION_BYTES_DEFAULT: u64 = 48 * 1024 * 1024;
 
 /// Default record limit of a will's partitions: small objects cost per entry, not per
-/// byte (index insert, append, CRC): about 2 µs each in replay on the 2-core development
-/// VM (see `recovery`), so 800,000 records take 1–2 s there, less on a server core.
-pub const PARTITION_RECORDS_DEFAULT: u64 = 800_000;
+/// byte (index insert, append, CRC): replay stages about 0.47 M objects/s of 100-byte
+/// objects on one core before replication, so 200,000 records take about half a second
+/// with replication and the backups' work beside it.
+pub const PARTITION_RECORDS_DEFAULT: u64 = 200_000;
 
 /// The limits a master cuts its will to (see [`Profiler::will`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

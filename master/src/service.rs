@@ -43,6 +43,7 @@ use std::sync::Arc;
 use crate::appender::{Appender, AppenderStatus};
 use crate::lease::{Lease, LEASE_LAPSED_DETAIL};
 use crate::object_store::{ObjectStore, OpOutcome, WriteOp};
+use crate::profiler::PartitionLimits;
 use crate::recovery::{RecoveryConfig, RecoveryMaster};
 use crate::replica_manager::{ReplicationConfig, ReplicationStats, Replicator, ServerListWatch};
 
@@ -86,7 +87,23 @@ impl MasterService {
         config: MasterConfig,
         replication: ReplicationConfig,
     ) -> MasterService {
-        let store = Arc::new(Mutex::new(ObjectStore::new(id, config)));
+        MasterService::with_partitions(id, config, replication, PartitionLimits::default())
+    }
+
+    /// Like [`with_replication`](Self::with_replication), with the limits its will cuts
+    /// partitions to (`rampart server --partition-mb --partition-records`).
+    ///
+    /// # Panics
+    /// If `config` does not validate (callers validate at start-up).
+    pub fn with_partitions(
+        id: ServerId,
+        config: MasterConfig,
+        replication: ReplicationConfig,
+        limits: PartitionLimits,
+    ) -> MasterService {
+        let store = Arc::new(Mutex::new(ObjectStore::with_partition_limits(
+            id, config, limits,
+        )));
         let status = Arc::new(AppenderStatus::default());
         let replicator = Replicator::new(id, replication);
         let server_list = replicator.server_list_watch();

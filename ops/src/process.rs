@@ -165,6 +165,13 @@ pub struct ServerArgs {
     /// instead of measuring it at start-up (masters place replicas by it).
     #[arg(long)]
     pub disk_mbps: Option<u32>,
+    /// Largest recovery partition of this master's will, in MiB: should it crash, each
+    /// recovery master replays at most this much of its data.
+    #[arg(long, default_value_t = rampart_master::profiler::PARTITION_BYTES_DEFAULT / (1024 * 1024))]
+    pub partition_mb: u64,
+    /// Most objects and tombstones in one recovery partition of this master's will.
+    #[arg(long, default_value_t = rampart_master::profiler::PARTITION_RECORDS_DEFAULT)]
+    pub partition_records: u64,
     /// The backup's shared-memory frame file (its "non-volatile buffer"). Default:
     /// /dev/shm/rampart-frames-HASH, HASH naming the data directory.
     #[arg(long)]
@@ -549,7 +556,11 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         };
         // Client reads and writes wait for the first lease (milliseconds after this).
         let lease = Arc::new(rampart_master::lease::Lease::new());
-        let master = MasterService::with_replication(id, config, replication)
+        let limits = rampart_master::profiler::PartitionLimits {
+            bytes_max: args.partition_mb.saturating_mul(1024 * 1024).max(1),
+            records_max: args.partition_records.max(1),
+        };
+        let master = MasterService::with_partitions(id, config, replication, limits)
             .with_lease(Arc::clone(&lease));
         // The lease renewer, the failure detector and the will uploader run until
         // `background_stop` is dropped (at shutdown, below).
