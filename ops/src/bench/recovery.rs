@@ -18,9 +18,10 @@
 //! objects — the least work any recovery of this data does on this machine. Recovery
 //! rate is reported as a fraction of it.
 //!
-//! Prints a table, writes `--json FILE` and a timeline `--svg FILE` (one bar per
-//! partition's recovery master and one per backup that served reads; detection, setup,
-//! replay and the wait to go live in their own colours).
+//! Prints a table, writes `--json FILE` and a timeline `--svg FILE`: the coordinator's
+//! detection and setup, then one bar per partition on its recovery master (fetch, replay
+//! and re-replication; then the wait for the lease, the commit and the tablet push), in
+//! their own colours. Backups report no timings of their own yet, so they have no bars.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -40,6 +41,10 @@ use tokio::time::Instant;
 
 use super::ycsb::RemoveOnDrop;
 use crate::cluster::{self, UpArgs};
+
+/// Pause between loading and the kill: two will-upload checks
+/// (`rampart_master::will_upload::WILL_CHECK_INTERVAL`).
+const WILL_SETTLE: Duration = Duration::from_secs(2);
 
 /// `rampart bench recovery`
 #[derive(Args, Debug)]
@@ -165,6 +170,10 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         floor_bytes as f64 / 1e6,
         floor_s * 1e3
     );
+
+    // Masters upload their wills once a second: let the last one reflect all the data,
+    // as it does in a cluster that ran for more than a second after its last writes.
+    std::thread::sleep(WILL_SETTLE);
 
     // Kill, and probe until every probe key has been read once.
     let probes: Vec<u64> = (0..args.probe_keys as u64)
@@ -435,7 +444,7 @@ fn write_svg(path: &Path, report: &RecoveryReport, shift: u64, detection: u64) -
     let x = |ms: u64| 150.0 + (ms as f64 / end) * (width - 170.0);
     let row = 26.0;
     let mut svg = String::new();
-    let height = 60.0 + row * (report.partitions.len() as f64 + 1.0);
+    let height = 80.0 + row * (report.partitions.len() as f64 + 1.0);
     svg.push_str(&format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n"
     ));
