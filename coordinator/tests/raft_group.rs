@@ -493,3 +493,67 @@ async fn a_start_cut_short_before_the_member_file_is_finished_by_the_next_start(
     let empty = Seed::export(&dir).unwrap_err();
     assert!(empty.to_string().contains("empty log"), "{empty}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_rpcs_refuse_garbage_and_answer_unknown_or_crashed_servers_plainly() {
+    use rampart_common::ids::ServerId;
+    use rampart_common::protocol::coordinator::{
+        AllowLoss, RenewLease, RenewLeaseRequest, ReportFailure, ReportFailureRequest, UploadWill,
+    };
+    use rampart_common::rpc::{Rpc, Service, WireMessage};
+    use rampart_common::tablet::ServerStatus;
+
+    let mut group = Group::start(1, 100).await;
+    let service = CoordinatorService::new(group.node(1).clone());
+    tokio::time::timeout(SETTLE, group.node(1).read_barrier())
+        .await
+        .expect("a single coordinator leads")
+        .unwrap();
+    let garbage = bytes::Bytes::from_static(&[0xff; 3]);
+    for opcode in [
+        ReportFailure::OPCODE,
+        RenewLease::OPCODE,
+        UploadWill::OPCODE,
+        AllowLoss::OPCODE,
+    ] {
+        let reply = service.handle(opcode, garbage.clone()).await;
+        assert_eq!(reply.status(), Status::MalformedRequest, "{opcode:?}");
+    }
+    let encode = |message: &dyn Fn(&mut bytes::BytesMut)| {
+        let mut out = bytes::BytesMut::new();
+        message(&mut out);
+        out.freeze()
+    };
+    let renew = |server| encode(&|out| RenewLeaseRequest { server }.encode(out));
+    // A server that never enlisted gets no lease.
+    let reply = service.handle(RenewLease::OPCODE, renew(ServerId(7))).await;
+    assert_eq!(reply.status(), Status::InvalidArgument);
+    // An up server gets one; once declared crashed it is told so.
+    let CommandResult::Enlisted { id } = propose(&group, enlist("127.0.0.1:9001")).await else {
+        panic!("enlist failed");
+    };
+    let reply = service.handle(RenewLease::OPCODE, renew(id)).await;
+    assert_eq!(reply.status(), Status::Ok);
+    propose(
+        &group,
+        Command::SetServerStatus {
+            id,
+            status: ServerStatus::Crashed,
+        },
+    )
+    .await;
+    let reply = service.handle(RenewLease::OPCODE, renew(id)).await;
+    assert_eq!(reply.status(), Status::ServerCrashed);
+    // Reports about servers that are not up change nothing.
+    let report = encode(&|out| {
+        ReportFailureRequest {
+            server: ServerId(99),
+            reporter: "test".into(),
+        }
+        .encode(out)
+    });
+    let reply = service.handle(ReportFailure::OPCODE, report).await;
+    assert_eq!(reply.status(), Status::Ok);
+    drop(service);
+    group.stop_all().await;
+}

@@ -683,6 +683,35 @@ mod recovery {
         assert_eq!(read_own(&service), b"kept");
     }
 
+    #[tokio::test]
+    async fn recover_into_a_full_log_fails_and_leaves_nothing() {
+        // The master holds 1 MiB of log; the partition holds about 1.8 MB.
+        let service = service();
+        call::<TakeTablets>(&service, &whole_table()).await;
+        call::<Write>(&service, &write_request("own", "kept")).await;
+        let value: &'static str = Box::leak("v".repeat(1000).into_boxed_str());
+        let big = |segment: u64| {
+            let entries: Vec<E> = (0..900)
+                .map(|i| {
+                    let key: &'static str = Box::leak(format!("s{segment}-k{i}").into_boxed_str());
+                    E::Obj(key, 1, value)
+                })
+                .collect();
+            (segment, piece(&entries, 1))
+        };
+        let (fake, _) = backup(&serve_all(&[big(1), big(2)])).await;
+        let reply = send::<Recover>(&service, &request(&[(1, &[&fake]), (2, &[&fake])])).await;
+        assert_eq!(reply.status(), Status::RecoveryFailed);
+        let detail = String::from_utf8_lossy(reply.payload()).into_owned();
+        assert!(detail.contains("log memory full"), "{detail}");
+        assert_eq!(
+            service.store().lock().object_count(),
+            1,
+            "only the master's own"
+        );
+        assert_eq!(read_own(&service), b"kept");
+    }
+
     fn read_own(service: &MasterService) -> Vec<u8> {
         service.store().lock().read(TABLE, b"own").value.to_vec()
     }

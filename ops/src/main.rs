@@ -73,6 +73,25 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The addresses of a `--coordinator` list (comma-separated, blanks ignored).
+pub(crate) fn coordinator_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Runs a short-lived client command (`kv`, `status`, `recovery`) on a current-thread
+/// runtime, with warnings-only logging unless `RAMPART_LOG` says otherwise.
+pub(crate) fn run_client<F: std::future::Future>(command: F) -> Result<F::Output> {
+    init_logging("warn");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(command))
+}
+
 /// Sets up logging to stderr; `RAMPART_LOG` (same syntax as `RUST_LOG`) overrides
 /// `default_level`.
 pub(crate) fn init_logging(default_level: &str) {

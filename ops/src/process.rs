@@ -447,12 +447,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             .context("--value-bytes-max is too large")?,
     };
     config.validate()?;
-    let coordinators: Vec<String> = args
-        .coordinator
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
+    let coordinators = crate::coordinator_list(&args.coordinator);
     if coordinators.is_empty() {
         bail!("--coordinator needs at least one address");
     }

@@ -48,20 +48,11 @@ pub enum RecoveryCommand {
 
 /// Runs `rampart recovery`.
 pub fn run(args: RecoveryArgs) -> Result<ExitCode> {
-    crate::init_logging("warn");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(recovery(args))
+    crate::run_client(recovery(args))?
 }
 
 async fn recovery(args: RecoveryArgs) -> Result<ExitCode> {
-    let addrs: Vec<&str> = args
-        .coordinator
-        .split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .collect();
+    let addrs = crate::coordinator_list(&args.coordinator);
     let set = CoordinatorSet::new(&addrs);
     let pool = RpcPool::new();
     let deadline = Instant::now() + Duration::from_secs_f64(args.timeout.max(0.0));

@@ -32,21 +32,12 @@ pub struct StatusArgs {
 
 /// Runs `rampart status`.
 pub fn run(args: StatusArgs) -> Result<ExitCode> {
-    crate::init_logging("warn");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(status(args))
+    crate::run_client(status(args))?
 }
 
 async fn status(args: StatusArgs) -> Result<ExitCode> {
     let pool = RpcPool::new();
-    let addrs: Vec<&str> = args
-        .coordinator
-        .split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .collect();
+    let addrs = crate::coordinator_list(&args.coordinator);
     println!("coordinators:");
     println!(
         "  {:<22} {:>3} {:<13} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8}",
