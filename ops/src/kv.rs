@@ -92,12 +92,8 @@ pub enum KvCommand {
 
 /// Runs `rampart kv ...`.
 pub fn run(args: KvArgs) -> Result<ExitCode> {
-    crate::init_logging("warn");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let coordinators: Vec<&str> = args.coordinator.split(',').collect();
+    crate::run_client(async {
+        let coordinators = crate::coordinator_list(&args.coordinator);
         let options = rampart_client::ClientOptions {
             deadline: std::time::Duration::from_secs_f64(args.timeout.max(0.001)),
             ..Default::default()
@@ -112,7 +108,7 @@ pub fn run(args: KvArgs) -> Result<ExitCode> {
                 Ok(ExitCode::from(2))
             }
         }
-    })
+    })?
 }
 
 async fn execute(client: &Client, command: KvCommand) -> Result<ExitCode, ClientError> {
