@@ -8,8 +8,9 @@
 //!   proposals, ReadIndex reads, snapshots, and the Raft traffic between coordinators.
 //! * [`recovery`] — `RecoveryManager`: on the leader, verifies failure reports and
 //!   recovers crashed masters (setup, partitioned replay on recovery masters, tablets
-//!   live per partition, cleanup); the pure planning steps (log completeness, read plan,
-//!   partitions, assignment) are functions of their own.
+//!   live per partition, cleanup).
+//! * [`recovery_plan`] — the pure planning steps of a recovery: log completeness,
+//!   which replica of each segment to read, partitions, assignment.
 //! * [`service`] — `CoordinatorService`: RPC handlers that propose commands through the
 //!   node, serve linearizable reads, redirect clients to the leader, and push tablet
 //!   ownership to masters.
@@ -38,6 +39,7 @@
 pub mod node;
 pub mod raft_storage;
 pub mod recovery;
+pub mod recovery_plan;
 pub mod service;
 pub mod state;
 
