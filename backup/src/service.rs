@@ -16,8 +16,9 @@
 //! * `StartRecovery` fences the master's open frames and reports every replica of it
 //!   held here, sorted by segment — open frames with their fenced lengths, stored
 //!   replicas open or closed, a frame shadowing the stored copy as in lists — with the
-//!   log digest of each replica that is not closed (the coordinator's completeness
-//!   check, DESIGN.md §4).
+//!   log digest, and the successor named by a footer, of each replica that is not closed
+//!   (the coordinator's completeness check, DESIGN.md §4: every footer found needs its
+//!   successor, whether or not its copy was closed).
 //! * `RecoveryRead` answers at once and has [`RecoveryReads`] read the named replicas
 //!   in order on a blocking thread, splitting each by partition.
 //! * `RecoveryData` hands out one (segment, partition) piece, waits for it, or reads
@@ -767,7 +768,7 @@ fn read_held(
 
 /// Every replica of `master` held here, for `StartRecovery`: stored ones and visible
 /// frames (a frame shadows its stored copy, as in lists), sorted by segment, with the
-/// log digest of each one that is not closed. Blocks: scans frames, reads stored open
+/// log digest and the footer's successor of each one that is not closed. Blocks: scans frames, reads stored open
 /// replicas from disk.
 fn recovery_replicas(
     store: &Mutex<SegmentStore>,
@@ -777,22 +778,31 @@ fn recovery_replicas(
     let (stored, frames) = shared.state.lock().list(Some(master));
     let mut replicas: BTreeMap<ReplicaKey, RecoveryReplica> = stored
         .into_iter()
-        .map(|(key, info)| (key, RecoveryReplica { info, digest: None }))
+        .map(|(key, info)| {
+            let replica = RecoveryReplica {
+                info,
+                digest: None,
+                successor: None,
+            };
+            (key, replica)
+        })
         .collect();
     let mut from_frames = BTreeSet::new();
     for (frame, bytes) in shared.scan_frames(frames) {
         let key = (frame.info.master, frame.info.segment);
         from_frames.insert(key);
-        let digest = scan(&bytes).digest;
+        let scanned = scan(&bytes);
         replicas.insert(
             key,
             RecoveryReplica {
                 info: frame.info,
-                digest,
+                digest: scanned.digest,
+                successor: scanned.successor,
             },
         );
     }
-    // Open replicas on disk (flushed at a graceful stop): their digest is in their bytes.
+    // Open replicas on disk (flushed at a graceful stop): their digest and footer are in
+    // their bytes.
     let open_stored: Vec<ReplicaKey> = replicas
         .iter()
         .filter(|(key, replica)| !replica.info.closed && !from_frames.contains(*key))
@@ -808,7 +818,9 @@ fn recovery_replicas(
         match read {
             Ok(Some(bytes)) => {
                 if let Some(replica) = replicas.get_mut(&key) {
-                    replica.digest = scan(&bytes).digest;
+                    let scanned = scan(&bytes);
+                    replica.digest = scanned.digest;
+                    replica.successor = scanned.successor;
                 }
             }
             // Freed meanwhile, or corrupt (now quarantined): no longer held.
@@ -2803,10 +2815,12 @@ mod tests {
                 RecoveryReplica {
                     info: info(1, 1, 1, closed.len() as u32, true),
                     digest: None,
+                    successor: None,
                 },
                 RecoveryReplica {
                     info: info(1, 2, 1, head.len() as u32, false),
                     digest: Some(vec![SegmentId(1), SegmentId(2)]),
+                    successor: None,
                 },
             ]
         );
@@ -2841,7 +2855,41 @@ mod tests {
             vec![RecoveryReplica {
                 info: info(5, 3, 1, head.len() as u32, false),
                 digest: Some(vec![SegmentId(2), SegmentId(3)]),
+                successor: None,
             }]
+        );
+    }
+
+    #[tokio::test]
+    async fn start_recovery_reports_the_footer_of_a_replica_that_was_never_closed() {
+        // Segment 4's footer reached this frame, but its close did not (the master died
+        // between the two); segment 6's footer is in an open replica written to disk at
+        // a graceful stop. Both must say that their master closed them: the log goes on
+        // after them (DESIGN.md §4, every footer needs its successor).
+        let dir = TempDir::new().expect("tempdir");
+        let (flushed, _, _) = recovery_segment(7, 6, &[4, 5, 6], true);
+        {
+            let service = open_service(&dir, 4);
+            write_open(&service, 7, 6, &flushed).await;
+            assert_eq!(service.flush_open_frames(), 1);
+        }
+        let service = open_service(&dir, 4);
+        let (in_frame, _, _) = recovery_segment(7, 4, &[4], true);
+        write_open(&service, 7, 4, &in_frame).await;
+        assert_eq!(
+            start_recovery(&service, 7).await,
+            vec![
+                RecoveryReplica {
+                    info: info(7, 4, 1, in_frame.len() as u32, false),
+                    digest: Some(vec![SegmentId(4)]),
+                    successor: Some(SegmentId(5)),
+                },
+                RecoveryReplica {
+                    info: info(7, 6, 1, flushed.len() as u32, false),
+                    digest: Some(vec![SegmentId(4), SegmentId(5), SegmentId(6)]),
+                    successor: Some(SegmentId(7)),
+                },
+            ]
         );
     }
 

@@ -13,10 +13,12 @@
 //!
 //! # One recovery (the three phases of §6)
 //! 1. **Setup.** Every `Up` backup gets `StartRecovery`: it fences the crashed master's
-//!    open frames and lists its replicas, with the log digest of those not closed.
-//!    [`check_log`] decides from the lists whether the log is complete (the head is the
-//!    highest segment with data; a closed head means its successor is missing; every
-//!    segment of the head's digest must be found). If not, the recovery **waits**, says
+//!    open frames and lists its replicas, with the log digest and footer of those not
+//!    closed. [`check_log`] decides from the lists, and from the open-segment epochs the
+//!    master recorded, whether the log is complete (the head is the highest segment with
+//!    data; every footer found needs its successor; every segment of the head's digest
+//!    needs a copy that holds all its acknowledged writes: see `recovery_plan` on which
+//!    copies count). If not, the recovery **waits**, says
 //!    which segments are missing in the log and in `RecoveryStatus`, and asks again every
 //!    [`SETUP_RETRY_PAUSE`] — until the missing replicas come back (a backup restarted on
 //!    its disk) or the operator runs `rampart recovery allow-loss`. Otherwise
@@ -26,7 +28,7 @@
 //!    tablets it still owns ([`partitions_for`]); [`assign_partitions`] spreads them over
 //!    the `Up` masters by free memory.
 //! 2. **Replay.** Each recovery master gets `Recover` with its partition and, per segment,
-//!    the chosen backup first and the other replicas as fallbacks. It fetches, replays and
+//!    the chosen backup first and the copies as good as it as fallbacks. It fetches, replays and
 //!    re-replicates, and answers when done.
 //! 3. **Cleanup.** A finished partition goes live at once, independently of the others:
 //!    `RecoveredPartition` is committed (tablets split and handed to the recovery master)
@@ -465,7 +467,8 @@ impl RecoveryManager {
             }
         }
         let allow_loss = self.node.with_state(|state| state.loss_allowed(crashed));
-        let segments = check_log(&found, allow_loss).map_err(|incomplete| {
+        let floors = self.node.with_state(|state| state.open_epochs(crashed));
+        let segments = check_log(&found, &floors, allow_loss).map_err(|incomplete| {
             Stop::Wait(format!(
                 "log of {crashed} incomplete ({} replicas found on {} backups): {}; waiting \
                  for the missing replicas, or run `rampart recovery allow-loss {}`",
@@ -475,7 +478,7 @@ impl RecoveryManager {
                 crashed.0
             ))
         })?;
-        let plan = choose_sources(&segments, &found);
+        let plan = choose_sources(&segments, &found, &floors);
         let will = self.node.with_state(|state| state.will(crashed).cloned());
         let partitions = partitions_for(will.as_ref(), owned);
 

@@ -9,6 +9,47 @@
 //! * [`assign_partitions`] — which recovery master replays which partition.
 //!
 //! The async driver that calls them is `coordinator::recovery`.
+//!
+//! # Which copy of a segment
+//! A master's log is append-only and never rewritten: every byte of a segment is written
+//! once, at one offset, and every replica of the segment — whatever its epoch, on
+//! whichever backup — receives a prefix of that one stream (the valid prefix a scan
+//! finds ends at a checksum the master wrote). So copies never contradict each other;
+//! they differ only in how much of the stream they hold. A write is acknowledged once
+//! every replica the master is *currently* writing holds it. The rules follow:
+//!
+//! 1. **A copy holding the footer is the whole segment**, whatever its epoch (a closed
+//!    replica, or an open one whose scan saw the `SegmentFooter`).
+//! 2. **Otherwise the longest valid prefix wins** — not the newest epoch. A replica the
+//!    master re-created at a new epoch and died while filling holds a shorter prefix
+//!    than the survivors at the old epoch, which hold every acknowledged write.
+//! 3. **Copies the master replaced are excluded by epoch.** When a replica of the open
+//!    segment is lost, the master fills a replacement at a new epoch e′, moves the
+//!    survivors to e′, and records e′ at the coordinator (`SetOpenEpoch`) before it
+//!    acknowledges anything more. From then on a copy below e′ without the footer may
+//!    lack acknowledged writes (it stopped receiving them), so it does not count, even
+//!    if it is the only copy found: the segment is then *missing*, and the recovery waits
+//!    (or, with `allow-loss`, reads it as the best there is). Before e′ is recorded
+//!    nothing was acknowledged that the old copies lack, so they count.
+//! 4. **Two below the head, only the footer counts.** The footer of segment n reaches
+//!    every current replica before the header of n + 1 — and so before anything of
+//!    n + 2 — is written anywhere; when a segment ≥ n + 2 exists, an open copy of n
+//!    without its footer was replaced while n was open (or written to disk at a graceful
+//!    stop of its backup before the master moved on), and is not the log.
+//! 5. **A copy that holds less than the chosen one is no fallback**: a recovery master
+//!    falling back to it would silently replay less than the plan decided. A segment
+//!    whose every equally good copy fails makes that partition's replay fail, and the
+//!    next attempt plans again from what the backups then report.
+//!
+//! **A zombie's stale copy.** A master declared crashed may still run for a while. It
+//! cannot add acknowledged writes to any copy: its current replicas are fenced before
+//! they are listed, a replacement it places after that must be moved to a new epoch on
+//! the fenced survivors (refused) or, if none survive, recorded at the coordinator
+//! (refused: it is no longer `Up`). Bytes it managed to place on a backup that the
+//! recovery did not reach are still a prefix of its one stream, so at worst rule 2
+//! replays writes it never acknowledged — allowed, as their clients never heard back —
+//! and never one that contradicts an acknowledged write. A copy it abandoned earlier is
+//! shorter, or excluded by rules 3 and 4.
 
 use rampart_common::ids::{SegmentId, ServerId, TableId};
 use rampart_common::protocol::backup::{PartitionRanges, RecoveryReplica};
@@ -76,6 +117,37 @@ pub struct FoundReplica {
     pub replica: RecoveryReplica,
 }
 
+impl FoundReplica {
+    fn segment(&self) -> SegmentId {
+        self.replica.info.segment
+    }
+
+    fn length(&self) -> u32 {
+        self.replica.info.length
+    }
+
+    /// The successor its footer names, if its valid prefix holds one: every closed
+    /// replica (the footer is written before the close, naming `segment + 1`), and an
+    /// open copy whose scan saw it.
+    fn successor(&self) -> Option<SegmentId> {
+        if self.replica.info.closed {
+            Some(SegmentId(self.segment().0 + 1))
+        } else {
+            self.replica.successor
+        }
+    }
+
+    /// Whether it holds the whole segment: its footer.
+    fn complete(&self) -> bool {
+        self.successor().is_some()
+    }
+}
+
+/// Epochs the crashed master recorded at the coordinator for segments whose open replicas
+/// it re-created (`SetOpenEpoch`): copies of those segments at an older epoch were
+/// replaced while the segment was open, and may lack acknowledged writes.
+pub type EpochFloors = BTreeMap<SegmentId, u64>;
+
 /// Why a log cannot be recovered whole yet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Incomplete {
@@ -85,77 +157,186 @@ pub struct Incomplete {
     pub why: String,
 }
 
-/// Checks that the replicas found hold the whole log (DESIGN.md §4 "Digests"): returns
-/// the segments to replay, in id order. Replicas with no valid bytes do not count (a
-/// segment opened but never written). With `allow_loss`, an incomplete log yields what
-/// was found (the digest's segments that exist, or every segment found when there is no
-/// digest).
-pub fn check_log(found: &[FoundReplica], allow_loss: bool) -> Result<Vec<SegmentId>, Incomplete> {
-    let usable: Vec<&FoundReplica> = found.iter().filter(|f| f.replica.info.length > 0).collect();
-    let held: BTreeSet<SegmentId> = usable.iter().map(|f| f.replica.info.segment).collect();
-    let everything = || held.iter().copied().collect::<Vec<_>>();
-    let Some(&head) = held.last() else {
+/// The replicas found, judged by the rules of the module doc ("Which copy of a
+/// segment").
+struct LogView<'a> {
+    /// Replicas with a valid prefix, by segment.
+    by_segment: BTreeMap<SegmentId, Vec<&'a FoundReplica>>,
+    floors: &'a EpochFloors,
+    /// The highest segment any replica holds.
+    head: Option<SegmentId>,
+}
+
+/// Why a segment's copies do not count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unusable {
+    /// No replica with a valid prefix was found.
+    Absent,
+    /// Only copies older than the epoch its master recorded.
+    Stale { floor: u64 },
+    /// Only open copies without the footer, below the head's predecessor: the footer
+    /// reached every replica its master was writing before the head existed.
+    NoFooter,
+}
+
+impl<'a> LogView<'a> {
+    fn new(found: &'a [FoundReplica], floors: &'a EpochFloors) -> LogView<'a> {
+        let mut by_segment: BTreeMap<SegmentId, Vec<&FoundReplica>> = BTreeMap::new();
+        for f in found.iter().filter(|f| f.length() > 0) {
+            by_segment.entry(f.segment()).or_default().push(f);
+        }
+        let head = by_segment.keys().next_back().copied();
+        LogView {
+            by_segment,
+            floors,
+            head,
+        }
+    }
+
+    /// The copies of `segment` that hold every write acknowledged in it, best first
+    /// (complete ones, then longer ones); or why there are none.
+    fn usable(&self, segment: SegmentId) -> Result<Vec<&'a FoundReplica>, Unusable> {
+        let Some(copies) = self.by_segment.get(&segment) else {
+            return Err(Unusable::Absent);
+        };
+        let floor = self.floors.get(&segment).copied().unwrap_or(0);
+        let two_below_head = self
+            .head
+            .is_some_and(|head| segment.0.saturating_add(2) <= head.0);
+        let mut usable: Vec<&FoundReplica> = copies
+            .iter()
+            .copied()
+            .filter(|f| f.complete() || (f.replica.info.epoch >= floor && !two_below_head))
+            .collect();
+        if usable.is_empty() {
+            let stale = copies.iter().any(|f| f.replica.info.epoch < floor);
+            return Err(if two_below_head && !stale {
+                Unusable::NoFooter
+            } else {
+                Unusable::Stale { floor }
+            });
+        }
+        rank(&mut usable);
+        Ok(usable)
+    }
+
+    /// The copies of `segment` a recovery that accepts loss reads: the usable ones, or
+    /// else whatever holds a valid prefix (a stale prefix beats nothing).
+    fn best_effort(&self, segment: SegmentId) -> Vec<&'a FoundReplica> {
+        self.usable(segment).unwrap_or_else(|_| {
+            let mut copies = self.by_segment.get(&segment).cloned().unwrap_or_default();
+            rank(&mut copies);
+            copies
+        })
+    }
+}
+
+/// Sorts copies of one segment best first: complete, then longer, then by backup.
+fn rank(copies: &mut [&FoundReplica]) {
+    copies.sort_by_key(|f| (!f.complete(), std::cmp::Reverse(f.length()), f.backup));
+}
+
+/// Checks that the replicas found hold the whole log (DESIGN.md §4 "Digests", and the
+/// module doc): returns the segments to replay, in id order. The head is the highest
+/// segment any replica holds; it needs a usable copy, every footer found needs its
+/// successor, and every segment of the head's digest needs a usable copy. With
+/// `allow_loss`, an incomplete log yields what was found (the digest's segments that
+/// exist, every segment found when there is no digest, nothing when no replica exists at
+/// all: the crashed master's tablets then come back empty).
+pub fn check_log(
+    found: &[FoundReplica],
+    floors: &EpochFloors,
+    allow_loss: bool,
+) -> Result<Vec<SegmentId>, Incomplete> {
+    let view = LogView::new(found, floors);
+    let everything = || view.by_segment.keys().copied().collect::<Vec<_>>();
+    let Some(head) = view.head else {
+        if allow_loss {
+            return Ok(Vec::new());
+        }
         return Err(Incomplete {
             missing: Vec::new(),
             why: "no backup holds any replica of this master's log".to_string(),
         });
     };
-    let head_replicas: Vec<&&FoundReplica> = usable
-        .iter()
-        .filter(|f| f.replica.info.segment == head)
-        .collect();
-    if head_replicas.iter().any(|f| f.replica.info.closed) {
-        let successor = SegmentId(head.0 + 1);
-        if allow_loss {
-            return Ok(everything());
-        }
-        return Err(Incomplete {
-            missing: vec![successor],
-            why: format!(
-                "{head} is closed but no backup holds its successor {successor}: the log's \
-                 head is missing"
+    let mut missing: BTreeMap<SegmentId, String> = BTreeMap::new();
+    let mut note = |segment: SegmentId, why: Unusable| {
+        let why = match why {
+            Unusable::Absent => "no backup holds it".to_string(),
+            Unusable::Stale { floor } => format!(
+                "only copies older than epoch {floor}, which its master recorded after \
+                 replacing them"
             ),
-        });
+            Unusable::NoFooter => "only open copies without its footer".to_string(),
+        };
+        missing.entry(segment).or_insert(why);
+    };
+    let head_copies = view.usable(head);
+    if let Err(why) = head_copies {
+        note(head, why);
     }
-    let digest = head_replicas
-        .iter()
-        .filter_map(|f| f.replica.digest.as_ref().map(|d| (f.replica.info.epoch, d)))
-        .max_by_key(|(epoch, _)| *epoch)
-        .map(|(_, digest)| digest);
+    // Every footer found needs its successor: one past the head is missing for sure
+    // (a successor below the head is checked against the digest, or was cleaned).
+    for copy in found.iter().filter(|f| f.length() > 0) {
+        if let Some(successor) = copy.successor().filter(|s| *s > head) {
+            note(successor, Unusable::Absent);
+        }
+    }
+    let digest = head_copies
+        .as_ref()
+        .ok()
+        .and_then(|copies| copies.iter().find_map(|f| f.replica.digest.as_ref()));
     let Some(digest) = digest else {
         if allow_loss {
             return Ok(everything());
         }
-        return Err(Incomplete {
-            missing: Vec::new(),
-            why: format!("no replica of the head {head} holds its log digest"),
-        });
+        if missing.is_empty() {
+            return Err(Incomplete {
+                missing: Vec::new(),
+                why: format!("no replica of the head {head} holds its log digest"),
+            });
+        }
+        return Err(incomplete(missing, head, None));
     };
-    let missing: Vec<SegmentId> = digest
-        .iter()
-        .filter(|s| !held.contains(s))
-        .copied()
-        .collect();
+    for &segment in digest {
+        if let Err(why) = view.usable(segment) {
+            note(segment, why);
+        }
+    }
     if missing.is_empty() || allow_loss {
         let mut segments: Vec<SegmentId> = digest
             .iter()
-            .filter(|s| held.contains(s))
+            .filter(|s| view.by_segment.contains_key(s))
             .copied()
             .collect();
         segments.sort_unstable();
         segments.dedup();
         return Ok(segments);
     }
-    let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
-    Err(Incomplete {
+    Err(incomplete(missing, head, Some(digest.len())))
+}
+
+/// The [`Incomplete`] naming each missing segment and why.
+fn incomplete(
+    missing: BTreeMap<SegmentId, String>,
+    head: SegmentId,
+    digest_len: Option<usize>,
+) -> Incomplete {
+    let names: Vec<String> = missing
+        .iter()
+        .map(|(segment, why)| format!("{segment} ({why})"))
+        .collect();
+    let of = digest_len.map_or(String::new(), |len| {
+        format!(" of the {len} segments in the log digest of {head}")
+    });
+    Incomplete {
         why: format!(
-            "no backup holds {} of the {} segments in the log digest of {head}: {}",
+            "{} segment(s){of} cannot be recovered whole: {}",
             missing.len(),
-            digest.len(),
             names.join(", ")
         ),
-        missing,
-    })
+        missing: missing.into_keys().collect(),
+    }
 }
 
 /// Where each segment is read: the replica each backup reads, in order, and for each
@@ -170,51 +351,37 @@ pub struct ReadPlan {
 }
 
 /// Chooses one replica of each segment to read, spreading the reads evenly over the
-/// backups. Only replicas of a segment's newest epoch are used (an older epoch is a copy
-/// its master replaced and may lack acknowledged writes); among them a closed replica
-/// is preferred, then the longest valid prefix (an open head). Each backup reads its
-/// share in segment order; the sources are listed in the order the reads should
-/// complete (round by round over the backups), which is the order recovery masters ask.
-pub fn choose_sources(segments: &[SegmentId], found: &[FoundReplica]) -> ReadPlan {
-    let mut by_segment: BTreeMap<SegmentId, Vec<&FoundReplica>> = BTreeMap::new();
-    for f in found.iter().filter(|f| f.replica.info.length > 0) {
-        by_segment
-            .entry(f.replica.info.segment)
-            .or_default()
-            .push(f);
-    }
+/// backups. Among a segment's usable copies (module doc) one holding the footer wins,
+/// otherwise the longest valid prefix; copies as good as it share the reads by load and
+/// are its fallbacks, and a copy that holds less is never read (it would silently lose
+/// what the chosen one holds beyond it). A segment with no usable copy (a recovery the
+/// operator let lose data) is read from its best copy. Each backup reads its share in
+/// segment order; the sources are listed in the order the reads should complete (round
+/// by round over the backups), which is the order recovery masters ask.
+pub fn choose_sources(
+    segments: &[SegmentId],
+    found: &[FoundReplica],
+    floors: &EpochFloors,
+) -> ReadPlan {
+    let view = LogView::new(found, floors);
     let mut load: BTreeMap<usize, usize> = BTreeMap::new();
     let mut plan = ReadPlan::default();
     let mut chosen_at: Vec<(usize, usize, SegmentId, Vec<usize>)> = Vec::new();
     for &segment in segments {
-        let Some(replicas) = by_segment.get(&segment) else {
-            continue;
-        };
-        let newest = replicas.iter().map(|f| f.replica.info.epoch).max();
-        let mut candidates: Vec<&FoundReplica> = replicas
-            .iter()
-            .filter(|f| Some(f.replica.info.epoch) == newest)
-            .copied()
-            .collect();
-        // Best first: closed, then longer.
-        candidates.sort_by_key(|f| {
-            (
-                !f.replica.info.closed,
-                std::cmp::Reverse(f.replica.info.length),
-                f.backup,
-            )
-        });
+        let candidates = view.best_effort(segment);
         let Some(best) = candidates.first() else {
             continue;
         };
-        let (best_closed, best_length) = (best.replica.info.closed, best.replica.info.length);
-        // Equally good replicas: spread them by load.
-        let chosen = candidates
+        // As good as the best: complete like it, or (open) as long.
+        let equal: Vec<&FoundReplica> = candidates
             .iter()
+            .copied()
             .filter(|f| {
-                f.replica.info.closed == best_closed
-                    && (best_closed || f.replica.info.length == best_length)
+                f.complete() == best.complete() && (best.complete() || f.length() >= best.length())
             })
+            .collect();
+        let chosen = equal
+            .iter()
             .min_by_key(|f| (load.get(&f.backup).copied().unwrap_or(0), f.backup))
             .map_or(best.backup, |f| f.backup);
         let position = load.entry(chosen).or_insert(0);
@@ -223,7 +390,7 @@ pub fn choose_sources(segments: &[SegmentId], found: &[FoundReplica]) -> ReadPla
         plan.reads.entry(chosen).or_default().push(segment);
         let mut backups = vec![chosen];
         let mut seen = BTreeSet::from([chosen]);
-        for f in &candidates {
+        for f in &equal {
             if seen.insert(f.backup) {
                 backups.push(f.backup);
             }
@@ -282,8 +449,23 @@ mod tests {
                     closed,
                 },
                 digest: None,
+                successor: None,
             },
         }
+    }
+
+    /// `f` with a footer naming `successor` in its valid prefix (an open copy).
+    fn with_footer(mut f: FoundReplica, successor: u64) -> FoundReplica {
+        f.replica.successor = Some(SegmentId(successor));
+        f
+    }
+
+    fn no_floors() -> EpochFloors {
+        EpochFloors::new()
+    }
+
+    fn floors(pairs: &[(u64, u64)]) -> EpochFloors {
+        pairs.iter().map(|&(s, e)| (SegmentId(s), e)).collect()
     }
 
     fn with_digest(mut f: FoundReplica, digest: &[u64]) -> FoundReplica {
@@ -304,7 +486,7 @@ mod tests {
             with_digest(replica(2, 3, 0, 50, false), &[1, 2, 3]),
             with_digest(replica(0, 3, 0, 40, false), &[1, 2, 3]),
         ];
-        assert_eq!(check_log(&found, false), Ok(ids(&[1, 2, 3])));
+        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1, 2, 3])));
     }
 
     #[test]
@@ -313,18 +495,18 @@ mod tests {
             replica(0, 1, 0, 100, true),
             with_digest(replica(2, 3, 0, 50, false), &[1, 2, 3]),
         ];
-        let incomplete = check_log(&found, false).expect_err("segment 2 is missing");
+        let incomplete = check_log(&found, &no_floors(), false).expect_err("segment 2 is missing");
         assert_eq!(incomplete.missing, ids(&[2]));
         assert!(incomplete.why.contains("segment-2"), "{}", incomplete.why);
         // The operator allows the loss: what exists is replayed.
-        assert_eq!(check_log(&found, true), Ok(ids(&[1, 3])));
+        assert_eq!(check_log(&found, &no_floors(), true), Ok(ids(&[1, 3])));
     }
 
     #[test]
     fn check_log_waits_for_the_successor_of_a_closed_head() {
         // Crash right after a rollover: segment 2's replicas were lost, segment 1 is closed.
         let found = vec![replica(0, 1, 0, 100, true), replica(1, 1, 0, 100, true)];
-        let incomplete = check_log(&found, false).expect_err("head missing");
+        let incomplete = check_log(&found, &no_floors(), false).expect_err("head missing");
         assert_eq!(incomplete.missing, ids(&[2]));
     }
 
@@ -334,12 +516,12 @@ mod tests {
             with_digest(replica(0, 1, 0, 100, false), &[1]),
             replica(1, 2, 0, 0, false),
         ];
-        assert_eq!(check_log(&found, false), Ok(ids(&[1])));
+        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1])));
     }
 
     #[test]
     fn check_log_without_any_replica_waits() {
-        let incomplete = check_log(&[], false).expect_err("nothing found");
+        let incomplete = check_log(&[], &no_floors(), false).expect_err("nothing found");
         assert!(incomplete.why.contains("no backup"), "{}", incomplete.why);
     }
 
@@ -351,7 +533,7 @@ mod tests {
                 found.push(replica(backup, segment, 0, 100, true));
             }
         }
-        let plan = choose_sources(&ids(&[1, 2, 3, 4, 5, 6]), &found);
+        let plan = choose_sources(&ids(&[1, 2, 3, 4, 5, 6]), &found, &no_floors());
         for backup in 0..3 {
             assert_eq!(plan.reads.get(&backup).map(Vec::len), Some(2), "{plan:?}");
         }
@@ -365,14 +547,127 @@ mod tests {
     }
 
     #[test]
-    fn choose_sources_prefers_the_newest_epoch_then_closed_then_longest() {
+    fn choose_sources_prefers_a_closed_copy_then_the_longest_prefix_whatever_its_epoch() {
+        // Every copy of a segment is a prefix of one append-only stream: the closed one
+        // holds all of it, whatever its epoch.
         let found = vec![
             replica(0, 1, 1, 100, true),
             replica(1, 1, 2, 80, false),
             replica(2, 1, 2, 90, false),
         ];
-        let plan = choose_sources(&ids(&[1]), &found);
-        assert_eq!(plan.sources, vec![(SegmentId(1), vec![2, 1])]);
+        let plan = choose_sources(&ids(&[1]), &found, &no_floors());
+        assert_eq!(plan.sources, vec![(SegmentId(1), vec![0])]);
+        // Without it, the longest prefix; a shorter copy is no fallback (it would lose
+        // what the chosen one holds beyond it).
+        let plan = choose_sources(&ids(&[1]), &found[1..], &no_floors());
+        assert_eq!(plan.sources, vec![(SegmentId(1), vec![2])]);
+    }
+
+    #[test]
+    fn choose_sources_prefers_complete_copies_to_a_newer_one_cut_short() {
+        // The master lost a replica of its open segment, re-created it at epoch 2 on
+        // backup 2 and died halfway through copying the segment there: backup 2 holds a
+        // valid but shorter prefix; the survivors at epoch 1 hold every acknowledged
+        // write (the master had not yet recorded epoch 2, so epoch 1 is still allowed).
+        let found = vec![
+            with_digest(replica(0, 1, 1, 1000, false), &[1]),
+            with_digest(replica(1, 1, 1, 1000, false), &[1]),
+            with_digest(replica(2, 1, 2, 600, false), &[1]),
+        ];
+        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1])));
+        let plan = choose_sources(&ids(&[1]), &found, &no_floors());
+        assert_eq!(plan.sources.len(), 1);
+        let (_, backups) = &plan.sources[0];
+        assert!(
+            !backups.contains(&2),
+            "the copy cut short must be neither chosen nor a fallback: {backups:?}"
+        );
+        assert_eq!(backups.len(), 2);
+    }
+
+    #[test]
+    fn choose_sources_skips_copies_older_than_the_recorded_epoch() {
+        // Epoch 2 was recorded: the copy left at epoch 1 (on a backup thought dead, or
+        // written to disk at a graceful stop) may lack writes acknowledged since, even
+        // if it happens to be as long.
+        let found = vec![
+            with_digest(replica(0, 3, 1, 900, false), &[3]),
+            with_digest(replica(1, 3, 2, 800, false), &[3]),
+        ];
+        let floors = floors(&[(3, 2)]);
+        assert_eq!(check_log(&found, &floors, false), Ok(ids(&[3])));
+        let plan = choose_sources(&ids(&[3]), &found, &floors);
+        assert_eq!(plan.sources, vec![(SegmentId(3), vec![1])]);
+    }
+
+    #[test]
+    fn check_log_waits_when_the_head_has_only_copies_older_than_its_recorded_epoch() {
+        // Every copy at the recorded epoch is unreachable; the stale one alone would
+        // silently lose the writes acknowledged after it was replaced.
+        let found = vec![
+            replica(0, 1, 1, 100, true),
+            replica(1, 2, 1, 100, true),
+            with_digest(replica(2, 3, 1, 500, false), &[1, 2, 3]),
+        ];
+        let floors = floors(&[(3, 2)]);
+        let incomplete = check_log(&found, &floors, false).expect_err("head stale");
+        assert_eq!(incomplete.missing, ids(&[3]));
+        assert!(incomplete.why.contains("epoch"), "{}", incomplete.why);
+        // The operator accepts the loss: the stale copy is better than nothing.
+        assert_eq!(check_log(&found, &floors, true), Ok(ids(&[1, 2, 3])));
+        let plan = choose_sources(&ids(&[1, 2, 3]), &found, &floors);
+        assert_eq!(plan.sources.len(), 3);
+    }
+
+    #[test]
+    fn check_log_waits_for_the_successor_of_a_footer_in_an_open_copy() {
+        // Segment 1's footer reached its frames but no close did, and segment 2 (whose
+        // header and digest went out before that footer) is on backups that are down.
+        let found = vec![
+            with_footer(with_digest(replica(0, 1, 1, 100, false), &[1]), 2),
+            with_footer(with_digest(replica(1, 1, 1, 100, false), &[1]), 2),
+        ];
+        let incomplete = check_log(&found, &no_floors(), false).expect_err("head missing");
+        assert_eq!(incomplete.missing, ids(&[2]));
+        assert_eq!(check_log(&found, &no_floors(), true), Ok(ids(&[1])));
+    }
+
+    #[test]
+    fn check_log_needs_a_copy_with_the_footer_of_every_segment_two_below_the_head() {
+        // Segment 3 exists, so segment 1's footer was on every replica before segment
+        // 3's header was written anywhere: an open copy of 1 without its footer is one
+        // its master replaced (here, written to disk at a graceful stop), not the log.
+        let found = vec![
+            replica(0, 1, 1, 60, false),
+            replica(1, 2, 1, 100, true),
+            with_digest(replica(2, 3, 1, 50, false), &[1, 2, 3]),
+        ];
+        let incomplete = check_log(&found, &no_floors(), false).expect_err("segment 1");
+        assert_eq!(incomplete.missing, ids(&[1]));
+        // With a copy that holds the footer, the log is whole, and that copy is read.
+        let mut found = found;
+        found.push(with_footer(replica(2, 1, 1, 100, false), 2));
+        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1, 2, 3])));
+        let plan = choose_sources(&ids(&[1, 2, 3]), &found, &no_floors());
+        assert!(plan.sources.contains(&(SegmentId(1), vec![2])), "{plan:?}");
+    }
+
+    #[test]
+    fn check_log_accepts_an_open_predecessor_of_a_head_holding_only_its_opening() {
+        // The master died between opening segment 2 and writing segment 1's footer:
+        // segment 1 is complete without it.
+        let found = vec![
+            with_digest(replica(0, 1, 1, 100, false), &[1]),
+            with_digest(replica(1, 2, 1, 40, false), &[1, 2]),
+        ];
+        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1, 2])));
+    }
+
+    #[test]
+    fn check_log_with_allow_loss_and_no_replica_at_all_recovers_nothing() {
+        // A master that never wrote (or whose open segments all died with it): the
+        // operator's consent lets the recovery finish, its tablets coming back empty.
+        assert_eq!(check_log(&[], &no_floors(), true), Ok(Vec::new()));
     }
 
     #[test]

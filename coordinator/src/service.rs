@@ -52,7 +52,7 @@ use crate::recovery::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
 use rampart_common::protocol::coordinator::{
     RecoveryStatusReply, RenewLeaseReply, RenewLeaseRequest, ReportFailureRequest, ServerIdRequest,
-    UploadWillRequest,
+    SetOpenEpochRequest, UploadWillRequest,
 };
 use rampart_common::tablet::ServerStatus;
 
@@ -451,6 +451,28 @@ impl CoordinatorService {
                     Err(reply) => reply,
                 }
             }
+            proto::SetOpenEpoch::OPCODE => {
+                let request: SetOpenEpochRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                let command = Command::SetOpenEpoch {
+                    server: request.server,
+                    segment: request.segment,
+                    epoch: request.epoch,
+                };
+                match self.apply(command).await {
+                    Ok(CommandResult::EpochRecorded) => {
+                        tracing::info!(
+                            server = %request.server, segment = %request.segment,
+                            epoch = request.epoch, "open segment epoch recorded"
+                        );
+                        Reply::ok(&())
+                    }
+                    Ok(other) => rejected(other),
+                    Err(reply) => reply,
+                }
+            }
             proto::RecoveryStatus::OPCODE => {
                 if !self.node.is_leader() {
                     return Reply::error(Status::NotLeader, self.node.hint().encode());
@@ -509,6 +531,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::SetWill { .. } => "will upload",
         Command::RecoveredPartition { .. } => "recovered partition",
         Command::AllowLoss { .. } => "allow-loss",
+        Command::SetOpenEpoch { .. } => "open segment epoch",
     }
 }
 

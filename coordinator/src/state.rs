@@ -45,11 +45,12 @@
 //! (splitting tablets where a range starts or ends inside one) to the recovery master
 //! that replayed them. A crashed server that owns no tablet any more has been recovered;
 //! the leader's recovery driver then frees its replicas and marks it `Removed`. Masters'
-//! wills ([`Command::SetWill`]) and the operator's consent to lose data of an incomplete
-//! log ([`Command::AllowLoss`]) live here too, so a new leader carries on any recovery
-//! where the old one stopped (`coordinator::recovery`).
+//! wills ([`Command::SetWill`]), the epochs of open segments whose replicas they
+//! re-created ([`Command::SetOpenEpoch`]) and the operator's consent to lose data of an
+//! incomplete log ([`Command::AllowLoss`]) live here too, so a new leader carries on any
+//! recovery where the old one stopped (`coordinator::recovery`).
 
-use rampart_common::ids::{ServerId, TableId};
+use rampart_common::ids::{SegmentId, ServerId, TableId};
 use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
@@ -80,6 +81,11 @@ pub const TABLE_NAME_BYTES_MAX: usize = 256;
 /// Most tablets one table is split into. Spreading one table over more masters than this
 /// buys nothing in a cluster of the size Rampart targets.
 pub const TABLE_SPAN_MAX: u32 = 1024;
+
+/// Open segments per master whose recorded epochs are kept ([`Command::SetOpenEpoch`]):
+/// the head and its predecessor, the two whose open copies may still count in a
+/// recovery.
+pub const OPEN_EPOCH_SEGMENTS_MAX: usize = 2;
 
 /// Longest server address (`host:port`) or failure-domain name, in bytes.
 pub const SERVER_FIELD_BYTES_MAX: usize = 256;
@@ -161,6 +167,20 @@ pub enum Command {
         /// The crashed server.
         server: ServerId,
     },
+    /// Master `server` re-created replicas of its open segment `segment` and moved them
+    /// all to `epoch`: a copy of that segment at an older epoch without its footer was
+    /// replaced while open and may lack writes acknowledged from now on, so recovery
+    /// does not count it (`coordinator::recovery_plan`). The master records this before
+    /// it acknowledges another write. Refused (`ServerCrashed`) once `server` is not
+    /// `Up`: a master declared crashed must not move its log.
+    SetOpenEpoch {
+        /// The master.
+        server: ServerId,
+        /// Its open segment.
+        segment: SegmentId,
+        /// The epoch every replica it writes now holds.
+        epoch: u64,
+    },
 }
 
 /// What applying a [`Command`] produced; sent back to the client that proposed it.
@@ -200,6 +220,8 @@ pub enum CommandResult {
     },
     /// The operator's consent to lose data was recorded.
     LossAllowed,
+    /// An open segment's epoch was recorded (or a newer one already was).
+    EpochRecorded,
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -239,6 +261,8 @@ enum Reject {
     BadWill { server: ServerId, why: String },
     #[error("{0} is not up")]
     NotUp(ServerId),
+    #[error("{0} was declared crashed: its log is being recovered")]
+    Crashed(ServerId),
     #[error("{0} is not crashed")]
     NotCrashed(ServerId),
     #[error("{crashed} no longer owns {table} hashes {start:#x}..={end:#x}: recovered already")]
@@ -260,6 +284,7 @@ impl Reject {
     fn status(&self) -> Status {
         match self {
             Reject::NoMasters => Status::NotEnoughServers,
+            Reject::Crashed(_) => Status::ServerCrashed,
             Reject::NotOwned { .. } | Reject::NotCrashed(_) => Status::RecoveryFailed,
             _ => Status::InvalidArgument,
         }
@@ -347,6 +372,13 @@ pub struct CoordinatorState {
     /// Crashed servers whose recovery may proceed with an incomplete log.
     /// 1. Keys are servers of `servers` that are not `Removed`.
     allow_loss: BTreeSet<ServerId>,
+    /// Per master, the epochs it recorded for open segments whose replicas it
+    /// re-created ([`Command::SetOpenEpoch`]).
+    /// 1. Keys are servers of `servers` that are not `Removed`.
+    /// 2. At most [`OPEN_EPOCH_SEGMENTS_MAX`] segments per server: the newest recorded
+    ///    and the one before it. Older ones are not needed: two below the head, only a
+    ///    copy holding the footer counts anyway.
+    open_epochs: BTreeMap<ServerId, BTreeMap<SegmentId, u64>>,
     /// Configuration version.
     /// 1. Bumped exactly once by every command that changes the state; never otherwise.
     version: u64,
@@ -372,6 +404,7 @@ impl CoordinatorState {
             last_placed: ServerId(0),
             wills: BTreeMap::new(),
             allow_loss: BTreeSet::new(),
+            open_epochs: BTreeMap::new(),
             version: 0,
         }
     }
@@ -396,6 +429,11 @@ impl CoordinatorState {
                 owner,
             } => self.recovered_partition(*crashed, ranges, *owner),
             Command::AllowLoss { server } => self.allow_loss(*server),
+            Command::SetOpenEpoch {
+                server,
+                segment,
+                epoch,
+            } => self.set_open_epoch(*server, *segment, *epoch),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {
@@ -466,6 +504,11 @@ impl CoordinatorState {
     /// Whether the operator let the recovery of `server` proceed with an incomplete log.
     pub fn loss_allowed(&self, server: ServerId) -> bool {
         self.allow_loss.contains(&server)
+    }
+
+    /// The epochs `server` recorded for its open segments ([`Command::SetOpenEpoch`]).
+    pub fn open_epochs(&self, server: ServerId) -> BTreeMap<SegmentId, u64> {
+        self.open_epochs.get(&server).cloned().unwrap_or_default()
     }
 
     /// The servers declared crashed and not yet removed: those whose recovery is due or
@@ -584,6 +627,19 @@ impl CoordinatorState {
                 return fail("will with more than WILL_RANGES_MAX ranges");
             }
         }
+        for (&server, epochs) in &self.open_epochs {
+            let fail = |what| Err(InvariantViolation::Server { server, what });
+            match self.servers.get(&server) {
+                None => return fail("open epochs of a server never enlisted"),
+                Some(s) if s.status == ServerStatus::Removed => {
+                    return fail("open epochs of a removed server")
+                }
+                Some(_) => {}
+            }
+            if epochs.is_empty() || epochs.len() > OPEN_EPOCH_SEGMENTS_MAX {
+                return fail("open epochs of no or too many segments");
+            }
+        }
         for &server in &self.allow_loss {
             if !self
                 .servers
@@ -666,6 +722,7 @@ impl CoordinatorState {
         if status == ServerStatus::Removed {
             self.wills.remove(&id);
             self.allow_loss.remove(&id);
+            self.open_epochs.remove(&id);
         }
         Ok(Outcome::Changed(CommandResult::StatusSet))
     }
@@ -795,6 +852,30 @@ impl CoordinatorState {
         } else {
             Ok(Outcome::Unchanged(CommandResult::LossAllowed))
         }
+    }
+
+    fn set_open_epoch(
+        &mut self,
+        server: ServerId,
+        segment: SegmentId,
+        epoch: u64,
+    ) -> Result<Outcome, Reject> {
+        let info = self
+            .servers
+            .get(&server)
+            .ok_or(Reject::UnknownServer(server))?;
+        if info.status != ServerStatus::Up {
+            return Err(Reject::Crashed(server));
+        }
+        let epochs = self.open_epochs.entry(server).or_default();
+        if epochs.get(&segment).is_some_and(|held| *held >= epoch) {
+            return Ok(Outcome::Unchanged(CommandResult::EpochRecorded));
+        }
+        epochs.insert(segment, epoch);
+        while epochs.len() > OPEN_EPOCH_SEGMENTS_MAX {
+            epochs.pop_first();
+        }
+        Ok(Outcome::Changed(CommandResult::EpochRecorded))
     }
 
     /// Hands `ranges` of `crashed` over to `owner`. Checks everything before changing
@@ -1314,6 +1395,41 @@ mod tests {
     }
 
     #[test]
+    fn set_open_epoch_keeps_the_two_newest_segments_and_is_refused_once_crashed() {
+        let (mut state, ids) = cluster(2);
+        let set = |segment: u64, epoch: u64| Command::SetOpenEpoch {
+            server: ids[0],
+            segment: SegmentId(segment),
+            epoch,
+        };
+        assert_eq!(state.apply(&set(4, 2)), CommandResult::EpochRecorded);
+        let version = state.version();
+        assert_eq!(state.apply(&set(4, 2)), CommandResult::EpochRecorded);
+        assert_eq!(state.apply(&set(4, 1)), CommandResult::EpochRecorded);
+        assert_eq!(
+            state.version(),
+            version,
+            "an older or equal epoch changes nothing"
+        );
+        state.apply(&set(5, 3));
+        state.apply(&set(7, 2));
+        let kept: Vec<(SegmentId, u64)> = state.open_epochs(ids[0]).into_iter().collect();
+        assert_eq!(kept, vec![(SegmentId(5), 3), (SegmentId(7), 2)]);
+        assert!(state.open_epochs(ids[1]).is_empty());
+        assert_eq!(state.check_invariants(), Ok(()));
+        // A master declared crashed may not move its log any more.
+        crash(&mut state, ids[0]);
+        assert_rejected(&mut state, set(7, 3), Status::ServerCrashed);
+        assert_eq!(state.open_epochs(ids[0]).get(&SegmentId(7)), Some(&2));
+        state.apply(&Command::SetServerStatus {
+            id: ids[0],
+            status: ServerStatus::Removed,
+        });
+        assert!(state.open_epochs(ids[0]).is_empty());
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
     fn create_table_splits_evenly_and_covers_the_hash_space() {
         let (mut state, ids) = cluster(4);
         let (id, tablets) = created(&mut state, "users", 4);
@@ -1602,6 +1718,13 @@ mod tests {
             }),
             4 => (name.clone(), 0u32..=20).prop_map(|(name, span)| Command::CreateTable { name, span }),
             2 => name.prop_map(|name| Command::DropTable { name }),
+            1 => (0u64..12, 1u64..6, 1u64..4).prop_map(|(id, segment, epoch)| {
+                Command::SetOpenEpoch {
+                    server: ServerId(id),
+                    segment: SegmentId(segment),
+                    epoch,
+                }
+            }),
         ]
     }
 

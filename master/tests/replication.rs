@@ -694,3 +694,174 @@ async fn a_backup_that_never_answers_times_out_and_is_replaced() {
     let stats = *master.status.replication.lock();
     assert!(stats.backups_failed >= 1, "{stats:?}");
 }
+
+/// A coordinator that serves the server list of a test (`GetTabletMap`) and records
+/// `SetOpenEpoch` calls; told to, it leaves them unanswered (no majority) or refuses them
+/// (`ServerCrashed`).
+#[derive(Debug, Default)]
+struct EpochCoordinator {
+    servers: Mutex<Vec<ServerInfo>>,
+    /// (segment, epoch) of every `SetOpenEpoch` it accepted, in order.
+    recorded: Mutex<Vec<(SegmentId, u64)>>,
+    /// Answer `SetOpenEpoch` with `Retry`, as a leader cut off from its majority would.
+    stalled: std::sync::atomic::AtomicBool,
+    /// Answer `SetOpenEpoch` with `ServerCrashed`.
+    crashed: std::sync::atomic::AtomicBool,
+    asked: std::sync::atomic::AtomicU64,
+}
+
+impl rampart_common::rpc::Service for EpochCoordinator {
+    fn handle(
+        &self,
+        opcode: rampart_common::rpc::Opcode,
+        payload: Bytes,
+    ) -> rampart_common::rpc::server::HandleFuture<'_> {
+        use rampart_common::protocol::coordinator::{
+            GetTabletMap, SetOpenEpoch, SetOpenEpochRequest,
+        };
+        use rampart_common::rpc::{Reply, Rpc};
+        use std::sync::atomic::Ordering;
+        let reply = match opcode {
+            GetTabletMap::OPCODE => Reply::ok(&rampart_common::tablet::TabletMap {
+                version: 1,
+                servers: self.servers.lock().clone(),
+                tables: Vec::new(),
+            }),
+            SetOpenEpoch::OPCODE => match Reply::decode::<SetOpenEpochRequest>(payload) {
+                Err(reply) => reply,
+                Ok(request) => {
+                    self.asked.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(request.server, MASTER);
+                    if self.crashed.load(Ordering::SeqCst) {
+                        Reply::error(Status::ServerCrashed, "declared crashed")
+                    } else if self.stalled.load(Ordering::SeqCst) {
+                        Reply::error(Status::Retry, "no majority")
+                    } else {
+                        self.recorded.lock().push((request.segment, request.epoch));
+                        Reply::ok(&())
+                    }
+                }
+            },
+            other => Reply::error(Status::UnknownOpcode, format!("{other}")),
+        };
+        Box::pin(async move { reply })
+    }
+}
+
+/// A master like `start_master`'s, whose server list comes from `coordinator`.
+async fn start_master_with_coordinator(
+    replicas: usize,
+    coordinator: Arc<EpochCoordinator>,
+) -> Master {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(RpcServer::run(
+        listener,
+        coordinator,
+        std::future::pending(),
+    ));
+    let config = MasterConfig {
+        segment_bytes: SEGMENT_BYTES,
+        memory_bytes: 64 * u64::from(SEGMENT_BYTES),
+        value_bytes_max: 4096,
+    };
+    let mut store = ObjectStore::new(MASTER, config);
+    store.take_tablets(&[Tablet {
+        table: TABLE,
+        start_hash: 0,
+        end_hash: u64::MAX,
+        owner: MASTER,
+    }]);
+    let store = Arc::new(Mutex::new(store));
+    let replication = ReplicationConfig {
+        replicas,
+        transport: Some(TransportKind::Tcp),
+        servers: ServerSource::Coordinators(vec![addr]),
+        seed: 7,
+        failed_backup_exclusion: Duration::from_secs(60),
+    };
+    let status = Arc::new(AppenderStatus::default());
+    let appender = Appender::spawn_replicated(
+        Arc::clone(&store),
+        Replicator::new(MASTER, replication),
+        Arc::clone(&status),
+    );
+    Master {
+        store,
+        appender,
+        status,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_created_open_replica_is_recorded_at_the_coordinator_before_the_next_write_is_acknowledged(
+) {
+    use std::sync::atomic::Ordering;
+    let (mut backups, _) = cluster(5).await;
+    let coordinator = Arc::new(EpochCoordinator::default());
+    *coordinator.servers.lock() = backups.iter().map(TestBackup::info).collect();
+    let master = start_master_with_coordinator(3, Arc::clone(&coordinator)).await;
+    write_many(&master, 0..40, 5).await;
+    assert!(
+        coordinator.recorded.lock().is_empty(),
+        "nothing was re-created yet"
+    );
+
+    // A backup of the head dies, and the coordinators cannot commit anything.
+    coordinator.stalled.store(true, Ordering::SeqCst);
+    let head = master.store.lock().log().head();
+    let holder = head_holders(&master, &backups).await[0];
+    let victim = backups.iter().position(|b| b.id == holder).unwrap();
+    backups[victim].kill();
+    let appender = master.appender.clone();
+    let pending = tokio::spawn(async move { appender.submit(vec![write(1000)]).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while coordinator.asked.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the new epoch was never sent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !pending.is_finished(),
+        "a write was acknowledged before the head's new epoch was recorded: a recovery \
+         would still count the copy left behind, which lacks it"
+    );
+
+    // The coordinators are back: the epoch the replicas hold now is recorded first.
+    coordinator.stalled.store(false, Ordering::SeqCst);
+    let outcomes = tokio::time::timeout(Duration::from_secs(10), pending)
+        .await
+        .expect("the write completes once the epoch is recorded")
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcomes[0].status(), Status::Ok);
+    let recorded = coordinator.recorded.lock().clone();
+    let live: Vec<&TestBackup> = backups.iter().filter(|b| b.id != holder).collect();
+    let held = &replicas_by_segment(&live).await[&head];
+    assert_eq!(held.len(), 3);
+    let epoch = held[0].1.epoch;
+    assert!(
+        epoch > 1 && held.iter().all(|(_, info)| info.epoch == epoch),
+        "{held:?}"
+    );
+    assert_eq!(recorded, vec![(head, epoch)]);
+
+    // Declared crashed meanwhile: the next re-creation stops the master for good.
+    coordinator.crashed.store(true, Ordering::SeqCst);
+    let second = held[0].0;
+    let victim = backups.iter().position(|b| b.id == second).unwrap();
+    backups[victim].kill();
+    let appender = master.appender.clone();
+    let pending = tokio::spawn(async move { appender.submit(vec![write(1001)]).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while master.status.fatal.lock().is_none() {
+        assert!(Instant::now() < deadline, "the master went on");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !pending.is_finished(),
+        "a crashed master acknowledged a write"
+    );
+    let fatal = master.status.fatal.lock().clone().unwrap();
+    assert!(fatal.contains("declared crashed"), "{fatal}");
+}

@@ -220,6 +220,12 @@ pub struct RecoveryReplica {
     /// segment was opened. Reported for replicas that are not closed (the candidates
     /// for the log's head); `None` for closed ones, or when the prefix holds no digest.
     pub digest: Option<Vec<SegmentId>>,
+    /// For a replica that is not closed, the successor named by a `SegmentFooter` in its
+    /// valid prefix: its master closed the segment, although this copy was never closed
+    /// (a frame whose close had not arrived, or one written to disk at a graceful stop).
+    /// `None` when the prefix holds no footer. A closed replica holds a footer by
+    /// definition (naming `segment + 1`) and reports `None` here.
+    pub successor: Option<SegmentId>,
 }
 
 /// Every replica of the crashed master held here, sorted by segment.

@@ -2,7 +2,7 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{ServerId, TableId};
+use crate::ids::{SegmentId, ServerId, TableId};
 use crate::tablet::{Services, TabletMap};
 use crate::will::Will;
 use serde::{Deserialize, Serialize};
@@ -188,6 +188,20 @@ pub struct UploadWillRequest {
     pub will: Will,
 }
 
+/// A master re-created replicas of its open segment and moved every replica it writes to
+/// `epoch`: copies of the segment at older epochs without its footer no longer count in a
+/// recovery (`coordinator::recovery_plan`). Sent before the master acknowledges another
+/// write; `ServerCrashed` once the master was declared crashed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetOpenEpochRequest {
+    /// The master.
+    pub server: ServerId,
+    /// Its open segment.
+    pub segment: SegmentId,
+    /// The epoch of every replica it now writes.
+    pub epoch: u64,
+}
+
 /// Names one server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerIdRequest {
@@ -254,6 +268,7 @@ pub struct RecoveryStatusReply {
 }
 
 bincode_message!(
+    SetOpenEpochRequest,
     ReportFailureRequest,
     RenewLeaseRequest,
     RenewLeaseReply,
@@ -301,6 +316,9 @@ rpcs! {
     RecoveryStatus = 111: RecoveryStatusRequest => RecoveryStatusReply;
     /// Raft messages between coordinators.
     RaftMessages = 110: RaftMessagesRequest => ();
+    /// Record the epoch of a master's open segment after it re-created replicas of it
+    /// (`ServerCrashed` once the master was declared crashed).
+    SetOpenEpoch = 112: SetOpenEpochRequest => ();
 }
 
 #[cfg(test)]

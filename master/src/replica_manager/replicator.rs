@@ -33,8 +33,13 @@
 //! only that replica). A lost replica of the **open** segment is re-created before the
 //! write path goes on: a replacement backup is opened at a new epoch e' > e, given every
 //! byte the segment holds so far, then the surviving replicas are moved to e'
-//! (`BumpEpoch`), and only then does the write continue — so the replica left behind at
-//! e (on a backup that may only have looked dead) is recognisably stale. Every placement
+//! (`BumpEpoch`), e' is recorded at the coordinator (`SetOpenEpoch`), and only then does
+//! the write continue — so the replica left behind at e (on a backup that may only have
+//! looked dead, or written to disk when its backup stopped) is recognisably stale: a
+//! recovery does not count it (`coordinator::recovery_plan`). Until e' is recorded no
+//! byte goes past what every copy held when the loss was found, so the copies at e still
+//! hold every acknowledged write and may still be counted; while no coordinator answers,
+//! writes wait. Every placement
 //! attempt takes a new epoch (`Segment::next_epoch`), so no two copies of a segment ever
 //! share one. A lost replica of a **closed** segment is re-created by
 //! [`Replicator::tick`], one segment per tick and one attempt each, so writes keep
@@ -72,10 +77,10 @@
 //!   leases of issue 5.
 //!
 //! # Departures from DESIGN.md
-//! * The epoch of a re-created open replica is recorded on the backups (`BumpEpoch`),
-//!   not at the coordinator as RAMCloud's `updateReplicationEpoch` does. Recovery (issue
-//!   5) needs the coordinator to know each master's open-segment epoch; until then a
-//!   stale replica is recognisable by its epoch among the replicas found.
+//! * The epoch of a re-created open replica is recorded on the backups (`BumpEpoch`)
+//!   and at the coordinator (`SetOpenEpoch`, as RAMCloud's `updateReplicationEpoch`),
+//!   for the open segment only: below it, a copy holding the footer is whole and one
+//!   without it two segments below the head is stale, whatever the epochs say.
 //! * Liveness of `shm` backups by pidfd (above): DESIGN.md assumed a write to a dead
 //!   backup fails, which holds for tcp, rpc and rdma but not for shared memory.
 
@@ -90,9 +95,11 @@ use rampart_common::protocol::backup::{
     FreeReplicaRequest, OpenReplica, OpenReplicaReply, OpenReplicaRequest, WriteReplica,
     WriteReplicaRequest,
 };
-use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
+use rampart_common::protocol::coordinator::{
+    GetTabletMap, SetOpenEpoch, SetOpenEpochRequest, TabletMapRequest,
+};
 use rampart_common::protocol::master::{Ping, PingRequest};
-use rampart_common::rpc::{CoordinatorSet, RpcError, RpcPool};
+use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, RpcError, RpcPool};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -340,6 +347,12 @@ struct Segment {
     /// (segment, epoch) opened twice for two different copies.
     /// Invariant: > every epoch used for this segment.
     next_epoch: u64,
+    /// The epoch the coordinator knows this segment's replicas at (`SetOpenEpoch`).
+    /// Invariants: 1. ≤ `epoch`. 2. While the segment is open and this is below `epoch`,
+    /// no byte is written to its replicas past what they held when they were re-created:
+    /// until it is recorded, a recovery must still count the copies left behind at the
+    /// older epoch, which therefore may lack nothing acknowledged.
+    recorded_epoch: u64,
     /// Bytes every live replica holds.
     len: u32,
     /// The footer is among those bytes.
@@ -612,15 +625,18 @@ impl Replicator {
                 Segment {
                     epoch: 1,
                     next_epoch: 1,
+                    recorded_epoch: 1,
                     len: range.start,
                     closed: false,
                     replicas: vec![None; self.config.replicas],
                 },
             );
         }
-        // Every replica must hold [0, start) before this range goes on top of it.
+        // Every replica must hold [0, start) before this range goes on top of it, and a
+        // re-created open segment's epoch must be known to the coordinator.
         self.restore(id, range.start, source, Patience::UntilDone)
             .await?;
+        self.record_open_epoch(id, Patience::UntilDone).await?;
         let bytes = source
             .segment_range(id, range.start, range.end)
             .ok_or(Fatal::MissingBytes(id))?;
@@ -630,6 +646,7 @@ impl Replicator {
             // The survivors hold [0, end); lost replicas are re-created holding as much.
             self.restore(id, range.end, source, Patience::UntilDone)
                 .await?;
+            self.record_open_epoch(id, Patience::UntilDone).await?;
         }
         let segment = self.segment_mut(id)?;
         segment.len = range.end;
@@ -907,9 +924,73 @@ impl Replicator {
                 }
                 if let Some(segment) = self.segments.get_mut(&id) {
                     segment.epoch = new_epoch;
+                    if len == 0 || segment.closed {
+                        // No copy left behind holds anything the new ones lack (an
+                        // empty one), or each is complete (closed): nothing to record.
+                        segment.recorded_epoch = new_epoch;
+                    }
                 }
             }
             return Ok(());
+        }
+    }
+
+    /// Records at the coordinator the epoch of the open segment `id` if its replicas were
+    /// re-created since the last record (`SetOpenEpoch`; see `Segment::recorded_epoch`).
+    /// With [`Patience::UntilDone`] waits, retrying, while no coordinator answers: the
+    /// write path goes no further until it is recorded. [`Fatal::DeclaredDead`] when the
+    /// coordinator answers that this master was declared crashed. A fixed server list
+    /// (tests, benchmarks) has no coordinator to tell: the epoch counts as recorded.
+    async fn record_open_epoch(&mut self, id: SegmentId, patience: Patience) -> Result<(), Fatal> {
+        let mut backoff = Duration::from_millis(5);
+        let mut last_warn: Option<Instant> = None;
+        loop {
+            let Some(segment) = self.segments.get_mut(&id) else {
+                return Ok(());
+            };
+            if segment.closed || segment.recorded_epoch >= segment.epoch {
+                return Ok(());
+            }
+            let epoch = segment.epoch;
+            if matches!(self.config.servers, ServerSource::Fixed(_)) {
+                segment.recorded_epoch = epoch;
+                return Ok(());
+            }
+            let request = SetOpenEpochRequest {
+                server: self.own,
+                segment: id,
+                epoch,
+            };
+            let deadline = Instant::now() + SERVER_LIST_FETCH_TIMEOUT;
+            let result = self
+                .coordinators
+                .call_round::<SetOpenEpoch>(&self.pool, &request, deadline)
+                .await;
+            match result {
+                Ok(()) => {
+                    if let Some(segment) = self.segments.get_mut(&id) {
+                        segment.recorded_epoch = segment.recorded_epoch.max(epoch);
+                    }
+                    tracing::info!(segment = %id, epoch, "open segment epoch recorded");
+                    return Ok(());
+                }
+                Err(CoordinatorCallError::Rpc(RpcError::Status {
+                    status: Status::ServerCrashed,
+                    ..
+                })) => return Err(Fatal::DeclaredDead(self.own)),
+                Err(error) => {
+                    let now = Instant::now();
+                    if last_warn.map_or(true, |t| now - t >= WAIT_WARN_INTERVAL) {
+                        tracing::warn!(segment = %id, epoch, %error, "open segment epoch not recorded; writes wait for the coordinators");
+                        last_warn = Some(now);
+                    }
+                    if patience == Patience::OneAttempt {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(WAIT_BACKOFF_MAX);
+                }
+            }
         }
     }
 
@@ -1309,6 +1390,17 @@ impl Replicator {
             .collect();
         for (id, len) in open_needing {
             self.restore(id, len, source, Patience::OneAttempt).await?;
+        }
+        // Epochs of re-created open segments not yet recorded (no coordinator answered):
+        // the next write waits for them, upkeep tries meanwhile.
+        let unrecorded: Vec<SegmentId> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.closed && s.missing() == 0 && s.recorded_epoch < s.epoch)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in unrecorded {
+            self.record_open_epoch(id, Patience::OneAttempt).await?;
         }
         Ok(())
     }
