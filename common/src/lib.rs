@@ -13,8 +13,11 @@
 //! * [`will`] — a master's will: how its tablets are cut into recovery partitions.
 //! * [`onesided`] — one-sided writes into backup frames: `shm`, the `tcp` soft-NIC,
 //!   and `rdma` (DESIGN.md §5).
+//! * [`failpoints`] — deliberate misbehaviour for process tests, compiled in only for
+//!   them.
 
 pub mod config;
+pub mod failpoints;
 pub mod ids;
 pub mod limits;
 pub mod log;

@@ -72,6 +72,10 @@ pub enum Status {
     /// A recovery cannot proceed: its log is incomplete, or a partition could not be
     /// replayed (detail in the payload).
     RecoveryFailed,
+    /// The request names another server than the one that received it: a server was
+    /// restarted at the address of the one the sender meant (a new server, with a new
+    /// id). Ownership changes are refused so; the sender's view of the address is stale.
+    WrongServer,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -106,6 +110,7 @@ impl Status {
             Status::NotLeader => 23,
             Status::ServerCrashed => 24,
             Status::RecoveryFailed => 25,
+            Status::WrongServer => 26,
             Status::Unrecognized(code) => code,
         }
     }
@@ -139,6 +144,7 @@ impl Status {
             23 => Status::NotLeader,
             24 => Status::ServerCrashed,
             25 => Status::RecoveryFailed,
+            26 => Status::WrongServer,
             other => Status::Unrecognized(other),
         }
     }
@@ -181,6 +187,7 @@ impl fmt::Display for Status {
             Status::NotLeader => "coordinator is not the Raft leader",
             Status::ServerCrashed => "server was declared crashed",
             Status::RecoveryFailed => "recovery failed",
+            Status::WrongServer => "request meant for another server at this address",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

@@ -32,7 +32,9 @@
 //!    re-replicates, and answers when done.
 //! 3. **Cleanup.** A finished partition goes live at once, independently of the others:
 //!    `RecoveredPartition` is committed (tablets split and handed to the recovery master)
-//!    and the new owner is told to take them. A partition whose recovery master failed is
+//!    and the new owner is told to take them (`TakeTablets`, numbered by its tablet
+//!    epoch; if that push is lost, the owner pulls its tablets at its next lease
+//!    renewal, see `coordinator::service`). A partition whose recovery master failed is
 //!    sent to another one. When the crashed master owns nothing any more, every backup
 //!    frees its replicas (`EndRecovery`) and the server is marked `Removed`.
 //!
@@ -50,15 +52,21 @@
 //! * Leadership lost: commits fail with `NotLeader`, and the task ends; the new leader
 //!   finds the server still `Crashed` with the tablets not yet handed over, and starts
 //!   again (a recovery is idempotent: what is left to recover is what the crashed server
-//!   still owns). Recovery masters of an abandoned attempt keep objects they may not serve;
-//!   the next `Recover` or `AbandonRecovery` of those ranges forgets them.
+//!   still owns). A proposal in flight may still commit under the new leader, so its
+//!   recovery master is **not** told to forget anything: it keeps what it replayed, and
+//!   either the commit makes it serve that (it pulls its tablets at its next lease
+//!   renewal) or the next `Recover` of those ranges replaces it.
+//! * A commit of unknown outcome (dropped, a snapshot covered it, refused): never a
+//!   guess. After a read barrier, the committed map says which parts of the partition the
+//!   recovery master owns — those it is told to serve (`SyncTablets`) — and only the rest
+//!   it is told to forget (`AbandonRecovery`, naming the attempt: a master ignores the
+//!   abandon of an attempt older than its latest `Recover` for that crashed server).
 //! * A recovery master fails (`RecoveryFailed`, unreachable, crashed): its partition goes
 //!   to another master, up to [`PARTITION_ATTEMPTS_MAX`] times; then the whole attempt
 //!   starts again from setup (a backup may have died meanwhile).
-//! * A backup dies: recovery masters fall back to other replicas.
-//! * A commit refused because the ranges are no longer the crashed server's: the
-//!   recovery master is told to forget them (`AbandonRecovery`).
+//! * A backup dies: recovery masters fall back to other replicas that hold as much.
 
+use rampart_common::failpoints;
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::backup::{
     EndRecovery, EndRecoveryRequest, PartitionRanges, RecoveryRead, RecoveryReadRequest,
@@ -67,9 +75,9 @@ use rampart_common::protocol::backup::{
 use rampart_common::protocol::coordinator::{PartitionReport, RecoveryReport};
 use rampart_common::protocol::master::{
     AbandonRecovery, AbandonRecoveryRequest, Ping, PingRequest, Recover, RecoverReply,
-    RecoverRequest, RecoverySource, TabletsRequest, TakeTablets,
+    RecoverRequest, RecoverySource, SyncTablets, SyncTabletsRequest, TabletsRequest, TakeTablets,
 };
-use rampart_common::rpc::{RpcError, RpcPool};
+use rampart_common::rpc::{Rpc, RpcError, RpcPool};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Tablet};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -651,55 +659,109 @@ impl RecoveryManager {
                 ranges: ranges.clone(),
                 owner: *master,
             };
-            match self.node.propose(command).await {
-                Ok(CommandResult::PartitionRecovered { tablets }) => {
-                    self.push_tablets(*master, addr, tablets).await;
-                    let live = ms(declared.elapsed());
-                    self.report(crashed, |r| {
-                        if let Some(p) = r.partitions.get_mut(partition as usize) {
-                            p.live_ms = live;
-                            p.replay_ms = u64::from(reply.replay_ms);
-                            p.bytes = reply.bytes;
-                            p.objects = reply.objects;
-                        }
-                    });
-                    tracing::info!(
-                        %crashed, partition, %master, objects = reply.objects, bytes = reply.bytes,
-                        replay_ms = reply.replay_ms, live_ms = live, fallbacks = reply.fallbacks,
-                        "partition live"
-                    );
-                    return Ok(());
-                }
-                Ok(CommandResult::Rejected { status, detail }) => {
-                    tracing::warn!(%crashed, partition, %master, ?status, %detail, "recovered partition refused; abandoning it");
-                    self.abandon(addr, ranges.clone()).await;
-                    // Recovered already, or the owner-to-be crashed: either way the next
-                    // attempt sees what is left.
-                    return Ok(());
-                }
-                Ok(other) => {
-                    tracing::error!(?other, "unexpected result of RecoveredPartition");
-                    return Ok(());
+            let mut outcome = self.node.propose(command).await;
+            if matches!(outcome, Ok(CommandResult::PartitionRecovered { .. }))
+                && failpoints::active(failpoints::RECOVERED_OUTCOME_UNKNOWN)
+            {
+                outcome = Err(NodeError::OutcomeUnknown);
+            }
+            let live = match outcome {
+                Ok(CommandResult::PartitionRecovered { tablets, epoch }) => {
+                    if !failpoints::active(failpoints::LOSE_RECOVERED_PUSH) {
+                        self.push_tablets(*master, addr, tablets, epoch).await;
+                    }
+                    true
                 }
                 Err(error @ NodeError::NotLeader(_)) | Err(error @ NodeError::Stopped(_)) => {
-                    tracing::info!(%crashed, partition, %error, "partition not committed: leadership lost");
-                    self.abandon(addr, ranges.clone()).await;
+                    // The entry may still commit under the next leader, which then finds
+                    // the ranges in the recovery master's hands: it must keep what it
+                    // replayed, so nothing is abandoned here.
+                    tracing::info!(%crashed, partition, %error, "partition outcome left to the next leader");
                     return Err(Stop::Leadership);
                 }
-                Err(error) => {
-                    tracing::warn!(%crashed, partition, %error, "partition not committed; trying again");
-                    self.abandon(addr, ranges.clone()).await;
+                other => {
+                    // Refused, dropped, never proposed, or of unknown outcome: the
+                    // committed map says what became of it, never a guess.
+                    let why = match &other {
+                        Ok(CommandResult::Rejected { detail, .. }) => detail.clone(),
+                        Ok(result) => format!("unexpected result {result:?}"),
+                        Err(error) => error.to_string(),
+                    };
+                    tracing::info!(%crashed, partition, %master, %why, "partition outcome read from the committed map");
+                    let settled = self
+                        .settle(crashed, recovery, &ranges, *master, addr)
+                        .await?;
+                    if !settled && !matches!(other, Ok(CommandResult::Rejected { .. })) {
+                        tracing::warn!(%crashed, partition, %master, %why, "partition not committed; trying another master");
+                        continue;
+                    }
+                    // Either live, or recovered already, or the owner-to-be crashed: the
+                    // next attempt sees what is left.
+                    settled
                 }
+            };
+            if live {
+                let live = ms(declared.elapsed());
+                self.report(crashed, |r| {
+                    if let Some(p) = r.partitions.get_mut(partition as usize) {
+                        p.live_ms = live;
+                        p.replay_ms = u64::from(reply.replay_ms);
+                        p.bytes = reply.bytes;
+                        p.objects = reply.objects;
+                    }
+                });
+                tracing::info!(
+                    %crashed, partition, %master, objects = reply.objects, bytes = reply.bytes,
+                    replay_ms = reply.replay_ms, live_ms = live, fallbacks = reply.fallbacks,
+                    "partition live"
+                );
             }
+            return Ok(());
         }
         Ok(())
     }
 
-    /// Tells `master` to forget objects of `ranges` it does not own (best effort: the next
-    /// `Recover` of those ranges forgets them too).
-    async fn abandon(&self, addr: &str, ranges: PartitionRanges) {
+    /// Settles a `RecoveredPartition` whose commit the driver did not see, from the
+    /// committed map (after a read barrier): the parts of `ranges` that `master` owns
+    /// there are its — this attempt or an earlier one committed them — and it is told to
+    /// catch up with its tablets; it is told to forget what it replayed of the rest.
+    /// Returns whether all of `ranges` is `master`'s. Leaves everything as it is, and
+    /// stops the attempt, when the map cannot be read (leadership lost).
+    async fn settle(
+        &self,
+        crashed: ServerId,
+        recovery: u64,
+        ranges: &PartitionRanges,
+        master: ServerId,
+        addr: &str,
+    ) -> Result<bool, Stop> {
+        if let Err(error) = self.node.read_barrier().await {
+            tracing::info!(%crashed, %master, %error, "committed map unreadable; partition left as it is");
+            return Err(Stop::Leadership);
+        }
+        let (owned, other, epoch) = self.node.with_state(|state| {
+            let (owned, other) = state.split_by_owner(ranges, master);
+            (owned, other, state.tablet_epoch(master))
+        });
+        if !owned.is_empty() {
+            // Before the abandon below: a master forgets only ranges it does not serve.
+            self.sync_owner(master, addr, epoch).await;
+        }
+        if !other.is_empty() {
+            self.abandon(addr, crashed, recovery, other.clone()).await;
+        }
+        Ok(other.is_empty())
+    }
+
+    /// Tells `master` to forget objects of `ranges` (recovery `recovery` of `crashed`) it
+    /// does not own (best effort: the next `Recover` of those ranges forgets them too).
+    async fn abandon(&self, addr: &str, crashed: ServerId, recovery: u64, ranges: PartitionRanges) {
         let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
-        let request = AbandonRecoveryRequest { ranges };
+        let request = AbandonRecoveryRequest {
+            crashed,
+            recovery,
+            ranges,
+        };
         if let Err(error) = self
             .pool
             .call::<AbandonRecovery>(addr, &request, deadline)
@@ -710,24 +772,37 @@ impl RecoveryManager {
     }
 
     /// Tells the new owner to serve its recovered tablets, retrying until
-    /// [`CLEANUP_CALL_TIMEOUT`]. If it cannot be told, clients get `UnknownTablet` from it
-    /// until it is (the tablets are its in the map): the owner is then presumably dead,
-    /// and its own recovery takes the tablets over.
-    async fn push_tablets(&self, owner: ServerId, addr: &str, tablets: Vec<Tablet>) {
+    /// [`CLEANUP_CALL_TIMEOUT`]. If it cannot be told, it finds out at its next lease
+    /// renewal (which reports its tablet epoch); if it is dead, its own recovery takes
+    /// the tablets over.
+    async fn push_tablets(&self, owner: ServerId, addr: &str, tablets: Vec<Tablet>, epoch: u64) {
+        let request = TabletsRequest {
+            owner,
+            epoch,
+            tablets,
+        };
+        self.tell::<TakeTablets>(owner, addr, &request).await;
+    }
+
+    /// Asks `owner` to catch up with its tablets, up to tablet epoch `epoch`; best effort,
+    /// as [`push_tablets`](Self::push_tablets).
+    async fn sync_owner(&self, owner: ServerId, addr: &str, epoch: u64) {
+        let request = SyncTabletsRequest { owner, epoch };
+        self.tell::<SyncTablets>(owner, addr, &request).await;
+    }
+
+    /// Calls `R` on `owner` at `addr`, retrying until [`CLEANUP_CALL_TIMEOUT`]; failures
+    /// are logged (the owner converges at its next lease renewal).
+    async fn tell<R: Rpc<Reply = ()>>(&self, owner: ServerId, addr: &str, request: &R::Request) {
         let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
-        let request = TabletsRequest { tablets };
         loop {
-            match self
-                .pool
-                .call::<TakeTablets>(addr, &request, deadline)
-                .await
-            {
+            match self.pool.call::<R>(addr, request, deadline).await {
                 Ok(()) => return,
                 Err(error) if retryable(&error) && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(error) => {
-                    tracing::error!(%owner, %error, "recovered tablets not pushed to their owner");
+                    tracing::warn!(%owner, %error, "owner not told of its recovered tablets; it catches up at its next lease renewal");
                     return;
                 }
             }

@@ -9,24 +9,36 @@
 //! `RaftMessages` carries Raft's own traffic between coordinators.
 //!
 //! Changes that move tablets are followed by pushes to the masters concerned: `TakeTablets`
-//! after a table is created, `DropTablets` after it is dropped. A change and its pushes hold
-//! the lock of the table's name (one of [`NAME_LOCKS`] stripes), so two concurrent
-//! creates/drops of one name cannot reach a master in the wrong order, while changes to
-//! other tables proceed in parallel. After an enlistment the leader tells every `Up` server
-//! the new configuration version (`ServerListChanged`), and servers holding an older list
-//! pull it.
+//! after a table is created, `DropTablets` after it is dropped, each naming the server it
+//! is for and that server's tablet epoch after the change (see
+//! `protocol::master::TabletsRequest`). Only `Up` owners are told: a crashed owner's
+//! tablets are being recovered, and whoever listens at its address now is another server
+//! (which refuses, `WrongServer`). A change and its pushes hold the lock of the table's
+//! name (one of [`NAME_LOCKS`] stripes), so two concurrent creates/drops of one name
+//! cannot reach a master in the wrong order, while changes to other tables proceed in
+//! parallel. After an enlistment the leader tells every `Up` server the new configuration
+//! version (`ServerListChanged`), and servers holding an older list pull it.
+//!
+//! # Ownership converges
+//! A push is a shortcut, not the mechanism: every lease renewal (`RenewLease`) answers
+//! the master's tablet epoch, and a master behind it pulls its whole set
+//! (`GetOwnedTablets`, linearizable). So a push that was lost — the leader died between
+//! commit and push, the master was unreachable — costs at most a renewal interval.
 //!
 //! # Failure handling
 //! * A proposal not committed within [`PROPOSAL_TIMEOUT`] (a leader cut off from its
 //!   majority never commits) is answered `Retry` with the reason; its outcome is unknown,
 //!   and every command is safe to retry (creates and drops are idempotent by name; a
 //!   retried enlistment gets a new id and crashes the orphaned one).
-//! * If a master cannot be reached to take its tablets, `create_table` answers `Retry`
-//!   (the table exists; the client library retries, and a repeated create re-pushes the
-//!   tablets). A leader that dies between the commit and the push leaves the same state,
-//!   repaired the same way.
+//! * If an `Up` master cannot be reached to take its tablets, `create_table` answers
+//!   `Retry` (the table exists; the client library retries, and a repeated create asks
+//!   the owners to catch up, `SyncTablets`). A leader that dies between the commit and the
+//!   push leaves the same state, repaired the same way — or by the owners' next renewal.
+//!   Owners that are not `Up` do not make a create wait: their tablets come back through
+//!   recovery.
 //! * A failed `DropTablets` push is only logged: the table is already gone from the map,
-//!   its id is never reused, so no client can reach the stale tablet through a fresh map.
+//!   its id is never reused, so no client can reach the stale tablet through a fresh map,
+//!   and the master drops it at its next lease renewal.
 
 use bytes::Bytes;
 use rampart_common::ids::ServerId;
@@ -35,7 +47,8 @@ use rampart_common::protocol::coordinator::{
     TableIdReply, TableNameRequest,
 };
 use rampart_common::protocol::master::{
-    DropTablets, ServerListChanged, ServerListVersion, TabletsRequest, TakeTablets,
+    DropTablets, ServerListChanged, ServerListVersion, SyncTablets, SyncTabletsRequest,
+    TabletsRequest, TakeTablets,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, RpcPool, Service};
@@ -51,8 +64,8 @@ use crate::node::{NodeError, RaftNode};
 use crate::recovery::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
 use rampart_common::protocol::coordinator::{
-    RecoveryStatusReply, RenewLeaseReply, RenewLeaseRequest, ReportFailureRequest, ServerIdRequest,
-    SetOpenEpochRequest, UploadWillRequest,
+    OwnedTabletsReply, RecoveryStatusReply, RenewLeaseReply, RenewLeaseRequest,
+    ReportFailureRequest, ServerIdRequest, SetOpenEpochRequest, UploadWillRequest,
 };
 use rampart_common::tablet::ServerStatus;
 
@@ -61,10 +74,6 @@ pub const TABLET_PUSH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Pause between attempts to push tablets to an unreachable master.
 pub const TABLET_PUSH_RETRY_PAUSE: Duration = Duration::from_millis(50);
-
-/// How long the coordinator keeps retrying, in the background, a `DropTablets` that a
-/// master missed. (With failure detection, a master gone this long is declared dead.)
-pub const DROP_PUSH_RETRY_WINDOW: Duration = Duration::from_secs(600);
 
 /// How long a handler waits for its proposal to commit, or for a read barrier. Several
 /// election timeouts: a leader that lost its majority steps down within one.
@@ -192,48 +201,35 @@ impl CoordinatorService {
         push_server_list_version(&self.node, &self.pool);
     }
 
-    /// Sends `tablets`, grouped by owner, with RPC `R` (take or drop), retrying
-    /// transport failures until `deadline` (a master may be between enlisting and
-    /// serving); returns the pushes that did not get through.
-    async fn push<R>(&self, tablets: &[Tablet], deadline: Instant) -> Vec<FailedPush>
+    /// Tells each `Up` server of `epochs` about a change of its tablets: RPC `R` with
+    /// the request `request_for(owner, epoch)`, retrying transport failures until
+    /// `deadline` (a master may be between enlisting and serving). Servers that are not
+    /// `Up` are skipped (module doc). Returns the pushes that did not get through.
+    async fn tell_owners<R>(
+        &self,
+        epochs: &[(ServerId, u64)],
+        request_for: impl Fn(ServerId, u64) -> R::Request,
+        deadline: Instant,
+    ) -> Vec<FailedPush>
     where
-        R: Rpc<Request = TabletsRequest, Reply = ()>,
+        R: Rpc<Reply = ()>,
     {
-        let mut by_owner: BTreeMap<ServerId, Vec<Tablet>> = BTreeMap::new();
-        for tablet in tablets {
-            by_owner.entry(tablet.owner).or_default().push(*tablet);
-        }
-        let addrs: BTreeMap<ServerId, String> = self.node.with_state(|state| {
-            by_owner
-                .keys()
-                .filter_map(|id| state.server(*id).map(|s| (*id, s.addr.clone())))
+        let owners: Vec<(ServerId, String, u64)> = self.node.with_state(|state| {
+            epochs
+                .iter()
+                .filter_map(|&(owner, epoch)| {
+                    let server = state.server(owner)?;
+                    (server.status == ServerStatus::Up).then(|| (owner, server.addr.clone(), epoch))
+                })
                 .collect()
         });
-        let pushes = by_owner.into_iter().map(|(owner, tablets)| {
-            let addr = addrs.get(&owner).cloned();
+        let pushes = owners.into_iter().map(|(owner, addr, epoch)| {
+            let request = request_for(owner, epoch);
             async move {
-                let Some(addr) = addr else {
-                    let error = "not in the server list".to_string();
-                    return Some(FailedPush {
-                        owner,
-                        addr: None,
-                        tablets,
-                        error,
-                    });
-                };
-                let request = TabletsRequest { tablets };
-                match push_until::<R>(&self.pool, &addr, &request, deadline).await {
-                    Ok(()) => None,
-                    Err(error) => {
-                        let tablets = request.tablets;
-                        Some(FailedPush {
-                            owner,
-                            addr: Some(addr),
-                            tablets,
-                            error,
-                        })
-                    }
-                }
+                push_until::<R>(&self.pool, &addr, &request, deadline)
+                    .await
+                    .err()
+                    .map(|error| FailedPush { owner, error })
             }
         });
         futures::future::join_all(pushes)
@@ -243,27 +239,27 @@ impl CoordinatorService {
             .collect()
     }
 
-    /// Keeps pushing `DropTablets` to masters that missed it, in the background, for up
-    /// to [`DROP_PUSH_RETRY_WINDOW`]: until a master drops the tablets it keeps serving
-    /// them to clients with a stale map, and keeps their memory.
-    fn retry_drops_in_background(&self, failed: Vec<FailedPush>) {
-        let pool = Arc::clone(&self.pool);
-        tokio::spawn(async move {
-            let give_up = Instant::now() + DROP_PUSH_RETRY_WINDOW;
-            for push in failed {
-                let Some(addr) = push.addr else { continue };
-                let request = TabletsRequest {
-                    tablets: push.tablets,
-                };
-                match push_until::<DropTablets>(&pool, &addr, &request, give_up).await {
-                    Ok(()) => tracing::info!(owner = %push.owner, "late drop of tablets delivered"),
-                    Err(error) => tracing::error!(
-                        owner = %push.owner, %error,
-                        "master never dropped the tablets of a dropped table"
-                    ),
-                }
-            }
-        });
+    /// Pushes `tablets`, grouped by owner, with RPC `R` (take or drop) and each owner's
+    /// tablet epoch from `epochs`; see [`tell_owners`](Self::tell_owners).
+    async fn push<R>(
+        &self,
+        tablets: &[Tablet],
+        epochs: &[(ServerId, u64)],
+        deadline: Instant,
+    ) -> Vec<FailedPush>
+    where
+        R: Rpc<Request = TabletsRequest, Reply = ()>,
+    {
+        let mut by_owner: BTreeMap<ServerId, Vec<Tablet>> = BTreeMap::new();
+        for tablet in tablets {
+            by_owner.entry(tablet.owner).or_default().push(*tablet);
+        }
+        let request_for = |owner: ServerId, epoch: u64| TabletsRequest {
+            owner,
+            epoch,
+            tablets: by_owner.get(&owner).cloned().unwrap_or_default(),
+        };
+        self.tell_owners::<R>(epochs, request_for, deadline).await
     }
 
     async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
@@ -304,12 +300,19 @@ impl CoordinatorService {
                         id,
                         tablets,
                         created,
+                        epochs,
                     }) => {
-                        if created {
-                            tracing::info!(%id, name = %request.name, span = request.span, "table created");
-                        }
                         let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
-                        let failed = self.push::<TakeTablets>(&tablets, deadline).await;
+                        let failed = if created {
+                            tracing::info!(%id, name = %request.name, span = request.span, "table created");
+                            self.push::<TakeTablets>(&tablets, &epochs, deadline).await
+                        } else {
+                            // A retry: the owners may have missed the first push, and may
+                            // have applied later changes since; they catch up.
+                            let sync = |owner, epoch| SyncTabletsRequest { owner, epoch };
+                            self.tell_owners::<SyncTablets>(&epochs, sync, deadline)
+                                .await
+                        };
                         if failed.is_empty() {
                             Reply::ok(&TableIdReply { id })
                         } else {
@@ -339,15 +342,18 @@ impl CoordinatorService {
                     name: request.name.clone(),
                 };
                 match self.apply(command).await {
-                    Ok(CommandResult::TableDropped { id, tablets }) => {
+                    Ok(CommandResult::TableDropped {
+                        id,
+                        tablets,
+                        epochs,
+                    }) => {
                         if let Some(id) = id {
                             tracing::info!(%id, name = %request.name, "table dropped");
                         }
                         let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
-                        let failed = self.push::<DropTablets>(&tablets, deadline).await;
+                        let failed = self.push::<DropTablets>(&tablets, &epochs, deadline).await;
                         if !failed.is_empty() {
-                            tracing::warn!(?failed, "masters did not drop their tablets; retrying");
-                            self.retry_drops_in_background(failed);
+                            tracing::warn!(?failed, "masters did not drop their tablets; they will at their next lease renewal");
                         }
                         Reply::ok(&())
                     }
@@ -403,6 +409,9 @@ impl CoordinatorService {
                     Some(ServerStatus::Up) => Reply::ok(&RenewLeaseReply {
                         lease_ms: u32::try_from(self.recovery.config().lease.as_millis())
                             .unwrap_or(u32::MAX),
+                        tablets_epoch: self
+                            .node
+                            .with_state(|state| state.tablet_epoch(request.server)),
                     }),
                     Some(_) => Reply::error(
                         Status::ServerCrashed,
@@ -449,6 +458,36 @@ impl CoordinatorService {
                     }
                     Ok(other) => rejected(other),
                     Err(reply) => reply,
+                }
+            }
+            proto::GetOwnedTablets::OPCODE => {
+                let request: ServerIdRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                if let Err(reply) = self.read_barrier().await {
+                    return reply;
+                }
+                let owned = self.node.with_state(|state| {
+                    let server = state.server(request.server)?;
+                    Some((
+                        server.status,
+                        state.tablet_epoch(request.server),
+                        state.tablets_of(request.server),
+                    ))
+                });
+                match owned {
+                    Some((ServerStatus::Up, epoch, tablets)) => {
+                        Reply::ok(&OwnedTabletsReply { epoch, tablets })
+                    }
+                    Some(_) => Reply::error(
+                        Status::ServerCrashed,
+                        format!("{} was declared crashed", request.server),
+                    ),
+                    None => Reply::error(
+                        Status::InvalidArgument,
+                        format!("{} never enlisted", request.server),
+                    ),
                 }
             }
             proto::SetOpenEpoch::OPCODE => {
@@ -594,8 +633,6 @@ impl Service for CoordinatorService {
 #[derive(Debug)]
 struct FailedPush {
     owner: ServerId,
-    addr: Option<String>,
-    tablets: Vec<Tablet>,
     error: String,
 }
 
@@ -604,11 +641,11 @@ struct FailedPush {
 async fn push_until<R>(
     pool: &RpcPool,
     addr: &str,
-    request: &TabletsRequest,
+    request: &R::Request,
     deadline: Instant,
 ) -> Result<(), String>
 where
-    R: Rpc<Request = TabletsRequest, Reply = ()>,
+    R: Rpc<Reply = ()>,
 {
     loop {
         match pool.call::<R>(addr, request, deadline).await {

@@ -38,6 +38,14 @@
 //! table succeeds with nothing to drop, and setting a server to its current status is a
 //! no-op. None of these bump the version.
 //!
+//! # Tablet epochs
+//!
+//! Every command that changes the tablets a server owns (create, drop, recovered
+//! partition) bumps that server's *tablet epoch* by one. The pushes that follow carry it,
+//! and lease renewals report it, so a master applies changes in order, notices one it
+//! missed, and pulls its whole set then: the tablets it serves converge to the committed
+//! map whatever became of the pushes (`protocol::master::TabletsRequest`).
+//!
 //! # Crash recovery
 //!
 //! A crashed server keeps its tablets until recovery hands them over: each recovered
@@ -101,6 +109,9 @@ pub const WILL_RANGES_MAX: usize = 65_536;
 const _: () = assert!(TABLETS_MAX * TABLET_WIRE_BYTES <= RPC_PAYLOAD_BYTES_MAX / 2);
 const _: () = assert!(TABLE_SPAN_MAX as usize <= TABLETS_MAX);
 const _: () = assert!(TABLE_NAME_BYTES_MAX * TABLES_MAX <= RPC_PAYLOAD_BYTES_MAX);
+
+/// An inclusive key-hash range of one table: `(table, start_hash, end_hash)`.
+pub type HashRange = (TableId, u64, u64);
 
 /// One change to the configuration: a Raft log entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,6 +213,9 @@ pub enum CommandResult {
         /// False if the table existed already: the existing table is returned, so a client
         /// retry after a lost reply is harmless.
         created: bool,
+        /// The tablet epoch of each owner, in id order: after this change when
+        /// `created`, else as it stands (the owners then need only catch up to it).
+        epochs: Vec<(ServerId, u64)>,
     },
     /// The table is gone.
     TableDropped {
@@ -209,6 +223,8 @@ pub enum CommandResult {
         id: Option<TableId>,
         /// The tablets the owners must drop; empty if no such table existed.
         tablets: Vec<Tablet>,
+        /// The tablet epoch of each owner after this change, in id order.
+        epochs: Vec<(ServerId, u64)>,
     },
     /// A will was recorded (or was already the recorded one).
     WillSet,
@@ -217,6 +233,8 @@ pub enum CommandResult {
         /// The new owner's tablets that the partition's ranges became; the owner must be
         /// told to take them.
         tablets: Vec<Tablet>,
+        /// The new owner's tablet epoch after this change.
+        epoch: u64,
     },
     /// The operator's consent to lose data was recorded.
     LossAllowed,
@@ -379,6 +397,13 @@ pub struct CoordinatorState {
     ///    and the one before it. Older ones are not needed: two below the head, only a
     ///    copy holding the footer counts anyway.
     open_epochs: BTreeMap<ServerId, BTreeMap<SegmentId, u64>>,
+    /// Per server, how many times the set of tablets it owns changed (its *tablet
+    /// epoch*; absent: 0). Every command bumps each server whose tablets it changes by
+    /// exactly one, so a master that applied changes 1..=n knows change n + 1 when it
+    /// sees it, and that it missed one when it sees a later one
+    /// (`protocol::master::TabletsRequest`).
+    /// 1. Keys are servers of `servers` that are not `Removed`.
+    tablet_epochs: BTreeMap<ServerId, u64>,
     /// Configuration version.
     /// 1. Bumped exactly once by every command that changes the state; never otherwise.
     version: u64,
@@ -405,6 +430,7 @@ impl CoordinatorState {
             wills: BTreeMap::new(),
             allow_loss: BTreeSet::new(),
             open_epochs: BTreeMap::new(),
+            tablet_epochs: BTreeMap::new(),
             version: 0,
         }
     }
@@ -504,6 +530,69 @@ impl CoordinatorState {
     /// Whether the operator let the recovery of `server` proceed with an incomplete log.
     pub fn loss_allowed(&self, server: ServerId) -> bool {
         self.allow_loss.contains(&server)
+    }
+
+    /// The tablet epoch of `server`: how many changes of its tablets were committed.
+    pub fn tablet_epoch(&self, server: ServerId) -> u64 {
+        self.tablet_epochs.get(&server).copied().unwrap_or(0)
+    }
+
+    /// Splits `ranges` (inclusive key-hash ranges) into the parts whose tablets
+    /// `server` owns and the rest, each in order.
+    pub fn split_by_owner(
+        &self,
+        ranges: &[(TableId, u64, u64)],
+        server: ServerId,
+    ) -> (Vec<HashRange>, Vec<HashRange>) {
+        let (mut owned, mut other) = (Vec::new(), Vec::new());
+        for &(table, start, end) in ranges {
+            // Where the tablets do not reach (a dropped table): not owned.
+            let mut at = Some(start);
+            if let Some(info) = self.tables.get(&table) {
+                let first = info.tablets.partition_point(|t| t.end_hash < start);
+                for tablet in &info.tablets[first..] {
+                    let Some(from) = at.filter(|from| *from <= end) else {
+                        break;
+                    };
+                    let to = tablet.end_hash.min(end);
+                    let part = (table, from.max(tablet.start_hash), to);
+                    if tablet.owner == server {
+                        owned.push(part);
+                    } else {
+                        other.push(part);
+                    }
+                    at = to.checked_add(1);
+                }
+            }
+            if let Some(from) = at.filter(|from| *from <= end) {
+                other.push((table, from, end));
+            }
+        }
+        (owned, other)
+    }
+
+    /// Bumps the tablet epoch of every server in `owners` once (a removed one has none
+    /// and serves nothing); returns them with their new epochs, in id order.
+    fn bump_tablet_epochs(
+        &mut self,
+        owners: impl IntoIterator<Item = ServerId>,
+    ) -> Vec<(ServerId, u64)> {
+        let owners: BTreeSet<ServerId> = owners
+            .into_iter()
+            .filter(|owner| {
+                self.servers
+                    .get(owner)
+                    .is_some_and(|s| s.status != ServerStatus::Removed)
+            })
+            .collect();
+        owners
+            .into_iter()
+            .map(|owner| {
+                let epoch = self.tablet_epochs.entry(owner).or_insert(0);
+                *epoch += 1;
+                (owner, *epoch)
+            })
+            .collect()
     }
 
     /// The epochs `server` recorded for its open segments ([`Command::SetOpenEpoch`]).
@@ -640,6 +729,18 @@ impl CoordinatorState {
                 return fail("open epochs of no or too many segments");
             }
         }
+        for &server in self.tablet_epochs.keys() {
+            if !self
+                .servers
+                .get(&server)
+                .is_some_and(|s| s.status != ServerStatus::Removed)
+            {
+                return Err(InvariantViolation::Server {
+                    server,
+                    what: "tablet epoch of a server never enlisted or removed",
+                });
+            }
+        }
         for &server in &self.allow_loss {
             if !self
                 .servers
@@ -723,6 +824,7 @@ impl CoordinatorState {
             self.wills.remove(&id);
             self.allow_loss.remove(&id);
             self.open_epochs.remove(&id);
+            self.tablet_epochs.remove(&id);
         }
         Ok(Outcome::Changed(CommandResult::StatusSet))
     }
@@ -734,10 +836,15 @@ impl CoordinatorState {
         }
         if let Some(table) = self.names.get(name).and_then(|id| self.tables.get(id)) {
             // Idempotent: even with a different span, so that a retry never fails.
+            let owners: BTreeSet<ServerId> = table.tablets.iter().map(|t| t.owner).collect();
             return Ok(Outcome::Unchanged(CommandResult::TableCreated {
                 id: table.id,
                 tablets: table.tablets.clone(),
                 created: false,
+                epochs: owners
+                    .into_iter()
+                    .map(|owner| (owner, self.tablet_epoch(owner)))
+                    .collect(),
             }));
         }
         if self.tables.len() >= TABLES_MAX {
@@ -787,10 +894,12 @@ impl CoordinatorState {
                 tablets: tablets.clone(),
             },
         );
+        let epochs = self.bump_tablet_epochs(tablets.iter().map(|t| t.owner));
         Ok(Outcome::Changed(CommandResult::TableCreated {
             id,
             tablets,
             created: true,
+            epochs,
         }))
     }
 
@@ -803,12 +912,15 @@ impl CoordinatorState {
             return Outcome::Unchanged(CommandResult::TableDropped {
                 id: None,
                 tablets: Vec::new(),
+                epochs: Vec::new(),
             });
         };
         self.tablet_count -= table.tablets.len();
+        let epochs = self.bump_tablet_epochs(table.tablets.iter().map(|t| t.owner));
         Outcome::Changed(CommandResult::TableDropped {
             id: Some(table.id),
             tablets: table.tablets,
+            epochs,
         })
     }
 }
@@ -978,8 +1090,14 @@ impl CoordinatorState {
             info.tablets = split;
             self.tablet_count += info.tablets.len() - before;
         }
+        let epochs = self.bump_tablet_epochs([owner, crashed]);
+        let epoch = epochs
+            .iter()
+            .find(|(server, _)| *server == owner)
+            .map_or(0, |(_, epoch)| *epoch);
         Ok(Outcome::Changed(CommandResult::PartitionRecovered {
             tablets: handed,
+            epoch,
         }))
     }
 }
@@ -1064,6 +1182,7 @@ mod tests {
                 id,
                 tablets,
                 created: true,
+                ..
             } => (id, tablets),
             other => panic!("create failed: {other:?}"),
         }
@@ -1250,6 +1369,86 @@ mod tests {
     }
 
     #[test]
+    fn every_change_of_a_servers_tablets_bumps_its_tablet_epoch_once() {
+        let (mut state, ids) = cluster(2);
+        assert_eq!(state.tablet_epoch(ids[0]), 0);
+        // Two tablets of one table on each: one change each.
+        let CommandResult::TableCreated { epochs, .. } = create(&mut state, "a", 4) else {
+            panic!("not created");
+        };
+        assert_eq!(epochs, vec![(ids[0], 1), (ids[1], 1)]);
+        let CommandResult::TableCreated { epochs, .. } = create(&mut state, "b", 1) else {
+            panic!("not created");
+        };
+        let owner = epochs[0].0;
+        assert_eq!(epochs, vec![(owner, 2)]);
+        // A retried create changes nothing and reports the epochs as they stand.
+        let CommandResult::TableCreated {
+            epochs, created, ..
+        } = create(&mut state, "a", 4)
+        else {
+            panic!("not created");
+        };
+        assert!(!created);
+        assert_eq!(
+            epochs,
+            vec![
+                (ids[0], state.tablet_epoch(ids[0])),
+                (ids[1], state.tablet_epoch(ids[1]))
+            ]
+        );
+        let dropped = state.apply(&Command::DropTable { name: "a".into() });
+        let CommandResult::TableDropped { epochs, .. } = dropped else {
+            panic!("not dropped");
+        };
+        assert_eq!(epochs.len(), 2);
+        assert_eq!(state.tablet_epoch(owner), 3);
+        // Recovery hands a crashed server's table to the other: one change of it.
+        let other = if owner == ids[0] { ids[1] } else { ids[0] };
+        let before = state.tablet_epoch(other);
+        crash(&mut state, owner);
+        let table = state.table_id("b").expect("b");
+        let result = state.apply(&recovered(owner, vec![(table, 0, u64::MAX)], other));
+        assert_eq!(
+            result,
+            CommandResult::PartitionRecovered {
+                tablets: vec![Tablet {
+                    table,
+                    start_hash: 0,
+                    end_hash: u64::MAX,
+                    owner: other
+                }],
+                epoch: before + 1,
+            }
+        );
+        state.apply(&Command::SetServerStatus {
+            id: owner,
+            status: ServerStatus::Removed,
+        });
+        assert_eq!(state.tablet_epoch(owner), 0, "a removed server keeps none");
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn split_by_owner_tells_a_servers_parts_of_ranges_from_the_rest() {
+        let (mut state, ids) = cluster(2);
+        let (table, tablets) = created(&mut state, "t", 2);
+        let boundary = tablets[1].start_hash;
+        let (first, second) = (tablets[0].owner, tablets[1].owner);
+        let ranges = vec![(table, 10, boundary + 10), (TableId(99), 0, 5)];
+        let (owned, other) = state.split_by_owner(&ranges, first);
+        assert_eq!(owned, vec![(table, 10, boundary - 1)]);
+        assert_eq!(
+            other,
+            vec![(table, boundary, boundary + 10), (TableId(99), 0, 5)],
+            "another owner's part, and a table that does not exist"
+        );
+        let (owned, _) = state.split_by_owner(&ranges, second);
+        assert_eq!(owned, vec![(table, boundary, boundary + 10)]);
+        assert!(ids.contains(&first) && ids.contains(&second));
+    }
+
+    #[test]
     fn recovered_partition_splits_tablets_and_hands_the_ranges_over() {
         let (mut state, ids) = cluster(2);
         let (table, tablets) = created(&mut state, "t", 2);
@@ -1262,7 +1461,10 @@ mod tests {
             .expect("two");
         let mid = lost.end_hash / 2;
         let result = state.apply(&recovered(lost.owner, vec![(table, 100, mid)], survivor));
-        let CommandResult::PartitionRecovered { tablets: handed } = result else {
+        let CommandResult::PartitionRecovered {
+            tablets: handed, ..
+        } = result
+        else {
             panic!("not recovered: {result:?}");
         };
         assert_eq!(
@@ -1515,7 +1717,8 @@ mod tests {
             CommandResult::TableCreated {
                 id,
                 tablets,
-                created: false
+                created: false,
+                epochs: vec![(ServerId(1), 1), (ServerId(2), 1)],
             }
         );
         assert_eq!(state, before, "no version bump, no cursor move");
@@ -1543,7 +1746,8 @@ mod tests {
             state.apply(&Command::DropTable { name: "t".into() }),
             CommandResult::TableDropped {
                 id: Some(first),
-                tablets
+                tablets,
+                epochs: vec![(ServerId(1), 2)],
             }
         );
         assert_eq!(state.table_id("t"), None);
@@ -1567,7 +1771,8 @@ mod tests {
                 result,
                 CommandResult::TableDropped {
                     id: None,
-                    tablets: vec![]
+                    tablets: vec![],
+                    epochs: vec![],
                 }
             );
         }

@@ -56,6 +56,7 @@ use crate::replica_manager::{
 };
 use crate::segmented_log::NoSpace;
 use crate::segmented_log::SegmentRange;
+use crate::tablets::EpochStep;
 
 /// Jobs that may wait for the appender. Beyond it, submitters wait.
 pub const APPENDER_QUEUE_MAX: usize = 4096;
@@ -94,6 +95,38 @@ enum Job {
         ranges: PartitionRanges,
         reply: oneshot::Sender<u64>,
     },
+    ChangeTablets {
+        change: TabletChange,
+        reply: oneshot::Sender<EpochStep>,
+    },
+}
+
+/// A numbered change of this master's tablets from the coordinator (see
+/// [`OwnedTablets::step`](crate::tablets::OwnedTablets::step)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TabletChange {
+    /// Change number `epoch`: take `tablets`.
+    Take {
+        /// The change's number.
+        epoch: u64,
+        /// The tablets.
+        tablets: Vec<Tablet>,
+    },
+    /// Change number `epoch`: drop `tablets` and forget their objects.
+    Drop {
+        /// The change's number.
+        epoch: u64,
+        /// The tablets.
+        tablets: Vec<Tablet>,
+    },
+    /// Serve exactly `tablets`, this master's whole set as of change `epoch` (pulled
+    /// from the committed map).
+    Replace {
+        /// The number of the last change they reflect.
+        epoch: u64,
+        /// The tablets.
+        tablets: Vec<Tablet>,
+    },
 }
 
 /// Handle to submit work to the appender task.
@@ -110,6 +143,7 @@ impl std::fmt::Debug for Job {
             Job::DropTablets { tablets, .. } => write!(f, "DropTablets({})", tablets.len()),
             Job::Replay { piece, .. } => write!(f, "Replay({})", piece.segment()),
             Job::ForgetUnowned { ranges, .. } => write!(f, "ForgetUnowned({})", ranges.len()),
+            Job::ChangeTablets { change, .. } => write!(f, "ChangeTablets({change:?})"),
         }
     }
 }
@@ -193,6 +227,19 @@ impl Appender {
                 state,
                 reply,
             })
+            .await
+            .map_err(|_| AppenderClosed)?;
+        done.await.map_err(|_| AppenderClosed)
+    }
+
+    /// Applies a numbered change of this master's tablets, ordered after every write
+    /// submitted before; returns where it stood ([`EpochStep::Gap`]: nothing was applied,
+    /// pull the whole set). A `Replace` answers `Next` when applied, `Held` when what is
+    /// served reflects its epoch already.
+    pub async fn change_tablets(&self, change: TabletChange) -> Result<EpochStep, AppenderClosed> {
+        let (reply, done) = oneshot::channel();
+        self.jobs
+            .send(Job::ChangeTablets { change, reply })
             .await
             .map_err(|_| AppenderClosed)?;
         done.await.map_err(|_| AppenderClosed)
@@ -348,6 +395,24 @@ async fn run(
             Some(Job::ForgetUnowned { ranges, reply }) => {
                 let removed = store.lock().forget_unowned(&ranges);
                 let _ = reply.send(removed);
+            }
+            Some(Job::ChangeTablets { change, reply }) => {
+                let mut store = store.lock();
+                let step = match &change {
+                    TabletChange::Take { epoch, tablets } => store.take_tablets_at(*epoch, tablets),
+                    TabletChange::Drop { epoch, tablets } => {
+                        store.drop_tablets_at(*epoch, tablets).0
+                    }
+                    TabletChange::Replace { epoch, tablets } => {
+                        if store.replace_tablets(*epoch, tablets) {
+                            EpochStep::Next
+                        } else {
+                            EpochStep::Held
+                        }
+                    }
+                };
+                drop(store);
+                let _ = reply.send(step);
             }
             Some(job @ (Job::Ops { .. } | Job::Replay { .. })) => carried = Some(job),
             None => {}

@@ -31,6 +31,11 @@
 //! # Concurrency
 //! [`Lease::valid`] is a clock read and two atomic loads, called on every data request.
 //! The renewer is its only writer (plus tests).
+//!
+//! # Tablets
+//! Each grant also reports this master's tablet epoch in the committed map; the renewer
+//! hands it to `TabletSync`, which pulls the master's tablets if a change was missed.
+//! So the tablets a master serves converge to the map within a renewal interval.
 
 use parking_lot::Mutex;
 use rampart_common::ids::ServerId;
@@ -44,6 +49,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::tablet_sync::TabletSync;
 
 /// How often the master asks to renew its lease. Several renewals fit in one lease (the
 /// coordinator grants ~1 s), so one lost request or a slow leader election does not make
@@ -286,6 +293,9 @@ pub struct LeaseRenewer {
     pool: Arc<RpcPool>,
     /// Time between the sends of two renewals.
     interval: Duration,
+    /// Told the tablet epoch each granted renewal reports (`TabletSync` pulls this
+    /// master's tablets when it is behind the committed map).
+    tablet_sync: Option<Arc<TabletSync>>,
 }
 
 impl LeaseRenewer {
@@ -303,7 +313,14 @@ impl LeaseRenewer {
             coordinators,
             pool,
             interval: LEASE_RENEW_INTERVAL,
+            tablet_sync: None,
         }
+    }
+
+    /// The same renewer, reporting the tablet epoch of each grant to `sync`.
+    pub fn with_tablet_sync(mut self, sync: Arc<TabletSync>) -> LeaseRenewer {
+        self.tablet_sync = Some(sync);
+        self
     }
 
     /// The same renewer, renewing every `interval`.
@@ -350,6 +367,9 @@ impl LeaseRenewer {
                     let length = Duration::from_millis(u64::from(reply.lease_ms));
                     self.lease.grant(sent, length);
                     granted = Some(length);
+                    if let Some(sync) = &self.tablet_sync {
+                        sync.report(reply.tablets_epoch);
+                    }
                     if !was_valid {
                         tracing::info!(server = %self.server, lease = ?length, "lease granted");
                     }
@@ -485,6 +505,7 @@ mod tests {
                 }
                 Reply::ok(&RenewLeaseReply {
                     lease_ms: self.lease_ms.load(Ordering::SeqCst),
+                    tablets_epoch: 0,
                 })
             })
         }
@@ -657,6 +678,8 @@ mod tests {
         ];
         // Control requests are served without a lease.
         let take = TabletsRequest {
+            owner: ServerId(1),
+            epoch: 1,
             tablets: vec![Tablet {
                 table,
                 start_hash: 0,

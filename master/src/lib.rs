@@ -22,6 +22,9 @@
 //!   100 ms and reports one that does not answer to the coordinator.
 //! * [`will_upload`] — `WillUploader`: uploads the will to the coordinator when it
 //!   changed materially.
+//! * [`tablet_sync`] — `TabletSync`: keeps the tablets served equal to the committed
+//!   map, pulling them when a numbered change was missed (a lost push, a leader that died
+//!   between commit and push).
 //!
 //! # The write path
 //! 1. `MasterService` decodes a write, remove or increment and submits it to the
@@ -69,6 +72,7 @@ pub mod recovery;
 pub mod replica_manager;
 pub mod segmented_log;
 pub mod service;
+pub mod tablet_sync;
 pub mod tablets;
 pub mod will_upload;
 

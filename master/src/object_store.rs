@@ -45,7 +45,7 @@ use rampart_common::protocol::master::{
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes};
 use rampart_common::protocol::backup::PartitionRanges;
@@ -54,7 +54,7 @@ use crate::object_index::{LogRef, ObjectIndex};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
 use crate::recovery::{PieceEntry, RecoveryPiece, ReplayState};
 use crate::segmented_log::{NoSpace, SegmentRange, SegmentedLog};
-use crate::tablets::OwnedTablets;
+use crate::tablets::{EpochStep, OwnedTablets};
 
 /// A write-type operation on one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -716,17 +716,93 @@ impl ObjectStore {
             for (start, end) in self.tablets.take(tablet) {
                 self.index.remove_range(tablet.table, start..=end);
             }
-            self.profiler.take_tablet(tablet);
-            let range = tablet.start_hash..=tablet.end_hash;
-            let profiler = &mut self.profiler;
-            self.replayed_untracked.retain(|&(table, hash, bytes)| {
-                let inside = table == tablet.table && range.contains(&hash.0);
-                if inside {
-                    profiler.track(table, hash, bytes);
-                }
-                !inside
+            self.profile_taken(tablet);
+        }
+    }
+
+    /// Starts profiling `tablet`, counting the entries a recovery replayed into it.
+    fn profile_taken(&mut self, tablet: &Tablet) {
+        self.profiler.take_tablet(tablet);
+        let range = tablet.start_hash..=tablet.end_hash;
+        let profiler = &mut self.profiler;
+        self.replayed_untracked.retain(|&(table, hash, bytes)| {
+            let inside = table == tablet.table && range.contains(&hash.0);
+            if inside {
+                profiler.track(table, hash, bytes);
+            }
+            !inside
+        });
+    }
+
+    /// The coordinator's number of the last change of this master's tablets applied here
+    /// (see [`OwnedTablets::step`]).
+    pub fn tablets_epoch(&self) -> u64 {
+        self.tablets.epoch()
+    }
+
+    /// Applies the coordinator's change number `epoch` of this master's tablets — take
+    /// `tablets`, as [`take_tablets`](Self::take_tablets) — if it is the next one;
+    /// returns where it stood ([`EpochStep::Gap`]: pull the whole set instead).
+    pub fn take_tablets_at(&mut self, epoch: u64, tablets: &[Tablet]) -> EpochStep {
+        let step = self.tablets.step(epoch);
+        if step == EpochStep::Next {
+            self.take_tablets(tablets);
+            self.tablets.set_epoch(epoch);
+        }
+        step
+    }
+
+    /// Applies the change number `epoch` — drop `tablets` and forget their objects, as
+    /// [`drop_tablets`](Self::drop_tablets) — if it is the next one; returns where it
+    /// stood and how many objects were forgotten.
+    pub fn drop_tablets_at(&mut self, epoch: u64, tablets: &[Tablet]) -> (EpochStep, u64) {
+        let step = self.tablets.step(epoch);
+        let mut removed = 0;
+        if step == EpochStep::Next {
+            removed = self.drop_tablets(tablets);
+            self.tablets.set_epoch(epoch);
+        }
+        (step, removed)
+    }
+
+    /// Serves exactly `tablets` — this master's whole set in the committed map, as of its
+    /// tablet epoch `epoch` — unless what is served reflects that epoch already. Objects
+    /// in parts no longer served are forgotten; those a recovery replayed into newly
+    /// served ranges become visible. Returns whether anything was applied.
+    pub fn replace_tablets(&mut self, epoch: u64, tablets: &[Tablet]) -> bool {
+        if epoch <= self.tablets.epoch() {
+            return false;
+        }
+        let key = |t: &Tablet| (t.table, t.start_hash, t.end_hash);
+        let new: HashSet<(TableId, u64, u64)> = tablets.iter().map(key).collect();
+        let before = self.tablets.ranges();
+        let old: HashSet<(TableId, u64, u64)> = before.iter().copied().collect();
+        for (table, from, to) in self.tablets.replace(tablets) {
+            self.index.remove_range(table, from..=to);
+        }
+        // Profiles of tablets gone for good end; one that a new tablet overlaps is
+        // replaced by that tablet's, which inherits its counts.
+        let own = self.log.log_id();
+        let overlapped = |&(table, start, end): &(TableId, u64, u64)| {
+            tablets
+                .iter()
+                .any(|t| t.table == table && t.start_hash <= end && start <= t.end_hash)
+        };
+        for &(table, start_hash, end_hash) in
+            before.iter().filter(|r| !new.contains(r) && !overlapped(r))
+        {
+            self.profiler.drop_tablet(&Tablet {
+                table,
+                start_hash,
+                end_hash,
+                owner: own,
             });
         }
+        for tablet in tablets.iter().filter(|t| !old.contains(&key(t))) {
+            self.profile_taken(tablet);
+        }
+        self.tablets.set_epoch(epoch);
+        true
     }
 
     /// Stops serving `tablets` and forgets their objects (their log space is reclaimed

@@ -547,6 +547,10 @@ pub struct RecoveryMaster {
     config: RecoveryConfig,
     /// Recoveries running here. Invariant: their ranges are pairwise disjoint.
     in_flight: Mutex<Vec<InFlight>>,
+    /// Per crashed master, the newest recovery attempt a `Recover` of arrived for (ids
+    /// grow across leaders: the term is their high half). Older attempts' abandons are
+    /// ignored.
+    newest: Mutex<std::collections::BTreeMap<ServerId, u64>>,
     next_id: AtomicU64,
 }
 
@@ -565,6 +569,7 @@ impl RecoveryMaster {
             backups: RpcPool::new(),
             config,
             in_flight: Mutex::new(Vec::new()),
+            newest: Mutex::new(std::collections::BTreeMap::new()),
             next_id: AtomicU64::new(1),
         }
     }
@@ -595,6 +600,11 @@ impl RecoveryMaster {
             return Err(RecoveryError::CrashedIsSelf(self.id));
         }
         check_ranges(&request.ranges)?;
+        {
+            let mut newest = self.newest.lock();
+            let held = newest.entry(request.crashed).or_insert(0);
+            *held = (*held).max(request.recovery);
+        }
         let (registration, mut cancelled) = self.register(&request.ranges)?;
         if self.store.lock().owns_any(&request.ranges) {
             return Err(RecoveryError::OwnsRanges);
@@ -783,11 +793,23 @@ impl RecoveryMaster {
             .map_err(|e| format!("bad piece: {e}"))
     }
 
-    /// Serves `AbandonRecovery`: cancels a recovery of overlapping ranges running here
-    /// and waits for it to clean up, then forgets every object in `ranges` this master
-    /// does not own. Returns how many objects were forgotten.
-    pub async fn abandon(&self, ranges: &PartitionRanges) -> Result<u64, RecoveryError> {
+    /// Serves `AbandonRecovery` of attempt `recovery` of `crashed`: cancels a recovery
+    /// of overlapping ranges running here and waits for it to clean up, then forgets
+    /// every object in `ranges` this master does not own. Returns how many objects were
+    /// forgotten; `None` when ignored: a `Recover` of a newer attempt of `crashed` arrived
+    /// here since, so what this master holds may be what a commit it has not heard of
+    /// yet gave it (an abandon delayed in the network must not erase it).
+    pub async fn abandon(
+        &self,
+        crashed: ServerId,
+        recovery: u64,
+        ranges: &PartitionRanges,
+    ) -> Result<Option<u64>, RecoveryError> {
         check_ranges(ranges)?;
+        let newest = self.newest.lock().get(&crashed).copied().unwrap_or(0);
+        if recovery < newest {
+            return Ok(None);
+        }
         let running: Vec<Arc<watch::Sender<bool>>> = self
             .in_flight
             .lock()
@@ -802,6 +824,7 @@ impl RecoveryMaster {
         self.appender
             .forget_unowned(ranges.clone())
             .await
+            .map(Some)
             .map_err(|_| RecoveryError::ShuttingDown)
     }
 }

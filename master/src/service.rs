@@ -6,6 +6,11 @@
 //! touches the store: an oversized key or value, an unknown opcode or a malformed
 //! payload gets its status and the master keeps serving.
 //!
+//! Ownership changes (`TakeTablets`, `DropTablets`, `SyncTablets`) must name this server
+//! (`WrongServer` otherwise: the coordinator meant a server that used to listen at this
+//! address) and carry the coordinator's number of the change; a missed change makes the
+//! master pull its whole set first ([`TabletSync`]).
+//!
 //! `ServerListChanged` (the coordinator leader announcing a new server-list version) is
 //! answered at once: the version goes to the replicator's
 //! [`ServerListWatch`], which pulls the list at once if it holds an older one.
@@ -38,14 +43,19 @@ use rampart_common::protocol::master::{
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
 use rampart_common::status::Status;
+use rampart_common::tablet::Tablet;
 use std::sync::Arc;
 
-use crate::appender::{Appender, AppenderStatus};
+use crate::appender::{Appender, AppenderStatus, TabletChange};
 use crate::lease::{Lease, LEASE_LAPSED_DETAIL};
 use crate::object_store::{ObjectStore, OpOutcome, WriteOp};
 use crate::profiler::PartitionLimits;
 use crate::recovery::{RecoveryConfig, RecoveryMaster};
-use crate::replica_manager::{ReplicationConfig, ReplicationStats, Replicator, ServerListWatch};
+use crate::replica_manager::{
+    ReplicationConfig, ReplicationStats, Replicator, ServerListWatch, ServerSource,
+};
+use crate::tablet_sync::{SyncError, TabletSync};
+use crate::tablets::EpochStep;
 
 /// The master service of one storage server.
 #[derive(Debug)]
@@ -65,6 +75,8 @@ pub struct MasterService {
     lease: Arc<Lease>,
     /// Serves `Recover` and `AbandonRecovery` (replays into `store` through `appender`).
     recovery: RecoveryMaster,
+    /// Pulls this master's tablets from the committed map when it missed a change.
+    tablet_sync: Arc<TabletSync>,
 }
 
 impl MasterService {
@@ -105,7 +117,7 @@ impl MasterService {
             id, config, limits,
         )));
         let status = Arc::new(AppenderStatus::default());
-        let replicator = Replicator::new(id, replication);
+        let replicator = Replicator::new(id, replication.clone());
         let server_list = replicator.server_list_watch();
         let appender =
             Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
@@ -115,9 +127,20 @@ impl MasterService {
             appender.clone(),
             RecoveryConfig::default(),
         );
+        let coordinators = match &replication.servers {
+            ServerSource::Coordinators(addrs) => Some(addrs.as_slice()),
+            ServerSource::Fixed(_) => None,
+        };
+        let tablet_sync = Arc::new(TabletSync::new(
+            id,
+            Arc::clone(&store),
+            appender.clone(),
+            coordinators,
+        ));
         MasterService {
             id,
             recovery,
+            tablet_sync,
             store,
             appender,
             status,
@@ -136,6 +159,12 @@ impl MasterService {
     /// The lease this master serves under.
     pub fn lease(&self) -> &Arc<Lease> {
         &self.lease
+    }
+
+    /// What keeps this master's tablets equal to the committed map: lease renewals
+    /// report to it, and its [`TabletSync::run`] task pulls when behind.
+    pub fn tablet_sync(&self) -> &Arc<TabletSync> {
+        &self.tablet_sync
     }
 
     /// Where `ServerListChanged` pushes are recorded (the failure detector reads it to
@@ -305,21 +334,31 @@ impl MasterService {
             }
             proto::TakeTablets::OPCODE => {
                 let request: TabletsRequest = Reply::decode(payload)?;
-                tracing::info!(master = %self.id, tablets = request.tablets.len(), "taking tablets");
-                self.appender
-                    .take_tablets(request.tablets)
-                    .await
-                    .map_err(|e| Reply::error(Status::ShuttingDown, e))?;
-                Ok(Reply::ok(&()))
+                self.check_owner(request.owner, &request.tablets)?;
+                tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = request.epoch, "taking tablets");
+                let change = TabletChange::Take {
+                    epoch: request.epoch,
+                    tablets: request.tablets,
+                };
+                self.change_tablets(request.epoch, change).await
             }
             proto::DropTablets::OPCODE => {
                 let request: TabletsRequest = Reply::decode(payload)?;
-                let removed = self
-                    .appender
-                    .drop_tablets(request.tablets)
+                self.check_owner(request.owner, &request.tablets)?;
+                tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = request.epoch, "dropping tablets");
+                let change = TabletChange::Drop {
+                    epoch: request.epoch,
+                    tablets: request.tablets,
+                };
+                self.change_tablets(request.epoch, change).await
+            }
+            proto::SyncTablets::OPCODE => {
+                let request: proto::SyncTabletsRequest = Reply::decode(payload)?;
+                self.check_owner(request.owner, &[])?;
+                self.tablet_sync
+                    .catch_up(request.epoch)
                     .await
-                    .map_err(|e| Reply::error(Status::ShuttingDown, e))?;
-                tracing::info!(master = %self.id, removed, "dropped tablets");
+                    .map_err(sync_failed)?;
                 Ok(Reply::ok(&()))
             }
             // Long and rare: never in `handle_immediately`.
@@ -335,10 +374,17 @@ impl MasterService {
                 let request: proto::AbandonRecoveryRequest = Reply::decode(payload)?;
                 let forgotten = self
                     .recovery
-                    .abandon(&request.ranges)
+                    .abandon(request.crashed, request.recovery, &request.ranges)
                     .await
                     .map_err(|error| Reply::error(error.status(), error))?;
-                tracing::info!(master = %self.id, forgotten, "abandoned recovery");
+                match forgotten {
+                    Some(forgotten) => {
+                        tracing::info!(master = %self.id, crashed = %request.crashed, recovery = request.recovery, forgotten, "abandoned recovery")
+                    }
+                    None => {
+                        tracing::info!(master = %self.id, crashed = %request.crashed, recovery = request.recovery, "abandon of an older recovery attempt ignored")
+                    }
+                }
                 Ok(Reply::ok(&()))
             }
             other => Err(Reply::error(
@@ -346,6 +392,49 @@ impl MasterService {
                 format!("master does not serve {other}"),
             )),
         }
+    }
+
+    /// Refuses an ownership change meant for another server (`WrongServer`: a server
+    /// restarted at this address under a new id), or naming tablets of another owner.
+    fn check_owner(&self, owner: ServerId, tablets: &[Tablet]) -> Result<(), Reply> {
+        if owner != self.id {
+            return Err(Reply::error(
+                Status::WrongServer,
+                format!(
+                    "tablets of {owner} sent to {}: a new server listens at that server's \
+                     address; {owner}'s tablets are recovered elsewhere",
+                    self.id
+                ),
+            ));
+        }
+        if let Some(tablet) = tablets.iter().find(|t| t.owner != owner) {
+            return Err(Reply::error(
+                Status::InvalidArgument,
+                format!(
+                    "a change of {owner}'s tablets names a tablet of {}",
+                    tablet.owner
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies the coordinator's change number `epoch` of this master's tablets; on a
+    /// gap (a change before it was missed) pulls the whole set instead.
+    async fn change_tablets(&self, epoch: u64, change: TabletChange) -> Result<Reply, Reply> {
+        let step = self
+            .appender
+            .change_tablets(change)
+            .await
+            .map_err(|e| Reply::error(Status::ShuttingDown, e))?;
+        if step == EpochStep::Gap {
+            tracing::info!(master = %self.id, epoch, applied = self.tablet_sync.applied(), "a change of this master's tablets was missed; pulling them");
+            self.tablet_sync
+                .catch_up(epoch)
+                .await
+                .map_err(sync_failed)?;
+        }
+        Ok(Reply::ok(&()))
     }
 
     async fn write_one(&self, op: WriteOp) -> Result<OpOutcome, Reply> {
@@ -391,6 +480,15 @@ pub fn needs_lease(opcode: Opcode) -> bool {
             | proto::MultiWrite::OPCODE
             | proto::MultiRemove::OPCODE
     )
+}
+
+/// The reply when this master could not catch up with its tablets.
+fn sync_failed(error: SyncError) -> Reply {
+    let status = match error {
+        SyncError::ShuttingDown => Status::ShuttingDown,
+        _ => Status::Retry,
+    };
+    Reply::error(status, error)
 }
 
 fn lease_lapsed() -> Reply {

@@ -12,8 +12,8 @@ use rampart_common::limits::{KEY_BYTES_MAX, MULTI_OPS_MAX};
 use rampart_common::protocol::master::{
     DropTablets, Enumerate, EnumerateRequest, Increment, IncrementRequest, MultiRead,
     MultiReadRequest, MultiRemove, MultiRemoveRequest, MultiWrite, MultiWriteRequest, ObjectKey,
-    Ping, PingRequest, Read, ReadRequest, Remove, RemoveRequest, TabletsRequest, TakeTablets,
-    Write, WriteRequest,
+    Ping, PingRequest, Read, ReadRequest, Remove, RemoveRequest, SyncTablets, SyncTabletsRequest,
+    TabletsRequest, TakeTablets, Write, WriteRequest,
 };
 use rampart_common::reject::RejectRules;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service, WireMessage};
@@ -34,8 +34,11 @@ fn service() -> MasterService {
     MasterService::new(ServerId(1), config)
 }
 
-fn whole_table() -> TabletsRequest {
+/// The next numbered change of `service`'s tablets: take (or drop) the whole table.
+fn whole_table(service: &MasterService) -> TabletsRequest {
     TabletsRequest {
+        owner: service.id(),
+        epoch: service.tablet_sync().applied() + 1,
         tablets: vec![Tablet {
             table: TABLE,
             start_hash: 0,
@@ -96,7 +99,7 @@ async fn assert_still_serving(service: &MasterService, key: &str) {
 #[tokio::test]
 async fn unknown_opcode_is_answered_unknown_opcode() {
     let service = service();
-    call::<TakeTablets>(&service, &whole_table()).await;
+    call::<TakeTablets>(&service, &whole_table(&service)).await;
     for opcode in [Opcode(0), Opcode(77), Opcode(100), Opcode(0x7fff)] {
         let reply = service
             .handle(opcode, Bytes::from_static(b"whatever"))
@@ -109,7 +112,7 @@ async fn unknown_opcode_is_answered_unknown_opcode() {
 #[tokio::test]
 async fn garbage_payloads_are_malformed_request() {
     let service = service();
-    call::<TakeTablets>(&service, &whole_table()).await;
+    call::<TakeTablets>(&service, &whole_table(&service)).await;
     let garbage: [&[u8]; 3] = [b"", b"\xff\xff\xff", &[0xff; 64]];
     let opcodes = [
         Read::OPCODE,
@@ -171,7 +174,7 @@ async fn garbage_payloads_are_malformed_request() {
 #[tokio::test]
 async fn multi_ops_over_the_limit_are_invalid_argument() {
     let service = service();
-    call::<TakeTablets>(&service, &whole_table()).await;
+    call::<TakeTablets>(&service, &whole_table(&service)).await;
     let writes = MultiWriteRequest {
         objects: (0..=MULTI_OPS_MAX)
             .map(|i| write_request(&format!("key-{i}"), "v"))
@@ -225,7 +228,7 @@ async fn take_tablets_then_write_and_read_round_trip() {
     let refused = call::<Read>(&service, &read_request("k")).await;
     assert_eq!(refused.status, Status::UnknownTablet);
 
-    call::<TakeTablets>(&service, &whole_table()).await;
+    call::<TakeTablets>(&service, &whole_table(&service)).await;
     let first = call::<Write>(&service, &write_request("k", "one")).await;
     assert_eq!((first.status, first.version), (Status::Ok, Version::FIRST));
     let second = call::<Write>(&service, &write_request("k", "two")).await;
@@ -312,7 +315,7 @@ async fn ping_reports_the_object_count() {
     assert_eq!(ping.log_bytes_max, 1024 * 1024);
     assert!(ping.log_bytes_used > 0 && ping.log_bytes_used <= ping.log_bytes_max);
 
-    call::<TakeTablets>(&service, &whole_table()).await;
+    call::<TakeTablets>(&service, &whole_table(&service)).await;
     let batch = MultiWriteRequest {
         objects: (0..25)
             .map(|i| write_request(&format!("key-{i}"), "v"))
@@ -336,8 +339,89 @@ async fn ping_reports_the_object_count() {
     call::<MultiRemove>(&service, &keys).await;
     assert_eq!(call::<Ping>(&service, &PingRequest {}).await.objects, 20);
 
-    call::<DropTablets>(&service, &whole_table()).await;
+    call::<DropTablets>(&service, &whole_table(&service)).await;
     assert_eq!(call::<Ping>(&service, &PingRequest {}).await.objects, 0);
+}
+
+#[tokio::test]
+async fn tablets_meant_for_another_server_are_refused_and_nothing_is_taken() {
+    // A server restarted at the address of server 7 (which crashed) is server 1 here: the
+    // coordinator, or a stale push, sends it 7's tablets.
+    let service = service();
+    let mut request = whole_table(&service);
+    request.owner = ServerId(7);
+    for tablet in &mut request.tablets {
+        tablet.owner = ServerId(7);
+    }
+    let reply = send::<TakeTablets>(&service, &request).await;
+    assert_eq!(reply.status(), Status::WrongServer);
+    let sync = SyncTabletsRequest {
+        owner: ServerId(7),
+        epoch: 1,
+    };
+    assert_eq!(
+        send::<SyncTablets>(&service, &sync).await.status(),
+        Status::WrongServer
+    );
+    // Addressed to this server, but naming another's tablet: refused too.
+    let mut request = whole_table(&service);
+    request.tablets[0].owner = ServerId(7);
+    assert_eq!(
+        send::<TakeTablets>(&service, &request).await.status(),
+        Status::InvalidArgument
+    );
+    let read = call::<Read>(&service, &read_request("k")).await;
+    assert_eq!(read.status, Status::UnknownTablet, "nothing was taken");
+    assert_eq!(service.tablet_sync().applied(), 0);
+}
+
+#[tokio::test]
+async fn numbered_changes_apply_in_order_and_a_late_one_changes_nothing() {
+    let service = service();
+    let take = whole_table(&service);
+    call::<TakeTablets>(&service, &take).await;
+    assert_eq!(service.tablet_sync().applied(), 1);
+    call::<Write>(&service, &write_request("k", "v")).await;
+    // The same push again (a retried create): held already, the object stays.
+    call::<TakeTablets>(&service, &take).await;
+    assert_eq!(
+        call::<Read>(&service, &read_request("k")).await.status,
+        Status::Ok
+    );
+    // The drop of change 2, then the take of change 1 arriving late: not re-taken.
+    call::<DropTablets>(&service, &whole_table(&service)).await;
+    assert_eq!(service.tablet_sync().applied(), 2);
+    call::<TakeTablets>(&service, &take).await;
+    let read = call::<Read>(&service, &read_request("k")).await;
+    assert_eq!(
+        read.status,
+        Status::UnknownTablet,
+        "a late push resurrected a dropped table"
+    );
+}
+
+#[tokio::test]
+async fn a_change_after_a_missed_one_is_not_applied_without_a_pull() {
+    // Without coordinators the master cannot pull its set: the push is refused with
+    // Retry, and nothing is taken (applying change 3 on top of 1 would skip change 2).
+    let service = service();
+    call::<TakeTablets>(&service, &whole_table(&service)).await;
+    let mut gap = whole_table(&service);
+    gap.epoch = 3;
+    gap.tablets[0].table = TableId(2);
+    assert_eq!(
+        send::<TakeTablets>(&service, &gap).await.status(),
+        Status::Retry
+    );
+    assert_eq!(service.tablet_sync().applied(), 1);
+    let other = ReadRequest {
+        table: TableId(2),
+        key: Bytes::from_static(b"k"),
+    };
+    assert_eq!(
+        call::<Read>(&service, &other).await.status,
+        Status::UnknownTablet
+    );
 }
 
 // ---- Recover and AbandonRecovery, against fake backups on loopback ----
@@ -501,8 +585,10 @@ mod recovery {
         }
     }
 
-    fn recovered_tablets() -> TabletsRequest {
+    fn recovered_tablets(service: &MasterService) -> TabletsRequest {
         TabletsRequest {
+            owner: service.id(),
+            epoch: service.tablet_sync().applied() + 1,
             tablets: vec![Tablet {
                 table: RECOVERED,
                 start_hash: 0,
@@ -557,7 +643,7 @@ mod recovery {
     #[tokio::test]
     async fn recover_replays_every_segment_and_take_tablets_makes_it_readable() {
         let service = service();
-        call::<TakeTablets>(&service, &whole_table()).await;
+        call::<TakeTablets>(&service, &whole_table(&service)).await;
         let segments = three_segments();
         let (addr, fake) = backup(&serve_all(&segments)).await;
         let reply: RecoverReply = call::<Recover>(
@@ -573,7 +659,7 @@ mod recovery {
         assert!(reply.bytes > 0);
         // Replicated and indexed, but not served before TakeTablets.
         assert_eq!(read(&service, "a").0, Status::UnknownTablet);
-        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_three_segments_recovered(&service);
         // Versions keep increasing: b, deleted on the crashed master, comes back newer
         // than the floor it had.
@@ -614,7 +700,7 @@ mod recovery {
         )
         .await;
         assert_eq!(reply.fallbacks, 3);
-        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_three_segments_recovered(&service);
     }
 
@@ -645,7 +731,7 @@ mod recovery {
     #[tokio::test]
     async fn recover_fails_when_every_backup_of_a_segment_fails_and_leaves_nothing() {
         let service = service();
-        call::<TakeTablets>(&service, &whole_table()).await;
+        call::<TakeTablets>(&service, &whole_table(&service)).await;
         call::<Write>(&service, &write_request("own", "kept")).await;
         let segments = three_segments();
         // Segments 1 and 3 replay fine; segment 2 has no usable replica.
@@ -676,7 +762,7 @@ mod recovery {
             1,
             "only the master's own"
         );
-        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         for key in ["a", "c", "d"] {
             assert_eq!(read(&service, key).0, Status::ObjectDoesntExist, "{key}");
         }
@@ -687,7 +773,7 @@ mod recovery {
     async fn recover_into_a_full_log_fails_and_leaves_nothing() {
         // The master holds 1 MiB of log; the partition holds about 1.8 MB.
         let service = service();
-        call::<TakeTablets>(&service, &whole_table()).await;
+        call::<TakeTablets>(&service, &whole_table(&service)).await;
         call::<Write>(&service, &write_request("own", "kept")).await;
         let value: &'static str = Box::leak("v".repeat(1000).into_boxed_str());
         let big = |segment: u64| {
@@ -735,7 +821,7 @@ mod recovery {
             send::<Recover>(&service, &empty).await.status(),
             Status::InvalidArgument
         );
-        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_eq!(
             send::<Recover>(&service, &request(&[])).await.status(),
             Status::InvalidArgument
@@ -750,12 +836,41 @@ mod recovery {
         let segments_request = request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]);
         call::<Recover>(&service, &segments_request).await;
         assert_eq!(service.store().lock().object_count(), 3);
-        call::<AbandonRecovery>(&service, &AbandonRecoveryRequest { ranges: ranges() }).await;
+        call::<AbandonRecovery>(
+            &service,
+            &AbandonRecoveryRequest {
+                crashed: CRASHED,
+                recovery: 1,
+                ranges: ranges(),
+            },
+        )
+        .await;
         assert_eq!(service.store().lock().object_count(), 0);
         // Sent again, the partition is replayed again to the same result.
         let again = call::<Recover>(&service, &segments_request).await;
         assert_eq!(again.objects, 3);
-        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        assert_three_segments_recovered(&service);
+    }
+
+    #[tokio::test]
+    async fn an_abandon_of_an_older_attempt_is_ignored() {
+        // Attempt 4's abandon, delayed in the network, arrives after attempt 5 replayed
+        // the same ranges here (and may have committed them to this master): ignored.
+        let service = service();
+        let segments = three_segments();
+        let (addr, _) = backup(&serve_all(&segments)).await;
+        let mut newer = request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]);
+        newer.recovery = 5;
+        call::<Recover>(&service, &newer).await;
+        let stale = AbandonRecoveryRequest {
+            crashed: CRASHED,
+            recovery: 4,
+            ranges: ranges(),
+        };
+        call::<AbandonRecovery>(&service, &stale).await;
+        assert_eq!(service.store().lock().object_count(), 3, "kept");
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_three_segments_recovered(&service);
     }
 
@@ -785,7 +900,15 @@ mod recovery {
         // Overlapping ranges may not be recovered twice at once.
         let overlapping = send::<Recover>(&service, &request(&[(1, &[&addr])])).await;
         assert_eq!(overlapping.status(), Status::Retry);
-        call::<AbandonRecovery>(&service, &AbandonRecoveryRequest { ranges: ranges() }).await;
+        call::<AbandonRecovery>(
+            &service,
+            &AbandonRecoveryRequest {
+                crashed: CRASHED,
+                recovery: 1,
+                ranges: ranges(),
+            },
+        )
+        .await;
         assert_eq!(recovering.await.unwrap(), Status::RecoveryFailed);
         assert_eq!(service.store().lock().object_count(), 0);
     }
@@ -800,7 +923,7 @@ mod recovery {
         let second = call::<Recover>(&service, &segments_request).await;
         assert_eq!(first.objects, second.objects);
         assert_eq!(service.store().lock().object_count(), 3);
-        call::<TakeTablets>(&service, &recovered_tablets()).await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_three_segments_recovered(&service);
     }
 }

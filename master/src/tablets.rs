@@ -2,6 +2,14 @@
 //!
 //! Every data operation checks ownership first; a key outside every owned tablet gets
 //! `UnknownTablet`, which sends the client back to the coordinator for a fresh map.
+//!
+//! # Converging to the committed map
+//! The coordinator numbers the changes of each master's tablets one by one (its *tablet
+//! epoch*, `protocol::master::TabletsRequest`). `OwnedTablets` remembers the number of
+//! the last change it reflects, and [`OwnedTablets::step`] tells a pushed change apart:
+//! the next one is applied, an older one is already reflected, and a later one means a
+//! change was missed — then the whole set is pulled and [`OwnedTablets::replace`]d. The
+//! decision is this pure function; `tablet_sync` drives the pulls.
 
 use rampart_common::ids::{KeyHash, TableId};
 use rampart_common::tablet::Tablet;
@@ -14,12 +22,81 @@ pub struct OwnedTablets {
     /// Invariant: ranges of one table never overlap (the coordinator assigns disjoint
     /// tablets; taking an overlapping tablet replaces the ones it overlaps).
     ranges: BTreeMap<(TableId, u64), u64>,
+    /// The coordinator's number of the last change of this master's tablets that
+    /// `ranges` reflect (0: none yet). Only grows.
+    epoch: u64,
+}
+
+/// Where a numbered change of a master's tablets stands against what it reflects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpochStep {
+    /// The next change: apply it.
+    Next,
+    /// Reflected already (pushed twice, or covered by a later pull): nothing to do.
+    Held,
+    /// A change before it was missed: pull the whole set instead of applying it.
+    Gap,
 }
 
 impl OwnedTablets {
     /// Owns nothing.
     pub fn new() -> OwnedTablets {
         OwnedTablets::default()
+    }
+
+    /// The number of the last change of this master's tablets reflected here.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Where the change numbered `epoch` stands (module doc).
+    pub fn step(&self, epoch: u64) -> EpochStep {
+        if epoch <= self.epoch {
+            EpochStep::Held
+        } else if epoch == self.epoch + 1 {
+            EpochStep::Next
+        } else {
+            EpochStep::Gap
+        }
+    }
+
+    /// Records that the changes up to `epoch` are reflected.
+    ///
+    /// # Panics
+    /// If `epoch` is older than what is reflected: epochs only grow.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        assert!(
+            epoch >= self.epoch,
+            "tablet epoch {epoch} after {}",
+            self.epoch
+        );
+        self.epoch = epoch;
+    }
+
+    /// Every owned tablet, as `(table, start, end)`, in order.
+    pub fn ranges(&self) -> Vec<(TableId, u64, u64)> {
+        self.ranges
+            .iter()
+            .map(|(&(table, start), &end)| (table, start, end))
+            .collect()
+    }
+
+    /// Makes the owned tablets exactly `tablets` (disjoint, as the coordinator assigns
+    /// them). Returns the parts owned before that no tablet of `tablets` covers: their
+    /// objects are no longer served.
+    pub fn replace(&mut self, tablets: &[Tablet]) -> Vec<(TableId, u64, u64)> {
+        let before = std::mem::take(&mut self.ranges);
+        for tablet in tablets {
+            self.ranges
+                .insert((tablet.table, tablet.start_hash), tablet.end_hash);
+        }
+        let mut lost = Vec::new();
+        for ((table, start), end) in before {
+            for (from, to) in self.unowned_parts(table, start, end) {
+                lost.push((table, from, to));
+            }
+        }
+        lost
     }
 
     /// Whether a key of `table` with `hash` is served here.
@@ -177,6 +254,50 @@ mod tests {
         assert!(owned.owns_any(TableId(1), 0, 100));
         assert!(!owned.owns_any(TableId(1), 0, 99));
         assert!(!owned.owns_any(TableId(1), 200, 299));
+    }
+
+    #[test]
+    fn a_numbered_change_is_applied_next_skipped_when_held_and_a_gap_when_one_was_missed() {
+        let mut owned = OwnedTablets::new();
+        assert_eq!(owned.step(1), EpochStep::Next);
+        assert_eq!(owned.step(2), EpochStep::Gap);
+        owned.set_epoch(1);
+        assert_eq!(owned.step(1), EpochStep::Held);
+        assert_eq!(owned.step(0), EpochStep::Held);
+        assert_eq!(owned.step(2), EpochStep::Next);
+        owned.set_epoch(5);
+        assert_eq!(owned.step(3), EpochStep::Held, "a late push after a pull");
+        assert_eq!(owned.step(6), EpochStep::Next);
+        assert_eq!(owned.step(8), EpochStep::Gap);
+    }
+
+    #[test]
+    fn replacing_the_set_reports_only_what_no_new_tablet_covers() {
+        let mut owned = OwnedTablets::new();
+        owned.take(&tablet(1, 0, 999));
+        owned.take(&tablet(2, 0, 99));
+        owned.take(&tablet(3, 0, u64::MAX));
+        // Table 2 was dropped, table 1 narrowed to two pieces, table 4 is new.
+        let lost = owned.replace(&[
+            tablet(1, 0, 499),
+            tablet(1, 600, 999),
+            tablet(3, 0, u64::MAX),
+            tablet(4, 0, 9),
+        ]);
+        assert_eq!(
+            lost,
+            vec![(TableId(1), 500, 599), (TableId(2), 0, 99)],
+            "objects of the kept parts stay"
+        );
+        assert_eq!(
+            owned.ranges(),
+            vec![
+                (TableId(1), 0, 499),
+                (TableId(1), 600, 999),
+                (TableId(3), 0, u64::MAX),
+                (TableId(4), 0, 9)
+            ]
+        );
     }
 
     #[test]

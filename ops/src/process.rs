@@ -557,7 +557,8 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         };
         let master = MasterService::with_partitions(id, config, replication, limits)
             .with_lease(Arc::clone(&lease));
-        // The lease renewer, the failure detector and the will uploader run until
+        // The lease renewer, the tablet sync, the failure detector and the will uploader
+        // run until
         // `background_stop` is dropped (at shutdown, below).
         let (background_stop, background_stopped) = tokio::sync::watch::channel(());
         let stopped = move || {
@@ -571,14 +572,17 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             use rampart_master::failure_detector::{FailureDetectorConfig, FailureDetectorTask};
             let set = Arc::new(rampart_common::rpc::CoordinatorSet::new(&coordinators));
             let pool = Arc::new(RpcPool::new());
+            let tablet_sync = Arc::clone(master.tablet_sync());
             let renewer = rampart_master::lease::LeaseRenewer::new(
                 id,
                 lease,
                 Arc::clone(&set),
                 Arc::clone(&pool),
             )
-            .with_interval(Duration::from_millis(args.lease_renew_ms));
+            .with_interval(Duration::from_millis(args.lease_renew_ms))
+            .with_tablet_sync(Arc::clone(&tablet_sync));
             background.spawn(renewer.run(stopped()));
+            background.spawn(tablet_sync.run(stopped()));
             let detector = FailureDetectorTask::new(
                 id,
                 addr.clone(),

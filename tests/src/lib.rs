@@ -240,8 +240,14 @@ impl RampartProcess {
     /// Starts `rampart ARGS...` and waits (up to [`CLUSTER_START_TIMEOUT`]) for its
     /// `listening on` line.
     pub fn start(args: &[&str]) -> Result<RampartProcess> {
+        RampartProcess::start_with_env(args, &[])
+    }
+
+    /// [`RampartProcess::start`] with more environment variables (failpoints, say).
+    pub fn start_with_env(args: &[&str], env: &[(String, String)]) -> Result<RampartProcess> {
         let mut child = Command::new(rampart_bin()?)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -330,12 +336,23 @@ pub struct CoordinatorGroup {
     pub dirs: std::collections::BTreeMap<u64, PathBuf>,
     /// The running members.
     processes: std::collections::BTreeMap<u64, RampartProcess>,
+    /// Flags every member is started with, beyond its id, peers and data directory.
+    flags: Vec<String>,
+    /// Environment every member is started with (failpoints, say).
+    env: Vec<(String, String)>,
     _dir: tempfile::TempDir,
 }
 
 impl CoordinatorGroup {
     /// Starts `size` coordinators with ids 1..=size.
     pub fn start(size: u64) -> Result<CoordinatorGroup> {
+        CoordinatorGroup::start_with(size, &[], &[])
+    }
+
+    /// Starts `size` coordinators with ids 1..=size, each with `flags` (such as
+    /// `--lease-ms 4000`) and the environment `env` (such as failpoints), now and at every
+    /// restart.
+    pub fn start_with(size: u64, flags: &[&str], env: &[(&str, &str)]) -> Result<CoordinatorGroup> {
         let dir = tempfile::TempDir::new()?;
         // Ports the OS picked free; released just before the members bind them.
         let listeners = (0..size)
@@ -354,6 +371,11 @@ impl CoordinatorGroup {
             peers,
             dirs,
             processes: std::collections::BTreeMap::new(),
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             _dir: dir,
         };
         for id in 1..=size {
@@ -384,8 +406,9 @@ impl CoordinatorGroup {
     pub fn restart_with(&mut self, id: u64, extra: &[&str]) -> Result<()> {
         let args = self.member_args(id)?;
         let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(self.flags.iter().map(String::as_str));
         args.extend_from_slice(extra);
-        let process = RampartProcess::start(&args)?;
+        let process = RampartProcess::start_with_env(&args, &self.env)?;
         self.processes.insert(id, process);
         Ok(())
     }
@@ -447,6 +470,17 @@ impl CoordinatorGroup {
         data_dir: &std::path::Path,
         extra: &[&str],
     ) -> Result<RampartProcess> {
+        self.start_server_at("127.0.0.1:0", data_dir, extra)
+    }
+
+    /// Starts a storage server listening on `listen`, enlisting with this group; `extra`
+    /// are more flags.
+    pub fn start_server_at(
+        &self,
+        listen: &str,
+        data_dir: &std::path::Path,
+        extra: &[&str],
+    ) -> Result<RampartProcess> {
         let data_dir = data_dir
             .to_str()
             .ok_or_else(|| anyhow!("non-UTF-8 data dir"))?;
@@ -456,7 +490,7 @@ impl CoordinatorGroup {
             "--coordinator",
             &addrs,
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--data-dir",
             data_dir,
         ];

@@ -177,6 +177,19 @@ pub struct RenewLeaseRequest {
 pub struct RenewLeaseReply {
     /// How long the master may serve, counted from when it *sent* the request.
     pub lease_ms: u32,
+    /// The master's tablet epoch in the committed map (see
+    /// `protocol::master::TabletsRequest`): a master behind it missed a change of its
+    /// tablets and pulls them (`GetOwnedTablets`).
+    pub tablets_epoch: u64,
+}
+
+/// The tablets one server owns in the committed map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnedTabletsReply {
+    /// The server's tablet epoch these tablets are at.
+    pub epoch: u64,
+    /// Every tablet it owns, in (table, hash) order.
+    pub tablets: Vec<crate::tablet::Tablet>,
 }
 
 /// A master uploads its will (DESIGN.md §5).
@@ -268,6 +281,7 @@ pub struct RecoveryStatusReply {
 }
 
 bincode_message!(
+    OwnedTabletsReply,
     SetOpenEpochRequest,
     ReportFailureRequest,
     RenewLeaseRequest,
@@ -319,6 +333,9 @@ rpcs! {
     /// Record the epoch of a master's open segment after it re-created replicas of it
     /// (`ServerCrashed` once the master was declared crashed).
     SetOpenEpoch = 112: SetOpenEpochRequest => ();
+    /// The tablets a server owns, with its tablet epoch (linearizable; `ServerCrashed`
+    /// once it was declared crashed).
+    GetOwnedTablets = 113: ServerIdRequest => OwnedTabletsReply;
 }
 
 #[cfg(test)]

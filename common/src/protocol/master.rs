@@ -183,11 +183,36 @@ pub struct EnumerateReply {
     pub next_hash: Option<u64>,
 }
 
-/// Tablets to take ownership of (sent by the coordinator), or to drop.
+/// A change of the tablets one master owns, sent by the coordinator: tablets to take
+/// (created, or recovered here), or to drop.
+///
+/// The coordinator numbers the changes of each server's tablets one by one (its *tablet
+/// epoch*); a master applies a change only when it is the next one (`epoch` one past
+/// its own), skips one it reflects already, and on a gap pulls its whole set
+/// (`GetOwnedTablets`) instead. Pushes may so arrive late, twice, or not at all: the
+/// master's tablets still converge to the committed map (lease renewals report the
+/// epoch, see `RenewLeaseReply`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TabletsRequest {
-    /// The tablets.
+    /// The server the change is for. Server ids are never reused (a process restarted
+    /// at an address enlists anew), so an id names one incarnation: a server that
+    /// receives a change for another id refuses it (`WrongServer`).
+    pub owner: ServerId,
+    /// The owner's tablet epoch once the change is applied.
+    pub epoch: u64,
+    /// The tablets, each owned by `owner` (for a take) or until now (for a drop).
     pub tablets: Vec<Tablet>,
+}
+
+/// The tablets of `owner` changed, up to tablet epoch `epoch`, in ways this message does
+/// not carry: an owner behind it pulls its whole set (`GetOwnedTablets`) before it
+/// answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncTabletsRequest {
+    /// The server meant (`WrongServer` from any other).
+    pub owner: ServerId,
+    /// The owner's tablet epoch in the committed map.
+    pub epoch: u64,
 }
 
 /// A liveness probe.
@@ -260,10 +285,16 @@ pub struct RecoverReply {
 }
 
 /// Stop serving the given tablets' objects that a recovery left behind here (a recovery
-/// attempt that failed, or whose result the coordinator could not commit): forget every
-/// object in the ranges, unless this master owns them.
+/// attempt that failed, or whose result the committed map does not give this master):
+/// forget every object in the ranges, unless this master owns them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AbandonRecoveryRequest {
+    /// The crashed master whose recovery left them.
+    pub crashed: ServerId,
+    /// The attempt that left them. A master that has since received a `Recover` of a
+    /// newer attempt of `crashed` ignores this: its objects may be what a commit it has
+    /// not heard of yet gave it.
+    pub recovery: u64,
     /// The ranges.
     pub ranges: PartitionRanges,
 }
@@ -284,6 +315,7 @@ bincode_message!(
     EnumerateRequest,
     EnumerateReply,
     TabletsRequest,
+    SyncTabletsRequest,
     PingRequest,
     PingReply,
     ServerListVersion,
@@ -306,9 +338,10 @@ rpcs! {
     MultiRemove = 7: MultiRemoveRequest => MultiWriteReply;
     /// One page of a table, by key hash.
     Enumerate = 8: EnumerateRequest => EnumerateReply;
-    /// Take ownership of tablets (coordinator → master).
+    /// Take ownership of tablets (coordinator → master; `WrongServer` when meant for
+    /// another server).
     TakeTablets = 9: TabletsRequest => ();
-    /// Drop tablets and their objects (coordinator → master).
+    /// Drop tablets and their objects (coordinator → master; `WrongServer` likewise).
     DropTablets = 10: TabletsRequest => ();
     /// Liveness and a few figures.
     Ping = 11: PingRequest => PingReply;
@@ -321,6 +354,8 @@ rpcs! {
     Recover = 13: RecoverRequest => RecoverReply;
     /// Forget objects a failed recovery left in ranges this master does not own.
     AbandonRecovery = 14: AbandonRecoveryRequest => ();
+    /// Catch up with the committed map's tablets of this master (coordinator → master).
+    SyncTablets = 15: SyncTabletsRequest => ();
 }
 
 /// Bounds-checked reader over a payload that hands out zero-copy slices.

@@ -1307,7 +1307,13 @@ mod decoders {
         });
         assert_only_the_whole_encoding_decodes(enumerate_reply());
         assert_only_the_whole_encoding_decodes(master::TabletsRequest {
+            owner: ServerId(3),
+            epoch: 9,
             tablets: vec![tablet(0), tablet(1 << 63)],
+        });
+        assert_only_the_whole_encoding_decodes(master::SyncTabletsRequest {
+            owner: ServerId(3),
+            epoch: 9,
         });
         assert_only_the_whole_encoding_decodes(master::MultiWriteReply {
             objects: vec![master::WriteReply {
