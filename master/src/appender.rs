@@ -23,6 +23,10 @@
 //! ([`Appender::forget_unowned`]) is a control job like a tablet change, so it is
 //! ordered after every replay job queued before it.
 //!
+//! Before its first job the task replicates the opening of the log's first segment, so
+//! that a master is on R backups before it serves anything (DESIGN.md §6: a master that
+//! never wrote must still be recoverable).
+//!
 //! Tablet ownership changes travel on the same queue and are applied between batches,
 //! so they are ordered with the writes around them. Every [`UPKEEP_INTERVAL`], between
 //! batches and whether or not the queue is empty, the task gives the replicator time for
@@ -292,6 +296,15 @@ async fn run(
         store: &store,
         capacity,
     };
+    // The log's first segment (its header, digest and safe version) goes to R backups
+    // before any job — a tablet taken, a write, a replay — is served: a master that
+    // crashed before its first write must leave a log that recovery finds, or its
+    // tablets would never come back. Jobs queue meanwhile (bounded).
+    let opening = store.lock().seal();
+    if let Err(fatal) = replicate(&opening, &mut replicator, &source).await {
+        return stop(fatal, &status, queue, Vec::new()).await;
+    }
+    *status.replication.lock() = replicator.stats();
     let mut next_upkeep = tokio::time::Instant::now() + UPKEEP_INTERVAL;
     let mut carried: Option<Job> = None;
     let server_list = replicator.server_list_watch();

@@ -576,3 +576,63 @@ fn a_server_restarted_at_a_crashed_servers_address_never_serves_its_tablets() {
         assert_ne!(owner_of(&cluster, &client, table, "k0"), impostor);
     });
 }
+
+#[test]
+fn a_master_that_never_wrote_is_recovered_with_its_tablets_empty() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        // A table over every master, and not one write: a master's log must still be on
+        // its backups (its first segment's header), or its tablets never come back.
+        let mut cluster = Cluster::start(4, 2, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("idle", 4).await.unwrap();
+        let victim = owner_of(&cluster, &client, table, "k0");
+        cluster.kill(victim);
+        cluster.wait_recovered(&[victim]).await;
+        assert_eq!(client.read(table, b"k0").await.unwrap(), None);
+        client.write(table, b"k0", b"after").await.unwrap();
+        assert_ne!(owner_of(&cluster, &client, table, "k0"), victim);
+    });
+}
+
+#[test]
+fn allow_loss_lets_a_recovery_finish_even_when_no_replica_survived() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        // Every server is killed while each log is still its first, open segment: its
+        // replicas lived only in the backups' frames, which died too. The recoveries wait
+        // ("no backup holds any replica") until the operator accepts the loss; then they
+        // must finish, the tablets coming back empty.
+        let mut cluster = Cluster::start(3, 2, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("gone", 3).await.unwrap();
+        fill(&client, table, "k", 30, 100).await;
+        let dead: Vec<u64> = cluster.servers.keys().copied().collect();
+        for id in &dead {
+            cluster.kill(*id);
+        }
+        for _ in 0..3 {
+            cluster.start_server(None);
+        }
+        for id in &dead {
+            cluster
+                .wait_for("a recovery waiting for lost replicas", |reports| {
+                    reports
+                        .iter()
+                        .find(|r| r.crashed == ServerId(*id))
+                        .and_then(|r| r.waiting.clone())
+                })
+                .await;
+            let output = rampart_tests::rampart(
+                &["recovery", "allow-loss", &id.to_string()],
+                None,
+                &[("RAMPART_COORDINATOR", &cluster.group.addrs())],
+            )
+            .unwrap();
+            assert!(output.status.success(), "{output:?}");
+        }
+        cluster.wait_recovered(&dead).await;
+        assert_eq!(client.read(table, b"k0").await.unwrap(), None);
+        client.write(table, b"k0", b"after the loss").await.unwrap();
+    });
+}
