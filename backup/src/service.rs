@@ -48,7 +48,10 @@
 //!    `rampart_common::onesided::shm`). Those lengths are final: lists and reads of a
 //!    fenced frame serve exactly that prefix, even if an unacknowledged write in flight
 //!    during the fence landed past it. Close, `BumpEpoch` and a replacing open of a
-//!    fenced frame are `Fenced` too; list, read and free still serve it. For `rdma`,
+//!    fenced frame are `Fenced` too; list, read and free still serve it. Once freed (by
+//!    `EndRecovery`, which also fences a master `StartRecovery` never reached here), a
+//!    fenced frame's handle is remembered ([`FENCED_HANDLES_MAX`]) and still answered
+//!    `Fenced`: a zombie master must never take it for a lost replica. For `rdma`,
 //!    whose writes the NIC acknowledges without looking at the fence word, the fence
 //!    revokes the master's RDMA key before the scan, and the master is refused a new
 //!    one.
@@ -182,6 +185,13 @@ pub struct BackupConfig {
 /// First read of an open frame when listing or reading it (see `read_written`).
 const SCAN_READ_BYTES_MIN: u32 = 256 * 1024;
 
+/// Handles of freed fenced frames remembered (`State::fenced_handles`): each crashed
+/// master leaves a few (its open segments here), so this covers thousands of crashes; a
+/// handle forgotten past it is answered `UnknownFrame`, and the master then learns it was
+/// declared crashed when it tries to place the replica elsewhere (`OpenReplica` is
+/// `Fenced` here, the coordinator refuses its new epoch).
+pub const FENCED_HANDLES_MAX: usize = 65_536;
+
 /// (master, segment): the key of a replica.
 type ReplicaKey = (ServerId, SegmentId);
 
@@ -221,10 +231,6 @@ impl Frame {
             length,
             closed: false,
         }
-    }
-
-    fn gone(handle: u64) -> Reply {
-        Reply::error(Status::UnknownFrame, format!("no open frame {handle}"))
     }
 
     fn fenced_reply(&self, handle: u64) -> Reply {
@@ -271,6 +277,13 @@ struct State {
     /// after its open frames were fenced. Server ids are never reused; one entry per
     /// crashed server.
     fenced_masters: HashSet<ServerId>,
+    /// Handles of fenced frames that left the table (freed by `EndRecovery` or
+    /// `FreeReplica`): a zombie master's late write, close or bump naming one still hears
+    /// `Fenced`, not `UnknownFrame` — which it would take for an ordinary lost replica
+    /// and re-create elsewhere. Oldest first; invariant: at most
+    /// [`FENCED_HANDLES_MAX`] entries, `fenced_handle_set` holding the same handles.
+    fenced_handles: VecDeque<u64>,
+    fenced_handle_set: HashSet<u64>,
     /// The soft-NIC's address, reported in `OpenReplica` replies.
     nic_addr: Option<String>,
 }
@@ -310,12 +323,40 @@ impl State {
         };
     }
 
+    /// The answer to a request naming frame `handle`, which is not in the table:
+    /// `Fenced` if it was a fenced frame (a zombie master), else `UnknownFrame`.
+    fn gone(&self, handle: u64) -> Reply {
+        if self.fenced_handle_set.contains(&handle) {
+            return Reply::error(
+                Status::Fenced,
+                format!("frame {handle} was fenced and freed: its master was recovered"),
+            );
+        }
+        Reply::error(Status::UnknownFrame, format!("no open frame {handle}"))
+    }
+
+    /// Remembers that fenced frame `handle` left the table (see `fenced_handles`).
+    fn remember_fenced(&mut self, handle: u64) {
+        if !self.fenced_handle_set.insert(handle) {
+            return;
+        }
+        self.fenced_handles.push_back(handle);
+        if self.fenced_handles.len() > FENCED_HANDLES_MAX {
+            if let Some(oldest) = self.fenced_handles.pop_front() {
+                self.fenced_handle_set.remove(&oldest);
+            }
+        }
+    }
+
     /// Removes frame `handle` from the table. Returns its slot if the caller must
     /// release it now (outside `state`, then [`Shared::free_slot`]); `None` if there was
     /// no such frame or a close still reads the slot (it is then parked in `retiring`).
     fn remove_frame(&mut self, handle: u64) -> Option<usize> {
         let frame = self.frames.remove(&handle)?;
         self.open.remove(&(frame.master, frame.segment));
+        if frame.fenced {
+            self.remember_fenced(handle);
+        }
         if frame.closes_in_flight > 0 {
             self.retiring.insert(handle, frame);
             return None;
@@ -478,8 +519,14 @@ impl State {
 
     /// The frame `handle`, checked against `epoch`.
     fn frame_mut(&mut self, handle: u64, epoch: u64) -> Result<&mut Frame, Reply> {
+        if !self.frames.contains_key(&handle) {
+            return Err(self.gone(handle));
+        }
         let Some(frame) = self.frames.get_mut(&handle) else {
-            return Err(Frame::gone(handle));
+            return Err(Reply::error(
+                Status::Internal,
+                "frame vanished under the lock",
+            ));
         };
         if frame.epoch != epoch {
             return Err(Reply::error(
@@ -525,7 +572,7 @@ impl State {
     fn bump_epoch(&mut self, request: &BumpEpochRequest) -> Result<(), Reply> {
         let handle = request.handle;
         let Some(frame) = self.frames.get(&handle) else {
-            return Err(Frame::gone(handle));
+            return Err(self.gone(handle));
         };
         let key = (frame.master, frame.segment);
         if frame.fenced {
@@ -619,10 +666,19 @@ impl Shared {
                     Status::Fenced,
                     format!("frame {handle} is fenced: recovery of its master has begun"),
                 ),
-                FrameWriteError::FrameGone => Reply::error(
-                    Status::UnknownFrame,
-                    format!("frame {handle} was closed, freed or replaced during the write"),
-                ),
+                FrameWriteError::FrameGone => {
+                    let state = self.state.lock();
+                    if state.fenced_handle_set.contains(&handle) {
+                        state.gone(handle)
+                    } else {
+                        Reply::error(
+                            Status::UnknownFrame,
+                            format!(
+                                "frame {handle} was closed, freed or replaced during the write"
+                            ),
+                        )
+                    }
+                }
                 FrameWriteError::OutOfBounds { .. } => {
                     Reply::error(Status::InvalidArgument, format!("frame {handle}: {error}"))
                 }
@@ -1081,6 +1137,8 @@ impl BackupService {
             stored,
             next_handle: (rand::random::<u64>() >> 2).max(1),
             fenced_masters: HashSet::new(),
+            fenced_handles: VecDeque::new(),
+            fenced_handle_set: HashSet::new(),
             nic_addr: None,
         };
         tracing::info!(
@@ -1424,6 +1482,9 @@ impl BackupService {
         self.recovery.end(master);
         let (mut freed, releases) = {
             let mut state = self.shared.state.lock();
+            // Recovered: the master is fenced here for good (also if `StartRecovery`
+            // never reached this backup), and its freed frames keep answering `Fenced`.
+            state.fenced_masters.insert(master);
             let range = (master, SegmentId(0))..=(master, SegmentId(u64::MAX));
             let frames: Vec<(ReplicaKey, u64)> =
                 state.open.range(range).map(|(&key, &h)| (key, h)).collect();
@@ -1431,6 +1492,9 @@ impl BackupService {
             let mut releases = Vec::new();
             for (key, handle) in frames {
                 freed.insert(key);
+                if let Some(frame) = state.frames.get_mut(&handle) {
+                    frame.fenced = true;
+                }
                 releases.extend(state.remove_frame(handle));
             }
             (freed, releases)
@@ -1992,6 +2056,45 @@ mod tests {
         assert_eq!(status(refused), Status::Fenced);
         // Other masters are unaffected.
         open(&service, 8, 1, 1).await;
+    }
+
+    #[tokio::test]
+    async fn a_zombie_masters_frames_freed_by_end_recovery_keep_answering_fenced() {
+        // Master 7's recovery fenced its frame here and, once done, freed it. The master,
+        // still running somewhere (a zombie), writes late: it must hear Fenced — by every
+        // path — never UnknownFrame, which it would take for an ordinary lost replica.
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let (head, _, _) = recovery_segment(7, 1, &[1], false);
+        let fenced = write_open(&service, 7, 1, &head).await;
+        start_recovery(&service, 7).await;
+        // A frame of master 8 that this backup never fenced: its recovery ended without
+        // `StartRecovery` reaching here.
+        let unfenced = write_open(&service, 8, 1, &head).await;
+        assert_eq!(end_recovery(&service, 7).await, 1);
+        assert_eq!(end_recovery(&service, 8).await, 1);
+        for handle in [fenced, unfenced] {
+            let late = write(&service, handle, 1, head.len() as u32, b"late").await;
+            assert_eq!(status(late), Status::Fenced, "write to {handle}");
+            assert_eq!(
+                status(close(&service, handle, 1, head.len() as u32).await),
+                Status::Fenced
+            );
+            assert_eq!(status(bump(&service, handle, 1, 2).await), Status::Fenced);
+            let placed = service.nic_target().place(handle, 1, 0, b"late");
+            assert_eq!(placed, Err(Status::Fenced), "soft-NIC write to {handle}");
+        }
+        assert_eq!(
+            status(call::<proto::OpenReplica>(&service, &open_req(8, 2, 1)).await),
+            Status::Fenced
+        );
+        // A handle that never was a fenced frame is still merely unknown.
+        let other = write_open(&service, 9, 1, &head).await;
+        free(&service, 9, 1).await;
+        assert_eq!(
+            status(write(&service, other, 1, 0, b"x").await),
+            Status::UnknownFrame
+        );
     }
 
     #[tokio::test]
@@ -2600,9 +2703,16 @@ mod tests {
                 Status::Fenced
             );
         }
+        // Freed, a fenced frame still answers Fenced: its master was recovered.
         assert!(free(&service, 1, 1).await);
         assert_eq!(
             status(write(&service, handle, 1, 100, b"").await),
+            Status::Fenced
+        );
+        let other = open(&service, 2, 1, 1).await;
+        assert!(free(&service, 2, 1).await);
+        assert_eq!(
+            status(write(&service, other, 1, 100, b"").await),
             Status::UnknownFrame
         );
     }

@@ -490,12 +490,31 @@ async fn a_full_backup_is_skipped() {
 }
 
 async fn fenced_master_never_acknowledges(transport: TransportKind) {
+    fenced_master_never_acknowledges_after(transport, false).await;
+}
+
+/// Fences `MASTER` on every backup — and, with `recovered`, ends its recovery there too
+/// (its frames freed: a zombie's late write) — then checks that it never acknowledges.
+async fn fenced_master_never_acknowledges_after(transport: TransportKind, recovered: bool) {
     let (backups, list) = cluster(4).await;
     let master = start_master(3, Some(transport), list);
     write_many(&master, 0..20, 5).await;
     // Recovery of MASTER begins: every backup fences its open frames.
     for backup in &backups {
         backup.service.fence_master(MASTER);
+    }
+    if recovered {
+        let pool = RpcPool::new();
+        for backup in &backups {
+            let request = rampart_common::protocol::backup::EndRecoveryRequest { master: MASTER };
+            pool.call::<rampart_common::protocol::backup::EndRecovery>(
+                &backup.addr,
+                &request,
+                Instant::now() + Duration::from_secs(2),
+            )
+            .await
+            .unwrap();
+        }
     }
     let appender = master.appender.clone();
     let pending = tokio::spawn(async move { appender.submit(vec![write(999)]).await });
@@ -531,6 +550,16 @@ async fn fenced_master_never_acknowledges_over_tcp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_master_never_acknowledges_over_rpc() {
     fenced_master_never_acknowledges(TransportKind::Rpc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_master_writing_late_hears_fenced_over_shm() {
+    fenced_master_never_acknowledges_after(TransportKind::Shm, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_master_writing_late_hears_fenced_over_tcp() {
+    fenced_master_never_acknowledges_after(TransportKind::Tcp, true).await;
 }
 
 /// The head's holders, by the backups' own lists.

@@ -48,6 +48,10 @@
 //! for [`PROBE_INTERVAL`] is probed (`Ping`, answered by the storage server it runs in);
 //! one that the server list no longer shows Up is failed at once.
 //!
+//! A backup answers `Fenced` for a recovered master's frames even after the recovery
+//! freed them; an `shm` copy that finds its frame's slot taken asks the backup why (an
+//! empty `WriteReplica`), so a zombie master stops rather than re-creating the replica.
+//!
 //! `shm` writes cannot notice a dead backup (the frame file outlives its process), so the
 //! replicator holds a pidfd of each `shm` backup and checks after every copy that the
 //! process is alive; a dead one fails the write.
@@ -1575,16 +1579,21 @@ async fn write_replica(
             slot_offset,
             slot_capacity,
         } => {
-            backup
-                .map
-                .write(
-                    *slot_offset,
-                    *slot_capacity,
-                    replica.handle,
-                    u64::from(offset),
-                    &bytes,
-                )
-                .map_err(classify_write)?;
+            let written = backup.map.write(
+                *slot_offset,
+                *slot_capacity,
+                replica.handle,
+                u64::from(offset),
+                &bytes,
+            );
+            match written {
+                Ok(()) => {}
+                // The slot changed hands: the frame was closed, freed or replaced — or
+                // freed when this master's recovery ended, which must stop it. Only the
+                // backup knows which: ask it (no bytes move).
+                Err(FrameWriteError::FrameGone) => return Err(ask_why_gone(pool, replica).await),
+                Err(error) => return Err(classify_write(error)),
+            }
             if !backup.alive() {
                 return Err(Failure::Backup(format!(
                     "backup process {} exited",
@@ -1631,6 +1640,29 @@ async fn write_replica(
                 .await
                 .map_err(|e| classify_rpc(&e))
         }
+    }
+}
+
+/// Why the frame of `replica` left its slot, as its backup answers an empty
+/// `WriteReplica`: `Fenced` (a recovered master's frame) stops the master; anything else
+/// loses the replica.
+async fn ask_why_gone(pool: &RpcPool, replica: &Replica) -> Failure {
+    let request = WriteReplicaRequest {
+        handle: replica.handle,
+        epoch: replica.epoch,
+        offset: 0,
+        bytes: Bytes::new(),
+    };
+    let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
+    match pool
+        .call::<WriteReplica>(&replica.addr, &request, deadline)
+        .await
+    {
+        Ok(()) => Failure::Replica(format!(
+            "frame {} left its shared-memory slot",
+            replica.handle
+        )),
+        Err(error) => classify_rpc(&error),
     }
 }
 
