@@ -42,8 +42,8 @@ use parking_lot::RwLock;
 use rampart_common::ids::{key_hash, ServerId, TableId, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_WRITE_REQUEST_BYTES_MAX};
 use rampart_common::protocol::coordinator::{
-    CreateTable, CreateTableRequest, DropTable, GetTableId, GetTabletMap, ReportFailure,
-    ReportFailureRequest, TableNameRequest, TabletMapRequest,
+    CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, GetTabletMap,
+    ReportFailure, ReportFailureRequest, TableNameRequest, TabletMapRequest,
 };
 use rampart_common::protocol::master::{
     Enumerate, EnumerateRequest, EnumeratedObject, Increment, IncrementRequest, MultiRead,
@@ -324,12 +324,30 @@ impl Client {
     }
 
     /// Drops table `name` and all its objects. Dropping a missing table succeeds.
+    ///
+    /// The name is looked up once (at the coordinators, not in the cached map) and the
+    /// table dropped by its id, so that a drop retried after an unknown outcome never
+    /// drops a table another client created under the same name meanwhile.
     pub async fn drop_table(&self, name: &str) -> Result<(), ClientError> {
         let deadline = self.retry().deadline;
         let request = TableNameRequest {
             name: name.to_string(),
         };
-        self.coordinator_call::<DropTable>(&request, deadline)
+        let id = match self
+            .coordinator_call::<GetTableId>(&request, deadline)
+            .await
+        {
+            Ok(reply) => reply.id,
+            Err(ClientError::TableDoesntExist(_)) => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        self.drop_table_id(id).await
+    }
+
+    /// Drops the table with id `id` and all its objects; succeeds if it no longer exists.
+    pub async fn drop_table_id(&self, id: TableId) -> Result<(), ClientError> {
+        let deadline = self.retry().deadline;
+        self.coordinator_call::<DropTable>(&DropTableRequest { id }, deadline)
             .await?;
         self.refresh_map(self.map().version, deadline).await
     }

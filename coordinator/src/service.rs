@@ -28,8 +28,9 @@
 //! # Failure handling
 //! * A proposal not committed within [`PROPOSAL_TIMEOUT`] (a leader cut off from its
 //!   majority never commits) is answered `Retry` with the reason; its outcome is unknown,
-//!   and every command is safe to retry (creates and drops are idempotent by name; a
-//!   retried enlistment gets a new id and crashes the orphaned one).
+//!   and every command is safe to retry (creates are idempotent by name, drops by table
+//!   id, so a retried drop never hits a table re-created under the same name; a retried
+//!   enlistment gets a new id and crashes the orphaned one).
 //! * If an `Up` master cannot be reached to take its tablets, `create_table` answers
 //!   `Retry` (the table exists; the client library retries, and a repeated create asks
 //!   the owners to catch up, `SyncTablets`). A leader that dies between the commit and the
@@ -43,8 +44,8 @@
 use bytes::Bytes;
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{
-    self as proto, CreateTableRequest, EnlistReply, EnlistRequest, RaftMessagesRequest,
-    TableIdReply, TableNameRequest,
+    self as proto, CreateTableRequest, DropTableRequest, EnlistReply, EnlistRequest,
+    RaftMessagesRequest, TableIdReply, TableNameRequest,
 };
 use rampart_common::protocol::master::{
     DropTablets, ServerListChanged, ServerListVersion, SyncTablets, SyncTabletsRequest,
@@ -333,14 +334,19 @@ impl CoordinatorService {
                 }
             }
             proto::DropTable::OPCODE => {
-                let request: TableNameRequest = match Reply::decode(payload) {
+                let request: DropTableRequest = match Reply::decode(payload) {
                     Ok(r) => r,
                     Err(reply) => return reply,
                 };
-                let _change = self.name_lock(&request.name).lock().await;
-                let command = Command::DropTable {
-                    name: request.name.clone(),
-                };
+                // The name's lock orders this drop with creates of that name and their
+                // pushes. A table gone already (or never there) has nothing to drop; the
+                // command is then a no-op, whatever a create of its old name did since.
+                let name = self
+                    .node
+                    .with_state(|state| state.table(request.id).map(|t| t.name.clone()))
+                    .unwrap_or_default();
+                let _change = self.name_lock(&name).lock().await;
+                let command = Command::DropTable { id: request.id };
                 match self.apply(command).await {
                     Ok(CommandResult::TableDropped {
                         id,
@@ -348,7 +354,7 @@ impl CoordinatorService {
                         epochs,
                     }) => {
                         if let Some(id) = id {
-                            tracing::info!(%id, name = %request.name, "table dropped");
+                            tracing::info!(%id, %name, "table dropped");
                         }
                         let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
                         let failed = self.push::<DropTablets>(&tablets, &epochs, deadline).await;

@@ -147,10 +147,11 @@ pub enum Command {
         /// a master then owns several tablets of the table.
         span: u32,
     },
-    /// Drops a table; its owners must then drop its tablets.
+    /// Drops table `id`; its owners must then drop its tablets. By id: a drop repeated
+    /// after an unknown outcome must not drop a table re-created under the same name.
     DropTable {
-        /// Its name.
-        name: String,
+        /// The table.
+        id: TableId,
     },
     /// Records the will a master uploaded (replacing its previous one). Refused for a
     /// server that is not `Up`: a crashed master's will is what recovery follows.
@@ -447,7 +448,7 @@ impl CoordinatorState {
             } => self.enlist_server(addr, *services, failure_domain, *disk_read_mbps),
             Command::SetServerStatus { id, status } => self.set_server_status(*id, *status),
             Command::CreateTable { name, span } => self.create_table(name, *span),
-            Command::DropTable { name } => Ok(self.drop_table(name)),
+            Command::DropTable { id } => Ok(self.drop_table(*id)),
             Command::SetWill { server, will } => self.set_will(*server, will),
             Command::RecoveredPartition {
                 crashed,
@@ -903,18 +904,15 @@ impl CoordinatorState {
         }))
     }
 
-    fn drop_table(&mut self, name: &str) -> Outcome {
-        let Some(table) = self
-            .names
-            .remove(name)
-            .and_then(|id| self.tables.remove(&id))
-        else {
+    fn drop_table(&mut self, id: TableId) -> Outcome {
+        let Some(table) = self.tables.remove(&id) else {
             return Outcome::Unchanged(CommandResult::TableDropped {
                 id: None,
                 tablets: Vec::new(),
                 epochs: Vec::new(),
             });
         };
+        self.names.remove(&table.name);
         self.tablet_count -= table.tablets.len();
         let epochs = self.bump_tablet_epochs(table.tablets.iter().map(|t| t.owner));
         Outcome::Changed(CommandResult::TableDropped {
@@ -1397,7 +1395,8 @@ mod tests {
                 (ids[1], state.tablet_epoch(ids[1]))
             ]
         );
-        let dropped = state.apply(&Command::DropTable { name: "a".into() });
+        let a = state.table_id("a").expect("a");
+        let dropped = state.apply(&Command::DropTable { id: a });
         let CommandResult::TableDropped { epochs, .. } = dropped else {
             panic!("not dropped");
         };
@@ -1743,7 +1742,7 @@ mod tests {
         let (mut state, _) = cluster(1);
         let (first, tablets) = created(&mut state, "t", 3);
         assert_eq!(
-            state.apply(&Command::DropTable { name: "t".into() }),
+            state.apply(&Command::DropTable { id: first }),
             CommandResult::TableDropped {
                 id: Some(first),
                 tablets,
@@ -1760,13 +1759,30 @@ mod tests {
     }
 
     #[test]
+    fn a_drop_repeated_after_the_name_was_re_created_leaves_the_new_table() {
+        // A client's drop commits but its reply is lost; another client creates the name
+        // again; the first client's library sends its drop again.
+        let (mut state, _) = cluster(2);
+        let (old, _) = created(&mut state, "t", 1);
+        state.apply(&Command::DropTable { id: old });
+        let (new, _) = created(&mut state, "t", 2);
+        let again = state.apply(&Command::DropTable { id: old });
+        assert!(matches!(
+            again,
+            CommandResult::TableDropped { id: None, .. }
+        ));
+        assert_eq!(state.table_id("t"), Some(new), "the new table survives");
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
     fn drop_unknown_table_is_idempotent() {
         let (mut state, _) = cluster(1);
-        created(&mut state, "t", 1);
-        state.apply(&Command::DropTable { name: "t".into() });
+        let (id, _) = created(&mut state, "t", 1);
+        state.apply(&Command::DropTable { id });
         let before = state.clone();
-        for name in ["t", "never", ""] {
-            let result = state.apply(&Command::DropTable { name: name.into() });
+        for id in [id, TableId(77), TableId(0)] {
+            let result = state.apply(&Command::DropTable { id });
             assert_eq!(
                 result,
                 CommandResult::TableDropped {
@@ -1863,7 +1879,8 @@ mod tests {
             },
             Status::InvalidArgument,
         );
-        state.apply(&Command::DropTable { name: "t0".into() });
+        let t0 = state.table_id("t0").expect("t0");
+        state.apply(&Command::DropTable { id: t0 });
         created(&mut state, "x", TABLE_SPAN_MAX);
         assert_eq!(state.check_invariants(), Ok(()));
     }
@@ -1922,7 +1939,7 @@ mod tests {
                 status,
             }),
             4 => (name.clone(), 0u32..=20).prop_map(|(name, span)| Command::CreateTable { name, span }),
-            2 => name.prop_map(|name| Command::DropTable { name }),
+            2 => (1u64..6).prop_map(|id| Command::DropTable { id: TableId(id) }),
             1 => (0u64..12, 1u64..6, 1u64..4).prop_map(|(id, segment, epoch)| {
                 Command::SetOpenEpoch {
                     server: ServerId(id),

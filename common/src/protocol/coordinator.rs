@@ -43,6 +43,15 @@ pub struct TableIdReply {
     pub id: TableId,
 }
 
+/// Drop the table with this id. By id, not name: a drop sent again after an unknown
+/// outcome must not drop a table created under the same name meanwhile (ids are never
+/// reused). Dropping a table that no longer exists succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropTableRequest {
+    /// The table.
+    pub id: TableId,
+}
+
 /// Names a table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableNameRequest {
@@ -281,6 +290,7 @@ pub struct RecoveryStatusReply {
 }
 
 bincode_message!(
+    DropTableRequest,
     OwnedTabletsReply,
     SetOpenEpochRequest,
     ReportFailureRequest,
@@ -309,8 +319,8 @@ rpcs! {
     Enlist = 100: EnlistRequest => EnlistReply;
     /// Create a table (idempotent by name).
     CreateTable = 101: CreateTableRequest => TableIdReply;
-    /// Drop a table (idempotent; dropping a missing table succeeds).
-    DropTable = 102: TableNameRequest => ();
+    /// Drop a table by id (idempotent; dropping a missing table succeeds).
+    DropTable = 102: DropTableRequest => ();
     /// Look up a table's id (`TableDoesntExist` if none).
     GetTableId = 103: TableNameRequest => TableIdReply;
     /// The server list and every table's tablets.
