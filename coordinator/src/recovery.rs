@@ -45,7 +45,10 @@
 //! so every lease of the crashed master has lapsed `lease` after this leader saw the
 //! crash committed (or took the recovery over). Tablets go live no earlier than that,
 //! plus [`LEASE_MARGIN`] for clock-rate differences; setup and replay run meanwhile, so
-//! the wait costs nothing when replay takes longer than the lease. Writes are fenced
+//! the wait costs nothing when replay takes longer than the lease. Masters count their
+//! lease on `CLOCK_BOOTTIME`, so a master whose machine was suspended finds its lease
+//! over when it wakes; this wait may run on a clock that stops while the coordinator's
+//! own machine sleeps, which only makes it longer. Writes are fenced
 //! earlier still: the backups refuse them from setup on.
 //!
 //! # Failure handling

@@ -17,6 +17,12 @@
 //!   lease always ends first (as long as the two clocks run at about the same rate —
 //!   leases tolerate drift of rate, not of offset; there is no offset between two
 //!   monotonic clocks to begin with).
+//! * Lease time is `CLOCK_BOOTTIME` ([`BootClock`]), which keeps counting while the
+//!   machine is suspended. `CLOCK_MONOTONIC` (tokio's `Instant`) stops then: a master on a
+//!   VM or laptop that slept through its lease would wake up still believing it valid,
+//!   while the coordinator had waited the lease out and recovered its tablets elsewhere.
+//!   (The coordinator's own wait may use a clock that stops: a suspended coordinator
+//!   only waits longer.)
 //! * Grants only extend the lease: a late reply to an older request cannot shorten it.
 //! * A revoked lease is never valid again.
 //!
@@ -71,42 +77,63 @@ pub const LEASE_LAPSED_DETAIL: &str = "lease lapsed: this master cannot reach th
 const _: () = assert!(LEASE_RENEW_INTERVAL.as_nanos() > 0);
 const _: () = assert!(LEASE_RENEW_INTERVAL.as_nanos() < LEASE_RENEW_CALL_TIMEOUT_MAX.as_nanos());
 
-/// Where a [`Lease`] reads the time; injected so tests move time by hand.
-pub trait Clock: Send + Sync + fmt::Debug {
-    /// The current instant (monotonic).
-    fn now(&self) -> Instant;
+/// A point in lease time: microseconds on a [`Clock`] since its origin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LeaseTime(pub u64);
+
+impl LeaseTime {
+    /// Microseconds since the clock's origin.
+    pub fn as_us(self) -> u64 {
+        self.0
+    }
 }
 
-/// The runtime's monotonic clock (`tokio::time::Instant::now`).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
+/// Where a [`Lease`] reads the time; injected so tests move time by hand.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// The current time (monotonic: never goes back).
+    fn now(&self) -> LeaseTime;
+}
 
-impl Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
+/// The kernel's `CLOCK_BOOTTIME`: monotonic, and counting the time the machine spent
+/// suspended (see the module doc for why leases need that).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BootClock;
+
+impl Clock for BootClock {
+    fn now(&self) -> LeaseTime {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid clock id and a pointer to a timespec we own.
+        let result = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+        // Linux has had CLOCK_BOOTTIME since 2.6.39; a failure is a broken system, and
+        // a lease must not be computed from garbage.
+        assert_eq!(result, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
+        let us = u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000
+            + u64::try_from(now.tv_nsec).unwrap_or(0) / 1_000;
+        LeaseTime(us)
     }
 }
 
 /// A clock that moves only when told to (tests).
 #[derive(Debug)]
 pub struct ManualClock {
-    start: Instant,
-    /// Microseconds advanced since `start`.
-    offset_us: AtomicU64,
+    /// Microseconds since the origin (starts at one second: 0 is no time at all).
+    now_us: AtomicU64,
 }
 
 impl ManualClock {
-    /// A clock standing at the current instant.
+    /// A clock standing at one second past its origin.
     pub fn new() -> ManualClock {
         ManualClock {
-            start: Instant::now(),
-            offset_us: AtomicU64::new(0),
+            now_us: AtomicU64::new(1_000_000),
         }
     }
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
-        self.offset_us.fetch_add(duration_us(by), Ordering::SeqCst);
+        self.now_us.fetch_add(duration_us(by), Ordering::SeqCst);
     }
 }
 
@@ -117,8 +144,8 @@ impl Default for ManualClock {
 }
 
 impl Clock for ManualClock {
-    fn now(&self) -> Instant {
-        self.start + Duration::from_micros(self.offset_us.load(Ordering::SeqCst))
+    fn now(&self) -> LeaseTime {
+        LeaseTime(self.now_us.load(Ordering::SeqCst))
     }
 }
 
@@ -129,11 +156,9 @@ fn duration_us(duration: Duration) -> u64 {
 /// Whether this master may serve reads and writes; see the module doc.
 pub struct Lease {
     clock: Arc<dyn Clock>,
-    /// Times are kept as microseconds since this instant.
-    epoch: Instant,
     /// False for a master without coordinators (tests, benchmarks): always valid.
     enforced: bool,
-    /// End of the lease, in microseconds since `epoch`, rounded down (0: none granted).
+    /// End of the lease on `clock`, in microseconds, rounded down (0: none granted).
     /// Only grows, except that revocation sets it to 0.
     expiry_us: AtomicU64,
     /// Set once, when the coordinator said this server was declared crashed. Once set,
@@ -161,21 +186,19 @@ impl Lease {
     pub fn always() -> Lease {
         Lease {
             enforced: false,
-            ..Lease::with_clock(Arc::new(SystemClock))
+            ..Lease::with_clock(Arc::new(BootClock))
         }
     }
 
-    /// An enforced lease on the runtime's clock, with nothing granted yet.
+    /// An enforced lease on `CLOCK_BOOTTIME` ([`BootClock`]), with nothing granted yet.
     pub fn new() -> Lease {
-        Lease::with_clock(Arc::new(SystemClock))
+        Lease::with_clock(Arc::new(BootClock))
     }
 
     /// An enforced lease reading `clock`, with nothing granted yet.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Lease {
-        let epoch = clock.now();
         Lease {
             clock,
-            epoch,
             enforced: true,
             expiry_us: AtomicU64::new(0),
             revoked: AtomicBool::new(false),
@@ -185,17 +208,13 @@ impl Lease {
     }
 
     /// The lease's clock.
-    pub fn now(&self) -> Instant {
+    pub fn now(&self) -> LeaseTime {
         self.clock.now()
     }
 
     /// Whether leases are enforced at all (false for [`Lease::always`]).
     pub fn is_enforced(&self) -> bool {
         self.enforced
-    }
-
-    fn elapsed_us(&self, at: Instant) -> u64 {
-        duration_us(at.saturating_duration_since(self.epoch))
     }
 
     /// Whether the master may serve reads and writes now.
@@ -207,7 +226,7 @@ impl Lease {
             return true;
         }
         // Both sides rounded down: true only if the exact time is before the exact end.
-        self.elapsed_us(self.clock.now()) < self.expiry_us.load(Ordering::SeqCst)
+        self.clock.now().as_us() < self.expiry_us.load(Ordering::SeqCst)
     }
 
     /// How long the lease still runs (`None`: not enforced; zero: lapsed or revoked).
@@ -218,7 +237,7 @@ impl Lease {
         if self.revoked.load(Ordering::SeqCst) {
             return Some(Duration::ZERO);
         }
-        let now = self.elapsed_us(self.clock.now());
+        let now = self.clock.now().as_us();
         let end = self.expiry_us.load(Ordering::SeqCst);
         Some(Duration::from_micros(end.saturating_sub(now)))
     }
@@ -226,8 +245,8 @@ impl Lease {
     /// Records a grant of `length` for the request sent at `sent` (read from
     /// [`now`](Self::now) before sending). Extends the lease, never shortens it; does
     /// nothing once revoked.
-    pub fn grant(&self, sent: Instant, length: Duration) {
-        let end = self.elapsed_us(sent).saturating_add(duration_us(length));
+    pub fn grant(&self, sent: LeaseTime, length: Duration) {
+        let end = sent.as_us().saturating_add(duration_us(length));
         self.expiry_us.fetch_max(end, Ordering::SeqCst);
         if self.revoked.load(Ordering::SeqCst) {
             // A grant racing a revocation: the revocation wins.
@@ -418,6 +437,64 @@ mod tests {
         let clock = Arc::new(ManualClock::new());
         let lease = Lease::with_clock(Arc::clone(&clock) as Arc<dyn Clock>);
         (clock, lease)
+    }
+
+    /// Reads the kernel's clock `id`, in microseconds.
+    fn raw_clock_us(id: libc::clockid_t) -> u64 {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid clock id and a timespec we own.
+        assert_eq!(unsafe { libc::clock_gettime(id, &mut now) }, 0);
+        now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
+    }
+
+    /// Run by `lease_time_counts_the_time_a_machine_spent_suspended`, inside a time
+    /// namespace whose CLOCK_BOOTTIME runs far ahead of its CLOCK_MONOTONIC.
+    #[test]
+    #[ignore = "run by lease_time_counts_the_time_a_machine_spent_suspended in a time namespace"]
+    fn lease_clock_probe() {
+        let read = Lease::new().now().as_us();
+        let (boot, monotonic) = (
+            raw_clock_us(libc::CLOCK_BOOTTIME),
+            raw_clock_us(libc::CLOCK_MONOTONIC),
+        );
+        assert!(
+            boot > monotonic + 500_000_000_000,
+            "not in the time namespace: CLOCK_BOOTTIME {boot} µs, CLOCK_MONOTONIC {monotonic} µs"
+        );
+        assert!(
+            read.abs_diff(boot) < 5_000_000,
+            "lease time {read} µs is not CLOCK_BOOTTIME ({boot} µs; CLOCK_MONOTONIC {monotonic} µs)"
+        );
+    }
+
+    #[test]
+    fn lease_time_counts_the_time_a_machine_spent_suspended() {
+        // A machine that slept looks, to a process started afterwards, like a time
+        // namespace whose CLOCK_BOOTTIME runs ahead of its CLOCK_MONOTONIC: 11.6 days
+        // here. The lease must read the former (module doc). Needs root (or a user
+        // namespace) and Linux 5.6 or later.
+        let exe = std::env::current_exe().expect("test binary");
+        let output = std::process::Command::new("unshare")
+            .args(["--time", "--boottime", "1000000", "--fork", "--"])
+            .arg(exe)
+            .args(["--exact", "lease::tests::lease_clock_probe", "--ignored"])
+            .output()
+            .expect("cannot run unshare (util-linux)");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root && stderr.contains("Operation not permitted") {
+            eprintln!("SKIPPED: creating a time namespace needs root: {stderr}");
+            return;
+        }
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{stderr}"
+        );
     }
 
     #[test]
