@@ -484,7 +484,30 @@ mod tests {
         pool.call::<FreeReplica>(&backup.addr, &id, deadline)
             .await
             .expect("free");
-        assert!(matches!(probe(100).await, FrameWriteError::FrameGone));
+        // Freed, a fenced frame stays fenced: its master is being recovered.
+        assert!(matches!(probe(100).await, FrameWriteError::Fenced));
+        // A frame of another master, freed without a fence, is merely gone.
+        let other = OpenReplicaRequest {
+            master: ServerId(MASTER.0 + 1),
+            ..open
+        };
+        let reply = pool
+            .call::<OpenReplica>(&backup.addr, &other, deadline)
+            .await
+            .expect("open");
+        let gone = RdmaFrame {
+            handle: reply.handle,
+            ..frame
+        };
+        let id = FreeReplicaRequest {
+            master: other.master,
+            ..id
+        };
+        pool.call::<FreeReplica>(&backup.addr, &id, deadline)
+            .await
+            .expect("free");
+        let probed = fence_probe(&pool, &backup.addr, &gone, 100, "boom".into()).await;
+        assert!(matches!(probed, FrameWriteError::FrameGone), "{probed:?}");
 
         if let Some(stop) = backup.stop.take() {
             let _ = stop.send(());
