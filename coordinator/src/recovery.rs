@@ -625,12 +625,22 @@ impl RecoveryManager {
         declared: Instant,
         live_after: Instant,
     ) -> Result<(), Stop> {
+        // With loss allowed, replayed versions are shifted above every version the
+        // crashed master handed out (`RecoverRequest::version_floor`).
+        let version_floor = self.node.with_state(|state| {
+            if state.loss_allowed(crashed) {
+                state.version_ceiling(crashed)
+            } else {
+                0
+            }
+        });
         let request = RecoverRequest {
             crashed,
             recovery,
             partition,
             ranges: ranges.clone(),
             segments: sources.to_vec(),
+            version_floor,
         };
         let tries = candidates.len().min(PARTITION_ATTEMPTS_MAX as usize);
         for attempt in 0..tries {

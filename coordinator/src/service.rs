@@ -66,7 +66,8 @@ use crate::recovery::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
 use rampart_common::protocol::coordinator::{
     OwnedTabletsReply, RecoveryStatusReply, RenewLeaseReply, RenewLeaseRequest,
-    ReportFailureRequest, ServerIdRequest, SetOpenEpochRequest, UploadWillRequest,
+    ReportFailureRequest, ReserveVersionsReply, ReserveVersionsRequest, ServerIdRequest,
+    SetOpenEpochRequest, UploadWillRequest,
 };
 use rampart_common::tablet::ServerStatus;
 
@@ -418,6 +419,9 @@ impl CoordinatorService {
                         tablets_epoch: self
                             .node
                             .with_state(|state| state.tablet_epoch(request.server)),
+                        version_ceiling: self
+                            .node
+                            .with_state(|state| state.version_ceiling(request.server)),
                     }),
                     Some(_) => Reply::error(
                         Status::ServerCrashed,
@@ -494,6 +498,23 @@ impl CoordinatorService {
                         Status::InvalidArgument,
                         format!("{} never enlisted", request.server),
                     ),
+                }
+            }
+            proto::ReserveVersions::OPCODE => {
+                let request: ReserveVersionsRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                let command = Command::ReserveVersions {
+                    server: request.server,
+                    ceiling: request.ceiling,
+                };
+                match self.apply(command).await {
+                    Ok(CommandResult::VersionsReserved { ceiling }) => {
+                        Reply::ok(&ReserveVersionsReply { ceiling })
+                    }
+                    Ok(other) => rejected(other),
+                    Err(reply) => reply,
                 }
             }
             proto::SetOpenEpoch::OPCODE => {
@@ -577,6 +598,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::RecoveredPartition { .. } => "recovered partition",
         Command::AllowLoss { .. } => "allow-loss",
         Command::SetOpenEpoch { .. } => "open segment epoch",
+        Command::ReserveVersions { .. } => "version reservation",
     }
 }
 

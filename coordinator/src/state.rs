@@ -179,6 +179,15 @@ pub enum Command {
         /// The crashed server.
         server: ServerId,
     },
+    /// Master `server` may hand out versions below `ceiling` from now on (a lower
+    /// ceiling than it holds changes nothing). Refused (`ServerCrashed`) once `server` is
+    /// not `Up`.
+    ReserveVersions {
+        /// The master.
+        server: ServerId,
+        /// The ceiling it asks for.
+        ceiling: u64,
+    },
     /// Master `server` re-created replicas of its open segment `segment` and moved them
     /// all to `epoch`: a copy of that segment at an older epoch without its footer was
     /// replaced while open and may lack writes acknowledged from now on, so recovery
@@ -241,6 +250,11 @@ pub enum CommandResult {
     LossAllowed,
     /// An open segment's epoch was recorded (or a newer one already was).
     EpochRecorded,
+    /// A master's version ceiling, now at least the one asked for.
+    VersionsReserved {
+        /// The ceiling held.
+        ceiling: u64,
+    },
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -405,6 +419,14 @@ pub struct CoordinatorState {
     /// (`protocol::master::TabletsRequest`).
     /// 1. Keys are servers of `servers` that are not `Removed`.
     tablet_epochs: BTreeMap<ServerId, u64>,
+    /// Per master, a version above every version it ever handed out or holds (its
+    /// *version ceiling*; absent: 0, nothing handed out). A master reserves ranges ahead
+    /// ([`Command::ReserveVersions`]); a recovered partition raises its new owner's
+    /// ceiling above what it replays (twice the crashed one's when loss was allowed,
+    /// as such a recovery shifts versions up by the crashed one's ceiling).
+    /// 1. Keys are servers of `servers` that are not `Removed`.
+    /// 2. Only grow.
+    version_ceilings: BTreeMap<ServerId, u64>,
     /// Configuration version.
     /// 1. Bumped exactly once by every command that changes the state; never otherwise.
     version: u64,
@@ -432,6 +454,7 @@ impl CoordinatorState {
             allow_loss: BTreeSet::new(),
             open_epochs: BTreeMap::new(),
             tablet_epochs: BTreeMap::new(),
+            version_ceilings: BTreeMap::new(),
             version: 0,
         }
     }
@@ -461,6 +484,9 @@ impl CoordinatorState {
                 segment,
                 epoch,
             } => self.set_open_epoch(*server, *segment, *epoch),
+            Command::ReserveVersions { server, ceiling } => {
+                self.reserve_versions(*server, *ceiling)
+            }
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {
@@ -531,6 +557,11 @@ impl CoordinatorState {
     /// Whether the operator let the recovery of `server` proceed with an incomplete log.
     pub fn loss_allowed(&self, server: ServerId) -> bool {
         self.allow_loss.contains(&server)
+    }
+
+    /// The version ceiling of `server` (0: it never reserved any).
+    pub fn version_ceiling(&self, server: ServerId) -> u64 {
+        self.version_ceilings.get(&server).copied().unwrap_or(0)
     }
 
     /// The tablet epoch of `server`: how many changes of its tablets were committed.
@@ -730,7 +761,11 @@ impl CoordinatorState {
                 return fail("open epochs of no or too many segments");
             }
         }
-        for &server in self.tablet_epochs.keys() {
+        for &server in self
+            .tablet_epochs
+            .keys()
+            .chain(self.version_ceilings.keys())
+        {
             if !self
                 .servers
                 .get(&server)
@@ -738,7 +773,7 @@ impl CoordinatorState {
             {
                 return Err(InvariantViolation::Server {
                     server,
-                    what: "tablet epoch of a server never enlisted or removed",
+                    what: "tablet epoch or version ceiling of a server never enlisted or removed",
                 });
             }
         }
@@ -826,6 +861,7 @@ impl CoordinatorState {
             self.allow_loss.remove(&id);
             self.open_epochs.remove(&id);
             self.tablet_epochs.remove(&id);
+            self.version_ceilings.remove(&id);
         }
         Ok(Outcome::Changed(CommandResult::StatusSet))
     }
@@ -964,6 +1000,26 @@ impl CoordinatorState {
         }
     }
 
+    fn reserve_versions(&mut self, server: ServerId, ceiling: u64) -> Result<Outcome, Reject> {
+        let info = self
+            .servers
+            .get(&server)
+            .ok_or(Reject::UnknownServer(server))?;
+        if info.status != ServerStatus::Up {
+            return Err(Reject::Crashed(server));
+        }
+        let held = self.version_ceilings.entry(server).or_insert(0);
+        if ceiling <= *held {
+            return Ok(Outcome::Unchanged(CommandResult::VersionsReserved {
+                ceiling: *held,
+            }));
+        }
+        *held = ceiling;
+        Ok(Outcome::Changed(CommandResult::VersionsReserved {
+            ceiling,
+        }))
+    }
+
     fn set_open_epoch(
         &mut self,
         server: ServerId,
@@ -1088,6 +1144,16 @@ impl CoordinatorState {
             info.tablets = split;
             self.tablet_count += info.tablets.len() - before;
         }
+        // The owner now holds objects of versions below the crashed master's ceiling —
+        // shifted up by it when loss was allowed (see `RecoverRequest::version_floor`).
+        let crashed_ceiling = self.version_ceiling(crashed);
+        let needed = if self.allow_loss.contains(&crashed) {
+            crashed_ceiling.saturating_mul(2)
+        } else {
+            crashed_ceiling
+        };
+        let owner_ceiling = self.version_ceilings.entry(owner).or_insert(0);
+        *owner_ceiling = (*owner_ceiling).max(needed);
         let epochs = self.bump_tablet_epochs([owner, crashed]);
         let epoch = epochs
             .iter()
@@ -1425,6 +1491,48 @@ mod tests {
             status: ServerStatus::Removed,
         });
         assert_eq!(state.tablet_epoch(owner), 0, "a removed server keeps none");
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn version_ceilings_only_grow_and_cover_what_a_recovery_hands_over() {
+        let (mut state, ids) = cluster(3);
+        let reserve = |server, ceiling| Command::ReserveVersions { server, ceiling };
+        assert_eq!(
+            state.apply(&reserve(ids[0], 100)),
+            CommandResult::VersionsReserved { ceiling: 100 }
+        );
+        assert_eq!(
+            state.apply(&reserve(ids[0], 50)),
+            CommandResult::VersionsReserved { ceiling: 100 },
+            "a lower ceiling changes nothing"
+        );
+        state.apply(&reserve(ids[1], 10));
+        state.apply(&reserve(ids[2], 10));
+        // ids[0] crashes; its table goes to ids[1], whose ceiling must now cover the
+        // versions it replays (below 100).
+        let CommandResult::TableCreated { tablets, .. } = create(&mut state, "t", 3) else {
+            panic!("not created");
+        };
+        crash(&mut state, ids[0]);
+        assert_rejected(&mut state, reserve(ids[0], 200), Status::ServerCrashed);
+        let lost = tablets
+            .iter()
+            .find(|t| t.owner == ids[0])
+            .expect("a tablet");
+        let range = vec![(lost.table, lost.start_hash, lost.start_hash + 9)];
+        state.apply(&recovered(ids[0], range, ids[1]));
+        assert_eq!(state.version_ceiling(ids[1]), 100);
+        // With loss allowed, replayed versions are shifted up by 100: twice that.
+        state.apply(&Command::AllowLoss { server: ids[0] });
+        let range = vec![(lost.table, lost.start_hash + 10, lost.start_hash + 19)];
+        state.apply(&recovered(ids[0], range, ids[2]));
+        assert_eq!(state.version_ceiling(ids[2]), 200);
+        state.apply(&Command::SetServerStatus {
+            id: ids[0],
+            status: ServerStatus::Removed,
+        });
+        assert_eq!(state.version_ceiling(ids[0]), 0);
         assert_eq!(state.check_invariants(), Ok(()));
     }
 
@@ -1940,6 +2048,10 @@ mod tests {
             }),
             4 => (name.clone(), 0u32..=20).prop_map(|(name, span)| Command::CreateTable { name, span }),
             2 => (1u64..6).prop_map(|id| Command::DropTable { id: TableId(id) }),
+            1 => (0u64..12, 0u64..1000).prop_map(|(id, ceiling)| Command::ReserveVersions {
+                server: ServerId(id),
+                ceiling,
+            }),
             1 => (0u64..12, 1u64..6, 1u64..4).prop_map(|(id, segment, epoch)| {
                 Command::SetOpenEpoch {
                     server: ServerId(id),

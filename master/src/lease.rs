@@ -41,11 +41,13 @@
 //! # Tablets
 //! Each grant also reports this master's tablet epoch in the committed map; the renewer
 //! hands it to `TabletSync`, which pulls the master's tablets if a change was missed.
-//! So the tablets a master serves converge to the map within a renewal interval.
+//! So the tablets a master serves converge to the map within a renewal interval. It also
+//! reports the master's version ceiling, which a recovery may have raised
+//! (`VersionReserver`).
 
 use parking_lot::Mutex;
 use rampart_common::ids::ServerId;
-use rampart_common::protocol::coordinator::{RenewLease, RenewLeaseRequest};
+use rampart_common::protocol::coordinator::{RenewLease, RenewLeaseReply, RenewLeaseRequest};
 use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, RpcError, RpcPool};
 use rampart_common::status::Status;
 use std::fmt;
@@ -55,8 +57,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-
-use crate::tablet_sync::TabletSync;
 
 /// How often the master asks to renew its lease. Several renewals fit in one lease (the
 /// coordinator grants ~1 s), so one lost request or a slow leader election does not make
@@ -304,7 +304,6 @@ impl Default for Lease {
 /// * `ServerCrashed`: the lease is revoked with the coordinator's reason and the task
 ///   ends; `MasterService::failed` completes and the process exits.
 /// * Any other refusal (a coordinator that does not know the RPC): as a failed renewal.
-#[derive(Debug)]
 pub struct LeaseRenewer {
     server: ServerId,
     lease: Arc<Lease>,
@@ -312,9 +311,22 @@ pub struct LeaseRenewer {
     pool: Arc<RpcPool>,
     /// Time between the sends of two renewals.
     interval: Duration,
-    /// Told the tablet epoch each granted renewal reports (`TabletSync` pulls this
-    /// master's tablets when it is behind the committed map).
-    tablet_sync: Option<Arc<TabletSync>>,
+    /// Told each granted renewal: it reports the master's tablet epoch (`TabletSync`
+    /// pulls its tablets when behind) and version ceiling (`VersionReserver`).
+    on_grant: Option<GrantHook>,
+}
+
+/// What a [`LeaseRenewer`] calls with every granted renewal.
+pub type GrantHook = Arc<dyn Fn(&RenewLeaseReply) + Send + Sync>;
+
+impl fmt::Debug for LeaseRenewer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseRenewer")
+            .field("server", &self.server)
+            .field("interval", &self.interval)
+            .field("on_grant", &self.on_grant.is_some())
+            .finish()
+    }
 }
 
 impl LeaseRenewer {
@@ -332,13 +344,13 @@ impl LeaseRenewer {
             coordinators,
             pool,
             interval: LEASE_RENEW_INTERVAL,
-            tablet_sync: None,
+            on_grant: None,
         }
     }
 
-    /// The same renewer, reporting the tablet epoch of each grant to `sync`.
-    pub fn with_tablet_sync(mut self, sync: Arc<TabletSync>) -> LeaseRenewer {
-        self.tablet_sync = Some(sync);
+    /// The same renewer, calling `hook` with every granted renewal.
+    pub fn on_grant(mut self, hook: GrantHook) -> LeaseRenewer {
+        self.on_grant = Some(hook);
         self
     }
 
@@ -386,8 +398,8 @@ impl LeaseRenewer {
                     let length = Duration::from_millis(u64::from(reply.lease_ms));
                     self.lease.grant(sent, length);
                     granted = Some(length);
-                    if let Some(sync) = &self.tablet_sync {
-                        sync.report(reply.tablets_epoch);
+                    if let Some(hook) = &self.on_grant {
+                        hook(&reply);
                     }
                     if !was_valid {
                         tracing::info!(server = %self.server, lease = ?length, "lease granted");
@@ -583,6 +595,7 @@ mod tests {
                 Reply::ok(&RenewLeaseReply {
                     lease_ms: self.lease_ms.load(Ordering::SeqCst),
                     tablets_epoch: 0,
+                    version_ceiling: 0,
                 })
             })
         }

@@ -25,6 +25,8 @@
 //! * [`tablet_sync`] — `TabletSync`: keeps the tablets served equal to the committed
 //!   map, pulling them when a numbered change was missed (a lost push, a leader that died
 //!   between commit and push).
+//! * [`version_reserver`] — `VersionReserver`: reserves version ranges at the
+//!   coordinator ahead of the versions this master hands out.
 //!
 //! # The write path
 //! 1. `MasterService` decodes a write, remove or increment and submits it to the
@@ -74,6 +76,7 @@ pub mod segmented_log;
 pub mod service;
 pub mod tablet_sync;
 pub mod tablets;
+pub mod version_reserver;
 pub mod will_upload;
 
 #[cfg(test)]

@@ -19,6 +19,13 @@
 //! new segment (`SafeVersion` entry) and tombstones carry the removed version, so
 //! recovery can rebuild it.
 //!
+//! Every version handed out is also below the master's *version ceiling*, reserved
+//! ahead at the coordinator (`ReserveVersions`, [`VERSION_RESERVATION`] at a time): so the
+//! coordinator knows a version above every one this master ever handed out even if part
+//! of its log is lost, and a recovery the operator let lose data (`allow-loss`) shifts
+//! what survives above it — versions never repeat. A write that would need a version at
+//! or above the ceiling is answered `Retry` until the next reservation lands.
+//!
 //! # Recovery replay
 //! [`ObjectStore::stage_replay`] stages one piece of a crashed master's log (see
 //! [`recovery`](crate::recovery) for the rules) into a batch like `stage` does, and
@@ -55,6 +62,16 @@ use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
 use crate::recovery::{PieceEntry, RecoveryPiece, ReplayState};
 use crate::segmented_log::{NoSpace, SegmentRange, SegmentedLog};
 use crate::tablets::{EpochStep, OwnedTablets};
+
+/// Versions a master reserves at the coordinator at a time (`ReserveVersions`, one Raft
+/// commit): at a million writes a second, an hour and more of writing.
+pub const VERSION_RESERVATION: u64 = 1 << 32;
+
+/// A reservation is made once fewer than this many versions are left below the ceiling:
+/// half a reservation, so it is in place long before the versions run out.
+pub const VERSION_LOW_WATER: u64 = VERSION_RESERVATION / 2;
+
+const _: () = assert!(VERSION_LOW_WATER < VERSION_RESERVATION);
 
 /// A write-type operation on one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -238,6 +255,15 @@ pub struct ObjectStore {
     /// into it by a recovery. Overwrites need not raise it: a live key's next version is
     /// its own + 1, and only a remove ends a key's life.
     safe_version: Version,
+    /// Versions this master may hand out are below this (its version ceiling at the
+    /// coordinator, as far as it knows); a write that would need one at or above it is
+    /// answered `Retry` until a reservation raises it (see [`ObjectStore::ceiling_wanted`]).
+    /// `u64::MAX` for a master without coordinators (tests, benchmarks).
+    /// Invariant: every version handed out is below it.
+    version_ceiling: Version,
+    /// The highest version this master holds, handed out or replayed, or may hand out
+    /// next (`safe_version`).
+    version_max: Version,
     /// Byte and record counts of every appended entry, by owned tablet.
     /// Invariants: 1. profiles exactly the tablets in `tablets` (taken and dropped
     /// together). 2. every entry in `log` appended for an owned key was tracked once.
@@ -276,6 +302,8 @@ impl ObjectStore {
             index: ObjectIndex::new(),
             tablets: OwnedTablets::new(),
             safe_version,
+            version_ceiling: Version(u64::MAX),
+            version_max: safe_version,
             profiler: Profiler::new(ProfilerConfig::for_partitions(
                 limits.bytes_max,
                 limits.records_max,
@@ -390,6 +418,12 @@ impl ObjectStore {
             return OpOutcome::failed(status, current_version);
         }
         let new_version = current.map_or(self.safe_version, |(v, _)| v.next());
+        if new_version >= self.version_ceiling {
+            // Not reserved at the coordinator yet: a crash now could lose the only record
+            // of it (module doc, "Versions"). The reservation runs in the background.
+            return OpOutcome::failed(Status::Retry, current_version);
+        }
+        self.version_max = self.version_max.max(new_version);
         match op {
             WriteOp::Write { value, .. } => {
                 match self
@@ -431,6 +465,7 @@ impl ObjectStore {
                         let bytes = tombstone_entry_bytes(key.len());
                         self.profiler.track(table, hash, bytes as u64);
                         self.safe_version = floor;
+                        self.version_max = self.version_max.max(floor);
                         batch.staged.insert((table, key.clone()), Staged::Removed);
                         OpOutcome::Write(WriteReply {
                             status: Status::Ok,
@@ -548,7 +583,7 @@ impl ObjectStore {
                     key,
                     value,
                 } => {
-                    let (table, hash, version) = (*table, *hash, *version);
+                    let (table, hash, version) = (*table, *hash, state.shifted(*version));
                     state.note_version(version);
                     let deleted = state.deleted(table, key).is_some_and(|d| d >= version);
                     let current = self.current(batch, table, hash, key);
@@ -577,7 +612,7 @@ impl ObjectStore {
                     version,
                     key,
                 } => {
-                    let (table, hash, version) = (*table, *hash, *version);
+                    let (table, hash, version) = (*table, *hash, state.shifted(*version));
                     state.note_version(version);
                     if !state.note_deleted(table, key, version) {
                         // An equal or newer tombstone was replayed already.
@@ -612,8 +647,9 @@ impl ObjectStore {
         }
         let floor = self
             .safe_version
-            .max(piece.safe_version())
+            .max(state.shifted(piece.safe_version()))
             .max(state.version_max().next());
+        self.version_max = self.version_max.max(state.version_max()).max(floor);
         if floor > self.safe_version {
             self.safe_version = floor;
             self.log.append_safe_version(floor)?;
@@ -831,6 +867,31 @@ impl ObjectStore {
     /// The version a new object would get now.
     pub fn safe_version(&self) -> Version {
         self.safe_version
+    }
+
+    /// Makes this master hand out only versions below a ceiling reserved at the
+    /// coordinator, starting from none: call before it serves anything.
+    pub fn enforce_version_ceiling(&mut self) {
+        self.version_ceiling = Version(0);
+    }
+
+    /// The version ceiling this master knows.
+    pub fn version_ceiling(&self) -> Version {
+        self.version_ceiling
+    }
+
+    /// Raises the version ceiling to `ceiling` (reserved at the coordinator, or reported
+    /// by it); a lower one changes nothing.
+    pub fn raise_version_ceiling(&mut self, ceiling: Version) {
+        self.version_ceiling = self.version_ceiling.max(ceiling);
+    }
+
+    /// The ceiling to reserve now, if fewer than [`VERSION_LOW_WATER`] versions are left
+    /// below the one held: the highest version held plus [`VERSION_RESERVATION`].
+    pub fn ceiling_wanted(&self) -> Option<Version> {
+        let left = self.version_ceiling.0.saturating_sub(self.version_max.0);
+        (left < VERSION_LOW_WATER)
+            .then(|| Version(self.version_max.0.saturating_add(VERSION_RESERVATION)))
     }
 
     /// The log (read-only), for replication and tests.
@@ -2162,6 +2223,60 @@ mod tests {
                 "tombstone first: {tombstone_first}"
             );
         }
+    }
+
+    #[test]
+    fn a_replay_that_may_lose_data_shifts_every_version_above_the_floor_in_order() {
+        // The same pieces replayed with a floor of 1000 give the same survivors, each at
+        // its version + 1000; the next versions this master hands out are above them.
+        let pieces = [
+            piece(vec![obj("k", 5, "old"), obj("gone", 3, "x")]),
+            piece(vec![obj("k", 9, "new"), tomb("gone", 3)]),
+            RecoveryPiece::from_entries(SegmentId(4), Version(20), vec![obj("j", 2, "j")]),
+        ];
+        for order in [[0, 1, 2], [2, 1, 0]] {
+            let mut store = recovery_master();
+            let mut state = ReplayState::with_version_floor(1000);
+            let ordered: Vec<RecoveryPiece> = order.iter().map(|&i| pieces[i].clone()).collect();
+            replay(&mut store, &mut state, &ordered);
+            store.take_tablets(&[whole(RECOVERED)]);
+            assert_eq!(
+                reads(&store, &["k", "gone", "j"]),
+                vec![
+                    (Status::Ok, Version(1009), b"new".to_vec()),
+                    (Status::ObjectDoesntExist, Version(0), Vec::new()),
+                    (Status::Ok, Version(1002), b"j".to_vec()),
+                ],
+                "{order:?}"
+            );
+            assert_eq!(store.safe_version(), Version(1020), "the shifted floor");
+        }
+    }
+
+    #[test]
+    fn writes_stay_below_the_version_ceiling_and_ask_for_more_ahead() {
+        let mut store = store();
+        store.enforce_version_ceiling();
+        // Nothing reserved yet: a write is answered Retry and changes nothing.
+        let refused = apply(&mut store, &write(b"k", b"v"));
+        assert_eq!(refused.status(), Status::Retry);
+        assert_eq!(store.read(TABLE, b"k").status, Status::ObjectDoesntExist);
+        let wanted = store.ceiling_wanted().expect("a reservation is due");
+        assert_eq!(wanted, Version(Version::FIRST.0 + VERSION_RESERVATION));
+        store.raise_version_ceiling(Version(3));
+        assert_eq!(put(&mut store, b"k", b"v1"), Version(1));
+        assert_eq!(put(&mut store, b"k", b"v2"), Version(2));
+        // Version 3 is not below the ceiling.
+        assert_eq!(
+            apply(&mut store, &write(b"k", b"v3")).status(),
+            Status::Retry
+        );
+        store.raise_version_ceiling(wanted);
+        assert_eq!(store.ceiling_wanted(), None, "far from the ceiling");
+        assert_eq!(put(&mut store, b"k", b"v3"), Version(3));
+        // A lower ceiling (a stale report) changes nothing.
+        store.raise_version_ceiling(Version(2));
+        assert_eq!(store.version_ceiling(), wanted);
     }
 
     #[test]

@@ -380,8 +380,12 @@ pub struct ReplayState {
     /// Invariant: a tombstone's version is recorded before any later entry is replayed,
     /// and an object at or below it is never appended afterwards.
     deleted: HashMap<TableId, HashMap<Box<[u8]>, Version>>,
-    /// The highest version seen in any entry (0 before the first).
+    /// The highest version seen in any entry (0 before the first), shifted.
     version_max: Version,
+    /// Added to every replayed version (`RecoverRequest::version_floor`: 0 unless the
+    /// recovery may lose data). A shift keeps the order of versions, so the replay rules
+    /// work alike on shifted versions.
+    version_floor: u64,
     /// What was replayed.
     counts: ReplayCounts,
 }
@@ -390,6 +394,24 @@ impl ReplayState {
     /// A fresh state for one recovery.
     pub fn new() -> ReplayState {
         ReplayState::default()
+    }
+
+    /// A fresh state for a recovery whose versions are shifted up by `version_floor`
+    /// (see `RecoverRequest::version_floor`).
+    pub fn with_version_floor(version_floor: u64) -> ReplayState {
+        ReplayState {
+            version_floor,
+            ..ReplayState::default()
+        }
+    }
+
+    /// `version` of the crashed master's log as this recovery replays it: shifted up by
+    /// the version floor (saturating: a floor that near `u64::MAX` is not reached).
+    pub fn shifted(&self, version: Version) -> Version {
+        if version.0 == 0 {
+            return version;
+        }
+        Version(version.0.saturating_add(self.version_floor))
     }
 
     /// The highest version a tombstone of this recovery deleted for `key`.
@@ -616,7 +638,9 @@ impl RecoveryMaster {
             .forget_unowned(request.ranges.clone())
             .await
             .map_err(|_| RecoveryError::ShuttingDown)?;
-        let state = Arc::new(Mutex::new(ReplayState::new()));
+        let state = Arc::new(Mutex::new(ReplayState::with_version_floor(
+            request.version_floor,
+        )));
         let result = tokio::select! {
             result = self.replay_all(&request, &state) => result,
             Ok(_) = cancelled.wait_for(|cancel| *cancel) => Err(RecoveryError::Abandoned),

@@ -56,6 +56,7 @@ use crate::replica_manager::{
 };
 use crate::tablet_sync::{SyncError, TabletSync};
 use crate::tablets::EpochStep;
+use crate::version_reserver::VersionReserver;
 
 /// The master service of one storage server.
 #[derive(Debug)]
@@ -77,6 +78,9 @@ pub struct MasterService {
     recovery: RecoveryMaster,
     /// Pulls this master's tablets from the committed map when it missed a change.
     tablet_sync: Arc<TabletSync>,
+    /// Reserves versions at the coordinators; `None` without coordinators (the store's
+    /// ceiling is then not enforced).
+    version_reserver: Option<Arc<VersionReserver>>,
 }
 
 impl MasterService {
@@ -137,10 +141,15 @@ impl MasterService {
             appender.clone(),
             coordinators,
         ));
+        let version_reserver = coordinators.map(|addrs| {
+            store.lock().enforce_version_ceiling();
+            Arc::new(VersionReserver::new(id, Arc::clone(&store), addrs))
+        });
         MasterService {
             id,
             recovery,
             tablet_sync,
+            version_reserver,
             store,
             appender,
             status,
@@ -159,6 +168,12 @@ impl MasterService {
     /// The lease this master serves under.
     pub fn lease(&self) -> &Arc<Lease> {
         &self.lease
+    }
+
+    /// What reserves this master's versions at the coordinators (its
+    /// [`VersionReserver::run`] task must run), if it has coordinators.
+    pub fn version_reserver(&self) -> Option<&Arc<VersionReserver>> {
+        self.version_reserver.as_ref()
     }
 
     /// What keeps this master's tablets equal to the committed map: lease renewals

@@ -582,6 +582,7 @@ mod recovery {
                     backups: backups.iter().map(|b| b.to_string()).collect(),
                 })
                 .collect(),
+            version_floor: 0,
         }
     }
 

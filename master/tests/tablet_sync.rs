@@ -141,15 +141,18 @@ async fn a_newer_epoch_reported_by_a_lease_renewal_is_pulled() {
         value: Bytes::from_static(b"v"),
         rules: RejectRules::default(),
     };
+    // (This fake reserves no versions: raise the ceiling by hand.)
+    master
+        .store()
+        .lock()
+        .raise_version_ceiling(rampart_common::ids::Version(1 << 20));
     let mut payload = bytes::BytesMut::new();
     rampart_common::rpc::WireMessage::encode(&write, &mut payload);
-    assert_eq!(
-        master
-            .handle(Write::OPCODE, payload.freeze())
-            .await
-            .status(),
-        Status::Ok
-    );
+    let reply = master.handle(Write::OPCODE, payload.freeze()).await;
+    let written: rampart_common::protocol::master::WriteReply =
+        Reply::decode(Bytes::copy_from_slice(reply.payload())).unwrap();
+    assert_eq!(written.status, Status::Ok);
+    assert_eq!(master.store().lock().object_count(), 1);
     // Table 1 was dropped (change 2) and its push lost; the next renewal says epoch 2.
     *coordinator.owned.lock() = (2, vec![]);
     sync.report(2);

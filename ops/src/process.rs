@@ -573,6 +573,16 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             let set = Arc::new(rampart_common::rpc::CoordinatorSet::new(&coordinators));
             let pool = Arc::new(RpcPool::new());
             let tablet_sync = Arc::clone(master.tablet_sync());
+            let reserver = master.version_reserver().cloned();
+            let on_grant: rampart_master::lease::GrantHook = {
+                let (tablet_sync, reserver) = (Arc::clone(&tablet_sync), reserver.clone());
+                Arc::new(move |grant| {
+                    tablet_sync.report(grant.tablets_epoch);
+                    if let Some(reserver) = &reserver {
+                        reserver.note_ceiling(grant.version_ceiling);
+                    }
+                })
+            };
             let renewer = rampart_master::lease::LeaseRenewer::new(
                 id,
                 lease,
@@ -580,9 +590,12 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
                 Arc::clone(&pool),
             )
             .with_interval(Duration::from_millis(args.lease_renew_ms))
-            .with_tablet_sync(Arc::clone(&tablet_sync));
+            .on_grant(on_grant);
             background.spawn(renewer.run(stopped()));
             background.spawn(tablet_sync.run(stopped()));
+            if let Some(reserver) = reserver {
+                background.spawn(reserver.run(stopped()));
+            }
             let detector = FailureDetectorTask::new(
                 id,
                 addr.clone(),

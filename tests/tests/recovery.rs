@@ -636,3 +636,61 @@ fn allow_loss_lets_a_recovery_finish_even_when_no_replica_survived() {
         client.write(table, b"k0", b"after the loss").await.unwrap();
     });
 }
+
+#[test]
+fn versions_keep_increasing_past_allow_loss() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        // "k" is written once into a segment that then closes (its replicas go to disk),
+        // and overwritten five times in the head, which lives only in the backups' frames.
+        // Every server is killed: the head is lost. With allow-loss, "k" comes back with
+        // its first value — but its version must be above every version it ever had.
+        let mut cluster = Cluster::start(3, 2, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("history", 1).await.unwrap();
+        client.write(table, b"k", b"first").await.unwrap();
+        for i in 0..4 {
+            let key = format!("big{i}");
+            client
+                .write(table, key.as_bytes(), &value(&key, 0, 96 * 1024))
+                .await
+                .unwrap();
+        }
+        let mut last = 0;
+        for i in 0..5 {
+            last = client
+                .write(table, b"k", format!("later {i}").as_bytes())
+                .await
+                .unwrap()
+                .0;
+        }
+        let dead: Vec<u64> = cluster.servers.keys().copied().collect();
+        let dirs: Vec<PathBuf> = dead.iter().map(|id| cluster.kill(*id)).collect();
+        for dir in dirs {
+            cluster.start_server(Some(dir));
+        }
+        for id in &dead {
+            let output = rampart_tests::rampart(
+                &["recovery", "allow-loss", &id.to_string()],
+                None,
+                &[("RAMPART_COORDINATOR", &cluster.group.addrs())],
+            )
+            .unwrap();
+            assert!(output.status.success(), "{output:?}");
+        }
+        cluster.wait_recovered(&dead).await;
+        let object = client.read(table, b"k").await.unwrap().expect("k survives");
+        assert_eq!(
+            &object.value[..],
+            b"first",
+            "the head's overwrites were lost"
+        );
+        assert!(
+            object.version.0 > last,
+            "k came back at version {}, but version {last} was handed out before the loss",
+            object.version.0
+        );
+        let again = client.write(table, b"k", b"after").await.unwrap();
+        assert!(again > object.version);
+    });
+}

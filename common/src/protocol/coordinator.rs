@@ -190,6 +190,28 @@ pub struct RenewLeaseReply {
     /// `protocol::master::TabletsRequest`): a master behind it missed a change of its
     /// tablets and pulls them (`GetOwnedTablets`).
     pub tablets_epoch: u64,
+    /// The master's version ceiling in the committed map (see `ReserveVersionsRequest`);
+    /// a recovery may have raised it.
+    pub version_ceiling: u64,
+}
+
+/// A master reserves versions: it may hand out versions below `ceiling` (and hold
+/// objects of such versions) from now on. Every version a master ever handed out is
+/// below its ceiling in the committed map, so a recovery that lost part of its log still
+/// knows a version above all of them (`allow-loss` keeps versions increasing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReserveVersionsRequest {
+    /// The master.
+    pub server: ServerId,
+    /// The ceiling it asks for (a lower one than held changes nothing).
+    pub ceiling: u64,
+}
+
+/// The version ceiling a master now holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReserveVersionsReply {
+    /// The ceiling (at least the one asked for).
+    pub ceiling: u64,
 }
 
 /// The tablets one server owns in the committed map.
@@ -290,6 +312,8 @@ pub struct RecoveryStatusReply {
 }
 
 bincode_message!(
+    ReserveVersionsRequest,
+    ReserveVersionsReply,
     DropTableRequest,
     OwnedTabletsReply,
     SetOpenEpochRequest,
@@ -346,6 +370,8 @@ rpcs! {
     /// The tablets a server owns, with its tablet epoch (linearizable; `ServerCrashed`
     /// once it was declared crashed).
     GetOwnedTablets = 113: ServerIdRequest => OwnedTabletsReply;
+    /// Raise a master's version ceiling (`ServerCrashed` once it was declared crashed).
+    ReserveVersions = 114: ReserveVersionsRequest => ReserveVersionsReply;
 }
 
 #[cfg(test)]

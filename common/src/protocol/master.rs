@@ -265,6 +265,12 @@ pub struct RecoverRequest {
     /// Every segment of the crashed master's log, in expected-availability order (the
     /// order the backups read them).
     pub segments: Vec<RecoverySource>,
+    /// 0, unless the operator let this recovery lose data (`allow-loss`): then the
+    /// crashed master's version ceiling, and every replayed version `v` (objects,
+    /// tombstones, floors) becomes `version_floor + v`. A key whose newest versions were
+    /// lost comes back at an older value but a higher version than any it ever had, so
+    /// versions keep increasing and a conditional write based on a lost version fails.
+    pub version_floor: u64,
 }
 
 /// What a recovery master replayed.
