@@ -953,9 +953,25 @@ mod tests {
             .collect()
     }
 
+    /// Reopens the store in `dir` after the previous one was dropped. Other tests of this
+    /// binary spawn `mount` and `umount`: a child forked in the instant before it execs
+    /// shares every open file description, the LOCK's included, so its `flock` outlives
+    /// the store for that instant. `InUse` is then retried for a moment.
+    fn reopen(dir: &Path) -> (SegmentStore, ScanReport) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match SegmentStore::open(dir) {
+                Err(StoreError::InUse { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                result => return result.expect("open"),
+            }
+        }
+    }
+
     /// Opens a store and checks that its scan found nothing wrong.
     fn open_clean(dir: &Path) -> SegmentStore {
-        let (store, report) = SegmentStore::open(dir).expect("open");
+        let (store, report) = reopen(dir);
         assert_eq!(report.quarantined, vec![]);
         assert_eq!(report.temp_files_removed, Vec::<PathBuf>::new());
         store
@@ -1061,7 +1077,7 @@ mod tests {
                 .write_replica(ServerId(4), SegmentId(2), 3, true, b"closed segment")
                 .expect("write")
         };
-        let (store, report) = SegmentStore::open(dir.path()).expect("open");
+        let (store, report) = reopen(dir.path());
         assert_eq!(report.replicas, vec![meta]);
         assert_eq!(store.list(None), report.replicas);
     }
@@ -1218,7 +1234,7 @@ mod tests {
         fs::write(replicas.join("junk.tmp"), b"x").expect("write");
         fs::create_dir(replicas.join("m1-s9.replica")).expect("mkdir");
 
-        let (mut store, report) = SegmentStore::open(dir.path()).expect("open");
+        let (mut store, report) = reopen(dir.path());
         assert_eq!(report.replicas, vec![good]);
         assert_eq!(store.list(None), vec![good]);
         assert_eq!(store.bytes_stored(), 1000);
@@ -1404,7 +1420,7 @@ mod tests {
                     .expect("write");
             }
             flip_byte(&replica_file(dir.path(), 1, 1), HEADER_BYTES);
-            let (_, report) = SegmentStore::open(dir.path()).expect("open");
+            let (_, report) = reopen(dir.path());
             assert_eq!(report.quarantined.len(), 1);
         }
         assert_eq!(
@@ -1440,7 +1456,7 @@ mod tests {
         let lone_temp = dir.path().join(REPLICAS_DIR).join("m3-s5.replica.tmp");
         fs::write(&lone_temp, b"torn").expect("write");
 
-        let (mut store, report) = SegmentStore::open(dir.path()).expect("open");
+        let (mut store, report) = reopen(dir.path());
         assert_eq!(
             report.temp_files_removed,
             vec![temp.clone(), lone_temp.clone()]

@@ -58,9 +58,10 @@ impl Version {
     /// so it can mean "no object" in reject rules and replies.
     pub const FIRST: Version = Version(1);
 
-    /// The next version after this one.
+    /// The next version after this one (saturating: 2^64 − 1 versions are not reached,
+    /// and a version must not wrap to 0, "no object").
     pub fn next(self) -> Version {
-        Version(self.0 + 1)
+        Version(self.0.saturating_add(1))
     }
 }
 

@@ -20,8 +20,10 @@
 //! naming it). The service proposes the command; once a majority of coordinators has it
 //! durably, every member applies it: the state machine splits the key-hash space into
 //! `span` equal tablets and assigns them round-robin over the live masters. The leader's
-//! service then pushes `TakeTablets` to each owner and answers once every owner serves its
-//! tablets, so a client can use the table as soon as `create_table` returns.
+//! service then pushes `TakeTablets` (naming the owner and its tablet epoch) to each
+//! owner and answers once every owner serves its tablets, so a client can use the table
+//! as soon as `create_table` returns. A push that is lost costs nothing lasting: every
+//! lease renewal tells a master its tablet epoch, and one behind pulls its tablets.
 //!
 //! # Recovering a crashed master
 //! A server's pinger (or a client) reports a silent server with `ReportFailure`; the

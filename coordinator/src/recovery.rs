@@ -55,10 +55,13 @@
 //! * Leadership lost: commits fail with `NotLeader`, and the task ends; the new leader
 //!   finds the server still `Crashed` with the tablets not yet handed over, and starts
 //!   again (a recovery is idempotent: what is left to recover is what the crashed server
-//!   still owns). A proposal in flight may still commit under the new leader, so its
-//!   recovery master is **not** told to forget anything: it keeps what it replayed, and
-//!   either the commit makes it serve that (it pulls its tablets at its next lease
-//!   renewal) or the next `Recover` of those ranges replaces it.
+//!   still owns, read after a barrier, so an entry of the old leader's that committed is
+//!   seen). A proposal in flight may still commit under the new leader, so its recovery
+//!   master is **not** told to forget anything: it keeps what it replayed, and either the
+//!   commit makes it serve that (it pulls its tablets at its next lease renewal) or the
+//!   commit never happened and a later `Recover` of those ranges replaces it. A master
+//!   refuses a `Recover` of an attempt older than the newest it has seen for that
+//!   crashed server, so a deposed leader's late request cannot erase a newer replay.
 //! * A commit of unknown outcome (dropped, a snapshot covered it, refused): never a
 //!   guess. After a read barrier, the committed map says which parts of the partition the
 //!   recovery master owns — those it is told to serve (`SyncTablets`) — and only the rest
@@ -364,6 +367,14 @@ impl RecoveryManager {
                 tracing::info!(%crashed, "no longer leader; recovery left to the new leader");
                 return;
             }
+            // What is left to recover, as committed: a leader new in its term may not have
+            // applied entries its predecessor committed (a partition handed over just
+            // before it died), and recovering that partition again would make its owner
+            // forget what it replayed while the commit gives it the tablets.
+            if let Err(error) = self.node.read_barrier().await {
+                tracing::info!(%crashed, %error, "committed map unreadable; recovery left to the leader");
+                return;
+            }
             let owned = self.node.with_state(|state| state.tablets_of(crashed));
             if owned.is_empty() {
                 break;
@@ -478,17 +489,23 @@ impl RecoveryManager {
             }
         }
         let allow_loss = self.node.with_state(|state| state.loss_allowed(crashed));
-        let floors = self.node.with_state(|state| state.open_epochs(crashed));
-        let segments = check_log(&found, &floors, allow_loss).map_err(|incomplete| {
-            Stop::Wait(format!(
-                "log of {crashed} incomplete ({} replicas found on {} backups): {}; waiting \
+        let (floors, never_wrote) = self.node.with_state(|state| {
+            (
+                state.open_epochs(crashed),
+                state.version_ceiling(crashed) == 0,
+            )
+        });
+        let segments =
+            check_log(&found, &floors, allow_loss, never_wrote).map_err(|incomplete| {
+                Stop::Wait(format!(
+                    "log of {crashed} incomplete ({} replicas found on {} backups): {}; waiting \
                  for the missing replicas, or run `rampart recovery allow-loss {}`",
-                found.len(),
-                backups.len(),
-                incomplete.why,
-                crashed.0
-            ))
-        })?;
+                    found.len(),
+                    backups.len(),
+                    incomplete.why,
+                    crashed.0
+                ))
+            })?;
         let plan = choose_sources(&segments, &found, &floors);
         let will = self.node.with_state(|state| state.will(crashed).cloned());
         let partitions = partitions_for(will.as_ref(), owned);
@@ -644,6 +661,11 @@ impl RecoveryManager {
         };
         let tries = candidates.len().min(PARTITION_ATTEMPTS_MAX as usize);
         for attempt in 0..tries {
+            if !self.node.is_leader() {
+                // A deposed leader sends no more `Recover`s: the new leader's attempt
+                // owns these ranges now.
+                return Err(Stop::Leadership);
+            }
             let (master, addr) = &candidates[(first + attempt) % candidates.len()];
             let started = ms(declared.elapsed());
             self.report(crashed, |r| {

@@ -31,11 +31,13 @@
 //!    if it is the only copy found: the segment is then *missing*, and the recovery waits
 //!    (or, with `allow-loss`, reads it as the best there is). Before e′ is recorded
 //!    nothing was acknowledged that the old copies lack, so they count.
-//! 4. **Two below the head, only the footer counts.** The footer of segment n reaches
-//!    every current replica before the header of n + 1 — and so before anything of
-//!    n + 2 — is written anywhere; when a segment ≥ n + 2 exists, an open copy of n
-//!    without its footer was replaced while n was open (or written to disk at a graceful
-//!    stop of its backup before the master moved on), and is not the log.
+//! 4. **Two below the head, only the footer counts.** A rollover replicates the opening
+//!    of n + 1 (header, digest), then the footer of n, then data of n + 1, each range on
+//!    every current replica before the next is sent; n + 2 is opened only after data went
+//!    into n + 1. So the footer of n is on every current replica before anything of
+//!    n + 2 is written anywhere: when a segment ≥ n + 2 exists, an open copy of n without
+//!    its footer was replaced while n was open (or written to disk at a graceful stop of
+//!    its backup before the master moved on), and is not the log.
 //! 5. **A copy that holds less than the chosen one is no fallback**: a recovery master
 //!    falling back to it would silently replay less than the plan decided. A segment
 //!    whose every equally good copy fails makes that partition's replay fail, and the
@@ -242,16 +244,19 @@ fn rank(copies: &mut [&FoundReplica]) {
 /// successor, and every segment of the head's digest needs a usable copy. With
 /// `allow_loss`, an incomplete log yields what was found (the digest's segments that
 /// exist, every segment found when there is no digest, nothing when no replica exists at
-/// all: the crashed master's tablets then come back empty).
+/// all: the crashed master's tablets then come back empty). `never_wrote` says the
+/// crashed master never reserved a version (its ceiling is 0), so it never acknowledged
+/// a write: finding no replica of its log, it too is recovered empty.
 pub fn check_log(
     found: &[FoundReplica],
     floors: &EpochFloors,
     allow_loss: bool,
+    never_wrote: bool,
 ) -> Result<Vec<SegmentId>, Incomplete> {
     let view = LogView::new(found, floors);
     let everything = || view.by_segment.keys().copied().collect::<Vec<_>>();
     let Some(head) = view.head else {
-        if allow_loss {
+        if allow_loss || never_wrote {
             return Ok(Vec::new());
         }
         return Err(Incomplete {
@@ -486,7 +491,10 @@ mod tests {
             with_digest(replica(2, 3, 0, 50, false), &[1, 2, 3]),
             with_digest(replica(0, 3, 0, 40, false), &[1, 2, 3]),
         ];
-        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1, 2, 3])));
+        assert_eq!(
+            check_log(&found, &no_floors(), false, false),
+            Ok(ids(&[1, 2, 3]))
+        );
     }
 
     #[test]
@@ -495,18 +503,22 @@ mod tests {
             replica(0, 1, 0, 100, true),
             with_digest(replica(2, 3, 0, 50, false), &[1, 2, 3]),
         ];
-        let incomplete = check_log(&found, &no_floors(), false).expect_err("segment 2 is missing");
+        let incomplete =
+            check_log(&found, &no_floors(), false, false).expect_err("segment 2 is missing");
         assert_eq!(incomplete.missing, ids(&[2]));
         assert!(incomplete.why.contains("segment-2"), "{}", incomplete.why);
         // The operator allows the loss: what exists is replayed.
-        assert_eq!(check_log(&found, &no_floors(), true), Ok(ids(&[1, 3])));
+        assert_eq!(
+            check_log(&found, &no_floors(), true, false),
+            Ok(ids(&[1, 3]))
+        );
     }
 
     #[test]
     fn check_log_waits_for_the_successor_of_a_closed_head() {
         // Crash right after a rollover: segment 2's replicas were lost, segment 1 is closed.
         let found = vec![replica(0, 1, 0, 100, true), replica(1, 1, 0, 100, true)];
-        let incomplete = check_log(&found, &no_floors(), false).expect_err("head missing");
+        let incomplete = check_log(&found, &no_floors(), false, false).expect_err("head missing");
         assert_eq!(incomplete.missing, ids(&[2]));
     }
 
@@ -516,12 +528,12 @@ mod tests {
             with_digest(replica(0, 1, 0, 100, false), &[1]),
             replica(1, 2, 0, 0, false),
         ];
-        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1])));
+        assert_eq!(check_log(&found, &no_floors(), false, false), Ok(ids(&[1])));
     }
 
     #[test]
     fn check_log_without_any_replica_waits() {
-        let incomplete = check_log(&[], &no_floors(), false).expect_err("nothing found");
+        let incomplete = check_log(&[], &no_floors(), false, false).expect_err("nothing found");
         assert!(incomplete.why.contains("no backup"), "{}", incomplete.why);
     }
 
@@ -574,7 +586,7 @@ mod tests {
             with_digest(replica(1, 1, 1, 1000, false), &[1]),
             with_digest(replica(2, 1, 2, 600, false), &[1]),
         ];
-        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1])));
+        assert_eq!(check_log(&found, &no_floors(), false, false), Ok(ids(&[1])));
         let plan = choose_sources(&ids(&[1]), &found, &no_floors());
         assert_eq!(plan.sources.len(), 1);
         let (_, backups) = &plan.sources[0];
@@ -595,7 +607,7 @@ mod tests {
             with_digest(replica(1, 3, 2, 800, false), &[3]),
         ];
         let floors = floors(&[(3, 2)]);
-        assert_eq!(check_log(&found, &floors, false), Ok(ids(&[3])));
+        assert_eq!(check_log(&found, &floors, false, false), Ok(ids(&[3])));
         let plan = choose_sources(&ids(&[3]), &found, &floors);
         assert_eq!(plan.sources, vec![(SegmentId(3), vec![1])]);
     }
@@ -610,11 +622,11 @@ mod tests {
             with_digest(replica(2, 3, 1, 500, false), &[1, 2, 3]),
         ];
         let floors = floors(&[(3, 2)]);
-        let incomplete = check_log(&found, &floors, false).expect_err("head stale");
+        let incomplete = check_log(&found, &floors, false, false).expect_err("head stale");
         assert_eq!(incomplete.missing, ids(&[3]));
         assert!(incomplete.why.contains("epoch"), "{}", incomplete.why);
         // The operator accepts the loss: the stale copy is better than nothing.
-        assert_eq!(check_log(&found, &floors, true), Ok(ids(&[1, 2, 3])));
+        assert_eq!(check_log(&found, &floors, true, false), Ok(ids(&[1, 2, 3])));
         let plan = choose_sources(&ids(&[1, 2, 3]), &found, &floors);
         assert_eq!(plan.sources.len(), 3);
     }
@@ -627,9 +639,9 @@ mod tests {
             with_footer(with_digest(replica(0, 1, 1, 100, false), &[1]), 2),
             with_footer(with_digest(replica(1, 1, 1, 100, false), &[1]), 2),
         ];
-        let incomplete = check_log(&found, &no_floors(), false).expect_err("head missing");
+        let incomplete = check_log(&found, &no_floors(), false, false).expect_err("head missing");
         assert_eq!(incomplete.missing, ids(&[2]));
-        assert_eq!(check_log(&found, &no_floors(), true), Ok(ids(&[1])));
+        assert_eq!(check_log(&found, &no_floors(), true, false), Ok(ids(&[1])));
     }
 
     #[test]
@@ -642,12 +654,15 @@ mod tests {
             replica(1, 2, 1, 100, true),
             with_digest(replica(2, 3, 1, 50, false), &[1, 2, 3]),
         ];
-        let incomplete = check_log(&found, &no_floors(), false).expect_err("segment 1");
+        let incomplete = check_log(&found, &no_floors(), false, false).expect_err("segment 1");
         assert_eq!(incomplete.missing, ids(&[1]));
         // With a copy that holds the footer, the log is whole, and that copy is read.
         let mut found = found;
         found.push(with_footer(replica(2, 1, 1, 100, false), 2));
-        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1, 2, 3])));
+        assert_eq!(
+            check_log(&found, &no_floors(), false, false),
+            Ok(ids(&[1, 2, 3]))
+        );
         let plan = choose_sources(&ids(&[1, 2, 3]), &found, &no_floors());
         assert!(plan.sources.contains(&(SegmentId(1), vec![2])), "{plan:?}");
     }
@@ -660,14 +675,29 @@ mod tests {
             with_digest(replica(0, 1, 1, 100, false), &[1]),
             with_digest(replica(1, 2, 1, 40, false), &[1, 2]),
         ];
-        assert_eq!(check_log(&found, &no_floors(), false), Ok(ids(&[1, 2])));
+        assert_eq!(
+            check_log(&found, &no_floors(), false, false),
+            Ok(ids(&[1, 2]))
+        );
+    }
+
+    #[test]
+    fn check_log_of_a_master_that_never_reserved_a_version_and_left_no_replica_is_empty() {
+        // It crashed before its log's opening reached its backups (it reserves versions
+        // only after that): it never acknowledged a write, so nothing can be lost.
+        assert_eq!(check_log(&[], &no_floors(), false, true), Ok(Vec::new()));
+        // One that did reserve left a log somewhere: wait for it.
+        assert!(check_log(&[], &no_floors(), false, false).is_err());
+        // Replicas found are judged as always.
+        let found = vec![replica(0, 1, 1, 100, true)];
+        assert!(check_log(&found, &no_floors(), false, true).is_err());
     }
 
     #[test]
     fn check_log_with_allow_loss_and_no_replica_at_all_recovers_nothing() {
         // A master that never wrote (or whose open segments all died with it): the
         // operator's consent lets the recovery finish, its tablets coming back empty.
-        assert_eq!(check_log(&[], &no_floors(), true), Ok(Vec::new()));
+        assert_eq!(check_log(&[], &no_floors(), true, false), Ok(Vec::new()));
     }
 
     #[test]

@@ -423,7 +423,9 @@ pub struct CoordinatorState {
     /// *version ceiling*; absent: 0, nothing handed out). A master reserves ranges ahead
     /// ([`Command::ReserveVersions`]); a recovered partition raises its new owner's
     /// ceiling above what it replays (twice the crashed one's when loss was allowed,
-    /// as such a recovery shifts versions up by the crashed one's ceiling).
+    /// as such a recovery shifts versions up by the crashed one's ceiling; a chain of
+    /// some thirty lossy recoveries of 2^33-version masters would reach `u64::MAX`, where
+    /// versions saturate).
     /// 1. Keys are servers of `servers` that are not `Removed`.
     /// 2. Only grow.
     version_ceilings: BTreeMap<ServerId, u64>,
@@ -735,59 +737,47 @@ impl CoordinatorState {
                 what: "entries without a table",
             });
         }
-        for (&server, will) in &self.wills {
-            let fail = |what| Err(InvariantViolation::Server { server, what });
-            match self.servers.get(&server) {
-                None => return fail("will of a server never enlisted"),
-                Some(s) if s.status == ServerStatus::Removed => {
-                    return fail("will of a removed server")
-                }
-                Some(_) => {}
+        // What is kept per server exists only for servers that are not removed.
+        let kept = |server: ServerId, what: &'static str| {
+            let live = self
+                .servers
+                .get(&server)
+                .is_some_and(|s| s.status != ServerStatus::Removed);
+            if live {
+                Ok(())
+            } else {
+                Err(InvariantViolation::Server { server, what })
             }
+        };
+        for (&server, will) in &self.wills {
+            kept(server, "will of a server never enlisted or removed")?;
             if will_ranges(will) > WILL_RANGES_MAX {
-                return fail("will with more than WILL_RANGES_MAX ranges");
+                return Err(InvariantViolation::Server {
+                    server,
+                    what: "will with more than WILL_RANGES_MAX ranges",
+                });
             }
         }
         for (&server, epochs) in &self.open_epochs {
-            let fail = |what| Err(InvariantViolation::Server { server, what });
-            match self.servers.get(&server) {
-                None => return fail("open epochs of a server never enlisted"),
-                Some(s) if s.status == ServerStatus::Removed => {
-                    return fail("open epochs of a removed server")
-                }
-                Some(_) => {}
-            }
+            kept(server, "open epochs of a server never enlisted or removed")?;
             if epochs.is_empty() || epochs.len() > OPEN_EPOCH_SEGMENTS_MAX {
-                return fail("open epochs of no or too many segments");
-            }
-        }
-        for &server in self
-            .tablet_epochs
-            .keys()
-            .chain(self.version_ceilings.keys())
-        {
-            if !self
-                .servers
-                .get(&server)
-                .is_some_and(|s| s.status != ServerStatus::Removed)
-            {
                 return Err(InvariantViolation::Server {
                     server,
-                    what: "tablet epoch or version ceiling of a server never enlisted or removed",
+                    what: "open epochs of no or too many segments",
                 });
             }
+        }
+        for &server in self.tablet_epochs.keys() {
+            kept(server, "tablet epoch of a server never enlisted or removed")?;
+        }
+        for &server in self.version_ceilings.keys() {
+            kept(
+                server,
+                "version ceiling of a server never enlisted or removed",
+            )?;
         }
         for &server in &self.allow_loss {
-            if !self
-                .servers
-                .get(&server)
-                .is_some_and(|s| s.status != ServerStatus::Removed)
-            {
-                return Err(InvariantViolation::Server {
-                    server,
-                    what: "loss allowed for a server not crashed or up",
-                });
-            }
+            kept(server, "loss allowed for a server not crashed or up")?;
         }
         Ok(())
     }
@@ -1000,7 +990,9 @@ impl CoordinatorState {
         }
     }
 
-    fn reserve_versions(&mut self, server: ServerId, ceiling: u64) -> Result<Outcome, Reject> {
+    /// Refuses a command of a master about its own log unless it is `Up`: one declared
+    /// crashed is being recovered and may change nothing of it any more.
+    fn require_up(&self, server: ServerId) -> Result<(), Reject> {
         let info = self
             .servers
             .get(&server)
@@ -1008,13 +1000,20 @@ impl CoordinatorState {
         if info.status != ServerStatus::Up {
             return Err(Reject::Crashed(server));
         }
-        let held = self.version_ceilings.entry(server).or_insert(0);
-        if ceiling <= *held {
+        Ok(())
+    }
+
+    fn reserve_versions(&mut self, server: ServerId, ceiling: u64) -> Result<Outcome, Reject> {
+        self.require_up(server)?;
+        let held = self.version_ceiling(server);
+        if ceiling <= held {
+            // No entry is made: a command that changes nothing leaves the state exactly
+            // as it was.
             return Ok(Outcome::Unchanged(CommandResult::VersionsReserved {
-                ceiling: *held,
+                ceiling: held,
             }));
         }
-        *held = ceiling;
+        self.version_ceilings.insert(server, ceiling);
         Ok(Outcome::Changed(CommandResult::VersionsReserved {
             ceiling,
         }))
@@ -1026,13 +1025,7 @@ impl CoordinatorState {
         segment: SegmentId,
         epoch: u64,
     ) -> Result<Outcome, Reject> {
-        let info = self
-            .servers
-            .get(&server)
-            .ok_or(Reject::UnknownServer(server))?;
-        if info.status != ServerStatus::Up {
-            return Err(Reject::Crashed(server));
-        }
+        self.require_up(server)?;
         let epochs = self.open_epochs.entry(server).or_default();
         if epochs.get(&segment).is_some_and(|held| *held >= epoch) {
             return Ok(Outcome::Unchanged(CommandResult::EpochRecorded));
@@ -1152,8 +1145,9 @@ impl CoordinatorState {
         } else {
             crashed_ceiling
         };
-        let owner_ceiling = self.version_ceilings.entry(owner).or_insert(0);
-        *owner_ceiling = (*owner_ceiling).max(needed);
+        if needed > self.version_ceiling(owner) {
+            self.version_ceilings.insert(owner, needed);
+        }
         let epochs = self.bump_tablet_epochs([owner, crashed]);
         let epoch = epochs
             .iter()

@@ -157,6 +157,10 @@ impl std::fmt::Debug for Job {
 pub struct AppenderStatus {
     /// The replicator's counts after the last batch or upkeep tick.
     pub replication: Mutex<ReplicationStats>,
+    /// Set once the opening of the log's first segment is on R backups (before any job
+    /// is served). Versions are reserved only after it (`VersionReserver`), so a master
+    /// the coordinator holds a version ceiling for has a log a recovery can find.
+    pub log_started: std::sync::atomic::AtomicBool,
     /// Set once, when the appender stopped for good (e.g. fenced); the reason.
     pub fatal: Mutex<Option<String>>,
     /// Woken when `fatal` is set.
@@ -305,6 +309,9 @@ async fn run(
         return stop(fatal, &status, queue, Vec::new()).await;
     }
     *status.replication.lock() = replicator.stats();
+    status
+        .log_started
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let mut next_upkeep = tokio::time::Instant::now() + UPKEEP_INTERVAL;
     let mut carried: Option<Job> = None;
     let server_list = replicator.server_list_watch();

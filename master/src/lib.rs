@@ -52,13 +52,16 @@
 //!    checks each piece off the reactor.
 //! 3. Each piece becomes an appender replay job: under the store lock, highest version
 //!    wins and tombstones delete older versions ([`ObjectStore::stage_replay`]); the
-//!    survivors are appended to this master's log with their original versions, sealed,
+//!    survivors are appended to this master's log with their original versions (shifted
+//!    above the crashed master's version ceiling when loss was allowed), sealed,
 //!    replicated to its own backups and published to the index — but not served, as
 //!    reads check ownership first.
 //! 4. Once every piece is published, `Recover` answers with the counts; the coordinator
-//!    then sends `TakeTablets`, which keeps the replayed objects (and counts them in the
-//!    profiles behind the will), and reads see them. If the recovery fails or is
-//!    abandoned (`AbandonRecovery`), the replayed objects are forgotten.
+//!    commits the partition to this master and sends `TakeTablets` (or, if that is lost,
+//!    this master pulls its tablets at its next lease renewal, `tablet_sync`), which keeps
+//!    the replayed objects (and counts them in the profiles behind the will), and reads
+//!    see them. If the recovery fails or is abandoned (`AbandonRecovery` of that attempt
+//!    or a newer one), the replayed objects are forgotten.
 //!
 //! # The read path
 //! `MasterService` locks the store, checks ownership, looks the key up in the index and

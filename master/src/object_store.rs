@@ -648,7 +648,8 @@ impl ObjectStore {
         let floor = self
             .safe_version
             .max(state.shifted(piece.safe_version()))
-            .max(state.version_max().next());
+            .max(state.version_max().next())
+            .max(state.version_floor());
         self.version_max = self.version_max.max(state.version_max()).max(floor);
         if floor > self.safe_version {
             self.safe_version = floor;

@@ -55,7 +55,11 @@
 //! owns, even in part, is refused with `InvalidArgument`: replaying into live tablets
 //! could resurrect keys deleted here since. A `Recover` of a partition already recovered
 //! here but not yet taken (the coordinator resending it) forgets the earlier result and
-//! replays again: the answer is the same, the work is repeated.
+//! replays again: the answer is the same, the work is repeated. Attempts are numbered
+//! (their ids grow across leaders): a `Recover` or `AbandonRecovery` of an attempt older
+//! than the newest `Recover` seen for the same crashed master is refused or ignored, as
+//! it comes from a deposed leader, and forgetting what the newer attempt replayed could
+//! erase a partition the committed map already gives this master.
 //!
 //! # Cost
 //! Measured with a throwaway release-build loop on the 2-core development VM (AMD EPYC),
@@ -405,6 +409,11 @@ impl ReplayState {
         }
     }
 
+    /// The floor every replayed version is shifted by (0 unless loss was allowed).
+    pub fn version_floor(&self) -> Version {
+        Version(self.version_floor)
+    }
+
     /// `version` of the crashed master's log as this recovery replays it: shifted up by
     /// the version floor (saturating: a floor that near `u64::MAX` is not reached).
     pub fn shifted(&self, version: Version) -> Version {
@@ -489,6 +498,14 @@ pub enum RecoveryError {
     /// The master is shutting down.
     #[error("the master is shutting down")]
     ShuttingDown,
+    /// A newer attempt at recovering the same crashed master reached this master.
+    #[error("recovery attempt {recovery} is older than attempt {newest}, seen here already")]
+    Superseded {
+        /// The attempt refused.
+        recovery: u64,
+        /// The newest attempt seen.
+        newest: u64,
+    },
 }
 
 impl RecoveryError {
@@ -498,6 +515,7 @@ impl RecoveryError {
             RecoveryError::CrashedIsSelf(_)
             | RecoveryError::BadRanges
             | RecoveryError::OwnsRanges => Status::InvalidArgument,
+            RecoveryError::Superseded { .. } => Status::RecoveryFailed,
             RecoveryError::InProgress => Status::Retry,
             RecoveryError::SegmentFailed { .. }
             | RecoveryError::NoSpace
@@ -623,9 +641,18 @@ impl RecoveryMaster {
         }
         check_ranges(&request.ranges)?;
         {
+            // A `Recover` forgets what an earlier attempt left in its ranges: one from a
+            // deposed leader, arriving after a newer attempt replayed (and perhaps had
+            // committed) the same ranges here, must not.
             let mut newest = self.newest.lock();
             let held = newest.entry(request.crashed).or_insert(0);
-            *held = (*held).max(request.recovery);
+            if request.recovery < *held {
+                return Err(RecoveryError::Superseded {
+                    recovery: request.recovery,
+                    newest: *held,
+                });
+            }
+            *held = request.recovery;
         }
         let (registration, mut cancelled) = self.register(&request.ranges)?;
         if self.store.lock().owns_any(&request.ranges) {
@@ -717,6 +744,17 @@ impl RecoveryMaster {
         let mut done = Vec::with_capacity(request.segments.len());
         while let Some(piece) = pieces.next().await {
             done.push(piece?);
+        }
+        if request.version_floor > 0 {
+            // A recovery that may have lost data raises this master's safe version to the
+            // floor even when nothing was replayed: a key written only in what was lost,
+            // written again here, must still get a version above every one it had.
+            let empty = RecoveryPiece::from_entries(SegmentId(0), Version(0), Vec::new());
+            self.appender
+                .replay(empty, Arc::clone(state))
+                .await
+                .map_err(|_| RecoveryError::ShuttingDown)?
+                .map_err(|_| RecoveryError::NoSpace)?;
         }
         Ok(done)
     }

@@ -143,7 +143,12 @@ impl MasterService {
         ));
         let version_reserver = coordinators.map(|addrs| {
             store.lock().enforce_version_ceiling();
-            Arc::new(VersionReserver::new(id, Arc::clone(&store), addrs))
+            Arc::new(VersionReserver::new(
+                id,
+                Arc::clone(&store),
+                Arc::clone(&status),
+                addrs,
+            ))
         });
         MasterService {
             id,

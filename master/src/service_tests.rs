@@ -896,7 +896,7 @@ mod recovery {
     }
 
     #[tokio::test]
-    async fn an_abandon_of_an_older_attempt_is_ignored() {
+    async fn an_abandon_or_a_recover_of_an_older_attempt_changes_nothing() {
         // Attempt 4's abandon, delayed in the network, arrives after attempt 5 replayed
         // the same ranges here (and may have committed them to this master): ignored.
         let service = service();
@@ -912,8 +912,33 @@ mod recovery {
         };
         call::<AbandonRecovery>(&service, &stale).await;
         assert_eq!(service.store().lock().object_count(), 3, "kept");
+        // A deposed leader's late Recover of attempt 4 is refused: it would forget too.
+        let mut late = newer.clone();
+        late.recovery = 4;
+        let reply = send::<Recover>(&service, &late).await;
+        assert_eq!(reply.status(), Status::RecoveryFailed);
+        assert_eq!(service.store().lock().object_count(), 3, "still kept");
         call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_three_segments_recovered(&service);
+    }
+
+    #[tokio::test]
+    async fn a_lossy_recovery_with_nothing_to_replay_still_raises_the_version_floor() {
+        // Allow-loss, and no replica of the crashed master survived: nothing to replay.
+        // A key it held at version 999 (lost) written again here must get a version
+        // above the crashed master's ceiling.
+        let service = service();
+        let mut lossy = request(&[]);
+        lossy.version_floor = 1000;
+        call::<Recover>(&service, &lossy).await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        let write = WriteRequest {
+            table: RECOVERED,
+            ..write_request("k", "again")
+        };
+        let written = call::<Write>(&service, &write).await;
+        assert_eq!(written.status, Status::Ok);
+        assert!(written.version >= Version(1000), "{:?}", written.version);
     }
 
     #[tokio::test]

@@ -10,6 +10,12 @@
 //! for one reservation. Lease renewals also report the ceiling the coordinator holds
 //! ([`VersionReserver::note_ceiling`]), which a recovered partition may have raised.
 //!
+//! Nothing is reserved before the opening of the log's first segment is on R backups: a
+//! master whose ceiling at the coordinator is still 0 never handed out a version, hence
+//! never acknowledged a write, and a recovery that finds no replica of its log may bring
+//! its tablets back empty without waiting (`coordinator::recovery_plan::check_log`);
+//! one with a ceiling has a log on backups to wait for.
+//!
 //! The pure decision is [`ObjectStore::ceiling_wanted`]; this is its driver.
 //!
 //! # Failure handling
@@ -31,7 +37,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+use crate::appender::AppenderStatus;
 use crate::object_store::ObjectStore;
+use std::sync::atomic::Ordering;
 
 /// How often the reserver checks whether a reservation is due. A reservation covers
 /// billions of versions; the check is a lock and two loads.
@@ -48,6 +56,9 @@ pub const RESERVE_WARN_INTERVAL: Duration = Duration::from_secs(2);
 pub struct VersionReserver {
     id: ServerId,
     store: Arc<Mutex<ObjectStore>>,
+    /// Whose `log_started` says the log's opening is on R backups: nothing is reserved
+    /// before (see [`AppenderStatus::log_started`]).
+    status: Arc<AppenderStatus>,
     coordinators: CoordinatorSet,
     pool: RpcPool,
 }
@@ -65,11 +76,18 @@ pub enum ReserveError {
 
 impl VersionReserver {
     /// The reserver of master `id`, whose store must enforce its ceiling
-    /// ([`ObjectStore::enforce_version_ceiling`]).
-    pub fn new(id: ServerId, store: Arc<Mutex<ObjectStore>>, coordinators: &[String]) -> Self {
+    /// ([`ObjectStore::enforce_version_ceiling`]) and whose appender reports into
+    /// `status`.
+    pub fn new(
+        id: ServerId,
+        store: Arc<Mutex<ObjectStore>>,
+        status: Arc<AppenderStatus>,
+        coordinators: &[String],
+    ) -> Self {
         VersionReserver {
             id,
             store,
+            status,
             coordinators: CoordinatorSet::new(coordinators),
             pool: RpcPool::new(),
         }
@@ -85,6 +103,9 @@ impl VersionReserver {
     /// # Errors
     /// [`ReserveError`] when the coordinators did not reserve it.
     pub async fn reserve_if_due(&self) -> Result<bool, ReserveError> {
+        if !self.status.log_started.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let Some(wanted) = self.store.lock().ceiling_wanted() else {
             return Ok(false);
         };

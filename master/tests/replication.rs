@@ -177,6 +177,21 @@ fn start_master_excluding_failed_for(
     servers: Arc<Mutex<Vec<ServerInfo>>>,
     failed_backup_exclusion: Duration,
 ) -> Master {
+    start_master_from(
+        replicas,
+        transport,
+        ServerSource::Fixed(servers),
+        failed_backup_exclusion,
+    )
+}
+
+/// A master owning all of `TABLE` that learns its server list from `servers`.
+fn start_master_from(
+    replicas: usize,
+    transport: Option<TransportKind>,
+    servers: ServerSource,
+    failed_backup_exclusion: Duration,
+) -> Master {
     let config = MasterConfig {
         segment_bytes: SEGMENT_BYTES,
         memory_bytes: 64 * u64::from(SEGMENT_BYTES),
@@ -193,7 +208,7 @@ fn start_master_excluding_failed_for(
     let replication = ReplicationConfig {
         replicas,
         transport,
-        servers: ServerSource::Fixed(servers),
+        servers,
         seed: 7,
         failed_backup_exclusion,
     };
@@ -789,37 +804,13 @@ async fn start_master_with_coordinator(
         coordinator,
         std::future::pending(),
     ));
-    let config = MasterConfig {
-        segment_bytes: SEGMENT_BYTES,
-        memory_bytes: 64 * u64::from(SEGMENT_BYTES),
-        value_bytes_max: 4096,
-    };
-    let mut store = ObjectStore::new(MASTER, config);
-    store.take_tablets(&[Tablet {
-        table: TABLE,
-        start_hash: 0,
-        end_hash: u64::MAX,
-        owner: MASTER,
-    }]);
-    let store = Arc::new(Mutex::new(store));
-    let replication = ReplicationConfig {
+    let servers = ServerSource::Coordinators(vec![addr]);
+    start_master_from(
         replicas,
-        transport: Some(TransportKind::Tcp),
-        servers: ServerSource::Coordinators(vec![addr]),
-        seed: 7,
-        failed_backup_exclusion: Duration::from_secs(60),
-    };
-    let status = Arc::new(AppenderStatus::default());
-    let appender = Appender::spawn_replicated(
-        Arc::clone(&store),
-        Replicator::new(MASTER, replication),
-        Arc::clone(&status),
-    );
-    Master {
-        store,
-        appender,
-        status,
-    }
+        Some(TransportKind::Tcp),
+        servers,
+        Duration::from_secs(60),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,6 +119,17 @@ impl Cluster {
             .unwrap()
     }
 
+    /// `rampart recovery allow-loss ID`, as an operator runs it.
+    fn allow_loss(&self, id: u64) {
+        let output = rampart_tests::rampart(
+            &["recovery", "allow-loss", &id.to_string()],
+            None,
+            &[("RAMPART_COORDINATOR", &self.group.addrs())],
+        )
+        .unwrap();
+        assert!(output.status.success(), "{output:?}");
+    }
+
     /// SIGKILLs server `id`; returns its data directory.
     fn kill(&mut self, id: u64) -> PathBuf {
         let (process, dir) = self.servers.remove(&id).unwrap();
@@ -506,16 +517,15 @@ fn coordinators_with_failpoint(name: &str) -> CoordinatorGroup {
     CoordinatorGroup::start_with(3, &[], &[(FAILPOINTS_ENV, name)]).unwrap()
 }
 
-#[test]
-fn recovered_tablets_whose_push_was_lost_go_live_all_the_same() {
+/// Kills a master of a 4-server cluster whose coordinators misbehave at `failpoint`,
+/// and reads back every key once it is recovered.
+fn recover_with_coordinators_failing_at(failpoint: &str) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
-        // The leader never tells a recovery master to take its partition, as if it died
-        // right after the commit: the new owner must still come to serve it.
-        let group = coordinators_with_failpoint(failpoints::LOSE_RECOVERED_PUSH);
+        let group = coordinators_with_failpoint(failpoint);
         let mut cluster = Cluster::start_with(4, 2, &[], group);
         let client = cluster.client().await;
-        let table = client.create_table("pushless", 4).await.unwrap();
+        let table = client.create_table("t", 4).await.unwrap();
         fill(&client, table, "k", 400, 500).await;
         let victim = owner_of(&cluster, &client, table, "k0");
         cluster.kill(victim);
@@ -525,22 +535,18 @@ fn recovered_tablets_whose_push_was_lost_go_live_all_the_same() {
 }
 
 #[test]
+fn recovered_tablets_whose_push_was_lost_go_live_all_the_same() {
+    // The leader never tells a recovery master to take its partition, as if it died
+    // right after the commit: the new owner must still come to serve it.
+    recover_with_coordinators_failing_at(failpoints::LOSE_RECOVERED_PUSH);
+}
+
+#[test]
 fn a_recovered_partition_of_unknown_outcome_is_resolved_from_the_committed_map() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        // Every partition commits, but the leader is told the outcome is unknown: it must
-        // find out from the committed map, not guess (abandoning a committed partition
-        // makes its owner forget the objects the map says it serves).
-        let group = coordinators_with_failpoint(failpoints::RECOVERED_OUTCOME_UNKNOWN);
-        let mut cluster = Cluster::start_with(4, 2, &[], group);
-        let client = cluster.client().await;
-        let table = client.create_table("unknown", 4).await.unwrap();
-        fill(&client, table, "k", 400, 500).await;
-        let victim = owner_of(&cluster, &client, table, "k0");
-        cluster.kill(victim);
-        cluster.wait_recovered(&[victim]).await;
-        check_filled(&client, table, "k", 400).await;
-    });
+    // Every partition commits, but the leader is told the outcome is unknown: it must
+    // find out from the committed map, not guess (abandoning a committed partition makes
+    // its owner forget the objects the map says it serves).
+    recover_with_coordinators_failing_at(failpoints::RECOVERED_OUTCOME_UNKNOWN);
 }
 
 #[test]
@@ -623,13 +629,7 @@ fn allow_loss_lets_a_recovery_finish_even_when_no_replica_survived() {
                         .and_then(|r| r.waiting.clone())
                 })
                 .await;
-            let output = rampart_tests::rampart(
-                &["recovery", "allow-loss", &id.to_string()],
-                None,
-                &[("RAMPART_COORDINATOR", &cluster.group.addrs())],
-            )
-            .unwrap();
-            assert!(output.status.success(), "{output:?}");
+            cluster.allow_loss(*id);
         }
         cluster.wait_recovered(&dead).await;
         assert_eq!(client.read(table, b"k0").await.unwrap(), None);
@@ -670,13 +670,7 @@ fn versions_keep_increasing_past_allow_loss() {
             cluster.start_server(Some(dir));
         }
         for id in &dead {
-            let output = rampart_tests::rampart(
-                &["recovery", "allow-loss", &id.to_string()],
-                None,
-                &[("RAMPART_COORDINATOR", &cluster.group.addrs())],
-            )
-            .unwrap();
-            assert!(output.status.success(), "{output:?}");
+            cluster.allow_loss(*id);
         }
         cluster.wait_recovered(&dead).await;
         let object = client.read(table, b"k").await.unwrap().expect("k survives");
