@@ -11,6 +11,8 @@
 //!   live per partition, cleanup).
 //! * [`recovery_plan`] — the pure planning steps of a recovery: log completeness,
 //!   which replica of each segment to read, partitions, assignment.
+//! * [`push`] — the coordinator's best-effort messages to masters about a committed
+//!   change (server-list version, tablet changes), with a bounded retry.
 //! * [`service`] — `CoordinatorService`: RPC handlers that propose commands through the
 //!   node, serve linearizable reads, redirect clients to the leader, and push tablet
 //!   ownership to masters.
@@ -39,6 +41,7 @@
 //! to one member id for good (see the README on replacing a coordinator).
 
 pub mod node;
+pub mod push;
 pub mod raft_storage;
 pub mod recovery;
 pub mod recovery_plan;

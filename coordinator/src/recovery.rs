@@ -83,8 +83,7 @@ use rampart_common::protocol::master::{
     AbandonRecovery, AbandonRecoveryRequest, Ping, PingRequest, Recover, RecoverReply,
     RecoverRequest, RecoverySource, SyncTablets, SyncTabletsRequest, TabletsRequest, TakeTablets,
 };
-use rampart_common::rpc::{Rpc, RpcError, RpcPool};
-use rampart_common::status::Status;
+use rampart_common::rpc::{Rpc, RpcPool};
 use rampart_common::tablet::{ServerInfo, ServerStatus, Tablet};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -92,6 +91,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use crate::node::{NodeError, RaftNode};
+use crate::push::push_until;
 use crate::recovery_plan::{
     assign_partitions, check_log, choose_sources, partitions_for, FoundReplica,
 };
@@ -311,7 +311,7 @@ impl RecoveryManager {
                 tracing::warn!(%server, %addr, error = %last, detection_ms = ms(now - first), "server declared crashed");
                 self.wake.notify_one();
                 // Servers stop pinging it, and clients' next map has it crashed.
-                crate::service::push_server_list_version(&self.node, &self.pool);
+                crate::push::push_server_list_version(&self.node, &self.pool);
             }
             Ok(other) => tracing::warn!(%server, ?other, "crash not recorded"),
             Err(error) => tracing::warn!(%server, %error, "crash not committed"),
@@ -830,23 +830,10 @@ impl RecoveryManager {
     /// are logged (the owner converges at its next lease renewal).
     async fn tell<R: Rpc<Reply = ()>>(&self, owner: ServerId, addr: &str, request: &R::Request) {
         let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
-        loop {
-            match self.pool.call::<R>(addr, request, deadline).await {
-                Ok(()) => return,
-                Err(error) if retryable(&error) && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(error) => {
-                    tracing::warn!(%owner, %error, "owner not told of its recovered tablets; it catches up at its next lease renewal");
-                    return;
-                }
-            }
+        if let Err(error) = push_until::<R>(&self.pool, addr, request, deadline).await {
+            tracing::warn!(%owner, %error, "owner not told of its recovered tablets; it catches up at its next lease renewal");
         }
     }
-}
-
-fn retryable(error: &RpcError) -> bool {
-    error.is_transport() || matches!(error.status(), Some(Status::Retry))
 }
 
 /// Why an attempt stopped short.

@@ -48,8 +48,7 @@ use rampart_common::protocol::coordinator::{
     RaftMessagesRequest, TableIdReply, TableNameRequest,
 };
 use rampart_common::protocol::master::{
-    DropTablets, ServerListChanged, ServerListVersion, SyncTablets, SyncTabletsRequest,
-    TabletsRequest, TakeTablets,
+    DropTablets, SyncTablets, SyncTabletsRequest, TabletsRequest, TakeTablets,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, RpcPool, Service};
@@ -74,16 +73,9 @@ use rampart_common::tablet::ServerStatus;
 /// How long a create or drop waits for the masters to take or drop their tablets.
 pub const TABLET_PUSH_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Pause between attempts to push tablets to an unreachable master.
-pub const TABLET_PUSH_RETRY_PAUSE: Duration = Duration::from_millis(50);
-
 /// How long a handler waits for its proposal to commit, or for a read barrier. Several
 /// election timeouts: a leader that lost its majority steps down within one.
 pub const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Deadline of one `ServerListChanged` push; a server that misses it pulls within its
-/// periodic refresh anyway.
-pub const SERVER_LIST_PUSH_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Lock stripes that serialise changes to one table name with their pushes.
 pub const NAME_LOCKS: usize = 64;
@@ -200,12 +192,12 @@ impl CoordinatorService {
 
     /// Tells every `Up` server, in the background, that the server list changed.
     fn push_server_list_version(&self) {
-        push_server_list_version(&self.node, &self.pool);
+        crate::push::push_server_list_version(&self.node, &self.pool);
     }
 
     /// Tells each `Up` server of `epochs` about a change of its tablets: RPC `R` with
-    /// the request `request_for(owner, epoch)`, retrying transport failures until
-    /// `deadline` (a master may be between enlisting and serving). Servers that are not
+    /// the request `request_for(owner, epoch)`, retried until `deadline`
+    /// ([`push_until`](crate::push::push_until)). Servers that are not
     /// `Up` are skipped (module doc). Returns the pushes that did not get through.
     async fn tell_owners<R>(
         &self,
@@ -228,7 +220,7 @@ impl CoordinatorService {
         let pushes = owners.into_iter().map(|(owner, addr, epoch)| {
             let request = request_for(owner, epoch);
             async move {
-                push_until::<R>(&self.pool, &addr, &request, deadline)
+                crate::push::push_until::<R>(&self.pool, &addr, &request, deadline)
                     .await
                     .err()
                     .map(|error| FailedPush { owner, error })
@@ -602,37 +594,6 @@ fn command_name(command: &Command) -> &'static str {
     }
 }
 
-/// Tells every `Up` server, in the background, that the server list changed (a server
-/// enlisted or was declared crashed).
-pub(crate) fn push_server_list_version(node: &RaftNode, pool: &Arc<RpcPool>) {
-    let (version, addrs): (u64, Vec<String>) = node.with_state(|state| {
-        let addrs = state
-            .up_servers()
-            .into_iter()
-            .map(|s| s.addr.clone())
-            .collect();
-        (state.version(), addrs)
-    });
-    let pool = Arc::clone(pool);
-    tokio::spawn(async move {
-        let request = ServerListVersion { version };
-        let deadline = Instant::now() + SERVER_LIST_PUSH_TIMEOUT;
-        let pushes = addrs.iter().map(|addr| {
-            let pool = &pool;
-            let request = &request;
-            async move {
-                if let Err(e) = pool
-                    .call::<ServerListChanged>(addr, request, deadline)
-                    .await
-                {
-                    tracing::debug!(%addr, error = %e, "server-list push not delivered");
-                }
-            }
-        });
-        futures::future::join_all(pushes).await;
-    });
-}
-
 /// The reply for a proposal or read the node did not carry out.
 fn node_error_reply(error: NodeError) -> Reply {
     match error {
@@ -662,26 +623,4 @@ impl Service for CoordinatorService {
 struct FailedPush {
     owner: ServerId,
     error: String,
-}
-
-/// Calls `R` on `addr` until it succeeds, answers an error, or `deadline` passes,
-/// pausing [`TABLET_PUSH_RETRY_PAUSE`] after each transport failure.
-async fn push_until<R>(
-    pool: &RpcPool,
-    addr: &str,
-    request: &R::Request,
-    deadline: Instant,
-) -> Result<(), String>
-where
-    R: Rpc<Reply = ()>,
-{
-    loop {
-        match pool.call::<R>(addr, request, deadline).await {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_transport() && Instant::now() < deadline => {
-                tokio::time::sleep(TABLET_PUSH_RETRY_PAUSE).await;
-            }
-            Err(e) => return Err(e.to_string()),
-        }
-    }
 }

@@ -54,7 +54,7 @@ use tokio::sync::{mpsc, oneshot};
 use rampart_common::protocol::backup::PartitionRanges;
 
 use crate::object_store::{Batch, ObjectStore, OpOutcome, WriteOp};
-use crate::recovery::{RecoveryPiece, ReplayState};
+use crate::replay::{RecoveryPiece, ReplayState};
 use crate::replica_manager::{
     Fatal, RangeToReplicate, ReplicationConfig, ReplicationStats, Replicator, SegmentSource,
 };

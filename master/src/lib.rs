@@ -14,6 +14,8 @@
 //!   R replicas of each segment by randomized refinement; `Replicator` opens, writes
 //!   (over `shm`, `tcp` or `rpc`), closes and re-creates them.
 //! * [`service`] — `MasterService`: RPC handlers.
+//! * [`replay`] — `RecoveryPiece` and `ReplayState`: a backup's piece of a crashed
+//!   master's log, decoded and checked, and the replay rules' state (no I/O).
 //! * [`recovery`] — `RecoveryMaster`: replays a partition of a crashed master's log
 //!   (fetch pipeline from backups, replay rules, abandoning a failed attempt).
 //! * [`lease`] — `Lease`: whether this master may serve reads and writes (it holds a
@@ -74,6 +76,7 @@ pub mod object_index;
 pub mod object_store;
 pub mod profiler;
 pub mod recovery;
+pub mod replay;
 pub mod replica_manager;
 pub mod segmented_log;
 pub mod service;

@@ -28,7 +28,7 @@
 //!
 //! # Recovery replay
 //! [`ObjectStore::stage_replay`] stages one piece of a crashed master's log (see
-//! [`recovery`](crate::recovery) for the rules) into a batch like `stage` does, and
+//! [`replay`](crate::replay) for the rules) into a batch like `stage` does, and
 //! [`ObjectStore::publish_recovered`] publishes it *although this master does not own
 //! the keys yet*: reads still answer `UnknownTablet` for them, because reads check
 //! ownership before the index. `take_tablets` of a fresh range keeps what the index
@@ -59,7 +59,7 @@ use rampart_common::protocol::backup::PartitionRanges;
 
 use crate::object_index::{LogRef, ObjectIndex};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
-use crate::recovery::{PieceEntry, RecoveryPiece, ReplayState};
+use crate::replay::{PieceEntry, RecoveryPiece, ReplayState};
 use crate::segmented_log::{NoSpace, SegmentRange, SegmentedLog};
 use crate::tablets::{EpochStep, OwnedTablets};
 
