@@ -558,7 +558,7 @@ impl ObjectStore {
         }
     }
 
-    /// Stages one recovery piece into `batch` (see [`recovery`](crate::recovery) for the
+    /// Stages one recovery piece into `batch` (see [`replay`](crate::replay) for the
     /// rules): appends each surviving object with its original version and each needed
     /// tombstone, updates `state`, and raises the safe version above everything the
     /// piece holds (appending a `SafeVersion` entry when it rises). Publish the batch
