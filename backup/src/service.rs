@@ -323,16 +323,9 @@ impl State {
         };
     }
 
-    /// The answer to a request naming frame `handle`, which is not in the table:
-    /// `Fenced` if it was a fenced frame (a zombie master), else `UnknownFrame`.
+    /// The answer to a request naming frame `handle`, which is not in the table.
     fn gone(&self, handle: u64) -> Reply {
-        if self.fenced_handle_set.contains(&handle) {
-            return Reply::error(
-                Status::Fenced,
-                format!("frame {handle} was fenced and freed: its master was recovered"),
-            );
-        }
-        Reply::error(Status::UnknownFrame, format!("no open frame {handle}"))
+        gone(&self.fenced_handle_set, handle)
     }
 
     /// Remembers that fenced frame `handle` left the table (see `fenced_handles`).
@@ -519,14 +512,8 @@ impl State {
 
     /// The frame `handle`, checked against `epoch`.
     fn frame_mut(&mut self, handle: u64, epoch: u64) -> Result<&mut Frame, Reply> {
-        if !self.frames.contains_key(&handle) {
-            return Err(self.gone(handle));
-        }
         let Some(frame) = self.frames.get_mut(&handle) else {
-            return Err(Reply::error(
-                Status::Internal,
-                "frame vanished under the lock",
-            ));
+            return Err(gone(&self.fenced_handle_set, handle));
         };
         if frame.epoch != epoch {
             return Err(Reply::error(
@@ -922,6 +909,19 @@ impl ReplicaSource for RecoverySource {
         }
         read_held(&self.store, &self.shared, key)
     }
+}
+
+/// The answer to a request naming frame `handle`, which is not in the table: `Fenced`
+/// if it was a fenced frame (`fenced`: `State::fenced_handle_set`; a zombie master),
+/// else `UnknownFrame`.
+fn gone(fenced: &HashSet<u64>, handle: u64) -> Reply {
+    if fenced.contains(&handle) {
+        return Reply::error(
+            Status::Fenced,
+            format!("frame {handle} was fenced and freed: its master was recovered"),
+        );
+    }
+    Reply::error(Status::UnknownFrame, format!("no open frame {handle}"))
 }
 
 fn info_of(meta: &ReplicaMeta) -> ReplicaInfo {

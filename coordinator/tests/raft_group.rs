@@ -515,6 +515,10 @@ async fn recovery_rpcs_refuse_garbage_and_answer_unknown_or_crashed_servers_plai
         RenewLease::OPCODE,
         UploadWill::OPCODE,
         AllowLoss::OPCODE,
+        rampart_common::protocol::coordinator::SetOpenEpoch::OPCODE,
+        rampart_common::protocol::coordinator::GetOwnedTablets::OPCODE,
+        rampart_common::protocol::coordinator::ReserveVersions::OPCODE,
+        rampart_common::protocol::coordinator::DropTable::OPCODE,
     ] {
         let reply = service.handle(opcode, garbage.clone()).await;
         assert_eq!(reply.status(), Status::MalformedRequest, "{opcode:?}");
@@ -554,6 +558,92 @@ async fn recovery_rpcs_refuse_garbage_and_answer_unknown_or_crashed_servers_plai
     });
     let reply = service.handle(ReportFailure::OPCODE, report).await;
     assert_eq!(reply.status(), Status::Ok);
+    drop(service);
+    group.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ownership_and_version_rpcs_serve_up_masters_and_refuse_crashed_ones() {
+    use rampart_common::ids::{SegmentId, ServerId};
+    use rampart_common::protocol::coordinator::{
+        GetOwnedTablets, OwnedTabletsReply, RenewLease, RenewLeaseReply, RenewLeaseRequest,
+        ReserveVersions, ReserveVersionsReply, ReserveVersionsRequest, ServerIdRequest,
+        SetOpenEpoch, SetOpenEpochRequest,
+    };
+    use rampart_common::rpc::{Reply, Rpc, Service, WireMessage};
+    use rampart_common::tablet::ServerStatus;
+
+    let mut group = Group::start(1, 100).await;
+    let service = CoordinatorService::new(group.node(1).clone());
+    tokio::time::timeout(SETTLE, group.node(1).read_barrier())
+        .await
+        .expect("a single coordinator leads")
+        .unwrap();
+    async fn call<R: Rpc>(service: &CoordinatorService, request: &R::Request) -> Reply {
+        let mut out = bytes::BytesMut::new();
+        request.encode(&mut out);
+        service.handle(R::OPCODE, out.freeze()).await
+    }
+    fn decode<M: WireMessage>(reply: &Reply) -> M {
+        assert_eq!(reply.status(), Status::Ok, "{:?}", reply.payload());
+        Reply::decode(bytes::Bytes::copy_from_slice(reply.payload())).unwrap()
+    }
+    // Never enlisted: plainly refused.
+    let unknown = ServerIdRequest {
+        server: ServerId(42),
+    };
+    let reply = call::<GetOwnedTablets>(&service, &unknown).await;
+    assert_eq!(reply.status(), Status::InvalidArgument);
+    let CommandResult::Enlisted { id } = propose(&group, enlist("127.0.0.1:9002")).await else {
+        panic!("enlist failed");
+    };
+    propose(
+        &group,
+        Command::CreateTable {
+            name: "t".into(),
+            span: 2,
+        },
+    )
+    .await;
+    // Up: its tablets with their epoch, the same epoch in its lease, a reservation.
+    let owned: OwnedTabletsReply =
+        decode(&call::<GetOwnedTablets>(&service, &ServerIdRequest { server: id }).await);
+    assert_eq!((owned.epoch, owned.tablets.len()), (1, 2));
+    let reserve = ReserveVersionsRequest {
+        server: id,
+        ceiling: 1 << 32,
+    };
+    let reserved: ReserveVersionsReply = decode(&call::<ReserveVersions>(&service, &reserve).await);
+    assert_eq!(reserved.ceiling, 1 << 32);
+    let lease: RenewLeaseReply =
+        decode(&call::<RenewLease>(&service, &RenewLeaseRequest { server: id }).await);
+    assert_eq!((lease.tablets_epoch, lease.version_ceiling), (1, 1 << 32));
+    let epoch = SetOpenEpochRequest {
+        server: id,
+        segment: SegmentId(3),
+        epoch: 2,
+    };
+    assert_eq!(
+        call::<SetOpenEpoch>(&service, &epoch).await.status(),
+        Status::Ok
+    );
+    // Declared crashed: it may not move its log, reserve versions or learn its tablets.
+    propose(
+        &group,
+        Command::SetServerStatus {
+            id,
+            status: ServerStatus::Crashed,
+        },
+    )
+    .await;
+    let refused = [
+        call::<SetOpenEpoch>(&service, &epoch).await.status(),
+        call::<ReserveVersions>(&service, &reserve).await.status(),
+        call::<GetOwnedTablets>(&service, &ServerIdRequest { server: id })
+            .await
+            .status(),
+    ];
+    assert_eq!(refused, [Status::ServerCrashed; 3]);
     drop(service);
     group.stop_all().await;
 }
