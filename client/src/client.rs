@@ -248,6 +248,20 @@ impl Client {
         Ok(())
     }
 
+    /// [`refresh_map`](Self::refresh_map) inside an operation's retry loop, after an
+    /// attempt that failed because of `why`. Should the operation's deadline pass during
+    /// the refresh, the operation timed out because of `why` — not because of the
+    /// coordinators, which were simply not asked again in time.
+    async fn refresh_after(&self, seen: u64, retry: &Retry, why: &str) -> Result<(), ClientError> {
+        match self.refresh_map(seen, retry.deadline).await {
+            Err(_) if Instant::now() >= retry.deadline => Err(ClientError::Timeout {
+                attempts: retry.attempts + 1,
+                last: why.to_string(),
+            }),
+            result => result,
+        }
+    }
+
     /// Calls a coordinator RPC on the coordinators' leader, following `NotLeader`
     /// hints and retrying until `deadline` (see `rampart_common::rpc::coordinator_set`).
     async fn coordinator_call<R: Rpc>(
@@ -418,28 +432,31 @@ impl Client {
             let why = match attempt(addr.clone(), tablet.end_hash, retry.deadline).await {
                 Ok(Attempt::Done(result)) => return result,
                 Ok(Attempt::Reroute(why)) => {
-                    self.refresh_map(map.version, retry.deadline).await?;
+                    self.refresh_after(map.version, &retry, &why).await?;
                     why
                 }
                 Ok(Attempt::Later(why)) => why,
                 // Never reached the master whole: always safe to send again.
                 Err(e) if e.is_transport() && !e.may_have_executed() => {
                     self.report_unreachable(tablet.owner, &e);
-                    self.refresh_map(map.version, retry.deadline).await?;
-                    e.to_string()
+                    let why = e.to_string();
+                    self.refresh_after(map.version, &retry, &why).await?;
+                    why
                 }
                 Err(e) if e.is_transport() => {
                     self.report_unreachable(tablet.owner, &e);
                     if !idempotent {
                         return Err(ClientError::Indeterminate(e.to_string()));
                     }
-                    self.refresh_map(map.version, retry.deadline).await?;
-                    e.to_string()
+                    let why = e.to_string();
+                    self.refresh_after(map.version, &retry, &why).await?;
+                    why
                 }
                 // The master may be losing its tablets (a lapsed lease): look again.
                 Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
-                    self.refresh_map(map.version, retry.deadline).await?;
-                    e.to_string()
+                    let why = e.to_string();
+                    self.refresh_after(map.version, &retry, &why).await?;
+                    why
                 }
                 Err(e) => return Err(ClientError::from_rpc(e)),
             };
@@ -832,7 +849,7 @@ impl Client {
             }
             pending = again;
             if !pending.is_empty() {
-                self.refresh_map(version, retry.deadline).await?;
+                self.refresh_after(version, &retry, &why).await?;
                 retry.pause(why).await?;
             }
         }
@@ -1028,10 +1045,16 @@ mod tests {
             .await
             .expect("connect");
         let started = Instant::now();
-        client
+        let error = client
             .read(table, b"k")
             .await
             .expect_err("the master is gone");
+        // The operation timed out because its owner was unreachable; the coordinator
+        // answered every time it was asked, and the error must not blame it.
+        assert!(
+            matches!(&error, ClientError::Timeout { last, .. } if last.contains("connect")),
+            "{error}"
+        );
         // A multi-op against the same master within the interval adds no report.
         let keys: [(TableId, &[u8]); 1] = [(table, b"k")];
         let _ = client.multi_read(&keys).await;

@@ -28,8 +28,10 @@ pub enum ClusterCommand {
 /// `rampart cluster up`
 #[derive(Args, Debug, Clone)]
 pub struct UpArgs {
-    /// Storage servers to start (each runs a master and a backup).
-    #[arg(long, default_value_t = 4)]
+    /// Storage servers to start (each runs a master and a backup). The default, 5, is
+    /// R + 2 for the default R = 3: with one server dead every master still finds R
+    /// backups on the others, so writes and the dead server's recovery go on.
+    #[arg(long, default_value_t = 5)]
     pub servers: u32,
     /// Backup replicas of every segment (R). Default: 3, or fewer when the cluster is
     /// too small (a master never replicates to its own server, so R ≤ servers − 1).
@@ -171,6 +173,13 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     if print {
         println!("data in {}", args.data_dir.display());
         println!("replicas {replicas}");
+        if replicas > 0 && args.servers < replicas + 2 {
+            eprintln!(
+                "note: {} servers with {replicas} replicas: should one die, the others have                  fewer than {replicas} backups besides themselves, so writes and the dead                  server's recovery wait until it is back; start {} servers to ride out a crash",
+                args.servers,
+                replicas + 2
+            );
+        }
     }
     let mut servers = Vec::new();
     for i in 1..=args.servers {
