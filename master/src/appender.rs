@@ -27,7 +27,8 @@
 //! that a master is on R backups before it serves anything (DESIGN.md §6: a master that
 //! never wrote must still be recoverable).
 //!
-//! Tablet ownership changes travel on the same queue and are applied between batches,
+//! Tablet ownership changes (numbered by the coordinator: [`TabletChange`]) travel on the
+//! same queue and are applied between batches,
 //! so they are ordered with the writes around them. Every [`UPKEEP_INTERVAL`], between
 //! batches and whether or not the queue is empty, the task gives the replicator time for
 //! upkeep (background closes, probing backups, re-creating lost replicas, pulling the
@@ -80,14 +81,6 @@ enum Job {
     Ops {
         ops: Vec<WriteOp>,
         reply: oneshot::Sender<Vec<OpOutcome>>,
-    },
-    TakeTablets {
-        tablets: Vec<Tablet>,
-        reply: oneshot::Sender<()>,
-    },
-    DropTablets {
-        tablets: Vec<Tablet>,
-        reply: oneshot::Sender<u64>,
     },
     Replay {
         piece: RecoveryPiece,
@@ -143,8 +136,6 @@ impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Job::Ops { ops, .. } => write!(f, "Ops({})", ops.len()),
-            Job::TakeTablets { tablets, .. } => write!(f, "TakeTablets({})", tablets.len()),
-            Job::DropTablets { tablets, .. } => write!(f, "DropTablets({})", tablets.len()),
             Job::Replay { piece, .. } => write!(f, "Replay({})", piece.segment()),
             Job::ForgetUnowned { ranges, .. } => write!(f, "ForgetUnowned({})", ranges.len()),
             Job::ChangeTablets { change, .. } => write!(f, "ChangeTablets({change:?})"),
@@ -197,26 +188,6 @@ impl Appender {
             .await
             .map_err(|_| AppenderClosed)?;
         outcome.await.map_err(|_| AppenderClosed)
-    }
-
-    /// Starts serving `tablets`, ordered after every write submitted before.
-    pub async fn take_tablets(&self, tablets: Vec<Tablet>) -> Result<(), AppenderClosed> {
-        let (reply, done) = oneshot::channel();
-        self.jobs
-            .send(Job::TakeTablets { tablets, reply })
-            .await
-            .map_err(|_| AppenderClosed)?;
-        done.await.map_err(|_| AppenderClosed)
-    }
-
-    /// Stops serving `tablets` and forgets their objects; returns how many.
-    pub async fn drop_tablets(&self, tablets: Vec<Tablet>) -> Result<u64, AppenderClosed> {
-        let (reply, done) = oneshot::channel();
-        self.jobs
-            .send(Job::DropTablets { tablets, reply })
-            .await
-            .map_err(|_| AppenderClosed)?;
-        done.await.map_err(|_| AppenderClosed)
     }
 
     /// Replays one recovery piece into the log; completes once its survivors are
@@ -404,14 +375,6 @@ async fn run(
             }
         }
         match control {
-            Some(Job::TakeTablets { tablets, reply }) => {
-                store.lock().take_tablets(&tablets);
-                let _ = reply.send(());
-            }
-            Some(Job::DropTablets { tablets, reply }) => {
-                let removed = store.lock().drop_tablets(&tablets);
-                let _ = reply.send(removed);
-            }
             Some(Job::ForgetUnowned { ranges, reply }) => {
                 let removed = store.lock().forget_unowned(&ranges);
                 let _ = reply.send(removed);
@@ -420,9 +383,7 @@ async fn run(
                 let mut store = store.lock();
                 let step = match &change {
                     TabletChange::Take { epoch, tablets } => store.take_tablets_at(*epoch, tablets),
-                    TabletChange::Drop { epoch, tablets } => {
-                        store.drop_tablets_at(*epoch, tablets).0
-                    }
+                    TabletChange::Drop { epoch, tablets } => store.drop_tablets_at(*epoch, tablets),
                     TabletChange::Replace { epoch, tablets } => {
                         if store.replace_tablets(*epoch, tablets) {
                             EpochStep::Next
@@ -723,9 +684,12 @@ mod tests {
         for write in &mut writes {
             assert!(poll_once(write).is_pending());
         }
-        let mut drop = Box::pin(tokio::task::unconstrained(
-            appender.drop_tablets(vec![whole_table()]),
-        ));
+        let mut drop = Box::pin(tokio::task::unconstrained(appender.change_tablets(
+            TabletChange::Drop {
+                epoch: 1,
+                tablets: vec![whole_table()],
+            },
+        )));
         assert!(poll_once(&mut drop).is_pending());
         let mut late = Box::pin(tokio::task::unconstrained(
             appender.submit(vec![write("late", "v")]),
@@ -736,11 +700,7 @@ mod tests {
             let outcomes = write.await.unwrap();
             assert_eq!(outcomes[0].status(), Status::Ok);
         }
-        assert_eq!(
-            drop.await.unwrap(),
-            WRITES as u64,
-            "the drop removed every write"
-        );
+        assert_eq!(drop.await.unwrap(), EpochStep::Next);
         let late = late.await.unwrap();
         assert_eq!(late[0].status(), Status::UnknownTablet);
 
@@ -749,7 +709,14 @@ mod tests {
             store.lock().read(TABLE, b"key-0").status,
             Status::UnknownTablet
         );
-        appender.take_tablets(vec![whole_table()]).await.unwrap();
+        let take = TabletChange::Take {
+            epoch: 2,
+            tablets: vec![whole_table()],
+        };
+        assert_eq!(
+            appender.change_tablets(take).await.unwrap(),
+            EpochStep::Next
+        );
         for i in 0..WRITES {
             let read = store.lock().read(TABLE, format!("key-{i}").as_bytes());
             assert_eq!(read.status, Status::ObjectDoesntExist, "key-{i} is gone");

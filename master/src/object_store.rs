@@ -791,15 +791,14 @@ impl ObjectStore {
 
     /// Applies the change number `epoch` — drop `tablets` and forget their objects, as
     /// [`drop_tablets`](Self::drop_tablets) — if it is the next one; returns where it
-    /// stood and how many objects were forgotten.
-    pub fn drop_tablets_at(&mut self, epoch: u64, tablets: &[Tablet]) -> (EpochStep, u64) {
+    /// stood.
+    pub fn drop_tablets_at(&mut self, epoch: u64, tablets: &[Tablet]) -> EpochStep {
         let step = self.tablets.step(epoch);
-        let mut removed = 0;
         if step == EpochStep::Next {
-            removed = self.drop_tablets(tablets);
+            self.drop_tablets(tablets);
             self.tablets.set_epoch(epoch);
         }
-        (step, removed)
+        step
     }
 
     /// Serves exactly `tablets` — this master's whole set in the committed map, as of its
