@@ -119,8 +119,26 @@
 //!   declared it complete). That covers the `rpc` and `tcp` transports; a master writing
 //!   by `shm` must not write after sending close, and does not.
 //! * The frame file lives as long as the service (and the [`BackupNic`] and closes that
-//!   share it), then is removed. A backup that is killed leaves it behind; the next start
-//!   replaces it ([`FrameFile::create`]). Open frames do not survive a restart.
+//!   share it), then is removed if no frame is open in it; otherwise it stays, as it
+//!   does when the backup is killed (next section).
+//!
+//! # Frames survive a kill
+//! The frames are the backup's non-volatile buffer (DESIGN.md §5): a write acknowledged
+//! by every replica may be in no store yet (below a segment per master, nothing is). So
+//! each slot's header labels the frame it holds (master, segment, epoch, capacity, and
+//! the fenced length once fenced), written before the slot is handed out or before the
+//! answer that changed it, and the file outlives a killed process. [`BackupService::open`]
+//! first reads back the file a predecessor on the same data directory left (its *tag* is
+//! the data directory): each held slot's valid prefix — scanned as a list scans a frame,
+//! cut at its recorded fenced length — whose bytes begin with the labelled replica's
+//! header is written to the store as an *open* replica unless the store already holds
+//! as much, the same step as [`BackupService::flush_open_frames`] at a graceful stop.
+//! Only then is the file replaced. So every replica the predecessor could have reported
+//! is reported again, at the same epoch, with at least the length it reported (and no
+//! more than a fenced length). A master still writing into the old file learns the
+//! backup process is gone (the `shm` route checks) and re-creates the replica elsewhere,
+//! as after any backup crash. A power loss of the host loses the file (`/dev/shm` is
+//! memory): only what the store holds survives that.
 //!
 //! # Cost
 //! Open, write and `BumpEpoch` run on the connection task (`handle_now`). A write copies
@@ -137,7 +155,7 @@ use parking_lot::Mutex;
 use rampart_common::ids::{SegmentId, ServerId};
 use rampart_common::log::scan;
 use rampart_common::onesided::nic::NicTarget;
-use rampart_common::onesided::shm::FrameFile;
+use rampart_common::onesided::shm::{FrameFile, LeftBehind, SlotLabel};
 use rampart_common::onesided::{host_id, FrameWriteError};
 use rampart_common::protocol::backup::{
     self as proto, BumpEpochRequest, CloseReplicaRequest, EndRecoveryReply, EndRecoveryRequest,
@@ -180,6 +198,106 @@ pub struct BackupConfig {
     /// frames back to that disk in the background. The path must be valid UTF-8 (it
     /// travels in `OpenReplica` replies).
     pub frame_file: PathBuf,
+}
+
+/// What [`BackupService::open`] found: the store's scan, and what the frame file a killed
+/// predecessor left held.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// The segment store's scan (the replicas on disk, the files quarantined).
+    pub store: ScanReport,
+    /// Frames read back from the frame file and stored as open replicas, with what the
+    /// store now holds of each.
+    pub frames_read_back: Vec<ReplicaMeta>,
+    /// Held frames not stored, and why: nothing valid written yet, the store already
+    /// holds as much, bytes that are not the labelled replica's.
+    pub frames_skipped: Vec<(SlotLabel, String)>,
+    /// Why a file found at the frame file's path was not read: not a frame file of this
+    /// format, or the file of a backup whose data directory is gone. It is replaced.
+    pub frame_file_unread: Option<String>,
+}
+
+/// Stores, as open replicas, the frames that a backup killed on this data directory left
+/// in its frame file at `path` (module doc, "Frames survive a kill"): each held slot's
+/// valid prefix (no more than its recorded fenced length), when its bytes begin with the
+/// header of the replica its label names and the store holds less of it. Errors leave
+/// the file as it is: a store that cannot take the frames (disk full, I/O error) stops
+/// the backup from starting rather than lose them, and so does a file tagged for another
+/// backup whose data directory exists. Blocks on the disk.
+fn read_back_frames(
+    store: &mut SegmentStore,
+    path: &Path,
+    tag: &str,
+    report: &mut OpenReport,
+) -> Result<(), StoreError> {
+    let io_error = |source: std::io::Error| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let left = match FrameFile::read_back(path, tag).map_err(io_error)? {
+        LeftBehind::Nothing => return Ok(()),
+        LeftBehind::Unreadable(why) => {
+            report.frame_file_unread = Some(why);
+            return Ok(());
+        }
+        LeftBehind::Foreign(owner) if !Path::new(&owner).exists() => {
+            report.frame_file_unread = Some(format!(
+                "the frame file of the backup on {owner}, which is gone"
+            ));
+            return Ok(());
+        }
+        LeftBehind::Foreign(owner) => {
+            return Err(io_error(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "it holds the frames of the backup on {owner}; give each backup its \
+                     own frame file"
+                ),
+            )))
+        }
+        LeftBehind::Frames(left) => left,
+    };
+    for slot in left.held() {
+        let label = slot.label;
+        let bytes = left.read(&slot);
+        let scanned = scan(&bytes);
+        let valid = slot.fenced_length.map_or(scanned.valid_bytes, |fenced| {
+            fenced.min(scanned.valid_bytes)
+        });
+        let names_it = scanned
+            .header
+            .is_some_and(|h| h.log_id == label.master && h.segment_id == label.segment);
+        let stored = store.meta(label.master, label.segment);
+        let holds_as_much = stored.is_some_and(|stored| {
+            stored.epoch > label.epoch
+                || (stored.epoch == label.epoch && (stored.closed || stored.length >= valid))
+        });
+        let skipped = if valid == 0 {
+            Some("nothing valid was written to it".to_string())
+        } else if !names_it {
+            Some(format!(
+                "its bytes begin with {:?}, not the header of that replica",
+                scanned.header
+            ))
+        } else if holds_as_much {
+            Some(format!("the store holds as much of it already: {stored:?}"))
+        } else {
+            None
+        };
+        if let Some(reason) = skipped {
+            report.frames_skipped.push((label, reason));
+            continue;
+        }
+        let meta = store.write_replica(
+            label.master,
+            label.segment,
+            label.epoch,
+            false,
+            &bytes[..valid as usize],
+        )?;
+        report.frames_read_back.push(meta);
+    }
+    Ok(())
 }
 
 /// First read of an open frame when listing or reading it (see `read_written`).
@@ -489,7 +607,13 @@ impl State {
         };
         let handle = self.next_handle;
         self.next_handle += 1;
-        shared.file.assign(slot, handle);
+        let label = SlotLabel {
+            master: request.master,
+            segment: request.segment,
+            epoch: request.epoch,
+            capacity: request.capacity,
+        };
+        shared.file.assign(slot, handle, label);
         let frame = Frame {
             master: request.master,
             segment: request.segment,
@@ -556,7 +680,10 @@ impl State {
         Ok(frame.slot)
     }
 
-    fn bump_epoch(&mut self, request: &BumpEpochRequest) -> Result<(), Reply> {
+    /// Moves frame `request.handle` to a newer epoch, in the table and in its slot's
+    /// label (before the answer: a backup killed after answering must read the frame
+    /// back at the new epoch, or the coordinator's epoch floor would discount it).
+    fn bump_epoch(&mut self, file: &FrameFile, request: &BumpEpochRequest) -> Result<(), Reply> {
         let handle = request.handle;
         let Some(frame) = self.frames.get(&handle) else {
             return Err(self.gone(handle));
@@ -608,6 +735,7 @@ impl State {
         }
         if let Some(frame) = self.frames.get_mut(&handle) {
             frame.epoch = request.new_epoch;
+            file.set_epoch(frame.slot, request.new_epoch);
         }
         tracing::debug!(
             master = %key.0, segment = %key.1, handle, epoch = request.new_epoch,
@@ -763,6 +891,8 @@ fn fence(shared: &Shared, rdma: &rdma::RdmaTarget, master: ServerId) -> Vec<Repl
             // Gone since the scan: freed by recovery already, nothing to report.
             let held = state.frames.get_mut(&frame.handle)?;
             let length = *held.fenced_length.get_or_insert(frame.info.length);
+            // Final across a restart too: a backup killed now reads no more of it back.
+            shared.file.record_fenced_length(held.slot, length);
             frame.info.length = length;
             Some(frame.info)
         })
@@ -1080,7 +1210,7 @@ impl BackupService {
     pub fn open(
         data_dir: &Path,
         config: BackupConfig,
-    ) -> Result<(BackupService, ScanReport), StoreError> {
+    ) -> Result<(BackupService, OpenReport), StoreError> {
         BackupService::open_with_disk(data_dir, config, Box::new(RealDisk))
     }
 
@@ -1090,7 +1220,7 @@ impl BackupService {
         data_dir: &Path,
         config: BackupConfig,
         disk: Box<dyn Disk>,
-    ) -> Result<(BackupService, ScanReport), StoreError> {
+    ) -> Result<(BackupService, OpenReport), StoreError> {
         let mut config = config;
         if config.frame_bytes_max > REPLICA_BYTES_MAX {
             tracing::warn!(
@@ -1101,15 +1231,29 @@ impl BackupService {
         }
         // The store first: its directory lock keeps a second backup on this data
         // directory from replacing our frame file.
-        let (store, report) = SegmentStore::open_with_disk(data_dir, disk)?;
+        let (mut store, scan) = SegmentStore::open_with_disk(data_dir, disk)?;
         let frame_error = |source: std::io::Error| StoreError::Io {
             path: config.frame_file.clone(),
             source,
         };
+        // The file says whose it is: a restarted backup reads back only its own frames,
+        // and a sweep of stale files keeps a file whose data directory still exists.
+        let tag = std::fs::canonicalize(data_dir)
+            .unwrap_or_else(|_| data_dir.to_path_buf())
+            .to_string_lossy()
+            .into_owned();
+        let mut report = OpenReport {
+            store: scan,
+            ..OpenReport::default()
+        };
+        // Before the file is replaced: what a killed predecessor's frames hold is
+        // stored first (module doc, "Frames survive a kill").
+        read_back_frames(&mut store, &config.frame_file, &tag, &mut report)?;
         let file = FrameFile::create(
             &config.frame_file,
             config.frames_max,
             config.frame_bytes_max,
+            &tag,
         )
         .map_err(frame_error)?;
         let rdma = rdma::RdmaTarget::new(file.path(), file.slot_offset(file.slots()))
@@ -1255,7 +1399,10 @@ impl BackupService {
                 }),
             proto::BumpEpoch::OPCODE => Reply::decode::<BumpEpochRequest>(payload.clone())
                 .and_then(|request| {
-                    self.shared.state.lock().bump_epoch(&request)?;
+                    self.shared
+                        .state
+                        .lock()
+                        .bump_epoch(&self.shared.file, &request)?;
                     Ok(Reply::ok(&()))
                 }),
             _ => return None,
@@ -1566,7 +1713,7 @@ mod tests {
     fn open_service(dir: &TempDir, frames_max: usize) -> BackupService {
         let (service, report) =
             BackupService::open(dir.path(), config(dir, frames_max)).expect("open");
-        assert_eq!(report.quarantined, vec![]);
+        assert_eq!(report.store.quarantined, vec![]);
         service
     }
 
@@ -1794,7 +1941,8 @@ mod tests {
 
         drop(service);
         let (service, report) = BackupService::open(dir.path(), config(&dir, 4)).expect("reopen");
-        assert_eq!(report.replicas.len(), 1);
+        assert_eq!(report.store.replicas.len(), 1);
+        assert_eq!(report.frames_read_back, vec![]);
         assert_eq!(list(&service, None).await, vec![closed]);
         assert_eq!(list(&service, Some(1)).await, vec![closed]);
         assert_eq!(list(&service, Some(2)).await, vec![]);
@@ -2044,6 +2192,104 @@ mod tests {
         );
         let replica = read(&service, 4, 1).await.expect("read");
         assert_eq!(&replica.bytes[..], &bytes[..ends[2] as usize]);
+    }
+
+    /// Issue 12, item 6: a backup killed (no graceful flush) and restarted on its data
+    /// directory reports the open frames it held, at their epochs and lengths; before the
+    /// frame file kept its labels and outlived the process, all three were lost.
+    #[tokio::test]
+    async fn a_killed_backups_open_frames_are_reported_after_a_restart() {
+        let dir = TempDir::new().expect("tempdir");
+        let (bytes, ends) = segment(4, 1, 2);
+        let (fenced_bytes, fenced_ends) = segment(5, 1, 3);
+        let (closed_bytes, closed_ends) = segment(4, 2, 1);
+        {
+            let service = open_service(&dir, 4);
+            let handle = open(&service, 4, 1, 1).await;
+            write_range(&service, handle, 1, &bytes, 0, ends[2]).await;
+            write(&service, handle, 1, ends[2], b"\x02torn")
+                .await
+                .expect("write");
+            bump(&service, handle, 1, 2).await.expect("bump");
+            let fenced = open(&service, 5, 1, 1).await;
+            write_range(&service, fenced, 1, &fenced_bytes, 0, fenced_ends[2]).await;
+            assert_eq!(
+                service.fence_master(ServerId(5)),
+                vec![info(5, 1, 1, fenced_ends[2], false)]
+            );
+            // Opened, never written: nothing to keep.
+            open(&service, 6, 1, 1).await;
+            let closed = open(&service, 4, 2, 1).await;
+            let end = *closed_ends.last().expect("end");
+            write_range(&service, closed, 1, &closed_bytes, 0, end).await;
+            close(&service, closed, 1, end).await.expect("close");
+            // SIGKILL: no flush; the process's lock and memory go, the file stays.
+        }
+        let (service, report) = BackupService::open(dir.path(), config(&dir, 4)).expect("reopen");
+        let read_back: Vec<(u64, u64, u64, u32, bool)> = report
+            .frames_read_back
+            .iter()
+            .map(|m| (m.master.0, m.segment.0, m.epoch, m.length, m.closed))
+            .collect();
+        assert_eq!(
+            read_back,
+            vec![(4, 1, 2, ends[2], false), (5, 1, 1, fenced_ends[2], false)]
+        );
+        let skipped: Vec<(ServerId, SegmentId)> = report
+            .frames_skipped
+            .iter()
+            .map(|(label, _)| (label.master, label.segment))
+            .collect();
+        assert_eq!(skipped, vec![(ServerId(6), SegmentId(1))]);
+        assert_eq!(report.frame_file_unread, None);
+        let end = *closed_ends.last().expect("end");
+        assert_eq!(
+            list(&service, None).await,
+            vec![
+                info(4, 1, 2, ends[2], false),
+                info(4, 2, 1, end, true),
+                info(5, 1, 1, fenced_ends[2], false)
+            ]
+        );
+        let replica = read(&service, 4, 1).await.expect("read");
+        assert_eq!(&replica.bytes[..], &bytes[..ends[2] as usize]);
+        // A second restart finds nothing more to read back: the file was replaced.
+        drop(service);
+        let (_service, report) = BackupService::open(dir.path(), config(&dir, 4)).expect("again");
+        assert_eq!(report.frames_read_back, vec![]);
+        assert_eq!(report.store.replicas.len(), 3);
+    }
+
+    /// A frame file left at this backup's path by a backup of another data directory that
+    /// still exists is not silently replaced: its frames are that backup's to read back.
+    #[tokio::test]
+    async fn a_frame_file_of_another_live_data_directory_is_not_replaced() {
+        let other = TempDir::new().expect("tempdir");
+        let dir = TempDir::new().expect("tempdir");
+        let shared_file = dir.path().join("shared-frames");
+        let with_file = |frames_max| BackupConfig {
+            frame_file: shared_file.clone(),
+            ..config(&dir, frames_max)
+        };
+        {
+            let (service, _) =
+                BackupService::open(other.path(), with_file(2)).expect("the other backup");
+            let (bytes, ends) = segment(3, 1, 1);
+            let handle = open(&service, 3, 1, 1).await;
+            write_range(&service, handle, 1, &bytes, 0, ends[1]).await;
+        }
+        let error = BackupService::open(&dir.path().join("mine"), with_file(2))
+            .expect_err("someone else's frames");
+        assert!(
+            error
+                .to_string()
+                .contains("give each backup its own frame file"),
+            "{error}"
+        );
+        // Its own backup still reads them back.
+        let (_service, report) =
+            BackupService::open(other.path(), with_file(2)).expect("the other backup again");
+        assert_eq!(report.frames_read_back.len(), 1);
     }
 
     #[tokio::test]

@@ -498,8 +498,8 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             frame_bytes_max: frame_bytes,
             frame_file: frame_file.clone(),
         };
-        // Frame files of backups killed with SIGKILL stay behind; remove those that no
-        // live backup holds.
+        // Frame files of backups killed with SIGKILL stay behind for the backup restarted
+        // on the same data directory; remove those whose data directory is gone.
         if let Some(dir) = frame_file.parent() {
             let removed = rampart_common::onesided::shm::remove_stale_frame_files(
                 dir,
@@ -515,12 +515,28 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         tracing::info!(
             data_dir = %args.data_dir.display(),
             frame_file = %frame_file.display(),
-            replicas = report.replicas.len(),
-            quarantined = report.quarantined.len(),
+            replicas = report.store.replicas.len(),
+            quarantined = report.store.quarantined.len(),
+            frames_read_back = report.frames_read_back.len(),
             "backup store scanned"
         );
-        for file in &report.quarantined {
+        for file in &report.store.quarantined {
             tracing::warn!(file = %file.original.display(), reason = ?file.reason, "replica quarantined");
+        }
+        for meta in &report.frames_read_back {
+            tracing::info!(
+                master = %meta.master, segment = %meta.segment, epoch = meta.epoch,
+                length = meta.length, "frame left by a killed backup stored as an open replica"
+            );
+        }
+        for (label, reason) in &report.frames_skipped {
+            tracing::info!(
+                master = %label.master, segment = %label.segment, epoch = label.epoch,
+                %reason, "frame left by a killed backup not stored"
+            );
+        }
+        if let Some(why) = &report.frame_file_unread {
+            tracing::warn!(frame_file = %frame_file.display(), %why, "frame file left behind not read; replaced");
         }
         let listener = TcpListener::bind(&args.listen)
             .await

@@ -1,5 +1,6 @@
 //! Backups on real processes: replicas written through the backup RPCs survive a
-//! SIGKILL of the server and are reported, byte for byte, by its successor.
+//! SIGKILL of the server and are reported, byte for byte, by its successor — the closed
+//! ones from the disk, the open ones from the frame file the killed process left.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -20,6 +21,30 @@ fn deadline() -> Instant {
 
 fn replica_bytes(segment: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u64 * 31 + segment) as u8).collect()
+}
+
+/// The valid prefix of an open segment as a master writes it: its opening and two
+/// sealed batches of objects.
+fn open_segment(master: ServerId, segment: SegmentId) -> Vec<u8> {
+    use rampart_common::ids::{TableId, Version};
+    let mut writer =
+        rampart_common::log::SegmentWriter::open(master, segment, 8 << 20, &[segment]).unwrap();
+    for batch in 0..2u64 {
+        for i in 0..10u64 {
+            let key = format!("key-{batch}-{i}");
+            writer
+                .append_object(
+                    TableId(1),
+                    Version(batch * 10 + i + 1),
+                    key.as_bytes(),
+                    &[7; 300],
+                )
+                .unwrap();
+        }
+        writer.seal_batch();
+    }
+    let end = writer.committed_len() as usize;
+    writer.bytes()[..end].to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,7 +79,8 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
     let pool = RpcPool::new();
     let master = ServerId(77);
 
-    // Three closed replicas of different sizes and one left open.
+    // Three closed replicas of different sizes, one left open with two batches written,
+    // one opened and never written.
     let mut written = Vec::new();
     for (segment, len) in [(1u64, 100_000usize), (2, 8 << 20), (3, 0)] {
         let open = OpenReplicaRequest {
@@ -91,13 +117,31 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
         assert!(info.closed);
         written.push((SegmentId(segment), bytes));
     }
+    let open_bytes = open_segment(master, SegmentId(4));
     let open = OpenReplicaRequest {
         master,
         segment: SegmentId(4),
-        epoch: 1,
+        epoch: 3,
         capacity: 8 << 20,
     };
-    pool.call::<OpenReplica>(&server.addr, &open, deadline())
+    let handle = pool
+        .call::<OpenReplica>(&server.addr, &open, deadline())
+        .await
+        .unwrap();
+    let write = WriteReplicaRequest {
+        handle: handle.handle,
+        epoch: 3,
+        offset: 0,
+        bytes: open_bytes.clone().into(),
+    };
+    pool.call::<WriteReplica>(&server.addr, &write, deadline())
+        .await
+        .unwrap();
+    let empty = OpenReplicaRequest {
+        segment: SegmentId(5),
+        ..open
+    };
+    pool.call::<OpenReplica>(&server.addr, &empty, deadline())
         .await
         .unwrap();
 
@@ -117,11 +161,33 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
         )
         .await
         .unwrap();
-    let segments: Vec<SegmentId> = listed.replicas.iter().map(|r| r.segment).collect();
+    let segments: Vec<(SegmentId, bool)> = listed
+        .replicas
+        .iter()
+        .map(|r| (r.segment, r.closed))
+        .collect();
     assert_eq!(
         segments,
-        [SegmentId(1), SegmentId(2), SegmentId(3)],
-        "closed replicas only"
+        [
+            (SegmentId(1), true),
+            (SegmentId(2), true),
+            (SegmentId(3), true),
+            (SegmentId(4), false)
+        ],
+        "the closed replicas and the open one that holds bytes"
+    );
+    let id = ReplicaId {
+        master,
+        segment: SegmentId(4),
+    };
+    let read = pool
+        .call::<ReadReplica>(&restarted.addr, &id, deadline())
+        .await
+        .unwrap();
+    assert_eq!((read.info.epoch, read.info.closed), (3, false));
+    assert!(
+        read.bytes == open_bytes,
+        "the open frame differs after the restart"
     );
     for (segment, bytes) in written {
         let id = ReplicaId { master, segment };
@@ -135,7 +201,7 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
     }
     let missing = ReplicaId {
         master,
-        segment: SegmentId(4),
+        segment: SegmentId(5),
     };
     let result = pool
         .call::<ReadReplica>(&restarted.addr, &missing, deadline())
@@ -148,7 +214,7 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
                 ..
             })
         ),
-        "the open frame died with the process: {result:?}"
+        "a frame that never held a byte is not a replica: {result:?}"
     );
 }
 

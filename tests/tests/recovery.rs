@@ -512,6 +512,81 @@ fn cold_start_brings_every_table_back() {
     });
 }
 
+/// Issue 12, item 6: SIGKILL of every server and coordinator in the middle of a write
+/// load (an OOM kill of the host's processes, a killed terminal) loses no acknowledged
+/// write. The load stays below a segment per master, so none of it is on any disk: every
+/// replica is in the backups' frame files, which outlive the processes and are read back
+/// when the servers start again on their data directories. Before that, every master's
+/// recovery waited with "0 replicas found".
+#[test]
+fn killing_every_process_under_write_load_loses_no_acknowledged_write() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(4, 2, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("load", 4).await.unwrap();
+        // Writers record each attempt before it and each acknowledgement after it, in
+        // one shared history, so that aborting them keeps what they learned.
+        let history = Arc::new(Mutex::new(History::new()));
+        let mut load = tokio::task::JoinSet::new();
+        for w in 0..4 {
+            let (client, history) = (client.clone(), Arc::clone(&history));
+            load.spawn(async move {
+                for counter in 1u64.. {
+                    for j in 0..25 {
+                        let key = format!("w{w}-{j}");
+                        history
+                            .lock()
+                            .unwrap()
+                            .entry(key.clone())
+                            .or_insert((None, 0))
+                            .1 = counter;
+                        let written = client
+                            .write(table, key.as_bytes(), &value(&key, counter, 200))
+                            .await;
+                        if written.is_ok() {
+                            history.lock().unwrap().get_mut(&key).unwrap().0 = Some(counter);
+                        }
+                    }
+                }
+            });
+        }
+        let acked = |history: &History| history.values().filter(|(a, _)| a.is_some()).count();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while acked(&history.lock().unwrap()) < 100 {
+            assert!(Instant::now() < deadline, "the load never got going");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let every key be rewritten a few times, then kill everything mid-load.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let ids: Vec<u64> = cluster.servers.keys().copied().collect();
+        let dirs: Vec<PathBuf> = ids.iter().map(|id| cluster.kill(*id)).collect();
+        for id in 1..=3 {
+            cluster.group.kill(id);
+        }
+        load.abort_all();
+        while load.join_next().await.is_some() {}
+        let history = history.lock().unwrap().clone();
+        assert_eq!(
+            acked(&history),
+            100,
+            "every key was acknowledged at least once"
+        );
+        drop(client);
+
+        for id in 1..=3 {
+            cluster.group.restart(id).unwrap();
+        }
+        for dir in dirs {
+            cluster.start_server(Some(dir));
+        }
+        cluster.wait_recovered(&ids).await;
+        let client = cluster.client().await;
+        check_history(&client, table, &history).await;
+        client.write(table, b"after", b"the kill").await.unwrap();
+    });
+}
+
 /// Coordinators that misbehave at failpoint `name` (`rampart_common::failpoints`).
 fn coordinators_with_failpoint(name: &str) -> CoordinatorGroup {
     CoordinatorGroup::start_with(3, &[], &[(FAILPOINTS_ENV, name)]).unwrap()
@@ -606,9 +681,10 @@ fn allow_loss_lets_a_recovery_finish_even_when_no_replica_survived() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         // Every server is killed while each log is still its first, open segment: its
-        // replicas lived only in the backups' frames, which died too. The recoveries wait
-        // ("no backup holds any replica") until the operator accepts the loss; then they
-        // must finish, the tablets coming back empty.
+        // replicas lived only in the backups' frames, and the servers are replaced by
+        // new ones on fresh disks (the hosts are gone). The recoveries wait ("no backup
+        // holds any replica") until the operator accepts the loss; then they must finish,
+        // the tablets coming back empty.
         let mut cluster = Cluster::start(3, 2, &[]);
         let client = cluster.client().await;
         let table = client.create_table("gone", 3).await.unwrap();
@@ -643,8 +719,9 @@ fn versions_keep_increasing_past_allow_loss() {
     runtime().block_on(async {
         // "k" is written once into a segment that then closes (its replicas go to disk),
         // and overwritten five times in the head, which lives only in the backups' frames.
-        // Every server is killed: the head is lost. With allow-loss, "k" comes back with
-        // its first value — but its version must be above every version it ever had.
+        // The host loses power: the head is lost with the frame files (memory). With
+        // allow-loss, "k" comes back with its first value — but its version must be above
+        // every version it ever had.
         let mut cluster = Cluster::start(3, 2, &[]);
         let client = cluster.client().await;
         let table = client.create_table("history", 1).await.unwrap();
@@ -666,8 +743,13 @@ fn versions_keep_increasing_past_allow_loss() {
         }
         let dead: Vec<u64> = cluster.servers.keys().copied().collect();
         let dirs: Vec<PathBuf> = dead.iter().map(|id| cluster.kill(*id)).collect();
+        // The power loss, as the servers see it: their disks are there, their frame files
+        // are not. (A server started on a moved data directory has another frame file,
+        // and the old one is swept: the directory it belonged to is gone.)
         for dir in dirs {
-            cluster.start_server(Some(dir));
+            let moved = dir.with_extension("after-power-loss");
+            std::fs::rename(&dir, &moved).unwrap();
+            cluster.start_server(Some(moved));
         }
         for id in &dead {
             cluster.allow_loss(*id);

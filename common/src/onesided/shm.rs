@@ -6,21 +6,45 @@
 //!   ([`FrameFile::fence`]), reads them back and returns their memory
 //!   ([`FrameFile::release`]). It also serves the backup's own writers (the `rpc`
 //!   handler and the soft-NIC) with the same protocol as a master's.
+//! * [`FrameFile::read_back`] — what a killed backup left: the frames its file still
+//!   holds ([`LeftFrames`]), read by the backup restarted on the same data directory
+//!   before it replaces the file.
 //! * [`ShmMapping`] — the master's side: a mapping of a backup's frame file, and
 //!   [`ShmMapping::write`], the one-sided write.
 //!
 //! # Layout
-//! The file is `slots` slots of equal *stride* (the slot's header plus its capacity,
-//! rounded up to the page size, so that a slot's pages can be returned to the kernel on
-//! their own). A slot starts with a [`SLOT_HEADER_BYTES`]-byte header:
+//! The file starts with a one-page *file header*, written before the file gets its name
+//! and never changed:
+//!
+//! | offset | size | field |
+//! |--------|------|-------|
+//! | 0      | 8    | magic `RMPFRAME` |
+//! | 8      | 4    | format version (2) |
+//! | 12     | 4    | tag length in bytes (≤ one page − 64) |
+//! | 16     | 8    | slots |
+//! | 24     | 8    | slot capacity in data bytes |
+//! | 32     | 8    | stride |
+//! | 64     | tag length | the *tag*: who owns the file (a backup's data directory) |
+//!
+//! Then `slots` slots of equal *stride* (the slot's header plus its capacity, rounded up
+//! to the page size, so that a slot's pages can be returned to the kernel on their own).
+//! A slot starts with a [`SLOT_HEADER_BYTES`]-byte header:
 //!
 //! | offset | size | field |
 //! |--------|------|-------|
 //! | 0      | 8    | fence word, `AtomicU64`: 0 open, non-zero fenced |
 //! | 8      | 8    | owner, `AtomicU64`: the handle of the frame the slot holds, 0 free |
-//! | 16     | 48   | reserved (zero) |
+//! | 16     | 8    | the frame's master (server id) |
+//! | 24     | 8    | the frame's segment id |
+//! | 32     | 8    | the frame's epoch |
+//! | 40     | 8    | the frame's capacity in bytes (≤ the slot's) |
+//! | 48     | 8    | fenced length + 1: the valid prefix the first fence reported; 0 none |
+//! | 56     | 8    | reserved (zero) |
 //!
-//! and the frame's data follows at offset [`SLOT_HEADER_BYTES`]. The header words are
+//! and the frame's data follows at offset [`SLOT_HEADER_BYTES`]. The *label* words
+//! (16–55, [`SlotLabel`]) are written only by the backup, before the owner word (assign)
+//! or before it answers the request that changed them (a new epoch, a fence), so that
+//! a file whose backup was killed says what each held slot is. The header words are
 //! only ever accessed atomically, by every process. Integers are in the host's byte
 //! order: the file is shared only between processes of one host.
 //!
@@ -70,6 +94,12 @@
 //!   end of a truncated file would take `SIGBUS`. [`FrameFile::create`] therefore builds
 //!   a new file and renames it over the path (a master still mapping a dead backup's file
 //!   keeps the old inode), and nothing truncates a file in place.
+//! * **Frames outlive their backup.** The file is the backups' non-volatile buffer
+//!   (DESIGN.md §5): dropping a [`FrameFile`] removes it only when no slot is held, and
+//!   a killed backup's file stays. The backup restarted on the same data directory reads
+//!   it back ([`FrameFile::read_back`], under the file's lock), stores what the held
+//!   slots hold, and only then replaces the file. A host that loses power loses the
+//!   file (it lives in memory, `/dev/shm`): only what was flushed to the store survives.
 //! * [`FrameFile::create`] takes an exclusive `flock` on its file and refuses a path
 //!   whose file another live backup holds.
 //!
@@ -77,11 +107,12 @@
 //! ns for a small batch); the backup's CPU does nothing.
 
 use super::{FrameWriteError, TAIL_BYTES};
+use crate::ids::{SegmentId, ServerId};
 use parking_lot::RwLock;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{self, AtomicU64, Ordering};
@@ -96,6 +127,24 @@ const FENCE_WORD_OFFSET: u64 = 0;
 /// Where the owner word lies in a slot header.
 const OWNER_WORD_OFFSET: u64 = 8;
 
+/// Where the label words lie in a slot header ([`SlotLabel`], module doc "Layout").
+const MASTER_WORD_OFFSET: u64 = 16;
+const SEGMENT_WORD_OFFSET: u64 = 24;
+const EPOCH_WORD_OFFSET: u64 = 32;
+const CAPACITY_WORD_OFFSET: u64 = 40;
+/// The fenced length plus one; 0 while none was recorded.
+const FENCED_LENGTH_WORD_OFFSET: u64 = 48;
+
+/// First bytes of every frame file.
+const FILE_MAGIC: [u8; 8] = *b"RMPFRAME";
+
+/// Version of the frame file format of the module doc. Files of another version are
+/// unreadable to this one (version 1 had no file header and no slot labels).
+const FILE_FORMAT_VERSION: u32 = 2;
+
+/// Bytes of the file header before the tag.
+const FILE_HEADER_FIXED_BYTES: u64 = 64;
+
 /// Alignment the header words need (`AtomicU64`), hence of every slot offset.
 const WORD_ALIGN_BYTES: u64 = 8;
 
@@ -105,9 +154,24 @@ const WORD_ALIGN_BYTES: u64 = 8;
 pub const FRAME_FILE_BYTES_MAX: u64 = 1 << 40;
 
 const _: () = assert!(OWNER_WORD_OFFSET + 8 <= SLOT_HEADER_BYTES);
+const _: () = assert!(FENCED_LENGTH_WORD_OFFSET + 8 <= SLOT_HEADER_BYTES);
 const _: () = assert!(FENCE_WORD_OFFSET % WORD_ALIGN_BYTES == 0);
 const _: () = assert!(OWNER_WORD_OFFSET % WORD_ALIGN_BYTES == 0);
 const _: () = assert!(SLOT_HEADER_BYTES % WORD_ALIGN_BYTES == 0);
+
+/// What a slot's header says of the frame it holds (module doc "Layout"): enough for a
+/// backup restarted after a kill to tell which replica the bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotLabel {
+    /// The master whose log the frame copies.
+    pub master: ServerId,
+    /// The segment of that log.
+    pub segment: SegmentId,
+    /// The frame's epoch (Tailwind).
+    pub epoch: u64,
+    /// The frame's capacity in bytes (≤ the slot's).
+    pub capacity: u32,
+}
 
 /// A `MAP_SHARED`, read-write mapping of a whole file; unmapped on drop.
 #[derive(Debug)]
@@ -332,7 +396,8 @@ pub struct FrameFile {
     slots: usize,
     slot_capacity: u32,
     /// Bytes from one slot header to the next: `SLOT_HEADER_BYTES + slot_capacity`
-    /// rounded up to `page_bytes`. Invariant: `slots × stride = map.len`.
+    /// rounded up to `page_bytes`. Invariant: `page_bytes + slots × stride = map.len`
+    /// (the file header takes the first page).
     stride: u64,
     page_bytes: u64,
     /// One per slot. Shared by the backup's in-process writers from their owner check
@@ -347,11 +412,18 @@ pub struct FrameFile {
 
 impl FrameFile {
     /// Creates the frame file at `path` with `slots` slots of `slot_capacity` data bytes,
-    /// sparse (`ftruncate`), and maps it. A file already at `path` is replaced, not
-    /// truncated (see the module doc), unless a live backup holds it: then the error is
-    /// `WouldBlock`. Errors are `InvalidInput` for zero slots or a file larger than
-    /// [`FRAME_FILE_BYTES_MAX`], else the operating system's.
-    pub fn create(path: &Path, slots: usize, slot_capacity: u32) -> io::Result<FrameFile> {
+    /// sparse (`ftruncate`), tagged `tag` (its owner, for [`FrameFile::read_back`] and
+    /// [`remove_stale_frame_files`]), and maps it. A file already at `path` is replaced,
+    /// not truncated (see the module doc), unless a live backup holds it: then the error
+    /// is `WouldBlock`. Read what a dead backup left there first. Errors are
+    /// `InvalidInput` for zero slots, a tag longer than a page less 64 bytes or a file
+    /// larger than [`FRAME_FILE_BYTES_MAX`], else the operating system's.
+    pub fn create(
+        path: &Path,
+        slots: usize,
+        slot_capacity: u32,
+        tag: &str,
+    ) -> io::Result<FrameFile> {
         if slots == 0 {
             return Err(invalid_input(format!(
                 "frame file {}: needs at least one slot",
@@ -359,10 +431,19 @@ impl FrameFile {
             )));
         }
         let page = page_bytes();
+        if tag.len() as u64 > page - FILE_HEADER_FIXED_BYTES {
+            return Err(invalid_input(format!(
+                "frame file {}: its tag of {} bytes exceeds {}",
+                path.display(),
+                tag.len(),
+                page - FILE_HEADER_FIXED_BYTES
+            )));
+        }
         let slot_bytes = SLOT_HEADER_BYTES + u64::from(slot_capacity);
         let stride = slot_bytes.div_ceil(page) * page;
         let file_bytes = (slots as u64)
             .checked_mul(stride)
+            .and_then(|bytes| bytes.checked_add(page))
             .filter(|&bytes| bytes <= FRAME_FILE_BYTES_MAX)
             .ok_or_else(|| {
                 invalid_input(format!(
@@ -371,18 +452,8 @@ impl FrameFile {
                     path.display()
                 ))
             })?;
-        // Refuse a file another live backup holds. A sweep of stale files
-        // (`remove_stale_frame_files`) holds a lock for an instant: retry briefly.
-        if let Ok(existing) = File::open(path) {
-            let mut attempts = 0;
-            while let Err(error) = lock_exclusive(&existing, path) {
-                attempts += 1;
-                if error.kind() != io::ErrorKind::WouldBlock || attempts >= LOCK_ATTEMPTS {
-                    return Err(error);
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        }
+        // Refuse a file another live backup holds.
+        drop(lock_existing(path)?);
         let file_name = path.file_name().ok_or_else(|| {
             invalid_input(format!(
                 "frame file path {} has no file name",
@@ -399,10 +470,18 @@ impl FrameFile {
             .truncate(true)
             .mode(0o600)
             .open(&temp)?;
+        let header = FileHeader {
+            slots,
+            slot_capacity,
+            stride,
+            tag: tag.to_string(),
+        };
         let built = lock_exclusive(&file, &temp)
             .and_then(|()| file.set_len(file_bytes))
             .and_then(|()| Mapping::map(&file, file_bytes))
             .and_then(|map| {
+                // Before the file has its name: no reader ever sees it without a header.
+                map.copy_in(0, &header.encode());
                 std::fs::rename(&temp, path)?;
                 Ok(map)
             });
@@ -451,7 +530,7 @@ impl FrameFile {
 
     /// Byte offset of slot `slot`'s header in the file (past the end for `slot ≥ slots`).
     pub fn slot_offset(&self, slot: usize) -> u64 {
-        (slot as u64).saturating_mul(self.stride)
+        slot_offset(self.page_bytes, self.stride, slot)
     }
 
     fn slot_lock(&self, slot: usize) -> &RwLock<()> {
@@ -459,30 +538,122 @@ impl FrameFile {
         &self.slot_locks[slot]
     }
 
-    fn fence_word(&self, slot: usize) -> &AtomicU64 {
+    /// The header word at `offset` of slot `slot`. Panics if `slot ≥ slots`.
+    fn word(&self, slot: usize, offset: u64) -> &AtomicU64 {
         assert!(slot < self.slots, "slot {slot} of {}", self.slots);
         self.map
-            .word(self.slot_offset(slot) + FENCE_WORD_OFFSET)
+            .word(self.slot_offset(slot) + offset)
             .expect("slot headers lie inside the mapping, aligned (stride is a page multiple)")
+    }
+
+    fn fence_word(&self, slot: usize) -> &AtomicU64 {
+        self.word(slot, FENCE_WORD_OFFSET)
     }
 
     fn owner_word(&self, slot: usize) -> &AtomicU64 {
-        assert!(slot < self.slots, "slot {slot} of {}", self.slots);
-        self.map
-            .word(self.slot_offset(slot) + OWNER_WORD_OFFSET)
-            .expect("slot headers lie inside the mapping, aligned (stride is a page multiple)")
+        self.word(slot, OWNER_WORD_OFFSET)
     }
 
-    /// Hands slot `slot` to frame `owner` (non-zero): owner cleared, data zeroed, fence
-    /// word cleared, then the owner stored last (SeqCst), so a writer that sees `owner`
-    /// sees a zeroed, unfenced slot. Panics if `slot ≥ slots` or `owner == 0`.
-    pub fn assign(&self, slot: usize, owner: u64) {
+    /// Hands slot `slot` to frame `owner` (non-zero), labelled `label`: owner cleared,
+    /// data zeroed, fence word and fenced length cleared, label written, then the owner
+    /// stored last (SeqCst), so a writer that sees `owner` sees a zeroed, unfenced slot
+    /// and a reader after a kill sees the label of every held slot. Panics if
+    /// `slot ≥ slots` or `owner == 0`.
+    pub fn assign(&self, slot: usize, owner: u64, label: SlotLabel) {
         assert_ne!(owner, 0, "owner 0 marks a free slot");
         let _exclusive = self.slot_lock(slot).write();
         self.owner_word(slot).store(0, Ordering::SeqCst);
         self.zero_data(slot);
         self.fence_word(slot).store(0, Ordering::SeqCst);
+        self.word(slot, FENCED_LENGTH_WORD_OFFSET)
+            .store(0, Ordering::SeqCst);
+        self.word(slot, MASTER_WORD_OFFSET)
+            .store(label.master.0, Ordering::SeqCst);
+        self.word(slot, SEGMENT_WORD_OFFSET)
+            .store(label.segment.0, Ordering::SeqCst);
+        self.word(slot, EPOCH_WORD_OFFSET)
+            .store(label.epoch, Ordering::SeqCst);
+        self.word(slot, CAPACITY_WORD_OFFSET)
+            .store(u64::from(label.capacity), Ordering::SeqCst);
         self.owner_word(slot).store(owner, Ordering::SeqCst);
+    }
+
+    /// Records that the frame in slot `slot` moved to epoch `epoch`; call it before
+    /// answering the bump. Panics if `slot ≥ slots`.
+    pub fn set_epoch(&self, slot: usize, epoch: u64) {
+        self.word(slot, EPOCH_WORD_OFFSET)
+            .store(epoch, Ordering::SeqCst);
+    }
+
+    /// Records the valid prefix the fence of slot `slot` reported (final from then on:
+    /// [`FrameFile::read_back`] serves no more of it). Panics if `slot ≥ slots`.
+    pub fn record_fenced_length(&self, slot: usize, length: u32) {
+        self.word(slot, FENCED_LENGTH_WORD_OFFSET)
+            .store(u64::from(length) + 1, Ordering::SeqCst);
+    }
+
+    /// What a reader after a kill learns of slot `slot` (see [`LeftFrames::held`]).
+    fn left_slot(map: &Mapping, header: &FileHeader, page: u64, slot: usize) -> Option<LeftSlot> {
+        let at = slot_offset(page, header.stride, slot);
+        let load = |offset: u64| {
+            map.word(at + offset)
+                .map_or(0, |word| word.load(Ordering::SeqCst))
+        };
+        let owner = load(OWNER_WORD_OFFSET);
+        if owner == 0 {
+            return None;
+        }
+        let capacity = u32::try_from(load(CAPACITY_WORD_OFFSET))
+            .unwrap_or(u32::MAX)
+            .min(header.slot_capacity);
+        let fenced_length = load(FENCED_LENGTH_WORD_OFFSET)
+            .checked_sub(1)
+            .map(|length| u32::try_from(length).unwrap_or(u32::MAX).min(capacity));
+        Some(LeftSlot {
+            slot,
+            owner,
+            label: SlotLabel {
+                master: ServerId(load(MASTER_WORD_OFFSET)),
+                segment: SegmentId(load(SEGMENT_WORD_OFFSET)),
+                epoch: load(EPOCH_WORD_OFFSET),
+                capacity,
+            },
+            fenced: load(FENCE_WORD_OFFSET) != 0,
+            fenced_length,
+        })
+    }
+
+    /// Whether any slot is held by a frame (its bytes are not yet anywhere else).
+    fn holds_frames(&self) -> bool {
+        (0..self.slots).any(|slot| self.owner(slot) != 0)
+    }
+
+    /// Reads the frame file a dead backup left at `path`, if any, for the backup tagged
+    /// `tag` (module doc, "Frames outlive their backup"). The file stays locked while the
+    /// returned [`LeftFrames`] lives: read it, store what it holds, drop it, then
+    /// [`FrameFile::create`] replaces the file. A file a live backup holds is
+    /// `WouldBlock`; a file this format cannot read is [`LeftBehind::Unreadable`], one
+    /// tagged for someone else [`LeftBehind::Foreign`]. Other errors are the operating
+    /// system's.
+    pub fn read_back(path: &Path, tag: &str) -> io::Result<LeftBehind> {
+        let Some(file) = lock_existing(path)? else {
+            return Ok(LeftBehind::Nothing);
+        };
+        let page = page_bytes();
+        let header = match FileHeader::read(&file, page) {
+            Ok(header) => header,
+            Err(why) => return Ok(LeftBehind::Unreadable(why)),
+        };
+        if header.tag != tag {
+            return Ok(LeftBehind::Foreign(header.tag));
+        }
+        let map = Mapping::map(&file, header.file_bytes(page))?;
+        Ok(LeftBehind::Frames(LeftFrames {
+            _file: file,
+            map,
+            header,
+            page_bytes: page,
+        }))
     }
 
     /// Frees slot `slot`: owner 0 first (every later write fails its check), then the
@@ -604,10 +775,178 @@ impl FrameFile {
 
 impl Drop for FrameFile {
     fn drop(&mut self) {
+        // Held slots hold bytes that may be nowhere else: leave them for the next
+        // backup on this data directory (module doc, "Frames outlive their backup").
+        if self.holds_frames() {
+            tracing::info!(path = %self.path.display(), "frame file kept: it holds frames");
+            return;
+        }
         if let Err(error) = std::fs::remove_file(&self.path) {
             tracing::warn!(path = %self.path.display(), %error, "cannot remove the frame file");
         }
     }
+}
+
+/// Byte offset of slot `slot`'s header in a file of `stride`-byte slots after a
+/// `page`-byte file header (saturating past the end).
+fn slot_offset(page: u64, stride: u64, slot: usize) -> u64 {
+    (slot as u64).saturating_mul(stride).saturating_add(page)
+}
+
+/// A frame file's header (module doc "Layout").
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FileHeader {
+    slots: usize,
+    slot_capacity: u32,
+    stride: u64,
+    tag: String,
+}
+
+impl FileHeader {
+    /// The header's bytes: at most a page (the tag's length is checked by the caller).
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(FILE_HEADER_FIXED_BYTES as usize + self.tag.len());
+        bytes.extend_from_slice(&FILE_MAGIC);
+        bytes.extend_from_slice(&FILE_FORMAT_VERSION.to_ne_bytes());
+        bytes.extend_from_slice(&(self.tag.len() as u32).to_ne_bytes());
+        bytes.extend_from_slice(&(self.slots as u64).to_ne_bytes());
+        bytes.extend_from_slice(&u64::from(self.slot_capacity).to_ne_bytes());
+        bytes.extend_from_slice(&self.stride.to_ne_bytes());
+        bytes.resize(FILE_HEADER_FIXED_BYTES as usize, 0);
+        bytes.extend_from_slice(self.tag.as_bytes());
+        bytes
+    }
+
+    /// Reads and checks the header of `file` (whose first `page` bytes hold it); the
+    /// error says why it is not a frame file of this format.
+    fn read(file: &File, page: u64) -> Result<FileHeader, String> {
+        let len = file.metadata().map_err(|e| e.to_string())?.len();
+        if len < page {
+            return Err(format!("{len} bytes: shorter than its header"));
+        }
+        let mut bytes = vec![0u8; page as usize];
+        file.read_exact_at(&mut bytes, 0)
+            .map_err(|e| format!("cannot read its header: {e}"))?;
+        let u32_at = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
+        let u64_at = |at: usize| u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+        if bytes[..8] != FILE_MAGIC {
+            return Err("no frame file magic".to_string());
+        }
+        let version = u32_at(8);
+        if version != FILE_FORMAT_VERSION {
+            return Err(format!(
+                "format version {version}, not {FILE_FORMAT_VERSION}"
+            ));
+        }
+        let tag_len = u64::from(u32_at(12));
+        if tag_len > page - FILE_HEADER_FIXED_BYTES {
+            return Err(format!("a tag of {tag_len} bytes"));
+        }
+        let start = FILE_HEADER_FIXED_BYTES as usize;
+        let tag = std::str::from_utf8(&bytes[start..start + tag_len as usize])
+            .map_err(|_| "a tag that is not UTF-8".to_string())?
+            .to_string();
+        let header = FileHeader {
+            slots: usize::try_from(u64_at(16)).unwrap_or(usize::MAX),
+            slot_capacity: u32::try_from(u64_at(24)).unwrap_or(u32::MAX),
+            stride: u64_at(32),
+            tag,
+        };
+        let sane = header.stride % page == 0
+            && header.stride >= SLOT_HEADER_BYTES + u64::from(header.slot_capacity)
+            && header.slots > 0;
+        if !sane || header.file_bytes(page) != len {
+            return Err(format!(
+                "{} slots of {} bytes at a stride of {} do not make its {len} bytes",
+                header.slots, header.slot_capacity, header.stride
+            ));
+        }
+        Ok(header)
+    }
+
+    /// The file's size: the header's page, then the slots (saturating).
+    fn file_bytes(&self, page: u64) -> u64 {
+        slot_offset(page, self.stride, self.slots)
+    }
+}
+
+/// What [`FrameFile::read_back`] found at a path.
+#[derive(Debug)]
+pub enum LeftBehind {
+    /// No file.
+    Nothing,
+    /// A file that is not a frame file of this format; nothing in it can be read.
+    Unreadable(String),
+    /// A frame file tagged for another owner (its tag).
+    Foreign(String),
+    /// A frame file of ours, locked while this lives.
+    Frames(LeftFrames),
+}
+
+/// A dead backup's frame file, mapped and locked (see [`FrameFile::read_back`]).
+#[derive(Debug)]
+pub struct LeftFrames {
+    /// Holds the `flock` while the frames are read.
+    _file: File,
+    map: Mapping,
+    header: FileHeader,
+    page_bytes: u64,
+}
+
+/// A slot of a dead backup's frame file that a frame held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeftSlot {
+    /// Which slot.
+    pub slot: usize,
+    /// The handle of the frame that held it.
+    pub owner: u64,
+    /// What the frame was (its capacity clamped to the slot's).
+    pub label: SlotLabel,
+    /// Whether its master's recovery had fenced it.
+    pub fenced: bool,
+    /// The valid prefix the fence reported, when it was recorded: the most of the frame
+    /// that may be served.
+    pub fenced_length: Option<u32>,
+}
+
+impl LeftFrames {
+    /// The held slots, in slot order.
+    pub fn held(&self) -> Vec<LeftSlot> {
+        (0..self.header.slots)
+            .filter_map(|slot| FrameFile::left_slot(&self.map, &self.header, self.page_bytes, slot))
+            .collect()
+    }
+
+    /// A copy of the first `label.capacity` data bytes of `slot`. A master that still
+    /// maps the file may be writing them (an unacknowledged write: its master sees this
+    /// backup's process gone): scan the copy for its valid prefix.
+    pub fn read(&self, slot: &LeftSlot) -> Vec<u8> {
+        let at = slot_offset(self.page_bytes, self.header.stride, slot.slot);
+        self.map.copy_out(
+            at + SLOT_HEADER_BYTES,
+            slot.label.capacity.min(self.header.slot_capacity) as usize,
+        )
+    }
+}
+
+/// Opens the file at `path` and takes its exclusive `flock`, or `None` if there is no
+/// file. A live backup's file is `WouldBlock`. A sweep of stale files
+/// ([`remove_stale_frame_files`]) holds a lock for an instant: retried briefly.
+fn lock_existing(path: &Path) -> io::Result<Option<File>> {
+    let existing = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    let mut attempts = 0;
+    while let Err(error) = lock_exclusive(&existing, path) {
+        attempts += 1;
+        if error.kind() != io::ErrorKind::WouldBlock || attempts >= LOCK_ATTEMPTS {
+            return Err(error);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(Some(existing))
 }
 
 /// Takes an exclusive, non-blocking `flock` on `file`; `WouldBlock` names the holder.
@@ -631,10 +970,12 @@ fn lock_exclusive(file: &File, path: &Path) -> io::Result<()> {
 const LOCK_ATTEMPTS: u32 = 10;
 
 /// Removes the frame files in `dir` whose names start with `prefix` (temporary `.new`
-/// files excepted) that no live backup holds: a backup killed with SIGKILL cannot remove
-/// its own, and each keeps the pages its open frames had written. A file is removed only
-/// while this call holds its `flock`, so a file whose backup runs is never touched.
-/// Returns the removed paths; errors on single files are skipped.
+/// files excepted) that no live backup holds and no backup will read back: those whose
+/// tag (the owner's data directory) names a path that no longer exists, and those this
+/// format cannot read. A killed backup's file whose data directory is still there is
+/// kept for the backup that restarts on it (module doc, "Frames outlive their backup").
+/// A file is removed only while this call holds its `flock`, so a file whose backup runs
+/// is never touched. Returns the removed paths; errors on single files are skipped.
 pub fn remove_stale_frame_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -650,7 +991,14 @@ pub fn remove_stale_frame_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
         let Ok(file) = File::open(&path) else {
             continue;
         };
-        if lock_exclusive(&file, &path).is_ok() && std::fs::remove_file(&path).is_ok() {
+        if lock_exclusive(&file, &path).is_err() {
+            continue;
+        }
+        let orphaned = match FileHeader::read(&file, page_bytes()) {
+            Ok(header) => !Path::new(&header.tag).exists(),
+            Err(_) => true,
+        };
+        if orphaned && std::fs::remove_file(&path).is_ok() {
             removed.push(path);
         }
     }
@@ -718,17 +1066,33 @@ mod tests {
 
     const CAPACITY: u32 = 64 * 1024;
 
+    /// The tag of the test files.
+    const TAG: &str = "/data/of/a/backup";
+
+    fn label() -> SlotLabel {
+        labelled(1, 1, 1, CAPACITY)
+    }
+
+    fn labelled(master: u64, segment: u64, epoch: u64, capacity: u32) -> SlotLabel {
+        SlotLabel {
+            master: ServerId(master),
+            segment: SegmentId(segment),
+            epoch,
+            capacity,
+        }
+    }
+
     fn frame_file(dir: &TempDir, slots: usize, capacity: u32) -> FrameFile {
-        FrameFile::create(&dir.path().join("frames"), slots, capacity).expect("create")
+        FrameFile::create(&dir.path().join("frames"), slots, capacity, TAG).expect("create")
     }
 
     #[test]
     fn a_write_through_a_mapping_is_visible_in_the_frame_file() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 3, CAPACITY);
-        file.assign(1, 42);
+        file.assign(1, 42, label());
         let mapping = ShmMapping::open(file.path()).expect("map");
-        assert_eq!(mapping.len_bytes(), 3 * file.slot_offset(1));
+        assert_eq!(mapping.len_bytes(), file.slot_offset(3));
         let data: Vec<u8> = (0..100u8).collect();
         mapping
             .write(file.slot_offset(1), file.slot_capacity(), 42, 10, &data)
@@ -750,7 +1114,7 @@ mod tests {
     fn writes_out_of_bounds_to_a_wrong_owner_or_a_fenced_slot_are_refused() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 2, CAPACITY);
-        file.assign(0, 7);
+        file.assign(0, 7, label());
         let mapping = ShmMapping::open(file.path()).expect("map");
         let at = file.slot_offset(0);
         let cap = file.slot_capacity();
@@ -813,12 +1177,12 @@ mod tests {
     fn assign_zeroes_the_data_and_clears_the_fence() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 2, CAPACITY);
-        file.assign(0, 1);
+        file.assign(0, 1, label());
         let full = vec![0xAB; CAPACITY as usize];
         file.write(0, 1, 0, &full).expect("fill");
         file.fence(0);
         // Re-assigning an owned, fenced slot (no release in between) still zeroes it.
-        file.assign(0, 2);
+        file.assign(0, 2, label());
         assert_eq!(file.owner(0), 2);
         assert!(!file.is_fenced(0));
         assert!(file.read(0, CAPACITY).iter().all(|&b| b == 0));
@@ -836,7 +1200,7 @@ mod tests {
         // whole pages (hole punched) are exercised.
         let capacity = 3 * 4096 + 100;
         let file = frame_file(&dir, 2, capacity);
-        file.assign(1, 5);
+        file.assign(1, 5, label());
         file.write(1, 5, 0, &vec![0xCD; capacity as usize])
             .expect("fill");
         file.release(1);
@@ -846,31 +1210,38 @@ mod tests {
             Err(FrameWriteError::FrameGone)
         ));
         assert!(file.read(1, capacity).iter().all(|&b| b == 0));
-        file.assign(1, 6);
+        file.assign(1, 6, label());
         assert!(file.read(1, capacity).iter().all(|&b| b == 0));
         assert_eq!(file.owner(1), 6);
         assert_eq!(file.owner(0), 0);
     }
 
     #[test]
-    fn create_refuses_bad_sizes_and_a_file_held_by_a_live_backup_and_drop_removes_it() {
+    fn create_refuses_bad_sizes_and_a_file_held_by_a_live_backup() {
         let dir = TempDir::new().expect("tempdir");
         let path = dir.path().join("frames");
-        let error = FrameFile::create(&path, 0, CAPACITY).expect_err("no slots");
+        let error = FrameFile::create(&path, 0, CAPACITY, TAG).expect_err("no slots");
         assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
-        let error = FrameFile::create(&path, usize::MAX, u32::MAX).expect_err("too large");
+        let error = FrameFile::create(&path, usize::MAX, u32::MAX, TAG).expect_err("too large");
         assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
         assert!(error.to_string().contains("exceed the limit"), "{error}");
 
-        let file = FrameFile::create(&path, 1, CAPACITY).expect("create");
+        let file = FrameFile::create(&path, 1, CAPACITY, TAG).expect("create");
         assert!(file.path().is_absolute());
-        let error = FrameFile::create(&path, 1, CAPACITY).expect_err("in use");
+        let error = FrameFile::create(&path, 1, CAPACITY, TAG).expect_err("in use");
         assert_eq!(error.kind(), io::ErrorKind::WouldBlock);
         // The live backup's file is intact.
-        file.assign(0, 1);
+        file.assign(0, 1, label());
         file.write(0, 1, 0, b"still here").expect("write");
+        assert_eq!(&file.read(0, 10)[..], b"still here");
+        let error = FrameFile::create(&path, 1, CAPACITY, &"x".repeat(5000)).expect_err("tag");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+        file.release(0);
         drop(file);
-        assert!(!path.exists());
+        assert!(
+            !path.exists(),
+            "a file holding no frame goes with its backup"
+        );
         assert_eq!(
             std::fs::read_dir(dir.path()).expect("list").count(),
             0,
@@ -878,12 +1249,88 @@ mod tests {
         );
     }
 
+    /// Issue 12, item 6: a killed backup's frames are read back by its successor. Without
+    /// the slot labels and the file kept at drop, nothing here could be found.
+    #[test]
+    fn a_dead_backups_frames_are_read_back_with_their_labels_and_fenced_lengths() {
+        let dir = TempDir::new().expect("tempdir");
+        let path = dir.path().join("frames");
+        let file = FrameFile::create(&path, 4, CAPACITY, TAG).expect("create");
+        file.assign(1, 11, labelled(3, 4, 1, 1000));
+        file.write(1, 11, 0, b"segment four").expect("write");
+        file.set_epoch(1, 2);
+        file.assign(2, 12, labelled(3, 5, 7, CAPACITY));
+        file.write(2, 12, 0, b"fenced frame").expect("write");
+        file.fence(2);
+        file.record_fenced_length(2, 6);
+        file.assign(3, 13, labelled(9, 1, 1, CAPACITY));
+        file.release(3);
+        // SIGKILL: the backup's lock goes with its process, the file stays.
+        drop(file);
+        assert!(path.exists(), "a file holding frames outlives its backup");
+
+        let LeftBehind::Frames(left) = FrameFile::read_back(&path, TAG).expect("read") else {
+            panic!("our frames");
+        };
+        let held = left.held();
+        assert_eq!(
+            held,
+            vec![
+                LeftSlot {
+                    slot: 1,
+                    owner: 11,
+                    label: labelled(3, 4, 2, 1000),
+                    fenced: false,
+                    fenced_length: None,
+                },
+                LeftSlot {
+                    slot: 2,
+                    owner: 12,
+                    label: labelled(3, 5, 7, CAPACITY),
+                    fenced: true,
+                    fenced_length: Some(6),
+                },
+            ]
+        );
+        let bytes = left.read(&held[0]);
+        assert_eq!(bytes.len(), 1000);
+        assert_eq!(&bytes[..12], b"segment four");
+        assert!(bytes[12..].iter().all(|&b| b == 0));
+        assert_eq!(&left.read(&held[1])[..12], b"fenced frame");
+        // Locked while it is read: neither a second reader nor a new backup gets in.
+        let busy = FrameFile::read_back(&path, TAG).expect_err("locked");
+        assert_eq!(busy.kind(), io::ErrorKind::WouldBlock);
+        let busy = FrameFile::create(&path, 1, CAPACITY, TAG).expect_err("locked");
+        assert_eq!(busy.kind(), io::ErrorKind::WouldBlock);
+        drop(left);
+
+        // Someone else's file, an unreadable one, none.
+        match FrameFile::read_back(&path, "/another/backup").expect("read") {
+            LeftBehind::Foreign(tag) => assert_eq!(tag, TAG),
+            other => panic!("{other:?}"),
+        }
+        let garbage = dir.path().join("garbage");
+        std::fs::write(&garbage, vec![7u8; 3 * page_bytes() as usize]).expect("write");
+        assert!(matches!(
+            FrameFile::read_back(&garbage, TAG).expect("read"),
+            LeftBehind::Unreadable(why) if why.contains("magic")
+        ));
+        assert!(matches!(
+            FrameFile::read_back(&dir.path().join("none"), TAG).expect("read"),
+            LeftBehind::Nothing
+        ));
+        // Then the new backup replaces it: an empty file again.
+        let new = FrameFile::create(&path, 2, CAPACITY, TAG).expect("replace");
+        drop(new);
+        assert!(!path.exists());
+    }
+
     #[test]
     fn create_replaces_a_dead_backups_file_without_truncating_it_under_its_mappings() {
         let dir = TempDir::new().expect("tempdir");
         let path = dir.path().join("frames");
-        let old = FrameFile::create(&path, 2, CAPACITY).expect("create");
-        old.assign(1, 9);
+        let old = FrameFile::create(&path, 2, CAPACITY, TAG).expect("create");
+        old.assign(1, 9, label());
         let old_slot = old.slot_offset(1);
         let mapping = ShmMapping::open(&path).expect("map");
         // A killed backup leaves its file behind, and the kernel drops its lock.
@@ -893,14 +1340,18 @@ mod tests {
             0
         );
         std::mem::forget(old);
-        let new = FrameFile::create(&path, 1, 100).expect("replace");
+        let new = FrameFile::create(&path, 1, 100, TAG).expect("replace");
         // The master's mapping still holds the old, full-sized file: no SIGBUS.
         mapping
             .write(old_slot, CAPACITY, 9, u64::from(CAPACITY) - 8, b"old file")
             .expect("the old mapping keeps working");
         assert!(new.read(0, 100).iter().all(|&b| b == 0));
         let remapped = ShmMapping::open(&path).expect("map the new file");
-        assert_eq!(remapped.len_bytes(), page_bytes());
+        assert_eq!(
+            remapped.len_bytes(),
+            2 * page_bytes(),
+            "the header's page and a slot"
+        );
     }
 
     /// Dekker: a writer loop and a fencer race; every write acknowledged to the writer
@@ -936,7 +1387,7 @@ mod tests {
         // fence lands uniformly inside it.
         let pass_nanos = (0..5)
             .map(|_| {
-                file.assign(0, u64::MAX);
+                file.assign(0, u64::MAX, label());
                 let started = std::time::Instant::now();
                 write_all(u64::MAX, &mut Vec::new());
                 started.elapsed().as_nanos().max(1) as u64
@@ -951,7 +1402,7 @@ mod tests {
         let mut rng = seed;
         let mut fenced_mid_pass = 0;
         for owner in 1..=ROUNDS {
-            file.assign(0, owner);
+            file.assign(0, owner, label());
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
@@ -1006,23 +1457,39 @@ mod tests {
     }
 
     #[test]
-    fn only_frame_files_no_backup_holds_are_swept() {
+    fn only_frame_files_no_backup_holds_or_will_read_back_are_swept() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let live =
-            FrameFile::create(&dir.path().join("rampart-frames-live"), 1, 4096).expect("create");
+        let live = FrameFile::create(&dir.path().join("rampart-frames-live"), 1, 4096, TAG)
+            .expect("create");
         std::fs::write(
             dir.path().join("rampart-frames-dead"),
-            b"left by a killed backup",
+            b"not a frame file of this format",
         )
         .expect("write");
+        // Killed backups' files: one whose data directory is there, one whose is gone.
+        let kept_tag = dir.path().to_str().expect("utf-8").to_string();
+        for (name, tag) in [("kept", kept_tag.as_str()), ("orphan", "/no/such/dir")] {
+            let path = dir.path().join(format!("rampart-frames-{name}"));
+            let file = FrameFile::create(&path, 1, 4096, tag).expect("create");
+            file.assign(0, 1, labelled(1, 1, 1, 4096));
+            drop(file);
+        }
         std::fs::write(
             dir.path().join("rampart-frames-x.123.new"),
             b"being created",
         )
         .expect("write");
         std::fs::write(dir.path().join("other"), b"not ours").expect("write");
-        let removed = remove_stale_frame_files(dir.path(), "rampart-frames-");
-        assert_eq!(removed, vec![dir.path().join("rampart-frames-dead")]);
+        let mut removed = remove_stale_frame_files(dir.path(), "rampart-frames-");
+        removed.sort();
+        assert_eq!(
+            removed,
+            vec![
+                dir.path().join("rampart-frames-dead"),
+                dir.path().join("rampart-frames-orphan")
+            ]
+        );
+        assert!(dir.path().join("rampart-frames-kept").exists());
         assert!(live.path().exists());
         assert!(dir.path().join("rampart-frames-x.123.new").exists());
         assert!(dir.path().join("other").exists());
