@@ -217,6 +217,58 @@ pub struct OpenReport {
     pub frame_file_unread: Option<String>,
 }
 
+/// The file in a backup's data directory that holds its identity: a random number drawn
+/// when the directory is first used, in hexadecimal.
+const IDENTITY_FILE: &str = "BACKUP_ID";
+
+/// The tag of the frame file of the backup on `data_dir`: `IDENTITY PATH`, its identity
+/// ([`IDENTITY_FILE`], created on first use) and its canonical path. The identity tells
+/// this directory from a new one at the same path: a data directory wiped and used again
+/// (by a new cluster, whose servers get the same ids again) must not adopt the frames the
+/// old one left. Blocks on the disk (creating the identity syncs it).
+pub fn frame_file_tag(data_dir: &Path) -> Result<String, StoreError> {
+    let path = data_dir.join(IDENTITY_FILE);
+    let io_error = |source: std::io::Error| StoreError::Io {
+        path: path.clone(),
+        source,
+    };
+    let identity = match std::fs::read_to_string(&path) {
+        Ok(text) => u64::from_str_radix(text.trim(), 16).map_err(|_| {
+            io_error(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not a backup identity: {:?}", text.trim()),
+            ))
+        })?,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let identity = rand::random::<u64>();
+            let temp = data_dir.join(format!("{IDENTITY_FILE}.tmp"));
+            let write = || -> std::io::Result<()> {
+                let mut file = std::fs::File::create(&temp)?;
+                std::io::Write::write_all(&mut file, format!("{identity:016x}\n").as_bytes())?;
+                file.sync_all()?;
+                std::fs::rename(&temp, &path)?;
+                std::fs::File::open(data_dir)?.sync_all()
+            };
+            write().map_err(io_error)?;
+            identity
+        }
+        Err(error) => return Err(io_error(error)),
+    };
+    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    Ok(format!("{identity:016x} {}", canonical.to_string_lossy()))
+}
+
+/// Whether the backup a frame file's `tag` names ([`frame_file_tag`]) may still come back
+/// for its frames: its data directory exists and holds the same identity. A file whose
+/// tag is not of that form is nobody's.
+pub fn frame_file_tag_is_live(tag: &str) -> bool {
+    let Some((identity, path)) = tag.split_once(' ') else {
+        return false;
+    };
+    std::fs::read_to_string(Path::new(path).join(IDENTITY_FILE))
+        .is_ok_and(|held| held.trim() == identity)
+}
+
 /// Stores, as open replicas, the frames that a backup killed on this data directory left
 /// in its frame file at `path` (module doc, "Frames survive a kill"): each held slot's
 /// valid prefix (no more than its recorded fenced length), when its bytes begin with the
@@ -240,9 +292,9 @@ fn read_back_frames(
             report.frame_file_unread = Some(why);
             return Ok(());
         }
-        LeftBehind::Foreign(owner) if !Path::new(&owner).exists() => {
+        LeftBehind::Foreign(owner) if !frame_file_tag_is_live(&owner) => {
             report.frame_file_unread = Some(format!(
-                "the frame file of the backup on {owner}, which is gone"
+                "the frame file of the backup {owner}, whose data directory is gone"
             ));
             return Ok(());
         }
@@ -272,7 +324,12 @@ fn read_back_frames(
             stored.epoch > label.epoch
                 || (stored.epoch == label.epoch && (stored.closed || stored.length >= valid))
         });
-        let skipped = if valid == 0 {
+        let skipped = if label.capacity > REPLICA_BYTES_MAX {
+            Some(format!(
+                "a capacity of {} bytes: no replica is that large",
+                label.capacity
+            ))
+        } else if valid == 0 {
             Some("nothing valid was written to it".to_string())
         } else if !names_it {
             Some(format!(
@@ -1238,10 +1295,7 @@ impl BackupService {
         };
         // The file says whose it is: a restarted backup reads back only its own frames,
         // and a sweep of stale files keeps a file whose data directory still exists.
-        let tag = std::fs::canonicalize(data_dir)
-            .unwrap_or_else(|_| data_dir.to_path_buf())
-            .to_string_lossy()
-            .into_owned();
+        let tag = frame_file_tag(data_dir)?;
         let mut report = OpenReport {
             store: scan,
             ..OpenReport::default()
@@ -1330,7 +1384,9 @@ impl BackupService {
 
     /// At a graceful stop: writes every open frame's valid prefix to the segment store
     /// as an *open* (not closed) replica, so that a backup restarted on the same data
-    /// directory still reports it — the frame file itself is removed at exit. Frames stay
+    /// directory still reports it even if the frame file is lost meanwhile (a reboot:
+    /// it lives in memory). The file itself stays while frames are open in it, and the
+    /// restarted backup reads back whatever a master wrote after this flush. Frames stay
     /// open here (a master still writing sees this backup go away and re-creates the
     /// replica elsewhere). A copy the store already holds at the same or a newer epoch
     /// is kept. Returns how many replicas were written. Blocks on the disk: call it on a
@@ -1710,9 +1766,22 @@ mod tests {
         }
     }
 
+    /// Opens the service on `dir`. A service just dropped may still be finishing a
+    /// blocking task (a recovery read, a close) that holds its store's or its frame
+    /// file's lock for a moment: "in use" is retried for a few seconds.
     fn open_service(dir: &TempDir, frames_max: usize) -> BackupService {
-        let (service, report) =
-            BackupService::open(dir.path(), config(dir, frames_max)).expect("open");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let (service, report) = loop {
+            match BackupService::open(dir.path(), config(dir, frames_max)) {
+                Ok(opened) => break opened,
+                Err(StoreError::InUse { .. }) if std::time::Instant::now() < deadline => {}
+                Err(StoreError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < deadline => {}
+                Err(error) => panic!("open: {error}"),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         assert_eq!(report.store.quarantined, vec![]);
         service
     }
@@ -2211,12 +2280,28 @@ mod tests {
                 .await
                 .expect("write");
             bump(&service, handle, 1, 2).await.expect("bump");
-            let fenced = open(&service, 5, 1, 1).await;
+            let fenced_reply = open_reply(&service, 5, 1, 1).await;
+            let fenced = fenced_reply.handle;
             write_range(&service, fenced, 1, &fenced_bytes, 0, fenced_ends[2]).await;
             assert_eq!(
                 service.fence_master(ServerId(5)),
                 vec![info(5, 1, 1, fenced_ends[2], false)]
             );
+            // A write in flight during the fence lands past it, unacknowledged (its
+            // master's check saw the fence): the read-back must not serve it either.
+            let past = &fenced_bytes[fenced_ends[2] as usize..fenced_ends[3] as usize];
+            let at = slot_offset(&fenced_reply)
+                + rampart_common::onesided::shm::SLOT_HEADER_BYTES
+                + u64::from(fenced_ends[2]);
+            std::os::unix::fs::FileExt::write_all_at(
+                &std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dir.path().join("frames"))
+                    .expect("frame file"),
+                past,
+                at,
+            )
+            .expect("write past the fence");
             // Opened, never written: nothing to keep.
             open(&service, 6, 1, 1).await;
             let closed = open(&service, 4, 2, 1).await;
@@ -2258,6 +2343,36 @@ mod tests {
         let (_service, report) = BackupService::open(dir.path(), config(&dir, 4)).expect("again");
         assert_eq!(report.frames_read_back, vec![]);
         assert_eq!(report.store.replicas.len(), 3);
+    }
+
+    /// A data directory wiped and used again at the same path (a new cluster, whose
+    /// servers get the same ids again) does not adopt the frames the old one left.
+    #[tokio::test]
+    async fn a_wiped_data_directory_does_not_adopt_the_frames_left_at_its_path() {
+        let frames = TempDir::new().expect("tempdir");
+        let dir = TempDir::new().expect("tempdir");
+        let data = dir.path().join("data");
+        let config = || BackupConfig {
+            frame_file: frames.path().join("frames"),
+            ..config(&dir, 2)
+        };
+        {
+            let (service, _) = BackupService::open(&data, config()).expect("open");
+            let (bytes, ends) = segment(3, 1, 1);
+            let handle = open(&service, 3, 1, 1).await;
+            write_range(&service, handle, 1, &bytes, 0, ends[1]).await;
+        }
+        std::fs::remove_dir_all(&data).expect("wipe");
+        let (service, report) = BackupService::open(&data, config()).expect("a fresh start");
+        assert_eq!(report.frames_read_back, vec![]);
+        assert!(
+            report
+                .frame_file_unread
+                .as_deref()
+                .is_some_and(|why| why.contains("data directory is gone")),
+            "{report:?}"
+        );
+        assert_eq!(list(&service, None).await, vec![]);
     }
 
     /// A frame file left at this backup's path by a backup of another data directory that

@@ -459,12 +459,15 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             bail!("--replication rdma: {reason}");
         }
     }
+    // The directory first: the default frame file is named by its canonical path, which
+    // exists only once the directory does (else a first start and a restart would name
+    // different files, and the restart would not find the frames the first one left).
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
     let frame_file = args
         .frame_file
         .clone()
         .unwrap_or_else(|| default_frame_file(&args.data_dir));
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
     let disk_mbps = match args.disk_mbps {
         Some(mbps) => mbps,
         None => {
@@ -504,6 +507,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             let removed = rampart_common::onesided::shm::remove_stale_frame_files(
                 dir,
                 FRAME_FILE_PREFIX,
+                rampart_backup::service::frame_file_tag_is_live,
             );
             if !removed.is_empty() {
                 tracing::info!(files = removed.len(), dir = %dir.display(), "stale frame files removed");

@@ -929,6 +929,15 @@ impl LeftFrames {
     }
 }
 
+/// Whether `path` still names the open `file` (same device and inode).
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+        _ => false,
+    }
+}
+
 /// Opens the file at `path` and takes its exclusive `flock`, or `None` if there is no
 /// file. A live backup's file is `WouldBlock`. A sweep of stale files
 /// ([`remove_stale_frame_files`]) holds a lock for an instant: retried briefly.
@@ -971,12 +980,18 @@ const LOCK_ATTEMPTS: u32 = 10;
 
 /// Removes the frame files in `dir` whose names start with `prefix` (temporary `.new`
 /// files excepted) that no live backup holds and no backup will read back: those whose
-/// tag (the owner's data directory) names a path that no longer exists, and those this
-/// format cannot read. A killed backup's file whose data directory is still there is
-/// kept for the backup that restarts on it (module doc, "Frames outlive their backup").
-/// A file is removed only while this call holds its `flock`, so a file whose backup runs
-/// is never touched. Returns the removed paths; errors on single files are skipped.
-pub fn remove_stale_frame_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+/// tag `keep` refuses (the owner's data directory is gone), and those this format cannot
+/// read. A killed backup's file whose owner is still there is kept for the backup that
+/// restarts on it (module doc, "Frames outlive their backup"). A file is removed only
+/// while this call holds its `flock`, and only if the path still names the file locked
+/// (a backup may have renamed its new file over the path meanwhile), so a file whose
+/// backup runs is never touched. Returns the removed paths; errors on single files are
+/// skipped.
+pub fn remove_stale_frame_files(
+    dir: &Path,
+    prefix: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -995,10 +1010,10 @@ pub fn remove_stale_frame_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
             continue;
         }
         let orphaned = match FileHeader::read(&file, page_bytes()) {
-            Ok(header) => !Path::new(&header.tag).exists(),
+            Ok(header) => !keep(&header.tag),
             Err(_) => true,
         };
-        if orphaned && std::fs::remove_file(&path).is_ok() {
+        if orphaned && same_file(&file, &path) && std::fs::remove_file(&path).is_ok() {
             removed.push(path);
         }
     }
@@ -1480,7 +1495,8 @@ mod tests {
         )
         .expect("write");
         std::fs::write(dir.path().join("other"), b"not ours").expect("write");
-        let mut removed = remove_stale_frame_files(dir.path(), "rampart-frames-");
+        let mut removed =
+            remove_stale_frame_files(dir.path(), "rampart-frames-", |tag| Path::new(tag).exists());
         removed.sort();
         assert_eq!(
             removed,
