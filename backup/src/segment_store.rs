@@ -324,12 +324,60 @@ pub trait Disk: fmt::Debug + Send {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
 
-/// The real file system.
+/// The real file system. Replicas are written with `O_DIRECT`, past the page cache:
+/// buffered writes plus `fsync` run at ≈ 0.29 GB/s on the reference machine and cost
+/// the CPU a copy into the page cache and its write-back, `O_DIRECT` at ≈ 1.4 GB/s
+/// (issue 12). The parts are copied into a page-aligned staging buffer (one per thread,
+/// kept, so that its pages are faulted in once, not at every write), padded to
+/// [`DIRECT_ALIGN_BYTES`], written, and the file cut back to its exact length before
+/// the `fsync`. A file system that refuses `O_DIRECT` (tmpfs: `EINVAL`) gets the
+/// buffered write.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RealDisk;
 
-impl Disk for RealDisk {
-    fn write_durable(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+/// Alignment of an `O_DIRECT` transfer's offset, length and buffer address: the largest
+/// logical block size in common use.
+pub const DIRECT_ALIGN_BYTES: usize = 4096;
+
+thread_local! {
+    /// [`RealDisk`]'s staging buffer on this thread: `DIRECT_ALIGN_BYTES` more than the
+    /// largest write so far, so an aligned window of that write's size fits.
+    static STAGING: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl RealDisk {
+    fn write_direct(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let total: usize = parts.iter().map(|part| part.len()).sum();
+        let padded = total.div_ceil(DIRECT_ALIGN_BYTES) * DIRECT_ALIGN_BYTES;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)?;
+        STAGING.with(|staging| {
+            let mut staging = staging.borrow_mut();
+            if staging.len() < padded + DIRECT_ALIGN_BYTES {
+                staging.resize(padded + DIRECT_ALIGN_BYTES, 0);
+            }
+            let start = staging.as_ptr().align_offset(DIRECT_ALIGN_BYTES);
+            let window = staging
+                .get_mut(start..start + padded)
+                .ok_or_else(|| io::Error::other("staging buffer cannot be aligned"))?;
+            let mut at = 0;
+            for part in parts {
+                window[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
+            window[at..].fill(0);
+            file.write_all(window)
+        })?;
+        file.set_len(total as u64)?;
+        file.sync_all()
+    }
+
+    fn write_buffered(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -339,6 +387,17 @@ impl Disk for RealDisk {
             file.write_all(part)?;
         }
         file.sync_all()
+    }
+}
+
+impl Disk for RealDisk {
+    fn write_durable(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+        match RealDisk::write_direct(path, parts) {
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+                RealDisk::write_buffered(path, parts)
+            }
+            result => result,
+        }
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
