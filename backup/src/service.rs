@@ -219,7 +219,7 @@ pub struct OpenReport {
 
 /// The file in a backup's data directory that holds its identity: a random number drawn
 /// when the directory is first used, in hexadecimal.
-const IDENTITY_FILE: &str = "BACKUP_ID";
+pub const IDENTITY_FILE: &str = "BACKUP_ID";
 
 /// The tag of the frame file of the backup on `data_dir`: `IDENTITY PATH`, its identity
 /// ([`IDENTITY_FILE`], created on first use) and its canonical path. The identity tells

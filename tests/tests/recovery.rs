@@ -144,6 +144,19 @@ impl Cluster {
         dir
     }
 
+    /// Starts the stopped coordinators again, then servers on `dirs`, and waits until
+    /// the old servers `crashed` are recovered; returns a fresh client.
+    async fn cold_start(&mut self, dirs: Vec<PathBuf>, crashed: &[u64]) -> Client {
+        for id in 1..=3 {
+            self.group.restart(id).unwrap();
+        }
+        for dir in dirs {
+            self.start_server(Some(dir));
+        }
+        self.wait_recovered(crashed).await;
+        self.client().await
+    }
+
     async fn client(&self) -> Client {
         let options = ClientOptions {
             deadline: Duration::from_secs(30),
@@ -486,14 +499,7 @@ fn cold_start_brings_every_table_back() {
         }
         let ids: Vec<u64> = cluster.servers.keys().copied().collect();
         let dirs: Vec<PathBuf> = ids.iter().map(|id| cluster.stop(*id)).collect();
-        for id in 1..=3 {
-            cluster.group.restart(id).unwrap();
-        }
-        for dir in dirs {
-            cluster.start_server(Some(dir));
-        }
-        cluster.wait_recovered(&ids).await;
-        let client = cluster.client().await;
+        let client = cluster.cold_start(dirs, &ids).await;
         check_filled(&client, a, "a", 7).await;
         assert_eq!(
             client.read(a, b"a7").await.unwrap(),
@@ -573,15 +579,7 @@ fn killing_every_process_under_write_load_loses_no_acknowledged_write() {
             "every key was acknowledged at least once"
         );
         drop(client);
-
-        for id in 1..=3 {
-            cluster.group.restart(id).unwrap();
-        }
-        for dir in dirs {
-            cluster.start_server(Some(dir));
-        }
-        cluster.wait_recovered(&ids).await;
-        let client = cluster.client().await;
+        let client = cluster.cold_start(dirs, &ids).await;
         check_history(&client, table, &history).await;
         client.write(table, b"after", b"the kill").await.unwrap();
     });
