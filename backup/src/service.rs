@@ -311,6 +311,14 @@ fn read_back_frames(
     };
     for slot in left.held() {
         let label = slot.label;
+        if label.capacity > REPLICA_BYTES_MAX {
+            let reason = format!(
+                "a capacity of {} bytes: no replica is that large",
+                label.capacity
+            );
+            report.frames_skipped.push((label, reason));
+            continue;
+        }
         let bytes = left.read(&slot);
         let scanned = scan(&bytes);
         let valid = slot.fenced_length.map_or(scanned.valid_bytes, |fenced| {
@@ -324,12 +332,7 @@ fn read_back_frames(
             stored.epoch > label.epoch
                 || (stored.epoch == label.epoch && (stored.closed || stored.length >= valid))
         });
-        let skipped = if label.capacity > REPLICA_BYTES_MAX {
-            Some(format!(
-                "a capacity of {} bytes: no replica is that large",
-                label.capacity
-            ))
-        } else if valid == 0 {
+        let skipped = if valid == 0 {
             Some("nothing valid was written to it".to_string())
         } else if !names_it {
             Some(format!(
@@ -2525,6 +2528,37 @@ mod tests {
         assert_eq!(code, Status::Internal);
         assert!(detail.contains("checksum"), "{detail}");
         assert_eq!(list(&service, None).await, vec![]);
+    }
+
+    /// A backup restarted on a full disk cannot store the frames its predecessor left: it
+    /// refuses to start, saying why, and leaves the file as it was, so that a start after
+    /// space was freed still reads them back.
+    #[tokio::test]
+    async fn frames_left_behind_are_kept_when_the_disk_is_full_at_restart() {
+        let dir = TempDir::new().expect("tempdir");
+        let (bytes, ends) = segment(4, 1, 1);
+        {
+            let service = open_service(&dir, 4);
+            let handle = open(&service, 4, 1, 1).await;
+            write_range(&service, handle, 1, &bytes, 0, ends[1]).await;
+        }
+        let disk = FillableDisk::default();
+        disk.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        let error = BackupService::open_with_disk(dir.path(), config(&dir, 4), Box::new(disk))
+            .expect_err("the frames cannot be stored");
+        assert!(matches!(error, StoreError::Full { .. }), "{error}");
+        let (service, report) =
+            BackupService::open(dir.path(), config(&dir, 4)).expect("space again");
+        let read_back: Vec<(u64, u32)> = report
+            .frames_read_back
+            .iter()
+            .map(|meta| (meta.segment.0, meta.length))
+            .collect();
+        assert_eq!(read_back, vec![(1, ends[1])]);
+        assert_eq!(
+            list(&service, None).await,
+            vec![info(4, 1, 1, ends[1], false)]
+        );
     }
 
     /// A disk that reports `ENOSPC` on every write while `full` is set.

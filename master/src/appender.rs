@@ -700,7 +700,7 @@ mod tests {
             let outcomes = write.await.unwrap();
             assert_eq!(outcomes[0].status(), Status::Ok);
         }
-        assert_eq!(drop.await.unwrap(), EpochStep::Next);
+        assert_eq!(drop.await.expect("the drop task ends"), EpochStep::Next);
         let late = late.await.unwrap();
         assert_eq!(late[0].status(), Status::UnknownTablet);
 
@@ -714,7 +714,10 @@ mod tests {
             tablets: vec![whole_table()],
         };
         assert_eq!(
-            appender.change_tablets(take).await.unwrap(),
+            appender
+                .change_tablets(take)
+                .await
+                .expect("the appender runs"),
             EpochStep::Next
         );
         for i in 0..WRITES {

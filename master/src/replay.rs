@@ -397,13 +397,15 @@ mod tests {
             1 << 16,
             &[SegmentId(1)],
         )
-        .unwrap();
+        .expect("a 64 KiB segment opens");
         let start = writer.bytes().len();
-        writer.append_object(T, Version(3), b"k", b"value").unwrap();
+        writer
+            .append_object(T, Version(3), b"k", b"value")
+            .expect("fits");
         writer
             .append_tombstone(T, Version(2), SegmentId(1), b"gone")
-            .unwrap();
-        writer.append_safe_version(Version(9)).unwrap();
+            .expect("fits");
+        writer.append_safe_version(Version(9)).expect("fits");
         RecoveryDataReply {
             epoch: 1,
             safe_version: Version(4),
@@ -414,7 +416,8 @@ mod tests {
 
     #[test]
     fn parse_decodes_objects_tombstones_and_the_floor() {
-        let piece = RecoveryPiece::parse(SegmentId(5), reply(), &[(T, 0, u64::MAX)]).unwrap();
+        let piece = RecoveryPiece::parse(SegmentId(5), reply(), &[(T, 0, u64::MAX)])
+            .expect("a well-formed piece parses");
         assert_eq!(piece.segment(), SegmentId(5));
         assert_eq!(
             piece.safe_version(),
