@@ -55,11 +55,8 @@
 //! * Long-term pins of file pages are refused by Linux (6.5 and later) unless the file is
 //!   on a memory file system: keep `--frame-file` on tmpfs (`/dev/shm`) with `rdma`.
 //! * A pin holds the *physical* pages the file had when the region was registered. The
-//!   frame file gives a slot's memory back to the kernel by punching a hole when it
-//!   assigns or releases the slot; after that the file's pages are new ones and the
-//!   region still names the old ones, so NIC writes would no longer reach the frame.
-//!   Hence the first `RdmaConnect` calls `FrameFile::keep_pages` before registering:
-//!   from then on slots are zeroed in place, and no punch is still running.
+//!   frame file never gives a slot's memory back to the kernel (it is allocated at
+//!   creation and slots are zeroed in place), so the pinned pages stay the file's.
 
 #[cfg(feature = "rdma")]
 pub(crate) use verbs::RdmaTarget;

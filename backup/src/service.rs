@@ -76,14 +76,18 @@
 //! # Concurrency
 //! Two locks, both `parking_lot` mutexes (nothing awaits while holding either):
 //! * `store` — the [`SegmentStore`]. Held across disk I/O, so it is only ever taken on
-//!   a blocking thread (`spawn_blocking`), never on the reactor.
+//!   a blocking thread (`spawn_blocking`), never on the reactor. Reads of a stored
+//!   replica (`ReadReplica`, recovery) do not take it: they read the file the metadata
+//!   mirror names ([`ReplicaFiles`]; files are never changed in place) and fall back to
+//!   the store only when that file no longer verifies, so a recovery's reads never wait
+//!   behind closes writing to the disk.
 //! * `state` — the frame table, the free slots and a mirror of the store's metadata.
-//!   Held only for lookups and bookkeeping (and to zero a slot on open, which costs one
-//!   `fallocate` on an already released slot), so the reactor and the connection tasks
+//!   Held only for lookups and bookkeeping (and to zero a slot that a replacing open
+//!   takes over, a `memset` of touched memory), so the reactor and the connection tasks
 //!   (`handle_now`) take it freely. Writes (`WriteReplica`, the soft-NIC) look their
 //!   frame up under it and copy *outside* it: the slot's owner word, checked by the copy
 //!   itself, stops a write to a slot that changed hands meanwhile. Copying frames out
-//!   for a scan, and releasing a slot's memory, also happen outside it.
+//!   for a scan, and zeroing a released slot, also happen outside it.
 //!
 //! Lock order: `store` before `state`. A blocking task holding `store` may take `state`
 //! briefly to publish its result; nothing that holds `state` ever waits for `store`.
@@ -145,7 +149,10 @@
 //! its payload once, outside `state` (≈ 100 µs per MiB at memory speed). Listing or
 //! reading an open frame copies and scans it on a blocking thread (≈ 1–5 ms per 8 MiB
 //! frame). A close costs one replica write plus two fsyncs in the store (≈ 17 ms for
-//! 8 MiB at 500 MB/s), on a blocking thread, then a `fallocate` to release the slot.
+//! 8 MiB at 500 MB/s), on a blocking thread: the frame is copied into a buffer the
+//! thread keeps (touched memory), written, and its slot zeroed in place for the next
+//! frame (the frame file is a pool allocated at start-up: no page is faulted in or
+//! given back while the backup runs).
 //! `StartRecovery` scans each open frame of the master twice (fence, then digest) and
 //! reads each stored open replica from disk (one per master normally); recovery reads
 //! cost what [`crate::recovery`] says, all on blocking threads.
@@ -173,7 +180,8 @@ use std::sync::Arc;
 
 use crate::recovery::{HeldReplica, RecoveryReads, ReplicaSource, RECOVERY_PIECES_BYTES_MAX};
 use crate::segment_store::{
-    Disk, RealDisk, ReplicaMeta, ScanReport, SegmentStore, StoreError, REPLICA_BYTES_MAX,
+    Disk, RealDisk, ReplicaFiles, ReplicaMeta, ScanReport, SegmentStore, StoreError,
+    REPLICA_BYTES_MAX,
 };
 
 // The backup's side of the `rdma` transport. Declared here rather than in `lib.rs`, whose
@@ -477,6 +485,8 @@ struct Shared {
     /// absolute path.
     host: String,
     path: String,
+    /// Names the store's replica files, for reads without the store lock.
+    files: ReplicaFiles,
 }
 
 /// A frame captured under `state` for work outside it (a copy in or out).
@@ -964,8 +974,10 @@ fn fence(shared: &Shared, rdma: &rdma::RdmaTarget, master: ServerId) -> Vec<Repl
 
 /// The replica `key` as reads see it: the visible open frame's valid prefix (its fenced
 /// length once fenced), else the stored copy, verified (a corrupt one is quarantined
-/// and reported as [`StoreError::Corrupt`]); `None` if not held. Blocks: takes the store
-/// lock and copies and scans frames.
+/// and reported as [`StoreError::Corrupt`]); `None` if not held. Blocks: copies and
+/// scans frames, reads the stored copy's file (without the store lock: see
+/// [`ReplicaFile`]), and takes the store lock briefly, or for a whole read when the
+/// file changed meanwhile.
 fn read_held(
     store: &Mutex<SegmentStore>,
     shared: &Shared,
@@ -984,6 +996,19 @@ fn read_held(
             }));
         }
         // Closed, freed or replaced meanwhile: the store has the answer.
+    }
+    // Read the file without the store, which closes hold across their disk writes:
+    // its metadata from the mirror (which may lag the store, never lead it), and the
+    // store's own read below settles what this one cannot (a replica replaced, freed or
+    // corrupt meanwhile).
+    let stored = shared.state.lock().stored.get(&key).copied();
+    if let Some(file) = stored.map(|meta| shared.files.file(meta)) {
+        if let Some(bytes) = file.read() {
+            return Ok(Some(HeldReplica {
+                info: info_of(&file.meta()),
+                bytes,
+            }));
+        }
     }
     let mut store = store.lock();
     let result = store.read_replica(key.0, key.1);
@@ -1153,6 +1178,15 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         .map_err(|e| Reply::error(Status::Internal, format!("backup store task failed: {e}")))
 }
 
+thread_local! {
+    /// The frame a close copies out, reused by every close on this (blocking) thread:
+    /// a fresh vector per close would fault in and zero 8 MiB of new pages each time,
+    /// slower than the copy itself. The copy is the snapshot the store checksums and
+    /// writes (a master must not write after its close, but the stored bytes then still
+    /// agree with their checksum if one does).
+    static CLOSE_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A close on its way to the store. Dropping it (done, failed, or never run because
 /// the runtime shut down) ends its claim on the frame: the frame takes writes again if
 /// it is still open, and its slot is released if it left the table meanwhile.
@@ -1182,9 +1216,11 @@ impl CloseJob {
         if !self.shared.state.lock().frames.contains_key(&self.handle) {
             return Err(CloseFailure::FrameGone);
         }
-        let content = self.shared.file.read(self.slot, self.length);
         let (master, segment) = self.key;
-        let result = store.write_replica(master, segment, self.epoch, true, &content);
+        let result = CLOSE_BUFFER.with_borrow_mut(|content| {
+            self.shared.file.read_into(self.slot, self.length, content);
+            store.write_replica(master, segment, self.epoch, true, content)
+        });
         let mut state = self.shared.state.lock();
         state.sync_stored(&store, self.key);
         if result.is_ok() {
@@ -1348,13 +1384,14 @@ impl BackupService {
         );
         let service = BackupService {
             config,
-            store: Arc::new(Mutex::new(store)),
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
                 file,
                 host: host_id(),
                 path,
+                files: store.files(),
             }),
+            store: Arc::new(Mutex::new(store)),
             rdma: Arc::new(rdma),
             recovery: RecoveryReads::new(RECOVERY_PIECES_BYTES_MAX),
         };
@@ -1545,16 +1582,8 @@ impl BackupService {
     /// registers the frame file).
     async fn rdma_connect(&self, payload: Bytes) -> Result<Reply, Reply> {
         let request: RdmaConnectRequest = Reply::decode(payload)?;
-        let (rdma, shared) = (Arc::clone(&self.rdma), Arc::clone(&self.shared));
-        let reply = blocking(move || {
-            // A registered region pins the file's pages: from now on slots are zeroed
-            // in place, never hole-punched (see `FrameFile::keep_pages`).
-            if cfg!(feature = "rdma") {
-                shared.file.keep_pages();
-            }
-            rdma.connect(&request)
-        })
-        .await??;
+        let rdma = Arc::clone(&self.rdma);
+        let reply = blocking(move || rdma.connect(&request)).await??;
         Ok(Reply::ok(&reply))
     }
 
@@ -1757,6 +1786,7 @@ mod tests {
     use rampart_common::onesided::nic::{self, NicClient};
     use rampart_common::onesided::shm::{ShmMapping, SLOT_HEADER_BYTES};
     use rampart_common::rpc::WireMessage;
+    use std::time::Duration;
     use tempfile::TempDir;
 
     const CAPACITY: u32 = 64 * 1024;
@@ -2612,6 +2642,79 @@ mod tests {
             &read(&service, 1, 1).await.expect("read").bytes[..],
             &bytes[..ends[2] as usize]
         );
+    }
+
+    /// A disk whose writes wait while `closed` is set, telling `entered` when one does.
+    #[derive(Clone, Debug, Default)]
+    struct GatedDisk {
+        closed: Arc<std::sync::atomic::AtomicBool>,
+        entered: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Disk for GatedDisk {
+        fn write_durable(&self, path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
+            use std::sync::atomic::Ordering::SeqCst;
+            while self.closed.load(SeqCst) {
+                self.entered.store(true, SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            RealDisk.write_durable(path, parts)
+        }
+
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            RealDisk.rename(from, to)
+        }
+
+        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+            RealDisk.sync_dir(dir)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reading_a_stored_replica_does_not_wait_for_a_close_stuck_on_the_disk() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = TempDir::new().expect("tempdir");
+        let disk = GatedDisk::default();
+        let (service, _) =
+            BackupService::open_with_disk(dir.path(), config(&dir, 4), Box::new(disk.clone()))
+                .expect("open");
+        let service = Arc::new(service);
+        let (bytes, ends) = segment(1, 1, 2);
+        let stored = open(&service, 1, 1, 1).await;
+        write_range(&service, stored, 1, &bytes, 0, ends[2]).await;
+        close(&service, stored, 1, ends[2]).await.expect("close");
+        // A second close stalls in its disk write, holding the store (until the end of
+        // the test, even a failed one: the runtime waits for its blocking threads).
+        struct Open(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.store(false, SeqCst);
+            }
+        }
+        disk.closed.store(true, SeqCst);
+        let _reopen = Open(Arc::clone(&disk.closed));
+        let (other, other_ends) = segment(1, 2, 1);
+        let stalled = open(&service, 1, 2, 1).await;
+        write_range(&service, stalled, 1, &other, 0, other_ends[1]).await;
+        let closing = {
+            let service = Arc::clone(&service);
+            tokio::spawn(async move { close(&service, stalled, 1, other_ends[1]).await })
+        };
+        for _ in 0..1000 {
+            if disk.entered.load(SeqCst) || closing.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(disk.entered.load(SeqCst), "the close reached the disk");
+        // Recovery reads the stored replica meanwhile.
+        let read = tokio::time::timeout(Duration::from_secs(5), read(&service, 1, 1))
+            .await
+            .expect("the read waited for the stalled close")
+            .expect("read");
+        assert_eq!(&read.bytes[..], &bytes[..ends[2] as usize]);
+        disk.closed.store(false, SeqCst);
+        closing.await.expect("join").expect("the close completes");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -42,7 +42,10 @@
 //! # // The member elects itself within an election timeout; the set waits for it.
 //! # let group = CoordinatorSet::new(&[coordinator.as_str()]);
 //! # let id = group.call::<Enlist>(&RpcPool::new(), &request, deadline).await?.id;
-//! # let config = rampart_common::config::MasterConfig::default();
+//! # let config = rampart_common::config::MasterConfig {
+//! #     memory_bytes: 64 << 20,
+//! #     ..rampart_common::config::MasterConfig::default()
+//! # };
 //! # let master = std::sync::Arc::new(rampart_master::MasterService::new(id, config));
 //! # tokio::spawn(RpcServer::run(listener, master, std::future::pending()));
 //! # let coordinator_addr = coordinator.as_str();

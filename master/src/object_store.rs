@@ -60,7 +60,7 @@ use rampart_common::protocol::backup::PartitionRanges;
 use crate::object_index::{LogRef, ObjectIndex};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
 use crate::replay::{PieceEntry, RecoveryPiece, ReplayState};
-use crate::segmented_log::{NoSpace, SegmentRange, SegmentedLog};
+use crate::segmented_log::{NoSpace, SegmentPool, SegmentRange, SegmentedLog};
 use crate::tablets::{EpochStep, OwnedTablets};
 
 /// Versions a master reserves at the coordinator at a time (`ReserveVersions`, one Raft
@@ -294,10 +294,25 @@ impl ObjectStore {
         config: MasterConfig,
         limits: PartitionLimits,
     ) -> ObjectStore {
+        let pool = SegmentPool::for_config(&config);
+        ObjectStore::with_pool(server_id, config, limits, pool)
+    }
+
+    /// An empty store whose log lives in `pool`'s buffers (see
+    /// [`SegmentPool::for_config`]).
+    ///
+    /// # Panics
+    /// If `config` does not validate (callers validate at start-up).
+    pub fn with_pool(
+        server_id: ServerId,
+        config: MasterConfig,
+        limits: PartitionLimits,
+        pool: SegmentPool,
+    ) -> ObjectStore {
         assert_eq!(config.validate(), Ok(()), "master config must be validated");
         let safe_version = Version::FIRST;
         ObjectStore {
-            log: SegmentedLog::new(server_id, &config, safe_version),
+            log: SegmentedLog::with_pool(server_id, &config, safe_version, pool),
             config,
             index: ObjectIndex::new(),
             tablets: OwnedTablets::new(),

@@ -17,6 +17,15 @@
 //! A full log (no free segment for a rollover) refuses the append with [`NoSpace`];
 //! nothing already written is touched. Space comes back only when the cleaner (a later
 //! issue) frees segments.
+//!
+//! # Memory
+//! The log's memory is allocated and touched once, when the log is created: a
+//! [`SegmentPool`] of `memory / segment_bytes` buffers, every page faulted in
+//! (`MADV_POPULATE_WRITE`, else by writing zeros). New segments take their buffer from
+//! the pool, so neither a write nor a recovery replaying into this log pays a page fault
+//! or the kernel's zeroing of a fresh page (1.2–1.6 GB/s on the development VM, slower
+//! than every other step of replay). The cost moves to start-up: ≈ 0.4 s per GiB there,
+//! and the whole `--memory` is resident from the start, as in RAMCloud.
 
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
@@ -60,6 +69,110 @@ pub struct SegmentedLog {
     unreplicated: Vec<SegmentRange>,
     /// Where the last handed-off range of each segment ended (its replicated length).
     handed_off: BTreeMap<SegmentId, u32>,
+    /// Buffers for the segments still to open. Invariant: `segments.len() +
+    /// pool.len() ≤ segments_max` (equal unless an opening failed).
+    pool: SegmentPool,
+}
+
+/// Segment buffers allocated and touched ahead of use (module doc, "Memory").
+#[derive(Debug)]
+pub struct SegmentPool {
+    free: Vec<Vec<u8>>,
+    segment_bytes: usize,
+}
+
+impl SegmentPool {
+    /// The whole memory of a log configured as `config`, touched.
+    pub fn for_config(config: &MasterConfig) -> SegmentPool {
+        SegmentPool::touched(config.segments_max(), config.segment_bytes)
+    }
+
+    /// `segments` buffers of `segment_bytes` each, every page of them faulted in.
+    pub fn touched(segments: u64, segment_bytes: u32) -> SegmentPool {
+        let segment_bytes = segment_bytes as usize;
+        let free = (0..segments)
+            .map(|_| {
+                let mut buffer = Vec::with_capacity(segment_bytes);
+                touch_spare_capacity(&mut buffer);
+                buffer
+            })
+            .collect();
+        SegmentPool {
+            free,
+            segment_bytes,
+        }
+    }
+
+    /// A buffer of at least the segment size: a touched one while any is left, else a
+    /// fresh allocation (never needed while the log respects its bound).
+    pub fn take(&mut self) -> Vec<u8> {
+        self.free
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(self.segment_bytes))
+    }
+
+    /// Returns a segment's buffer for reuse (its contents are discarded on reuse).
+    pub fn give_back(&mut self, buffer: Vec<u8>) {
+        if buffer.capacity() >= self.segment_bytes {
+            self.free.push(buffer);
+        }
+    }
+
+    /// Buffers ready for new segments.
+    pub fn len(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Whether no buffer is left.
+    pub fn is_empty(&self) -> bool {
+        self.free.is_empty()
+    }
+}
+
+/// Faults in every page of `buffer`'s spare capacity, writable, without changing its
+/// length. `MADV_POPULATE_WRITE` (Linux 5.14) does it in one call, about twice as fast
+/// as writing each page (measured on the development VM: 2.4 against 1.3 GB/s); where
+/// it is refused, zeros are written. The partial pages at either end are written.
+fn touch_spare_capacity(buffer: &mut Vec<u8>) {
+    let spare = buffer.spare_capacity_mut();
+    if spare.is_empty() {
+        return;
+    }
+    let page = page_bytes();
+    let start = spare.as_ptr() as usize;
+    let end = start + spare.len();
+    let (inner_start, inner_end) = (start.next_multiple_of(page), end / page * page);
+    let populated = inner_end > inner_start && populate_write(inner_start, inner_end - inner_start);
+    if populated {
+        let (head, rest) = spare.split_at_mut(inner_start - start);
+        head.fill(std::mem::MaybeUninit::new(0));
+        let tail_at = inner_end - inner_start;
+        rest[tail_at..].fill(std::mem::MaybeUninit::new(0));
+    } else {
+        spare.fill(std::mem::MaybeUninit::new(0));
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn populate_write(start: usize, len: usize) -> bool {
+    // SAFETY: `[start, start + len)` is page-aligned memory inside one live allocation
+    // we hold mutably; MADV_POPULATE_WRITE only faults its pages in (as a write of
+    // their current contents would), it never changes what they hold.
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) == 0 }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn populate_write(_start: usize, _len: usize) -> bool {
+    false
+}
+
+fn page_bytes() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page)
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096)
 }
 
 impl SegmentedLog {
@@ -68,6 +181,21 @@ impl SegmentedLog {
     /// # Panics
     /// If `config` was not validated (a segment too small for its own header).
     pub fn new(log_id: ServerId, config: &MasterConfig, safe_version: Version) -> SegmentedLog {
+        let pool = SegmentPool::for_config(config);
+        SegmentedLog::with_pool(log_id, config, safe_version, pool)
+    }
+
+    /// [`SegmentedLog::new`] in the buffers of `pool` (built for `config` beforehand,
+    /// e.g. before a server announces itself, since touching takes time).
+    ///
+    /// # Panics
+    /// As [`SegmentedLog::new`].
+    pub fn with_pool(
+        log_id: ServerId,
+        config: &MasterConfig,
+        safe_version: Version,
+        pool: SegmentPool,
+    ) -> SegmentedLog {
         let first = SegmentId(1);
         let mut log = SegmentedLog {
             log_id,
@@ -77,6 +205,7 @@ impl SegmentedLog {
             head: first,
             unreplicated: Vec::new(),
             handed_off: BTreeMap::new(),
+            pool,
         };
         let head = log
             .open_segment(first, safe_version)
@@ -86,15 +215,21 @@ impl SegmentedLog {
         log
     }
 
-    fn open_segment(&self, id: SegmentId, safe_version: Version) -> Result<SegmentWriter, NoSpace> {
+    fn open_segment(
+        &mut self,
+        id: SegmentId,
+        safe_version: Version,
+    ) -> Result<SegmentWriter, NoSpace> {
         let digest: Vec<SegmentId> = self
             .segments
             .keys()
             .copied()
             .chain(std::iter::once(id))
             .collect();
-        let mut segment = SegmentWriter::open(self.log_id, id, self.segment_bytes, &digest)
-            .map_err(|_| NoSpace)?;
+        let buffer = self.pool.take();
+        let mut segment =
+            SegmentWriter::open_in(buffer, self.log_id, id, self.segment_bytes, &digest)
+                .map_err(|_| NoSpace)?;
         segment
             .append_safe_version(safe_version)
             .map_err(|_| NoSpace)?;
@@ -278,6 +413,71 @@ mod tests {
             memory_bytes: 4096 * segments,
             value_bytes_max: 512,
         }
+    }
+
+    /// Whether every whole page of `buffer`'s allocation is resident (`mincore`).
+    fn resident(buffer: &[u8], capacity: usize) -> bool {
+        let page = page_bytes();
+        let start = (buffer.as_ptr() as usize).next_multiple_of(page);
+        let end = (buffer.as_ptr() as usize + capacity) / page * page;
+        let pages = (end - start) / page;
+        let mut flags = vec![0u8; pages];
+        // SAFETY: `[start, end)` is page-aligned and inside a live allocation; `flags`
+        // has one byte per page, as mincore requires.
+        let result =
+            unsafe { libc::mincore(start as *mut libc::c_void, end - start, flags.as_mut_ptr()) };
+        result == 0 && pages > 0 && flags.iter().all(|f| f & 1 == 1)
+    }
+
+    #[test]
+    fn the_log_memory_is_touched_at_creation_and_segments_open_in_it() {
+        const SEGMENT: u32 = 64 * 1024;
+        let config = MasterConfig {
+            segment_bytes: SEGMENT,
+            memory_bytes: u64::from(SEGMENT) * 8,
+            value_bytes_max: 4096,
+        };
+        let mut log = SegmentedLog::new(ServerId(7), &config, Version(1));
+        // The first segment took one buffer; the other seven wait, every page resident.
+        assert_eq!(log.pool.len(), 7);
+        let pooled: Vec<*const u8> = log.pool.free.iter().map(|b| b.as_ptr()).collect();
+        for buffer in &log.pool.free {
+            assert!(
+                resident(buffer, buffer.capacity()),
+                "a pooled buffer is not touched"
+            );
+        }
+        let value = [7u8; 4000];
+        while log
+            .append_object(TableId(1), Version(1), b"k", &value, Version(1))
+            .is_ok()
+        {
+            log.seal_batch();
+        }
+        // Full after exactly the eight segments, each in a pooled buffer.
+        assert!(log.pool.is_empty());
+        assert_eq!(log.segment_ids().count(), 8);
+        for id in log.segment_ids().skip(1) {
+            let at = log.segment_bytes(id).unwrap().as_ptr();
+            assert!(
+                pooled.contains(&at),
+                "{id} was not opened in a pooled buffer"
+            );
+        }
+    }
+
+    #[test]
+    fn a_buffer_given_back_to_the_pool_is_reused() {
+        let mut pool = SegmentPool::touched(1, 4096);
+        let first = pool.take();
+        assert!(pool.is_empty());
+        let memory = first.as_ptr();
+        pool.give_back(first);
+        let again = pool.take();
+        assert_eq!(again.as_ptr(), memory);
+        // A buffer too small for a segment is not kept.
+        pool.give_back(Vec::with_capacity(100));
+        assert!(pool.is_empty());
     }
 
     #[test]

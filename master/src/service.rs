@@ -54,6 +54,7 @@ use crate::recovery::{RecoveryConfig, RecoveryMaster};
 use crate::replica_manager::{
     ReplicationConfig, ReplicationStats, Replicator, ServerListWatch, ServerSource,
 };
+use crate::segmented_log::SegmentPool;
 use crate::tablet_sync::{SyncError, TabletSync};
 use crate::tablets::EpochStep;
 use crate::version_reserver::VersionReserver;
@@ -117,9 +118,24 @@ impl MasterService {
         replication: ReplicationConfig,
         limits: PartitionLimits,
     ) -> MasterService {
-        let store = Arc::new(Mutex::new(ObjectStore::with_partition_limits(
-            id, config, limits,
-        )));
+        let pool = SegmentPool::for_config(&config);
+        MasterService::with_pool(id, config, replication, limits, pool)
+    }
+
+    /// Like [`with_partitions`](Self::with_partitions), the log in `pool`'s buffers:
+    /// a server touches its log memory ([`SegmentPool::for_config`]) before it enlists,
+    /// as that takes a while and it must answer pings from its enlistment on.
+    ///
+    /// # Panics
+    /// If `config` does not validate (callers validate at start-up).
+    pub fn with_pool(
+        id: ServerId,
+        config: MasterConfig,
+        replication: ReplicationConfig,
+        limits: PartitionLimits,
+        pool: SegmentPool,
+    ) -> MasterService {
+        let store = Arc::new(Mutex::new(ObjectStore::with_pool(id, config, limits, pool)));
         let status = Arc::new(AppenderStatus::default());
         let replicator = Replicator::new(id, replication.clone());
         let server_list = replicator.server_list_watch();

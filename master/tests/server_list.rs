@@ -145,7 +145,10 @@ async fn a_pushed_newer_list_is_pulled_before_the_periodic_refresh() {
     let (leader, _follower, follower_addr) = group(1).await;
     let master = Arc::new(MasterService::with_replication(
         MASTER,
-        MasterConfig::default(),
+        MasterConfig {
+            memory_bytes: 64 << 20,
+            ..MasterConfig::default()
+        },
         replication(vec![follower_addr]),
     ));
     let master_addr = serve(Arc::clone(&master)).await;
@@ -185,7 +188,13 @@ async fn a_pushed_newer_list_is_pulled_before_the_periodic_refresh() {
 
 #[tokio::test]
 async fn a_malformed_push_is_refused() {
-    let master = Arc::new(MasterService::new(MASTER, MasterConfig::default()));
+    let master = Arc::new(MasterService::new(
+        MASTER,
+        MasterConfig {
+            memory_bytes: 64 << 20,
+            ..MasterConfig::default()
+        },
+    ));
     let reply = master
         .handle(ServerListChanged::OPCODE, Bytes::from_static(b"x"))
         .await;

@@ -78,7 +78,10 @@ async fn master(coordinator: &Arc<MapCoordinator>) -> Arc<MasterService> {
     };
     Arc::new(MasterService::with_replication(
         MASTER,
-        MasterConfig::default(),
+        MasterConfig {
+            memory_bytes: 64 << 20,
+            ..MasterConfig::default()
+        },
         replication,
     ))
 }

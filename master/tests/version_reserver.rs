@@ -70,7 +70,14 @@ async fn master(addr: String) -> MasterService {
         servers: ServerSource::Coordinators(vec![addr]),
         ..ReplicationConfig::none()
     };
-    let master = MasterService::with_replication(MASTER, MasterConfig::default(), replication);
+    let master = MasterService::with_replication(
+        MASTER,
+        MasterConfig {
+            memory_bytes: 64 << 20,
+            ..MasterConfig::default()
+        },
+        replication,
+    );
     let take = TabletsRequest {
         owner: MASTER,
         epoch: 1,
@@ -177,7 +184,14 @@ async fn nothing_is_reserved_before_the_logs_opening_is_on_its_backups() {
         servers: ServerSource::Coordinators(vec![serve(Arc::clone(&coordinator)).await]),
         ..ReplicationConfig::none()
     };
-    let master = MasterService::with_replication(MASTER, MasterConfig::default(), replication);
+    let master = MasterService::with_replication(
+        MASTER,
+        MasterConfig {
+            memory_bytes: 64 << 20,
+            ..MasterConfig::default()
+        },
+        replication,
+    );
     let reserver = master.version_reserver().expect("has coordinators");
     for _ in 0..5 {
         assert!(!reserver.reserve_if_due().await.unwrap());

@@ -126,8 +126,10 @@ pub struct ServerArgs {
     /// server given the same directory reports the replicas it holds.
     #[arg(long)]
     pub data_dir: std::path::PathBuf,
-    /// Segment replicas the backup holds open in memory at once.
-    #[arg(long, default_value_t = 64)]
+    /// Segment replicas the backup holds open in memory at once: its frame file, a pool
+    /// allocated at start-up (this many frames of the larger of --segment-bytes and
+    /// 8 MiB), fewer if the disk could not flush them in 2 s.
+    #[arg(long, default_value_t = BACKUP_FRAMES_DEFAULT)]
     pub backup_frames: usize,
     /// Coordinator address(es), comma-separated.
     #[arg(long, env = "RAMPART_COORDINATOR", default_value = "127.0.0.1:7000")]
@@ -190,6 +192,9 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = rampart_master::lease::LEASE_RENEW_INTERVAL.as_millis() as u64)]
     pub lease_renew_ms: u64,
 }
+
+/// Frames a backup offers by default (`--backup-frames`): 512 MiB of frames of 8 MiB.
+pub const BACKUP_FRAMES_DEFAULT: usize = 64;
 
 /// Worker threads of a server's backup runtime: backup requests are open, close and
 /// (for the `rpc` and `tcp` transports) copies, so one thread keeps up with the master.
@@ -513,12 +518,15 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
                 tracing::info!(files = removed.len(), dir = %dir.display(), "stale frame files removed");
             }
         }
+        let opening = std::time::Instant::now();
         let (backup, report) = BackupService::open(&args.data_dir, backup_config)
             .with_context(|| format!("cannot open the backup store in {}", args.data_dir.display()))?;
         let backup = Arc::new(backup);
         tracing::info!(
             data_dir = %args.data_dir.display(),
             frame_file = %frame_file.display(),
+            frames = backup.config().frames_max,
+            elapsed_ms = opening.elapsed().as_millis() as u64,
             replicas = report.store.replicas.len(),
             quarantined = report.store.quarantined.len(),
             frames_read_back = report.frames_read_back.len(),
@@ -552,6 +560,17 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             .await
             .context("cannot bind the soft-NIC listener")?;
         backup.set_nic_addr(nic_listener.local_addr()?.to_string());
+        // The log's memory, touched before enlisting: from its enlistment on the server
+        // must answer pings, and touching takes ≈ 0.4 s per GiB.
+        let touching = std::time::Instant::now();
+        let log_memory = tokio::task::block_in_place(|| {
+            rampart_master::segmented_log::SegmentPool::for_config(&config)
+        });
+        tracing::info!(
+            memory = %ByteSize(config.memory_bytes),
+            elapsed_ms = touching.elapsed().as_millis() as u64,
+            "log memory allocated and touched"
+        );
         let request = EnlistRequest {
             addr: addr.clone(),
             services: Services {
@@ -575,7 +594,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             bytes_max: args.partition_mb.saturating_mul(1024 * 1024).max(1),
             records_max: args.partition_records.max(1),
         };
-        let master = MasterService::with_partitions(id, config, replication, limits)
+        let master = MasterService::with_pool(id, config, replication, limits, log_memory)
             .with_lease(Arc::clone(&lease));
         // The lease renewer, the tablet sync, the failure detector and the will uploader
         // run until

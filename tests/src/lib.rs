@@ -18,6 +18,12 @@ use std::time::{Duration, Instant};
 /// How long a cluster may take to print its `ready` line.
 pub const CLUSTER_START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Frames each test server's backup allocates (`--backup-frames`) unless a test says
+/// otherwise: a backup allocates its whole frame file at start-up (8 MiB per frame), and
+/// tests run several clusters side by side; 16 frames hold every segment a test's few
+/// masters keep open or closing at once.
+pub const TEST_BACKUP_FRAMES: &str = "16";
+
 /// The path of the `rampart` executable under test.
 pub fn rampart_bin() -> Result<PathBuf> {
     if let Ok(path) = std::env::var("RAMPART_BIN") {
@@ -73,6 +79,12 @@ impl LocalCluster {
             .arg(servers.to_string())
             .arg("--data-dir")
             .arg(data_dir.path())
+            .args(
+                Some(["--backup-frames", TEST_BACKUP_FRAMES])
+                    .filter(|_| !extra.contains(&"--backup-frames"))
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -494,6 +506,9 @@ impl CoordinatorGroup {
             "--data-dir",
             data_dir,
         ];
+        if !extra.contains(&"--backup-frames") {
+            args.extend(["--backup-frames", TEST_BACKUP_FRAMES]);
+        }
         args.extend_from_slice(extra);
         RampartProcess::start(&args)
     }

@@ -69,6 +69,8 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
             "127.0.0.1:0".to_string(),
             "--memory".to_string(),
             "64MiB".to_string(),
+            "--backup-frames".to_string(),
+            rampart_tests::TEST_BACKUP_FRAMES.to_string(),
             "--data-dir".to_string(),
             data_dir.clone(),
         ]

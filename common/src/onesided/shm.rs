@@ -1,10 +1,10 @@
 //! The `shm` transport: a backup's frames in a shared-memory *frame file* that masters on
 //! the same host map and copy into (DESIGN.md §5 "One-sided writes", "Backups").
 //!
-//! * [`FrameFile`] — the backup's side. It creates the file (sparse), maps it, hands its
-//!   slots to frames ([`FrameFile::assign`]), fences them for recovery
-//!   ([`FrameFile::fence`]), reads them back and returns their memory
-//!   ([`FrameFile::release`]). It also serves the backup's own writers (the `rpc`
+//! * [`FrameFile`] — the backup's side. It creates the file with all its memory allocated
+//!   and mapped (the backup's pool of frames), hands its slots to frames
+//!   ([`FrameFile::assign`]), fences them for recovery ([`FrameFile::fence`]), reads them
+//!   back and zeroes them for the next frame ([`FrameFile::release`]). It also serves the backup's own writers (the `rpc`
 //!   handler and the soft-NIC) with the same protocol as a master's.
 //! * [`FrameFile::read_back`] — what a killed backup left: the frames its file still
 //!   holds ([`LeftFrames`]), read by the backup restarted on the same data directory
@@ -27,7 +27,7 @@
 //! | 64     | tag length | the *tag*: who owns the file (a backup's data directory) |
 //!
 //! Then `slots` slots of equal *stride* (the slot's header plus its capacity, rounded up
-//! to the page size, so that a slot's pages can be returned to the kernel on their own).
+//! to the page size, so that every slot header is page-aligned).
 //! A slot starts with a [`SLOT_HEADER_BYTES`]-byte header:
 //!
 //! | offset | size | field |
@@ -75,10 +75,15 @@
 //! reference into the data is ever created, only raw-pointer copies in and out.
 //!
 //! # Guarantees and their limits
-//! * A slot's data is zero when it is assigned, and its pages go back to the kernel when
-//!   it is released (`fallocate(PUNCH_HOLE)`, or a `memset` where the file system cannot
-//!   punch holes). A fresh frame therefore costs page faults on first touch (≈ 5 ms per
-//!   8 MiB, paid by the first writer), the price of not pinning `slots × capacity` bytes.
+//! * **The file is a pool of touched memory.** [`FrameFile::create`] allocates all of
+//!   it (`fallocate`) and maps it populated (`MAP_POPULATE`), once, at start-up; slots
+//!   are recycled, never returned to the kernel. A released slot is zeroed in place
+//!   (`memset`, ≈ 0.4 ms per 8 MiB of touched memory), so a slot is zero when it is
+//!   assigned. Fresh memory would cost a page fault and the zeroing of every 4 KiB page
+//!   on the write path instead (1.2–1.6 GB/s on the development VM, ≈ 6 ms per 8 MiB
+//!   frame, paid by the master's one-sided copy); the price is that the backup holds
+//!   `slots × stride` bytes from its start, and a `/dev/shm` too small for them fails
+//!   the start with a clear error instead of a master's `SIGBUS` later.
 //! * The backup's own writers ([`FrameFile::write`]) hold the slot's lock from their
 //!   owner check to their final check, and [`FrameFile::assign`] and
 //!   [`FrameFile::release`] take it exclusively, so an in-process write never lands in a
@@ -95,8 +100,10 @@
 //!   a new file and renames it over the path (a master still mapping a dead backup's file
 //!   keeps the old inode), and nothing truncates a file in place.
 //! * **Frames outlive their backup.** The file is the backups' non-volatile buffer
-//!   (DESIGN.md §5): dropping a [`FrameFile`] removes it only when no slot is held, and
-//!   a killed backup's file stays. The backup restarted on the same data directory reads
+//!   (DESIGN.md §5): dropping a [`FrameFile`] removes it only when no slot is held (else
+//!   it keeps the file, giving the free slots' memory back to the kernel), and a killed
+//!   backup's file stays, all of its memory with it, until the backup restarts on its
+//!   data directory or a start-up sweep finds that directory gone. The backup restarted on the same data directory reads
 //!   it back ([`FrameFile::read_back`], under the file's lock), stores what the held
 //!   slots hold, and only then replaces the file. A host that loses power loses the
 //!   file (it lives in memory, `/dev/shm`): only what was flushed to the store survives.
@@ -137,6 +144,13 @@ const FENCED_LENGTH_WORD_OFFSET: u64 = 48;
 
 /// First bytes of every frame file.
 const FILE_MAGIC: [u8; 8] = *b"RMPFRAME";
+
+/// `mmap` flag: fault the whole mapping in at once (Linux); elsewhere pages fault in on
+/// first access.
+#[cfg(target_os = "linux")]
+const MAP_POPULATE: libc::c_int = libc::MAP_POPULATE;
+#[cfg(not(target_os = "linux"))]
+const MAP_POPULATE: libc::c_int = 0;
 
 /// Version of the frame file format of the module doc. Files of another version are
 /// unreadable to this one (version 1 had no file header and no slot labels).
@@ -191,9 +205,46 @@ unsafe impl Send for Mapping {}
 // processes.
 unsafe impl Sync for Mapping {}
 
+/// Whether a new mapping's pages are faulted in (and, for a file's holes, allocated) by
+/// `mmap` itself, once, rather than one page fault at a time by their first access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Populate {
+    Yes,
+    No,
+}
+
+/// Allocates every byte of `file`'s first `len` bytes (`fallocate`), so that the memory
+/// exists before anyone maps it: a memory file system that is too small says so here
+/// (`StorageFull`), not by a `SIGBUS` on a later write through a mapping. A file system
+/// that cannot allocate ahead (`EOPNOTSUPP`) is left sparse.
+#[cfg(target_os = "linux")]
+fn allocate(file: &File, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| invalid_input(format!("a file of {len} bytes is too large")))?;
+    // SAFETY: FFI on our own open descriptor; mode 0 only allocates (the file is at
+    // least `len` long already, so its size does not change).
+    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if result == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => Ok(()),
+        _ => Err(io::Error::new(
+            error.kind(),
+            format!("cannot allocate the frame file's {len} bytes: {error}"),
+        )),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn allocate(_file: &File, _len: u64) -> io::Result<()> {
+    Ok(())
+}
+
 impl Mapping {
     /// Maps the first `len` bytes of `file`, which must be at least that long.
-    fn map(file: &File, len: u64) -> io::Result<Mapping> {
+    fn map(file: &File, len: u64, populate: Populate) -> io::Result<Mapping> {
         let len_usize = usize::try_from(len).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -213,7 +264,10 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len_usize,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                match populate {
+                    Populate::Yes => libc::MAP_SHARED | MAP_POPULATE,
+                    Populate::No => libc::MAP_SHARED,
+                },
                 file.as_raw_fd(),
                 0,
             )
@@ -266,24 +320,35 @@ impl Mapping {
     /// A copy of `len` bytes at byte `at`. Panics if the range is not inside the
     /// mapping.
     fn copy_out(&self, at: u64, len: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.copy_out_into(at, len, &mut out);
+        out
+    }
+
+    /// Replaces `out`'s contents with a copy of `len` bytes at byte `at`, reusing its
+    /// memory. Panics if the range is not inside the mapping.
+    fn copy_out_into(&self, at: u64, len: usize, out: &mut Vec<u8>) {
         let end = at.checked_add(len as u64);
         assert!(
             end.is_some_and(|end| end <= self.len),
             "read of {len} bytes at {at} passes the mapping's end ({})",
             self.len
         );
-        let mut out = vec![0u8; len];
-        // SAFETY: the source lies inside the mapping (checked above) and the target is a
-        // fresh vector of `len` bytes; they cannot overlap. Bytes a peer is writing
-        // meanwhile may be read torn (module doc "Memory model").
+        out.clear();
+        out.reserve(len);
+        // SAFETY: the source lies inside the mapping (checked above) and the target is
+        // `out`'s spare capacity, at least `len` bytes (reserved above); a vector never
+        // overlaps a mapping we never hand out references into. `set_len` follows the
+        // copy that initialised those bytes. Bytes a peer is writing meanwhile may be
+        // read torn (module doc "Memory model").
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.base.as_ptr().add(at as usize),
                 out.as_mut_ptr(),
                 len,
             );
+            out.set_len(len);
         }
-        out
     }
 
     /// Sets `len` bytes at byte `at` to zero. Panics if the range is not inside the
@@ -390,7 +455,8 @@ fn invalid_input(message: String) -> io::Error {
 pub struct FrameFile {
     /// Absolute, canonical path: what masters on this host open.
     path: PathBuf,
-    /// Keeps the `flock` for the file's life and serves `fallocate`.
+    /// Keeps the `flock` for the file's life; gives free slots back when a file that
+    /// holds frames is kept (drop).
     file: File,
     map: Mapping,
     slots: usize,
@@ -404,20 +470,22 @@ pub struct FrameFile {
     /// to their final check; exclusive for `assign` and `release`. Never held by
     /// anything that waits.
     slot_locks: Box<[RwLock<()>]>,
-    /// Once set, slots are zeroed in place and never hole-punched: a region registered
-    /// with an RDMA NIC pins the file's pages, and a punched page would be replaced by
-    /// a fresh one the NIC never writes to.
-    keep_pages: std::sync::atomic::AtomicBool,
+    /// Per slot: whether its data may be non-zero (it was assigned since it was last
+    /// zeroed). Read and written only under the slot's exclusive lock. A fresh file is
+    /// all zero; [`FrameFile::release`] zeroes; [`FrameFile::assign`] zeroes only a
+    /// slot still dirty (one re-assigned without a release, as a replacing open does).
+    dirty: Box<[std::sync::atomic::AtomicBool]>,
 }
 
 impl FrameFile {
     /// Creates the frame file at `path` with `slots` slots of `slot_capacity` data bytes,
-    /// sparse (`ftruncate`), tagged `tag` (its owner, for [`FrameFile::read_back`] and
+    /// all of it allocated and mapped (module doc, "The file is a pool"), tagged `tag` (its owner, for [`FrameFile::read_back`] and
     /// [`remove_stale_frame_files`]), and maps it. A file already at `path` is replaced,
     /// not truncated (see the module doc), unless a live backup holds it: then the error
     /// is `WouldBlock`. Read what a dead backup left there first. Errors are
     /// `InvalidInput` for zero slots, a tag longer than a page less 64 bytes or a file
-    /// larger than [`FRAME_FILE_BYTES_MAX`], else the operating system's.
+    /// larger than [`FRAME_FILE_BYTES_MAX`], else the operating system's (`StorageFull`
+    /// when the file system has no room for the file's memory).
     pub fn create(
         path: &Path,
         slots: usize,
@@ -478,7 +546,8 @@ impl FrameFile {
         };
         let built = lock_exclusive(&file, &temp)
             .and_then(|()| file.set_len(file_bytes))
-            .and_then(|()| Mapping::map(&file, file_bytes))
+            .and_then(|()| allocate(&file, file_bytes))
+            .and_then(|()| Mapping::map(&file, file_bytes, Populate::Yes))
             .and_then(|map| {
                 // Before the file has its name: no reader ever sees it without a header.
                 map.copy_in(0, &header.encode());
@@ -500,6 +569,9 @@ impl FrameFile {
             }
         };
         let slot_locks = (0..slots).map(|_| RwLock::new(())).collect();
+        let dirty = (0..slots)
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect();
         Ok(FrameFile {
             path,
             file,
@@ -509,7 +581,7 @@ impl FrameFile {
             stride,
             page_bytes: page,
             slot_locks,
-            keep_pages: std::sync::atomic::AtomicBool::new(false),
+            dirty,
         })
     }
 
@@ -555,7 +627,7 @@ impl FrameFile {
     }
 
     /// Hands slot `slot` to frame `owner` (non-zero), labelled `label`: owner cleared,
-    /// data zeroed, fence word and fenced length cleared, label written, then the owner
+    /// data zeroed (unless [`FrameFile::release`] left it zero already), fence word and fenced length cleared, label written, then the owner
     /// stored last (SeqCst), so a writer that sees `owner` sees a zeroed, unfenced slot
     /// and a reader after a kill sees the label of every held slot. Panics if
     /// `slot ≥ slots` or `owner == 0`.
@@ -563,7 +635,9 @@ impl FrameFile {
         assert_ne!(owner, 0, "owner 0 marks a free slot");
         let _exclusive = self.slot_lock(slot).write();
         self.owner_word(slot).store(0, Ordering::SeqCst);
-        self.zero_data(slot);
+        if self.dirty[slot].swap(true, Ordering::Relaxed) {
+            self.zero_data(slot);
+        }
         self.fence_word(slot).store(0, Ordering::SeqCst);
         self.word(slot, FENCED_LENGTH_WORD_OFFSET)
             .store(0, Ordering::SeqCst);
@@ -647,7 +721,7 @@ impl FrameFile {
         if header.tag != tag {
             return Ok(LeftBehind::Foreign(header.tag));
         }
-        let map = Mapping::map(&file, header.file_bytes(page))?;
+        let map = Mapping::map(&file, header.file_bytes(page), Populate::No)?;
         Ok(LeftBehind::Frames(LeftFrames {
             _file: file,
             map,
@@ -656,40 +730,27 @@ impl FrameFile {
         }))
     }
 
-    /// Frees slot `slot`: owner 0 first (every later write fails its check), then the
-    /// data zeroed and its memory returned to the kernel. Panics if `slot ≥ slots`.
+    /// Frees slot `slot` for the next frame: owner 0 first (every later write fails its
+    /// check), then the data zeroed in place (its memory stays allocated and mapped).
+    /// Panics if `slot ≥ slots`.
     pub fn release(&self, slot: usize) {
         let _exclusive = self.slot_lock(slot).write();
         self.owner_word(slot).store(0, Ordering::SeqCst);
         self.zero_data(slot);
+        self.dirty[slot].store(false, Ordering::Relaxed);
     }
 
-    /// Zeroes everything of `slot` after its header: the rest of the header's page by
-    /// `memset`, whole pages by punching a hole (which also returns their memory),
-    /// falling back to `memset` where the file system cannot.
-    fn zero_data(&self, slot: usize) {
-        let start = self.slot_offset(slot);
-        let first_page_end = start + self.page_bytes.min(self.stride);
-        self.map.fill_zero(
-            start + SLOT_HEADER_BYTES,
-            first_page_end - (start + SLOT_HEADER_BYTES),
-        );
-        let rest = self.stride - (first_page_end - start);
-        let keep = self.keep_pages.load(Ordering::SeqCst);
-        if rest > 0 && (keep || !self.punch_hole(first_page_end, rest)) {
-            self.map.fill_zero(first_page_end, rest);
-        }
-        // The zeroes must be visible before the owner or the fence word change.
-        atomic::fence(Ordering::SeqCst);
-    }
-
+    /// Returns the memory of free slot `slot` after its header's page to the kernel
+    /// (the range then reads as zeros); whether the file system did.
     #[cfg(target_os = "linux")]
-    fn punch_hole(&self, at: u64, len: u64) -> bool {
+    fn punch_hole(&self, slot: usize) -> bool {
+        let at = self.slot_offset(slot) + self.page_bytes;
+        let len = self.stride.saturating_sub(self.page_bytes);
         let (Ok(at), Ok(len)) = (libc::off_t::try_from(at), libc::off_t::try_from(len)) else {
             return false;
         };
         // SAFETY: FFI on our own open descriptor; KEEP_SIZE never changes the file's
-        // size, so no mapping of it can lose pages (the hole reads as zeroes).
+        // size, so no mapping of it can lose pages (a hole reads as zeroes).
         let result = unsafe {
             libc::fallocate(
                 self.file.as_raw_fd(),
@@ -698,24 +759,21 @@ impl FrameFile {
                 len,
             )
         };
-        result == 0
+        len > 0 && result == 0
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn punch_hole(&self, _at: u64, _len: u64) -> bool {
+    fn punch_hole(&self, _slot: usize) -> bool {
         false
     }
 
-    /// From now on, zero released slots in place instead of punching holes (see the
-    /// `keep_pages` field). Returns once no hole-punch is still running, so a caller may
-    /// register the file's pages with a NIC right after.
-    pub fn keep_pages(&self) {
-        self.keep_pages.store(true, Ordering::SeqCst);
-        for lock in self.slot_locks.iter() {
-            // `assign` and `release` punch under the exclusive lock: taking each once
-            // waits out any punch that started before the flag was set.
-            drop(lock.write());
-        }
+    /// Zeroes everything of `slot` after its header, in place.
+    fn zero_data(&self, slot: usize) {
+        let start = self.slot_offset(slot);
+        self.map
+            .fill_zero(start + SLOT_HEADER_BYTES, self.stride - SLOT_HEADER_BYTES);
+        // The zeroes must be visible before the owner or the fence word change.
+        atomic::fence(Ordering::SeqCst);
     }
 
     /// Fences slot `slot`: fence word := 1, then a SeqCst fence. Call it *before*
@@ -766,10 +824,21 @@ impl FrameFile {
     /// A copy of slot `slot`'s first `len` data bytes (`len` clamped to the capacity).
     /// Bytes a writer is copying meanwhile may be seen torn. Panics if `slot ≥ slots`.
     pub fn read(&self, slot: usize, len: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.read_into(slot, len, &mut out);
+        out
+    }
+
+    /// [`FrameFile::read`] into `out` (its contents replaced, its memory reused: a
+    /// caller that keeps one buffer copies into touched memory, not fresh pages).
+    pub fn read_into(&self, slot: usize, len: u32, out: &mut Vec<u8>) {
         assert!(slot < self.slots, "slot {slot} of {}", self.slots);
         let len = len.min(self.slot_capacity);
-        self.map
-            .copy_out(self.slot_offset(slot) + SLOT_HEADER_BYTES, len as usize)
+        self.map.copy_out_into(
+            self.slot_offset(slot) + SLOT_HEADER_BYTES,
+            len as usize,
+            out,
+        );
     }
 }
 
@@ -778,7 +847,15 @@ impl Drop for FrameFile {
         // Held slots hold bytes that may be nowhere else: leave them for the next
         // backup on this data directory (module doc, "Frames outlive their backup").
         if self.holds_frames() {
-            tracing::info!(path = %self.path.display(), "frame file kept: it holds frames");
+            // Only the held slots' memory stays taken: the pool's free slots go back to
+            // the kernel (a kept file would otherwise pin all of it until a restart).
+            let freed = (0..self.slots)
+                .filter(|&slot| self.owner(slot) == 0 && self.punch_hole(slot))
+                .count();
+            tracing::info!(
+                path = %self.path.display(), free_slots_returned = freed,
+                "frame file kept: it holds frames"
+            );
             return;
         }
         if let Err(error) = std::fs::remove_file(&self.path) {
@@ -1033,7 +1110,7 @@ impl ShmMapping {
     pub fn open(path: &Path) -> io::Result<ShmMapping> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let len = file.metadata()?.len();
-        let map = Mapping::map(&file, len).map_err(|error| {
+        let map = Mapping::map(&file, len, Populate::No).map_err(|error| {
             io::Error::new(
                 error.kind(),
                 format!("cannot map frame file {}: {error}", path.display()),
@@ -1208,13 +1285,22 @@ mod tests {
         ));
     }
 
+    /// Bytes of `path` backed by memory or disk (a hole is not).
+    fn allocated_bytes(path: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).expect("stat").blocks() * 512
+    }
+
     #[test]
-    fn release_then_assign_gives_a_zeroed_slot() {
+    fn release_then_assign_gives_a_zeroed_slot_and_the_memory_stays_allocated() {
         let dir = TempDir::new().expect("tempdir");
-        // A capacity that is not a page multiple, so both the header's page (memset) and
-        // whole pages (hole punched) are exercised.
+        // A capacity that is not a page multiple: the zeroing covers the partial page.
         let capacity = 3 * 4096 + 100;
         let file = frame_file(&dir, 2, capacity);
+        // The pool: every byte allocated at creation, and none given back on release
+        // (a hole would be faulted in and zeroed again by the next frame's writer).
+        let size = std::fs::metadata(file.path()).expect("stat").len();
+        assert!(allocated_bytes(file.path()) >= size);
         file.assign(1, 5, label());
         file.write(1, 5, 0, &vec![0xCD; capacity as usize])
             .expect("fill");
@@ -1225,10 +1311,26 @@ mod tests {
             Err(FrameWriteError::FrameGone)
         ));
         assert!(file.read(1, capacity).iter().all(|&b| b == 0));
+        assert!(allocated_bytes(file.path()) >= size);
         file.assign(1, 6, label());
         assert!(file.read(1, capacity).iter().all(|&b| b == 0));
         assert_eq!(file.owner(1), 6);
         assert_eq!(file.owner(0), 0);
+    }
+
+    #[test]
+    fn read_into_reuses_its_buffer() {
+        let dir = TempDir::new().expect("tempdir");
+        let file = frame_file(&dir, 1, CAPACITY);
+        file.assign(0, 1, label());
+        file.write(0, 1, 0, b"abcdef").expect("write");
+        let mut buffer = Vec::with_capacity(CAPACITY as usize);
+        buffer.extend_from_slice(b"leftover bytes of an earlier frame");
+        let memory = buffer.as_ptr();
+        file.read_into(0, 4, &mut buffer);
+        assert_eq!(buffer, b"abcd");
+        assert_eq!(buffer.as_ptr(), memory, "no new allocation");
+        assert_eq!(file.read(0, 6), b"abcdef");
     }
 
     #[test]
@@ -1280,9 +1382,17 @@ mod tests {
         file.record_fenced_length(2, 6);
         file.assign(3, 13, labelled(9, 1, 1, CAPACITY));
         file.release(3);
+        let size = std::fs::metadata(&path).expect("stat").len();
+        // Slots 0 and 3 are free: all but their header's page goes back.
+        let returned = 2 * (file.stride - file.page_bytes);
         // SIGKILL: the backup's lock goes with its process, the file stays.
         drop(file);
         assert!(path.exists(), "a file holding frames outlives its backup");
+        // Only the held slots (and every slot's header) keep their memory.
+        assert!(
+            allocated_bytes(&path) <= size - returned,
+            "free slots were given back"
+        );
 
         let LeftBehind::Frames(left) = FrameFile::read_back(&path, TAG).expect("read") else {
             panic!("our frames");

@@ -124,8 +124,11 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let data_dir =
         std::env::temp_dir().join(format!("rampart-bench-recovery-{}", std::process::id()));
     let _data = RemoveOnDrop(data_dir.clone());
-    // Each server must hold the whole data set (it may recover all of it) plus its share.
-    let memory_mb = (args.data_mb * 3).max(256) + 256;
+    // Every server's log is allocated and touched at its start, so size it to need:
+    // the master that is killed holds the data set (plus its log's overhead), and
+    // partitions spread evenly over the others (`assign_partitions`), so no recovery
+    // master takes more than about a quarter of it from 5 servers up.
+    let memory_mb = args.data_mb + args.data_mb / 4 + 256;
     let up = UpArgs {
         data_dir: data_dir.clone(),
         servers: args.servers,
@@ -136,6 +139,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         memory: format!("{memory_mb}MiB"),
         segment_bytes: args.segment_bytes.clone(),
         value_bytes_max: "1MiB".into(),
+        backup_frames: crate::process::BACKUP_FRAMES_DEFAULT,
         log_level: "warn".into(),
     };
     let mut local = cluster::start(&up, false)?;

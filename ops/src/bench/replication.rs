@@ -320,6 +320,7 @@ impl ModeCluster {
             memory: args.memory.clone(),
             segment_bytes: "8MiB".into(),
             value_bytes_max: "1MiB".into(),
+            backup_frames: crate::process::BACKUP_FRAMES_DEFAULT,
             log_level: "warn".into(),
             replicas: Some(args.replicas),
             replication: Some(mode.name().to_string()),
