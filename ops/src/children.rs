@@ -40,6 +40,24 @@ impl Running {
     }
 }
 
+/// A child started by [`Children::start`] that has not announced its address yet;
+/// killed if dropped before [`Children::wait_ready`] takes it in.
+#[derive(Debug)]
+pub struct Starting {
+    name: String,
+    child: Option<Child>,
+    lines_rx: mpsc::Receiver<String>,
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// The children of this process.
 #[derive(Debug, Default)]
 pub struct Children {
@@ -59,6 +77,14 @@ impl Children {
         args: &[String],
         env: &[(&str, String)],
     ) -> Result<&Running> {
+        let starting = Children::start(name, args, env)?;
+        self.wait_ready(starting)
+    }
+
+    /// Starts `rampart ARGS...` without waiting for it: several children can start side
+    /// by side, then [`Children::wait_ready`] takes each in. A child whose [`Starting`]
+    /// is dropped instead is killed.
+    pub fn start(name: &str, args: &[String], env: &[(&str, String)]) -> Result<Starting> {
         let exe = std::env::current_exe().context("cannot find the rampart executable")?;
         let parent = std::process::id();
         let mut command = Command::new(exe);
@@ -99,6 +125,21 @@ impl Children {
                 }
             }
         });
+        Ok(Starting {
+            name: name.to_string(),
+            child: Some(child),
+            lines_rx,
+        })
+    }
+
+    /// Waits (at most [`CHILD_START_TIMEOUT`] from now) for a started child's address
+    /// line and makes it one of these children.
+    pub fn wait_ready(&mut self, mut starting: Starting) -> Result<&Running> {
+        let name = starting.name.clone();
+        let Some(mut child) = starting.child.take() else {
+            bail!("{name} was taken in already");
+        };
+        let lines_rx = &starting.lines_rx;
         let deadline = Instant::now() + CHILD_START_TIMEOUT;
         let line = loop {
             let wait = deadline
@@ -129,7 +170,7 @@ impl Children {
             .cloned()
             .ok_or_else(|| anyhow!("{name} announced nothing"))?;
         self.running.push(Running {
-            name: name.to_string(),
+            name,
             addr,
             announce,
             child,

@@ -187,6 +187,7 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     }
     let mut servers = Vec::new();
     let servers_started = std::time::Instant::now();
+    let mut starting = Vec::new();
     for i in 1..=args.servers {
         let server_args: Vec<String> = [
             "server".into(),
@@ -217,7 +218,15 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
                 .flat_map(|t| ["--replication".to_string(), t.clone()]),
         )
         .collect();
-        let running = children.spawn(&format!("server #{i}"), &server_args, &env)?;
+        starting.push(Children::start(
+            &format!("server #{i}"),
+            &server_args,
+            &env,
+        )?);
+    }
+    // Side by side: each server spends most of its start touching its memory.
+    for started in starting {
+        let running = children.wait_ready(started)?;
         let id: u64 = running
             .announce
             .get(1)
