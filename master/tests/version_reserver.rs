@@ -65,19 +65,20 @@ impl Service for Ceilings {
 }
 
 /// A master without replication whose coordinators are at `addr`, owning `TABLE`.
+/// A log of 64 MiB: every master touches its whole log when it is created.
+fn small_log() -> MasterConfig {
+    MasterConfig {
+        memory_bytes: 64 << 20,
+        ..MasterConfig::default()
+    }
+}
+
 async fn master(addr: String) -> MasterService {
     let replication = ReplicationConfig {
         servers: ServerSource::Coordinators(vec![addr]),
         ..ReplicationConfig::none()
     };
-    let master = MasterService::with_replication(
-        MASTER,
-        MasterConfig {
-            memory_bytes: 64 << 20,
-            ..MasterConfig::default()
-        },
-        replication,
-    );
+    let master = MasterService::with_replication(MASTER, small_log(), replication);
     let take = TabletsRequest {
         owner: MASTER,
         epoch: 1,
@@ -184,14 +185,7 @@ async fn nothing_is_reserved_before_the_logs_opening_is_on_its_backups() {
         servers: ServerSource::Coordinators(vec![serve(Arc::clone(&coordinator)).await]),
         ..ReplicationConfig::none()
     };
-    let master = MasterService::with_replication(
-        MASTER,
-        MasterConfig {
-            memory_bytes: 64 << 20,
-            ..MasterConfig::default()
-        },
-        replication,
-    );
+    let master = MasterService::with_replication(MASTER, small_log(), replication);
     let reserver = master.version_reserver().expect("has coordinators");
     for _ in 0..5 {
         assert!(!reserver.reserve_if_due().await.unwrap());
