@@ -39,6 +39,7 @@
 
 use bytes::Bytes;
 use parking_lot::RwLock;
+use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::{key_hash, ServerId, TableId, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_WRITE_REQUEST_BYTES_MAX};
 use rampart_common::protocol::coordinator::{
@@ -52,7 +53,7 @@ use rampart_common::protocol::master::{
     WriteRequest,
 };
 use rampart_common::reject::RejectRules;
-use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, Rpc, RpcError, RpcPool};
+use rampart_common::rpc::{Rpc, RpcError, RpcPool};
 use rampart_common::status::Status;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -71,7 +72,7 @@ pub struct ClientOptions {
     /// How long one operation may take, retries included.
     pub deadline: Duration,
     /// First pause between retries on masters; doubles up to `backoff_max`. (Coordinator
-    /// calls pause as `rampart_common::rpc::coordinator_set` says.)
+    /// calls pause as `rampart_common::coordinator_set` says.)
     pub backoff_min: Duration,
     /// Longest pause between retries on masters.
     pub backoff_max: Duration,
@@ -263,7 +264,7 @@ impl Client {
     }
 
     /// Calls a coordinator RPC on the coordinators' leader, following `NotLeader`
-    /// hints and retrying until `deadline` (see `rampart_common::rpc::coordinator_set`).
+    /// hints and retrying until `deadline` (see `rampart_common::coordinator_set`).
     async fn coordinator_call<R: Rpc>(
         &self,
         request: &R::Request,

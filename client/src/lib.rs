@@ -21,7 +21,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # use rampart_common::protocol::coordinator::{Enlist, EnlistRequest};
-//! # use rampart_common::rpc::{CoordinatorSet, RpcPool, RpcServer};
+//! # use rampart_common::rpc::{RpcPool, RpcServer};
+//! # use rampart_common::coordinator_set::CoordinatorSet;
 //! # use rampart_coordinator::node::{NodeConfig, RaftNode};
 //! # let dir = tempfile::TempDir::new()?;
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

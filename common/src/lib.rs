@@ -10,6 +10,8 @@
 //!   Tailwind checksums, and the valid-prefix scanner.
 //! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (DESIGN.md §8).
 //! * [`protocol`] — every RPC's request and reply messages, by service.
+//! * [`coordinator_set`] — calls that must reach the leader of the coordinators' Raft
+//!   group, following `NotLeader` hints until a deadline.
 //! * [`will`] — a master's will: how its tablets are cut into recovery partitions.
 //! * [`onesided`] — one-sided writes into backup frames: `shm`, the `tcp` soft-NIC,
 //!   and `rdma` (DESIGN.md §5).
@@ -17,6 +19,7 @@
 //!   them.
 
 pub mod config;
+pub mod coordinator_set;
 pub mod failpoints;
 pub mod ids;
 pub mod limits;

@@ -28,12 +28,13 @@
 //! reported) within a tick or two rather than at the next periodic pull. A connection that failed a
 //! ping is dropped from the pool, so the next ping dials anew.
 
+use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{
     GetTabletMap, ReportFailure, ReportFailureRequest, TabletMapRequest,
 };
 use rampart_common::protocol::master::{Ping, PingRequest};
-use rampart_common::rpc::{CoordinatorSet, RpcPool};
+use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::{ServerInfo, ServerStatus, TabletMap};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

@@ -46,9 +46,10 @@
 //! (`VersionReserver`).
 
 use parking_lot::Mutex;
+use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{RenewLease, RenewLeaseReply, RenewLeaseRequest};
-use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, RpcError, RpcPool};
+use rampart_common::rpc::{RpcError, RpcPool};
 use rampart_common::status::Status;
 use std::fmt;
 use std::future::Future;

@@ -458,7 +458,10 @@ mod tests {
         assert!(log.pool.is_empty());
         assert_eq!(log.segment_ids().count(), 8);
         for id in log.segment_ids().skip(1) {
-            let at = log.segment_bytes(id).unwrap().as_ptr();
+            let at = log
+                .segment_bytes(id)
+                .expect("every listed segment has bytes")
+                .as_ptr();
             assert!(
                 pooled.contains(&at),
                 "{id} was not opened in a pooled buffer"

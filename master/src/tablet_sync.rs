@@ -28,9 +28,10 @@
 //! [`OwnedTablets::step`]: crate::tablets::OwnedTablets::step
 
 use parking_lot::Mutex;
+use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{GetOwnedTablets, ServerIdRequest};
-use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, RpcPool};
+use rampart_common::rpc::RpcPool;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

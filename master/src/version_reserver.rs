@@ -28,9 +28,10 @@
 //! [`VERSION_RESERVATION`]: crate::object_store::VERSION_RESERVATION
 
 use parking_lot::Mutex;
+use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::{ServerId, Version};
 use rampart_common::protocol::coordinator::{ReserveVersions, ReserveVersionsRequest};
-use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, RpcError, RpcPool};
+use rampart_common::rpc::{RpcError, RpcPool};
 use rampart_common::status::Status;
 use std::future::Future;
 use std::sync::Arc;

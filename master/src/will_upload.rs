@@ -22,9 +22,10 @@
 //! Computing the will walks the tablet profiles under the store lock: a few thousand
 //! bucket counts, microseconds, once a second.
 
+use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{UploadWill, UploadWillRequest};
-use rampart_common::rpc::{CoordinatorSet, RpcPool};
+use rampart_common::rpc::RpcPool;
 use rampart_common::will::Will;
 use std::future::Future;
 use std::sync::Arc;

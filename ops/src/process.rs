@@ -609,7 +609,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         let mut background = tokio::task::JoinSet::new();
         {
             use rampart_master::failure_detector::{FailureDetectorConfig, FailureDetectorTask};
-            let set = Arc::new(rampart_common::rpc::CoordinatorSet::new(&coordinators));
+            let set = Arc::new(rampart_common::coordinator_set::CoordinatorSet::new(&coordinators));
             let pool = Arc::new(RpcPool::new());
             let tablet_sync = Arc::clone(master.tablet_sync());
             let reserver = master.version_reserver().cloned();
@@ -719,7 +719,7 @@ async fn enlist(
     coordinators: &[String],
     request: &EnlistRequest,
 ) -> Result<rampart_common::ids::ServerId> {
-    use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet};
+    use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
     /// See the function doc.
     const ENLIST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
     const _: () = assert!(

@@ -11,11 +11,12 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
+use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{
     AllowLoss, RecoveryStatus, RecoveryStatusRequest, ServerIdRequest,
 };
-use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, RpcPool};
+use rampart_common::rpc::RpcPool;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::time::Instant;

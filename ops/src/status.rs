@@ -8,10 +8,11 @@
 
 use anyhow::Result;
 use clap::Args;
+use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::protocol::coordinator::{
     GetTabletMap, RaftStatus, RaftStatusRequest, TabletMapRequest,
 };
-use rampart_common::rpc::{CoordinatorSet, RpcPool};
+use rampart_common::rpc::RpcPool;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::time::Instant;

@@ -224,7 +224,8 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
 async fn cluster_servers_enlist_as_backups_in_distinct_failure_domains() {
     use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
     let cluster = rampart_tests::LocalCluster::start(3, &["--memory", "64MiB"]).unwrap();
-    let coordinators = rampart_common::rpc::CoordinatorSet::new(&[&cluster.coordinator]);
+    let coordinators =
+        rampart_common::coordinator_set::CoordinatorSet::new(&[&cluster.coordinator]);
     let map = coordinators
         .call::<GetTabletMap>(&RpcPool::new(), &TabletMapRequest {}, deadline())
         .await

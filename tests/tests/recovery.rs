@@ -9,12 +9,13 @@
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
 use rampart_client::{Client, ClientError, ClientOptions};
+use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::failpoints::{self, FAILPOINTS_ENV};
 use rampart_common::ids::{ServerId, TableId};
 use rampart_common::protocol::coordinator::{
     RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
 };
-use rampart_common::rpc::{CoordinatorSet, RpcPool};
+use rampart_common::rpc::RpcPool;
 use rampart_tests::{runtime, CoordinatorGroup, RampartProcess};
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -26,6 +26,7 @@ macro_rules! rpcs {
             pub struct $name;
             impl $crate::rpc::Rpc for $name {
                 const OPCODE: $crate::rpc::Opcode = $crate::rpc::Opcode($code);
+                const NAME: &'static str = stringify!($name);
                 type Request = $request;
                 type Reply = $reply;
             }
@@ -45,6 +46,9 @@ pub fn opcode_name(opcode: Opcode) -> Option<&'static str> {
         .find(|(code, _)| *code == opcode.0)
         .map(|(_, name)| *name)
 }
+
+#[cfg(test)]
+mod decoder_tests;
 
 #[cfg(test)]
 mod tests {

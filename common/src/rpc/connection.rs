@@ -170,7 +170,17 @@ impl Connection {
         let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + 64);
         frame.resize(FRAME_HEADER_BYTES, 0);
         request.encode(&mut frame);
-        let (header, payload) = self.call_raw(R::OPCODE, frame, deadline).await?;
+        let (header, payload) =
+            self.call_raw(R::OPCODE, frame, deadline)
+                .await
+                .map_err(|error| match error {
+                    RpcError::Timeout { addr, opcode, .. } => RpcError::Timeout {
+                        addr,
+                        opcode,
+                        rpc: R::NAME,
+                    },
+                    error => error,
+                })?;
         if header.status != Status::Ok {
             return Err(RpcError::Status {
                 addr: self.addr.clone(),
@@ -272,6 +282,7 @@ impl Connection {
             Err(_) if sent => Err(RpcError::Timeout {
                 addr: self.addr.clone(),
                 opcode,
+                rpc: "",
             }),
             Err(_) => Err(not_sent("deadline passed before the request was sent")),
         }

@@ -17,10 +17,12 @@ pub trait WireMessage: Sized + Send + 'static {
 }
 
 /// One RPC: its opcode and message types. Implemented by zero-sized marker types in
-/// [`crate::protocol`].
+/// the `protocol` module.
 pub trait Rpc {
     /// The wire opcode.
     const OPCODE: super::Opcode;
+    /// The RPC's name, for errors and logs.
+    const NAME: &'static str;
     /// What the caller sends.
     type Request: WireMessage;
     /// What a successful call returns.

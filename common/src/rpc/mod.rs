@@ -8,8 +8,10 @@
 //!   deadlines, and [`RpcPool`] that reuses one connection per peer.
 //! * [`server`] — the server side: accepts connections, reads frames, runs a
 //!   [`Service`] per request and writes replies.
-//! * [`coordinator_set`] — [`CoordinatorSet`]: calls that must reach the leader of the
-//!   coordinators' Raft group, following `NotLeader` hints until a deadline.
+//!
+//! The layer knows no RPC of its own: the messages are the `protocol` module's, which
+//! builds on this module (never the other way round), and calls that must find the
+//! coordinators' leader are `coordinator_set`'s.
 //!
 //! # Failure handling
 //! A peer that sends garbage (bad magic, a reply where a request belongs) gets its
@@ -21,7 +23,6 @@
 //! the next call.
 
 pub mod connection;
-pub mod coordinator_set;
 pub mod frame;
 pub mod message;
 pub mod server;
@@ -29,7 +30,6 @@ pub mod server;
 mod tests;
 
 pub use connection::{Connection, RpcPool};
-pub use coordinator_set::{CoordinatorCallError, CoordinatorSet};
 pub use frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES, FRAME_MAGIC};
 pub use message::{DecodeError, Rpc, WireMessage};
 pub use server::{Reply, RpcServer, Service};
@@ -71,12 +71,14 @@ pub enum RpcError {
         addr: String,
     },
     /// No reply before the deadline; the request may or may not have been executed.
-    #[error("rpc {opcode} to {addr} timed out")]
+    #[error("rpc {} to {addr} timed out", if rpc.is_empty() { opcode.to_string() } else { rpc.to_string() })]
     Timeout {
         /// The peer.
         addr: String,
         /// The call.
         opcode: Opcode,
+        /// Its name ([`Rpc::NAME`]); empty for an untyped call.
+        rpc: &'static str,
     },
     /// The peer answered with an error status.
     #[error("{addr} answered {status}{}", if detail.is_empty() { String::new() } else { format!(": {detail}") })]

@@ -4,7 +4,6 @@
 //! drive it through [`Connection`] and [`RpcPool`] for the client's view, and through
 //! plain `TcpStream`s for frames no well-behaved client would send. Client-side failure
 //! handling (stray replies, a peer that talks nonsense) uses a raw listener as the peer.
-//! The protocol decoders get truncated, hostile and random payloads at the end.
 //!
 //! Every listener binds port 0 (only the pool test re-binds the port it was given), and
 //! everything that could hang runs under a timeout, so a bug fails a test instead of
@@ -104,6 +103,7 @@ struct Echo;
 
 impl Rpc for Echo {
     const OPCODE: Opcode = OP_ECHO;
+    const NAME: &'static str = "Echo";
     type Request = Blob;
     type Reply = Blob;
 }
@@ -114,6 +114,7 @@ struct Fail;
 
 impl Rpc for Fail {
     const OPCODE: Opcode = OP_ERROR;
+    const NAME: &'static str = "Fail";
     type Request = ();
     type Reply = ();
 }
@@ -124,6 +125,7 @@ struct HugeReply;
 
 impl Rpc for HugeReply {
     const OPCODE: Opcode = OP_HUGE_REPLY;
+    const NAME: &'static str = "HugeReply";
     type Request = ();
     type Reply = Blob;
 }
@@ -1031,6 +1033,7 @@ async fn errors_say_whether_the_request_may_have_executed() {
         RpcError::Timeout {
             addr: addr(),
             opcode: OP_ECHO,
+            rpc: "",
         },
     ];
     for error in &may_have_run {
@@ -1052,9 +1055,21 @@ async fn errors_say_whether_the_request_may_have_executed() {
         )
         .await;
     match &late {
-        Err(error @ RpcError::Timeout { .. }) => assert!(error.may_have_executed()),
+        Err(error @ RpcError::Timeout { .. }) => {
+            assert!(error.may_have_executed());
+            // An untyped call is named by its opcode; a typed one by its RPC.
+            assert!(error
+                .to_string()
+                .starts_with(&format!("rpc {OP_SLEEP} to ")));
+        }
         other => panic!("expected Timeout, got {other:?}"),
     }
+    let named = RpcError::Timeout {
+        addr: addr(),
+        opcode: OP_ECHO,
+        rpc: Echo::NAME,
+    };
+    assert!(named.to_string().starts_with("rpc Echo to "), "{named}");
     assert_eq!(service.sleeps_started.load(Ordering::SeqCst), 1);
 
     // Sent whole, then the server died while running it: ConnectionLost.
@@ -1154,307 +1169,4 @@ async fn an_oversized_reply_fails_only_its_call_and_the_connection_stays_usable(
         .expect("the bystander call succeeds");
     assert!(!connection.is_closed());
     assert_eq!(connection.pending_len(), 0);
-}
-
-mod decoders {
-    //! The protocol's message decoders against truncated, hostile and random payloads:
-    //! each must return `Err` (or, for random bytes, possibly `Ok`), never panic and
-    //! never allocate what a length prefix merely claims.
-
-    use crate::ids::{ServerId, TableId, Version};
-    use crate::protocol::{coordinator, master};
-    use crate::reject::RejectRules;
-    use crate::rpc::WireMessage;
-    use crate::status::Status;
-    use crate::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
-    use bytes::{BufMut, Bytes, BytesMut};
-    use proptest::prelude::*;
-    use std::fmt::Debug;
-
-    fn encode<M: WireMessage>(message: &M) -> Bytes {
-        let mut out = BytesMut::new();
-        message.encode(&mut out);
-        out.freeze()
-    }
-
-    /// `message` round-trips, every proper prefix of its encoding is refused, and so is
-    /// the encoding with a byte appended.
-    fn assert_only_the_whole_encoding_decodes<M: WireMessage + PartialEq + Debug>(message: M) {
-        let name = std::any::type_name::<M>();
-        let whole = encode(&message);
-        assert_eq!(M::decode(whole.clone()).as_ref(), Ok(&message), "{name}");
-        for cut in 0..whole.len() {
-            assert!(
-                M::decode(whole.slice(..cut)).is_err(),
-                "{name}: a prefix of {cut} of {} bytes decoded",
-                whole.len()
-            );
-        }
-        let mut padded = BytesMut::from(&whole[..]);
-        padded.put_u8(0);
-        assert!(M::decode(padded.freeze()).is_err(), "{name}: trailing byte");
-    }
-
-    fn tablet(start_hash: u64) -> Tablet {
-        Tablet {
-            table: TableId(3),
-            start_hash,
-            end_hash: u64::MAX,
-            owner: ServerId(2),
-        }
-    }
-
-    fn tablet_map() -> TabletMap {
-        TabletMap {
-            version: 9,
-            servers: vec![ServerInfo {
-                id: ServerId(2),
-                addr: "10.0.0.2:7000".to_string(),
-                services: Services {
-                    master: true,
-                    backup: true,
-                },
-                status: ServerStatus::Crashed,
-                failure_domain: "rack-b".to_string(),
-                disk_read_mbps: 500,
-            }],
-            tables: vec![TableInfo {
-                id: TableId(3),
-                name: "users".to_string(),
-                tablets: vec![tablet(0)],
-            }],
-        }
-    }
-
-    fn enlist_request() -> coordinator::EnlistRequest {
-        coordinator::EnlistRequest {
-            addr: "10.0.0.1:7000".to_string(),
-            services: Services {
-                master: true,
-                backup: false,
-            },
-            failure_domain: "rack-a".to_string(),
-            disk_read_mbps: 250,
-        }
-    }
-
-    fn read_request() -> master::ReadRequest {
-        master::ReadRequest {
-            table: TableId(1),
-            key: Bytes::from_static(b"some key"),
-        }
-    }
-
-    fn multi_read_request() -> master::MultiReadRequest {
-        master::MultiReadRequest {
-            objects: vec![
-                master::ObjectKey {
-                    table: TableId(1),
-                    key: Bytes::from_static(b"a"),
-                },
-                master::ObjectKey {
-                    table: TableId(2),
-                    key: Bytes::from_static(b"bcd"),
-                },
-            ],
-        }
-    }
-
-    fn enumerate_reply() -> master::EnumerateReply {
-        master::EnumerateReply {
-            objects: vec![master::EnumeratedObject {
-                key: Bytes::from_static(b"k"),
-                version: Version(4),
-                value: Bytes::from_static(b"value"),
-            }],
-            next_hash: Some(1 << 40),
-        }
-    }
-
-    #[test]
-    fn truncated_and_hostile_bincode_payloads_are_refused_by_the_protocol_decoders() {
-        assert_only_the_whole_encoding_decodes(enlist_request());
-        assert_only_the_whole_encoding_decodes(coordinator::EnlistReply { id: ServerId(5) });
-        assert_only_the_whole_encoding_decodes(coordinator::CreateTableRequest {
-            name: "users".to_string(),
-            span: 4,
-        });
-        assert_only_the_whole_encoding_decodes(coordinator::TableIdReply { id: TableId(3) });
-        assert_only_the_whole_encoding_decodes(coordinator::TableNameRequest {
-            name: "users".to_string(),
-        });
-        assert_only_the_whole_encoding_decodes(tablet_map());
-        assert_only_the_whole_encoding_decodes(multi_read_request());
-        assert_only_the_whole_encoding_decodes(master::MultiWriteRequest {
-            objects: vec![master::WriteRequest {
-                table: TableId(1),
-                key: Bytes::from_static(b"k"),
-                value: Bytes::from_static(b"v"),
-                rules: RejectRules::create_only(),
-            }],
-        });
-        assert_only_the_whole_encoding_decodes(master::IncrementRequest {
-            table: TableId(1),
-            key: Bytes::from_static(b"counter"),
-            delta: -5,
-            rules: RejectRules::default(),
-        });
-        assert_only_the_whole_encoding_decodes(master::EnumerateRequest {
-            table: TableId(1),
-            resume_hash: 17,
-            end_hash: u64::MAX,
-            max_bytes: 1 << 20,
-        });
-        assert_only_the_whole_encoding_decodes(enumerate_reply());
-        assert_only_the_whole_encoding_decodes(master::TabletsRequest {
-            owner: ServerId(3),
-            epoch: 9,
-            tablets: vec![tablet(0), tablet(1 << 63)],
-        });
-        assert_only_the_whole_encoding_decodes(master::SyncTabletsRequest {
-            owner: ServerId(3),
-            epoch: 9,
-        });
-        assert_only_the_whole_encoding_decodes(master::MultiWriteReply {
-            objects: vec![master::WriteReply {
-                status: Status::WrongVersion,
-                version: Version(8),
-            }],
-        });
-        // The hand-coded hot-path messages with an explicit end.
-        assert_only_the_whole_encoding_decodes(read_request());
-        assert_only_the_whole_encoding_decodes(master::WriteReply {
-            status: Status::Ok,
-            version: Version(1),
-        });
-
-        // Length prefixes that claim far more than the payload holds: an error, found
-        // before anything of that size is allocated.
-        let mut huge_string = BytesMut::new();
-        huge_string.put_u64_le(60 * 1024 * 1024); // under the 64 MiB bincode limit
-        huge_string.put_slice(b"short");
-        assert!(coordinator::EnlistRequest::decode(huge_string.freeze()).is_err());
-        let mut endless_string = BytesMut::new();
-        endless_string.put_u64_le(u64::MAX);
-        assert!(coordinator::TableNameRequest::decode(endless_string.freeze()).is_err());
-        let mut many_servers = BytesMut::new();
-        many_servers.put_u64_le(1); // version
-        many_servers.put_u64_le(1 << 40); // servers claimed
-        assert!(TabletMap::decode(many_servers.freeze()).is_err());
-        let mut many_tablets = BytesMut::new();
-        many_tablets.put_u64_le(u64::MAX / 2);
-        assert!(master::TabletsRequest::decode(many_tablets.freeze()).is_err());
-        let mut long_key = BytesMut::new();
-        long_key.put_u64_le(1); // table
-        long_key.put_u32_le(u32::MAX); // key length
-        long_key.put_slice(b"tiny");
-        assert!(master::ReadRequest::decode(long_key.freeze()).is_err());
-        let mut long_write_key = BytesMut::new();
-        long_write_key.put_u64_le(1); // table
-        long_write_key.put_u64_le(0); // given version
-        long_write_key.put_u8(0); // rule flags
-        long_write_key.put_u32_le(u32::MAX); // key length
-        assert!(master::WriteRequest::decode(long_write_key.freeze()).is_err());
-    }
-
-    /// WriteRequest and ReadReply end in "the rest of the payload" (the frame length
-    /// delimits it), so only a cut before that tail can be detected.
-    #[test]
-    fn hot_path_messages_cut_before_their_value_are_refused() {
-        let write = master::WriteRequest {
-            table: TableId(1),
-            key: Bytes::from_static(b"key"),
-            value: Bytes::from_static(b"value"),
-            rules: RejectRules::default(),
-        };
-        let whole = encode(&write);
-        let value_starts = whole.len() - write.value.len();
-        for cut in 0..value_starts {
-            assert!(
-                master::WriteRequest::decode(whole.slice(..cut)).is_err(),
-                "cut at {cut}"
-            );
-        }
-        let reply = master::ReadReply {
-            status: Status::Ok,
-            version: Version(3),
-            value: Bytes::from_static(b"value"),
-        };
-        let whole = encode(&reply);
-        for cut in 0..whole.len() - reply.value.len() {
-            assert!(
-                master::ReadReply::decode(whole.slice(..cut)).is_err(),
-                "cut at {cut}"
-            );
-        }
-    }
-
-    /// Decodes `payload` as every message type; the results do not matter, only that
-    /// no decoder panics.
-    fn decode_as_everything(payload: &Bytes) {
-        let _ = coordinator::EnlistRequest::decode(payload.clone());
-        let _ = coordinator::EnlistReply::decode(payload.clone());
-        let _ = coordinator::CreateTableRequest::decode(payload.clone());
-        let _ = coordinator::TableIdReply::decode(payload.clone());
-        let _ = coordinator::TableNameRequest::decode(payload.clone());
-        let _ = coordinator::TabletMapRequest::decode(payload.clone());
-        let _ = TabletMap::decode(payload.clone());
-        let _ = master::ReadRequest::decode(payload.clone());
-        let _ = master::ReadReply::decode(payload.clone());
-        let _ = master::WriteRequest::decode(payload.clone());
-        let _ = master::WriteReply::decode(payload.clone());
-        let _ = master::RemoveRequest::decode(payload.clone());
-        let _ = master::IncrementRequest::decode(payload.clone());
-        let _ = master::IncrementReply::decode(payload.clone());
-        let _ = master::MultiReadRequest::decode(payload.clone());
-        let _ = master::MultiReadReply::decode(payload.clone());
-        let _ = master::MultiWriteRequest::decode(payload.clone());
-        let _ = master::MultiRemoveRequest::decode(payload.clone());
-        let _ = master::MultiWriteReply::decode(payload.clone());
-        let _ = master::EnumerateRequest::decode(payload.clone());
-        let _ = master::EnumerateReply::decode(payload.clone());
-        let _ = master::TabletsRequest::decode(payload.clone());
-        let _ = master::PingRequest::decode(payload.clone());
-        let _ = master::PingReply::decode(payload.clone());
-        let _ = <()>::decode(payload.clone());
-    }
-
-    /// Valid encodings to mutate: random bytes alone rarely get past the first length
-    /// prefix, mutations of real messages reach the decoders' inner paths.
-    fn valid_encodings() -> Vec<Bytes> {
-        vec![
-            encode(&enlist_request()),
-            encode(&tablet_map()),
-            encode(&multi_read_request()),
-            encode(&enumerate_reply()),
-            encode(&read_request()),
-        ]
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
-
-        #[test]
-        fn random_payloads_never_panic_the_protocol_decoders(
-            bytes in proptest::collection::vec(any::<u8>(), 0..=256),
-        ) {
-            decode_as_everything(&Bytes::from(bytes));
-        }
-
-        #[test]
-        fn mutated_encodings_never_panic_the_protocol_decoders(
-            which in any::<prop::sample::Index>(),
-            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..=4),
-            cut in any::<prop::sample::Index>(),
-        ) {
-            let encodings = valid_encodings();
-            let mut bytes = encodings[which.index(encodings.len())].to_vec();
-            for (at, value) in flips {
-                let at = at.index(bytes.len());
-                bytes[at] = value;
-            }
-            bytes.truncate(cut.index(bytes.len() + 1));
-            decode_as_everything(&Bytes::from(bytes));
-        }
-    }
 }

@@ -90,6 +90,7 @@
 
 use bytes::Bytes;
 use futures::future::join_all;
+use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::{SegmentId, ServerId};
 use rampart_common::onesided::nic::NicClient;
 use rampart_common::onesided::shm::ShmMapping;
@@ -103,7 +104,7 @@ use rampart_common::protocol::coordinator::{
     GetTabletMap, SetOpenEpoch, SetOpenEpochRequest, TabletMapRequest,
 };
 use rampart_common::protocol::master::{Ping, PingRequest};
-use rampart_common::rpc::{CoordinatorCallError, CoordinatorSet, RpcError, RpcPool};
+use rampart_common::rpc::{RpcError, RpcPool};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus};
 use std::collections::{BTreeMap, HashMap, HashSet};

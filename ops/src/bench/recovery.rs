@@ -33,6 +33,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rampart_client::{Client, ClientOptions, WriteItem};
+use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::{key_hash, ServerId, TableId};
 use rampart_common::log::{
     decode_object_trusted, entries, object_entry_bytes, scan, Entry, EntryType, ENTRY_HEADER_BYTES,
@@ -41,7 +42,7 @@ use rampart_common::protocol::coordinator::{
     RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
 };
 use rampart_common::reject::RejectRules;
-use rampart_common::rpc::{CoordinatorSet, RpcPool};
+use rampart_common::rpc::RpcPool;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

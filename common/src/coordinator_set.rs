@@ -53,8 +53,8 @@
 //!
 //! [`NotLeaderHint`]: crate::protocol::coordinator::NotLeaderHint
 
-use super::{Rpc, RpcError, RpcPool};
 use crate::protocol::coordinator::NotLeaderHint;
+use crate::rpc::{Rpc, RpcError, RpcPool};
 use crate::status::Status;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
