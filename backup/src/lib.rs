@@ -6,6 +6,8 @@
 //! * [`disk_speed`] — `DiskSpeed`: the start-up measurement of the disk's read
 //!   bandwidth (a probe file written, read back with `O_DIRECT`, removed; about a
 //!   second) that the backup reports at enlistment unless `--disk-mbps` overrides it.
+//! * [`flush_threads`] — `FlushThreads`: the few long-lived threads that write closed
+//!   frames to the store, each keeping its copy and staging buffers touched.
 //! * [`recovery`] — `RecoveryReads`: recovery's reads of a crashed master's replicas
 //!   (`RecoveryRead`), each split once into per-partition pieces
 //!   ([`recovery::split_replica`], a pure function) and kept, within a memory bound, until
@@ -28,9 +30,11 @@
 //!    backup reserves a zeroed frame for it: a slot of its frame file.
 //! 2. The master writes the segment's bytes into the frame (one-sided: with `shm` the
 //!    backup's CPU does nothing per write).
-//! 3. When the master closes the segment, the backup flushes the frame with
-//!    [`SegmentStore::write_replica`](segment_store::SegmentStore::write_replica) — one
-//!    large write and fsync — and releases the slot (zeroed, its memory returned).
+//! 3. When the master closes the segment, the backup flushes the frame on a flush
+//!    thread — one large write and fsync outside the store's lock
+//!    ([`ReplicaWriter::prepare`](segment_store::ReplicaWriter::prepare)), then the
+//!    rename under it ([`SegmentStore::commit`](segment_store::SegmentStore::commit)) —
+//!    and releases the slot (zeroed in place, for the next frame).
 //! 4. During recovery of that master, the backup first fences its open frames
 //!    ([`BackupService::fence_master`](service::BackupService::fence_master), on
 //!    `StartRecovery`, which reports every replica of the master held here with the log
@@ -45,6 +49,7 @@
 //!    reports every replica it still holds.
 
 pub mod disk_speed;
+pub mod flush_threads;
 pub mod recovery;
 pub mod segment_store;
 pub mod service;

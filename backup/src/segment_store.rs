@@ -88,6 +88,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Largest replica content the store accepts, in bytes: one whole segment of the largest
 /// size a master may be configured with (lengths are u32 on disk).
@@ -314,7 +316,7 @@ pub enum StoreError {
 /// portably without privileges. Reads need no such hook: tests corrupt real files.
 /// An implementation reports a full disk as the OS does, with errno `ENOSPC` or `EDQUOT`
 /// (`io::Error::from_raw_os_error`).
-pub trait Disk: fmt::Debug + Send {
+pub trait Disk: fmt::Debug + Send + Sync {
     /// Creates `path` (truncating any file there), writes `parts` in order and returns
     /// only once they are durable (fsync). May leave a partial file behind on error.
     fn write_durable(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()>;
@@ -419,8 +421,8 @@ pub struct SegmentStore {
     replicas_dir: PathBuf,
     /// `DIR/quarantine`.
     quarantine_dir: PathBuf,
-    /// The write path's file system.
-    disk: Box<dyn Disk>,
+    /// The write path's file system (shared with the [`ReplicaWriter`]s).
+    disk: Arc<dyn Disk>,
     /// Every replica file in `replicas_dir` that verified, by (master, segment).
     /// Invariants: 1. each entry's file exists under its canonical name and its header
     /// holds exactly this meta (unless changed behind the store's back, which reads
@@ -457,7 +459,7 @@ impl SegmentStore {
         let mut store = SegmentStore {
             replicas_dir,
             quarantine_dir,
-            disk,
+            disk: Arc::from(disk),
             index: BTreeMap::new(),
             bytes_stored: 0,
             _lock: lock,
@@ -551,56 +553,52 @@ impl SegmentStore {
         closed: bool,
         bytes: &[u8],
     ) -> Result<ReplicaMeta, StoreError> {
-        let length = u32::try_from(bytes.len())
-            .ok()
-            .filter(|&length| length <= REPLICA_BYTES_MAX);
-        let Some(length) = length else {
-            panic!(
-                "replica {master}/{segment} of {} bytes exceeds REPLICA_BYTES_MAX",
-                bytes.len()
-            );
-        };
-        if let Some(stored) = self.index.get(&(master, segment)) {
-            if epoch < stored.epoch {
-                return Err(StoreError::StaleEpoch {
-                    master,
-                    segment,
-                    epoch,
-                    stored_epoch: stored.epoch,
-                });
-            }
-            if epoch == stored.epoch && (length < stored.length || (stored.closed && !closed)) {
-                return Err(StoreError::Regressed {
-                    master,
-                    segment,
-                    epoch,
-                    length,
-                    closed,
-                    stored_length: stored.length,
-                    stored_closed: stored.closed,
-                });
-            }
-        }
-        let meta = ReplicaMeta {
+        // Refused before anything is written, and checked again by `commit`.
+        self.check_write(
             master,
             segment,
             epoch,
-            length,
+            replica_length(master, segment, bytes),
             closed,
-            content_crc32: crc32fast::hash(bytes),
-        };
-        let header = encode_header(&meta);
-        let path = self.replica_path(master, segment);
-        let temp = self.temp_path(master, segment);
+        )?;
+        let prepared = self
+            .writer()
+            .prepare(master, segment, epoch, closed, bytes)?;
+        self.commit(prepared)
+    }
 
-        if let Err(error) = self.disk.write_durable(&temp, &[&header, bytes]) {
-            self.remove_temp(&temp);
-            return Err(io_error(&temp, error));
+    /// A writer of replica files for this store, usable without it (and so without its
+    /// lock): [`ReplicaWriter::prepare`] then [`SegmentStore::commit`] is
+    /// [`SegmentStore::write_replica`] with the slow part — the bytes and their fsync —
+    /// outside.
+    pub fn writer(&self) -> ReplicaWriter {
+        ReplicaWriter {
+            replicas_dir: self.replicas_dir.clone(),
+            disk: Arc::clone(&self.disk),
         }
-        if let Err(error) = self.disk.rename(&temp, &path) {
-            self.remove_temp(&temp);
+    }
+
+    /// Makes a prepared replica the stored one: the checks of
+    /// [`SegmentStore::write_replica`] against what the store holds *now*, then the
+    /// rename over the replica's name and the directory's fsync. Returns its metadata
+    /// once it is durable (Guarantee 1). A refused or failed commit removes the prepared
+    /// file and leaves the stored replica, if any, as it was — except, as for
+    /// `write_replica`, a failed directory fsync, after which the new replica is in place
+    /// and indexed but the error returns.
+    pub fn commit(&mut self, mut prepared: PreparedReplica) -> Result<ReplicaMeta, StoreError> {
+        let meta = prepared.meta;
+        self.check_write(
+            meta.master,
+            meta.segment,
+            meta.epoch,
+            meta.length,
+            meta.closed,
+        )?;
+        let path = self.replica_path(meta.master, meta.segment);
+        if let Err(error) = self.disk.rename(&prepared.temp, &path) {
             return Err(io_error(&path, error));
         }
+        prepared.renamed = true;
         // The file at `path` is the new replica from here on, whether or not the
         // directory sync below succeeds: index it so reads and later writes match the
         // disk. An error still returns, so the caller does not acknowledge the write.
@@ -608,8 +606,45 @@ impl SegmentStore {
         self.disk
             .sync_dir(&self.replicas_dir)
             .map_err(|e| io_error(&self.replicas_dir, e))?;
-        tracing::debug!(%master, %segment, epoch, length, closed, "replica stored");
+        tracing::debug!(
+            master = %meta.master, segment = %meta.segment, epoch = meta.epoch,
+            length = meta.length, closed = meta.closed, "replica stored"
+        );
         Ok(meta)
+    }
+
+    /// Whether a write of these facts may replace what the store holds (Guarantee 4).
+    fn check_write(
+        &self,
+        master: ServerId,
+        segment: SegmentId,
+        epoch: u64,
+        length: u32,
+        closed: bool,
+    ) -> Result<(), StoreError> {
+        let Some(stored) = self.index.get(&(master, segment)) else {
+            return Ok(());
+        };
+        if epoch < stored.epoch {
+            return Err(StoreError::StaleEpoch {
+                master,
+                segment,
+                epoch,
+                stored_epoch: stored.epoch,
+            });
+        }
+        if epoch == stored.epoch && (length < stored.length || (stored.closed && !closed)) {
+            return Err(StoreError::Regressed {
+                master,
+                segment,
+                epoch,
+                length,
+                closed,
+                stored_length: stored.length,
+                stored_closed: stored.closed,
+            });
+        }
+        Ok(())
     }
 
     /// The content of the replica of `segment` of `master`, verified against its
@@ -774,27 +809,119 @@ impl SegmentStore {
         })
     }
 
-    /// Best-effort removal of a failed write's temp file. If it fails too, the file is
-    /// never served (not a replica name) and the next `open` removes it.
-    fn remove_temp(&self, temp: &Path) {
-        match fs::remove_file(temp) {
-            Ok(()) => {}
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-            Err(error) => {
-                tracing::warn!(path = %temp.display(), %error, "could not remove temp file");
-            }
-        }
-    }
-
     fn replica_path(&self, master: ServerId, segment: SegmentId) -> PathBuf {
         replica_path(&self.replicas_dir, master, segment)
     }
+}
 
-    fn temp_path(&self, master: ServerId, segment: SegmentId) -> PathBuf {
-        self.replicas_dir.join(format!(
-            "m{}-s{}{REPLICA_SUFFIX}{TEMP_SUFFIX}",
+/// Best-effort removal of a failed or abandoned write's temp file. If it fails too, the
+/// file is never served (not a replica name) and the next `open` removes it.
+fn remove_temp(temp: &Path) {
+    match fs::remove_file(temp) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => {
+            tracing::warn!(path = %temp.display(), %error, "could not remove temp file");
+        }
+    }
+}
+
+/// The length of a replica of `bytes`, which must not exceed [`REPLICA_BYTES_MAX`].
+///
+/// # Panics
+/// If it does: frames are segment-sized, so a caller passing more has a bug.
+fn replica_length(master: ServerId, segment: SegmentId, bytes: &[u8]) -> u32 {
+    let length = u32::try_from(bytes.len())
+        .ok()
+        .filter(|&length| length <= REPLICA_BYTES_MAX);
+    let Some(length) = length else {
+        panic!(
+            "replica {master}/{segment} of {} bytes exceeds REPLICA_BYTES_MAX",
+            bytes.len()
+        );
+    };
+    length
+}
+
+/// Numbers temp files, so that two writes of one replica in flight at once (a close of
+/// an old epoch's frame and of its replacement, each outside the store lock) never
+/// share a temp file.
+static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
+
+/// Writes replica files outside the store's lock ([`SegmentStore::writer`]): the bytes
+/// and their fsync, the slow part of a write, so that a backup flushing frames does not
+/// hold its store — and with it frees, fallback reads and other flushes — across disk
+/// transfers. Only [`SegmentStore::commit`] makes a prepared file a replica.
+#[derive(Clone, Debug)]
+pub struct ReplicaWriter {
+    replicas_dir: PathBuf,
+    disk: Arc<dyn Disk>,
+}
+
+impl ReplicaWriter {
+    /// Writes `bytes` as replica `segment` of `master` at `epoch` to a temp file of its
+    /// own and makes it durable; nothing is stored until [`SegmentStore::commit`]. Blocks
+    /// on the disk. A failed write leaves no temp file (best effort).
+    ///
+    /// # Panics
+    /// If `bytes` is longer than [`REPLICA_BYTES_MAX`] (a caller bug, as for
+    /// [`SegmentStore::write_replica`]).
+    pub fn prepare(
+        &self,
+        master: ServerId,
+        segment: SegmentId,
+        epoch: u64,
+        closed: bool,
+        bytes: &[u8],
+    ) -> Result<PreparedReplica, StoreError> {
+        let meta = ReplicaMeta {
+            master,
+            segment,
+            epoch,
+            length: replica_length(master, segment, bytes),
+            closed,
+            content_crc32: crc32fast::hash(bytes),
+        };
+        let header = encode_header(&meta);
+        let number = TEMP_FILES.fetch_add(1, Ordering::Relaxed);
+        let temp = self.replicas_dir.join(format!(
+            "m{}-s{}{REPLICA_SUFFIX}.{number}{TEMP_SUFFIX}",
             master.0, segment.0
-        ))
+        ));
+        if let Err(error) = self.disk.write_durable(&temp, &[&header, bytes]) {
+            remove_temp(&temp);
+            return Err(io_error(&temp, error));
+        }
+        Ok(PreparedReplica {
+            meta,
+            temp,
+            renamed: false,
+        })
+    }
+}
+
+/// A replica written durably to a temp file by [`ReplicaWriter::prepare`], not yet
+/// stored. Dropped without a successful [`SegmentStore::commit`], it removes its file.
+#[derive(Debug)]
+pub struct PreparedReplica {
+    meta: ReplicaMeta,
+    temp: PathBuf,
+    /// Set once the temp file became the replica's file.
+    renamed: bool,
+}
+
+impl PreparedReplica {
+    /// What the replica will be once committed.
+    pub fn meta(&self) -> ReplicaMeta {
+        self.meta
+    }
+}
+
+impl Drop for PreparedReplica {
+    fn drop(&mut self) {
+        if !self.renamed {
+            remove_temp(&self.temp);
+        }
     }
 }
 
@@ -844,12 +971,19 @@ enum NameKind {
     Temp,
 }
 
-/// Parses `m{master}-s{segment}.replica` (or its `.tmp` temp name). Only canonical
-/// decimal is accepted, so that no two names denote one replica.
+/// Parses `m{master}-s{segment}.replica` (or a temp name: `m{master}-s{segment}.replica.{n}.tmp`,
+/// or `m{master}-s{segment}.replica.tmp` as written before temp files were numbered).
+/// Only canonical decimal is accepted, so that no two names denote one replica.
 fn parse_name(name: &OsStr) -> Option<(ReplicaKey, NameKind)> {
     let name = name.to_str()?;
     let (stem, kind) = match name.strip_suffix(TEMP_SUFFIX) {
-        Some(stem) => (stem.strip_suffix(REPLICA_SUFFIX)?, NameKind::Temp),
+        Some(stem) => {
+            let unnumbered = match stem.rsplit_once('.') {
+                Some((rest, number)) if canonical_u64(number).is_some() => rest,
+                _ => stem,
+            };
+            (unnumbered.strip_suffix(REPLICA_SUFFIX)?, NameKind::Temp)
+        }
         None => (name.strip_suffix(REPLICA_SUFFIX)?, NameKind::Replica),
     };
     let (master, segment) = stem.strip_prefix('m')?.split_once("-s")?;
@@ -1117,6 +1251,14 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    /// Whether `path` names a temp file of replica `stem` (`m1-s1`, say).
+    fn is_temp_of(path: &Path, stem: &str) -> bool {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        name.is_some_and(|name| {
+            name.starts_with(&format!("{stem}{REPLICA_SUFFIX}.")) && name.ends_with(TEMP_SUFFIX)
+        })
     }
 
     fn temp_files(dir: &Path) -> Vec<String> {
@@ -1772,7 +1914,10 @@ mod tests {
         let error = store
             .write_replica(m, s, 1, true, &content(1, 8000))
             .expect_err("full");
-        assert!(matches!(&error, StoreError::Full { path } if path.ends_with("m1-s1.replica.tmp")));
+        assert!(
+            matches!(&error, StoreError::Full { path } if is_temp_of(path, "m1-s1")),
+            "{error}"
+        );
         let error = store
             .write_replica(m, SegmentId(2), 1, true, &content(2, 8000))
             .expect_err("full");
@@ -1829,6 +1974,74 @@ mod tests {
     }
 
     #[test]
+    fn a_prepared_replica_is_stored_only_by_commit_and_a_dropped_one_leaves_nothing() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut store = open_clean(dir.path());
+        let (m, s) = (ServerId(1), SegmentId(1));
+        let writer = store.writer();
+        let prepared = writer
+            .prepare(m, s, 1, true, &content(1, 3000))
+            .expect("prepare");
+        assert_eq!(store.list(None), vec![], "not stored before its commit");
+        assert_eq!(temp_files(dir.path()).len(), 1);
+        let meta = store.commit(prepared).expect("commit");
+        assert_eq!(store.list(None), vec![meta]);
+        assert_eq!(temp_files(dir.path()), Vec::<String>::new());
+
+        let abandoned = writer
+            .prepare(m, SegmentId(2), 1, true, &content(2, 3000))
+            .expect("prepare");
+        drop(abandoned);
+        assert_eq!(temp_files(dir.path()), Vec::<String>::new());
+        assert_eq!(store.list(None), vec![meta]);
+        drop(store);
+        let store = open_clean(dir.path());
+        assert_eq!(store.list(None), vec![meta]);
+    }
+
+    #[test]
+    fn commit_checks_against_what_the_store_holds_when_it_commits() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut store = open_clean(dir.path());
+        let (m, s) = (ServerId(1), SegmentId(1));
+        let writer = store.writer();
+        // Two writes of one replica prepared side by side: each has a file of its own.
+        let older = writer
+            .prepare(m, s, 1, true, &content(1, 3000))
+            .expect("prepare");
+        let newer = writer
+            .prepare(m, s, 2, false, &content(1, 2000))
+            .expect("prepare");
+        assert_eq!(temp_files(dir.path()).len(), 2);
+        let stored = store.commit(newer).expect("commit");
+        let error = store.commit(older).expect_err("stale by now");
+        assert!(matches!(error, StoreError::StaleEpoch { .. }), "{error}");
+        assert_eq!(temp_files(dir.path()), Vec::<String>::new());
+        assert_eq!(store.list(None), vec![stored]);
+        assert_eq!(
+            store.read_replica(m, s).expect("read"),
+            Some(content(1, 2000))
+        );
+    }
+
+    #[test]
+    fn temp_files_of_both_name_forms_are_removed_at_open() {
+        let dir = TempDir::new().expect("tempdir");
+        drop(open_clean(dir.path()));
+        let replicas = dir.path().join(REPLICAS_DIR);
+        for name in ["m1-s1.replica.tmp", "m1-s1.replica.17.tmp"] {
+            fs::write(replicas.join(name), b"partial").expect("write");
+        }
+        let (store, report) = SegmentStore::open(dir.path()).expect("open");
+        assert_eq!(report.temp_files_removed.len(), 2, "{report:?}");
+        assert_eq!(report.quarantined, vec![]);
+        assert_eq!(temp_files(dir.path()), Vec::<String>::new());
+        assert_eq!(store.list(None), vec![]);
+        // A number that is not canonical decimal is no temp name of ours.
+        assert_eq!(parse_name(OsStr::new("m1-s1.replica.017.tmp")), None);
+    }
+
+    #[test]
     fn other_write_errors_are_io_errors_naming_the_file() {
         let dir = TempDir::new().expect("tempdir");
         let (mut store, disk) = open_faulty(dir.path());
@@ -1842,7 +2055,7 @@ mod tests {
         let StoreError::Io { path, source } = &error else {
             panic!("expected Io, got {error}");
         };
-        assert!(path.ends_with("m1-s1.replica.tmp"), "{path:?}");
+        assert!(is_temp_of(path, "m1-s1"), "{path:?}");
         assert_eq!(source.raw_os_error(), Some(libc::EIO));
         assert_eq!(temp_files(dir.path()), Vec::<String>::new());
     }

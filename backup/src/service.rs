@@ -75,8 +75,12 @@
 //!
 //! # Concurrency
 //! Two locks, both `parking_lot` mutexes (nothing awaits while holding either):
-//! * `store` — the [`SegmentStore`]. Held across disk I/O, so it is only ever taken on
-//!   a blocking thread (`spawn_blocking`), never on the reactor. Reads of a stored
+//! * `store` — the [`SegmentStore`]. Held across disk I/O (a commit's rename and
+//!   directory fsync, a free, the writes of a graceful stop), so it is only ever taken
+//!   on a blocking thread, never on the reactor. A close writes its replica's bytes and
+//!   fsyncs them *outside* it, on one of the [`FLUSH_THREADS`] flush threads
+//!   ([`ReplicaWriter::prepare`]), and takes it only to commit; so frees and other
+//!   closes wait for a rename, not for a transfer. Reads of a stored
 //!   replica (`ReadReplica`, recovery) do not take it: they read the file the metadata
 //!   mirror names ([`ReplicaFiles`]; files are never changed in place) and fall back to
 //!   the store only when that file no longer verifies, so a recovery's reads never wait
@@ -149,10 +153,10 @@
 //! its payload once, outside `state` (≈ 100 µs per MiB at memory speed). Listing or
 //! reading an open frame copies and scans it on a blocking thread (≈ 1–5 ms per 8 MiB
 //! frame). A close costs one replica write plus two fsyncs in the store (≈ 17 ms for
-//! 8 MiB at 500 MB/s), on a blocking thread: the frame is copied into a buffer the
-//! thread keeps (touched memory), written, and its slot zeroed in place for the next
-//! frame (the frame file is a pool allocated at start-up: no page is faulted in or
-//! given back while the backup runs).
+//! 8 MiB at 500 MB/s), on a flush thread ([`FlushThreads`]): the frame is copied into
+//! a buffer the thread keeps (touched memory), written, and its slot zeroed in place
+//! for the next frame (the frame file is a pool allocated at start-up: no page is
+//! faulted in or given back while the backup runs).
 //! `StartRecovery` scans each open frame of the master twice (fence, then digest) and
 //! reads each stored open replica from disk (one per master normally); recovery reads
 //! cost what [`crate::recovery`] says, all on blocking threads.
@@ -178,9 +182,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::flush_threads::{FlushThreads, FLUSH_THREADS};
 use crate::recovery::{HeldReplica, RecoveryReads, ReplicaSource, RECOVERY_PIECES_BYTES_MAX};
 use crate::segment_store::{
-    Disk, RealDisk, ReplicaFiles, ReplicaMeta, ScanReport, SegmentStore, StoreError,
+    Disk, RealDisk, ReplicaFiles, ReplicaMeta, ReplicaWriter, ScanReport, SegmentStore, StoreError,
     REPLICA_BYTES_MAX,
 };
 
@@ -393,7 +398,7 @@ struct Frame {
     /// (the slot's owner word is this frame's handle) until the frame leaves the table
     /// and `retiring`.
     slot: usize,
-    /// Closes running on a blocking thread. While non-zero the frame refuses writes
+    /// Closes running on a flush thread. While non-zero the frame refuses writes
     /// (the master has declared it complete, and the bytes are being flushed) and its
     /// slot is not released (a close is copying it).
     closes_in_flight: u32,
@@ -1208,19 +1213,35 @@ enum CloseFailure {
 }
 
 impl CloseJob {
-    /// Writes the replica, under the store lock; see "Close racing free" in the module
-    /// doc for why the frame's presence is checked under that lock. The slot cannot be
-    /// released while this job lives (`closes_in_flight`), so the copy reads this frame.
-    fn run(self, store: &Mutex<SegmentStore>) -> Result<ReplicaMeta, CloseFailure> {
-        let mut store = store.lock();
-        if !self.shared.state.lock().frames.contains_key(&self.handle) {
+    /// Writes the replica: its bytes and their fsync outside the store lock
+    /// ([`ReplicaWriter::prepare`]), then, under it, the commit — after checking that
+    /// the frame is still in the table (see "Close racing free" in the module doc). The
+    /// slot cannot be released while this job lives (`closes_in_flight`), so the copy
+    /// reads this frame.
+    fn run(
+        self,
+        store: &Mutex<SegmentStore>,
+        writer: &ReplicaWriter,
+    ) -> Result<ReplicaMeta, CloseFailure> {
+        let present = |job: &CloseJob| job.shared.state.lock().frames.contains_key(&job.handle);
+        // Not needed for safety (the check under the store lock is), but a frame freed
+        // while its close was queued is not written at all.
+        if !present(&self) {
             return Err(CloseFailure::FrameGone);
         }
         let (master, segment) = self.key;
-        let result = CLOSE_BUFFER.with_borrow_mut(|content| {
-            self.shared.file.read_into(self.slot, self.length, content);
-            store.write_replica(master, segment, self.epoch, true, content)
-        });
+        let prepared = CLOSE_BUFFER
+            .with_borrow_mut(|content| {
+                self.shared.file.read_into(self.slot, self.length, content);
+                writer.prepare(master, segment, self.epoch, true, content)
+            })
+            .map_err(CloseFailure::Store)?;
+        let mut store = store.lock();
+        if !present(&self) {
+            // The prepared file is removed as it drops.
+            return Err(CloseFailure::FrameGone);
+        }
+        let result = store.commit(prepared);
         let mut state = self.shared.state.lock();
         state.sync_stored(&store, self.key);
         if result.is_ok() {
@@ -1275,6 +1296,10 @@ pub struct BackupService {
     /// Recovery reads and their pieces. Its lock is never held while it calls into the
     /// service (through [`RecoverySource`]), so it nests with none of the above.
     recovery: RecoveryReads,
+    /// Writes replica files without the store lock (closes).
+    writer: ReplicaWriter,
+    /// The threads closes run on.
+    flushers: FlushThreads,
 }
 
 /// The backup's side of the soft-NIC (`rampart_common::onesided::nic::serve`): places
@@ -1382,7 +1407,16 @@ impl BackupService {
             frame_file = %path, slots = file.slots(), slot_bytes = file.slot_capacity(),
             "frame file created"
         );
+        let writer = store.writer();
+        // Each close in flight pins an open frame (a retried one may add another).
+        let flushers = FlushThreads::start(FLUSH_THREADS, config.frames_max, "rampart-flush")
+            .map_err(|source| StoreError::Io {
+                path: data_dir.to_path_buf(),
+                source,
+            })?;
         let service = BackupService {
+            writer,
+            flushers,
             config,
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
@@ -1555,8 +1589,13 @@ impl BackupService {
                 length: request.length,
             }
         };
-        let store = Arc::clone(&self.store);
-        match blocking(move || job.run(&store)).await? {
+        let (store, writer) = (Arc::clone(&self.store), self.writer.clone());
+        let flushed = self
+            .flushers
+            .run(move || job.run(&store, &writer))
+            .await
+            .map_err(|error| Reply::error(Status::Internal, format!("close failed: {error}")))?;
+        match flushed {
             Ok(meta) => {
                 tracing::debug!(
                     master = %meta.master, segment = %meta.segment, epoch = meta.epoch,
@@ -2671,7 +2710,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reading_a_stored_replica_does_not_wait_for_a_close_stuck_on_the_disk() {
+    async fn reads_and_frees_do_not_wait_for_a_close_stuck_on_the_disk() {
         use std::sync::atomic::Ordering::SeqCst;
         let dir = TempDir::new().expect("tempdir");
         let disk = GatedDisk::default();
@@ -2683,8 +2722,8 @@ mod tests {
         let stored = open(&service, 1, 1, 1).await;
         write_range(&service, stored, 1, &bytes, 0, ends[2]).await;
         close(&service, stored, 1, ends[2]).await.expect("close");
-        // A second close stalls in its disk write, holding the store (until the end of
-        // the test, even a failed one: the runtime waits for its blocking threads).
+        // A second close stalls in its disk write (until the end of the test, even a
+        // failed one: the guard below opens the gate).
         struct Open(Arc<std::sync::atomic::AtomicBool>);
         impl Drop for Open {
             fn drop(&mut self) {
@@ -2696,9 +2735,10 @@ mod tests {
         let (other, other_ends) = segment(1, 2, 1);
         let stalled = open(&service, 1, 2, 1).await;
         write_range(&service, stalled, 1, &other, 0, other_ends[1]).await;
+        let other_length = other_ends[1];
         let closing = {
             let service = Arc::clone(&service);
-            tokio::spawn(async move { close(&service, stalled, 1, other_ends[1]).await })
+            tokio::spawn(async move { close(&service, stalled, 1, other_length).await })
         };
         for _ in 0..1000 {
             if disk.entered.load(SeqCst) || closing.is_finished() {
@@ -2713,8 +2753,16 @@ mod tests {
             .expect("the read waited for the stalled close")
             .expect("read");
         assert_eq!(&read.bytes[..], &bytes[..ends[2] as usize]);
+        // And frees it: the close writes outside the store lock.
+        let freed = tokio::time::timeout(Duration::from_secs(5), free(&service, 1, 1))
+            .await
+            .expect("the free waited for the stalled close");
+        assert!(freed);
+        assert!(!closing.is_finished(), "the close was still stalled");
         disk.closed.store(false, SeqCst);
-        closing.await.expect("join").expect("the close completes");
+        let closed = closing.await.expect("join").expect("the close completes");
+        assert_eq!(closed, info(1, 2, 1, other_length, true));
+        assert_eq!(list(&service, None).await, vec![closed]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
