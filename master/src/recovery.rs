@@ -37,9 +37,13 @@
 //! with `RecoveryFailed`, naming the segment and each backup's error.
 //!
 //! # Concurrency
-//! Recoveries of disjoint ranges may run at once (two partitions of one crash, or two
-//! crashes); a `Recover` whose ranges overlap one in progress here is refused with
-//! `Retry`. `AbandonRecovery` of ranges in progress cancels that recovery and waits for
+//! Recoveries of disjoint ranges may be in progress at once (two partitions of one crash,
+//! or two crashes), of which [`RecoveryConfig::partitions_at_once`] replay while the
+//! others wait their turn, first come first served; a `Recover` whose ranges overlap
+//! one in progress here is refused with `Retry` — unless that one belongs to an older
+//! attempt at the same crash: a `Recover` of a newer attempt first cancels every
+//! recovery here of an older attempt of its crashed master, running or waiting (see
+//! `cancel_superseded` for why their outcome can never be committed). `AbandonRecovery` of ranges in progress cancels that recovery and waits for
 //! it to clean up before forgetting the ranges itself. A `Recover` of ranges this master
 //! owns, even in part, is refused with `InvalidArgument`: replaying into live tablets
 //! could resurrect keys deleted here since. A `Recover` of a partition already recovered
@@ -83,6 +87,15 @@ use crate::replay::{RecoveryPiece, ReplayState};
 /// one piece until it is published).
 pub const RECOVERY_FETCHES_IN_FLIGHT: usize = 4;
 
+/// Partitions a recovery master replays at once; further `Recover`s wait their turn
+/// (in arrival order). A partition is live only once all of it is replayed, and the
+/// machine's cores are shared by everything replaying: replayed side by side, every
+/// partition of a crash finished at the end, together; one at a time, the first goes
+/// live after its own share of the work, and the median key comes back about halfway.
+/// The backups read every segment ahead regardless (their piece cache holds what is
+/// not fetched yet), so a waiting partition finds its pieces ready.
+pub const RECOVERY_PARTITIONS_AT_ONCE: usize = 1;
+
 /// Deadline of one `RecoveryData` call: a backup may wait up to about 30 s for its disk
 /// to reach the segment before it answers, then the piece crosses the network.
 pub const RECOVERY_DATA_TIMEOUT: Duration = Duration::from_secs(60);
@@ -99,8 +112,10 @@ pub const RECOVERY_RETRY_FOR: Duration = Duration::from_secs(60);
 /// Timing of the fetch pipeline (defaults from the constants above; tests shorten them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecoveryConfig {
-    /// `RecoveryData` requests outstanding.
+    /// `RecoveryData` requests outstanding, per partition.
     pub fetches_in_flight: usize,
+    /// Partitions replayed at once ([`RECOVERY_PARTITIONS_AT_ONCE`]).
+    pub partitions_at_once: usize,
     /// Deadline of one `RecoveryData` call.
     pub call_timeout: Duration,
     /// Pause after a `Retry` answer.
@@ -113,6 +128,7 @@ impl Default for RecoveryConfig {
     fn default() -> RecoveryConfig {
         RecoveryConfig {
             fetches_in_flight: RECOVERY_FETCHES_IN_FLIGHT,
+            partitions_at_once: RECOVERY_PARTITIONS_AT_ONCE,
             call_timeout: RECOVERY_DATA_TIMEOUT,
             retry_pause: RECOVERY_RETRY_PAUSE,
             retry_for: RECOVERY_RETRY_FOR,
@@ -205,6 +221,9 @@ fn overlap(a: &[(TableId, u64, u64)], b: &[(TableId, u64, u64)]) -> bool {
 #[derive(Debug)]
 struct InFlight {
     id: u64,
+    /// The crashed master and the attempt (`RecoverRequest::recovery`) it belongs to.
+    crashed: ServerId,
+    attempt: u64,
     ranges: PartitionRanges,
     /// Set to true to cancel it; closed once it has cleaned up (its receiver dropped).
     cancel: Arc<watch::Sender<bool>>,
@@ -239,6 +258,8 @@ pub struct RecoveryMaster {
     /// Connections to backups, shared by every recovery.
     backups: RpcPool,
     config: RecoveryConfig,
+    /// Turns to replay: [`RecoveryConfig::partitions_at_once`] permits.
+    turns: tokio::sync::Semaphore,
     /// Recoveries running here. Invariant: their ranges are pairwise disjoint.
     in_flight: Mutex<Vec<InFlight>>,
     /// Per crashed master, the newest recovery attempt a `Recover` of arrived for (ids
@@ -261,6 +282,7 @@ impl RecoveryMaster {
             store,
             appender,
             backups: RpcPool::new(),
+            turns: tokio::sync::Semaphore::new(config.partitions_at_once.max(1)),
             config,
             in_flight: Mutex::new(Vec::new()),
             newest: Mutex::new(std::collections::BTreeMap::new()),
@@ -270,17 +292,22 @@ impl RecoveryMaster {
 
     fn register(
         &self,
-        ranges: &PartitionRanges,
+        request: &RecoverRequest,
     ) -> Result<(Registration<'_>, watch::Receiver<bool>), RecoveryError> {
         let mut in_flight = self.in_flight.lock();
-        if in_flight.iter().any(|f| overlap(&f.ranges, ranges)) {
+        if in_flight
+            .iter()
+            .any(|f| overlap(&f.ranges, &request.ranges))
+        {
             return Err(RecoveryError::InProgress);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (cancel, cancelled) = watch::channel(false);
         in_flight.push(InFlight {
             id,
-            ranges: ranges.clone(),
+            crashed: request.crashed,
+            attempt: request.recovery,
+            ranges: request.ranges.clone(),
             cancel: Arc::new(cancel),
         });
         Ok((Registration { master: self, id }, cancelled))
@@ -308,7 +335,9 @@ impl RecoveryMaster {
             }
             *held = request.recovery;
         }
-        let (registration, mut cancelled) = self.register(&request.ranges)?;
+        self.cancel_superseded(request.crashed, request.recovery)
+            .await;
+        let (registration, mut cancelled) = self.register(&request)?;
         if self.store.lock().owns_any(&request.ranges) {
             return Err(RecoveryError::OwnsRanges);
         }
@@ -323,7 +352,11 @@ impl RecoveryMaster {
             request.version_floor,
         )));
         let result = tokio::select! {
-            result = self.replay_all(&request, &state) => result,
+            result = async {
+                // Waiting for a turn is cancelled by an abandon like the replay itself.
+                let _turn = self.turns.acquire().await.map_err(|_| RecoveryError::ShuttingDown)?;
+                self.replay_all(&request, &state).await
+            } => result,
             Ok(_) = cancelled.wait_for(|cancel| *cancel) => Err(RecoveryError::Abandoned),
         };
         let pieces = match result {
@@ -378,6 +411,26 @@ impl RecoveryMaster {
             "partition recovered"
         );
         Ok(reply)
+    }
+
+    /// Cancels every recovery here of an attempt at `crashed` older than `attempt`, and
+    /// waits until each has cleaned up. Their outcome can never be committed: a newer
+    /// attempt exists only once the leader that sent them was deposed (a leader starts
+    /// its next attempt only after every partition of the last one ended), and a deposed
+    /// leader's proposal cannot commit. Left running — or waiting for a turn — they
+    /// would hold this master's turns, and the ranges the newer attempt asks for.
+    async fn cancel_superseded(&self, crashed: ServerId, attempt: u64) {
+        let superseded: Vec<Arc<watch::Sender<bool>>> = self
+            .in_flight
+            .lock()
+            .iter()
+            .filter(|f| f.crashed == crashed && f.attempt < attempt)
+            .map(|f| Arc::clone(&f.cancel))
+            .collect();
+        for cancel in superseded {
+            cancel.send_replace(true);
+            cancel.closed().await;
+        }
     }
 
     /// Fetches and replays every segment, [`RecoveryConfig::fetches_in_flight`] at once.

@@ -981,6 +981,104 @@ mod recovery {
     }
 
     #[tokio::test]
+    async fn partitions_replay_one_at_a_time_and_a_waiting_one_goes_next() {
+        let service = Arc::new(service());
+        let segments = three_segments();
+        // The first partition stays in progress: segment 2 keeps answering Retry.
+        let (addr, _) = backup(&[
+            (1, Answer::Serve(segments[0].1.clone())),
+            (2, Answer::RetryThenServe(u32::MAX, segments[1].1.clone())),
+        ])
+        .await;
+        let first = {
+            let service = Arc::clone(&service);
+            let request = request(&[(1, &[&addr]), (2, &[&addr])]);
+            tokio::spawn(async move { send::<Recover>(&service, &request).await.status() })
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while service.store().lock().object_count() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "segment 1 never replayed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // A second partition of the same crash (another table, nothing to fetch) would
+        // be done at once; it waits for the first instead.
+        let mut second = {
+            let service = Arc::clone(&service);
+            let request = RecoverRequest {
+                partition: 1,
+                ranges: vec![(TableId(8), 0, u64::MAX)],
+                ..request(&[])
+            };
+            tokio::spawn(async move { send::<Recover>(&service, &request).await.status() })
+        };
+        let early = tokio::time::timeout(std::time::Duration::from_millis(300), &mut second).await;
+        assert!(
+            early.is_err(),
+            "the second partition replayed beside the first"
+        );
+        call::<AbandonRecovery>(
+            &service,
+            &AbandonRecoveryRequest {
+                crashed: CRASHED,
+                recovery: 1,
+                ranges: ranges(),
+            },
+        )
+        .await;
+        assert_eq!(first.await.unwrap(), Status::RecoveryFailed);
+        assert_eq!(second.await.unwrap(), Status::Ok, "its turn came");
+    }
+
+    #[tokio::test]
+    async fn a_newer_attempt_cancels_an_older_one_still_replaying_here() {
+        let service = Arc::new(service());
+        let segments = three_segments();
+        let (addr, _) = backup(&[
+            (1, Answer::Serve(segments[0].1.clone())),
+            (2, Answer::RetryThenServe(u32::MAX, segments[1].1.clone())),
+            (3, Answer::Serve(segments[2].1.clone())),
+        ])
+        .await;
+        // Attempt 1 (of a leader since deposed) stays in progress on segment 2.
+        let older = {
+            let service = Arc::clone(&service);
+            let request = request(&[(1, &[&addr]), (2, &[&addr])]);
+            tokio::spawn(async move { send::<Recover>(&service, &request).await.status() })
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while service.store().lock().object_count() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "segment 1 never replayed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // Attempt 2 of the same ranges is not refused as "in progress": it replaces it.
+        let newer = RecoverRequest {
+            recovery: 2,
+            ..request(&[(3, &[&addr])])
+        };
+        let reply = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            send::<Recover>(&service, &newer),
+        )
+        .await
+        .expect("the newer attempt waited for the older one");
+        assert_eq!(reply.status(), Status::Ok);
+        assert_eq!(older.await.unwrap(), Status::RecoveryFailed);
+        // Only what attempt 2 replayed is left.
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        assert_eq!(read(&service, "a").0, Status::ObjectDoesntExist);
+        assert_eq!(
+            read(&service, "c"),
+            (Status::Ok, Version(5), b"c5".to_vec())
+        );
+    }
+
+    #[tokio::test]
     async fn a_recover_sent_twice_gives_the_same_objects() {
         let service = service();
         let segments = three_segments();
