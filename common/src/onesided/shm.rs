@@ -740,6 +740,16 @@ impl FrameFile {
         self.dirty[slot].store(false, Ordering::Relaxed);
     }
 
+    /// Frees slot `slot` for the next frame like [`FrameFile::release`], but leaves its
+    /// bytes in place: they are zeroed when the slot is next assigned, and until then
+    /// the backup may serve the replica they hold (flushed to its store already) from
+    /// memory. Panics if `slot ≥ slots`.
+    pub fn release_keeping_bytes(&self, slot: usize) {
+        let _exclusive = self.slot_lock(slot).write();
+        self.owner_word(slot).store(0, Ordering::SeqCst);
+        self.dirty[slot].store(true, Ordering::Relaxed);
+    }
+
     /// Returns the memory of free slot `slot` after its header's page to the kernel
     /// (the range then reads as zeros); whether the file system did.
     #[cfg(target_os = "linux")]
@@ -1316,6 +1326,23 @@ mod tests {
         assert!(file.read(1, capacity).iter().all(|&b| b == 0));
         assert_eq!(file.owner(1), 6);
         assert_eq!(file.owner(0), 0);
+    }
+
+    #[test]
+    fn a_slot_released_keeping_its_bytes_is_closed_to_writers_and_zeroed_when_assigned() {
+        let dir = TempDir::new().expect("tempdir");
+        let file = frame_file(&dir, 1, CAPACITY);
+        file.assign(0, 5, label());
+        file.write(0, 5, 0, b"flushed replica").expect("write");
+        file.release_keeping_bytes(0);
+        assert_eq!(file.owner(0), 0);
+        assert!(matches!(
+            file.write(0, 5, 0, b"x"),
+            Err(FrameWriteError::FrameGone)
+        ));
+        assert_eq!(file.read(0, 15), b"flushed replica", "the bytes stay");
+        file.assign(0, 6, label());
+        assert!(file.read(0, CAPACITY).iter().all(|&b| b == 0));
     }
 
     #[test]
