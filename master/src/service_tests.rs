@@ -878,15 +878,7 @@ mod recovery {
         let segments_request = request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]);
         call::<Recover>(&service, &segments_request).await;
         assert_eq!(service.store().lock().object_count(), 3);
-        call::<AbandonRecovery>(
-            &service,
-            &AbandonRecoveryRequest {
-                crashed: CRASHED,
-                recovery: 1,
-                ranges: ranges(),
-            },
-        )
-        .await;
+        abandon_attempt_1(&service).await;
         assert_eq!(service.store().lock().object_count(), 0);
         // Sent again, the partition is replayed again to the same result.
         let again = call::<Recover>(&service, &segments_request).await;
@@ -941,19 +933,28 @@ mod recovery {
         assert!(written.version >= Version(1000), "{:?}", written.version);
     }
 
-    #[tokio::test]
-    async fn abandon_recovery_cancels_a_recovery_in_progress() {
-        let service = Arc::new(service());
+    /// A backup serving segment 1 of [`three_segments`] and answering `Retry` for segment
+    /// 2 for ever, and `more`.
+    async fn stuck_backup(more: &[(u64, Answer)]) -> String {
         let segments = three_segments();
-        // Segment 2 keeps answering Retry: the recovery stays in progress.
-        let (addr, _) = backup(&[
+        let mut answers = vec![
             (1, Answer::Serve(segments[0].1.clone())),
             (2, Answer::RetryThenServe(u32::MAX, segments[1].1.clone())),
-        ])
-        .await;
+        ];
+        answers.extend_from_slice(more);
+        backup(&answers).await.0
+    }
+
+    /// Starts attempt 1 of recovering segments 1 and 2 from a [`stuck_backup`] and
+    /// returns once segment 1 is replayed: a recovery that stays in progress. The task
+    /// ends with the `Recover`'s status.
+    async fn recovery_in_progress(
+        service: &Arc<MasterService>,
+        addr: &str,
+    ) -> tokio::task::JoinHandle<Status> {
         let recovering = {
-            let service = Arc::clone(&service);
-            let request = request(&[(1, &[&addr]), (2, &[&addr])]);
+            let service = Arc::clone(service);
+            let request = request(&[(1, &[addr]), (2, &[addr])]);
             tokio::spawn(async move { send::<Recover>(&service, &request).await.status() })
         };
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -964,11 +965,13 @@ mod recovery {
             );
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        // Overlapping ranges may not be recovered twice at once.
-        let overlapping = send::<Recover>(&service, &request(&[(1, &[&addr])])).await;
-        assert_eq!(overlapping.status(), Status::Retry);
+        recovering
+    }
+
+    /// `AbandonRecovery` of attempt 1 of the whole recovered table.
+    async fn abandon_attempt_1(service: &MasterService) {
         call::<AbandonRecovery>(
-            &service,
+            service,
             &AbandonRecoveryRequest {
                 crashed: CRASHED,
                 recovery: 1,
@@ -976,6 +979,17 @@ mod recovery {
             },
         )
         .await;
+    }
+
+    #[tokio::test]
+    async fn abandon_recovery_cancels_a_recovery_in_progress() {
+        let service = Arc::new(service());
+        let addr = stuck_backup(&[]).await;
+        let recovering = recovery_in_progress(&service, &addr).await;
+        // Overlapping ranges may not be recovered twice at once.
+        let overlapping = send::<Recover>(&service, &request(&[(1, &[&addr])])).await;
+        assert_eq!(overlapping.status(), Status::Retry);
+        abandon_attempt_1(&service).await;
         assert_eq!(recovering.await.unwrap(), Status::RecoveryFailed);
         assert_eq!(service.store().lock().object_count(), 0);
     }
@@ -983,26 +997,8 @@ mod recovery {
     #[tokio::test]
     async fn partitions_replay_one_at_a_time_and_a_waiting_one_goes_next() {
         let service = Arc::new(service());
-        let segments = three_segments();
-        // The first partition stays in progress: segment 2 keeps answering Retry.
-        let (addr, _) = backup(&[
-            (1, Answer::Serve(segments[0].1.clone())),
-            (2, Answer::RetryThenServe(u32::MAX, segments[1].1.clone())),
-        ])
-        .await;
-        let first = {
-            let service = Arc::clone(&service);
-            let request = request(&[(1, &[&addr]), (2, &[&addr])]);
-            tokio::spawn(async move { send::<Recover>(&service, &request).await.status() })
-        };
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while service.store().lock().object_count() == 0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "segment 1 never replayed"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        let addr = stuck_backup(&[]).await;
+        let first = recovery_in_progress(&service, &addr).await;
         // A second partition of the same crash (another table, nothing to fetch) would
         // be done at once; it waits for the first instead.
         let mut second = {
@@ -1019,15 +1015,7 @@ mod recovery {
             early.is_err(),
             "the second partition replayed beside the first"
         );
-        call::<AbandonRecovery>(
-            &service,
-            &AbandonRecoveryRequest {
-                crashed: CRASHED,
-                recovery: 1,
-                ranges: ranges(),
-            },
-        )
-        .await;
+        abandon_attempt_1(&service).await;
         assert_eq!(first.await.unwrap(), Status::RecoveryFailed);
         assert_eq!(second.await.unwrap(), Status::Ok, "its turn came");
     }
@@ -1035,27 +1023,9 @@ mod recovery {
     #[tokio::test]
     async fn a_newer_attempt_cancels_an_older_one_still_replaying_here() {
         let service = Arc::new(service());
-        let segments = three_segments();
-        let (addr, _) = backup(&[
-            (1, Answer::Serve(segments[0].1.clone())),
-            (2, Answer::RetryThenServe(u32::MAX, segments[1].1.clone())),
-            (3, Answer::Serve(segments[2].1.clone())),
-        ])
-        .await;
+        let addr = stuck_backup(&[(3, Answer::Serve(three_segments()[2].1.clone()))]).await;
         // Attempt 1 (of a leader since deposed) stays in progress on segment 2.
-        let older = {
-            let service = Arc::clone(&service);
-            let request = request(&[(1, &[&addr]), (2, &[&addr])]);
-            tokio::spawn(async move { send::<Recover>(&service, &request).await.status() })
-        };
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while service.store().lock().object_count() == 0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "segment 1 never replayed"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        let older = recovery_in_progress(&service, &addr).await;
         // Attempt 2 of the same ranges is not refused as "in progress": it replaces it.
         let newer = RecoverRequest {
             recovery: 2,
