@@ -990,7 +990,10 @@ mod recovery {
         let overlapping = send::<Recover>(&service, &request(&[(1, &[&addr])])).await;
         assert_eq!(overlapping.status(), Status::Retry);
         abandon_attempt_1(&service).await;
-        assert_eq!(recovering.await.unwrap(), Status::RecoveryFailed);
+        assert_eq!(
+            recovering.await.expect("the recovery task does not panic"),
+            Status::RecoveryFailed
+        );
         assert_eq!(service.store().lock().object_count(), 0);
     }
 
@@ -1016,8 +1019,19 @@ mod recovery {
             "the second partition replayed beside the first"
         );
         abandon_attempt_1(&service).await;
-        assert_eq!(first.await.unwrap(), Status::RecoveryFailed);
-        assert_eq!(second.await.unwrap(), Status::Ok, "its turn came");
+        assert_eq!(
+            first
+                .await
+                .expect("the first partition's task does not panic"),
+            Status::RecoveryFailed
+        );
+        assert_eq!(
+            second
+                .await
+                .expect("the second partition's task does not panic"),
+            Status::Ok,
+            "its turn came"
+        );
     }
 
     #[tokio::test]
@@ -1038,7 +1052,12 @@ mod recovery {
         .await
         .expect("the newer attempt waited for the older one");
         assert_eq!(reply.status(), Status::Ok);
-        assert_eq!(older.await.unwrap(), Status::RecoveryFailed);
+        assert_eq!(
+            older
+                .await
+                .expect("the older attempt's task does not panic"),
+            Status::RecoveryFailed
+        );
         // Only what attempt 2 replayed is left.
         call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_eq!(read(&service, "a").0, Status::ObjectDoesntExist);
