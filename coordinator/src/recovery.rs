@@ -93,7 +93,7 @@ use tokio::time::Instant;
 use crate::node::{NodeError, RaftNode};
 use crate::push::push_until;
 use crate::recovery_plan::{
-    assign_partitions, check_log, choose_sources, partitions_for, FoundReplica,
+    assign_partitions, check_log, choose_sources, most_free, partitions_for, FoundReplica,
 };
 use crate::state::{Command, CommandResult};
 
@@ -146,6 +146,9 @@ pub struct RecoveryConfig {
     pub verify_timeout: Duration,
     /// Verification pings that must all fail.
     pub verify_attempts: u32,
+    /// Recovery masters one recovery uses at most (those with the most free log memory);
+    /// `None`: every master that is up.
+    pub masters_max: Option<usize>,
 }
 
 impl Default for RecoveryConfig {
@@ -154,6 +157,7 @@ impl Default for RecoveryConfig {
             lease: LEASE_DEFAULT,
             verify_timeout: VERIFY_TIMEOUT_DEFAULT,
             verify_attempts: VERIFY_ATTEMPTS_DEFAULT,
+            masters_max: None,
         }
     }
 }
@@ -533,6 +537,7 @@ impl RecoveryManager {
                 live_masters.push((master, free));
             }
         }
+        let live_masters = most_free(live_masters, self.config.masters_max, |m| m.id);
         let capacities: Vec<(ServerId, u64)> =
             live_masters.iter().map(|(m, free)| (m.id, *free)).collect();
         let bytes: Vec<u64> = partitions.iter().map(|p| p.1).collect();

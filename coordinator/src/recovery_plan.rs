@@ -410,6 +410,18 @@ pub fn choose_sources(
     plan
 }
 
+/// The `max` masters (all without one) of `masters`, given with their free log memory,
+/// that have the most of it, most first; ties go to the lower id (`id` names a master).
+pub fn most_free<M>(
+    mut masters: Vec<(M, u64)>,
+    max: Option<usize>,
+    id: impl Fn(&M) -> ServerId,
+) -> Vec<(M, u64)> {
+    masters.sort_by_key(|(m, free)| (std::cmp::Reverse(*free), id(m)));
+    masters.truncate(max.unwrap_or(usize::MAX));
+    masters
+}
+
 /// Assigns partitions (by their byte bounds) to recovery masters (by their free log
 /// memory): each partition goes to the master with the fewest partitions so far, then
 /// the most memory left, so partitions spread over distinct masters first. Returns, per
@@ -770,6 +782,21 @@ mod tests {
             .collect();
         ranges.sort_unstable();
         assert_eq!(ranges, vec![(T, 0, 99), (T, 100, 200), (T, 201, 1000)]);
+    }
+
+    #[test]
+    fn most_free_keeps_the_masters_with_the_most_memory_left() {
+        let masters = vec![(ServerId(1), 100), (ServerId(2), 300), (ServerId(3), 300)];
+        let kept = |max: Option<usize>| -> Vec<u64> {
+            most_free(masters.clone(), max, |&id| id)
+                .into_iter()
+                .map(|(id, _)| id.0)
+                .collect()
+        };
+        assert_eq!(kept(Some(2)), [2, 3]);
+        assert_eq!(kept(Some(1)), [2]);
+        assert_eq!(kept(None), [2, 3, 1]);
+        assert_eq!(kept(Some(5)), [2, 3, 1]);
     }
 
     #[test]

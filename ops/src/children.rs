@@ -208,6 +208,21 @@ impl Children {
         exited
     }
 
+    /// CPU-seconds (user and system, all threads) that the children still running have
+    /// used so far, from `/proc` (0 where it cannot be read: another system, or a child
+    /// that just exited). Differences of two calls measure the work done in between.
+    pub fn cpu_seconds(&self) -> f64 {
+        // SAFETY: sysconf has no preconditions.
+        let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        self.running
+            .iter()
+            .filter(|r| r.exited.is_none())
+            .filter_map(|r| std::fs::read_to_string(format!("/proc/{}/stat", r.pid())).ok())
+            .filter_map(|stat| cpu_ticks(&stat))
+            .map(|ticks| ticks as f64 / ticks_per_s)
+            .sum()
+    }
+
     /// Whether every child has exited.
     pub fn all_exited(&self) -> bool {
         self.running.iter().all(|r| r.exited.is_some())
@@ -243,8 +258,64 @@ impl Children {
     }
 }
 
+/// User plus system clock ticks of a process, from its `/proc/PID/stat` line: fields 14
+/// and 15, counted after the command name, which is in parentheses and may itself
+/// contain spaces and parentheses.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Fields from the third (state) on: utime is the 14th overall, so the 12th here.
+    let mut fields = after_name.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
 impl Drop for Children {
     fn drop(&mut self) {
         self.stop_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_fields_14_and_15_whatever_the_name_holds() {
+        let stat = "4242 (rampart (x) y) S 1 4242 4242 0 -1 4194560 2127 0 0 0 \
+                    731 69 0 0 20 0 9 0 1000 100000 500 18446744073709551615";
+        assert_eq!(cpu_ticks(stat), Some(800));
+        assert_eq!(cpu_ticks("4242 (cut short) S 1 2"), None);
+        assert_eq!(cpu_ticks("no name at all"), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_busy_child_shows_cpu_seconds_and_an_exited_one_none() {
+        let mut children = Children::new();
+        let child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exec sleep 30",
+            ])
+            .spawn()
+            .expect("spawn sh");
+        children.running.push(Running {
+            name: "busy".into(),
+            addr: String::new(),
+            announce: Vec::new(),
+            child,
+            exited: None,
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while children.cpu_seconds() < 0.05 {
+            assert!(
+                Instant::now() < deadline,
+                "no CPU time seen for a busy child"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        children.kill("busy").expect("kill");
+        assert_eq!(children.cpu_seconds(), 0.0);
     }
 }

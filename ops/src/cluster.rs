@@ -68,6 +68,10 @@ pub struct UpArgs {
     /// Log level of the children (`RAMPART_LOG` overrides).
     #[arg(long, default_value = "warn")]
     pub log_level: String,
+    /// Recovery masters one recovery uses at most (`rampart coordinator
+    /// --recovery-masters-max`); 0: all.
+    #[arg(long, default_value_t = 0)]
+    pub recovery_masters_max: usize,
 }
 
 /// A started local cluster.
@@ -157,6 +161,12 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
             command.extend(["--listen".into(), addr.clone()]);
         } else {
             command.extend(["--peers".into(), peers.clone()]);
+        }
+        if args.recovery_masters_max > 0 {
+            command.extend([
+                "--recovery-masters-max".into(),
+                args.recovery_masters_max.to_string(),
+            ]);
         }
         let running = children.spawn(&coordinator_name(id), &command, &env)?;
         coordinator_args.push((id, command));

@@ -89,6 +89,11 @@ pub struct CoordinatorArgs {
     /// Pings of a reported server that must all fail before it is declared crashed.
     #[arg(long, default_value_t = rampart_coordinator::recovery::VERIFY_ATTEMPTS_DEFAULT)]
     pub verify_attempts: u32,
+    /// Recovery masters one recovery uses at most, those with the most free log memory;
+    /// 0: every master that is up. Fewer leaves the others' CPU to their clients during a
+    /// recovery, at the cost of a longer one.
+    #[arg(long, default_value_t = 0)]
+    pub recovery_masters_max: usize,
 }
 
 /// Parses `--peers`: `ID=ADDR` pairs, comma-separated.
@@ -332,6 +337,7 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             lease: Duration::from_millis(args.lease_ms.max(1)),
             verify_timeout: Duration::from_millis(args.verify_timeout_ms.max(1)),
             verify_attempts: args.verify_attempts.max(1),
+            masters_max: (args.recovery_masters_max > 0).then_some(args.recovery_masters_max),
         };
         let service = Arc::new(CoordinatorService::with_recovery(node.clone(), recovery));
         let failed = {

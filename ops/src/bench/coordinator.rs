@@ -98,6 +98,7 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
         value_bytes_max: "1MiB".into(),
         backup_frames: crate::process::BACKUP_FRAMES_DEFAULT,
         log_level: "warn".into(),
+        recovery_masters_max: 0,
     };
     let mut local = cluster::start(&up, false)?;
     let addrs: Vec<String> = local.coordinators.iter().map(|(_, a)| a.clone()).collect();

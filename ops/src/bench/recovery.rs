@@ -13,6 +13,13 @@
 //!   keys' own unavailability (p50, p99, max): with partitions going live one by one, the
 //!   median key is back well before the last.
 //!
+//! * **CPU-seconds per GB recovered**: the user and system time of every cluster process
+//!   (coordinators and servers, not this process's probing client) from the kill until
+//!   the cluster is quiet again (recovery, re-replication and the backups' flushes done:
+//!   under a tenth of a core for half a second), and the part of it spent until every
+//!   probe key was back. Run with `--recovery-masters K` and `--data-mb` in proportion to
+//!   K, it shows how the work per byte grows with the recovery masters.
+//!
 //! Then it verifies every object (count and checksum, by enumerating the table).
 //!
 //! **The floor** is the least work any recovery of this data does on this machine,
@@ -50,6 +57,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use super::ycsb::RemoveOnDrop;
+use crate::children::Children;
 use crate::cluster::{self, UpArgs};
 
 /// Pause between loading and the kill: two will-upload checks
@@ -74,6 +82,11 @@ pub struct RecoveryBenchArgs {
     /// Bytes per log segment.
     #[arg(long, default_value = "8MiB")]
     pub segment_bytes: String,
+    /// Recovery masters the recovery may use (the coordinators'
+    /// `--recovery-masters-max`); 0: every server left. With `--data-mb` in proportion,
+    /// the CPU-seconds per GB show how the work grows with the recovery masters.
+    #[arg(long, default_value_t = 0)]
+    pub recovery_masters: usize,
     /// Keys read in a loop from the kill on, spread over the hash space.
     #[arg(long, default_value_t = 256)]
     pub probe_keys: usize,
@@ -142,6 +155,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         value_bytes_max: "1MiB".into(),
         backup_frames: crate::process::BACKUP_FRAMES_DEFAULT,
         log_level: "warn".into(),
+        recovery_masters_max: args.recovery_masters,
     };
     let mut local = cluster::start(&up, false)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -197,7 +211,10 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     local.children.kill(&format!("server #{}", index + 1))?;
     let killed = Instant::now();
     let killed_unix = unix_ms();
+    let cpu_at_kill = local.children.cpu_seconds();
     let mut back = runtime.block_on(probe(&client, table, &probes, killed))?;
+    let cpu_until_back = local.children.cpu_seconds() - cpu_at_kill;
+    let (cpu_until_quiet, quiet_after) = wait_quiet(&local.children, cpu_at_kill, killed);
     back.sort_by(f64::total_cmp);
     let quantile = |q: f64| {
         let rank = ((back.len() as f64 * q).ceil() as usize).clamp(1, back.len().max(1));
@@ -226,6 +243,8 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         .unwrap_or(0) as f64
         / 1e3;
     let rate = recovered_mb / total_s.max(1e-9);
+    let gb = recovered_mb / 1e3;
+    let cpu_s_per_gb = cpu_until_quiet / gb;
     let masters: std::collections::BTreeSet<ServerId> =
         report.partitions.iter().map(|p| p.master).collect();
     println!();
@@ -266,6 +285,14 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     println!(
         "| recovery rate / floor | {:.2} |",
         rate / floor_rate.max(1e-9)
+    );
+    println!(
+        "| CPU-s per GB recovered, all servers, kill to quiet ({:.1} s) | {cpu_s_per_gb:.2} |",
+        quiet_after.as_secs_f64()
+    );
+    println!(
+        "| of which until every probe key was back | {:.2} |",
+        cpu_until_back / gb
     );
     println!(
         "| objects verified | {verified} of {} ({}) |",
@@ -312,6 +339,9 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
             "objects_per_s": objects as f64 / total_s.max(1e-9),
             "floor_rate_mb_s": floor_rate,
             "rate_over_floor": rate / floor_rate.max(1e-9),
+            "cpu_s_per_gb": cpu_s_per_gb,
+            "cpu_s_per_gb_until_keys_back": cpu_until_back / gb,
+            "quiet_after_ms": quiet_after.as_millis() as u64,
             "partitions": partitions,
         });
         std::fs::write(path, serde_json::to_string_pretty(&json)?)
@@ -384,6 +414,34 @@ async fn probe(
         back.push(done??);
     }
     Ok(back)
+}
+
+/// A window in which the cluster counts as quiet: it used less than
+/// [`QUIET_CPU_FRACTION`] of one core over it.
+const QUIET_WINDOW: Duration = Duration::from_millis(500);
+
+/// See [`QUIET_WINDOW`]: background work (leases, heartbeats, wills) stays below it.
+const QUIET_CPU_FRACTION: f64 = 0.1;
+
+/// The longest [`wait_quiet`] waits after the kill.
+const QUIET_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// Waits until the cluster's processes are quiet (recovery, re-replication and the
+/// backups' flushes done: [`QUIET_WINDOW`]) and returns the CPU-seconds they used since
+/// `cpu_at_kill` (up to the start of the quiet window) and when that was, from `killed`.
+fn wait_quiet(children: &Children, cpu_at_kill: f64, killed: Instant) -> (f64, Duration) {
+    let mut before = children.cpu_seconds();
+    let mut at = killed.elapsed();
+    loop {
+        std::thread::sleep(QUIET_WINDOW);
+        let now = children.cpu_seconds();
+        if now - before < QUIET_CPU_FRACTION * QUIET_WINDOW.as_secs_f64()
+            || killed.elapsed() > QUIET_WAIT_MAX
+        {
+            return (before - cpu_at_kill, at);
+        }
+        (before, at) = (now, killed.elapsed());
+    }
 }
 
 /// The coordinator's report of the recovery of `crashed`, once done.

@@ -322,6 +322,7 @@ impl ModeCluster {
             value_bytes_max: "1MiB".into(),
             backup_frames: crate::process::BACKUP_FRAMES_DEFAULT,
             log_level: "warn".into(),
+            recovery_masters_max: 0,
             replicas: Some(args.replicas),
             replication: Some(mode.name().to_string()),
         };

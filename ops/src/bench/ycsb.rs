@@ -213,6 +213,7 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
             value_bytes_max: "1MiB".into(),
             backup_frames: crate::process::BACKUP_FRAMES_DEFAULT,
             log_level: "warn".into(),
+            recovery_masters_max: 0,
             replicas: args.replicas,
             replication: args.replication.clone(),
         };
