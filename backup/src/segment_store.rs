@@ -329,11 +329,12 @@ pub trait Disk: fmt::Debug + Send + Sync {
 /// The real file system. Replicas are written with `O_DIRECT`, past the page cache:
 /// buffered writes plus `fsync` run at ≈ 0.29 GB/s on the reference machine and cost
 /// the CPU a copy into the page cache and its write-back, `O_DIRECT` at ≈ 1.4 GB/s
-/// (issue 12). The parts are copied into a page-aligned staging buffer (one per thread,
-/// kept, so that its pages are faulted in once, not at every write), padded to
-/// [`DIRECT_ALIGN_BYTES`], written, and the file cut back to its exact length before
-/// the `fsync`. A file system that refuses `O_DIRECT` (tmpfs: `EINVAL`) gets the
-/// buffered write.
+/// (issue 12). A single part that starts at a [`DIRECT_ALIGN_BYTES`] boundary (a
+/// [`ReplicaImage`]) is written from where it is, but for its last partial block. Other
+/// parts, and that last block, are copied into a page-aligned staging buffer (one per
+/// thread, kept, so that its pages are faulted in once, not at every write) and padded to
+/// [`DIRECT_ALIGN_BYTES`]; the file is cut back to its exact length before the `fsync`.
+/// A file system that refuses `O_DIRECT` (tmpfs: `EINVAL`) gets the buffered write.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RealDisk;
 
@@ -358,6 +359,19 @@ impl RealDisk {
             .truncate(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)?;
+        // An aligned single part: its whole blocks go straight from it; the rest (under
+        // one block) through the staging buffer.
+        let (direct, parts) = match parts {
+            [only] if only.as_ptr().align_offset(DIRECT_ALIGN_BYTES) == 0 => {
+                let whole = only.len() / DIRECT_ALIGN_BYTES * DIRECT_ALIGN_BYTES;
+                let (head, tail) = only.split_at(whole);
+                (head, vec![tail])
+            }
+            _ => (&[][..], parts.to_vec()),
+        };
+        file.write_all(direct)?;
+        let total = total - direct.len();
+        let padded = padded - direct.len();
         STAGING.with(|staging| {
             let mut staging = staging.borrow_mut();
             if staging.len() < padded + DIRECT_ALIGN_BYTES {
@@ -375,7 +389,7 @@ impl RealDisk {
             window[at..].fill(0);
             file.write_all(window)
         })?;
-        file.set_len(total as u64)?;
+        file.set_len((direct.len() + total) as u64)?;
         file.sync_all()
     }
 
@@ -874,21 +888,44 @@ impl ReplicaWriter {
         closed: bool,
         bytes: &[u8],
     ) -> Result<PreparedReplica, StoreError> {
-        let meta = ReplicaMeta {
-            master,
-            segment,
-            epoch,
-            length: replica_length(master, segment, bytes),
-            closed,
-            content_crc32: crc32fast::hash(bytes),
-        };
-        let header = encode_header(&meta);
+        let meta = content_meta(master, segment, epoch, closed, bytes);
+        self.write_temp(meta, &[&encode_header(&meta), bytes])
+    }
+
+    /// [`ReplicaWriter::prepare`] of the content that `image` holds
+    /// ([`ReplicaImage::content_mut`]): the header is written into the image's room for
+    /// it, and the whole file is written from the image, without a copy of the content
+    /// ([`RealDisk`]).
+    ///
+    /// # Panics
+    /// As [`ReplicaWriter::prepare`].
+    pub fn prepare_image(
+        &self,
+        master: ServerId,
+        segment: SegmentId,
+        epoch: u64,
+        closed: bool,
+        image: &mut ReplicaImage,
+    ) -> Result<PreparedReplica, StoreError> {
+        let meta = content_meta(master, segment, epoch, closed, image.content());
+        let file = image.file_mut();
+        file[..HEADER_BYTES].copy_from_slice(&encode_header(&meta));
+        self.write_temp(meta, &[file])
+    }
+
+    /// Writes `parts` (a replica file described by `meta`) durably to a temp file of its
+    /// own.
+    fn write_temp(
+        &self,
+        meta: ReplicaMeta,
+        parts: &[&[u8]],
+    ) -> Result<PreparedReplica, StoreError> {
         let number = TEMP_FILES.fetch_add(1, Ordering::Relaxed);
         let temp = self.replicas_dir.join(format!(
             "m{}-s{}{REPLICA_SUFFIX}.{number}{TEMP_SUFFIX}",
-            master.0, segment.0
+            meta.master.0, meta.segment.0
         ));
-        if let Err(error) = self.disk.write_durable(&temp, &[&header, bytes]) {
+        if let Err(error) = self.disk.write_durable(&temp, parts) {
             remove_temp(&temp);
             return Err(io_error(&temp, error));
         }
@@ -897,6 +934,72 @@ impl ReplicaWriter {
             temp,
             renamed: false,
         })
+    }
+}
+
+/// The metadata of a replica with content `bytes`.
+fn content_meta(
+    master: ServerId,
+    segment: SegmentId,
+    epoch: u64,
+    closed: bool,
+    bytes: &[u8],
+) -> ReplicaMeta {
+    ReplicaMeta {
+        master,
+        segment,
+        epoch,
+        length: replica_length(master, segment, bytes),
+        closed,
+        content_crc32: crc32fast::hash(bytes),
+    }
+}
+
+/// A replica file built in place, for [`ReplicaWriter::prepare_image`]: room for its
+/// header, then its content, starting at a [`DIRECT_ALIGN_BYTES`] boundary so that
+/// [`RealDisk`] writes it as it is. Keep one and reuse it: its memory is allocated and
+/// touched once, by the first replica of its size.
+#[derive(Debug, Default)]
+pub struct ReplicaImage {
+    /// The memory; the file starts at `start`.
+    storage: Vec<u8>,
+    start: usize,
+    /// Bytes of content after the header room.
+    content_len: usize,
+}
+
+impl ReplicaImage {
+    /// An empty image (no memory until the first [`ReplicaImage::content_mut`]).
+    pub const fn new() -> ReplicaImage {
+        ReplicaImage {
+            storage: Vec::new(),
+            start: 0,
+            content_len: 0,
+        }
+    }
+
+    /// The content, `len` bytes, for the caller to fill: what it holds before is
+    /// unspecified (the previous replica's bytes, or zeros).
+    pub fn content_mut(&mut self, len: usize) -> &mut [u8] {
+        let needed = HEADER_BYTES + len + DIRECT_ALIGN_BYTES;
+        if self.storage.len() < needed {
+            self.storage = vec![0; needed];
+            self.start = self.storage.as_ptr().align_offset(DIRECT_ALIGN_BYTES);
+        }
+        self.content_len = len;
+        let from = self.start + HEADER_BYTES;
+        &mut self.storage[from..from + len]
+    }
+
+    /// The content set by the last [`ReplicaImage::content_mut`].
+    fn content(&self) -> &[u8] {
+        let from = self.start + HEADER_BYTES;
+        &self.storage[from..from + self.content_len]
+    }
+
+    /// The whole file: header room and content.
+    fn file_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + HEADER_BYTES + self.content_len]
     }
 }
 
@@ -1997,6 +2100,47 @@ mod tests {
         drop(store);
         let store = open_clean(dir.path());
         assert_eq!(store.list(None), vec![meta]);
+    }
+
+    #[test]
+    fn a_replica_built_in_an_image_is_the_file_prepare_writes() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut store = open_clean(dir.path());
+        let writer = store.writer();
+        let mut image = ReplicaImage::new();
+        let block = DIRECT_ALIGN_BYTES;
+        // Around the block boundaries of the file (header included), and a whole segment
+        // after smaller ones (the image grows), then a small one again (it is reused).
+        let sizes = [
+            0,
+            1,
+            block - HEADER_BYTES - 1,
+            block - HEADER_BYTES,
+            block - HEADER_BYTES + 1,
+            3 * block + 5,
+            8 << 20,
+            100,
+        ];
+        for (i, length) in sizes.into_iter().enumerate() {
+            let (m, s) = (ServerId(1), SegmentId(i as u64 + 1));
+            let bytes = content(i as u64, length);
+            let copied = writer.prepare(m, s, 3, true, &bytes).expect("prepare");
+            image.content_mut(length).copy_from_slice(&bytes);
+            let built = writer
+                .prepare_image(m, s, 3, true, &mut image)
+                .expect("prepare_image");
+            let file = |p: &PreparedReplica| fs::read(&p.temp).expect("read temp file");
+            assert_eq!(file(&built).len(), HEADER_BYTES + length);
+            assert!(
+                file(&built) == file(&copied),
+                "{length} bytes: files differ"
+            );
+            assert_eq!(built.meta(), copied.meta());
+            drop(copied);
+            store.commit(built).expect("commit");
+            let read = store.read_replica(m, s).expect("read").expect("stored");
+            assert!(read == bytes, "{length} bytes: read back differs");
+        }
     }
 
     #[test]

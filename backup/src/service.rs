@@ -194,8 +194,8 @@ use std::sync::Arc;
 use crate::flush_threads::{FlushThreads, FLUSH_THREADS};
 use crate::recovery::{HeldReplica, RecoveryReads, ReplicaSource, RECOVERY_PIECES_BYTES_MAX};
 use crate::segment_store::{
-    Disk, RealDisk, ReplicaFiles, ReplicaMeta, ReplicaWriter, ScanReport, SegmentStore, StoreError,
-    REPLICA_BYTES_MAX,
+    Disk, RealDisk, ReplicaFiles, ReplicaImage, ReplicaMeta, ReplicaWriter, ScanReport,
+    SegmentStore, StoreError, REPLICA_BYTES_MAX,
 };
 
 // The backup's side of the `rdma` transport. Declared here rather than in `lib.rs`, whose
@@ -1256,12 +1256,13 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 thread_local! {
-    /// The frame a close copies out, reused by every close on this (blocking) thread:
-    /// a fresh vector per close would fault in and zero 8 MiB of new pages each time,
-    /// slower than the copy itself. The copy is the snapshot the store checksums and
-    /// writes (a master must not write after its close, but the stored bytes then still
-    /// agree with their checksum if one does).
-    static CLOSE_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The replica file a close builds, the frame copied into it, reused by every close
+    /// on this (flush) thread: a fresh buffer per close would fault in and zero 8 MiB of
+    /// new pages each time, slower than the copy itself. The copy is the one copy of the
+    /// bytes a close makes (the disk writes from it, `O_DIRECT`), and the snapshot the
+    /// store checksums and writes (a master must not write after its close, but the
+    /// stored bytes then still agree with their checksum if one does).
+    static CLOSE_IMAGE: std::cell::RefCell<ReplicaImage> = const { std::cell::RefCell::new(ReplicaImage::new()) };
 }
 
 /// A close on its way to the store. Dropping it (done, failed, or never run because
@@ -1305,10 +1306,12 @@ impl CloseJob {
             return Err(CloseFailure::FrameGone);
         }
         let (master, segment) = self.key;
-        let prepared = CLOSE_BUFFER
-            .with_borrow_mut(|content| {
-                self.shared.file.read_into(self.slot, self.length, content);
-                writer.prepare(master, segment, self.epoch, true, content)
+        let length = self.length.min(self.shared.file.slot_capacity()) as usize;
+        let prepared = CLOSE_IMAGE
+            .with_borrow_mut(|image| {
+                let content = image.content_mut(length);
+                self.shared.file.read_to(self.slot, content);
+                writer.prepare_image(master, segment, self.epoch, true, image)
             })
             .map_err(CloseFailure::Store)?;
         let mut store = store.lock();

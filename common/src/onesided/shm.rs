@@ -396,6 +396,28 @@ impl Mapping {
         }
     }
 
+    /// Fills `out` with a copy of the bytes from byte `at`. Panics if the range is not
+    /// inside the mapping.
+    fn copy_out_to(&self, at: u64, out: &mut [u8]) {
+        let end = at.checked_add(out.len() as u64);
+        assert!(
+            end.is_some_and(|end| end <= self.len),
+            "read of {} bytes at {at} passes the mapping's end ({})",
+            out.len(),
+            self.len
+        );
+        // SAFETY: the source lies inside the mapping (checked above) and the target is
+        // `out`, which cannot overlap a mapping we never hand out references into. Bytes a
+        // peer is writing meanwhile may be read torn (module doc "Memory model").
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base.as_ptr().add(at as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+    }
+
     /// Sets `len` bytes at byte `at` to zero. Panics if the range is not inside the
     /// mapping.
     fn fill_zero(&self, at: u64, len: u64) {
@@ -925,6 +947,20 @@ impl FrameFile {
             len as usize,
             out,
         );
+    }
+
+    /// Fills `out` with the first `out.len()` bytes of `slot`'s data, as
+    /// [`FrameFile::read`] reads them. Panics if `out` is longer than a slot's capacity.
+    pub fn read_to(&self, slot: usize, out: &mut [u8]) {
+        assert!(slot < self.slots, "slot {slot} of {}", self.slots);
+        assert!(
+            out.len() <= self.slot_capacity as usize,
+            "a read of {} bytes from a slot of {}",
+            out.len(),
+            self.slot_capacity
+        );
+        self.map
+            .copy_out_to(self.slot_offset(slot) + SLOT_HEADER_BYTES, out);
     }
 }
 
@@ -1525,6 +1561,9 @@ mod tests {
         assert_eq!(buffer, b"abcd");
         assert_eq!(buffer.as_ptr(), memory, "no new allocation");
         assert_eq!(file.read(0, 6), b"abcdef");
+        let mut slice = [9u8; 5];
+        file.read_to(0, &mut slice);
+        assert_eq!(&slice, b"abcde");
     }
 
     #[test]
