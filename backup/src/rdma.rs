@@ -50,7 +50,7 @@
 //!
 //! # Costs and limits (read before deploying)
 //! * Registration pins every page of the frame file: the file becomes resident
-//!   (`frames_max` × slot size) and counts against `RLIMIT_MEMLOCK` (raise it, or give
+//!   (every slot: `frames_max` + `extra_slots`, × slot size) and counts against `RLIMIT_MEMLOCK` (raise it, or give
 //!   the backup `CAP_IPC_LOCK`). Further masters' regions pin the same pages again.
 //! * Long-term pins of file pages are refused by Linux (6.5 and later) unless the file is
 //!   on a memory file system: keep `--frame-file` on tmpfs (`/dev/shm`) with `rdma`.

@@ -59,13 +59,14 @@
 //! # Frames
 //! A frame is the small private struct `Frame`: (master, segment, epoch, capacity) and
 //! the *slot* of the backup's [`FrameFile`] that holds its bytes. The file is created at
-//! start-up at [`BackupConfig::frame_file`] with [`BackupConfig::frames_max`] slots of
-//! [`BackupConfig::frame_bytes_max`] bytes; `OpenReplica` takes a free slot (oldest
-//! released first), zeroes it and stamps it with the handle, and its reply tells the
-//! master where the slot lies in the file and where the soft-NIC listens. At most
-//! `frames_max` frames are open at once — the bound on unflushed data; past it (or when
-//! every slot is still being flushed) `OpenReplica` is `BackupFull` and the master picks
-//! another backup.
+//! start-up at [`BackupConfig::frame_file`] with [`BackupConfig::frames_max`] +
+//! [`BackupConfig::extra_slots`] slots of [`BackupConfig::frame_bytes_max`] bytes;
+//! `OpenReplica` takes a free slot (oldest released first), zeroes it and stamps it with
+//! the handle, and its reply tells the master where the slot lies in the file and where
+//! the soft-NIC listens. At most `frames_max` frames are open at once — the bound on
+//! unflushed data; past it (or when every slot is still being flushed) `OpenReplica` is
+//! `BackupFull` and the master picks another backup. The slots beyond `frames_max` are
+//! what lets flushed replicas stay in memory (below) while as many frames are open.
 //!
 //! **Flushed replicas stay readable from memory.** A close that stored its replica
 //! releases the slot *keeping its bytes* ([`FrameFile::release_keeping_bytes`]; the
@@ -206,10 +207,16 @@ mod rdma;
 /// How a backup sizes and places its frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackupConfig {
-    /// Frames open at once: the bound on replica bytes held only in memory, and the
-    /// number of slots of the frame file. Sized so the disk can flush them (issue 3);
-    /// `OpenReplica` past it is `BackupFull`. Must be at least 1.
+    /// Frames open at once: the bound on replica bytes held only in memory. Sized so
+    /// the disk can flush them (issue 3); `OpenReplica` past it is `BackupFull`. Must be
+    /// at least 1.
     pub frames_max: usize,
+    /// Slots of the frame file beyond `frames_max`. They hold no more unflushed data
+    /// (`frames_max` still bounds the open frames) but keep more flushed replicas
+    /// readable from memory, and leave room to open frames while closes still copy
+    /// theirs out: in a 1 GiB recovery, a backup with 64 slots instead of 20 serves more
+    /// of the crashed master's log from memory (issue 12).
+    pub extra_slots: usize,
     /// Largest frame capacity accepted, in bytes; larger opens are `InvalidArgument`.
     /// Values above [`REPLICA_BYTES_MAX`] are treated as it (the store takes no more).
     /// Each slot of the frame file holds this much.
@@ -1451,7 +1458,7 @@ impl BackupService {
         read_back_frames(&mut store, &config.frame_file, &tag, &mut report)?;
         let file = FrameFile::create(
             &config.frame_file,
-            config.frames_max,
+            config.frames_max.saturating_add(config.extra_slots),
             config.frame_bytes_max,
             &tag,
         )
@@ -1918,6 +1925,7 @@ mod tests {
     fn config(dir: &TempDir, frames_max: usize) -> BackupConfig {
         BackupConfig {
             frames_max,
+            extra_slots: 0,
             frame_bytes_max: CAPACITY,
             frame_file: dir.path().join("frames"),
         }
@@ -2361,6 +2369,7 @@ mod tests {
         let dir = TempDir::new().expect("tempdir");
         let config = BackupConfig {
             frames_max: 2,
+            extra_slots: 0,
             frame_bytes_max: LARGE,
             frame_file: dir.path().join("frames"),
         };
@@ -2694,6 +2703,38 @@ mod tests {
             list(&service, None).await,
             vec![info(1, 2, 1, 0, false), info(1, 3, 1, 0, false)]
         );
+    }
+
+    /// Extra slots keep flushed replicas in memory without letting more frames open:
+    /// with as many frames open as allowed, the replica flushed before them is still read
+    /// from its slot (its file is corrupt, so a read from disk would fail).
+    #[tokio::test]
+    async fn extra_slots_keep_a_flushed_replica_in_memory_but_open_no_more_frames() {
+        let dir = TempDir::new().expect("tempdir");
+        let config = BackupConfig {
+            extra_slots: 2,
+            ..config(&dir, 2)
+        };
+        let (service, _) = BackupService::open(dir.path(), config).expect("open");
+        let handle = open(&service, 1, 1, 1).await;
+        write(&service, handle, 1, 0, &content(1, 100))
+            .await
+            .expect("write");
+        close(&service, handle, 1, 100).await.expect("close");
+        let path = dir.path().join("replicas").join("m1-s1.replica");
+        let mut image = std::fs::read(&path).expect("read file");
+        let last = image.len() - 1;
+        image[last] ^= 0xFF;
+        std::fs::write(&path, image).expect("corrupt");
+        open(&service, 1, 2, 1).await;
+        open(&service, 1, 3, 1).await;
+        assert_eq!(
+            status(call::<proto::OpenReplica>(&service, &open_req(1, 4, 1)).await),
+            Status::BackupFull,
+            "free slots, but frames_max frames are open"
+        );
+        let from_memory = read(&service, 1, 1).await.expect("read from the slot");
+        assert_eq!(&from_memory.bytes[..], &content(1, 100)[..]);
     }
 
     /// A backup restarted on a full disk cannot store the frames its predecessor left: it

@@ -69,6 +69,7 @@ impl TestBackup {
         let dir = TempDir::new().unwrap();
         let config = BackupConfig {
             frames_max,
+            extra_slots: 0,
             frame_bytes_max: SEGMENT_BYTES,
             frame_file: dir.path().join("frames"),
         };

@@ -131,9 +131,10 @@ pub struct ServerArgs {
     /// server given the same directory reports the replicas it holds.
     #[arg(long)]
     pub data_dir: std::path::PathBuf,
-    /// Segment replicas the backup holds open in memory at once: its frame file, a pool
-    /// allocated at start-up (this many frames of the larger of --segment-bytes and
-    /// 8 MiB), fewer if the disk could not flush them in 2 s.
+    /// Segment replicas the backup holds in memory: its frame file, a pool allocated at
+    /// start-up (this many frames of the larger of --segment-bytes and 8 MiB). As many
+    /// as the disk flushes in 2 s take open replicas; the rest keep flushed replicas in
+    /// memory, so that a recovery reads more of them from there.
     #[arg(long, default_value_t = BACKUP_FRAMES_DEFAULT)]
     pub backup_frames: usize,
     /// Coordinator address(es), comma-separated.
@@ -507,8 +508,12 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         .build()
         .context("cannot start the backup runtime")?;
     runtime(args.threads)?.block_on(async {
+        // `--backup-frames` slots, of which as many as the disk flushes in time take
+        // open frames; the others keep flushed replicas in memory.
+        let frames_max = frames_for_disk(disk_mbps, frame_bytes, args.backup_frames);
         let backup_config = BackupConfig {
-            frames_max: frames_for_disk(disk_mbps, frame_bytes, args.backup_frames),
+            frames_max,
+            extra_slots: args.backup_frames.saturating_sub(frames_max),
             frame_bytes_max: frame_bytes,
             frame_file: frame_file.clone(),
         };
@@ -531,7 +536,8 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         tracing::info!(
             data_dir = %args.data_dir.display(),
             frame_file = %frame_file.display(),
-            frames = backup.config().frames_max,
+            frames_open_max = backup.config().frames_max,
+            slots = backup.config().frames_max + backup.config().extra_slots,
             elapsed_ms = opening.elapsed().as_millis() as u64,
             replicas = report.store.replicas.len(),
             quarantined = report.store.quarantined.len(),

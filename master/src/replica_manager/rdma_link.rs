@@ -402,6 +402,7 @@ mod tests {
         let dir = TempDir::new().expect("tempdir");
         let config = BackupConfig {
             frames_max: 2,
+            extra_slots: 0,
             frame_bytes_max: CAPACITY,
             frame_file: dir.path().join("frames"),
         };
