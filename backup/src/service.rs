@@ -2676,20 +2676,26 @@ mod tests {
     /// A closed frame's slot keeps its bytes while it stays free: reads of the replica
     /// come from memory (here: the disk's copy is corrupt, and the read is still right)
     /// until an open takes the slot; then they come from the disk, which is checked.
-    #[tokio::test]
-    async fn a_replica_is_read_from_its_free_slot_until_an_open_takes_it_then_from_disk() {
-        let dir = TempDir::new().expect("tempdir");
-        let service = open_service(&dir, 2);
-        let handle = open(&service, 1, 1, 1).await;
-        write(&service, handle, 1, 0, &content(1, 100))
+    /// Writes 100 bytes to replica 1 of master 1, closes it (stored, its slot keeping the
+    /// bytes) and corrupts its file: a read that reaches the disk fails.
+    async fn flush_then_corrupt_its_file(service: &BackupService, dir: &TempDir) {
+        let handle = open(service, 1, 1, 1).await;
+        write(service, handle, 1, 0, &content(1, 100))
             .await
             .expect("write");
-        close(&service, handle, 1, 100).await.expect("close");
+        close(service, handle, 1, 100).await.expect("close");
         let path = dir.path().join("replicas").join("m1-s1.replica");
         let mut image = std::fs::read(&path).expect("read file");
         let last = image.len() - 1;
         image[last] ^= 0xFF;
         std::fs::write(&path, image).expect("corrupt");
+    }
+
+    #[tokio::test]
+    async fn a_replica_is_read_from_its_free_slot_until_an_open_takes_it_then_from_disk() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 2);
+        flush_then_corrupt_its_file(&service, &dir).await;
         let from_memory = read(&service, 1, 1).await.expect("read from the slot");
         assert_eq!(&from_memory.bytes[..], &content(1, 100)[..]);
         assert_eq!(from_memory.info, info(1, 1, 1, 100, true));
@@ -2716,16 +2722,7 @@ mod tests {
             ..config(&dir, 2)
         };
         let (service, _) = BackupService::open(dir.path(), config).expect("open");
-        let handle = open(&service, 1, 1, 1).await;
-        write(&service, handle, 1, 0, &content(1, 100))
-            .await
-            .expect("write");
-        close(&service, handle, 1, 100).await.expect("close");
-        let path = dir.path().join("replicas").join("m1-s1.replica");
-        let mut image = std::fs::read(&path).expect("read file");
-        let last = image.len() - 1;
-        image[last] ^= 0xFF;
-        std::fs::write(&path, image).expect("corrupt");
+        flush_then_corrupt_its_file(&service, &dir).await;
         open(&service, 1, 2, 1).await;
         open(&service, 1, 3, 1).await;
         assert_eq!(
