@@ -69,7 +69,7 @@
 //! what lets flushed replicas stay in memory (below) while as many frames are open.
 //!
 //! **Flushed replicas stay readable from memory.** A close that stored its replica
-//! releases the slot *keeping its bytes* ([`FrameFile::release_keeping_bytes`]; the
+//! releases the slot *keeping its bytes* ([`FrameFile::release`]; the
 //! next open zeroes it instead). While the slot stays free — slots are reused oldest
 //! release first, so the most recently flushed replicas stay longest — reads of that
 //! replica (`ReadReplica`, recovery) copy it from the slot, checked against the store's
@@ -474,7 +474,7 @@ struct State {
     /// updated only by a thread holding the store lock, right after the store changed.
     stored: BTreeMap<ReplicaKey, ReplicaMeta>,
     /// Flushed replicas whose bytes are still in a free slot (released with
-    /// [`FrameFile::release_keeping_bytes`]): reads serve them from memory instead of
+    /// [`FrameFile::release`]): reads serve them from memory instead of
     /// the disk while the slot stays free. Invariants: 5. each entry's slot is in
     /// `free_slots`, and `kept_slots` maps it back to the entry's key; an `assign`
     /// removes the entry first. 6. an entry's meta is what the store held of the replica
@@ -932,7 +932,7 @@ impl Shared {
     /// Releases `slot`, whose frame was just stored as `meta`, keeping its bytes so
     /// that reads of the replica come from memory while the slot stays free (`kept`).
     fn free_slot_keeping(&self, slot: usize, meta: ReplicaMeta) {
-        self.file.release_keeping_bytes(slot);
+        self.file.release(slot);
         let mut state = self.state.lock();
         state.free_slots.push_back(slot);
         state.keep(slot, meta);

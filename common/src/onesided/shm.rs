@@ -77,9 +77,11 @@
 //! # Guarantees and their limits
 //! * **The file is a pool of touched memory.** [`FrameFile::create`] allocates all of
 //!   it (`fallocate`) and maps it populated (`MAP_POPULATE`), once, at start-up; slots
-//!   are recycled, never returned to the kernel. A released slot is zeroed in place
-//!   (`memset`, ≈ 0.4 ms per 8 MiB of touched memory), so a slot is zero when it is
-//!   assigned. Fresh memory would cost a page fault and the zeroing of every 4 KiB page
+//!   are recycled, never returned to the kernel. A slot is zeroed in place when it is
+//!   assigned (`memset`, ≈ 0.4 ms per 8 MiB of touched memory), not when it is
+//!   released: until then a released slot keeps the bytes of its last frame (the backup
+//!   serves a flushed replica from them), and whatever a late writer put there after
+//!   the release (below) is wiped too. Fresh memory would cost a page fault and the zeroing of every 4 KiB page
 //!   on the write path instead (1.2–1.6 GB/s on the development VM, ≈ 6 ms per 8 MiB
 //!   frame, paid by the master's one-sided copy); the price is that the backup holds
 //!   `slots × stride` bytes from its start, and a `/dev/shm` too small for them fails
@@ -568,11 +570,6 @@ pub struct FrameFile {
     /// to their final check; exclusive for `assign` and `release`. Never held by
     /// anything that waits.
     slot_locks: Box<[RwLock<()>]>,
-    /// Per slot: whether its data may be non-zero (it was assigned since it was last
-    /// zeroed). Read and written only under the slot's exclusive lock. A fresh file is
-    /// all zero; [`FrameFile::release`] zeroes; [`FrameFile::assign`] zeroes only a
-    /// slot still dirty (one re-assigned without a release, as a replacing open does).
-    dirty: Box<[std::sync::atomic::AtomicBool]>,
 }
 
 impl FrameFile {
@@ -667,9 +664,6 @@ impl FrameFile {
             }
         };
         let slot_locks = (0..slots).map(|_| RwLock::new(())).collect();
-        let dirty = (0..slots)
-            .map(|_| std::sync::atomic::AtomicBool::new(false))
-            .collect();
         Ok(FrameFile {
             path,
             file,
@@ -679,7 +673,6 @@ impl FrameFile {
             stride,
             page_bytes: page,
             slot_locks,
-            dirty,
         })
     }
 
@@ -725,7 +718,7 @@ impl FrameFile {
     }
 
     /// Hands slot `slot` to frame `owner` (non-zero), labelled `label`: owner cleared,
-    /// data zeroed (unless [`FrameFile::release`] left it zero already), fence word and fenced length cleared, label written, then the owner
+    /// data zeroed, fence word and fenced length cleared, label written, then the owner
     /// stored last (SeqCst), so a writer that sees `owner` sees a zeroed, unfenced slot
     /// and a reader after a kill sees the label of every held slot. Panics if
     /// `slot ≥ slots` or `owner == 0`.
@@ -733,9 +726,7 @@ impl FrameFile {
         assert_ne!(owner, 0, "owner 0 marks a free slot");
         let _exclusive = self.slot_lock(slot).write();
         self.owner_word(slot).store(0, Ordering::SeqCst);
-        if self.dirty[slot].swap(true, Ordering::Relaxed) {
-            self.zero_data(slot);
-        }
+        self.zero_data(slot);
         self.fence_word(slot).store(0, Ordering::SeqCst);
         self.word(slot, FENCED_LENGTH_WORD_OFFSET)
             .store(0, Ordering::SeqCst);
@@ -828,24 +819,13 @@ impl FrameFile {
         }))
     }
 
-    /// Frees slot `slot` for the next frame: owner 0 first (every later write fails its
-    /// check), then the data zeroed in place (its memory stays allocated and mapped).
-    /// Panics if `slot ≥ slots`.
+    /// Frees slot `slot` for the next frame: owner 0 (every later write fails its
+    /// check). Its bytes stay in place, its memory allocated and mapped, until the next
+    /// [`FrameFile::assign`] zeroes them; meanwhile the backup may serve the replica
+    /// they hold (flushed to its store already) from memory. Panics if `slot ≥ slots`.
     pub fn release(&self, slot: usize) {
         let _exclusive = self.slot_lock(slot).write();
         self.owner_word(slot).store(0, Ordering::SeqCst);
-        self.zero_data(slot);
-        self.dirty[slot].store(false, Ordering::Relaxed);
-    }
-
-    /// Frees slot `slot` for the next frame like [`FrameFile::release`], but leaves its
-    /// bytes in place: they are zeroed when the slot is next assigned, and until then
-    /// the backup may serve the replica they hold (flushed to its store already) from
-    /// memory. Panics if `slot ≥ slots`.
-    pub fn release_keeping_bytes(&self, slot: usize) {
-        let _exclusive = self.slot_lock(slot).write();
-        self.owner_word(slot).store(0, Ordering::SeqCst);
-        self.dirty[slot].store(true, Ordering::Relaxed);
     }
 
     /// Returns the memory of free slot `slot` after its header's page to the kernel
@@ -1471,7 +1451,10 @@ mod tests {
             file.write(1, 5, 0, b"x"),
             Err(FrameWriteError::FrameGone)
         ));
-        assert!(file.read(1, capacity).iter().all(|&b| b == 0));
+        // A master that passed its owner check before the release lands its copy after
+        // it: the next frame must not see those bytes.
+        let data = file.slot_offset(1) + SLOT_HEADER_BYTES;
+        file.map.copy_in(data + 4096, &[0xEE; 200]);
         assert!(allocated_bytes(file.path()) >= size);
         file.assign(1, 6, label());
         assert!(file.read(1, capacity).iter().all(|&b| b == 0));
@@ -1480,12 +1463,12 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_released_keeping_its_bytes_is_closed_to_writers_and_zeroed_when_assigned() {
+    fn a_released_slot_keeps_its_bytes_closed_to_writers_until_assigned() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 1, CAPACITY);
         file.assign(0, 5, label());
         file.write(0, 5, 0, b"flushed replica").expect("write");
-        file.release_keeping_bytes(0);
+        file.release(0);
         assert_eq!(file.owner(0), 0);
         assert!(matches!(
             file.write(0, 5, 0, b"x"),
