@@ -146,8 +146,9 @@ pub struct RecoveryConfig {
     pub verify_timeout: Duration,
     /// Verification pings that must all fail.
     pub verify_attempts: u32,
-    /// Recovery masters one recovery uses at most (those with the most free log memory);
-    /// `None`: every master that is up.
+    /// Recovery masters one recovery gives partitions to at most (those with the most
+    /// free log memory; the others still take a partition whose master failed); `None`:
+    /// every master that is up.
     pub masters_max: Option<usize>,
 }
 
@@ -537,9 +538,20 @@ impl RecoveryManager {
                 live_masters.push((master, free));
             }
         }
-        let live_masters = most_free(live_masters, self.config.masters_max, |m| m.id);
-        let capacities: Vec<(ServerId, u64)> =
-            live_masters.iter().map(|(m, free)| (m.id, *free)).collect();
+        // Partitions go to the `masters_max` with the most free memory; the others stay
+        // candidates for a partition whose master fails (`replay_partition` tries the
+        // next ones in this order).
+        let live_masters = most_free(live_masters, |m| m.id);
+        let chosen = self
+            .config
+            .masters_max
+            .unwrap_or(usize::MAX)
+            .clamp(1, live_masters.len().max(1));
+        let capacities: Vec<(ServerId, u64)> = live_masters
+            .iter()
+            .take(chosen)
+            .map(|(m, free)| (m.id, *free))
+            .collect();
         let bytes: Vec<u64> = partitions.iter().map(|p| p.1).collect();
         let Some(assigned) = assign_partitions(&bytes, &capacities) else {
             return Err(Stop::Wait(format!(
@@ -594,7 +606,7 @@ impl RecoveryManager {
         });
         tracing::info!(
             %crashed, recovery, segments = segments.len(), partitions = partitions.len(),
-            masters = live_masters.len(), backups = plan.reads.len(), setup_ms,
+            masters = capacities.len(), backups = plan.reads.len(), setup_ms,
             "recovery setup done; replaying"
         );
 

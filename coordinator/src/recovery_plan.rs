@@ -410,15 +410,10 @@ pub fn choose_sources(
     plan
 }
 
-/// The `max` masters (all without one) of `masters`, given with their free log memory,
-/// that have the most of it, most first; ties go to the lower id (`id` names a master).
-pub fn most_free<M>(
-    mut masters: Vec<(M, u64)>,
-    max: Option<usize>,
-    id: impl Fn(&M) -> ServerId,
-) -> Vec<(M, u64)> {
+/// `masters`, given with their free log memory, most of it first; ties go to the lower
+/// id (`id` names a master).
+pub fn most_free<M>(mut masters: Vec<(M, u64)>, id: impl Fn(&M) -> ServerId) -> Vec<(M, u64)> {
     masters.sort_by_key(|(m, free)| (std::cmp::Reverse(*free), id(m)));
-    masters.truncate(max.unwrap_or(usize::MAX));
     masters
 }
 
@@ -785,18 +780,13 @@ mod tests {
     }
 
     #[test]
-    fn most_free_keeps_the_masters_with_the_most_memory_left() {
-        let masters = vec![(ServerId(1), 100), (ServerId(2), 300), (ServerId(3), 300)];
-        let kept = |max: Option<usize>| -> Vec<u64> {
-            most_free(masters.clone(), max, |&id| id)
-                .into_iter()
-                .map(|(id, _)| id.0)
-                .collect()
-        };
-        assert_eq!(kept(Some(2)), [2, 3]);
-        assert_eq!(kept(Some(1)), [2]);
-        assert_eq!(kept(None), [2, 3, 1]);
-        assert_eq!(kept(Some(5)), [2, 3, 1]);
+    fn most_free_ranks_by_memory_left_then_id() {
+        let masters = vec![(ServerId(1), 100), (ServerId(3), 300), (ServerId(2), 300)];
+        let ranked: Vec<u64> = most_free(masters, |&id| id)
+            .into_iter()
+            .map(|(id, _)| id.0)
+            .collect();
+        assert_eq!(ranked, [2, 3, 1]);
     }
 
     #[test]

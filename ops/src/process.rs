@@ -89,8 +89,9 @@ pub struct CoordinatorArgs {
     /// Pings of a reported server that must all fail before it is declared crashed.
     #[arg(long, default_value_t = rampart_coordinator::recovery::VERIFY_ATTEMPTS_DEFAULT)]
     pub verify_attempts: u32,
-    /// Recovery masters one recovery uses at most, those with the most free log memory;
-    /// 0: every master that is up. Fewer leaves the others' CPU to their clients during a
+    /// Recovery masters one recovery gives partitions to at most, those with the most
+    /// free log memory (the others only take over a partition whose master failed); 0:
+    /// every master that is up. Fewer leaves the others' CPU to their clients during a
     /// recovery, at the cost of a longer one.
     #[arg(long, default_value_t = 0)]
     pub recovery_masters_max: usize,

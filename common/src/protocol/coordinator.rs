@@ -266,9 +266,11 @@ pub struct PartitionReport {
     pub master: ServerId,
     /// Milliseconds from the crash being declared until its tablets went live (0: not yet).
     pub live_ms: u64,
-    /// Milliseconds the recovery master spent replaying (its own figure).
+    /// Milliseconds from the `Recover`'s arrival at the recovery master to its reply
+    /// (its own figure): the wait for a turn (a master replays one partition at a time),
+    /// then fetch, replay and re-replication.
     pub replay_ms: u64,
-    /// Milliseconds from the crash being declared until the replay began.
+    /// Milliseconds from the crash being declared until the `Recover` was sent.
     pub replay_start_ms: u64,
     /// Log bytes and objects replayed.
     pub bytes: u64,
