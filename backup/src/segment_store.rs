@@ -361,13 +361,17 @@ impl RealDisk {
             .open(path)?;
         // An aligned single part: its whole blocks go straight from it; the rest (under
         // one block) through the staging buffer.
-        let (direct, parts) = match parts {
+        let (direct, rest): (&[u8], &[u8]) = match parts {
             [only] if only.as_ptr().align_offset(DIRECT_ALIGN_BYTES) == 0 => {
-                let whole = only.len() / DIRECT_ALIGN_BYTES * DIRECT_ALIGN_BYTES;
-                let (head, tail) = only.split_at(whole);
-                (head, vec![tail])
+                only.split_at(only.len() / DIRECT_ALIGN_BYTES * DIRECT_ALIGN_BYTES)
             }
-            _ => (&[][..], parts.to_vec()),
+            _ => (&[], &[]),
+        };
+        let rest = [rest];
+        let parts: &[&[u8]] = if direct.is_empty() && rest[0].is_empty() {
+            parts
+        } else {
+            &rest
         };
         file.write_all(direct)?;
         let total = total - direct.len();

@@ -249,7 +249,7 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     }
     if print {
         println!(
-            "servers started in {:.1} s: each allocates and touches its {} log and up to {} \
+            "servers started in {:.1} s: each allocates and touches its {} log and its {} \
              backup frames of 8 MiB or more at start-up (resident from then on), so that \
              writes and recoveries never wait for fresh memory",
             servers_started.elapsed().as_secs_f64(),

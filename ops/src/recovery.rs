@@ -102,7 +102,7 @@ async fn recovery(args: RecoveryArgs) -> Result<ExitCode> {
                         format!("live at {} ms", p.live_ms)
                     };
                     println!(
-                        "  partition {:>3} on {:<10} {:>10} objects {:>12} bytes  replay {:>6} ms  {} (attempts {})",
+                        "  partition {:>3} on {:<10} {:>10} objects {:>12} bytes  turn+replay {:>6} ms  {} (attempts {})",
                         p.partition, p.master.to_string(), p.objects, p.bytes, p.replay_ms, live, p.attempts
                     );
                 }
