@@ -26,7 +26,9 @@
 //! 2. A piece holds the entries in log order, each with its own header and CRC: the
 //!    recovery master decodes and verifies them as it would its own log.
 //! 3. A request for a segment scheduled in its attempt but not read yet waits at most
-//!    [`RECOVERY_DATA_WAIT_MS`], then answers [`FetchError::NotReadYet`] (`Retry`).
+//!    [`RECOVERY_DATA_WAIT_MS`], then answers [`FetchError::NotReadYet`] (`Retry`) —
+//!    unless the attempt's reader is held by a full cache, in which case the request is
+//!    served on demand at once (see *Held readers* below).
 //! 4. Cached pieces, all recoveries together, never exceed the bound given to
 //!    [`RecoveryReads::new`] ([`RECOVERY_PIECES_BYTES_MAX`] in the service). Beyond
 //!    them, memory holds one split replica per reader waiting for room, and one replica
@@ -52,6 +54,22 @@
 //! stops at the next segment. Readers are told apart by a generation number, so an
 //! attempt that was ended and started again under the same id does not adopt the old
 //! reader.
+//!
+//! # Held readers
+//! A recovery master replays a few partitions at a time; the others wait their turn
+//! and fetch nothing meanwhile, so their pieces stay cached. A log larger than the
+//! cache fills it with the waiting partitions' pieces and holds the reader; waiting for
+//! it would then never end, because only the waiting partitions could free room, and
+//! they start only when the replaying ones finish. Before this rule, the replaying
+//! partitions got `Retry` until the recovery master gave up on every backup, and each
+//! new attempt would fail the same way: a log larger than the cache never recovered.
+//!
+//! So while a reader is held, a fetch of a segment it has not published is read on
+//! demand, and waiting fetches are woken to do the same. The partition served that way
+//! is remembered in the pending segment, and its piece is dropped when the reader
+//! publishes the segment, so it never occupies the cache. Freeing room ends the hold
+//! until the reader finds there is still not enough. The cost: one whole replica read
+//! per such fetch, for as long as the cache stays full.
 //!
 //! # Failure handling
 //! * A replica that cannot be read, fails verification (the store quarantines it), or
@@ -542,17 +560,25 @@ struct Recovery {
     generation: u64,
     /// Every scheduled segment. Invariant: `Pending` until the reader publishes it.
     segments: HashMap<SegmentId, SegmentRead>,
+    /// Partitions of the attempt.
+    partitions: u32,
+    /// Whether the reader is waiting for room in the cache: fetches of pending segments
+    /// are then served on demand (module doc, *Held readers*).
+    reader_held: bool,
     /// Bytes of this attempt's pieces held.
     pieces_bytes: u64,
     /// Counts segments published. Fetches waiting for a segment subscribe to it (under
     /// `state`, so no publication is missed); dropped with the attempt, which wakes them.
+    /// Also touched, unchanged, when the reader becomes held, to wake them too.
     progress: watch::Sender<u64>,
 }
 
 #[derive(Debug)]
 enum SegmentRead {
-    /// Not read yet.
-    Pending,
+    /// Not read yet. `served`: partitions given this segment's entries by an on-demand
+    /// read while the reader was held; their pieces are dropped when it publishes.
+    /// Invariant: every member is below the attempt's `partitions`.
+    Pending { served: HashSet<u32> },
     /// Read and split.
     Ready(ReadyReplica),
     /// Not held, or unusable: every fetch gets this answer.
@@ -563,8 +589,6 @@ enum SegmentRead {
 struct ReadyReplica {
     epoch: u64,
     safe_version: Version,
-    /// Partitions of the attempt.
-    partitions: u32,
     /// Non-empty pieces not handed out yet, by partition.
     pieces: HashMap<u32, Piece>,
     /// Partitions whose piece (empty or not) was handed out: a later fetch re-reads.
@@ -643,14 +667,25 @@ impl RecoveryReads {
             let recovery = Recovery {
                 id: request.recovery,
                 generation,
-                segments: order.iter().map(|&s| (s, SegmentRead::Pending)).collect(),
+                segments: order
+                    .iter()
+                    .map(|&s| {
+                        (
+                            s,
+                            SegmentRead::Pending {
+                                served: HashSet::new(),
+                            },
+                        )
+                    })
+                    .collect(),
+                partitions: index.partitions(),
+                reader_held: false,
                 pieces_bytes: 0,
                 progress: watch::channel(0).0,
             };
             let replaced = state.recoveries.insert(master, recovery);
             if let Some(old) = &replaced {
-                state.pieces_bytes -= old.pieces_bytes;
-                self.inner.room.notify_all();
+                self.inner.free(&mut state, old.pieces_bytes);
             }
             (generation, replaced)
         };
@@ -726,8 +761,7 @@ impl RecoveryReads {
             let mut state = self.inner.state.lock();
             let ended = state.recoveries.remove(&master);
             if let Some(recovery) = &ended {
-                state.pieces_bytes -= recovery.pieces_bytes;
-                self.inner.room.notify_all();
+                self.inner.free(&mut state, recovery.pieces_bytes);
             }
             ended
         };
@@ -768,30 +802,48 @@ impl RecoveryReads {
         let Some(read) = recovery.segments.get_mut(&request.segment) else {
             return Lookup::OnDemand;
         };
-        let ready = match read {
-            SegmentRead::Pending => return Lookup::Wait(recovery.progress.subscribe()),
-            SegmentRead::Failed(error) => return Lookup::Done(Err(error.clone())),
-            SegmentRead::Ready(ready) => ready,
-        };
-        if request.partition >= ready.partitions {
+        if request.partition >= recovery.partitions {
             return Lookup::Done(Err(FetchError::NoSuchPartition {
                 master: request.master,
                 recovery: request.recovery,
-                partitions: ready.partitions,
+                partitions: recovery.partitions,
                 partition: request.partition,
             }));
         }
+        let ready = match read {
+            SegmentRead::Pending { served } if recovery.reader_held => {
+                served.insert(request.partition);
+                return Lookup::OnDemand;
+            }
+            SegmentRead::Pending { .. } => return Lookup::Wait(recovery.progress.subscribe()),
+            SegmentRead::Failed(error) => return Lookup::Done(Err(error.clone())),
+            SegmentRead::Ready(ready) => ready,
+        };
         if !ready.handed_out.insert(request.partition) {
             return Lookup::OnDemand;
         }
         let piece = ready.pieces.remove(&request.partition).unwrap_or_default();
         let bytes = piece.entries.capacity() as u64;
+        let answer = reply(ready.epoch, ready.safe_version, piece);
         if bytes > 0 {
             recovery.pieces_bytes -= bytes;
-            state.pieces_bytes -= bytes;
-            self.inner.room.notify_all();
+            self.inner.free(state, bytes);
         }
-        Lookup::Done(Ok(reply(ready.epoch, ready.safe_version, piece)))
+        Lookup::Done(Ok(answer))
+    }
+}
+
+impl Inner {
+    /// Takes `bytes` off the cache's count (the caller took them off its attempt's)
+    /// and wakes the readers waiting for room. No attempt counts as held until its
+    /// reader finds there is still no room, so that fetches wait for a reader that may
+    /// now publish rather than pay an on-demand read.
+    fn free(&self, state: &mut ReadsState, bytes: u64) {
+        state.pieces_bytes -= bytes;
+        for recovery in state.recoveries.values_mut() {
+            recovery.reader_held = false;
+        }
+        self.room.notify_all();
     }
 }
 
@@ -874,43 +926,67 @@ impl ReaderGuard {
     }
 
     /// Publishes one segment's outcome, first waiting (lock released) while its pieces
-    /// would overfill the cache. Returns false if the attempt left the table meanwhile.
+    /// would overfill the cache; while it waits, the reader is *held* (module doc). The
+    /// pieces of partitions served on demand meanwhile are dropped, not cached. Returns
+    /// false if the attempt left the table meanwhile.
     fn publish(&self, segment: SegmentId, read: Result<(u64, SplitReplica), FetchError>) -> bool {
-        let (entry, bytes) = match read {
-            Ok((epoch, split)) => {
-                let partitions = split.pieces.len() as u32;
-                let pieces: HashMap<u32, Piece> = (0u32..)
+        let mut entry = match read {
+            Ok((epoch, split)) => SegmentRead::Ready(ReadyReplica {
+                epoch,
+                safe_version: split.safe_version,
+                pieces: (0u32..)
                     .zip(split.pieces)
                     .filter(|(_, piece)| piece.count > 0)
                     .map(|(partition, mut piece)| {
                         piece.entries.shrink_to_fit();
                         (partition, piece)
                     })
-                    .collect();
-                let bytes = pieces.values().map(|p| p.entries.capacity() as u64).sum();
-                let ready = ReadyReplica {
-                    epoch,
-                    safe_version: split.safe_version,
-                    partitions,
-                    pieces,
-                    handed_out: HashSet::new(),
-                };
-                (SegmentRead::Ready(ready), bytes)
-            }
-            Err(error) => (SegmentRead::Failed(error), 0),
+                    .collect(),
+                handed_out: HashSet::new(),
+            }),
+            Err(error) => SegmentRead::Failed(error),
         };
         let mut guard = self.inner.state.lock();
-        loop {
+        let bytes = loop {
             if !is_current(&guard, self.master, self.generation) {
                 return false;
             }
-            let held = guard.pieces_bytes;
+            let state = &mut *guard;
+            let Some(recovery) = state.recoveries.get_mut(&self.master) else {
+                return false;
+            };
+            let bytes = match &mut entry {
+                SegmentRead::Ready(ready) => {
+                    if let Some(SegmentRead::Pending { served }) = recovery.segments.get(&segment) {
+                        for partition in served {
+                            ready.pieces.remove(partition);
+                            ready.handed_out.insert(*partition);
+                        }
+                    }
+                    ready
+                        .pieces
+                        .values()
+                        .map(|p| p.entries.capacity() as u64)
+                        .sum()
+                }
+                _ => 0,
+            };
+            let held = state.pieces_bytes;
             if held == 0 || held.saturating_add(bytes) <= self.inner.pieces_bytes_max {
-                break;
+                recovery.reader_held = false;
+                break bytes;
             }
-            tracing::debug!(master = %self.master, %segment, held, bytes, "recovery reader waits for room");
+            if !recovery.reader_held {
+                tracing::info!(
+                    master = %self.master, %segment, held, bytes,
+                    "recovery reader held by a full cache: unread segments are served on demand"
+                );
+                recovery.reader_held = true;
+                // Wakes the fetches waiting for a segment, which now go on demand.
+                recovery.progress.send_modify(|_| ());
+            }
             self.inner.room.wait(&mut guard);
-        }
+        };
         let state = &mut *guard;
         let Some(recovery) = state.recoveries.get_mut(&self.master) else {
             return false;
@@ -934,7 +1010,7 @@ impl Drop for ReaderGuard {
         };
         let mut abandoned = 0;
         for (&segment, read) in recovery.segments.iter_mut() {
-            if matches!(read, SegmentRead::Pending) {
+            if matches!(read, SegmentRead::Pending { .. }) {
                 *read = SegmentRead::Failed(FetchError::Unreadable {
                     master: self.master,
                     segment,
@@ -1260,6 +1336,142 @@ mod tests {
             .expect("again");
         assert_eq!(again.count, 1);
         assert_eq!(source.reads.load(Ordering::SeqCst), 6);
+    }
+
+    /// Replicas in memory, counting reads; reads of one segment wait at a gate (counted
+    /// on arrival) until it opens.
+    #[derive(Debug)]
+    struct GatedSource {
+        inner: FakeSource,
+        gated: SegmentId,
+        open: Mutex<bool>,
+        opened: Condvar,
+    }
+
+    impl ReplicaSource for GatedSource {
+        fn read(
+            &self,
+            master: ServerId,
+            segment: SegmentId,
+        ) -> Result<Option<HeldReplica>, StoreError> {
+            assert_eq!(master, MASTER);
+            self.inner.reads.fetch_add(1, Ordering::SeqCst);
+            if segment == self.gated {
+                let mut open = self.open.lock();
+                while !*open {
+                    self.opened.wait(&mut open);
+                }
+            }
+            Ok(self.inner.replicas.get(&segment).cloned())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_held_by_a_full_cache_serves_unread_segments_on_demand() {
+        // A recovery master replays partition 0 while partition 1 waits its turn, so
+        // nothing fetches partition 1's large pieces, and they fill the cache after two
+        // segments. Partition 0 must still get every segment (it used to get `Retry`
+        // until it gave up); partition 1 then gets its pieces from the cache, and the
+        // pieces partition 0 got on demand never occupy it.
+        const VALUE: usize = 10_000;
+        let replicas = (1..=4)
+            .map(|segment| {
+                let id = SegmentId(segment);
+                let mut writer = SegmentWriter::open(MASTER, id, CAPACITY, &[id]).expect("open");
+                writer
+                    .append_object(TableId(1), Version(segment), b"small", b"v")
+                    .expect("fits");
+                writer
+                    .append_object(TableId(2), Version(segment), b"large", &[7; VALUE])
+                    .expect("fits");
+                writer.seal_batch();
+                writer.close(SegmentId(segment + 1));
+                let held = HeldReplica {
+                    info: info(segment, true),
+                    bytes: writer.bytes().to_vec(),
+                };
+                (id, held)
+            })
+            .collect();
+        let source = Arc::new(GatedSource {
+            inner: FakeSource {
+                replicas,
+                reads: AtomicUsize::new(0),
+            },
+            gated: SegmentId(3),
+            open: Mutex::new(false),
+            opened: Condvar::new(),
+        });
+        let reads_so_far = || source.inner.reads.load(Ordering::SeqCst);
+        let reads = Arc::new(RecoveryReads::new(2 * VALUE as u64 + 600));
+        let partition_ranges = [(TableId(1), 0, u64::MAX), (TableId(2), 0, u64::MAX)];
+        let request = RecoveryReadRequest {
+            master: MASTER,
+            recovery: 1,
+            segments: (1..=4).map(SegmentId).collect(),
+            partitions: partition_ranges.iter().map(|&range| vec![range]).collect(),
+        };
+        let fetch = move |segment: u64, partition: u32| RecoveryDataRequest {
+            master: MASTER,
+            recovery: 1,
+            segment: SegmentId(segment),
+            partition,
+            ranges: vec![partition_ranges[partition as usize]],
+        };
+        reads.start(request, source.clone()).expect("start");
+        // The reader has published segments 1 and 2 and is at the gate of segment 3.
+        eventually(|| reads_so_far() == 3).await;
+        // A fetch of segment 3 waits for the reader ...
+        let waiting = tokio::spawn({
+            let (reads, source, request) = (Arc::clone(&reads), source.clone(), fetch(3, 0));
+            async move { reads.fetch(&request, source).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "segment 3 is not read yet");
+        // ... which finds no room for segment 3 once it is read: the waiting fetch is
+        // woken and served on demand.
+        *source.open.lock() = true;
+        source.opened.notify_all();
+        let third = waiting.await.expect("task").expect("served on demand");
+        assert_eq!(decode_all(&third.entries)[0].2, b"small");
+        assert_eq!(
+            reads_so_far(),
+            4,
+            "segment 3 read by the reader, then on demand"
+        );
+        for segment in [1, 2, 4] {
+            let reply = reads.fetch(&fetch(segment, 0), source.clone()).await;
+            assert_eq!(reply.expect("partition 0 piece").count, 1, "{segment}");
+        }
+        assert_eq!(
+            reads_so_far(),
+            5,
+            "segment 4 on demand: the reader is still held"
+        );
+        // Partition 1's turn: every piece comes from the reader.
+        for segment in 1..=4 {
+            let reply = reads.fetch(&fetch(segment, 1), source.clone()).await;
+            let reply = reply.expect("partition 1 piece");
+            assert_eq!(decode_all(&reply.entries)[0].2, b"large", "{segment}");
+        }
+        assert_eq!(
+            reads_so_far(),
+            6,
+            "the reader read segment 4 once there was room"
+        );
+        assert_eq!(
+            reads.pieces_bytes(),
+            0,
+            "pieces served on demand were dropped, not cached"
+        );
+        // A partition past the attempt's: refused.
+        let mut bad = fetch(4, 1);
+        bad.partition = 2;
+        let bad = reads.fetch(&bad, source.clone()).await;
+        assert!(
+            matches!(bad, Err(FetchError::NoSuchPartition { .. })),
+            "{bad:?}"
+        );
     }
 
     #[tokio::test]
