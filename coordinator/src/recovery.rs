@@ -69,7 +69,11 @@
 //!   abandon of an attempt older than its latest `Recover` for that crashed server).
 //! * A recovery master fails (`RecoveryFailed`, unreachable, crashed): its partition goes
 //!   to another master, up to [`PARTITION_ATTEMPTS_MAX`] times; then the whole attempt
-//!   starts again from setup (a backup may have died meanwhile).
+//!   starts again from setup (a backup may have died meanwhile). One that gave no answer
+//!   (the connection broke, or [`RECOVER_TIMEOUT`] passed) is told in the background to
+//!   abandon the partition, as it may still be replaying it or hold what it replayed; a
+//!   recovery master also cancels by itself a `Recover` not done within
+//!   [`RECOVER_TIMEOUT`].
 //! * A backup dies: recovery masters fall back to other replicas that hold as much.
 
 use rampart_common::failpoints;
@@ -82,6 +86,7 @@ use rampart_common::protocol::coordinator::{PartitionReport, RecoveryReport};
 use rampart_common::protocol::master::{
     AbandonRecovery, AbandonRecoveryRequest, Ping, PingRequest, Recover, RecoverReply,
     RecoverRequest, RecoverySource, SyncTablets, SyncTabletsRequest, TabletsRequest, TakeTablets,
+    RECOVER_TIMEOUT,
 };
 use rampart_common::rpc::{Rpc, RpcPool};
 use rampart_common::tablet::{ServerInfo, ServerStatus, Tablet};
@@ -123,10 +128,6 @@ pub const SETUP_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before asking the backups again when the log is incomplete or no recovery
 /// master is up.
 pub const SETUP_RETRY_PAUSE: Duration = Duration::from_millis(500);
-
-/// Deadline of one `Recover` (a partition is sized to replay in about half a second;
-/// this leaves room for a slow disk and a loaded machine).
-pub const RECOVER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Recovery masters tried for one partition in one attempt.
 pub const PARTITION_ATTEMPTS_MAX: u32 = 3;
@@ -190,6 +191,27 @@ pub struct RecoveryManager {
     inner: parking_lot::Mutex<Inner>,
     /// Woken when a crash is declared, so recovery starts without waiting for the scan.
     wake: tokio::sync::Notify,
+}
+
+/// Tells the master at `addr` to forget objects of `ranges` (recovery `recovery` of
+/// `crashed`) it does not own, and to cancel a recovery of them still under way there
+/// (best effort: the next `Recover` of those ranges there forgets them too).
+async fn abandon(
+    pool: &RpcPool,
+    addr: &str,
+    crashed: ServerId,
+    recovery: u64,
+    ranges: PartitionRanges,
+) {
+    let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
+    let request = AbandonRecoveryRequest {
+        crashed,
+        recovery,
+        ranges,
+    };
+    if let Err(error) = pool.call::<AbandonRecovery>(addr, &request, deadline).await {
+        tracing::debug!(%addr, %error, "AbandonRecovery not delivered");
+    }
 }
 
 /// Milliseconds in `d`, saturating.
@@ -701,6 +723,17 @@ impl RecoveryManager {
                 Ok(reply) => reply,
                 Err(error) => {
                     tracing::warn!(%crashed, partition, %master, %error, "recovery master failed; trying another");
+                    if error.status().is_none() {
+                        // No answer (the connection broke, or the deadline passed): it may
+                        // still be replaying, or hold what it replayed. Told to stop and
+                        // forget, in the background: the next master starts now rather
+                        // than after a dead one's `CLEANUP_CALL_TIMEOUT`.
+                        let (pool, addr) = (Arc::clone(&self.pool), addr.clone());
+                        let ranges = ranges.clone();
+                        tokio::spawn(async move {
+                            abandon(&pool, &addr, crashed, recovery, ranges).await;
+                        });
+                    }
                     continue;
                 }
             };
@@ -800,27 +833,9 @@ impl RecoveryManager {
             self.sync_owner(master, addr, epoch).await;
         }
         if !other.is_empty() {
-            self.abandon(addr, crashed, recovery, other.clone()).await;
+            abandon(&self.pool, addr, crashed, recovery, other.clone()).await;
         }
         Ok(other.is_empty())
-    }
-
-    /// Tells `master` to forget objects of `ranges` (recovery `recovery` of `crashed`) it
-    /// does not own (best effort: the next `Recover` of those ranges forgets them too).
-    async fn abandon(&self, addr: &str, crashed: ServerId, recovery: u64, ranges: PartitionRanges) {
-        let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
-        let request = AbandonRecoveryRequest {
-            crashed,
-            recovery,
-            ranges,
-        };
-        if let Err(error) = self
-            .pool
-            .call::<AbandonRecovery>(addr, &request, deadline)
-            .await
-        {
-            tracing::debug!(%addr, %error, "AbandonRecovery not delivered");
-        }
     }
 
     /// Tells the new owner to serve its recovered tablets, retrying until

@@ -31,8 +31,10 @@
 //! (replica not held), `Internal` (replica unreadable) or a reply that does not decode
 //! moves on to the next backup; `Retry` asks the same backup again after
 //! [`RecoveryConfig::retry_pause`], for at most [`RecoveryConfig::retry_for`]. When
-//! every backup of a segment failed, when the log is full, or when an `AbandonRecovery`
-//! of the ranges arrives meanwhile, the recovery stops, forgets every object it
+//! every backup of a segment failed, when the log is full, when an `AbandonRecovery`
+//! of the ranges arrives meanwhile, or when it is not done
+//! [`RecoveryConfig::answer_within`] after it arrived (the coordinator has given the
+//! partition to another master by then), the recovery stops, forgets every object it
 //! published (through the appender, ordered after replay jobs still queued) and fails
 //! with `RecoveryFailed`, naming the segment and each backup's error.
 //!
@@ -43,8 +45,11 @@
 //! one in progress here is refused with `Retry` — unless that one belongs to an older
 //! attempt at the same crash: a `Recover` of a newer attempt first cancels every
 //! recovery here of an older attempt of its crashed master, running or waiting (see
-//! `cancel_superseded` for why their outcome can never be committed). `AbandonRecovery` of ranges in progress cancels that recovery and waits for
-//! it to clean up before forgetting the ranges itself. A `Recover` of ranges this master
+//! `cancel_superseded` for why their outcome can never be committed). `AbandonRecovery`
+//! of ranges in progress cancels that recovery and waits for it to clean up before
+//! forgetting the ranges itself; while it forgets, it is registered like a recovery of
+//! its attempt, so that a newer attempt's `Recover` waits for it rather than have its
+//! replay erased by it. A `Recover` of ranges this master
 //! owns, even in part, is refused with `InvalidArgument`: replaying into live tablets
 //! could resurrect keys deleted here since. A `Recover` of a partition already recovered
 //! here but not yet taken (the coordinator resending it) forgets the earlier result and
@@ -52,7 +57,10 @@
 //! (their ids grow across leaders): a `Recover` or `AbandonRecovery` of an attempt older
 //! than the newest `Recover` seen for the same crashed master is refused or ignored, as
 //! it comes from a deposed leader, and forgetting what the newer attempt replayed could
-//! erase a partition the committed map already gives this master.
+//! erase a partition the committed map already gives this master. A `Recover` is
+//! checked when it arrives and again when it registers (after waiting for older
+//! attempts to clean up, during which a newer one may arrive, replay and finish); these
+//! decisions are the synchronous `Attempts`, under one lock.
 //!
 //! # Cost
 //! Measured with a throwaway release-build loop on the 2-core development VM (AMD EPYC),
@@ -68,10 +76,11 @@ use futures::StreamExt;
 use parking_lot::Mutex;
 use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
 use rampart_common::protocol::backup::{PartitionRanges, RecoveryData, RecoveryDataRequest};
-use rampart_common::protocol::master::{RecoverReply, RecoverRequest, RecoverySource};
+use rampart_common::protocol::master::{
+    RecoverReply, RecoverRequest, RecoverySource, RECOVER_TIMEOUT,
+};
 use rampart_common::rpc::RpcPool;
 use rampart_common::status::Status;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -122,6 +131,9 @@ pub struct RecoveryConfig {
     pub retry_pause: Duration,
     /// How long `Retry` answers are tolerated per backup and segment.
     pub retry_for: Duration,
+    /// How long after its arrival a `Recover` is cancelled here if it has not been
+    /// answered ([`RECOVER_TIMEOUT`], the coordinator's deadline for it).
+    pub answer_within: Duration,
 }
 
 impl Default for RecoveryConfig {
@@ -132,6 +144,7 @@ impl Default for RecoveryConfig {
             call_timeout: RECOVERY_DATA_TIMEOUT,
             retry_pause: RECOVERY_RETRY_PAUSE,
             retry_for: RECOVERY_RETRY_FOR,
+            answer_within: RECOVER_TIMEOUT,
         }
     }
 }
@@ -165,6 +178,10 @@ pub enum RecoveryError {
     /// `AbandonRecovery` of the ranges arrived meanwhile.
     #[error("abandoned")]
     Abandoned,
+    /// Not done within [`RecoveryConfig::answer_within`] of its arrival: the caller has
+    /// given up on it.
+    #[error("not done within {0:?} of its arrival; the caller has given up on it")]
+    TooLate(Duration),
     /// The master is shutting down.
     #[error("the master is shutting down")]
     ShuttingDown,
@@ -189,7 +206,8 @@ impl RecoveryError {
             RecoveryError::InProgress => Status::Retry,
             RecoveryError::SegmentFailed { .. }
             | RecoveryError::NoSpace
-            | RecoveryError::Abandoned => Status::RecoveryFailed,
+            | RecoveryError::Abandoned
+            | RecoveryError::TooLate(_) => Status::RecoveryFailed,
             RecoveryError::ShuttingDown => Status::ShuttingDown,
         }
     }
@@ -229,6 +247,101 @@ struct InFlight {
     cancel: Arc<watch::Sender<bool>>,
 }
 
+/// Which attempts this master has seen and which recoveries run here: the decisions
+/// about `Recover` and `AbandonRecovery` that must be taken together, under one lock
+/// (the driver, [`RecoveryMaster`], does the waiting between them). Synchronous.
+#[derive(Debug, Default)]
+struct Attempts {
+    /// Per crashed master, the newest attempt a `Recover` arrived for (ids grow across
+    /// leaders: the term is their high half).
+    newest: std::collections::BTreeMap<ServerId, u64>,
+    /// Recoveries registered and not finished. Invariant: their ranges are pairwise
+    /// disjoint.
+    in_flight: Vec<InFlight>,
+    /// The next registration's id.
+    next_id: u64,
+}
+
+impl Attempts {
+    /// A `Recover` of `attempt` at `crashed` arrives: refused if a newer attempt arrived
+    /// before it (a deposed leader's, late); otherwise it is the newest.
+    fn arrive(&mut self, crashed: ServerId, attempt: u64) -> Result<(), RecoveryError> {
+        let newest = self.newest.entry(crashed).or_insert(0);
+        if attempt < *newest {
+            return Err(RecoveryError::Superseded {
+                recovery: attempt,
+                newest: *newest,
+            });
+        }
+        *newest = attempt;
+        Ok(())
+    }
+
+    /// The recoveries of attempts at `crashed` older than `attempt`, to cancel.
+    fn superseded(&self, crashed: ServerId, attempt: u64) -> Vec<Arc<watch::Sender<bool>>> {
+        self.in_flight
+            .iter()
+            .filter(|f| f.crashed == crashed && f.attempt < attempt)
+            .map(|f| Arc::clone(&f.cancel))
+            .collect()
+    }
+
+    /// Registers work of `attempt` at `crashed` on `ranges` (a recovery, or an abandon's
+    /// forgetting), cancelled through `cancel`; returns its id. Refused when a newer
+    /// attempt arrived since this one did (it may have replayed the ranges here already,
+    /// its commit perhaps under way: this attempt's clean-up would erase them), and when
+    /// the ranges overlap work registered here.
+    fn register(
+        &mut self,
+        crashed: ServerId,
+        attempt: u64,
+        ranges: &PartitionRanges,
+        cancel: Arc<watch::Sender<bool>>,
+    ) -> Result<u64, RecoveryError> {
+        let newest = self.newest.get(&crashed).copied().unwrap_or(0);
+        if attempt < newest {
+            return Err(RecoveryError::Superseded {
+                recovery: attempt,
+                newest,
+            });
+        }
+        if self.in_flight.iter().any(|f| overlap(&f.ranges, ranges)) {
+            return Err(RecoveryError::InProgress);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.in_flight.push(InFlight {
+            id,
+            crashed,
+            attempt,
+            ranges: ranges.clone(),
+            cancel,
+        });
+        Ok(id)
+    }
+
+    /// Recovery `id` finished (or never started replaying).
+    fn finish(&mut self, id: u64) {
+        self.in_flight.retain(|f| f.id != id);
+    }
+
+    /// An `AbandonRecovery` of `attempt` at `crashed` for `ranges`: the recoveries to
+    /// cancel before forgetting the ranges, or `None` when it is ignored (a `Recover` of
+    /// a newer attempt arrived since).
+    fn abandon(
+        &self,
+        crashed: ServerId,
+        attempt: u64,
+        ranges: &PartitionRanges,
+    ) -> Option<Vec<Arc<watch::Sender<bool>>>> {
+        if attempt < self.newest.get(&crashed).copied().unwrap_or(0) {
+            return None;
+        }
+        let running = self.in_flight.iter().filter(|f| overlap(&f.ranges, ranges));
+        Some(running.map(|f| Arc::clone(&f.cancel)).collect())
+    }
+}
+
 /// Removes its recovery from the in-flight list when dropped.
 struct Registration<'a> {
     master: &'a RecoveryMaster,
@@ -237,7 +350,7 @@ struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        self.master.in_flight.lock().retain(|f| f.id != self.id);
+        self.master.attempts.lock().finish(self.id);
     }
 }
 
@@ -260,13 +373,8 @@ pub struct RecoveryMaster {
     config: RecoveryConfig,
     /// Turns to replay: [`RecoveryConfig::partitions_at_once`] permits.
     turns: tokio::sync::Semaphore,
-    /// Recoveries running here. Invariant: their ranges are pairwise disjoint.
-    in_flight: Mutex<Vec<InFlight>>,
-    /// Per crashed master, the newest recovery attempt a `Recover` of arrived for (ids
-    /// grow across leaders: the term is their high half). Older attempts' abandons are
-    /// ignored.
-    newest: Mutex<std::collections::BTreeMap<ServerId, u64>>,
-    next_id: AtomicU64,
+    /// Attempts seen and recoveries running here.
+    attempts: Mutex<Attempts>,
 }
 
 impl RecoveryMaster {
@@ -284,9 +392,7 @@ impl RecoveryMaster {
             backups: RpcPool::new(),
             turns: tokio::sync::Semaphore::new(config.partitions_at_once.max(1)),
             config,
-            in_flight: Mutex::new(Vec::new()),
-            newest: Mutex::new(std::collections::BTreeMap::new()),
-            next_id: AtomicU64::new(1),
+            attempts: Mutex::new(Attempts::default()),
         }
     }
 
@@ -294,22 +400,13 @@ impl RecoveryMaster {
         &self,
         request: &RecoverRequest,
     ) -> Result<(Registration<'_>, watch::Receiver<bool>), RecoveryError> {
-        let mut in_flight = self.in_flight.lock();
-        if in_flight
-            .iter()
-            .any(|f| overlap(&f.ranges, &request.ranges))
-        {
-            return Err(RecoveryError::InProgress);
-        }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (cancel, cancelled) = watch::channel(false);
-        in_flight.push(InFlight {
-            id,
-            crashed: request.crashed,
-            attempt: request.recovery,
-            ranges: request.ranges.clone(),
-            cancel: Arc::new(cancel),
-        });
+        let id = self.attempts.lock().register(
+            request.crashed,
+            request.recovery,
+            &request.ranges,
+            Arc::new(cancel),
+        )?;
         Ok((Registration { master: self, id }, cancelled))
     }
 
@@ -321,20 +418,13 @@ impl RecoveryMaster {
             return Err(RecoveryError::CrashedIsSelf(self.id));
         }
         check_ranges(&request.ranges)?;
-        {
-            // A `Recover` forgets what an earlier attempt left in its ranges: one from a
-            // deposed leader, arriving after a newer attempt replayed (and perhaps had
-            // committed) the same ranges here, must not.
-            let mut newest = self.newest.lock();
-            let held = newest.entry(request.crashed).or_insert(0);
-            if request.recovery < *held {
-                return Err(RecoveryError::Superseded {
-                    recovery: request.recovery,
-                    newest: *held,
-                });
-            }
-            *held = request.recovery;
-        }
+        // A `Recover` forgets what an earlier attempt left in its ranges: one from a
+        // deposed leader, arriving after a newer attempt replayed (and perhaps had
+        // committed) the same ranges here, must not. Checked again when it registers:
+        // a newer attempt may arrive while this one waits for older ones to clean up.
+        self.attempts
+            .lock()
+            .arrive(request.crashed, request.recovery)?;
         self.cancel_superseded(request.crashed, request.recovery)
             .await;
         let (registration, mut cancelled) = self.register(&request)?;
@@ -358,6 +448,11 @@ impl RecoveryMaster {
                 self.replay_all(&request, &state).await
             } => result,
             Ok(_) = cancelled.wait_for(|cancel| *cancel) => Err(RecoveryError::Abandoned),
+            // Left running, it would hold its turn and its memory for an answer the
+            // coordinator no longer waits for (it gave the partition to another master).
+            () = tokio::time::sleep_until(started + self.config.answer_within) => {
+                Err(RecoveryError::TooLate(self.config.answer_within))
+            }
         };
         let pieces = match result {
             Ok(pieces) => pieces,
@@ -373,8 +468,10 @@ impl RecoveryMaster {
                     master = %self.id, crashed = %request.crashed, recovery = request.recovery,
                     partition = request.partition, %error, forgotten, "recovery failed"
                 );
-                drop(cancelled);
+                // Unregistered before the receiver closes: a newer attempt waiting for
+                // this one to clean up registers as soon as it is woken.
                 drop(registration);
+                drop(cancelled);
                 return Err(error);
             }
         };
@@ -420,17 +517,17 @@ impl RecoveryMaster {
     /// leader's proposal cannot commit. Left running — or waiting for a turn — they
     /// would hold this master's turns, and the ranges the newer attempt asks for.
     async fn cancel_superseded(&self, crashed: ServerId, attempt: u64) {
-        let superseded: Vec<Arc<watch::Sender<bool>>> = self
-            .in_flight
-            .lock()
-            .iter()
-            .filter(|f| f.crashed == crashed && f.attempt < attempt)
-            .map(|f| Arc::clone(&f.cancel))
-            .collect();
+        let superseded = self.attempts.lock().superseded(crashed, attempt);
         for cancel in superseded {
             cancel.send_replace(true);
             cancel.closed().await;
         }
+    }
+
+    /// The same recovery master, with `config`. Only before it serves requests: the
+    /// turns are counted afresh.
+    pub fn with_config(self, config: RecoveryConfig) -> RecoveryMaster {
+        RecoveryMaster::new(self.id, self.store, self.appender, config)
     }
 
     /// Fetches and replays every segment, [`RecoveryConfig::fetches_in_flight`] at once.
@@ -575,26 +672,31 @@ impl RecoveryMaster {
         ranges: &PartitionRanges,
     ) -> Result<Option<u64>, RecoveryError> {
         check_ranges(ranges)?;
-        let newest = self.newest.lock().get(&crashed).copied().unwrap_or(0);
-        if recovery < newest {
+        let Some(running) = self.attempts.lock().abandon(crashed, recovery, ranges) else {
             return Ok(None);
-        }
-        let running: Vec<Arc<watch::Sender<bool>>> = self
-            .in_flight
-            .lock()
-            .iter()
-            .filter(|f| overlap(&f.ranges, ranges))
-            .map(|f| Arc::clone(&f.cancel))
-            .collect();
+        };
         for cancel in running {
             cancel.send_replace(true);
             cancel.closed().await;
         }
-        self.appender
-            .forget_unowned(ranges.clone())
-            .await
-            .map(Some)
-            .map_err(|_| RecoveryError::ShuttingDown)
+        // Registered while it forgets, like a recovery of its attempt: a `Recover` of a
+        // newer attempt arriving meanwhile waits for the forgetting to end (it waits for
+        // older attempts to clean up) instead of having its replay erased by it; one
+        // that arrived since the check above makes this abandon ignored.
+        let (cancel, cancelled) = watch::channel(false);
+        let registered = self
+            .attempts
+            .lock()
+            .register(crashed, recovery, ranges, Arc::new(cancel));
+        let registration = match registered {
+            Ok(id) => Registration { master: self, id },
+            Err(RecoveryError::Superseded { .. }) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let forgotten = self.appender.forget_unowned(ranges.clone()).await;
+        drop(registration);
+        drop(cancelled);
+        forgotten.map(Some).map_err(|_| RecoveryError::ShuttingDown)
     }
 }
 
@@ -622,6 +724,90 @@ mod tests {
             check_ranges(&[(T, 0, u64::MAX), (TableId(2), 0, 0)]),
             Ok(())
         );
+    }
+
+    const CRASHED: ServerId = ServerId(7);
+
+    fn cancel() -> Arc<watch::Sender<bool>> {
+        Arc::new(watch::channel(false).0)
+    }
+
+    #[test]
+    fn an_attempt_overtaken_while_it_waited_is_refused_when_it_registers() {
+        // Attempt 2 arrives and waits for older ones to clean up; meanwhile attempt 3
+        // arrives, replays and finishes here (its commit under way). Attempt 2 must not
+        // register: it would forget what attempt 3 replayed.
+        let mut attempts = Attempts::default();
+        let ranges = vec![(T, 0, u64::MAX)];
+        attempts.arrive(CRASHED, 2).unwrap();
+        attempts.arrive(CRASHED, 3).unwrap();
+        let newer = attempts.register(CRASHED, 3, &ranges, cancel()).unwrap();
+        attempts.finish(newer);
+        assert_eq!(
+            attempts.register(CRASHED, 2, &ranges, cancel()),
+            Err(RecoveryError::Superseded {
+                recovery: 2,
+                newest: 3
+            })
+        );
+        assert!(matches!(
+            attempts.arrive(CRASHED, 2),
+            Err(RecoveryError::Superseded { .. })
+        ));
+        // Another crashed master's attempts are not compared.
+        attempts.arrive(ServerId(8), 1).unwrap();
+        attempts
+            .register(ServerId(8), 1, &vec![(TableId(2), 0, 5)], cancel())
+            .unwrap();
+    }
+
+    #[test]
+    fn overlapping_work_is_refused_and_superseded_work_is_found() {
+        let mut attempts = Attempts::default();
+        attempts.arrive(CRASHED, 2).unwrap();
+        let low = attempts
+            .register(CRASHED, 2, &vec![(T, 0, 99)], cancel())
+            .unwrap();
+        attempts
+            .register(CRASHED, 2, &vec![(T, 100, 199)], cancel())
+            .unwrap();
+        assert_eq!(
+            attempts.register(CRASHED, 2, &vec![(T, 50, 150)], cancel()),
+            Err(RecoveryError::InProgress)
+        );
+        assert_eq!(attempts.superseded(CRASHED, 2).len(), 0);
+        assert_eq!(attempts.superseded(CRASHED, 3).len(), 2);
+        assert_eq!(attempts.superseded(ServerId(8), 3).len(), 0);
+        attempts.finish(low);
+        assert_eq!(attempts.superseded(CRASHED, 3).len(), 1);
+        attempts
+            .register(CRASHED, 2, &vec![(T, 0, 99)], cancel())
+            .unwrap();
+    }
+
+    #[test]
+    fn an_abandon_of_an_overtaken_attempt_is_ignored_and_a_current_one_waits_for_its_work() {
+        let mut attempts = Attempts::default();
+        attempts.arrive(CRASHED, 2).unwrap();
+        attempts
+            .register(CRASHED, 2, &vec![(T, 0, 99)], cancel())
+            .unwrap();
+        let running = attempts.abandon(CRASHED, 2, &vec![(T, 50, 150)]);
+        assert_eq!(running.map(|r| r.len()), Some(1));
+        assert_eq!(
+            attempts
+                .abandon(CRASHED, 2, &vec![(T, 100, 150)])
+                .map(|r| r.len()),
+            Some(0)
+        );
+        attempts.arrive(CRASHED, 3).unwrap();
+        assert!(attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]).is_none());
+        // An abandon of attempt 3 registered while it forgets is superseded work for a
+        // later attempt 4, which therefore waits for it.
+        attempts
+            .register(CRASHED, 3, &vec![(T, 200, 299)], cancel())
+            .unwrap();
+        assert_eq!(attempts.superseded(CRASHED, 4).len(), 2);
     }
 
     #[test]

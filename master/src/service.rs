@@ -186,6 +186,13 @@ impl MasterService {
         self
     }
 
+    /// The same master, replaying recoveries with `config` instead of the defaults.
+    /// Give it before the master serves requests.
+    pub fn with_recovery_config(mut self, config: RecoveryConfig) -> MasterService {
+        self.recovery = self.recovery.with_config(config);
+        self
+    }
+
     /// The lease this master serves under.
     pub fn lease(&self) -> &Arc<Lease> {
         &self.lease

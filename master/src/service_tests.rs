@@ -1035,6 +1035,42 @@ mod recovery {
     }
 
     #[tokio::test]
+    async fn a_recover_its_caller_gave_up_on_is_cancelled_and_frees_its_turn() {
+        // The coordinator waits `answer_within` for a `Recover`, then gives the partition
+        // to another master; this one must not go on holding its only turn.
+        let config = crate::recovery::RecoveryConfig {
+            answer_within: std::time::Duration::from_millis(300),
+            ..crate::recovery::RecoveryConfig::default()
+        };
+        let service = Arc::new(service().with_recovery_config(config));
+        let addr = stuck_backup(&[]).await;
+        let stuck = recovery_in_progress(&service, &addr).await;
+        // Without the deadline it would wait for segment 2 for `RECOVERY_RETRY_FOR`.
+        let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), stuck)
+            .await
+            .expect("cancelled at its deadline")
+            .expect("the recovery's task does not panic");
+        assert_eq!(outcome, Status::RecoveryFailed);
+        assert_eq!(
+            service.store().lock().object_count(),
+            0,
+            "what it replayed is forgotten"
+        );
+        let next = RecoverRequest {
+            partition: 1,
+            ranges: vec![(TableId(8), 0, u64::MAX)],
+            ..request(&[])
+        };
+        let reply = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            send::<Recover>(&service, &next),
+        )
+        .await
+        .expect("the turn is free");
+        assert_eq!(reply.status(), Status::Ok);
+    }
+
+    #[tokio::test]
     async fn a_newer_attempt_cancels_an_older_one_still_replaying_here() {
         let service = Arc::new(service());
         let addr = stuck_backup(&[(3, Answer::Serve(three_segments()[2].1.clone()))]).await;

@@ -249,6 +249,13 @@ pub struct RecoverySource {
     pub backups: Vec<String>,
 }
 
+/// Deadline of one `Recover`, the same on both sides: the coordinator gives up on the
+/// recovery master after it (and gives the partition to another), and the recovery
+/// master cancels a recovery still waiting for its turn or replaying after it, as its
+/// answer would come too late to be used (a partition is sized to replay in about half a
+/// second; this leaves room for a slow disk, a loaded machine and a turn in a queue).
+pub const RECOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Replay one partition of a crashed master (coordinator → recovery master, DESIGN.md §6
 /// step 2). Answered once every entry of the partition is replayed into this master's
 /// log and replicated; the coordinator then gives it the partition's tablets.
