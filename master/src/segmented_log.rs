@@ -70,7 +70,8 @@ pub struct SegmentedLog {
     /// Where the last handed-off range of each segment ended (its replicated length).
     handed_off: BTreeMap<SegmentId, u32>,
     /// Buffers for the segments still to open. Invariant: `segments.len() +
-    /// pool.len() ≤ segments_max` (equal unless an opening failed).
+    /// pool.len()` stays what it was at creation (`segments_max` for a pool built for
+    /// the configuration): a failed opening gives its buffer back.
     pool: SegmentPool,
 }
 
@@ -226,13 +227,21 @@ impl SegmentedLog {
             .copied()
             .chain(std::iter::once(id))
             .collect();
+        // A buffer that does not become a segment goes back to the pool: the log's memory
+        // bound counts on every buffer (a configuration that validates never fails here).
         let buffer = self.pool.take();
         let mut segment =
-            SegmentWriter::open_in(buffer, self.log_id, id, self.segment_bytes, &digest)
-                .map_err(|_| NoSpace)?;
-        segment
-            .append_safe_version(safe_version)
-            .map_err(|_| NoSpace)?;
+            match SegmentWriter::open_in(buffer, self.log_id, id, self.segment_bytes, &digest) {
+                Ok(segment) => segment,
+                Err((_, buffer)) => {
+                    self.pool.give_back(buffer);
+                    return Err(NoSpace);
+                }
+            };
+        if segment.append_safe_version(safe_version).is_err() {
+            self.pool.give_back(segment.into_buffer());
+            return Err(NoSpace);
+        }
         segment.seal_batch();
         Ok(segment)
     }
@@ -481,6 +490,40 @@ mod tests {
         // A buffer too small for a segment is not kept.
         pool.give_back(Vec::with_capacity(100));
         assert!(pool.is_empty());
+    }
+
+    #[test]
+    fn a_segment_that_cannot_open_gives_its_buffer_back() {
+        // Segments too small for the digest of every segment the memory allows (a
+        // configuration `validate` refuses): openings fail once the digest outgrows them.
+        const SEGMENT: u32 = 512;
+        let config = MasterConfig {
+            segment_bytes: SEGMENT,
+            memory_bytes: u64::from(SEGMENT) * 200,
+            value_bytes_max: 64,
+        };
+        assert!(config.validate().is_err());
+        let mut log = SegmentedLog::new(ServerId(7), &config, Version(1));
+        while log
+            .append_object(TableId(1), Version(1), b"k", &[7; 64], Version(1))
+            .is_ok()
+        {
+            log.seal_batch();
+        }
+        // Each later append opens a segment whose digest leaves no room for the object,
+        // or fails to open one at all.
+        for _ in 0..300 {
+            assert!(log
+                .append_object(TableId(1), Version(1), b"k", &[7; 64], Version(1))
+                .is_err());
+        }
+        let segments = log.segment_ids().count();
+        assert!(segments < 200, "openings failed before the bound");
+        assert_eq!(
+            segments + log.pool.len(),
+            200,
+            "every failed opening gave its buffer back"
+        );
     }
 
     #[test]

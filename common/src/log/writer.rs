@@ -84,18 +84,20 @@ impl SegmentWriter {
             capacity,
             digest,
         )
+        .map_err(|(full, _)| full)
     }
 
     /// [`SegmentWriter::open`] in a recycled buffer, whose contents are discarded; saves
     /// the page faults of a fresh allocation. `buf.capacity()` must be at least
-    /// `capacity` (a programmer error otherwise). On `Err` the buffer is dropped.
+    /// `capacity` (a programmer error otherwise). On `Err` the buffer comes back, for
+    /// its owner to reuse.
     pub fn open_in(
         mut buf: Vec<u8>,
         log_id: ServerId,
         segment_id: SegmentId,
         capacity: u32,
         digest: &[SegmentId],
-    ) -> Result<Self, LogFull> {
+    ) -> Result<Self, (LogFull, Vec<u8>)> {
         assert!(
             buf.capacity() >= capacity as usize,
             "segment buffer of {} bytes is smaller than the capacity {capacity}",
@@ -106,7 +108,7 @@ impl SegmentWriter {
             .saturating_add(digest_entry_bytes(digest.len()))
             .saturating_add(CHECKSUM_ENTRY_BYTES);
         if opening.saturating_add(FOOTER_ENTRY_BYTES + CHECKSUM_ENTRY_BYTES) > capacity as usize {
-            return Err(LogFull);
+            return Err((LogFull, buf));
         }
         let mut writer = SegmentWriter {
             buf,
@@ -557,6 +559,17 @@ mod tests {
         assert_eq!(reused.bytes(), &expected[..]);
         let buf = reused.into_buffer();
         assert_eq!(buf.as_ptr(), allocation, "no new allocation");
+    }
+
+    #[test]
+    fn open_in_gives_the_buffer_back_when_the_opening_does_not_fit() {
+        let buf = Vec::with_capacity(64);
+        let allocation = buf.as_ptr();
+        let digest: Vec<SegmentId> = (0..16).map(SegmentId).collect();
+        match SegmentWriter::open_in(buf, LOG, SEG, 64, &digest) {
+            Err((LogFull, back)) => assert_eq!(back.as_ptr(), allocation),
+            Ok(_) => panic!("a digest of 16 ids fits in 64 bytes"),
+        }
     }
 
     #[test]
