@@ -110,7 +110,8 @@
 //!
 //! **A slot is released only when nothing reads it.** A frame removed from the table
 //! (closed, freed, replaced) while a close is still copying its slot to disk is parked in
-//! `retiring`; its slot is released when the last such close ends. Lists, reads and the
+//! `retiring`; its slot is released when the last such close ends (keeping its bytes
+//! for reads if any of them stored the replica, whichever ends last). Lists, reads and the
 //! fence copy a slot without pinning it, and check afterwards, under `state`, that its
 //! frame is still in the table (it cannot come back: handles are never reused); a copy
 //! that lost that race is discarded.
@@ -427,6 +428,10 @@ struct Frame {
     /// cut off so that every reader of a fenced frame sees the same replica.
     /// Invariant: `Some` only if `fenced`.
     fenced_length: Option<u32>,
+    /// Set (in `retiring`) by the close that stored the frame: what the store then
+    /// holds. Whichever close ends last releases the slot keeping its bytes for reads
+    /// (`State::kept`), also when it is a retried close that found the frame gone.
+    stored: Option<ReplicaMeta>,
 }
 
 impl Frame {
@@ -744,6 +749,7 @@ impl State {
             closes_in_flight: 0,
             fenced: false,
             fenced_length: None,
+            stored: None,
         };
         let reply = self.open_reply(shared, handle, &frame);
         self.frames.insert(handle, frame);
@@ -1282,9 +1288,6 @@ struct CloseJob {
     key: ReplicaKey,
     epoch: u64,
     length: u32,
-    /// What the store holds once the job stored the replica: the slot, when released,
-    /// keeps its bytes for reads (`State::kept`).
-    stored: Option<ReplicaMeta>,
 }
 
 /// Why a close did not store its replica.
@@ -1296,13 +1299,41 @@ enum CloseFailure {
 }
 
 impl CloseJob {
+    /// Starts closing the frame `request` names: from now until the job drops, the
+    /// frame refuses writes and its slot stays pinned.
+    fn claim(shared: &Arc<Shared>, request: &CloseReplicaRequest) -> Result<CloseJob, Reply> {
+        let mut state = shared.state.lock();
+        let frame = state.frame_mut(request.handle, request.epoch)?;
+        if frame.fenced {
+            return Err(frame.fenced_reply(request.handle));
+        }
+        if request.length > frame.capacity {
+            return Err(Reply::error(
+                Status::InvalidArgument,
+                format!(
+                    "close length {} exceeds frame {} capacity {}",
+                    request.length, request.handle, frame.capacity
+                ),
+            ));
+        }
+        frame.closes_in_flight += 1;
+        Ok(CloseJob {
+            shared: Arc::clone(shared),
+            handle: request.handle,
+            slot: frame.slot,
+            key: (frame.master, frame.segment),
+            epoch: frame.epoch,
+            length: request.length,
+        })
+    }
+
     /// Writes the replica: its bytes and their fsync outside the store lock
     /// ([`ReplicaWriter::prepare`]), then, under it, the commit — after checking that
     /// the frame is still in the table (see "Close racing free" in the module doc). The
     /// slot cannot be released while this job lives (`closes_in_flight`), so the copy
     /// reads this frame.
     fn run(
-        mut self,
+        self,
         store: &Mutex<SegmentStore>,
         writer: &ReplicaWriter,
     ) -> Result<ReplicaMeta, CloseFailure> {
@@ -1330,10 +1361,13 @@ impl CloseJob {
         let mut state = self.shared.state.lock();
         state.sync_stored(&store, self.key);
         if let Ok(meta) = &result {
-            // Parked in `retiring` (this job is in flight): released when it drops.
+            // Parked in `retiring` (this job is in flight): released when the last
+            // close of it drops.
             let released = state.remove_frame(self.handle);
             debug_assert!(released.is_none(), "a closing frame's slot is pinned");
-            self.stored = Some(*meta);
+            if let Some(frame) = state.retiring.get_mut(&self.handle) {
+                frame.stored = Some(*meta);
+            }
         }
         drop(state);
         drop(store);
@@ -1351,7 +1385,7 @@ impl Drop for CloseJob {
             } else if let Some(frame) = state.retiring.get_mut(&self.handle) {
                 frame.closes_in_flight = frame.closes_in_flight.saturating_sub(1);
                 if frame.closes_in_flight == 0 {
-                    state.retiring.remove(&self.handle).map(|frame| frame.slot)
+                    state.retiring.remove(&self.handle)
                 } else {
                     None
                 }
@@ -1359,11 +1393,11 @@ impl Drop for CloseJob {
                 None
             }
         };
-        if let Some(slot) = release {
-            debug_assert_eq!(slot, self.slot);
-            match self.stored {
-                Some(meta) => self.shared.free_slot_keeping(slot, meta),
-                None => self.shared.free_slot(slot),
+        if let Some(frame) = release {
+            debug_assert_eq!(frame.slot, self.slot);
+            match frame.stored {
+                Some(meta) => self.shared.free_slot_keeping(frame.slot, meta),
+                None => self.shared.free_slot(frame.slot),
             }
         }
     }
@@ -1655,32 +1689,7 @@ impl BackupService {
 
     async fn close(&self, payload: Bytes) -> Result<Reply, Reply> {
         let request: CloseReplicaRequest = Reply::decode(payload)?;
-        let job = {
-            let mut state = self.shared.state.lock();
-            let frame = state.frame_mut(request.handle, request.epoch)?;
-            if frame.fenced {
-                return Err(frame.fenced_reply(request.handle));
-            }
-            if request.length > frame.capacity {
-                return Err(Reply::error(
-                    Status::InvalidArgument,
-                    format!(
-                        "close length {} exceeds frame {} capacity {}",
-                        request.length, request.handle, frame.capacity
-                    ),
-                ));
-            }
-            frame.closes_in_flight += 1;
-            CloseJob {
-                shared: Arc::clone(&self.shared),
-                handle: request.handle,
-                slot: frame.slot,
-                key: (frame.master, frame.segment),
-                epoch: frame.epoch,
-                length: request.length,
-                stored: None,
-            }
-        };
+        let job = CloseJob::claim(&self.shared, &request)?;
         let (store, writer) = (Arc::clone(&self.store), self.writer.clone());
         let flushed = self
             .flushers
@@ -2684,6 +2693,11 @@ mod tests {
             .await
             .expect("write");
         close(service, handle, 1, 100).await.expect("close");
+        corrupt_the_file_of_m1_s1(dir);
+    }
+
+    /// Flips the last byte of replica 1/1's file.
+    fn corrupt_the_file_of_m1_s1(dir: &TempDir) {
         let path = dir.path().join("replicas").join("m1-s1.replica");
         let mut image = std::fs::read(&path).expect("read file");
         let last = image.len() - 1;
@@ -2709,6 +2723,37 @@ mod tests {
             list(&service, None).await,
             vec![info(1, 2, 1, 0, false), info(1, 3, 1, 0, false)]
         );
+    }
+
+    /// A close and its retry both in flight: the first stores the replica, the retry
+    /// finds the frame gone and ends last, releasing the slot. The replica is still read
+    /// from that slot (its file is corrupt, so a read from disk would fail).
+    #[tokio::test]
+    async fn a_retried_close_that_ends_last_keeps_the_stored_replica_in_its_slot() {
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 2);
+        let handle = open(&service, 1, 1, 1).await;
+        write(&service, handle, 1, 0, &content(1, 100))
+            .await
+            .expect("write");
+        let request = proto::CloseReplicaRequest {
+            handle,
+            epoch: 1,
+            length: 100,
+        };
+        let first = CloseJob::claim(&service.shared, &request).expect("claim");
+        let retry = CloseJob::claim(&service.shared, &request).expect("claim again");
+        let meta = first
+            .run(&service.store, &service.writer)
+            .unwrap_or_else(|_| panic!("the first close stores the replica"));
+        assert!(matches!(
+            retry.run(&service.store, &service.writer),
+            Err(CloseFailure::FrameGone)
+        ));
+        corrupt_the_file_of_m1_s1(&dir);
+        let from_memory = read(&service, 1, 1).await.expect("read from the slot");
+        assert_eq!(&from_memory.bytes[..], &content(1, 100)[..]);
+        assert_eq!(from_memory.info, info_of(&meta));
     }
 
     /// Extra slots keep flushed replicas in memory without letting more frames open:
