@@ -31,6 +31,9 @@ pub struct Running {
     pub announce: Vec<String>,
     child: Child,
     exited: Option<ExitStatus>,
+    /// Its CPU ticks when [`Children::cpu_seconds`] last read them: what it counts for
+    /// once it has exited and `/proc` no longer has them.
+    cpu_ticks_seen: std::cell::Cell<u64>,
 }
 
 impl Running {
@@ -175,6 +178,7 @@ impl Children {
             announce,
             child,
             exited: None,
+            cpu_ticks_seen: Default::default(),
         });
         Ok(self.running.last().expect("just pushed"))
     }
@@ -208,19 +212,25 @@ impl Children {
         exited
     }
 
-    /// CPU-seconds (user and system, all threads) that the children still running have
-    /// used so far, from `/proc` (0 where it cannot be read: another system, or a child
-    /// that just exited). Differences of two calls measure the work done in between.
+    /// CPU-seconds (user and system, all threads) that the children have used so far,
+    /// from `/proc` (0 where it cannot be read: another system). A child that has
+    /// exited counts with what the last call read of it, so that differences of two calls
+    /// measure the work done in between even when a child exits meanwhile (they miss
+    /// only what it did between its last reading and its exit).
     pub fn cpu_seconds(&self) -> f64 {
         // SAFETY: sysconf has no preconditions.
         let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        self.running
-            .iter()
-            .filter(|r| r.exited.is_none())
-            .filter_map(|r| std::fs::read_to_string(format!("/proc/{}/stat", r.pid())).ok())
-            .filter_map(|stat| cpu_ticks(&stat))
-            .map(|ticks| ticks as f64 / ticks_per_s)
-            .sum()
+        let mut ticks = 0;
+        for running in &self.running {
+            if running.exited.is_none() {
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", running.pid()));
+                if let Some(now) = stat.ok().and_then(|stat| cpu_ticks(&stat)) {
+                    running.cpu_ticks_seen.set(now);
+                }
+            }
+            ticks += running.cpu_ticks_seen.get();
+        }
+        ticks as f64 / ticks_per_s
     }
 
     /// Whether every child has exited.
@@ -291,7 +301,7 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_busy_child_shows_cpu_seconds_and_an_exited_one_none() {
+    fn a_busy_child_shows_cpu_seconds_and_an_exited_one_its_last_reading() {
         let mut children = Children::new();
         let child = std::process::Command::new("sh")
             .args([
@@ -306,6 +316,7 @@ mod tests {
             announce: Vec::new(),
             child,
             exited: None,
+            cpu_ticks_seen: Default::default(),
         });
         let deadline = Instant::now() + Duration::from_secs(30);
         while children.cpu_seconds() < 0.05 {
@@ -315,7 +326,13 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        let before = children.cpu_seconds();
         children.kill("busy").expect("kill");
-        assert_eq!(children.cpu_seconds(), 0.0);
+        assert!(children.running[0].exited.is_some());
+        assert_eq!(
+            children.cpu_seconds(),
+            before,
+            "an exited child counts with its last reading"
+        );
     }
 }

@@ -227,8 +227,28 @@ pub fn frames_for_disk(disk_mbps: u32, frame_bytes: u32, configured: usize) -> u
 /// Names of default frame files start with this.
 const FRAME_FILE_PREFIX: &str = "rampart-frames-";
 
+/// Removes `root`, a scratch tree of data directories whose servers have stopped (a
+/// bench's cluster), and the default frame files of every data directory in it: those
+/// in /dev/shm would otherwise outlive it, holding memory until a server started later
+/// finds them stale. Best effort.
+pub(crate) fn remove_scratch_data(root: &std::path::Path) {
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let frames = default_frame_file(&dir);
+        if !frames.starts_with(&dir) {
+            let _ = std::fs::remove_file(&frames);
+        }
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                dirs.push(entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
 /// The default frame file of a server whose data directory is `data_dir`.
-fn default_frame_file(data_dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn default_frame_file(data_dir: &std::path::Path) -> std::path::PathBuf {
     let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     let hash = rampart_common::ids::key_hash(canonical.as_os_str().as_encoded_bytes()).0;
     let shm = std::path::Path::new("/dev/shm");
@@ -750,5 +770,37 @@ async fn enlist(
         Err(CoordinatorCallError::Rpc(error)) => {
             bail!("the coordinator refused enlistment: {error}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removing_scratch_data_removes_the_frame_files_of_the_servers_in_it() {
+        let root = tempfile::TempDir::new().expect("tempdir");
+        let servers = [
+            root.path().join("server-1"),
+            root.path().join("rpc/server-2"),
+        ];
+        let mut files = Vec::new();
+        for data_dir in &servers {
+            std::fs::create_dir_all(data_dir).expect("data dir");
+            let frames = default_frame_file(data_dir);
+            std::fs::write(&frames, b"frames").expect("frame file");
+            files.push(frames);
+        }
+        // A server elsewhere keeps its frame file.
+        let elsewhere = tempfile::TempDir::new().expect("tempdir");
+        let kept = default_frame_file(elsewhere.path());
+        std::fs::write(&kept, b"frames").expect("frame file");
+        remove_scratch_data(root.path());
+        assert!(!root.path().exists());
+        for file in files {
+            assert!(!file.exists(), "{} left behind", file.display());
+        }
+        assert!(kept.exists());
+        let _ = std::fs::remove_file(kept);
     }
 }

@@ -329,7 +329,7 @@ impl ModeCluster {
         let cluster = cluster::start(&up, false)?;
         let pids = server_pids(&data_dir, args.servers)?;
         let frame_files = (1..=args.servers)
-            .map(|i| default_frame_file(&data_dir.join(format!("server-{i}"))))
+            .map(|i| crate::process::default_frame_file(&data_dir.join(format!("server-{i}"))))
             .collect();
         Ok(ModeCluster {
             mode,
@@ -368,19 +368,6 @@ fn reap_exited(clusters: &mut [ModeCluster]) -> Vec<String> {
                 .map(move |(name, status)| format!("{mode} {name} ({status})"))
         })
         .collect()
-}
-
-/// The frame file `rampart server` uses by default for `data_dir` (see
-/// `process::default_frame_file`; the server names it by a hash of the canonical path).
-fn default_frame_file(data_dir: &Path) -> PathBuf {
-    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    let hash = rampart_common::ids::key_hash(canonical.as_os_str().as_encoded_bytes()).0;
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.join(format!("rampart-frames-{hash:016x}"))
-    } else {
-        data_dir.join("frames")
-    }
 }
 
 /// The pids of this process's `rampart server` children whose data directory lies under

@@ -178,12 +178,13 @@ fn fnv64(mut value: u64) -> u64 {
     hash
 }
 
-/// Removes a directory tree when dropped.
+/// Removes a tree of data directories, and their servers' frame files, when dropped
+/// ([`remove_scratch_data`](crate::process::remove_scratch_data)).
 pub(crate) struct RemoveOnDrop(pub(crate) std::path::PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        crate::process::remove_scratch_data(&self.0);
     }
 }
 
