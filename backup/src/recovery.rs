@@ -812,7 +812,10 @@ impl RecoveryReads {
         }
         let ready = match read {
             SegmentRead::Pending { served } if recovery.reader_held => {
-                served.insert(request.partition);
+                // The held segment may be this one, and fit once this piece is dropped.
+                if served.insert(request.partition) {
+                    self.inner.room.notify_all();
+                }
                 return Lookup::OnDemand;
             }
             SegmentRead::Pending { .. } => return Lookup::Wait(recovery.progress.subscribe()),

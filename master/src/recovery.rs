@@ -49,7 +49,9 @@
 //! of ranges in progress cancels that recovery and waits for it to clean up before
 //! forgetting the ranges itself; while it forgets, it is registered like a recovery of
 //! its attempt, so that a newer attempt's `Recover` waits for it rather than have its
-//! replay erased by it. A `Recover` of ranges this master
+//! replay erased by it. A `Recover` that arrives after an `AbandonRecovery` of its
+//! attempt and ranges (it was delayed on its way; the coordinator gave the partition
+//! up here) is refused with `RecoveryFailed` rather than replayed for nobody. A `Recover` of ranges this master
 //! owns, even in part, is refused with `InvalidArgument`: replaying into live tablets
 //! could resurrect keys deleted here since. A `Recover` of a partition already recovered
 //! here but not yet taken (the coordinator resending it) forgets the earlier result and
@@ -260,6 +262,24 @@ struct Attempts {
     in_flight: Vec<InFlight>,
     /// The next registration's id.
     next_id: u64,
+    /// Abandons accepted for the newest attempt of their crashed master, oldest first;
+    /// at most [`ABANDONS_KEPT`]. A `Recover` of the same attempt and overlapping ranges
+    /// arriving after its abandon (it was delayed on its way here) is refused.
+    abandoned: std::collections::VecDeque<(ServerId, u64, PartitionRanges)>,
+}
+
+/// Abandons remembered by a recovery master ([`Attempts`]): a few per partition it was
+/// given in the current attempts; beyond it the oldest are forgotten (their `Recover`,
+/// if it still comes, replays and is forgotten by the next `Recover` of its ranges).
+const ABANDONS_KEPT: usize = 1024;
+
+/// What a registration in [`Attempts`] is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    /// Replaying a partition (`Recover`).
+    Replay,
+    /// Forgetting what a recovery left (`AbandonRecovery`).
+    Forget,
 }
 
 impl Attempts {
@@ -273,7 +293,11 @@ impl Attempts {
                 newest: *newest,
             });
         }
-        *newest = attempt;
+        if attempt > *newest {
+            *newest = attempt;
+            self.abandoned
+                .retain(|&(c, a, _)| c != crashed || a >= attempt);
+        }
         Ok(())
     }
 
@@ -286,13 +310,15 @@ impl Attempts {
             .collect()
     }
 
-    /// Registers work of `attempt` at `crashed` on `ranges` (a recovery, or an abandon's
-    /// forgetting), cancelled through `cancel`; returns its id. Refused when a newer
-    /// attempt arrived since this one did (it may have replayed the ranges here already,
-    /// its commit perhaps under way: this attempt's clean-up would erase them), and when
-    /// the ranges overlap work registered here.
+    /// Registers `work` of `attempt` at `crashed` on `ranges`, cancelled through
+    /// `cancel`; returns its id. Refused when a newer attempt arrived since this one did
+    /// (it may have replayed the ranges here already, its commit perhaps under way: this
+    /// attempt's clean-up would erase them), when the ranges overlap work registered
+    /// here, and — a replay — when an abandon of its attempt and ranges came first.
+    /// A forget is remembered as such an abandon.
     fn register(
         &mut self,
+        work: Work,
         crashed: ServerId,
         attempt: u64,
         ranges: &PartitionRanges,
@@ -307,6 +333,23 @@ impl Attempts {
         }
         if self.in_flight.iter().any(|f| overlap(&f.ranges, ranges)) {
             return Err(RecoveryError::InProgress);
+        }
+        match work {
+            Work::Replay => {
+                let abandoned = self
+                    .abandoned
+                    .iter()
+                    .any(|(c, a, r)| (*c, *a) == (crashed, attempt) && overlap(r, ranges));
+                if abandoned {
+                    return Err(RecoveryError::Abandoned);
+                }
+            }
+            Work::Forget => {
+                if self.abandoned.len() >= ABANDONS_KEPT {
+                    self.abandoned.pop_front();
+                }
+                self.abandoned.push_back((crashed, attempt, ranges.clone()));
+            }
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -342,10 +385,13 @@ impl Attempts {
     }
 }
 
-/// Removes its recovery from the in-flight list when dropped.
+/// Work registered in [`Attempts`]: unregistered when dropped, and only then (fields
+/// drop after `drop` runs) is its cancel receiver dropped, which tells whoever
+/// cancelled it that it has cleaned up: woken, they never find it still registered.
 struct Registration<'a> {
     master: &'a RecoveryMaster,
     id: u64,
+    cancelled: watch::Receiver<bool>,
 }
 
 impl Drop for Registration<'_> {
@@ -398,16 +444,21 @@ impl RecoveryMaster {
 
     fn register(
         &self,
-        request: &RecoverRequest,
-    ) -> Result<(Registration<'_>, watch::Receiver<bool>), RecoveryError> {
+        work: Work,
+        crashed: ServerId,
+        attempt: u64,
+        ranges: &PartitionRanges,
+    ) -> Result<Registration<'_>, RecoveryError> {
         let (cancel, cancelled) = watch::channel(false);
-        let id = self.attempts.lock().register(
-            request.crashed,
-            request.recovery,
-            &request.ranges,
-            Arc::new(cancel),
-        )?;
-        Ok((Registration { master: self, id }, cancelled))
+        let id = self
+            .attempts
+            .lock()
+            .register(work, crashed, attempt, ranges, Arc::new(cancel))?;
+        Ok(Registration {
+            master: self,
+            id,
+            cancelled,
+        })
     }
 
     /// Serves `Recover`: replays the partition and returns what was replayed (see the
@@ -427,7 +478,12 @@ impl RecoveryMaster {
             .arrive(request.crashed, request.recovery)?;
         self.cancel_superseded(request.crashed, request.recovery)
             .await;
-        let (registration, mut cancelled) = self.register(&request)?;
+        let mut registration = self.register(
+            Work::Replay,
+            request.crashed,
+            request.recovery,
+            &request.ranges,
+        )?;
         if self.store.lock().owns_any(&request.ranges) {
             return Err(RecoveryError::OwnsRanges);
         }
@@ -447,7 +503,9 @@ impl RecoveryMaster {
                 let _turn = self.turns.acquire().await.map_err(|_| RecoveryError::ShuttingDown)?;
                 self.replay_all(&request, &state).await
             } => result,
-            Ok(_) = cancelled.wait_for(|cancel| *cancel) => Err(RecoveryError::Abandoned),
+            Ok(_) = registration.cancelled.wait_for(|cancel| *cancel) => {
+                Err(RecoveryError::Abandoned)
+            }
             // Left running, it would hold its turn and its memory for an answer the
             // coordinator no longer waits for (it gave the partition to another master).
             () = tokio::time::sleep_until(started + self.config.answer_within) => {
@@ -468,10 +526,7 @@ impl RecoveryMaster {
                     master = %self.id, crashed = %request.crashed, recovery = request.recovery,
                     partition = request.partition, %error, forgotten, "recovery failed"
                 );
-                // Unregistered before the receiver closes: a newer attempt waiting for
-                // this one to clean up registers as soon as it is woken.
                 drop(registration);
-                drop(cancelled);
                 return Err(error);
             }
         };
@@ -683,19 +738,15 @@ impl RecoveryMaster {
         // newer attempt arriving meanwhile waits for the forgetting to end (it waits for
         // older attempts to clean up) instead of having its replay erased by it; one
         // that arrived since the check above makes this abandon ignored.
-        let (cancel, cancelled) = watch::channel(false);
-        let registered = self
-            .attempts
-            .lock()
-            .register(crashed, recovery, ranges, Arc::new(cancel));
-        let registration = match registered {
-            Ok(id) => Registration { master: self, id },
+        // It is also remembered, so that a `Recover` of its attempt and ranges that
+        // arrives after it (delayed on its way) does not replay them for nobody.
+        let registration = match self.register(Work::Forget, crashed, recovery, ranges) {
+            Ok(registration) => registration,
             Err(RecoveryError::Superseded { .. }) => return Ok(None),
             Err(error) => return Err(error),
         };
         let forgotten = self.appender.forget_unowned(ranges.clone()).await;
         drop(registration);
-        drop(cancelled);
         forgotten.map(Some).map_err(|_| RecoveryError::ShuttingDown)
     }
 }
@@ -741,10 +792,12 @@ mod tests {
         let ranges = vec![(T, 0, u64::MAX)];
         attempts.arrive(CRASHED, 2).unwrap();
         attempts.arrive(CRASHED, 3).unwrap();
-        let newer = attempts.register(CRASHED, 3, &ranges, cancel()).unwrap();
+        let newer = attempts
+            .register(Work::Replay, CRASHED, 3, &ranges, cancel())
+            .unwrap();
         attempts.finish(newer);
         assert_eq!(
-            attempts.register(CRASHED, 2, &ranges, cancel()),
+            attempts.register(Work::Replay, CRASHED, 2, &ranges, cancel()),
             Err(RecoveryError::Superseded {
                 recovery: 2,
                 newest: 3
@@ -757,7 +810,13 @@ mod tests {
         // Another crashed master's attempts are not compared.
         attempts.arrive(ServerId(8), 1).unwrap();
         attempts
-            .register(ServerId(8), 1, &vec![(TableId(2), 0, 5)], cancel())
+            .register(
+                Work::Replay,
+                ServerId(8),
+                1,
+                &vec![(TableId(2), 0, 5)],
+                cancel(),
+            )
             .unwrap();
     }
 
@@ -766,13 +825,13 @@ mod tests {
         let mut attempts = Attempts::default();
         attempts.arrive(CRASHED, 2).unwrap();
         let low = attempts
-            .register(CRASHED, 2, &vec![(T, 0, 99)], cancel())
+            .register(Work::Replay, CRASHED, 2, &vec![(T, 0, 99)], cancel())
             .unwrap();
         attempts
-            .register(CRASHED, 2, &vec![(T, 100, 199)], cancel())
+            .register(Work::Replay, CRASHED, 2, &vec![(T, 100, 199)], cancel())
             .unwrap();
         assert_eq!(
-            attempts.register(CRASHED, 2, &vec![(T, 50, 150)], cancel()),
+            attempts.register(Work::Replay, CRASHED, 2, &vec![(T, 50, 150)], cancel()),
             Err(RecoveryError::InProgress)
         );
         assert_eq!(attempts.superseded(CRASHED, 2).len(), 0);
@@ -781,7 +840,7 @@ mod tests {
         attempts.finish(low);
         assert_eq!(attempts.superseded(CRASHED, 3).len(), 1);
         attempts
-            .register(CRASHED, 2, &vec![(T, 0, 99)], cancel())
+            .register(Work::Replay, CRASHED, 2, &vec![(T, 0, 99)], cancel())
             .unwrap();
     }
 
@@ -790,7 +849,7 @@ mod tests {
         let mut attempts = Attempts::default();
         attempts.arrive(CRASHED, 2).unwrap();
         attempts
-            .register(CRASHED, 2, &vec![(T, 0, 99)], cancel())
+            .register(Work::Replay, CRASHED, 2, &vec![(T, 0, 99)], cancel())
             .unwrap();
         let running = attempts.abandon(CRASHED, 2, &vec![(T, 50, 150)]);
         assert_eq!(running.map(|r| r.len()), Some(1));
@@ -804,10 +863,26 @@ mod tests {
         assert!(attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]).is_none());
         // An abandon of attempt 3 registered while it forgets is superseded work for a
         // later attempt 4, which therefore waits for it.
-        attempts
-            .register(CRASHED, 3, &vec![(T, 200, 299)], cancel())
+        let forget = attempts
+            .register(Work::Forget, CRASHED, 3, &vec![(T, 200, 299)], cancel())
             .unwrap();
         assert_eq!(attempts.superseded(CRASHED, 4).len(), 2);
+        // A `Recover` of attempt 3 that arrives after its abandon does not replay.
+        attempts.finish(forget);
+        attempts.arrive(CRASHED, 3).unwrap();
+        assert_eq!(
+            attempts.register(Work::Replay, CRASHED, 3, &vec![(T, 250, 260)], cancel()),
+            Err(RecoveryError::Abandoned)
+        );
+        attempts
+            .register(Work::Replay, CRASHED, 3, &vec![(T, 300, 399)], cancel())
+            .unwrap();
+        // Forgotten once a newer attempt arrives.
+        attempts.arrive(CRASHED, 4).unwrap();
+        assert!(attempts.abandoned.is_empty());
+        attempts
+            .register(Work::Replay, CRASHED, 4, &vec![(T, 250, 260)], cancel())
+            .unwrap();
     }
 
     #[test]

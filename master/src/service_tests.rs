@@ -880,8 +880,17 @@ mod recovery {
         assert_eq!(service.store().lock().object_count(), 3);
         abandon_attempt_1(&service).await;
         assert_eq!(service.store().lock().object_count(), 0);
-        // Sent again, the partition is replayed again to the same result.
-        let again = call::<Recover>(&service, &segments_request).await;
+        // The same attempt's `Recover` arriving after its abandon (delayed on its way)
+        // replays nothing: the coordinator has given the partition up here.
+        let late = send::<Recover>(&service, &segments_request).await;
+        assert_eq!(late.status(), Status::RecoveryFailed);
+        assert_eq!(service.store().lock().object_count(), 0);
+        // A later attempt replays the partition again, to the same result.
+        let again = RecoverRequest {
+            recovery: 2,
+            ..segments_request
+        };
+        let again = call::<Recover>(&service, &again).await;
         assert_eq!(again.objects, 3);
         call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_three_segments_recovered(&service);

@@ -232,7 +232,13 @@ const FRAME_FILE_PREFIX: &str = "rampart-frames-";
 /// in /dev/shm would otherwise outlive it, holding memory until a server started later
 /// finds them stale. Best effort.
 pub(crate) fn remove_scratch_data(root: &std::path::Path) {
-    let mut dirs = vec![root.to_path_buf()];
+    // A link is removed, not followed: the tree it names is not scratch.
+    let is_dir = std::fs::symlink_metadata(root).is_ok_and(|meta| meta.is_dir());
+    let mut dirs = if is_dir {
+        vec![root.to_path_buf()]
+    } else {
+        Vec::new()
+    };
     while let Some(dir) = dirs.pop() {
         let frames = default_frame_file(&dir);
         if !frames.starts_with(&dir) {
@@ -244,7 +250,11 @@ pub(crate) fn remove_scratch_data(root: &std::path::Path) {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(root);
+    let _ = if is_dir {
+        std::fs::remove_dir_all(root)
+    } else {
+        std::fs::remove_file(root)
+    };
 }
 
 /// The default frame file of a server whose data directory is `data_dir`.
