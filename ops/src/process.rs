@@ -9,6 +9,9 @@ use clap::Args;
 use rampart_backup::service::{BackupConfig, BackupService};
 use rampart_common::config::{ByteSize, MasterConfig, SEGMENT_BYTES_DEFAULT};
 use rampart_common::limits::VALUE_BYTES_MAX_DEFAULT;
+use rampart_common::onesided::shm::{
+    default_frame_file, remove_default_frame_files_under, DEFAULT_FRAME_FILE_PREFIX,
+};
 use rampart_common::onesided::TransportKind;
 use rampart_common::protocol::coordinator::{Enlist, EnlistRequest, RaftStatus, RaftStatusRequest};
 use rampart_common::rpc::{RpcPool, RpcServer};
@@ -224,49 +227,16 @@ pub fn frames_for_disk(disk_mbps: u32, frame_bytes: u32, configured: usize) -> u
     flushable.clamp(FRAMES_MIN.min(configured), configured.max(1))
 }
 
-/// Names of default frame files start with this.
-const FRAME_FILE_PREFIX: &str = "rampart-frames-";
-
 /// Removes `root`, a scratch tree of data directories whose servers have stopped (a
-/// bench's cluster), and the default frame files of every data directory in it: those
-/// in /dev/shm would otherwise outlive it, holding memory until a server started later
-/// finds them stale. Best effort.
+/// bench's cluster), and the default frame files of every data directory in it (see
+/// [`remove_default_frame_files_under`]). Best effort.
 pub(crate) fn remove_scratch_data(root: &std::path::Path) {
-    // A link is removed, not followed: the tree it names is not scratch.
-    let is_dir = std::fs::symlink_metadata(root).is_ok_and(|meta| meta.is_dir());
-    let mut dirs = if is_dir {
-        vec![root.to_path_buf()]
-    } else {
-        Vec::new()
-    };
-    while let Some(dir) = dirs.pop() {
-        let frames = default_frame_file(&dir);
-        if !frames.starts_with(&dir) {
-            let _ = std::fs::remove_file(&frames);
-        }
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
-                dirs.push(entry.path());
-            }
-        }
-    }
+    let is_dir = remove_default_frame_files_under(root);
     let _ = if is_dir {
         std::fs::remove_dir_all(root)
     } else {
         std::fs::remove_file(root)
     };
-}
-
-/// The default frame file of a server whose data directory is `data_dir`.
-pub(crate) fn default_frame_file(data_dir: &std::path::Path) -> std::path::PathBuf {
-    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    let hash = rampart_common::ids::key_hash(canonical.as_os_str().as_encoded_bytes()).0;
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.join(format!("{FRAME_FILE_PREFIX}{hash:016x}"))
-    } else {
-        data_dir.join("frames")
-    }
 }
 
 fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
@@ -553,7 +523,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         if let Some(dir) = frame_file.parent() {
             let removed = rampart_common::onesided::shm::remove_stale_frame_files(
                 dir,
-                FRAME_FILE_PREFIX,
+                DEFAULT_FRAME_FILE_PREFIX,
                 rampart_backup::service::frame_file_tag_is_live,
             );
             if !removed.is_empty() {
@@ -780,37 +750,5 @@ async fn enlist(
         Err(CoordinatorCallError::Rpc(error)) => {
             bail!("the coordinator refused enlistment: {error}")
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn removing_scratch_data_removes_the_frame_files_of_the_servers_in_it() {
-        let root = tempfile::TempDir::new().expect("tempdir");
-        let servers = [
-            root.path().join("server-1"),
-            root.path().join("rpc/server-2"),
-        ];
-        let mut files = Vec::new();
-        for data_dir in &servers {
-            std::fs::create_dir_all(data_dir).expect("data dir");
-            let frames = default_frame_file(data_dir);
-            std::fs::write(&frames, b"frames").expect("frame file");
-            files.push(frames);
-        }
-        // A server elsewhere keeps its frame file.
-        let elsewhere = tempfile::TempDir::new().expect("tempdir");
-        let kept = default_frame_file(elsewhere.path());
-        std::fs::write(&kept, b"frames").expect("frame file");
-        remove_scratch_data(root.path());
-        assert!(!root.path().exists());
-        for file in files {
-            assert!(!file.exists(), "{} left behind", file.display());
-        }
-        assert!(kept.exists());
-        let _ = std::fs::remove_file(kept);
     }
 }

@@ -9,6 +9,7 @@
 //! crate has integration tests of its own).
 
 use anyhow::{anyhow, bail, Context, Result};
+use rampart_common::onesided::shm::remove_default_frame_files_under;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -187,6 +188,8 @@ impl Drop for LocalCluster {
                 let _ = self.child.wait();
             }
         }
+        // The servers keep their frame files (in /dev/shm) for a restart; there is none.
+        remove_default_frame_files_under(self._data_dir.path());
     }
 }
 

@@ -12,6 +12,7 @@ use rampart_client::{Client, ClientError, ClientOptions};
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::failpoints::{self, FAILPOINTS_ENV};
 use rampart_common::ids::{ServerId, TableId};
+use rampart_common::onesided::shm::remove_default_frame_files_under;
 use rampart_common::protocol::coordinator::{
     RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
 };
@@ -40,6 +41,15 @@ struct Cluster {
     flags: Vec<String>,
     next_dir: u32,
     dir: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Servers first (dropping one kills it), then the frame files they kept in
+        // /dev/shm for a restart that will not come.
+        self.servers.clear();
+        remove_default_frame_files_under(self.dir.path());
+    }
 }
 
 impl Cluster {

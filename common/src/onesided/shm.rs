@@ -1157,6 +1157,50 @@ fn lock_exclusive(file: &File, path: &Path) -> io::Result<()> {
 /// Tries of the lock check in [`FrameFile::create`] before a file counts as held.
 const LOCK_ATTEMPTS: u32 = 10;
 
+/// Names of default frame files ([`default_frame_file`]) start with this.
+pub const DEFAULT_FRAME_FILE_PREFIX: &str = "rampart-frames-";
+
+/// The frame file a server whose data directory is `data_dir` uses unless told
+/// otherwise (`rampart server --frame-file`): `/dev/shm/rampart-frames-HASH`, HASH
+/// naming the canonical data directory, so that a restarted server finds its frames;
+/// `data_dir/frames` where there is no `/dev/shm`.
+pub fn default_frame_file(data_dir: &Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let hash = crate::ids::key_hash(canonical.as_os_str().as_encoded_bytes()).0;
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.join(format!("{DEFAULT_FRAME_FILE_PREFIX}{hash:016x}"))
+    } else {
+        data_dir.join("frames")
+    }
+}
+
+/// Removes the default frame file of every data directory in the tree `root` (itself
+/// included) whose servers have stopped, before the tree itself is removed: those in
+/// `/dev/shm` would otherwise outlive it, holding memory until a server started later
+/// finds them stale. Returns whether `root` is a directory; a link is not followed (the
+/// tree it names is not the caller's). Best effort.
+pub fn remove_default_frame_files_under(root: &Path) -> bool {
+    let is_dir = std::fs::symlink_metadata(root).is_ok_and(|meta| meta.is_dir());
+    let mut dirs = if is_dir {
+        vec![root.to_path_buf()]
+    } else {
+        Vec::new()
+    };
+    while let Some(dir) = dirs.pop() {
+        let frames = default_frame_file(&dir);
+        if !frames.starts_with(&dir) {
+            let _ = std::fs::remove_file(&frames);
+        }
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                dirs.push(entry.path());
+            }
+        }
+    }
+    is_dir
+}
+
 /// Removes the frame files in `dir` whose names start with `prefix` (temporary `.new`
 /// files excepted) that no live backup holds and no backup will read back: those whose
 /// tag `keep` refuses (the owner's data directory is gone), and those this format cannot
@@ -1317,6 +1361,35 @@ mod tests {
 
     fn frame_file(dir: &TempDir, slots: usize, capacity: u32) -> FrameFile {
         FrameFile::create(&dir.path().join("frames"), slots, capacity, TAG).expect("create")
+    }
+
+    #[test]
+    fn removing_the_frame_files_under_a_tree_takes_only_its_servers_files() {
+        let root = tempfile::TempDir::new().expect("tempdir");
+        let servers = [
+            root.path().join("server-1"),
+            root.path().join("rpc/server-2"),
+        ];
+        let mut files = Vec::new();
+        for data_dir in &servers {
+            std::fs::create_dir_all(data_dir).expect("data dir");
+            let frames = default_frame_file(data_dir);
+            std::fs::write(&frames, b"frames").expect("frame file");
+            files.push(frames);
+        }
+        // A server elsewhere, reached through a link in the tree, keeps its file.
+        let elsewhere = tempfile::TempDir::new().expect("tempdir");
+        let kept = default_frame_file(elsewhere.path());
+        std::fs::write(&kept, b"frames").expect("frame file");
+        std::os::unix::fs::symlink(elsewhere.path(), root.path().join("link")).expect("link");
+        assert!(remove_default_frame_files_under(root.path()));
+        for file in files {
+            assert!(!file.exists(), "{} left behind", file.display());
+        }
+        assert!(kept.exists());
+        assert!(!remove_default_frame_files_under(&root.path().join("link")));
+        assert!(kept.exists(), "a link given as the root is not followed");
+        let _ = std::fs::remove_file(kept);
     }
 
     #[test]

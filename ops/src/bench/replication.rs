@@ -329,7 +329,11 @@ impl ModeCluster {
         let cluster = cluster::start(&up, false)?;
         let pids = server_pids(&data_dir, args.servers)?;
         let frame_files = (1..=args.servers)
-            .map(|i| crate::process::default_frame_file(&data_dir.join(format!("server-{i}"))))
+            .map(|i| {
+                rampart_common::onesided::shm::default_frame_file(
+                    &data_dir.join(format!("server-{i}")),
+                )
+            })
             .collect();
         Ok(ModeCluster {
             mode,
