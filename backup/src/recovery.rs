@@ -1247,16 +1247,18 @@ mod tests {
         }
     }
 
-    /// `segments` closed replicas of one object each, of `value_bytes` bytes, all in
-    /// table 1.
-    fn source(segments: u64, value_bytes: usize) -> Arc<FakeSource> {
-        let replicas = (1..=segments)
+    /// Closed replicas of segments `1..=segments`, each holding `objects`: (table, key,
+    /// value bytes), at the segment's number as version.
+    fn replicas(segments: u64, objects: &[(u64, &[u8], usize)]) -> HashMap<SegmentId, HeldReplica> {
+        (1..=segments)
             .map(|segment| {
                 let id = SegmentId(segment);
                 let mut writer = SegmentWriter::open(MASTER, id, CAPACITY, &[id]).expect("open");
-                writer
-                    .append_object(TableId(1), Version(segment), b"key", &vec![7; value_bytes])
-                    .expect("fits");
+                for &(table, key, value_bytes) in objects {
+                    writer
+                        .append_object(TableId(table), Version(segment), key, &vec![7; value_bytes])
+                        .expect("fits");
+                }
                 writer.seal_batch();
                 writer.close(SegmentId(segment + 1));
                 let held = HeldReplica {
@@ -1265,9 +1267,14 @@ mod tests {
                 };
                 (id, held)
             })
-            .collect();
+            .collect()
+    }
+
+    /// `segments` closed replicas of one object each, of `value_bytes` bytes, all in
+    /// table 1.
+    fn source(segments: u64, value_bytes: usize) -> Arc<FakeSource> {
         Arc::new(FakeSource {
-            replicas,
+            replicas: replicas(segments, &[(1, b"key", value_bytes)]),
             reads: AtomicUsize::new(0),
         })
     }
@@ -1377,25 +1384,7 @@ mod tests {
         // until it gave up); partition 1 then gets its pieces from the cache, and the
         // pieces partition 0 got on demand never occupy it.
         const VALUE: usize = 10_000;
-        let replicas = (1..=4)
-            .map(|segment| {
-                let id = SegmentId(segment);
-                let mut writer = SegmentWriter::open(MASTER, id, CAPACITY, &[id]).expect("open");
-                writer
-                    .append_object(TableId(1), Version(segment), b"small", b"v")
-                    .expect("fits");
-                writer
-                    .append_object(TableId(2), Version(segment), b"large", &[7; VALUE])
-                    .expect("fits");
-                writer.seal_batch();
-                writer.close(SegmentId(segment + 1));
-                let held = HeldReplica {
-                    info: info(segment, true),
-                    bytes: writer.bytes().to_vec(),
-                };
-                (id, held)
-            })
-            .collect();
+        let replicas = replicas(4, &[(1, b"small", 1), (2, b"large", VALUE)]);
         let source = Arc::new(GatedSource {
             inner: FakeSource {
                 replicas,
