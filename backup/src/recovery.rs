@@ -1228,11 +1228,15 @@ mod tests {
         assert_eq!(empty.pieces, vec![Piece::default()]);
     }
 
-    /// Replicas in memory, counting reads.
+    /// Replicas in memory, counting reads; reads of segment `gated`, if any, wait (counted
+    /// on arrival) until `open` is set.
     #[derive(Debug, Default)]
     struct FakeSource {
         replicas: HashMap<SegmentId, HeldReplica>,
         reads: AtomicUsize,
+        gated: Option<SegmentId>,
+        open: Mutex<bool>,
+        opened: Condvar,
     }
 
     impl ReplicaSource for FakeSource {
@@ -1243,6 +1247,12 @@ mod tests {
         ) -> Result<Option<HeldReplica>, StoreError> {
             assert_eq!(master, MASTER);
             self.reads.fetch_add(1, Ordering::SeqCst);
+            if self.gated == Some(segment) {
+                let mut open = self.open.lock();
+                while !*open {
+                    self.opened.wait(&mut open);
+                }
+            }
             Ok(self.replicas.get(&segment).cloned())
         }
     }
@@ -1275,7 +1285,7 @@ mod tests {
     fn source(segments: u64, value_bytes: usize) -> Arc<FakeSource> {
         Arc::new(FakeSource {
             replicas: replicas(segments, &[(1, b"key", value_bytes)]),
-            reads: AtomicUsize::new(0),
+            ..FakeSource::default()
         })
     }
 
@@ -1348,34 +1358,6 @@ mod tests {
         assert_eq!(source.reads.load(Ordering::SeqCst), 6);
     }
 
-    /// Replicas in memory, counting reads; reads of one segment wait at a gate (counted
-    /// on arrival) until it opens.
-    #[derive(Debug)]
-    struct GatedSource {
-        inner: FakeSource,
-        gated: SegmentId,
-        open: Mutex<bool>,
-        opened: Condvar,
-    }
-
-    impl ReplicaSource for GatedSource {
-        fn read(
-            &self,
-            master: ServerId,
-            segment: SegmentId,
-        ) -> Result<Option<HeldReplica>, StoreError> {
-            assert_eq!(master, MASTER);
-            self.inner.reads.fetch_add(1, Ordering::SeqCst);
-            if segment == self.gated {
-                let mut open = self.open.lock();
-                while !*open {
-                    self.opened.wait(&mut open);
-                }
-            }
-            Ok(self.inner.replicas.get(&segment).cloned())
-        }
-    }
-
     #[tokio::test]
     async fn a_reader_held_by_a_full_cache_serves_unread_segments_on_demand() {
         // A recovery master replays partition 0 while partition 1 waits its turn, so
@@ -1385,16 +1367,12 @@ mod tests {
         // pieces partition 0 got on demand never occupy it.
         const VALUE: usize = 10_000;
         let replicas = replicas(4, &[(1, b"small", 1), (2, b"large", VALUE)]);
-        let source = Arc::new(GatedSource {
-            inner: FakeSource {
-                replicas,
-                reads: AtomicUsize::new(0),
-            },
-            gated: SegmentId(3),
-            open: Mutex::new(false),
-            opened: Condvar::new(),
+        let source = Arc::new(FakeSource {
+            replicas,
+            gated: Some(SegmentId(3)),
+            ..FakeSource::default()
         });
-        let reads_so_far = || source.inner.reads.load(Ordering::SeqCst);
+        let reads_so_far = || source.reads.load(Ordering::SeqCst);
         let reads = Arc::new(RecoveryReads::new(2 * VALUE as u64 + 600));
         let partition_ranges = [(TableId(1), 0, u64::MAX), (TableId(2), 0, u64::MAX)];
         let request = RecoveryReadRequest {

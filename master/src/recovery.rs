@@ -752,7 +752,6 @@ impl RecoveryMaster {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -783,6 +782,26 @@ mod tests {
         Arc::new(watch::channel(false).0)
     }
 
+    /// `attempt` at `crashed` arrives, the newest yet.
+    fn arrives(attempts: &mut Attempts, crashed: ServerId, attempt: u64) {
+        attempts
+            .arrive(crashed, attempt)
+            .expect("no newer attempt of that crash arrived before");
+    }
+
+    /// Registers `work` that nothing refuses; returns its id.
+    fn registers(
+        attempts: &mut Attempts,
+        work: Work,
+        crashed: ServerId,
+        attempt: u64,
+        ranges: &PartitionRanges,
+    ) -> u64 {
+        attempts
+            .register(work, crashed, attempt, ranges, cancel())
+            .expect("the newest attempt, on ranges nothing registered overlaps or abandoned")
+    }
+
     #[test]
     fn an_attempt_overtaken_while_it_waited_is_refused_when_it_registers() {
         // Attempt 2 arrives and waits for older ones to clean up; meanwhile attempt 3
@@ -790,11 +809,9 @@ mod tests {
         // register: it would forget what attempt 3 replayed.
         let mut attempts = Attempts::default();
         let ranges = vec![(T, 0, u64::MAX)];
-        attempts.arrive(CRASHED, 2).unwrap();
-        attempts.arrive(CRASHED, 3).unwrap();
-        let newer = attempts
-            .register(Work::Replay, CRASHED, 3, &ranges, cancel())
-            .unwrap();
+        arrives(&mut attempts, CRASHED, 2);
+        arrives(&mut attempts, CRASHED, 3);
+        let newer = registers(&mut attempts, Work::Replay, CRASHED, 3, &ranges);
         attempts.finish(newer);
         assert_eq!(
             attempts.register(Work::Replay, CRASHED, 2, &ranges, cancel()),
@@ -808,28 +825,28 @@ mod tests {
             Err(RecoveryError::Superseded { .. })
         ));
         // Another crashed master's attempts are not compared.
-        attempts.arrive(ServerId(8), 1).unwrap();
-        attempts
-            .register(
-                Work::Replay,
-                ServerId(8),
-                1,
-                &vec![(TableId(2), 0, 5)],
-                cancel(),
-            )
-            .unwrap();
+        arrives(&mut attempts, ServerId(8), 1);
+        registers(
+            &mut attempts,
+            Work::Replay,
+            ServerId(8),
+            1,
+            &vec![(TableId(2), 0, 5)],
+        );
     }
 
     #[test]
     fn overlapping_work_is_refused_and_superseded_work_is_found() {
         let mut attempts = Attempts::default();
-        attempts.arrive(CRASHED, 2).unwrap();
-        let low = attempts
-            .register(Work::Replay, CRASHED, 2, &vec![(T, 0, 99)], cancel())
-            .unwrap();
-        attempts
-            .register(Work::Replay, CRASHED, 2, &vec![(T, 100, 199)], cancel())
-            .unwrap();
+        arrives(&mut attempts, CRASHED, 2);
+        let low = registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
+        registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            2,
+            &vec![(T, 100, 199)],
+        );
         assert_eq!(
             attempts.register(Work::Replay, CRASHED, 2, &vec![(T, 50, 150)], cancel()),
             Err(RecoveryError::InProgress)
@@ -839,18 +856,14 @@ mod tests {
         assert_eq!(attempts.superseded(ServerId(8), 3).len(), 0);
         attempts.finish(low);
         assert_eq!(attempts.superseded(CRASHED, 3).len(), 1);
-        attempts
-            .register(Work::Replay, CRASHED, 2, &vec![(T, 0, 99)], cancel())
-            .unwrap();
+        registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
     }
 
     #[test]
     fn an_abandon_of_an_overtaken_attempt_is_ignored_and_a_current_one_waits_for_its_work() {
         let mut attempts = Attempts::default();
-        attempts.arrive(CRASHED, 2).unwrap();
-        attempts
-            .register(Work::Replay, CRASHED, 2, &vec![(T, 0, 99)], cancel())
-            .unwrap();
+        arrives(&mut attempts, CRASHED, 2);
+        registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
         let running = attempts.abandon(CRASHED, 2, &vec![(T, 50, 150)]);
         assert_eq!(running.map(|r| r.len()), Some(1));
         assert_eq!(
@@ -859,30 +872,42 @@ mod tests {
                 .map(|r| r.len()),
             Some(0)
         );
-        attempts.arrive(CRASHED, 3).unwrap();
+        arrives(&mut attempts, CRASHED, 3);
         assert!(attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]).is_none());
         // An abandon of attempt 3 registered while it forgets is superseded work for a
         // later attempt 4, which therefore waits for it.
-        let forget = attempts
-            .register(Work::Forget, CRASHED, 3, &vec![(T, 200, 299)], cancel())
-            .unwrap();
+        let forget = registers(
+            &mut attempts,
+            Work::Forget,
+            CRASHED,
+            3,
+            &vec![(T, 200, 299)],
+        );
         assert_eq!(attempts.superseded(CRASHED, 4).len(), 2);
         // A `Recover` of attempt 3 that arrives after its abandon does not replay.
         attempts.finish(forget);
-        attempts.arrive(CRASHED, 3).unwrap();
+        arrives(&mut attempts, CRASHED, 3);
         assert_eq!(
             attempts.register(Work::Replay, CRASHED, 3, &vec![(T, 250, 260)], cancel()),
             Err(RecoveryError::Abandoned)
         );
-        attempts
-            .register(Work::Replay, CRASHED, 3, &vec![(T, 300, 399)], cancel())
-            .unwrap();
+        registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            3,
+            &vec![(T, 300, 399)],
+        );
         // Forgotten once a newer attempt arrives.
-        attempts.arrive(CRASHED, 4).unwrap();
+        arrives(&mut attempts, CRASHED, 4);
         assert!(attempts.abandoned.is_empty());
-        attempts
-            .register(Work::Replay, CRASHED, 4, &vec![(T, 250, 260)], cancel())
-            .unwrap();
+        registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            4,
+            &vec![(T, 250, 260)],
+        );
     }
 
     #[test]

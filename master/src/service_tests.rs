@@ -977,6 +977,30 @@ mod recovery {
         recovering
     }
 
+    /// A second partition of attempt 1 (another table, nothing to fetch): done at once
+    /// when its turn comes.
+    fn second_partition() -> RecoverRequest {
+        RecoverRequest {
+            partition: 1,
+            ranges: vec![(TableId(8), 0, u64::MAX)],
+            ..request(&[])
+        }
+    }
+
+    /// The answer to `request` sent as a `Recover`, which must come within 10 s (`why`).
+    async fn recover_within_10_s(
+        service: &MasterService,
+        request: &RecoverRequest,
+        why: &str,
+    ) -> Reply {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            send::<Recover>(service, request),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no answer within 10 s: {why}"))
+    }
+
     /// `AbandonRecovery` of attempt 1 of the whole recovered table.
     async fn abandon_attempt_1(service: &MasterService) {
         call::<AbandonRecovery>(
@@ -1015,11 +1039,7 @@ mod recovery {
         // be done at once; it waits for the first instead.
         let mut second = {
             let service = Arc::clone(&service);
-            let request = RecoverRequest {
-                partition: 1,
-                ranges: vec![(TableId(8), 0, u64::MAX)],
-                ..request(&[])
-            };
+            let request = second_partition();
             tokio::spawn(async move { send::<Recover>(&service, &request).await.status() })
         };
         let early = tokio::time::timeout(std::time::Duration::from_millis(300), &mut second).await;
@@ -1065,17 +1085,7 @@ mod recovery {
             0,
             "what it replayed is forgotten"
         );
-        let next = RecoverRequest {
-            partition: 1,
-            ranges: vec![(TableId(8), 0, u64::MAX)],
-            ..request(&[])
-        };
-        let reply = tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            send::<Recover>(&service, &next),
-        )
-        .await
-        .expect("the turn is free");
+        let reply = recover_within_10_s(&service, &second_partition(), "the turn is free").await;
         assert_eq!(reply.status(), Status::Ok);
     }
 
@@ -1090,12 +1100,12 @@ mod recovery {
             recovery: 2,
             ..request(&[(3, &[&addr])])
         };
-        let reply = tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            send::<Recover>(&service, &newer),
+        let reply = recover_within_10_s(
+            &service,
+            &newer,
+            "the newer attempt waited for the older one",
         )
-        .await
-        .expect("the newer attempt waited for the older one");
+        .await;
         assert_eq!(reply.status(), Status::Ok);
         assert_eq!(
             older

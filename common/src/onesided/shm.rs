@@ -364,60 +364,45 @@ impl Mapping {
         }
     }
 
-    /// A copy of `len` bytes at byte `at`. Panics if the range is not inside the
-    /// mapping.
-    fn copy_out(&self, at: u64, len: usize) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.copy_out_into(at, len, &mut out);
-        out
-    }
-
-    /// Replaces `out`'s contents with a copy of `len` bytes at byte `at`, reusing its
-    /// memory. Panics if the range is not inside the mapping.
-    fn copy_out_into(&self, at: u64, len: usize, out: &mut Vec<u8>) {
+    /// Copies `len` bytes at byte `at` to `target`. Panics if the range is not inside
+    /// the mapping. Bytes a peer is writing meanwhile may be read torn (module doc
+    /// "Memory model").
+    ///
+    /// # Safety
+    /// `target` must be valid for writes of `len` bytes.
+    unsafe fn copy_out_raw(&self, at: u64, target: *mut u8, len: usize) {
         let end = at.checked_add(len as u64);
         assert!(
             end.is_some_and(|end| end <= self.len),
             "read of {len} bytes at {at} passes the mapping's end ({})",
             self.len
         );
-        out.clear();
-        out.reserve(len);
-        // SAFETY: the source lies inside the mapping (checked above) and the target is
-        // `out`'s spare capacity, at least `len` bytes (reserved above); a vector never
-        // overlaps a mapping we never hand out references into. `set_len` follows the
-        // copy that initialised those bytes. Bytes a peer is writing meanwhile may be
-        // read torn (module doc "Memory model").
+        // SAFETY: the source lies inside the mapping (checked above); the caller
+        // vouches for the target, memory of its own, which cannot overlap a mapping we
+        // never hand out references into.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.base.as_ptr().add(at as usize),
-                out.as_mut_ptr(),
-                len,
-            );
+            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(at as usize), target, len);
+        }
+    }
+
+    /// A copy of `len` bytes at byte `at`. Panics if the range is not inside the
+    /// mapping.
+    fn copy_out(&self, at: u64, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len);
+        // SAFETY: `out` has room for `len` bytes; `set_len` follows the copy that
+        // initialised them.
+        unsafe {
+            self.copy_out_raw(at, out.as_mut_ptr(), len);
             out.set_len(len);
         }
+        out
     }
 
     /// Fills `out` with a copy of the bytes from byte `at`. Panics if the range is not
     /// inside the mapping.
     fn copy_out_to(&self, at: u64, out: &mut [u8]) {
-        let end = at.checked_add(out.len() as u64);
-        assert!(
-            end.is_some_and(|end| end <= self.len),
-            "read of {} bytes at {at} passes the mapping's end ({})",
-            out.len(),
-            self.len
-        );
-        // SAFETY: the source lies inside the mapping (checked above) and the target is
-        // `out`, which cannot overlap a mapping we never hand out references into. Bytes a
-        // peer is writing meanwhile may be read torn (module doc "Memory model").
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.base.as_ptr().add(at as usize),
-                out.as_mut_ptr(),
-                out.len(),
-            );
-        }
+        // SAFETY: `out` is valid for writes of its length.
+        unsafe { self.copy_out_raw(at, out.as_mut_ptr(), out.len()) }
     }
 
     /// Sets `len` bytes at byte `at` to zero. Panics if the range is not inside the
@@ -912,21 +897,10 @@ impl FrameFile {
     /// A copy of slot `slot`'s first `len` data bytes (`len` clamped to the capacity).
     /// Bytes a writer is copying meanwhile may be seen torn. Panics if `slot ≥ slots`.
     pub fn read(&self, slot: usize, len: u32) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.read_into(slot, len, &mut out);
-        out
-    }
-
-    /// [`FrameFile::read`] into `out` (its contents replaced, its memory reused: a
-    /// caller that keeps one buffer copies into touched memory, not fresh pages).
-    pub fn read_into(&self, slot: usize, len: u32, out: &mut Vec<u8>) {
         assert!(slot < self.slots, "slot {slot} of {}", self.slots);
         let len = len.min(self.slot_capacity);
-        self.map.copy_out_into(
-            self.slot_offset(slot) + SLOT_HEADER_BYTES,
-            len as usize,
-            out,
-        );
+        self.map
+            .copy_out(self.slot_offset(slot) + SLOT_HEADER_BYTES, len as usize)
     }
 
     /// Fills `out` with the first `out.len()` bytes of `slot`'s data, as
@@ -1605,17 +1579,11 @@ mod tests {
     }
 
     #[test]
-    fn read_into_reuses_its_buffer() {
+    fn read_to_fills_a_slice_from_the_slots_start() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 1, CAPACITY);
         file.assign(0, 1, label());
         file.write(0, 1, 0, b"abcdef").expect("write");
-        let mut buffer = Vec::with_capacity(CAPACITY as usize);
-        buffer.extend_from_slice(b"leftover bytes of an earlier frame");
-        let memory = buffer.as_ptr();
-        file.read_into(0, 4, &mut buffer);
-        assert_eq!(buffer, b"abcd");
-        assert_eq!(buffer.as_ptr(), memory, "no new allocation");
         assert_eq!(file.read(0, 6), b"abcdef");
         let mut slice = [9u8; 5];
         file.read_to(0, &mut slice);
