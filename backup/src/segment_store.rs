@@ -1209,11 +1209,14 @@ impl ReplicaFile {
     /// `None` otherwise (see the type's doc). Blocks on the disk.
     pub fn read(&self) -> Option<Vec<u8>> {
         let mut content = Vec::new();
+        self.read_into(&mut content).then_some(content)
+    }
+
+    /// [`read`](Self::read) into `content` (its old bytes replaced, its allocation
+    /// reused); whether the file held the replica. On `false` the content is unspecified.
+    pub fn read_into(&self, content: &mut Vec<u8>) -> bool {
         let key = (self.meta.master, self.meta.segment);
-        match verify_file(&self.path, key, Some(&mut content)) {
-            Ok(meta) if meta == self.meta => Some(content),
-            _ => None,
-        }
+        matches!(verify_file(&self.path, key, Some(content)), Ok(meta) if meta == self.meta)
     }
 
     /// The replica's metadata.

@@ -945,20 +945,23 @@ impl Shared {
     }
 
     /// The stored replica `key` from the free slot that still holds it, checked against
-    /// the store's checksum; `None` if no slot does (any more). Copies it.
-    fn read_kept(&self, key: ReplicaKey) -> Option<(ReplicaMeta, Vec<u8>)> {
+    /// the store's checksum, copied into `bytes`; `None` if no slot does (any more).
+    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
         let (slot, meta) = {
             let state = self.state.lock();
             let &(slot, meta) = state.kept.get(&key)?;
             (state.stored.get(&key) == Some(&meta)).then_some((slot, meta))?
         };
-        let bytes = self.file.read(slot, meta.length);
+        let length = meta.length.min(self.file.slot_capacity()) as usize;
+        bytes.clear();
+        bytes.resize(length, 0);
+        self.file.read_to(slot, bytes);
         // A slot assigned meanwhile was zeroed and written by another frame: its bytes
         // no longer match, and the entry is gone.
-        let intact = bytes.len() == meta.length as usize
-            && crc32fast::hash(&bytes) == meta.content_crc32
+        let intact = length == meta.length as usize
+            && crc32fast::hash(bytes) == meta.content_crc32
             && self.state.lock().kept.get(&key) == Some(&(slot, meta));
-        intact.then_some((meta, bytes))
+        intact.then_some(meta)
     }
 
     /// Copies each frame out of its slot and scans it for its valid prefix, then keeps
@@ -1065,6 +1068,7 @@ fn read_held(
     store: &Mutex<SegmentStore>,
     shared: &Shared,
     key: ReplicaKey,
+    mut reuse: Vec<u8>,
 ) -> Result<Option<HeldReplica>, StoreError> {
     let frame = shared
         .state
@@ -1081,10 +1085,10 @@ fn read_held(
         // Closed, freed or replaced meanwhile: the store has the answer.
     }
     // From memory if the slot it was flushed from is still free.
-    if let Some((meta, bytes)) = shared.read_kept(key) {
+    if let Some(meta) = shared.read_kept(key, &mut reuse) {
         return Ok(Some(HeldReplica {
             info: info_of(&meta),
-            bytes,
+            bytes: reuse,
         }));
     }
     // Read the file without the store lock: its metadata from the mirror (which may
@@ -1093,10 +1097,10 @@ fn read_held(
     // corrupt meanwhile).
     let stored = shared.state.lock().stored.get(&key).copied();
     if let Some(file) = stored.map(|meta| shared.files.file(meta)) {
-        if let Some(bytes) = file.read() {
+        if file.read_into(&mut reuse) {
             return Ok(Some(HeldReplica {
                 info: info_of(&file.meta()),
-                bytes,
+                bytes: reuse,
             }));
         }
     }
@@ -1200,6 +1204,7 @@ impl ReplicaSource for RecoverySource {
         &self,
         master: ServerId,
         segment: SegmentId,
+        reuse: Vec<u8>,
     ) -> Result<Option<HeldReplica>, StoreError> {
         let key = (master, segment);
         let unfenced = {
@@ -1212,7 +1217,7 @@ impl ReplicaSource for RecoverySource {
         if unfenced {
             fence(&self.shared, &self.rdma, master);
         }
-        read_held(&self.store, &self.shared, key)
+        read_held(&self.store, &self.shared, key, reuse)
     }
 }
 
@@ -1788,7 +1793,7 @@ impl BackupService {
             }
         }
         let (store, shared) = (Arc::clone(&self.store), Arc::clone(&self.shared));
-        match blocking(move || read_held(&store, &shared, key)).await? {
+        match blocking(move || read_held(&store, &shared, key, Vec::new())).await? {
             Ok(Some(held)) => Ok(Reply::ok(&ReadReplicaReply {
                 info: held.info,
                 bytes: Bytes::from(held.bytes),
