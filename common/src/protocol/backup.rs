@@ -15,7 +15,9 @@ use super::rpcs;
 use crate::bincode_message;
 use crate::ids::{SegmentId, ServerId, TableId, Version};
 use crate::onesided::rdma::RdmaEndpoint;
-use bytes::Bytes;
+use crate::rpc::message::Cursor;
+use crate::rpc::{DecodeError, WireMessage};
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 /// Reserve a frame for replica (master, segment) at `epoch`.
@@ -287,6 +289,43 @@ pub struct RecoveryDataReply {
     pub count: u32,
 }
 
+/// Bytes of a [`RecoveryDataReply`] besides its entries.
+const RECOVERY_DATA_REPLY_FIXED_BYTES: usize = 8 + 8 + 8 + 4;
+
+/// By hand, for the bulk of a recovery's bytes: the layout is the one bincode gives the
+/// serde derive (`epoch u64 | safe_version u64 | entries_len u64 | entries | count u32`,
+/// little-endian), but the frame is sized once before the entries are copied in, and
+/// decoding hands out the entries as a slice of the received frame instead of copying
+/// them.
+impl WireMessage for RecoveryDataReply {
+    fn encode(&self, out: &mut BytesMut) {
+        out.reserve(RECOVERY_DATA_REPLY_FIXED_BYTES + self.entries.len());
+        out.put_u64_le(self.epoch);
+        out.put_u64_le(self.safe_version.0);
+        out.put_u64_le(self.entries.len() as u64);
+        out.put_slice(&self.entries);
+        out.put_u32_le(self.count);
+    }
+
+    fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut cursor = Cursor::new(payload);
+        let epoch = cursor.u64("epoch")?;
+        let safe_version = Version(cursor.u64("safe version")?);
+        let entries_len = cursor.u64("entries length")?;
+        let entries_len = usize::try_from(entries_len)
+            .map_err(|_| DecodeError(format!("entries length {entries_len} too large")))?;
+        let entries = cursor.bytes(entries_len, "entries")?;
+        let count = cursor.u32("count")?;
+        cursor.finish()?;
+        Ok(RecoveryDataReply {
+            epoch,
+            safe_version,
+            entries,
+            count,
+        })
+    }
+}
+
 /// Recovery of `master` is over: free every replica of it held here and forget its
 /// recovery reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -308,7 +347,6 @@ bincode_message!(
     StartRecoveryReply,
     RecoveryReadRequest,
     RecoveryDataRequest,
-    RecoveryDataReply,
     EndRecoveryRequest,
     EndRecoveryReply,
     OpenReplicaRequest,

@@ -3,7 +3,7 @@
 //! never allocate what a length prefix merely claims.
 
 use crate::ids::{ServerId, TableId, Version};
-use crate::protocol::{coordinator, master};
+use crate::protocol::{backup, coordinator, master};
 use crate::reject::RejectRules;
 use crate::rpc::WireMessage;
 use crate::status::Status;
@@ -230,6 +230,40 @@ fn hot_path_messages_cut_before_their_value_are_refused() {
     }
 }
 
+fn recovery_data_reply() -> backup::RecoveryDataReply {
+    backup::RecoveryDataReply {
+        epoch: 7,
+        safe_version: Version(1 << 40),
+        entries: Bytes::from((0..=255u8).collect::<Vec<u8>>()),
+        count: 3,
+    }
+}
+
+/// `RecoveryDataReply` is encoded by hand: it must keep the layout its serde derive
+/// gives with the protocol's bincode options, and its entries must come out of the
+/// frame they arrived in, not a copy.
+#[test]
+fn a_recovery_data_reply_is_bincode_on_the_wire_and_decodes_without_copying() {
+    let reply = recovery_data_reply();
+    let mut bincode = BytesMut::new();
+    crate::rpc::message::encode_bincode(&reply, &mut bincode);
+    let whole = encode(&reply);
+    assert_eq!(whole, bincode.freeze());
+    let decoded = backup::RecoveryDataReply::decode(whole.clone()).expect("decodes");
+    let frame = whole.as_ptr_range();
+    assert!(
+        frame.contains(&decoded.entries.as_ptr()),
+        "entries share the frame"
+    );
+    assert_only_the_whole_encoding_decodes(reply);
+    // A length prefix past the payload is refused before anything is allocated.
+    let mut hostile = BytesMut::new();
+    hostile.put_u64_le(1);
+    hostile.put_u64_le(2);
+    hostile.put_u64_le(u64::MAX);
+    assert!(backup::RecoveryDataReply::decode(hostile.freeze()).is_err());
+}
+
 /// Decodes `payload` as every message type; the results do not matter, only that
 /// no decoder panics.
 fn decode_as_everything(payload: &Bytes) {
@@ -257,6 +291,7 @@ fn decode_as_everything(payload: &Bytes) {
     let _ = master::TabletsRequest::decode(payload.clone());
     let _ = master::PingRequest::decode(payload.clone());
     let _ = master::PingReply::decode(payload.clone());
+    let _ = backup::RecoveryDataReply::decode(payload.clone());
     let _ = <()>::decode(payload.clone());
 }
 
@@ -269,6 +304,7 @@ fn valid_encodings() -> Vec<Bytes> {
         encode(&multi_read_request()),
         encode(&enumerate_reply()),
         encode(&read_request()),
+        encode(&recovery_data_reply()),
     ]
 }
 

@@ -15,10 +15,11 @@ use crate::bincode_message;
 use crate::ids::{SegmentId, ServerId, TableId, Version};
 use crate::protocol::backup::PartitionRanges;
 use crate::reject::RejectRules;
+use crate::rpc::message::Cursor;
 use crate::rpc::{DecodeError, WireMessage};
 use crate::status::Status;
 use crate::tablet::Tablet;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 /// Read one object.
@@ -371,57 +372,6 @@ rpcs! {
     SyncTablets = 15: SyncTabletsRequest => ();
 }
 
-/// Bounds-checked reader over a payload that hands out zero-copy slices.
-struct Cursor(Bytes);
-
-impl Cursor {
-    fn need(&self, n: usize, what: &str) -> Result<(), DecodeError> {
-        if self.0.remaining() < n {
-            return Err(DecodeError(format!("payload ends inside {what}")));
-        }
-        Ok(())
-    }
-
-    fn u64(&mut self, what: &str) -> Result<u64, DecodeError> {
-        self.need(8, what)?;
-        Ok(self.0.get_u64_le())
-    }
-
-    fn u32(&mut self, what: &str) -> Result<u32, DecodeError> {
-        self.need(4, what)?;
-        Ok(self.0.get_u32_le())
-    }
-
-    fn u16(&mut self, what: &str) -> Result<u16, DecodeError> {
-        self.need(2, what)?;
-        Ok(self.0.get_u16_le())
-    }
-
-    fn u8(&mut self, what: &str) -> Result<u8, DecodeError> {
-        self.need(1, what)?;
-        Ok(self.0.get_u8())
-    }
-
-    fn bytes(&mut self, len: usize, what: &str) -> Result<Bytes, DecodeError> {
-        self.need(len, what)?;
-        Ok(self.0.split_to(len))
-    }
-
-    fn rest(self) -> Bytes {
-        self.0
-    }
-
-    fn finish(self) -> Result<(), DecodeError> {
-        if self.0.has_remaining() {
-            return Err(DecodeError(format!(
-                "{} trailing bytes",
-                self.0.remaining()
-            )));
-        }
-        Ok(())
-    }
-}
-
 const RULE_DOESNT_EXIST: u8 = 1;
 const RULE_EXISTS: u8 = 2;
 const RULE_VERSION_LE_GIVEN: u8 = 4;
@@ -469,7 +419,7 @@ impl WireMessage for ReadRequest {
     }
 
     fn decode(payload: Bytes) -> Result<Self, DecodeError> {
-        let mut cursor = Cursor(payload);
+        let mut cursor = Cursor::new(payload);
         let table = TableId(cursor.u64("table id")?);
         let key_len = cursor.u32("key length")? as usize;
         let key = cursor.bytes(key_len, "key")?;
@@ -493,7 +443,7 @@ impl WireMessage for ReadReply {
     }
 
     fn decode(payload: Bytes) -> Result<Self, DecodeError> {
-        let mut cursor = Cursor(payload);
+        let mut cursor = Cursor::new(payload);
         let status = Status::from_code(cursor.u16("status")?);
         let version = Version(cursor.u64("version")?);
         Ok(ReadReply {
@@ -515,7 +465,7 @@ impl WireMessage for WriteRequest {
     }
 
     fn decode(payload: Bytes) -> Result<Self, DecodeError> {
-        let mut cursor = Cursor(payload);
+        let mut cursor = Cursor::new(payload);
         let table = TableId(cursor.u64("table id")?);
         let rules = get_rules(&mut cursor)?;
         let key_len = cursor.u32("key length")? as usize;
@@ -536,7 +486,7 @@ impl WireMessage for WriteReply {
     }
 
     fn decode(payload: Bytes) -> Result<Self, DecodeError> {
-        let mut cursor = Cursor(payload);
+        let mut cursor = Cursor::new(payload);
         let status = Status::from_code(cursor.u16("status")?);
         let version = Version(cursor.u64("version")?);
         cursor.finish()?;

@@ -2,11 +2,11 @@
 //!
 //! Control messages are serde types encoded with bincode (fixed-width little-endian
 //! integers, a size limit on decode so a hostile length prefix cannot make us allocate
-//! gigabytes). Hot-path messages (read, write) implement [`WireMessage`] by hand so
-//! that keys and values travel as raw bytes and decode as zero-copy slices of the
-//! received frame.
+//! gigabytes). Hot-path messages (read, write, and the pieces a recovery fetches)
+//! implement [`WireMessage`] by hand, with [`Cursor`], so that keys, values and log
+//! entries travel as raw bytes and decode as zero-copy slices of the received frame.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// A message that can be a request or reply payload.
 pub trait WireMessage: Sized + Send + 'static {
@@ -27,6 +27,72 @@ pub trait Rpc {
     type Request: WireMessage;
     /// What a successful call returns.
     type Reply: WireMessage;
+}
+
+/// Bounds-checked reader over a payload that hands out zero-copy slices, for the
+/// messages that implement [`WireMessage`] by hand. Integers are little-endian; `what`
+/// names the field in the error of a payload that ends inside it.
+#[derive(Debug)]
+pub struct Cursor(Bytes);
+
+impl Cursor {
+    /// A cursor at the start of `payload`.
+    pub fn new(payload: Bytes) -> Cursor {
+        Cursor(payload)
+    }
+
+    fn need(&self, n: usize, what: &str) -> Result<(), DecodeError> {
+        if self.0.remaining() < n {
+            return Err(DecodeError(format!("payload ends inside {what}")));
+        }
+        Ok(())
+    }
+
+    /// The next 8 bytes.
+    pub fn u64(&mut self, what: &str) -> Result<u64, DecodeError> {
+        self.need(8, what)?;
+        Ok(self.0.get_u64_le())
+    }
+
+    /// The next 4 bytes.
+    pub fn u32(&mut self, what: &str) -> Result<u32, DecodeError> {
+        self.need(4, what)?;
+        Ok(self.0.get_u32_le())
+    }
+
+    /// The next 2 bytes.
+    pub fn u16(&mut self, what: &str) -> Result<u16, DecodeError> {
+        self.need(2, what)?;
+        Ok(self.0.get_u16_le())
+    }
+
+    /// The next byte.
+    pub fn u8(&mut self, what: &str) -> Result<u8, DecodeError> {
+        self.need(1, what)?;
+        Ok(self.0.get_u8())
+    }
+
+    /// The next `len` bytes, sharing the payload's buffer.
+    pub fn bytes(&mut self, len: usize, what: &str) -> Result<Bytes, DecodeError> {
+        self.need(len, what)?;
+        Ok(self.0.split_to(len))
+    }
+
+    /// Everything left, sharing the payload's buffer.
+    pub fn rest(self) -> Bytes {
+        self.0
+    }
+
+    /// Ok if nothing is left.
+    pub fn finish(self) -> Result<(), DecodeError> {
+        if self.0.has_remaining() {
+            return Err(DecodeError(format!(
+                "{} trailing bytes",
+                self.0.remaining()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// A payload that does not decode as the expected message.
