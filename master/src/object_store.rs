@@ -53,6 +53,7 @@ use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes};
 use rampart_common::protocol::backup::PartitionRanges;
@@ -226,8 +227,8 @@ enum Staged {
 /// The effects of one append batch, staged but not yet published.
 #[derive(Debug, Default)]
 pub struct Batch {
-    /// Final staged state per (table, key); later operations of the batch read it.
-    staged: HashMap<(TableId, Bytes), Staged>,
+    /// Final staged state per key; later operations of the batch read it.
+    staged: HashMap<StagedKey, Staged, BuildHasherDefault<KeyHashHasher>>,
 }
 
 impl Batch {
@@ -239,6 +240,75 @@ impl Batch {
     /// Whether nothing was staged.
     pub fn is_empty(&self) -> bool {
         self.staged.is_empty()
+    }
+
+    fn get(&self, table: TableId, hash: KeyHash, key: &Bytes) -> Option<Staged> {
+        let key = StagedKey {
+            table,
+            hash,
+            key: key.clone(),
+        };
+        self.staged.get(&key).copied()
+    }
+
+    fn insert(&mut self, table: TableId, hash: KeyHash, key: &Bytes, staged: Staged) {
+        let key = StagedKey {
+            table,
+            hash,
+            key: key.clone(),
+        };
+        self.staged.insert(key, staged);
+    }
+}
+
+/// A key of a [`Batch`], with the `key_hash` its operation computed already. The map
+/// hashes that (a uniform 64-bit hash) instead of the key's bytes: replay stages every
+/// object of a recovery, and SipHash over each key, twice, plus `key_hash` again at
+/// publish, cost more than the lookups themselves.
+#[derive(Clone, Debug)]
+struct StagedKey {
+    table: TableId,
+    /// `key_hash(&key)`.
+    hash: KeyHash,
+    key: Bytes,
+}
+
+impl PartialEq for StagedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.table == other.table && self.hash == other.hash && self.key == other.key
+    }
+}
+
+impl Eq for StagedKey {}
+
+impl Hash for StagedKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Equal keys have equal hashes, so this agrees with `eq`.
+        state.write_u64(self.hash.0 ^ self.table.0.wrapping_mul(MIX));
+    }
+}
+
+/// An odd constant with well-spread bits (2⁶⁴ / φ), to mix a table id into a key hash.
+const MIX: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The hasher of [`StagedKey`]s: their one `write_u64` is already a uniform hash, kept
+/// as it is. Anything else written (no caller does) is folded in byte by byte.
+#[derive(Debug, Default)]
+struct KeyHashHasher(u64);
+
+impl Hasher for KeyHashHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = self.0.rotate_left(29) ^ value;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(MIX);
+        }
     }
 }
 
@@ -399,9 +469,9 @@ impl ObjectStore {
         hash: KeyHash,
         key: &Bytes,
     ) -> Option<(Version, LogRef)> {
-        if let Some(staged) = batch.staged.get(&(table, key.clone())) {
+        if let Some(staged) = batch.get(table, hash, key) {
             return match staged {
-                Staged::Live { version, at } => Some((*version, *at)),
+                Staged::Live { version, at } => Some((version, at)),
                 Staged::Removed => None,
             };
         }
@@ -448,8 +518,10 @@ impl ObjectStore {
                     Ok(at) => {
                         let bytes = object_entry_bytes(key.len(), value.len());
                         self.profiler.track(table, hash, bytes as u64);
-                        batch.staged.insert(
-                            (table, key.clone()),
+                        batch.insert(
+                            table,
+                            hash,
+                            key,
                             Staged::Live {
                                 version: new_version,
                                 at,
@@ -481,7 +553,7 @@ impl ObjectStore {
                         self.profiler.track(table, hash, bytes as u64);
                         self.safe_version = floor;
                         self.version_max = self.version_max.max(floor);
-                        batch.staged.insert((table, key.clone()), Staged::Removed);
+                        batch.insert(table, hash, key, Staged::Removed);
                         OpOutcome::Write(WriteReply {
                             status: Status::Ok,
                             version,
@@ -509,8 +581,10 @@ impl ObjectStore {
                     Ok(at) => {
                         let bytes = object_entry_bytes(key.len(), value.len());
                         self.profiler.track(table, hash, bytes as u64);
-                        batch.staged.insert(
-                            (table, key.clone()),
+                        batch.insert(
+                            table,
+                            hash,
+                            key,
                             Staged::Live {
                                 version: new_version,
                                 at,
@@ -555,8 +629,7 @@ impl ObjectStore {
             tablets,
             ..
         } = self;
-        for ((table, key), staged) in batch.staged {
-            let hash = key_hash(&key);
+        for (StagedKey { table, hash, key }, staged) in batch.staged {
             // A tablet dropped after staging (the appender orders tablet changes
             // between batches, so this is defence in depth) must not regain objects.
             if owned_only && !tablets.owns(table, hash) {
@@ -611,9 +684,7 @@ impl ObjectStore {
                             .append_object(table, version, key, value, self.safe_version)?;
                     let bytes = object_entry_bytes(key.len(), value.len()) as u64;
                     self.note_replayed(table, hash, bytes);
-                    batch
-                        .staged
-                        .insert((table, key.clone()), Staged::Live { version, at });
+                    batch.insert(table, hash, key, Staged::Live { version, at });
                     let counts = state.counts_mut();
                     counts.objects_appended += 1;
                     counts.bytes_appended += bytes;
@@ -650,7 +721,7 @@ impl ObjectStore {
                     )?;
                     let bytes = tombstone_entry_bytes(key.len()) as u64;
                     self.note_replayed(table, hash, bytes);
-                    batch.staged.insert((table, key.clone()), Staged::Removed);
+                    batch.insert(table, hash, key, Staged::Removed);
                     let counts = state.counts_mut();
                     counts.tombstones_appended += 1;
                     counts.bytes_appended += bytes;
@@ -1483,6 +1554,34 @@ mod tests {
             let read = store.read(TABLE, b"n");
             assert_eq!((&read.value[..], read.version), (&int(start)[..], version));
         }
+    }
+
+    #[test]
+    fn a_batch_tells_apart_keys_that_share_a_hash_or_a_key_in_two_tables() {
+        let mut batch = Batch::new();
+        let at = |offset: u32| Staged::Live {
+            version: Version(offset.into()),
+            at: LogRef {
+                segment: SegmentId(1),
+                offset,
+            },
+        };
+        let (a, b) = (Bytes::from_static(b"a"), Bytes::from_static(b"b"));
+        // A collision of 64-bit key hashes, forced: the keys still decide.
+        batch.insert(TableId(1), KeyHash(7), &a, at(1));
+        batch.insert(TableId(1), KeyHash(7), &b, at(2));
+        batch.insert(TableId(2), KeyHash(7), &a, Staged::Removed);
+        assert_eq!(batch.get(TableId(1), KeyHash(7), &a), Some(at(1)));
+        assert_eq!(batch.get(TableId(1), KeyHash(7), &b), Some(at(2)));
+        assert_eq!(batch.get(TableId(2), KeyHash(7), &a), Some(Staged::Removed));
+        assert_eq!(batch.get(TableId(2), KeyHash(7), &b), None);
+        batch.insert(TableId(1), KeyHash(7), &a, at(3));
+        assert_eq!(
+            batch.get(TableId(1), KeyHash(7), &a),
+            Some(at(3)),
+            "replaced"
+        );
+        assert_eq!(batch.staged.len(), 3);
     }
 
     #[test]
