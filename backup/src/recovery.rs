@@ -371,6 +371,21 @@ pub fn split_replica(
     replica: &ReplicaInfo,
     index: &PartitionIndex,
 ) -> Result<SplitReplica, SplitError> {
+    split_replica_noting_in(bytes, replica, index, &mut Vec::new())
+}
+
+/// Where one entry of a replica goes: (partition, start, end).
+type EntryPlace = (u32, usize, usize);
+
+/// [`split_replica`], noting where entries go in `places` (cleared first): a reader
+/// passes the same vector for every replica, so the notes, ~24 bytes per entry, cost
+/// no fresh memory after the first.
+fn split_replica_noting_in(
+    bytes: &[u8],
+    replica: &ReplicaInfo,
+    index: &PartitionIndex,
+    places: &mut Vec<EntryPlace>,
+) -> Result<SplitReplica, SplitError> {
     let found = scan(bytes);
     if replica.closed && !found.closed {
         return Err(SplitError::NotClosed {
@@ -395,8 +410,8 @@ pub fn split_replica(
         safe_version: Version(0),
         pieces: vec![Piece::default(); index.partitions() as usize],
     };
-    // (partition, start, end) of each entry that goes to a piece, in log order.
-    let mut places: Vec<(u32, usize, usize)> = Vec::new();
+    // Each entry that goes to a piece, in log order.
+    places.clear();
     let mut piece_bytes = vec![0usize; split.pieces.len()];
     for (offset, entry) in entries(bytes, found.valid_bytes) {
         let (table, key, length) = match entry {
@@ -426,7 +441,7 @@ pub fn split_replica(
     for (piece, &size) in split.pieces.iter_mut().zip(&piece_bytes) {
         piece.entries.reserve_exact(size);
     }
-    for (partition, start, end) in places {
+    for &(partition, start, end) in places.iter() {
         let piece = &mut split.pieces[partition as usize];
         // In bounds: `entries` decoded this entry whole from `bytes`.
         piece.entries.extend_from_slice(&bytes[start..end]);
@@ -762,7 +777,13 @@ impl RecoveryReads {
         let index = PartitionIndex::new(std::slice::from_ref(&request.ranges))?;
         let (master, segment) = (request.master, request.segment);
         let read = tokio::task::spawn_blocking(move || {
-            read_and_split(source.as_ref(), master, segment, &index, &mut Vec::new())
+            read_and_split(
+                source.as_ref(),
+                master,
+                segment,
+                &index,
+                &mut ReadBuffers::default(),
+            )
         })
         .await
         .map_err(|error| FetchError::Unreadable {
@@ -892,15 +913,23 @@ fn reply(epoch: u64, safe_version: Version, piece: Piece) -> RecoveryDataReply {
     }
 }
 
-/// Reads one replica into `buffer` (the previous read's bytes, reused: see
-/// [`ReplicaSource::read`]) and splits it; the replica's bytes are left in `buffer`
-/// for the next read. Blocks.
+/// What a reader reuses from one replica to the next: the bytes of the last one read
+/// (handed to [`ReplicaSource::read`]) and the split's notes. About one segment of
+/// memory per reader, for the whole recovery, outside the cache's budget.
+#[derive(Debug, Default)]
+struct ReadBuffers {
+    bytes: Vec<u8>,
+    places: Vec<EntryPlace>,
+}
+
+/// Reads one replica into `buffers.bytes` (the previous read's, reused) and splits it.
+/// After a read that failed or found nothing, the buffers start afresh. Blocks.
 fn read_and_split(
     source: &dyn ReplicaSource,
     master: ServerId,
     segment: SegmentId,
     index: &PartitionIndex,
-    buffer: &mut Vec<u8>,
+    buffers: &mut ReadBuffers,
 ) -> Result<(u64, SplitReplica), FetchError> {
     let unreadable = |reason: String| FetchError::Unreadable {
         master,
@@ -908,11 +937,11 @@ fn read_and_split(
         reason,
     };
     let held = source
-        .read(master, segment, std::mem::take(buffer))
+        .read(master, segment, std::mem::take(&mut buffers.bytes))
         .map_err(|error| unreadable(error.to_string()))?
         .ok_or(FetchError::NotHeld { master, segment })?;
-    let split = split_replica(&held.bytes, &held.info, index);
-    *buffer = held.bytes;
+    let split = split_replica_noting_in(&held.bytes, &held.info, index, &mut buffers.places);
+    buffers.bytes = held.bytes;
     let split = split.map_err(|error| unreadable(error.to_string()))?;
     Ok((held.info.epoch, split))
 }
@@ -930,13 +959,13 @@ impl ReaderGuard {
     fn run(self, source: &dyn ReplicaSource, order: Vec<SegmentId>, index: &PartitionIndex) {
         let started = std::time::Instant::now();
         let count = order.len();
-        let mut buffer = Vec::new();
+        let mut buffers = ReadBuffers::default();
         for segment in order {
             if !self.is_current() {
                 tracing::info!(master = %self.master, "recovery reader stops: attempt replaced or ended");
                 return;
             }
-            let read = read_and_split(source, self.master, segment, index, &mut buffer);
+            let read = read_and_split(source, self.master, segment, index, &mut buffers);
             if let Err(error) = &read {
                 tracing::warn!(master = %self.master, %segment, %error, "recovery read failed");
             }
@@ -1222,13 +1251,24 @@ mod tests {
             ]
         );
         assert_eq!(split.pieces[1].count, 2);
-        for piece in &split.pieces {
-            assert_eq!(
-                piece.entries.capacity(),
-                piece.entries.len(),
-                "sized exactly"
-            );
+    }
+
+    #[test]
+    fn split_replica_allocates_each_piece_at_its_exact_size() {
+        let index = PartitionIndex::new(&[vec![(TableId(1), 0, u64::MAX)]]).expect("index");
+        let mut writer =
+            SegmentWriter::open(MASTER, SegmentId(4), CAPACITY, &[SegmentId(4)]).expect("open");
+        // A large entry first: a piece grown by doubling then ends with spare room.
+        for (version, value_bytes) in [(1, 100), (2, 1), (3, 1)] {
+            writer
+                .append_object(TableId(1), Version(version), b"k", &vec![7; value_bytes])
+                .expect("fits");
         }
+        writer.seal_batch();
+        let split = split_replica(writer.bytes(), &info(4, false), &index).expect("splits");
+        let piece = &split.pieces[0];
+        assert_eq!(piece.count, 3);
+        assert_eq!(piece.entries.capacity(), piece.entries.len());
     }
 
     #[test]

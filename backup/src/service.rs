@@ -945,7 +945,8 @@ impl Shared {
     }
 
     /// The stored replica `key` from the free slot that still holds it, checked against
-    /// the store's checksum, copied into `bytes`; `None` if no slot does (any more).
+    /// the store's checksum, copied into `bytes`; `None` if no slot does (any more),
+    /// and then `bytes` holds nothing to use.
     fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
         let (slot, meta) = {
             let state = self.state.lock();

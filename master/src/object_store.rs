@@ -53,7 +53,7 @@ use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes};
 use rampart_common::protocol::backup::PartitionRanges;
@@ -228,7 +228,7 @@ enum Staged {
 #[derive(Debug, Default)]
 pub struct Batch {
     /// Final staged state per key; later operations of the batch read it.
-    staged: HashMap<StagedKey, Staged, BuildHasherDefault<KeyHashHasher>>,
+    staged: HashMap<StagedKey, Staged, SeededKeyHash>,
 }
 
 impl Batch {
@@ -262,9 +262,10 @@ impl Batch {
 }
 
 /// A key of a [`Batch`], with the `key_hash` its operation computed already. The map
-/// hashes that (a uniform 64-bit hash) instead of the key's bytes: replay stages every
-/// object of a recovery, and SipHash over each key, twice, plus `key_hash` again at
-/// publish, cost more than the lookups themselves.
+/// hashes that instead of the key's bytes: replay stages every object of a recovery,
+/// and SipHash over each key, twice, plus `key_hash` again at publish, cost more than
+/// the lookups themselves. `key_hash` is unseeded and a batch's keys often share a
+/// tablet (a narrow range of hashes), so [`SeededKeyHash`] mixes it with a random seed.
 #[derive(Clone, Debug)]
 struct StagedKey {
     table: TableId,
@@ -288,12 +289,37 @@ impl Hash for StagedKey {
     }
 }
 
-/// An odd constant with well-spread bits (2⁶⁴ / φ), to mix a table id into a key hash.
+/// An odd constant with well-spread bits (2⁶⁴ / φ).
 const MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// The hasher of [`StagedKey`]s: their one `write_u64` is already a uniform hash, kept
-/// as it is. Anything else written (no caller does) is folded in byte by byte.
-#[derive(Debug, Default)]
+/// Builds the hashers of [`StagedKey`]s, seeded once per process at random: the hash
+/// table's bucket and control bits then depend on every bit of the key hash and on
+/// the seed, so neither keys that share a tablet nor keys a client chose to share low
+/// hash bits pile up in a few buckets.
+#[derive(Clone, Copy, Debug)]
+struct SeededKeyHash(u64);
+
+impl Default for SeededKeyHash {
+    fn default() -> Self {
+        static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        SeededKeyHash(
+            *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(MIX)),
+        )
+    }
+}
+
+impl BuildHasher for SeededKeyHash {
+    type Hasher = KeyHashHasher;
+
+    fn build_hasher(&self) -> KeyHashHasher {
+        KeyHashHasher(self.0)
+    }
+}
+
+/// A [`SeededKeyHash`] hasher: each `u64` written (a `StagedKey` writes one) is folded
+/// into the state with a 64 × 64 → 128-bit multiply, whose halves are xored.
+/// Anything else written (no caller does) is folded in eight bytes at a time.
+#[derive(Debug)]
 struct KeyHashHasher(u64);
 
 impl Hasher for KeyHashHasher {
@@ -302,12 +328,15 @@ impl Hasher for KeyHashHasher {
     }
 
     fn write_u64(&mut self, value: u64) {
-        self.0 = self.0.rotate_left(29) ^ value;
+        let product = u128::from(self.0 ^ value) * u128::from(MIX);
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(MIX);
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
         }
     }
 }
