@@ -245,6 +245,14 @@ impl MasterService {
         self.id
     }
 
+    /// What the will uploader ([`crate::will_upload::WillUploader`]) calls for this
+    /// master's current will: the profiler's partitions, cut at the configured limits,
+    /// computed under the store lock.
+    pub fn will_source(&self) -> impl Fn() -> rampart_common::will::Will + Send + Sync + 'static {
+        let store = Arc::clone(&self.store);
+        move || store.lock().will()
+    }
+
     /// The store, for tests and statistics.
     pub fn store(&self) -> &Arc<Mutex<ObjectStore>> {
         &self.store

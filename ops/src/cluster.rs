@@ -63,7 +63,7 @@ pub struct UpArgs {
     pub value_bytes_max: String,
     /// Segment replicas each server's backup buffers in memory at once (its frames,
     /// allocated at start-up: 8 MiB each with the default segment size).
-    #[arg(long, default_value_t = crate::process::BACKUP_FRAMES_DEFAULT)]
+    #[arg(long, default_value_t = rampart_server::config::BACKUP_FRAMES_DEFAULT)]
     pub backup_frames: usize,
     /// Log level of the children (`RAMPART_LOG` overrides).
     #[arg(long, default_value = "warn")]

@@ -16,7 +16,6 @@ mod kv;
 mod process;
 mod recovery;
 mod status;
-mod storage;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -4,24 +4,18 @@
 //! address (`coordinator listening on ADDR`, `server N listening on ADDR`) — so a
 //! parent that asked for port 0 learns the port — and serves until SIGINT or SIGTERM.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use rampart_backup::service::{BackupConfig, BackupService};
 use rampart_common::config::{ByteSize, MasterConfig, SEGMENT_BYTES_DEFAULT};
 use rampart_common::limits::VALUE_BYTES_MAX_DEFAULT;
-use rampart_common::onesided::shm::{
-    default_frame_file, remove_default_frame_files_under, DEFAULT_FRAME_FILE_PREFIX,
-};
+use rampart_common::onesided::shm::remove_default_frame_files_under;
 use rampart_common::onesided::TransportKind;
-use rampart_common::protocol::coordinator::{Enlist, EnlistRequest, RaftStatus, RaftStatusRequest};
+use rampart_common::protocol::coordinator::{RaftStatus, RaftStatusRequest};
 use rampart_common::rpc::{RpcPool, RpcServer};
-use rampart_common::tablet::Services;
 use rampart_coordinator::node::{group_id, NodeConfig, RaftNode, Seed};
 use rampart_coordinator::CoordinatorService;
-use rampart_master::replica_manager::{ReplicationConfig, ServerSource};
-use rampart_master::MasterService;
-
-use crate::storage::{StorageService, BACKUP_THREAD_NAME};
+use rampart_server::config::BACKUP_FRAMES_DEFAULT;
+use rampart_server::{StartError, Stopped, StorageServer, StorageServerConfig};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
@@ -29,9 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-
-/// How long a starting server keeps trying to enlist with the coordinator.
-const ENLIST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `rampart coordinator`
 #[derive(Args, Debug)]
@@ -201,30 +192,6 @@ pub struct ServerArgs {
     /// lease so that a lost renewal does not stop the master.
     #[arg(long, default_value_t = rampart_master::lease::LEASE_RENEW_INTERVAL.as_millis() as u64)]
     pub lease_renew_ms: u64,
-}
-
-/// Frames a backup offers by default (`--backup-frames`): 512 MiB of frames of 8 MiB.
-pub const BACKUP_FRAMES_DEFAULT: usize = 64;
-
-/// Worker threads of a server's backup runtime: backup requests are open, close and
-/// (for the `rpc` and `tcp` transports) copies, so one thread keeps up with the master.
-pub const BACKUP_THREADS: usize = 1;
-
-/// Unflushed frames a backup holds at most: what its disk writes in this long.
-pub const FRAME_FLUSH_WINDOW: Duration = Duration::from_secs(2);
-
-/// Fewest frames a backup offers, whatever its disk: one per concurrently open segment
-/// of a few masters.
-pub const FRAMES_MIN: usize = 8;
-
-/// The frame bound for a disk of `disk_mbps` and frames of `frame_bytes`, at most
-/// `configured`: a backup refuses `OpenReplica` rather than hold more than its disk can
-/// flush in [`FRAME_FLUSH_WINDOW`].
-pub fn frames_for_disk(disk_mbps: u32, frame_bytes: u32, configured: usize) -> usize {
-    let flushable = u64::from(disk_mbps) * 1_000_000 * FRAME_FLUSH_WINDOW.as_secs()
-        / u64::from(frame_bytes.max(1));
-    let flushable = usize::try_from(flushable).unwrap_or(usize::MAX);
-    flushable.clamp(FRAMES_MIN.min(configured), configured.max(1))
 }
 
 /// Removes `root`, a scratch tree of data directories whose servers have stopped (a
@@ -448,307 +415,77 @@ fn export_seed(data_dir: &std::path::Path, file: &std::path::Path) -> Result<Exi
 /// Runs a storage server until a signal, or until its master cannot go on (fenced, or
 /// declared crashed by the coordinator: its lease renewal was refused).
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
-    /// How long a stopping server waits for its lease renewer, failure detector and will
-    /// uploader to stop before aborting them (each stops within one in-flight call).
-    const BACKGROUND_STOP_TIMEOUT: Duration = Duration::from_secs(2);
     crate::init_logging("info");
-    let config = MasterConfig {
+    let config = server_config(&args)?;
+    runtime(args.threads)?.block_on(async {
+        let listener = TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let server = StorageServer::start(config, listener)
+            .await
+            .map_err(|error| match error {
+                StartError::DiskProbe { .. } => anyhow!("{error} (give --disk-mbps to skip)"),
+                error => anyhow!(error),
+            })?;
+        announce(&format!(
+            "server {} listening on {}",
+            server.id().0,
+            server.addr()
+        ))?;
+        let id = server.id();
+        match server.run(shutdown_signal()).await {
+            Stopped::Shutdown => Ok(ExitCode::SUCCESS),
+            Stopped::MasterFailed(reason) => {
+                eprintln!("server {id} stopped: {reason}");
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    })
+}
+
+/// The server's configuration from its flags, validated, with errors naming the flags.
+fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
+    let master = MasterConfig {
         segment_bytes: u32::try_from(args.segment_bytes.0)
             .context("--segment-bytes must be below 4GiB")?,
         memory_bytes: args.memory.0,
         value_bytes_max: usize::try_from(args.value_bytes_max.0)
             .context("--value-bytes-max is too large")?,
     };
-    config.validate()?;
-    let coordinators = crate::coordinator_list(&args.coordinator);
-    if coordinators.is_empty() {
-        bail!("--coordinator needs at least one address");
-    }
-    if args.ping_interval_ms == 0 || args.ping_timeout_ms == 0 || args.lease_renew_ms == 0 {
-        bail!("--ping-interval-ms, --ping-timeout-ms and --lease-renew-ms must be positive");
-    }
-    if args.replication == Some(TransportKind::Rdma) {
-        if let Err(reason) = rampart_common::onesided::rdma::rdma_available() {
-            bail!("--replication rdma: {reason}");
-        }
-    }
-    // The directory first: the default frame file is named by its canonical path, which
-    // exists only once the directory does (else a first start and a restart would name
-    // different files, and the restart would not find the frames the first one left).
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
-    let frame_file = args
-        .frame_file
-        .clone()
-        .unwrap_or_else(|| default_frame_file(&args.data_dir));
-    let disk_mbps = match args.disk_mbps {
-        Some(mbps) => mbps,
-        None => {
-            let speed = rampart_backup::disk_speed::measure_read_mbps(
-                &args.data_dir,
-                rampart_backup::disk_speed::MEASURE_BUDGET,
-            )
-            .with_context(|| {
-                format!(
-                    "cannot measure the disk under {} (give --disk-mbps to skip)",
-                    args.data_dir.display()
-                )
-            })?;
-            tracing::info!(
-                mbps = speed.read_mbps, method = speed.method, elapsed = ?speed.elapsed,
-                "disk read bandwidth measured"
-            );
-            speed.read_mbps
-        }
+    let config = StorageServerConfig {
+        frame_file: args.frame_file.clone(),
+        backup_frames: args.backup_frames,
+        disk_mbps: args.disk_mbps,
+        master,
+        replicas: usize::try_from(args.replicas).context("--replicas is too large")?,
+        replication: args.replication,
+        failure_domain: args.failure_domain.clone(),
+        partition_limits: rampart_master::profiler::PartitionLimits {
+            bytes_max: args.partition_mb.saturating_mul(1024 * 1024),
+            records_max: args.partition_records,
+        },
+        ping_interval: Duration::from_millis(args.ping_interval_ms),
+        ping_timeout: Duration::from_millis(args.ping_timeout_ms),
+        lease_renew_interval: Duration::from_millis(args.lease_renew_ms),
+        ..StorageServerConfig::new(
+            crate::coordinator_list(&args.coordinator),
+            args.data_dir.clone(),
+        )
     };
-    let frame_bytes = config.segment_bytes.max(SEGMENT_BYTES_DEFAULT);
-    let backup_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(BACKUP_THREADS)
-        .thread_name(BACKUP_THREAD_NAME)
-        .enable_all()
-        .build()
-        .context("cannot start the backup runtime")?;
-    runtime(args.threads)?.block_on(async {
-        // `--backup-frames` slots, of which as many as the disk flushes in time take
-        // open frames; the others keep flushed replicas in memory.
-        let frames_max = frames_for_disk(disk_mbps, frame_bytes, args.backup_frames);
-        let backup_config = BackupConfig {
-            frames_max,
-            extra_slots: args.backup_frames.saturating_sub(frames_max),
-            frame_bytes_max: frame_bytes,
-            frame_file: frame_file.clone(),
+    if let Err(error) = config.validate() {
+        let flag = match error.field {
+            "master" => "--segment-bytes, --memory or --value-bytes-max",
+            "coordinators" => "--coordinator",
+            "backup_frames" => "--backup-frames",
+            "disk_mbps" => "--disk-mbps",
+            "partition_limits" => "--partition-mb or --partition-records",
+            "ping_interval" => "--ping-interval-ms",
+            "ping_timeout" => "--ping-timeout-ms",
+            "lease_renew_interval" => "--lease-renew-ms",
+            "replication" => "--replication rdma",
+            other => other,
         };
-        // Frame files of backups killed with SIGKILL stay behind for the backup restarted
-        // on the same data directory; remove those whose data directory is gone.
-        if let Some(dir) = frame_file.parent() {
-            let removed = rampart_common::onesided::shm::remove_stale_frame_files(
-                dir,
-                DEFAULT_FRAME_FILE_PREFIX,
-                rampart_backup::service::frame_file_tag_is_live,
-            );
-            if !removed.is_empty() {
-                tracing::info!(files = removed.len(), dir = %dir.display(), "stale frame files removed");
-            }
-        }
-        let opening = std::time::Instant::now();
-        let (backup, report) = BackupService::open(&args.data_dir, backup_config)
-            .with_context(|| format!("cannot open the backup store in {}", args.data_dir.display()))?;
-        let backup = Arc::new(backup);
-        tracing::info!(
-            data_dir = %args.data_dir.display(),
-            frame_file = %frame_file.display(),
-            frames_open_max = backup.config().frames_max,
-            slots = backup.config().frames_max + backup.config().extra_slots,
-            elapsed_ms = opening.elapsed().as_millis() as u64,
-            replicas = report.store.replicas.len(),
-            quarantined = report.store.quarantined.len(),
-            frames_read_back = report.frames_read_back.len(),
-            "backup store scanned"
-        );
-        for file in &report.store.quarantined {
-            tracing::warn!(file = %file.original.display(), reason = ?file.reason, "replica quarantined");
-        }
-        for meta in &report.frames_read_back {
-            tracing::info!(
-                master = %meta.master, segment = %meta.segment, epoch = meta.epoch,
-                length = meta.length, "frame left by a killed backup stored as an open replica"
-            );
-        }
-        for (label, reason) in &report.frames_skipped {
-            tracing::info!(
-                master = %label.master, segment = %label.segment, epoch = label.epoch,
-                %reason, "frame left by a killed backup not stored"
-            );
-        }
-        if let Some(why) = &report.frame_file_unread {
-            tracing::warn!(frame_file = %frame_file.display(), %why, "frame file left behind not read; replaced");
-        }
-        let listener = TcpListener::bind(&args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let local = listener.local_addr()?;
-        let addr = local.to_string();
-        // The soft-NIC of the `tcp` transport listens beside the RPC port.
-        let nic_listener = TcpListener::bind((local.ip(), 0))
-            .await
-            .context("cannot bind the soft-NIC listener")?;
-        backup.set_nic_addr(nic_listener.local_addr()?.to_string());
-        // The log's memory, touched before enlisting: from its enlistment on the server
-        // must answer pings, and touching takes ≈ 0.4 s per GiB.
-        let touching = std::time::Instant::now();
-        let log_memory = tokio::task::block_in_place(|| {
-            rampart_master::segmented_log::SegmentPool::for_config(&config)
-        });
-        tracing::info!(
-            memory = %ByteSize(config.memory_bytes),
-            elapsed_ms = touching.elapsed().as_millis() as u64,
-            "log memory allocated and touched"
-        );
-        let request = EnlistRequest {
-            addr: addr.clone(),
-            services: Services {
-                master: true,
-                backup: true,
-            },
-            failure_domain: args.failure_domain.clone().unwrap_or_else(|| addr.clone()),
-            disk_read_mbps: disk_mbps,
-        };
-        let id = enlist(&coordinators, &request).await?;
-        let replication = ReplicationConfig {
-            replicas: usize::try_from(args.replicas).context("--replicas is too large")?,
-            transport: args.replication,
-            servers: ServerSource::Coordinators(coordinators.clone()),
-            seed: rand::random(),
-            failed_backup_exclusion: rampart_master::replica_manager::replicator::FAILED_BACKUP_EXCLUSION,
-        };
-        // Client reads and writes wait for the first lease (milliseconds after this).
-        let lease = Arc::new(rampart_master::lease::Lease::new());
-        let limits = rampart_master::profiler::PartitionLimits {
-            bytes_max: args.partition_mb.saturating_mul(1024 * 1024).max(1),
-            records_max: args.partition_records.max(1),
-        };
-        let master = MasterService::with_pool(id, config, replication, limits, log_memory)
-            .with_lease(Arc::clone(&lease));
-        // The lease renewer, the tablet sync, the failure detector and the will uploader
-        // run until
-        // `background_stop` is dropped (at shutdown, below).
-        let (background_stop, background_stopped) = tokio::sync::watch::channel(());
-        let stopped = move || {
-            let mut stopped = background_stopped.clone();
-            async move {
-                let _ = stopped.changed().await;
-            }
-        };
-        let mut background = tokio::task::JoinSet::new();
-        {
-            use rampart_master::failure_detector::{FailureDetectorConfig, FailureDetectorTask};
-            let set = Arc::new(rampart_common::coordinator_set::CoordinatorSet::new(&coordinators));
-            let pool = Arc::new(RpcPool::new());
-            let tablet_sync = Arc::clone(master.tablet_sync());
-            let reserver = master.version_reserver().cloned();
-            let on_grant: rampart_master::lease::GrantHook = {
-                let (tablet_sync, reserver) = (Arc::clone(&tablet_sync), reserver.clone());
-                Arc::new(move |grant| {
-                    tablet_sync.report(grant.tablets_epoch);
-                    if let Some(reserver) = &reserver {
-                        reserver.note_ceiling(grant.version_ceiling);
-                    }
-                })
-            };
-            let renewer = rampart_master::lease::LeaseRenewer::new(
-                id,
-                lease,
-                Arc::clone(&set),
-                Arc::clone(&pool),
-            )
-            .with_interval(Duration::from_millis(args.lease_renew_ms))
-            .on_grant(on_grant);
-            background.spawn(renewer.run(stopped()));
-            background.spawn(tablet_sync.run(stopped()));
-            if let Some(reserver) = reserver {
-                background.spawn(reserver.run(stopped()));
-            }
-            let detector = FailureDetectorTask::new(
-                id,
-                addr.clone(),
-                FailureDetectorConfig {
-                    ping_interval: Duration::from_millis(args.ping_interval_ms),
-                    ping_timeout: Duration::from_millis(args.ping_timeout_ms),
-                    seed: rand::random(),
-                },
-                Arc::clone(&set),
-                Arc::clone(&pool),
-            )
-            .with_server_list_watch(master.server_list_watch());
-            background.spawn(detector.run(stopped()));
-            let store = Arc::clone(master.store());
-            let uploader =
-                rampart_master::will_upload::WillUploader::new(id, move || store.lock().will(), set, pool);
-            background.spawn(uploader.run(stopped()));
-        }
-        let service = Arc::new(StorageService {
-            master,
-            backup: Arc::clone(&backup),
-            backup_runtime: backup_runtime.handle().clone(),
-        });
-        // The soft-NIC runs on the backup runtime too: its CPU is the backup's.
-        let nic_listener = nic_listener.into_std()?;
-        let nic = backup_runtime.spawn(async move {
-            match TcpListener::from_std(nic_listener) {
-                Ok(listener) => {
-                    rampart_common::onesided::nic::serve(listener, backup.nic_target(), std::future::pending())
-                        .await
-                }
-                Err(error) => tracing::error!(%error, "soft-NIC listener lost"),
-            }
-        });
-        announce(&format!("server {} listening on {addr}", id.0))?;
-        tracing::info!(%id, %addr, memory = %args.memory, replicas = args.replicas, "server serving");
-        let failed = Arc::clone(&service);
-        let flusher = Arc::clone(&service.backup);
-        let stop = async move {
-            tokio::select! {
-                _ = shutdown_signal() => None,
-                reason = failed.master.failed() => Some(reason),
-            }
-        };
-        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel();
-        RpcServer::run(listener, service, async move {
-            let _ = stopped_tx.send(stop.await);
-        })
-        .await;
-        nic.abort();
-        drop(background_stop);
-        let drained = tokio::time::timeout(BACKGROUND_STOP_TIMEOUT, async {
-            while background.join_next().await.is_some() {}
-        });
-        if drained.await.is_err() {
-            tracing::warn!(%id, "background tasks did not stop in time; aborted");
-        }
-        drop(background);
-        // The frame file goes with this process: keep what its open frames hold.
-        match tokio::task::spawn_blocking(move || flusher.flush_open_frames()).await {
-            Ok(flushed) => tracing::info!(%id, flushed, "open frames written to the store"),
-            Err(error) => tracing::warn!(%id, %error, "open frames not written to the store"),
-        }
-        if let Ok(Some(reason)) = stopped_rx.await {
-            tracing::error!(%id, %reason, "server stopped: its master cannot go on");
-            eprintln!("server {id} stopped: {reason}");
-            return Ok(ExitCode::FAILURE);
-        }
-        tracing::info!(%id, "server stopped");
-        Ok(ExitCode::SUCCESS)
-    })
-}
-
-/// Enlists with the coordinators' Raft leader (found by following `NotLeader` hints),
-/// retrying until [`ENLIST_TIMEOUT`].
-///
-/// Each attempt may wait `ENLIST_ATTEMPT_TIMEOUT`, longer than the coordinator's own
-/// `PROPOSAL_TIMEOUT`: a working leader answers (`Retry` at worst) before the attempt is
-/// abandoned, so an enlistment is sent again only after a coordinator hung or went away
-/// (a repeated enlistment gets a new id and orphans the first).
-async fn enlist(
-    coordinators: &[String],
-    request: &EnlistRequest,
-) -> Result<rampart_common::ids::ServerId> {
-    use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
-    /// See the function doc.
-    const ENLIST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
-    const _: () = assert!(
-        ENLIST_ATTEMPT_TIMEOUT.as_millis()
-            > rampart_coordinator::service::PROPOSAL_TIMEOUT.as_millis()
-    );
-    let pool = RpcPool::new();
-    let set = CoordinatorSet::new(coordinators).with_attempt_timeout(ENLIST_ATTEMPT_TIMEOUT);
-    let deadline = Instant::now() + ENLIST_TIMEOUT;
-    match set.call::<Enlist>(&pool, request, deadline).await {
-        Ok(reply) => Ok(reply.id),
-        Err(CoordinatorCallError::NoLeader { last, .. }) => {
-            bail!("no coordinator leader answered within {ENLIST_TIMEOUT:?}: {last}")
-        }
-        Err(CoordinatorCallError::Rpc(error)) => {
-            bail!("the coordinator refused enlistment: {error}")
-        }
+        bail!("{flag}: {}", error.reason);
     }
+    Ok(config)
 }

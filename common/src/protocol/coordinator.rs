@@ -6,6 +6,13 @@ use crate::ids::{SegmentId, ServerId, TableId};
 use crate::tablet::{Services, TabletMap};
 use crate::will::Will;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How long a coordinator waits for a proposal to commit, or for a read barrier, before it
+/// answers: several election timeouts, as a leader that lost its majority steps down
+/// within one. A caller's attempt must outlast it, or it would abandon a leader that was
+/// about to answer and send the request again.
+pub const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A storage server announces itself and receives its id.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,7 +18,7 @@
 //!
 //! # How backup CPU is measured
 //! Every server runs its backup (RPC handlers, the `tcp` soft-NIC, flushes to disk) on a
-//! runtime whose threads are named [`BACKUP_THREAD_NAME`] (see `crate::storage`). The
+//! runtime whose threads are named [`BACKUP_THREAD_NAME`] (see `rampart_server::storage_service`). The
 //! benchmark sums `utime + stime` (fields 14 and 15 of `/proc/PID/task/TID/stat`, in
 //! `sysconf(_SC_CLK_TCK)` ticks) over those threads of the cluster's servers, sampled
 //! just before and just after each window, and divides by the replicated writes of the
@@ -83,7 +83,7 @@ use std::time::{Duration, Instant};
 
 use super::ycsb::{histogram, key, load, KeyChooser, RemoveOnDrop, Workload};
 use crate::cluster::{self, LocalCluster, UpArgs};
-use crate::storage::BACKUP_THREAD_NAME;
+use rampart_server::BACKUP_THREAD_NAME;
 
 /// Target: shm's throughput over rpc's, at least.
 pub const THROUGHPUT_RATIO_MIN: f64 = 1.5;
@@ -320,7 +320,7 @@ impl ModeCluster {
             memory: args.memory.clone(),
             segment_bytes: "8MiB".into(),
             value_bytes_max: "1MiB".into(),
-            backup_frames: crate::process::BACKUP_FRAMES_DEFAULT,
+            backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
             log_level: "warn".into(),
             recovery_masters_max: 0,
             replicas: Some(args.replicas),

@@ -212,7 +212,7 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
             memory: "2GiB".into(),
             segment_bytes: "8MiB".into(),
             value_bytes_max: "1MiB".into(),
-            backup_frames: crate::process::BACKUP_FRAMES_DEFAULT,
+            backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
             log_level: "warn".into(),
             recovery_masters_max: 0,
             replicas: args.replicas,

@@ -7,6 +7,9 @@
 //! spends is visible per thread in `/proc` (`rampart bench replication` reads it) and
 //! backup work cannot starve the master's workers. Only the decoding of the RPC frame
 //! happens on the connection's thread.
+//!
+//! This is the router alone; [`crate::StorageServer`] builds it and runs everything
+//! around it.
 
 use bytes::Bytes;
 use rampart_backup::service::BackupService;

@@ -1,0 +1,220 @@
+//! `StorageServerConfig`: everything one storage server is built from, checked once by
+//! [`StorageServerConfig::validate`] before anything starts.
+//!
+//! Defaults are those of `rampart server` without flags ([`StorageServerConfig::new`]).
+//! The frame bound of the backup ([`frames_for_disk`]) is derived here, from the disk's
+//! speed, so that an operator's `backup_frames` is an upper bound, not a promise.
+
+use rampart_common::config::{MasterConfig, SEGMENT_BYTES_DEFAULT};
+use rampart_common::onesided::TransportKind;
+use rampart_master::profiler::PartitionLimits;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Frames a backup offers by default: 512 MiB of frames of 8 MiB.
+pub const BACKUP_FRAMES_DEFAULT: usize = 64;
+
+/// Worker threads of a server's backup runtime: backup requests are open, close and
+/// (for the `rpc` and `tcp` transports) copies, so one thread keeps up with the master.
+pub const BACKUP_THREADS: usize = 1;
+
+/// Unflushed frames a backup holds at most: what its disk writes in this long. It bounds
+/// what a power loss of the whole cluster can take (frames live in memory), and what a
+/// backup must write before it can free a frame for a new open.
+pub const FRAME_FLUSH_WINDOW: Duration = Duration::from_secs(2);
+
+/// Fewest frames a backup offers, whatever its disk: one per concurrently open segment
+/// of a few masters.
+pub const FRAMES_MIN: usize = 8;
+
+/// Backup replicas of every segment by default (R).
+pub const REPLICAS_DEFAULT: usize = 3;
+
+/// The frame bound for a disk of `disk_mbps` and frames of `frame_bytes`, at most
+/// `configured`: a backup refuses `OpenReplica` rather than hold more than its disk can
+/// flush in [`FRAME_FLUSH_WINDOW`].
+pub fn frames_for_disk(disk_mbps: u32, frame_bytes: u32, configured: usize) -> usize {
+    let flushable = u64::from(disk_mbps) * 1_000_000 * FRAME_FLUSH_WINDOW.as_secs()
+        / u64::from(frame_bytes.max(1));
+    let flushable = usize::try_from(flushable).unwrap_or(usize::MAX);
+    flushable.clamp(FRAMES_MIN.min(configured), configured.max(1))
+}
+
+/// One storage server: its master, its backup, and how it finds the coordinators.
+#[derive(Clone, Debug)]
+pub struct StorageServerConfig {
+    /// The coordinators' addresses (any member; requests follow the leader).
+    pub coordinators: Vec<String>,
+    /// Directory of the backup's segment replicas (created if missing). A restarted
+    /// server given the same directory reports the replicas it holds.
+    pub data_dir: PathBuf,
+    /// The backup's shared-memory frame file (its "non-volatile buffer"). `None`:
+    /// `/dev/shm/rampart-frames-HASH`, HASH naming the data directory.
+    pub frame_file: Option<PathBuf>,
+    /// Segment replicas the backup holds in memory, its frame file allocated at start-up
+    /// (this many frames of the larger of the segment size and 8 MiB). As many as the
+    /// disk flushes in [`FRAME_FLUSH_WINDOW`] take open replicas; the rest keep flushed
+    /// replicas in memory, for recoveries to read from there.
+    pub backup_frames: usize,
+    /// Disk read bandwidth of the backup in MB/s, reported at enlistment (masters place
+    /// replicas by it). `None`: measured at start-up.
+    pub disk_mbps: Option<u32>,
+    /// The master's log: segment size, memory, largest value.
+    pub master: MasterConfig,
+    /// Backup replicas of every segment of this server's master (R). A write is
+    /// acknowledged only once R backups hold it; 0 keeps the DRAM copy only.
+    pub replicas: usize,
+    /// How replica bytes move to backups. `None`: chosen per backup, shm for a backup on
+    /// this host, else tcp.
+    pub replication: Option<TransportKind>,
+    /// Failure domain (rack) of this server: no two replicas of a segment are placed in
+    /// one domain. `None`: the server's own address, its own domain.
+    pub failure_domain: Option<String>,
+    /// The largest recovery partition of this master's will.
+    pub partition_limits: PartitionLimits,
+    /// Time between two pings of the failure detector, each of a random other server.
+    pub ping_interval: Duration,
+    /// How long a pinged server has to answer before it is reported to the coordinator.
+    pub ping_timeout: Duration,
+    /// Time between two renewals of the master's lease (renew several times per lease,
+    /// so that one lost renewal does not stop the master).
+    pub lease_renew_interval: Duration,
+}
+
+/// Why a [`StorageServerConfig`] cannot run.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ConfigError {
+    /// The field at fault, as named in [`StorageServerConfig`].
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl StorageServerConfig {
+    /// The defaults of `rampart server`, for a server of `coordinators` keeping its
+    /// replicas in `data_dir`.
+    pub fn new(coordinators: Vec<String>, data_dir: PathBuf) -> StorageServerConfig {
+        StorageServerConfig {
+            coordinators,
+            data_dir,
+            frame_file: None,
+            backup_frames: BACKUP_FRAMES_DEFAULT,
+            disk_mbps: None,
+            master: MasterConfig::default(),
+            replicas: REPLICAS_DEFAULT,
+            replication: None,
+            failure_domain: None,
+            partition_limits: PartitionLimits::default(),
+            ping_interval: rampart_master::failure_detector::PING_INTERVAL,
+            ping_timeout: rampart_master::failure_detector::PING_TIMEOUT,
+            lease_renew_interval: rampart_master::lease::LEASE_RENEW_INTERVAL,
+        }
+    }
+
+    /// Checks everything that can be checked before starting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| {
+            Err(ConfigError {
+                field,
+                reason: reason.to_string(),
+            })
+        };
+        self.master.validate().map_err(|e| ConfigError {
+            field: "master",
+            reason: e.0,
+        })?;
+        if self.coordinators.is_empty() {
+            return invalid("coordinators", "at least one address is needed");
+        }
+        if self.backup_frames == 0 {
+            return invalid("backup_frames", "a backup needs at least one frame");
+        }
+        if self.disk_mbps == Some(0) {
+            return invalid("disk_mbps", "a disk of 0 MB/s flushes nothing");
+        }
+        if self.partition_limits.bytes_max == 0 || self.partition_limits.records_max == 0 {
+            return invalid("partition_limits", "a partition must hold something");
+        }
+        for (field, value) in [
+            ("ping_interval", self.ping_interval),
+            ("ping_timeout", self.ping_timeout),
+            ("lease_renew_interval", self.lease_renew_interval),
+        ] {
+            if value.is_zero() {
+                return invalid(field, "must be positive");
+            }
+        }
+        if self.replication == Some(TransportKind::Rdma) {
+            if let Err(reason) = rampart_common::onesided::rdma::rdma_available() {
+                return invalid("replication", &reason);
+            }
+        }
+        Ok(())
+    }
+
+    /// The size of the backup's frames: the larger of the segment size and the default
+    /// (a backup holds other masters' segments too, of the default size or more).
+    pub fn frame_bytes(&self) -> u32 {
+        self.master.segment_bytes.max(SEGMENT_BYTES_DEFAULT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> StorageServerConfig {
+        StorageServerConfig::new(vec!["127.0.0.1:7000".into()], PathBuf::from("/tmp/x"))
+    }
+
+    #[test]
+    fn the_defaults_validate() {
+        assert!(config().validate().is_ok());
+    }
+
+    #[test]
+    fn each_invalid_field_is_named() {
+        type Breaks = fn(&mut StorageServerConfig);
+        let cases: [(&str, Breaks); 8] = [
+            ("master", |c| c.master.segment_bytes = 1),
+            ("coordinators", |c| c.coordinators.clear()),
+            ("backup_frames", |c| c.backup_frames = 0),
+            ("disk_mbps", |c| c.disk_mbps = Some(0)),
+            ("partition_limits", |c| c.partition_limits.records_max = 0),
+            ("ping_interval", |c| c.ping_interval = Duration::ZERO),
+            ("ping_timeout", |c| c.ping_timeout = Duration::ZERO),
+            ("lease_renew_interval", |c| {
+                c.lease_renew_interval = Duration::ZERO
+            }),
+        ];
+        for (field, break_it) in cases {
+            let mut config = config();
+            break_it(&mut config);
+            let error = config.validate().expect_err(field);
+            assert_eq!(error.field, field, "{error}");
+        }
+    }
+
+    #[test]
+    fn the_frame_bound_follows_the_disk_within_the_configured_count() {
+        let frame = SEGMENT_BYTES_DEFAULT;
+        // 100 MB/s × 2 s = 200 MB: 23 frames of 8 MiB.
+        assert_eq!(frames_for_disk(100, frame, 64), 23);
+        assert_eq!(
+            frames_for_disk(100, frame, 10),
+            10,
+            "at most the configured count"
+        );
+        assert_eq!(
+            frames_for_disk(1, frame, 64),
+            FRAMES_MIN,
+            "at least FRAMES_MIN"
+        );
+        assert_eq!(
+            frames_for_disk(1, frame, 3),
+            3,
+            "FRAMES_MIN only when configured"
+        );
+    }
+}

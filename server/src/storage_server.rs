@@ -1,0 +1,436 @@
+//! `StorageServer`: one storage server's life, from its configuration to its stop.
+//!
+//! [`StorageServer::start`] validates the configuration, then in this order: creates the
+//! data directory (the default frame file is named by its canonical path), measures the
+//! disk unless told its speed, opens the backup's store and frame file (frames a killed
+//! backup left are stored as open replicas; frame files of vanished data directories
+//! are removed), binds the soft-NIC beside the RPC listener, allocates and touches the
+//! master's log memory, and only then enlists: from its enlistment on, a server must
+//! answer pings, so everything slow comes first. It then builds the master and starts
+//! the server's children ([`ServerChildren`]).
+//!
+//! [`StorageServer::run`] serves until the shutdown future completes or the master
+//! cannot go on (fenced, or declared crashed by the coordinator: its lease renewal was
+//! refused), then stops in order: the listener, the children, a flush of the backup's
+//! open frames to its store (the frame file is memory; a restarted backup still reports
+//! what they held even if it is lost meanwhile), and last the backup runtime, waiting for
+//! its close jobs' disk writes.
+//!
+//! Between `start` and `run` the server is enlisted but not serving: call `run` at once
+//! (the failure detectors of other servers report a server that does not answer pings).
+
+use rampart_backup::segment_store::StoreError;
+use rampart_backup::service::{BackupConfig, BackupService};
+use rampart_common::config::ByteSize;
+use rampart_common::ids::ServerId;
+use rampart_common::onesided::shm::{
+    default_frame_file, remove_stale_frame_files, DEFAULT_FRAME_FILE_PREFIX,
+};
+use rampart_common::protocol::coordinator::EnlistRequest;
+use rampart_common::rpc::RpcServer;
+use rampart_common::tablet::Services;
+use rampart_master::lease::Lease;
+use rampart_master::replica_manager::replicator::FAILED_BACKUP_EXCLUSION;
+use rampart_master::replica_manager::{ReplicationConfig, ServerSource};
+use rampart_master::segmented_log::SegmentPool;
+use rampart_master::MasterService;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::runtime::{Handle, Runtime};
+
+use crate::children::ServerChildren;
+use crate::config::{frames_for_disk, ConfigError, StorageServerConfig, BACKUP_THREADS};
+use crate::enlistment::{enlist, EnlistError};
+use crate::storage_service::{StorageService, BACKUP_THREAD_NAME};
+
+/// Why a storage server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration does not validate.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The data directory cannot be created.
+    #[error("cannot create {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The disk speed was not given and cannot be measured.
+    #[error("cannot measure the disk under {path}: {source}")]
+    DiskProbe {
+        /// Where it was measured.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The backup's store or frame file cannot be opened.
+    #[error("cannot open the backup store in {path}: {source}")]
+    BackupStore {
+        /// The data directory.
+        path: PathBuf,
+        /// Why.
+        source: StoreError,
+    },
+    /// The backup's runtime, or the soft-NIC's listener, cannot be set up.
+    #[error("cannot start {what}: {source}")]
+    Io {
+        /// What was being started.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The coordinators did not enlist the server.
+    #[error(transparent)]
+    Enlist(#[from] EnlistError),
+    /// A blocking start-up step (the disk probe, the store's scan, touching the log's
+    /// memory) panicked.
+    #[error("start-up step failed: {0}")]
+    Panicked(String),
+}
+
+/// Why a storage server stopped serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// The shutdown future completed.
+    Shutdown,
+    /// The master cannot go on, for this reason (it was fenced, or the coordinator
+    /// declared it crashed): another server is recovering its data. The process should
+    /// exit with a failure.
+    MasterFailed(String),
+}
+
+/// The backup's runtime. Dropping a runtime blocks, which an async context must not do:
+/// [`BackupRuntime::stop`] drops it on a blocking thread, and a runtime never stopped
+/// (start-up failed after it was built) is shut down in the background.
+#[derive(Debug)]
+struct BackupRuntime {
+    /// `None` once stopped.
+    runtime: Option<Runtime>,
+    handle: Handle,
+}
+
+impl BackupRuntime {
+    fn start() -> Result<BackupRuntime, StartError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(BACKUP_THREADS)
+            .thread_name(BACKUP_THREAD_NAME)
+            .enable_all()
+            .build()
+            .map_err(|source| StartError::Io {
+                what: "the backup runtime",
+                source,
+            })?;
+        Ok(BackupRuntime {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Drops the runtime, waiting for its blocking tasks (close jobs writing replicas).
+    async fn stop(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            let _ = tokio::task::spawn_blocking(move || drop(runtime)).await;
+        }
+    }
+}
+
+impl Drop for BackupRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A started storage server (see the module doc).
+#[derive(Debug)]
+pub struct StorageServer {
+    id: ServerId,
+    addr: SocketAddr,
+    listener: TcpListener,
+    service: Arc<StorageService>,
+    children: ServerChildren,
+    backup_runtime: BackupRuntime,
+}
+
+/// Runs `f` on a blocking thread: start-up steps that touch the disk or fault in memory
+/// must not stall the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, StartError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StartError::Panicked(e.to_string()))
+}
+
+impl StorageServer {
+    /// Starts a server of `config` that will serve on `listener` (see the module doc).
+    pub async fn start(
+        config: StorageServerConfig,
+        listener: TcpListener,
+    ) -> Result<StorageServer, StartError> {
+        config.validate()?;
+        let data_dir = config.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir {
+            path: data_dir.clone(),
+            source,
+        })?;
+        let frame_file = config
+            .frame_file
+            .clone()
+            .unwrap_or_else(|| default_frame_file(&data_dir));
+        let disk_mbps = match config.disk_mbps {
+            Some(mbps) => mbps,
+            None => {
+                let dir = data_dir.clone();
+                let speed = blocking(move || {
+                    rampart_backup::disk_speed::measure_read_mbps(
+                        &dir,
+                        rampart_backup::disk_speed::MEASURE_BUDGET,
+                    )
+                })
+                .await?
+                .map_err(|source| StartError::DiskProbe {
+                    path: data_dir.clone(),
+                    source,
+                })?;
+                tracing::info!(
+                    mbps = speed.read_mbps, method = speed.method, elapsed = ?speed.elapsed,
+                    "disk read bandwidth measured"
+                );
+                speed.read_mbps
+            }
+        };
+        let backup_runtime = BackupRuntime::start()?;
+        let backup = open_backup(&config, disk_mbps, frame_file).await?;
+        let addr = listener.local_addr().map_err(|source| StartError::Io {
+            what: "the RPC listener",
+            source,
+        })?;
+        // The soft-NIC of the `tcp` transport listens beside the RPC port, and runs on
+        // the backup runtime: its CPU is the backup's.
+        let nic_listener = std::net::TcpListener::bind((addr.ip(), 0))
+            .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+            .map_err(|source| StartError::Io {
+                what: "the soft-NIC listener",
+                source,
+            })?;
+        let nic_addr = nic_listener.local_addr().map_err(|source| StartError::Io {
+            what: "the soft-NIC listener",
+            source,
+        })?;
+        backup.set_nic_addr(nic_addr.to_string());
+        let log_memory = {
+            let master = config.master.clone();
+            let touching = std::time::Instant::now();
+            let pool = blocking(move || SegmentPool::for_config(&master)).await?;
+            tracing::info!(
+                memory = %ByteSize(config.master.memory_bytes),
+                elapsed_ms = touching.elapsed().as_millis() as u64,
+                "log memory allocated and touched"
+            );
+            pool
+        };
+        let request = EnlistRequest {
+            addr: addr.to_string(),
+            services: Services {
+                master: true,
+                backup: true,
+            },
+            failure_domain: config
+                .failure_domain
+                .clone()
+                .unwrap_or_else(|| addr.to_string()),
+            disk_read_mbps: disk_mbps,
+        };
+        let id = enlist(&config.coordinators, &request).await?;
+        let replication = ReplicationConfig {
+            replicas: config.replicas,
+            transport: config.replication,
+            servers: ServerSource::Coordinators(config.coordinators.clone()),
+            seed: rand::random(),
+            failed_backup_exclusion: FAILED_BACKUP_EXCLUSION,
+        };
+        // Client reads and writes wait for the first lease (milliseconds after this).
+        let lease = Arc::new(Lease::new());
+        let master = MasterService::with_pool(
+            id,
+            config.master.clone(),
+            replication,
+            config.partition_limits,
+            log_memory,
+        )
+        .with_lease(Arc::clone(&lease));
+        let nic = {
+            let target = backup.nic_target();
+            backup_runtime.handle.spawn(async move {
+                match TcpListener::from_std(nic_listener) {
+                    Ok(listener) => {
+                        rampart_common::onesided::nic::serve(
+                            listener,
+                            target,
+                            std::future::pending(),
+                        )
+                        .await
+                    }
+                    Err(error) => tracing::error!(%error, "soft-NIC listener lost"),
+                }
+            })
+        };
+        let children = ServerChildren::start(id, &addr.to_string(), &config, &master, lease, nic);
+        let service = Arc::new(StorageService {
+            master,
+            backup,
+            backup_runtime: backup_runtime.handle.clone(),
+        });
+        tracing::info!(
+            %id, %addr, memory = %ByteSize(config.master.memory_bytes),
+            replicas = config.replicas, "server serving"
+        );
+        Ok(StorageServer {
+            id,
+            addr,
+            listener,
+            service,
+            children,
+            backup_runtime,
+        })
+    }
+
+    /// The id the coordinators gave this server.
+    pub fn id(&self) -> ServerId {
+        self.id
+    }
+
+    /// Where this server serves RPCs.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until `shutdown` completes or the master cannot go on, then stops (see the
+    /// module doc).
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Stopped {
+        let StorageServer {
+            id,
+            addr: _,
+            listener,
+            service,
+            children,
+            backup_runtime,
+        } = self;
+        let failed = Arc::clone(&service);
+        let stop = async move {
+            tokio::select! {
+                () = shutdown => Stopped::Shutdown,
+                reason = failed.master.failed() => Stopped::MasterFailed(reason),
+            }
+        };
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel();
+        let backup = Arc::clone(&service.backup);
+        RpcServer::run(listener, service, async move {
+            let _ = stopped_tx.send(stop.await);
+        })
+        .await;
+        if !children.stop().await {
+            tracing::warn!(%id, "background tasks did not stop in time; aborted");
+        }
+        // The frame file goes with this process: keep what its open frames hold.
+        match tokio::task::spawn_blocking(move || backup.flush_open_frames()).await {
+            Ok(flushed) => tracing::info!(%id, flushed, "open frames written to the store"),
+            Err(error) => tracing::warn!(%id, %error, "open frames not written to the store"),
+        }
+        backup_runtime.stop().await;
+        match stopped_rx.await {
+            Ok(Stopped::MasterFailed(reason)) => {
+                tracing::error!(%id, %reason, "server stopped: its master cannot go on");
+                Stopped::MasterFailed(reason)
+            }
+            // The server stopped for its shutdown (or the RPC server dropped its stop
+            // future, which only a shutdown does).
+            _ => {
+                tracing::info!(%id, "server stopped");
+                Stopped::Shutdown
+            }
+        }
+    }
+}
+
+/// Opens the backup's store and frame file, with the frame bound its disk allows, and
+/// logs what the open found.
+async fn open_backup(
+    config: &StorageServerConfig,
+    disk_mbps: u32,
+    frame_file: PathBuf,
+) -> Result<Arc<BackupService>, StartError> {
+    let frame_bytes = config.frame_bytes();
+    // `backup_frames` slots, of which as many as the disk flushes in time take open
+    // frames; the others keep flushed replicas in memory.
+    let frames_max = frames_for_disk(disk_mbps, frame_bytes, config.backup_frames);
+    let backup_config = BackupConfig {
+        frames_max,
+        extra_slots: config.backup_frames.saturating_sub(frames_max),
+        frame_bytes_max: frame_bytes,
+        frame_file: frame_file.clone(),
+    };
+    let data_dir = config.data_dir.clone();
+    let opening = std::time::Instant::now();
+    let opened = {
+        let (data_dir, frame_file) = (data_dir.clone(), frame_file.clone());
+        blocking(move || {
+            // Frame files of backups killed with SIGKILL stay behind for the backup
+            // restarted on the same data directory; remove those whose data directory
+            // is gone.
+            if let Some(dir) = frame_file.parent() {
+                let removed = remove_stale_frame_files(
+                    dir,
+                    DEFAULT_FRAME_FILE_PREFIX,
+                    rampart_backup::service::frame_file_tag_is_live,
+                );
+                if !removed.is_empty() {
+                    tracing::info!(files = removed.len(), dir = %dir.display(), "stale frame files removed");
+                }
+            }
+            BackupService::open(&data_dir, backup_config)
+        })
+        .await?
+    };
+    let (backup, report) = opened.map_err(|source| StartError::BackupStore {
+        path: data_dir.clone(),
+        source,
+    })?;
+    tracing::info!(
+        data_dir = %data_dir.display(),
+        frame_file = %frame_file.display(),
+        frames_open_max = backup.config().frames_max,
+        slots = backup.config().frames_max + backup.config().extra_slots,
+        elapsed_ms = opening.elapsed().as_millis() as u64,
+        replicas = report.store.replicas.len(),
+        quarantined = report.store.quarantined.len(),
+        frames_read_back = report.frames_read_back.len(),
+        "backup store scanned"
+    );
+    for file in &report.store.quarantined {
+        tracing::warn!(file = %file.original.display(), reason = ?file.reason, "replica quarantined");
+    }
+    for meta in &report.frames_read_back {
+        tracing::info!(
+            master = %meta.master, segment = %meta.segment, epoch = meta.epoch,
+            length = meta.length, "frame left by a killed backup stored as an open replica"
+        );
+    }
+    for (label, reason) in &report.frames_skipped {
+        tracing::info!(
+            master = %label.master, segment = %label.segment, epoch = label.epoch,
+            %reason, "frame left by a killed backup not stored"
+        );
+    }
+    if let Some(why) = &report.frame_file_unread {
+        tracing::warn!(frame_file = %frame_file.display(), %why, "frame file left behind not read; replaced");
+    }
+    Ok(Arc::new(backup))
+}

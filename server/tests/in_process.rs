@@ -1,0 +1,199 @@
+//! A whole cluster in one process: a coordinator and three `StorageServer`s, each on its
+//! own loopback listener, driven through the client library. Shows that the server runs
+//! as a library (start, serve, stop on its shutdown future) and that one stopped in the
+//! middle is recovered by the others.
+
+// A failed unwrap is a failed test, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use rampart_client::Client;
+use rampart_common::config::MasterConfig;
+use rampart_common::ids::TableId;
+use rampart_common::onesided::shm::remove_default_frame_files_under;
+use rampart_common::rpc::RpcServer;
+use rampart_coordinator::node::{NodeConfig, RaftNode};
+use rampart_coordinator::recovery::RecoveryConfig;
+use rampart_coordinator::CoordinatorService;
+use rampart_server::{Stopped, StorageServer, StorageServerConfig};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const OBJECTS: usize = 300;
+
+/// A running in-process cluster; its data under `dir`.
+struct Cluster {
+    coordinator: String,
+    coordinator_stop: Option<oneshot::Sender<()>>,
+    coordinator_task: Option<JoinHandle<()>>,
+    node: RaftNode,
+    /// (stop, the server's task) of each storage server.
+    servers: Vec<(Option<oneshot::Sender<()>>, JoinHandle<Stopped>)>,
+    dir: TempDir,
+}
+
+impl Cluster {
+    async fn start(servers: usize, replicas: usize) -> Cluster {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let dir = TempDir::new().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let coordinator = listener.local_addr().unwrap().to_string();
+        let node = RaftNode::start(
+            NodeConfig::new(
+                1,
+                BTreeMap::from([(1, coordinator.clone())]),
+                dir.path().join("coordinator"),
+            ),
+            tokio::runtime::Handle::current(),
+        )
+        .unwrap();
+        let recovery = RecoveryConfig {
+            lease: Duration::from_millis(750),
+            ..RecoveryConfig::default()
+        };
+        let service = Arc::new(CoordinatorService::with_recovery(node.clone(), recovery));
+        let (coordinator_stop, stopped) = oneshot::channel::<()>();
+        let coordinator_task = tokio::spawn(RpcServer::run(listener, service, async {
+            let _ = stopped.await;
+        }));
+        let mut cluster = Cluster {
+            coordinator,
+            coordinator_stop: Some(coordinator_stop),
+            coordinator_task: Some(coordinator_task),
+            node,
+            servers: Vec::new(),
+            dir,
+        };
+        for index in 0..servers {
+            cluster.start_server(index, replicas).await;
+        }
+        cluster
+    }
+
+    async fn start_server(&mut self, index: usize, replicas: usize) {
+        let config = StorageServerConfig {
+            backup_frames: 8,
+            disk_mbps: Some(500),
+            master: MasterConfig {
+                segment_bytes: 128 * 1024,
+                memory_bytes: 32 * 1024 * 1024,
+                value_bytes_max: 16 * 1024,
+            },
+            replicas,
+            ..StorageServerConfig::new(
+                vec![self.coordinator.clone()],
+                self.dir.path().join(format!("server-{index}")),
+            )
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = StorageServer::start(config, listener).await.unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        self.servers.push((Some(stop), task));
+    }
+
+    /// Stops server `index` through its shutdown future; returns how it stopped.
+    async fn stop_server(&mut self, index: usize) -> Stopped {
+        let (stop, task) = &mut self.servers[index];
+        drop(stop.take());
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("a stopping server ends within its stop timeouts")
+            .unwrap()
+    }
+
+    async fn stop(mut self) {
+        for index in 0..self.servers.len() {
+            if self.servers[index].0.is_some() {
+                assert_eq!(self.stop_server(index).await, Stopped::Shutdown);
+            }
+        }
+        drop(self.coordinator_stop.take());
+        if let Some(task) = self.coordinator_task.take() {
+            task.await.unwrap();
+        }
+        let node = self.node.clone();
+        tokio::task::spawn_blocking(move || node.stop())
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Also after a failed test: frame files in /dev/shm would outlive the directory.
+        remove_default_frame_files_under(self.dir.path());
+    }
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("key-{i}").into_bytes()
+}
+
+fn value(i: usize) -> Vec<u8> {
+    format!("value-{i}-{}", "x".repeat(i % 200)).into_bytes()
+}
+
+async fn write_all(client: &Client, table: TableId) {
+    for i in 0..OBJECTS {
+        client.write(table, &key(i), &value(i)).await.unwrap();
+    }
+}
+
+/// Reads every object back, retrying each until `deadline` (a recovery may be under
+/// way); panics naming the first that is missing or wrong.
+async fn read_all(client: &Client, table: TableId, deadline: Instant) {
+    for i in 0..OBJECTS {
+        loop {
+            match client.read(table, &key(i)).await {
+                Ok(Some(object)) => {
+                    assert_eq!(object.value, value(i), "object {i}");
+                    break;
+                }
+                Ok(None) => panic!("object {i} was acknowledged and is gone"),
+                Err(error) if Instant::now() < deadline => {
+                    tracing::debug!(i, %error, "read retried");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("object {i} not readable by the deadline: {error}"),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_started_as_a_library_serve_and_stop_on_their_shutdown_future() {
+    let cluster = Cluster::start(3, 2).await;
+    let client = Client::connect(&[cluster.coordinator.as_str()])
+        .await
+        .unwrap();
+    let table = client.create_table("library", 3).await.unwrap();
+    write_all(&client, table).await;
+    read_all(&client, table, Instant::now()).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stopped_in_an_in_process_cluster_is_recovered_by_the_others() {
+    // Four servers: after one goes, each master left (recovery masters included) still
+    // finds R = 2 backups other than its own.
+    let mut cluster = Cluster::start(4, 2).await;
+    let client = Client::connect(&[cluster.coordinator.as_str()])
+        .await
+        .unwrap();
+    let table = client.create_table("recovered", 4).await.unwrap();
+    write_all(&client, table).await;
+    assert_eq!(cluster.stop_server(0).await, Stopped::Shutdown);
+    read_all(&client, table, Instant::now() + Duration::from_secs(60)).await;
+    cluster.stop().await;
+}
