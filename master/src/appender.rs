@@ -57,7 +57,7 @@ use rampart_common::protocol::backup::PartitionRanges;
 use crate::object_store::{Batch, ObjectStore, OpOutcome, WriteOp};
 use crate::replay::{RecoveryPiece, ReplayState};
 use crate::replica_manager::{
-    Fatal, RangeToReplicate, ReplicationConfig, ReplicationStats, Replicator, SegmentSource,
+    Fatal, ReplicationConfig, ReplicationStats, Replicator, SegmentSource,
 };
 use crate::segmented_log::NoSpace;
 use crate::segmented_log::SegmentRange;
@@ -478,16 +478,7 @@ async fn replicate(
     replicator: &mut Replicator,
     source: &StoreSource<'_>,
 ) -> Result<(), Fatal> {
-    let ranges: Vec<RangeToReplicate> = ranges
-        .iter()
-        .map(|r| RangeToReplicate {
-            segment: r.segment,
-            start: r.start,
-            end: r.end,
-            closes: r.closes,
-        })
-        .collect();
-    replicator.replicate(&ranges, source).await
+    replicator.replicate(ranges, source).await
 }
 
 /// Stages, replicates and publishes one batch of recovery pieces, then answers them.

@@ -39,7 +39,8 @@ use crate::object_index::LogRef;
 #[error("log memory is full")]
 pub struct NoSpace;
 
-/// Bytes `[start, end)` of one segment, appended but not yet handed to replication.
+/// Bytes `[start, end)` of one segment, appended but not yet handed to replication
+/// ([`SegmentedLog::take_unreplicated`]); the replicator sends exactly these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentRange {
     /// The segment.

@@ -19,7 +19,6 @@ pub mod replicator;
 pub mod server_list_watch;
 
 pub use replicator::{
-    Fatal, RangeToReplicate, ReplicationConfig, ReplicationStats, Replicator, SegmentSource,
-    ServerSource,
+    Fatal, ReplicationConfig, ReplicationStats, Replicator, SegmentSource, ServerSource,
 };
 pub use server_list_watch::ServerListWatch;

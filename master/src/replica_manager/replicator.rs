@@ -117,6 +117,7 @@ use tokio::time::Instant;
 use super::backup_selector::{BackupInfo, BackupSelector};
 use super::rdma_link::{RdmaFrame, RdmaLink};
 use super::server_list_watch::ServerListWatch;
+use crate::segmented_log::SegmentRange;
 
 /// Deadline of one replication RPC or soft-NIC write.
 pub const REPLICA_IO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -197,19 +198,6 @@ pub trait SegmentSource: Send + Sync {
     /// A copy of bytes `[start, end)` of `segment`, or `None` if it is not live or
     /// shorter.
     fn segment_range(&self, segment: SegmentId, start: u32, end: u32) -> Option<Bytes>;
-}
-
-/// A byte range of one segment to replicate (from `SegmentedLog::take_unreplicated`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RangeToReplicate {
-    /// The segment.
-    pub segment: SegmentId,
-    /// First byte.
-    pub start: u32,
-    /// One past the last byte.
-    pub end: u32,
-    /// Whether the range ends with the segment's footer.
-    pub closes: bool,
 }
 
 /// The replicator cannot go on; the master must stop.
@@ -602,7 +590,7 @@ impl Replicator {
     /// [`Fatal`] when the batch must never be acknowledged.
     pub async fn replicate(
         &mut self,
-        ranges: &[RangeToReplicate],
+        ranges: &[SegmentRange],
         source: &dyn SegmentSource,
     ) -> Result<(), Fatal> {
         if self.config.replicas == 0 {
@@ -620,7 +608,7 @@ impl Replicator {
 
     async fn replicate_range(
         &mut self,
-        range: &RangeToReplicate,
+        range: &SegmentRange,
         source: &dyn SegmentSource,
     ) -> Result<(), Fatal> {
         let id = range.segment;
