@@ -6,9 +6,11 @@
 //!   state, snapshot) in a `raft-engine` directory, behind `raft::Storage`.
 //! * [`node`] — `RaftNode`: one member of the coordinators' Raft group; the ready loop,
 //!   proposals, ReadIndex reads, snapshots, and the Raft traffic between coordinators.
-//! * [`recovery`] — `RecoveryManager`: on the leader, verifies failure reports and
-//!   recovers crashed masters (setup, partitioned replay on recovery masters, tablets
-//!   live per partition, cleanup).
+//! * [`failure_verifier`] — `FailureVerifier`: on the leader, pings a reported server
+//!   itself and declares it crashed if it stays silent (`Suspects`, its bookkeeping, is
+//!   a plain struct).
+//! * [`recovery`] — `RecoveryManager`: on the leader, recovers crashed masters (setup,
+//!   partitioned replay on recovery masters, tablets live per partition, cleanup).
 //! * [`recovery_plan`] — the pure planning steps of a recovery: log completeness,
 //!   which replica of each segment to read, partitions, assignment.
 //! * [`push`] — the coordinator's best-effort messages to masters about a committed
@@ -29,7 +31,8 @@
 //!
 //! # Recovering a crashed master
 //! A server's pinger (or a client) reports a silent server with `ReportFailure`; the
-//! leader pings it itself and commits `SetServerStatus{Crashed}`. The recovery manager
+//! leader pings it itself and commits `SetServerStatus{Crashed}` (see
+//! [`failure_verifier`]). The recovery manager
 //! then fences the master's replicas on every backup, checks that its log is complete,
 //! has the backups read and split the replicas by partition, and sends each partition of
 //! the master's will to a recovery master. As each one finishes, its tablets are handed
@@ -40,6 +43,7 @@
 //! Static: every member is started with the same `--peers`, and a data directory belongs
 //! to one member id for good (see the README on replacing a coordinator).
 
+pub mod failure_verifier;
 pub mod node;
 pub mod push;
 pub mod raft_storage;

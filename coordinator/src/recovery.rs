@@ -1,14 +1,12 @@
-//! `RecoveryManager`: failure verification and the recovery of crashed masters
-//! (DESIGN.md §6), driven by the coordinators' Raft leader.
+//! `RecoveryManager`: the recovery of crashed masters (DESIGN.md §6), driven by the
+//! coordinators' Raft leader. Failures are verified and crashes declared before, by
+//! [`FailureVerifier`]; the planning steps are pure functions in `recovery_plan`.
 //!
 //! # What it does for callers
-//! * [`RecoveryManager::report_failure`]: a server or a client says a server stopped
-//!   answering. The leader pings the suspect itself ([`RecoveryConfig::verify_timeout`],
-//!   [`RecoveryConfig::verify_attempts`]) and, if it stays silent, commits
-//!   `SetServerStatus{Crashed}` through Raft.
 //! * [`RecoveryManager::run`]: while this coordinator leads, every server the state says
 //!   is `Crashed` is recovered, each by its own task, so several crashes are recovered
-//!   concurrently (RAMCloud ran one recovery at a time).
+//!   concurrently (RAMCloud ran one recovery at a time). A crash the verifier declares
+//!   wakes it at once.
 //! * [`RecoveryManager::reports`]: the timings of the last [`REPORTS_MAX`] recoveries.
 //!
 //! # One recovery (the three phases of §6)
@@ -90,11 +88,12 @@ use rampart_common::protocol::master::{
 };
 use rampart_common::rpc::{Rpc, RpcPool};
 use rampart_common::tablet::{ServerInfo, ServerStatus, Tablet};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
+use crate::failure_verifier::FailureVerifier;
 use crate::node::{NodeError, RaftNode};
 use crate::push::push_until;
 use crate::recovery_plan::{
@@ -169,28 +168,22 @@ impl Default for RecoveryConfig {
 struct Inner {
     /// Crashed servers with a recovery task running here.
     running: BTreeSet<ServerId>,
-    /// Suspects being verified now.
-    verifying: BTreeSet<ServerId>,
-    /// When each suspect was first reported (until it is declared crashed or found alive).
-    first_report: BTreeMap<ServerId, Instant>,
-    /// When this leader saw each crash committed, and how long detection took.
-    declared: BTreeMap<ServerId, (Instant, Duration)>,
     /// Reports of the last recoveries, oldest first; at most [`REPORTS_MAX`].
     reports: VecDeque<RecoveryReport>,
     /// Attempts started by this leader (the low half of recovery ids).
     attempts: u64,
 }
 
-/// Failure verification and recovery on the coordinators' leader (module doc).
+/// Recovery on the coordinators' leader (module doc).
 #[derive(Debug)]
 pub struct RecoveryManager {
     node: RaftNode,
     pool: Arc<RpcPool>,
     config: RecoveryConfig,
+    /// Declares the crashes this manager recovers, and says when.
+    verifier: Arc<FailureVerifier>,
     /// A `parking_lot` mutex: held only for bookkeeping, never across an await.
     inner: parking_lot::Mutex<Inner>,
-    /// Woken when a crash is declared, so recovery starts without waiting for the scan.
-    wake: tokio::sync::Notify,
 }
 
 /// Tells the master at `addr` to forget objects of `ranges` (recovery `recovery` of
@@ -220,14 +213,20 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl RecoveryManager {
-    /// A manager over this coordinator's Raft member.
-    pub fn new(node: RaftNode, pool: Arc<RpcPool>, config: RecoveryConfig) -> RecoveryManager {
+    /// A manager over this coordinator's Raft member, recovering the crashes `verifier`
+    /// declares (and any other it finds in the state).
+    pub fn new(
+        node: RaftNode,
+        pool: Arc<RpcPool>,
+        config: RecoveryConfig,
+        verifier: Arc<FailureVerifier>,
+    ) -> RecoveryManager {
         RecoveryManager {
             node,
             pool,
             config,
+            verifier,
             inner: parking_lot::Mutex::new(Inner::default()),
-            wake: tokio::sync::Notify::new(),
         }
     }
 
@@ -259,89 +258,8 @@ impl RecoveryManager {
             }
             tokio::select! {
                 _ = tokio::time::sleep(RECOVERY_SCAN_INTERVAL) => {}
-                _ = self.wake.notified() => {}
+                _ = self.verifier.crash_declared() => {}
             }
-        }
-    }
-
-    /// A server or client reports `server` silent. Verifies in the background and
-    /// declares it crashed if it stays silent. Fails with `NotLeader` on a follower, so
-    /// that reporters find the leader.
-    pub fn report_failure(
-        self: &Arc<Self>,
-        server: ServerId,
-        reporter: &str,
-    ) -> Result<(), NodeError> {
-        if !self.node.is_leader() {
-            return Err(NodeError::NotLeader(self.node.hint()));
-        }
-        let addr = self.node.with_state(|state| {
-            state
-                .server(server)
-                .filter(|s| s.status == ServerStatus::Up)
-                .map(|s| s.addr.clone())
-        });
-        let Some(addr) = addr else {
-            return Ok(());
-        };
-        {
-            let mut inner = self.inner.lock();
-            inner
-                .first_report
-                .entry(server)
-                .or_insert_with(Instant::now);
-            if !inner.verifying.insert(server) {
-                return Ok(());
-            }
-        }
-        tracing::info!(%server, %addr, %reporter, "failure reported; verifying");
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            me.verify(server, addr).await;
-            me.inner.lock().verifying.remove(&server);
-        });
-        Ok(())
-    }
-
-    async fn verify(&self, server: ServerId, addr: String) {
-        let mut last = String::new();
-        for _ in 0..self.config.verify_attempts.max(1) {
-            let deadline = Instant::now() + self.config.verify_timeout;
-            match self
-                .pool
-                .call::<Ping>(&addr, &PingRequest {}, deadline)
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(%server, "reported server answers; not crashed");
-                    self.inner.lock().first_report.remove(&server);
-                    return;
-                }
-                Err(error) => {
-                    // A fresh connection for the next try: the old one may be the problem.
-                    self.pool.forget(&addr);
-                    last = error.to_string();
-                }
-            }
-        }
-        let command = Command::SetServerStatus {
-            id: server,
-            status: ServerStatus::Crashed,
-        };
-        match self.node.propose(command).await {
-            Ok(CommandResult::StatusSet) => {
-                let now = Instant::now();
-                let mut inner = self.inner.lock();
-                let first = inner.first_report.remove(&server).unwrap_or(now);
-                inner.declared.insert(server, (now, now - first));
-                drop(inner);
-                tracing::warn!(%server, %addr, error = %last, detection_ms = ms(now - first), "server declared crashed");
-                self.wake.notify_one();
-                // Servers stop pinging it, and clients' next map has it crashed.
-                crate::push::push_server_list_version(&self.node, &self.pool);
-            }
-            Ok(other) => tracing::warn!(%server, ?other, "crash not recorded"),
-            Err(error) => tracing::warn!(%server, %error, "crash not committed"),
         }
     }
 
@@ -360,13 +278,11 @@ impl RecoveryManager {
 
     /// Recovers `crashed` until it owns nothing, then frees its replicas and removes it.
     async fn recover(&self, crashed: ServerId) {
-        let (declared, detection) = {
-            let mut inner = self.inner.lock();
-            inner
-                .declared
-                .remove(&crashed)
-                .unwrap_or((Instant::now(), Duration::ZERO))
-        };
+        // A crash declared by another leader, or before a restart: timed from now.
+        let (declared, detection) = self
+            .verifier
+            .take_declared(crashed)
+            .unwrap_or((Instant::now(), Duration::ZERO));
         let declared_unix_ms = SystemTime::now()
             .checked_sub(declared.elapsed())
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())

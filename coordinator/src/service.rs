@@ -60,6 +60,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+use crate::failure_verifier::FailureVerifier;
 use crate::node::{NodeError, RaftNode};
 use crate::recovery::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
@@ -89,7 +90,9 @@ pub struct CoordinatorService {
     names: Vec<tokio::sync::Mutex<()>>,
     /// Connections to masters.
     pool: Arc<RpcPool>,
-    /// Failure verification and crash recovery (active while this member leads).
+    /// Failure verification (active while this member leads).
+    verifier: Arc<FailureVerifier>,
+    /// Crash recovery (active while this member leads).
     recovery: Arc<RecoveryManager>,
     /// Stops the recovery manager's loop when the service goes away.
     _recovery_task: AbortOnDrop,
@@ -116,10 +119,17 @@ impl CoordinatorService {
     /// starts the recovery manager, stopped when the service is dropped).
     pub fn with_recovery(node: RaftNode, config: RecoveryConfig) -> CoordinatorService {
         let pool = Arc::new(RpcPool::new());
+        let verifier = Arc::new(FailureVerifier::new(
+            node.clone(),
+            Arc::clone(&pool),
+            config.verify_timeout,
+            config.verify_attempts,
+        ));
         let recovery = Arc::new(RecoveryManager::new(
             node.clone(),
             Arc::clone(&pool),
             config,
+            Arc::clone(&verifier),
         ));
         let task = tokio::spawn(Arc::clone(&recovery).run());
         CoordinatorService {
@@ -128,6 +138,7 @@ impl CoordinatorService {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             pool,
+            verifier,
             recovery,
             _recovery_task: AbortOnDrop(task),
         }
@@ -384,7 +395,7 @@ impl CoordinatorService {
                     Err(reply) => return reply,
                 };
                 match self
-                    .recovery
+                    .verifier
                     .report_failure(request.server, &request.reporter)
                 {
                     Ok(()) => Reply::ok(&()),

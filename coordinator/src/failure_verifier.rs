@@ -1,0 +1,257 @@
+//! `FailureVerifier`: the leader's check of a reported failure (DESIGN.md §6,
+//! detection), before anything is recovered.
+//!
+//! # What it does for callers
+//! * [`FailureVerifier::report_failure`]: a server or a client says a server stopped
+//!   answering. The leader pings the suspect itself (`verify_attempts` pings, one after
+//!   another, each on a fresh connection and within `verify_timeout`) and, if it stays
+//!   silent, commits `SetServerStatus{Crashed}` through Raft, pushes the new server-list
+//!   version (servers stop pinging it, clients' next map has it crashed) and wakes the
+//!   recovery manager ([`FailureVerifier::crash_declared`]).
+//! * [`FailureVerifier::take_declared`]: when this leader saw a crash committed, and how
+//!   long detection took (from the first report), for the recovery's lease wait and its
+//!   report.
+//!
+//! The bookkeeping is [`Suspects`], a plain struct tested alone: one verification per
+//! suspect at a time, however many report it; detection timed from the first report.
+//!
+//! # Failure handling
+//! A suspect that answers any ping is left `Up` (its reporter may have been cut off,
+//! not it). A commit that fails (this coordinator lost leadership) declares nothing; the
+//! reporters report again to the new leader.
+
+use rampart_common::ids::ServerId;
+use rampart_common::protocol::master::{Ping, PingRequest};
+use rampart_common::rpc::RpcPool;
+use rampart_common::tablet::ServerStatus;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use crate::node::{NodeError, RaftNode};
+use crate::state::{Command, CommandResult};
+
+/// What the leader keeps about suspects and declared crashes (module doc). Time is an
+/// input: callers pass `now`.
+#[derive(Debug, Default)]
+pub struct Suspects {
+    /// Suspects being verified now.
+    verifying: BTreeSet<ServerId>,
+    /// When each suspect was first reported (until it is declared crashed or found alive).
+    first_report: BTreeMap<ServerId, Instant>,
+    /// When this leader saw each crash committed, and how long detection took; taken by
+    /// the server's recovery.
+    declared: BTreeMap<ServerId, (Instant, Duration)>,
+}
+
+impl Suspects {
+    /// `server` was reported at `now`; returns whether a verification must start (none
+    /// is running for it).
+    pub fn reported(&mut self, server: ServerId, now: Instant) -> bool {
+        self.first_report.entry(server).or_insert(now);
+        self.verifying.insert(server)
+    }
+
+    /// The verification of `server` found it answering: a later report times detection
+    /// afresh.
+    pub fn answered(&mut self, server: ServerId) {
+        self.first_report.remove(&server);
+    }
+
+    /// `server`'s crash was committed at `now`; returns how long detection took.
+    pub fn declared(&mut self, server: ServerId, now: Instant) -> Duration {
+        let first = self.first_report.remove(&server).unwrap_or(now);
+        let detection = now.saturating_duration_since(first);
+        self.declared.insert(server, (now, detection));
+        detection
+    }
+
+    /// The verification of `server` ended, whatever it found.
+    pub fn verification_ended(&mut self, server: ServerId) {
+        self.verifying.remove(&server);
+    }
+
+    /// When `server`'s crash was committed here and how long detection took, once.
+    pub fn take_declared(&mut self, server: ServerId) -> Option<(Instant, Duration)> {
+        self.declared.remove(&server)
+    }
+}
+
+/// Verifies reported failures on the coordinators' leader (module doc).
+#[derive(Debug)]
+pub struct FailureVerifier {
+    node: RaftNode,
+    pool: Arc<RpcPool>,
+    verify_timeout: Duration,
+    verify_attempts: u32,
+    /// A `parking_lot` mutex: held only for bookkeeping, never across an await.
+    suspects: parking_lot::Mutex<Suspects>,
+    /// Notified when a crash is declared.
+    declared: tokio::sync::Notify,
+}
+
+impl FailureVerifier {
+    /// A verifier over this coordinator's Raft member: a suspect is declared crashed once
+    /// `verify_attempts` pings (at least one), each given `verify_timeout`, all failed.
+    pub fn new(
+        node: RaftNode,
+        pool: Arc<RpcPool>,
+        verify_timeout: Duration,
+        verify_attempts: u32,
+    ) -> FailureVerifier {
+        FailureVerifier {
+            node,
+            pool,
+            verify_timeout,
+            verify_attempts: verify_attempts.max(1),
+            suspects: parking_lot::Mutex::new(Suspects::default()),
+            declared: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// A server or client reports `server` silent. Verifies in the background and
+    /// declares it crashed if it stays silent. Fails with `NotLeader` on a follower, so
+    /// that reporters find the leader.
+    pub fn report_failure(
+        self: &Arc<Self>,
+        server: ServerId,
+        reporter: &str,
+    ) -> Result<(), NodeError> {
+        if !self.node.is_leader() {
+            return Err(NodeError::NotLeader(self.node.hint()));
+        }
+        let addr = self.node.with_state(|state| {
+            state
+                .server(server)
+                .filter(|s| s.status == ServerStatus::Up)
+                .map(|s| s.addr.clone())
+        });
+        let Some(addr) = addr else {
+            return Ok(());
+        };
+        if !self.suspects.lock().reported(server, Instant::now()) {
+            return Ok(());
+        }
+        tracing::info!(%server, %addr, %reporter, "failure reported; verifying");
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            me.verify(server, addr).await;
+            me.suspects.lock().verification_ended(server);
+        });
+        Ok(())
+    }
+
+    /// When this leader saw `server`'s crash committed and how long detection took, if
+    /// it did (once: the recovery of `server` takes it).
+    pub fn take_declared(&self, server: ServerId) -> Option<(Instant, Duration)> {
+        self.suspects.lock().take_declared(server)
+    }
+
+    /// Completes at the next crash this verifier declares.
+    pub async fn crash_declared(&self) {
+        self.declared.notified().await;
+    }
+
+    async fn verify(&self, server: ServerId, addr: String) {
+        let mut last = String::new();
+        for _ in 0..self.verify_attempts {
+            let deadline = Instant::now() + self.verify_timeout;
+            match self
+                .pool
+                .call::<Ping>(&addr, &PingRequest {}, deadline)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(%server, "reported server answers; not crashed");
+                    self.suspects.lock().answered(server);
+                    return;
+                }
+                Err(error) => {
+                    // A fresh connection for the next try: the old one may be the problem.
+                    self.pool.forget(&addr);
+                    last = error.to_string();
+                }
+            }
+        }
+        let command = Command::SetServerStatus {
+            id: server,
+            status: ServerStatus::Crashed,
+        };
+        match self.node.propose(command).await {
+            Ok(CommandResult::StatusSet) => {
+                let detection = self.suspects.lock().declared(server, Instant::now());
+                tracing::warn!(
+                    %server, %addr, error = %last,
+                    detection_ms = u64::try_from(detection.as_millis()).unwrap_or(u64::MAX),
+                    "server declared crashed"
+                );
+                self.declared.notify_one();
+                // Servers stop pinging it, and clients' next map has it crashed.
+                crate::push::push_server_list_version(&self.node, &self.pool);
+            }
+            Ok(other) => tracing::warn!(%server, ?other, "crash not recorded"),
+            Err(error) => tracing::warn!(%server, %error, "crash not committed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: ServerId = ServerId(1);
+    const B: ServerId = ServerId(2);
+
+    #[test]
+    fn one_verification_runs_per_suspect_however_many_report_it() {
+        let mut suspects = Suspects::default();
+        let now = Instant::now();
+        assert!(suspects.reported(A, now));
+        assert!(!suspects.reported(A, now), "already being verified");
+        assert!(
+            suspects.reported(B, now),
+            "another suspect is verified at once"
+        );
+        suspects.verification_ended(A);
+        assert!(
+            suspects.reported(A, now),
+            "a report after the end verifies again"
+        );
+    }
+
+    #[test]
+    fn detection_is_timed_from_the_first_report_of_a_silent_server() {
+        let mut suspects = Suspects::default();
+        let first = Instant::now();
+        suspects.reported(A, first);
+        suspects.verification_ended(A);
+        // Reported again (the first verification's commit failed, say): the clock runs on.
+        suspects.reported(A, first + Duration::from_millis(300));
+        let declared_at = first + Duration::from_millis(500);
+        assert_eq!(
+            suspects.declared(A, declared_at),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            suspects.take_declared(A),
+            Some((declared_at, Duration::from_millis(500)))
+        );
+        assert_eq!(suspects.take_declared(A), None, "taken once");
+    }
+
+    #[test]
+    fn a_suspect_found_answering_starts_a_new_clock_when_reported_again() {
+        let mut suspects = Suspects::default();
+        let first = Instant::now();
+        suspects.reported(A, first);
+        suspects.answered(A);
+        suspects.verification_ended(A);
+        let again = first + Duration::from_secs(10);
+        suspects.reported(A, again);
+        assert_eq!(
+            suspects.declared(A, again + Duration::from_millis(2)),
+            Duration::from_millis(2)
+        );
+    }
+}
