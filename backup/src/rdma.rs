@@ -18,10 +18,11 @@
 //! The bytes the NIC writes are the frame file's bytes, read by the backup's scans and
 //! closes through [`FrameFile`](rampart_common::onesided::shm::FrameFile). `FrameFile`
 //! does not expose its mapping, so this module maps the file a second time
-//! (`mmap(MAP_SHARED)` of the same path, opened at start-up while the backup holds the
-//! file's lock): two shared mappings of one file share its page-cache pages, so a byte
-//! the NIC places through this mapping is the byte the frame file reads. Nothing here
-//! ever reads or writes through the second mapping; it exists only to be registered.
+//! ([`DeviceMapping`](rampart_common::onesided::shm::DeviceMapping), opened at start-up
+//! while the backup holds the file's lock): two shared mappings of one file share its
+//! page-cache pages, so a byte the NIC places through this mapping is the byte the frame
+//! file reads. Nothing here ever reads or writes through the second mapping; it exists
+//! only to be registered.
 //!
 //! # Guarantees
 //! 1. After [`RdmaTarget::revoke`] returns, no RDMA WRITE of that master lands in the
@@ -102,22 +103,20 @@ mod verbs {
     use parking_lot::Mutex;
     use rampart_common::ids::ServerId;
     use rampart_common::onesided::rdma::{RdmaDevice, RdmaQueuePair, RdmaRegion};
+    use rampart_common::onesided::shm::DeviceMapping;
     use rampart_common::protocol::backup::{RdmaConnectReply, RdmaConnectRequest};
     use rampart_common::rpc::Reply;
     use rampart_common::status::Status;
     use std::collections::{HashMap, HashSet};
-    use std::fs::OpenOptions;
     use std::io;
-    use std::os::fd::AsRawFd;
     use std::path::Path;
-    use std::ptr::NonNull;
     use std::sync::Arc;
 
     /// The backup's RDMA state; see the module doc.
     #[derive(Debug)]
     pub(crate) struct RdmaTarget {
         /// The second mapping of the frame file, registered once per connected master.
-        mapping: Arc<FrameFileMapping>,
+        mapping: Arc<DeviceMapping>,
         inner: Mutex<Inner>,
     }
 
@@ -145,7 +144,7 @@ mod verbs {
         /// The backup's end of the RC connection; it only receives (RDMA WRITEs need
         /// no work from the responder's CPU), but must live for them to be accepted.
         _queue_pair: RdmaQueuePair,
-        _mapping: Arc<FrameFileMapping>,
+        _mapping: Arc<DeviceMapping>,
     }
 
     impl RdmaTarget {
@@ -154,7 +153,7 @@ mod verbs {
         /// No RDMA device is needed yet.
         pub(crate) fn new(frame_file: &Path, frame_file_bytes: u64) -> io::Result<RdmaTarget> {
             Ok(RdmaTarget {
-                mapping: Arc::new(FrameFileMapping::map(frame_file, frame_file_bytes)?),
+                mapping: Arc::new(DeviceMapping::open(frame_file, frame_file_bytes)?),
                 inner: Mutex::new(Inner {
                     device: None,
                     links: HashMap::new(),
@@ -201,7 +200,7 @@ mod verbs {
             // writes them only through raw-pointer copies and atomics, and this mapping
             // is never read or written at all.
             let region = unsafe {
-                device.register_remote_writable(self.mapping.base.as_ptr(), self.mapping.len)
+                device.register_remote_writable(self.mapping.as_ptr(), self.mapping.bytes())
             }
             .map_err(verbs_failed)?;
             let (region_addr, rkey) = region.remote();
@@ -251,83 +250,5 @@ mod verbs {
             Status::Fenced,
             format!("master {master} is fenced: recovery of it has begun"),
         )
-    }
-
-    /// A second read-write `MAP_SHARED` mapping of the frame file, only ever registered
-    /// with the NIC; unmapped on drop.
-    #[derive(Debug)]
-    struct FrameFileMapping {
-        /// Start of the mapping, as `mmap` returned it.
-        base: NonNull<u8>,
-        /// Its length: the whole file. Invariant: > 0, and the file is never shorter
-        /// (the frame file never shrinks while it may be mapped: `common::onesided::shm`).
-        len: usize,
-    }
-
-    // SAFETY: a pointer to shared memory that this process never dereferences (it is
-    // only handed to the NIC); nothing about it is tied to the creating thread.
-    unsafe impl Send for FrameFileMapping {}
-    // SAFETY: as above; `&FrameFileMapping` gives access to nothing.
-    unsafe impl Sync for FrameFileMapping {}
-
-    impl FrameFileMapping {
-        fn map(path: &Path, expected_bytes: u64) -> io::Result<FrameFileMapping> {
-            let context = |error: io::Error| {
-                io::Error::new(
-                    error.kind(),
-                    format!("cannot map frame file {} for RDMA: {error}", path.display()),
-                )
-            };
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)
-                .map_err(context)?;
-            let file_bytes = file.metadata().map_err(context)?.len();
-            if file_bytes != expected_bytes || file_bytes == 0 {
-                return Err(context(io::Error::other(format!(
-                    "the file holds {file_bytes} bytes, the frame file {expected_bytes}"
-                ))));
-            }
-            let len = usize::try_from(file_bytes).map_err(|_| {
-                context(io::Error::other(
-                    "the file does not fit in the address space",
-                ))
-            })?;
-            // SAFETY: a fresh mapping placed by the kernel (null hint) of an open
-            // descriptor, checked against MAP_FAILED below. The mapping outlives the
-            // descriptor, which is closed when `file` drops.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    file.as_raw_fd(),
-                    0,
-                )
-            };
-            if ptr == libc::MAP_FAILED {
-                return Err(context(io::Error::last_os_error()));
-            }
-            let base = NonNull::new(ptr.cast::<u8>())
-                .ok_or_else(|| context(io::Error::other("mmap returned null")))?;
-            Ok(FrameFileMapping { base, len })
-        }
-    }
-
-    impl Drop for FrameFileMapping {
-        fn drop(&mut self) {
-            // SAFETY: `base`/`len` are what mmap returned, unmapped only here; every
-            // region registered over them holds an `Arc` to this mapping and was
-            // deregistered before it.
-            let result = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
-            if result != 0 {
-                tracing::warn!(
-                    error = %io::Error::last_os_error(),
-                    "munmap of the frame file's RDMA mapping failed"
-                );
-            }
-        }
     }
 }

@@ -1217,6 +1217,62 @@ pub fn remove_stale_frame_files(
     removed
 }
 
+/// Opens the file at `path` read-write and maps all of it (`MAP_SHARED`); errors name
+/// the path.
+fn map_whole_file(path: &Path, populate: Populate) -> io::Result<(File, Mapping)> {
+    let context = |error: io::Error| {
+        io::Error::new(
+            error.kind(),
+            format!("cannot map frame file {}: {error}", path.display()),
+        )
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(context)?;
+    let len = file.metadata().map_err(context)?.len();
+    let map = Mapping::map(&file, len, populate).map_err(context)?;
+    Ok((file, map))
+}
+
+/// A second read-write `MAP_SHARED` mapping of a whole frame file, its pages not
+/// populated, for memory that this process hands to a device and never reads or writes
+/// itself (the backup's RDMA registrations: `rampart_backup::rdma`). Two shared mappings
+/// of one file share its page-cache pages, so what the device places through this one
+/// is what [`FrameFile`] reads. Unmapped on drop.
+#[derive(Debug)]
+pub struct DeviceMapping {
+    map: Mapping,
+}
+
+impl DeviceMapping {
+    /// Maps all of the frame file at `path`, which must be `expected_bytes` long (the
+    /// file its [`FrameFile`] created and holds locked).
+    pub fn open(path: &Path, expected_bytes: u64) -> io::Result<DeviceMapping> {
+        let (_file, map) = map_whole_file(path, Populate::No)?;
+        if map.len != expected_bytes {
+            return Err(io::Error::other(format!(
+                "frame file {} holds {} bytes, not {expected_bytes}",
+                path.display(),
+                map.len
+            )));
+        }
+        Ok(DeviceMapping { map })
+    }
+
+    /// Start of the mapping (page-aligned).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.base.as_ptr()
+    }
+
+    /// Its length in bytes: the whole file, > 0.
+    pub fn bytes(&self) -> usize {
+        // `Mapping` invariant: its length fits in `usize`.
+        self.map.len as usize
+    }
+}
+
 /// A master's mapping of a backup's frame file: the `shm` transport. See the
 /// [module doc](self).
 #[derive(Debug)]
@@ -1232,14 +1288,8 @@ pub struct ShmMapping {
 impl ShmMapping {
     /// Opens the frame file at `path` read-write and maps all of it (`MAP_SHARED`).
     pub fn open(path: &Path) -> io::Result<ShmMapping> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let len = file.metadata()?.len();
-        let map = Mapping::map(&file, len, Populate::No).map_err(|error| {
-            io::Error::new(
-                error.kind(),
-                format!("cannot map frame file {}: {error}", path.display()),
-            )
-        })?;
+        let (file, map) = map_whole_file(path, Populate::No)?;
+        let len = map.len;
         let chunks = usize::try_from(len.div_ceil(POPULATE_CHUNK_BYTES)).unwrap_or(0);
         Ok(ShmMapping {
             path: path.to_path_buf(),
@@ -1335,6 +1385,29 @@ mod tests {
 
     fn frame_file(dir: &TempDir, slots: usize, capacity: u32) -> FrameFile {
         FrameFile::create(&dir.path().join("frames"), slots, capacity, TAG).expect("create")
+    }
+
+    #[test]
+    fn a_device_mapping_covers_the_whole_frame_file_and_refuses_another_length() {
+        let dir = TempDir::new().expect("tempdir");
+        let file = frame_file(&dir, 2, CAPACITY);
+        let path = dir.path().join("frames");
+        let bytes = std::fs::metadata(&path).expect("metadata").len();
+        let mapping = DeviceMapping::open(&path, bytes).expect("map");
+        assert_eq!(mapping.bytes() as u64, bytes);
+        assert!(DeviceMapping::open(&path, bytes + 4096).is_err());
+        // A byte placed through the second mapping is the frame file's byte.
+        let at = file.slot_offset(0) as usize;
+        // SAFETY: `at` is inside the mapping (the first slot), and nothing else touches
+        // the byte while the test runs.
+        unsafe { mapping.as_ptr().add(at).write(0xA5) };
+        let mut read = [0u8; 1];
+        use std::os::unix::fs::FileExt;
+        std::fs::File::open(&path)
+            .expect("open")
+            .read_exact_at(&mut read, at as u64)
+            .expect("read");
+        assert_eq!(read, [0xA5]);
     }
 
     #[test]
