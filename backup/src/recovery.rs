@@ -1032,7 +1032,9 @@ impl ReaderGuard {
                 break bytes;
             }
             if !recovery.reader_held {
-                tracing::info!(
+                // Debug: freeing a piece clears the flag, so a cache that stays full logs
+                // this once per piece served.
+                tracing::debug!(
                     master = %self.master, %segment, held, bytes,
                     "recovery reader held by a full cache: unread segments are served on demand"
                 );

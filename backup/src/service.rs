@@ -954,9 +954,7 @@ impl Shared {
             (state.stored.get(&key) == Some(&meta)).then_some((slot, meta))?
         };
         let length = meta.length.min(self.file.slot_capacity()) as usize;
-        bytes.clear();
-        bytes.resize(length, 0);
-        self.file.read_to(slot, bytes);
+        self.file.read_into(slot, meta.length, bytes);
         // A slot assigned meanwhile was zeroed and written by another frame: its bytes
         // no longer match, and the entry is gone.
         let intact = length == meta.length as usize
@@ -2688,9 +2686,6 @@ mod tests {
         );
     }
 
-    /// A closed frame's slot keeps its bytes while it stays free: reads of the replica
-    /// come from memory (here: the disk's copy is corrupt, and the read is still right)
-    /// until an open takes the slot; then they come from the disk, which is checked.
     /// Writes 100 bytes to replica 1 of master 1, closes it (stored, its slot keeping the
     /// bytes) and corrupts its file: a read that reaches the disk fails.
     async fn flush_then_corrupt_its_file(service: &BackupService, dir: &TempDir) {
@@ -2711,6 +2706,9 @@ mod tests {
         std::fs::write(&path, image).expect("corrupt");
     }
 
+    /// A closed frame's slot keeps its bytes while it stays free: reads of the replica
+    /// come from memory (here: the disk's copy is corrupt, and the read is still right)
+    /// until an open takes the slot; then they come from the disk, which is checked.
     #[tokio::test]
     async fn a_replica_is_read_from_its_free_slot_until_an_open_takes_it_then_from_disk() {
         let dir = TempDir::new().expect("tempdir");

@@ -183,7 +183,7 @@ impl FailureVerifier {
                 let detection = self.suspects.lock().declared(server, Instant::now());
                 tracing::warn!(
                     %server, %addr, error = %last,
-                    detection_ms = u64::try_from(detection.as_millis()).unwrap_or(u64::MAX),
+                    detection_ms = detection.as_millis() as u64,
                     "server declared crashed"
                 );
                 self.declared.notify_one();

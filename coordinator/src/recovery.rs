@@ -203,7 +203,9 @@ async fn abandon(
         ranges,
     };
     if let Err(error) = pool.call::<AbandonRecovery>(addr, &request, deadline).await {
-        tracing::debug!(%addr, %error, "AbandonRecovery not delivered");
+        // Unreachable, or refused (a `Recover` of the ranges still registering there):
+        // the master keeps what it replayed until the next `Recover` of those ranges.
+        tracing::info!(%addr, %error, "AbandonRecovery failed; the master may keep the replayed objects");
     }
 }
 

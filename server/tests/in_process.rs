@@ -14,7 +14,7 @@ use rampart_common::rpc::RpcServer;
 use rampart_coordinator::node::{NodeConfig, RaftNode};
 use rampart_coordinator::recovery::RecoveryConfig;
 use rampart_coordinator::CoordinatorService;
-use rampart_server::{Stopped, StorageServer, StorageServerConfig};
+use rampart_server::{StartError, Stopped, StorageServer, StorageServerConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -196,4 +196,21 @@ async fn a_server_stopped_in_an_in_process_cluster_is_recovered_by_the_others() 
     assert_eq!(cluster.stop_server(0).await, Stopped::Shutdown);
     read_all(&client, table, Instant::now() + Duration::from_secs(60)).await;
     cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_backup_store_cannot_open_fails_to_start_with_the_reason() {
+    // The backup runtime exists by the time the store is opened: the failed start must
+    // shut it down without blocking (dropping a runtime in async context panics).
+    let dir = TempDir::new().unwrap();
+    let config = StorageServerConfig {
+        frame_file: Some(dir.path().join("no-such-directory").join("frames")),
+        disk_mbps: Some(500),
+        ..StorageServerConfig::new(vec!["127.0.0.1:1".into()], dir.path().join("server"))
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    match StorageServer::start(config, listener).await {
+        Err(StartError::BackupStore { path, .. }) => assert_eq!(path, dir.path().join("server")),
+        other => panic!("expected a backup store error, got {other:?}"),
+    }
 }

@@ -388,14 +388,23 @@ impl Mapping {
     /// A copy of `len` bytes at byte `at`. Panics if the range is not inside the
     /// mapping.
     fn copy_out(&self, at: u64, len: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(len);
+        let mut out = Vec::new();
+        self.copy_out_into(at, len, &mut out);
+        out
+    }
+
+    /// Replaces `out`'s contents with a copy of `len` bytes at byte `at`, reusing its
+    /// capacity and writing each byte once (no zeroing first). Panics if the range is not
+    /// inside the mapping.
+    fn copy_out_into(&self, at: u64, len: usize, out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(len);
         // SAFETY: `out` has room for `len` bytes; `set_len` follows the copy that
-        // initialised them.
+        // initialised them (the copy panics before writing if the range is outside).
         unsafe {
             self.copy_out_raw(at, out.as_mut_ptr(), len);
             out.set_len(len);
         }
-        out
     }
 
     /// Fills `out` with a copy of the bytes from byte `at`. Panics if the range is not
@@ -901,6 +910,19 @@ impl FrameFile {
         let len = len.min(self.slot_capacity);
         self.map
             .copy_out(self.slot_offset(slot) + SLOT_HEADER_BYTES, len as usize)
+    }
+
+    /// Replaces `out`'s contents with slot `slot`'s first `len` data bytes (`len` clamped
+    /// to the capacity), as [`FrameFile::read`] reads them, reusing `out`'s capacity.
+    /// Panics if `slot ≥ slots`.
+    pub fn read_into(&self, slot: usize, len: u32, out: &mut Vec<u8>) {
+        assert!(slot < self.slots, "slot {slot} of {}", self.slots);
+        let len = len.min(self.slot_capacity);
+        self.map.copy_out_into(
+            self.slot_offset(slot) + SLOT_HEADER_BYTES,
+            len as usize,
+            out,
+        );
     }
 
     /// Fills `out` with the first `out.len()` bytes of `slot`'s data, as
@@ -1652,7 +1674,7 @@ mod tests {
     }
 
     #[test]
-    fn read_to_fills_a_slice_from_the_slots_start() {
+    fn read_to_and_read_into_copy_from_the_slots_start() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 1, CAPACITY);
         file.assign(0, 1, label());
@@ -1661,6 +1683,10 @@ mod tests {
         let mut slice = [9u8; 5];
         file.read_to(0, &mut slice);
         assert_eq!(&slice, b"abcde");
+        let mut reused = vec![7u8; 100];
+        file.read_into(0, 4, &mut reused);
+        assert_eq!(reused, b"abcd", "the old contents are replaced, not kept");
+        assert!(reused.capacity() >= 100, "the buffer's capacity is reused");
     }
 
     #[test]
