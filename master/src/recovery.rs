@@ -315,7 +315,6 @@ impl Attempts {
     /// (it may have replayed the ranges here already, its commit perhaps under way: this
     /// attempt's clean-up would erase them), when the ranges overlap work registered
     /// here, and — a replay — when an abandon of its attempt and ranges came first.
-    /// A forget is remembered as such an abandon.
     fn register(
         &mut self,
         work: Work,
@@ -344,12 +343,8 @@ impl Attempts {
                     return Err(RecoveryError::Abandoned);
                 }
             }
-            Work::Forget => {
-                if self.abandoned.len() >= ABANDONS_KEPT {
-                    self.abandoned.pop_front();
-                }
-                self.abandoned.push_back((crashed, attempt, ranges.clone()));
-            }
+            // Remembered as an abandon already, when `abandon` accepted it.
+            Work::Forget => {}
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -371,8 +366,13 @@ impl Attempts {
     /// An `AbandonRecovery` of `attempt` at `crashed` for `ranges`: the recoveries to
     /// cancel before forgetting the ranges, or `None` when it is ignored (a `Recover` of
     /// a newer attempt arrived since).
+    ///
+    /// An accepted abandon is remembered here, at once: a `Recover` of its attempt and
+    /// ranges that registers while the driver waits for the cancelled ones to clean up
+    /// (a retried or duplicated request) is refused, instead of replaying the ranges
+    /// for nobody and making the forgetting fail on its overlap.
     fn abandon(
-        &self,
+        &mut self,
         crashed: ServerId,
         attempt: u64,
         ranges: &PartitionRanges,
@@ -380,6 +380,10 @@ impl Attempts {
         if attempt < self.newest.get(&crashed).copied().unwrap_or(0) {
             return None;
         }
+        if self.abandoned.len() >= ABANDONS_KEPT {
+            self.abandoned.pop_front();
+        }
+        self.abandoned.push_back((crashed, attempt, ranges.clone()));
         let running = self.in_flight.iter().filter(|f| overlap(&f.ranges, ranges));
         Some(running.map(|f| Arc::clone(&f.cancel)).collect())
     }
@@ -737,9 +741,9 @@ impl RecoveryMaster {
         // Registered while it forgets, like a recovery of its attempt: a `Recover` of a
         // newer attempt arriving meanwhile waits for the forgetting to end (it waits for
         // older attempts to clean up) instead of having its replay erased by it; one
-        // that arrived since the check above makes this abandon ignored.
-        // It is also remembered, so that a `Recover` of its attempt and ranges that
-        // arrives after it (delayed on its way) does not replay them for nobody.
+        // that arrived since the check above makes this abandon ignored. The check
+        // remembered the abandon, so that a `Recover` of its attempt and ranges that
+        // arrives after it (delayed, or a duplicate) does not replay them for nobody.
         let registration = match self.register(Work::Forget, crashed, recovery, ranges) {
             Ok(registration) => registration,
             Err(RecoveryError::Superseded { .. }) => return Ok(None),
@@ -876,6 +880,12 @@ mod tests {
         assert!(attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]).is_none());
         // An abandon of attempt 3 registered while it forgets is superseded work for a
         // later attempt 4, which therefore waits for it.
+        assert_eq!(
+            attempts
+                .abandon(CRASHED, 3, &vec![(T, 200, 299)])
+                .map(|r| r.len()),
+            Some(0)
+        );
         let forget = registers(
             &mut attempts,
             Work::Forget,
@@ -908,6 +918,25 @@ mod tests {
             4,
             &vec![(T, 250, 260)],
         );
+    }
+
+    #[test]
+    fn a_recover_registering_while_its_abandon_waits_for_clean_up_is_refused() {
+        let mut attempts = Attempts::default();
+        arrives(&mut attempts, CRASHED, 2);
+        let replay = registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
+        let running = attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]);
+        assert_eq!(running.map(|r| r.len()), Some(1));
+        // The cancelled replay cleans up; a duplicate `Recover` of the same attempt
+        // arrives before the abandon registers its forgetting.
+        attempts.finish(replay);
+        arrives(&mut attempts, CRASHED, 2);
+        assert_eq!(
+            attempts.register(Work::Replay, CRASHED, 2, &vec![(T, 0, 99)], cancel()),
+            Err(RecoveryError::Abandoned)
+        );
+        // So the forgetting registers and nothing is left replayed for nobody.
+        registers(&mut attempts, Work::Forget, CRASHED, 2, &vec![(T, 0, 99)]);
     }
 
     #[test]
