@@ -4,10 +4,15 @@
 //! * [`backup_selector`] — `BackupSelector`: chooses the R backups of each new segment
 //!   by randomized refinement, and a replacement when a backup is lost. Pure and
 //!   synchronous.
+//! * `segment_replicas` — `SegmentReplicas`: the replicas of one segment and every
+//!   protocol decision about them (place, bump epochs, record the epoch, close, free).
+//!   Pure and synchronous; property-tested.
+//! * `transport` — one `ReplicaTransport` per way bytes reach a frame (`shm`, `tcp`,
+//!   `rpc`, `rdma`), the pure choice among them, and the resources they share (mapped
+//!   frame files with their backups' liveness, RDMA links).
 //! * [`replicator`] — `Replicator`: the async driver the appender calls at its
-//!   replication point. It opens, writes (over `shm`, `tcp` or `rpc`), closes and
-//!   re-creates replicas, feeding the selector the server list it pulls from the
-//!   coordinators' leader.
+//!   replication point. It performs what `SegmentReplicas` asks through the transports,
+//!   feeding the selector the server list it pulls from the coordinators' leader.
 //! * [`server_list_watch`] — `ServerListWatch`: the server-list versions the coordinator
 //!   pushes (`ServerListChanged`), which make the replicator pull at once instead of at
 //!   its next periodic refresh.
@@ -16,7 +21,9 @@
 pub mod backup_selector;
 pub mod rdma_link;
 pub mod replicator;
+mod segment_replicas;
 pub mod server_list_watch;
+mod transport;
 
 pub use replicator::{
     Fatal, ReplicationConfig, ReplicationStats, Replicator, SegmentSource, ServerSource,

@@ -1,12 +1,16 @@
 //! `Replicator`: keeps R replicas of every segment of this master's log on backups
-//! (DESIGN.md §5), over the transports of `rampart_common::onesided`.
+//! (DESIGN.md §5). It is the async driver of two pure cores: `SegmentReplicas`
+//! (`segment_replicas`), which decides for each segment what to place, bump, record,
+//! close and free, and `BackupSelector`, which chooses backups; it reaches the frames
+//! through the transports of `transport` (one `ReplicaTransport` per kind).
 //!
 //! The appender owns it and calls [`Replicator::replicate`] with every batch's sealed
 //! byte ranges, between sealing the batch and publishing it: it returns only when every
 //! one of the R replicas of each touched segment holds the bytes (transport completion),
 //! so nothing is acknowledged with fewer than R copies. Between batches the appender
 //! calls [`Replicator::tick`], which finishes background closes, watches the backups that
-//! hold this master's replicas, and re-creates replicas that were lost.
+//! hold this master's replicas, frees abandoned copies, and re-creates replicas that were
+//! lost.
 //!
 //! # A segment's replicas
 //! A segment seen for the first time (its header range) gets R backups from the
@@ -18,43 +22,33 @@
 //! digest are on every replica before the old head's footer is written (the
 //! digest-and-footer protocol of DESIGN.md §4).
 //!
-//! # Transports
-//! Chosen per replica from the backup's `OpenReplica` reply: with no transport forced,
-//! `shm` when the backup runs on this host (its frame file is mapped once per backup),
-//! else `tcp` (its soft-NIC), else `rpc`. A forced transport that a backup cannot offer
-//! makes the replica go elsewhere. `rdma` is used only when forced: one RC connection
-//! per backup (`RdmaLink`, set up by the `RdmaConnect` RPC), writing into the frame's
-//! slot of the backup's registered frame file.
-//!
 //! # Lost replicas
 //! A replica is *lost* when a write, open, close or probe to its backup fails at the
 //! transport level (the backup is then marked failed and every replica on it is lost),
 //! or when its backup refuses it (`UnknownFrame`, `StaleEpoch`, `BackupFull` on close:
-//! only that replica). A lost replica of the **open** segment is re-created before the
-//! write path goes on: a replacement backup is opened at a new epoch e' > e, given every
-//! byte the segment holds so far, then the surviving replicas are moved to e'
-//! (`BumpEpoch`), e' is recorded at the coordinator (`SetOpenEpoch`), and only then does
-//! the write continue — so the replica left behind at e (on a backup that may only have
-//! looked dead, or written to disk when its backup stopped) is recognisably stale: a
-//! recovery does not count it (`coordinator::recovery_plan`). Until e' is recorded no
-//! byte goes past what every copy held when the loss was found, so the copies at e still
-//! hold every acknowledged write and may still be counted; while no coordinator answers,
-//! writes wait. Every placement
-//! attempt takes a new epoch (`Segment::next_epoch`), so no two copies of a segment ever
-//! share one. A lost replica of a **closed** segment is re-created by
-//! [`Replicator::tick`], one segment per tick and one attempt each, so writes keep
-//! flowing meanwhile. Replicas given up on (lost, or on a backup only thought dead) are
-//! freed later by `tick` with `FreeReplica { epoch_max }`, which spares any newer copy. A backup that holds this master's replicas and was not heard from
-//! for [`PROBE_INTERVAL`] is probed (`Ping`, answered by the storage server it runs in);
-//! one that the server list no longer shows Up is failed at once.
+//! only that replica). What follows is `SegmentReplicas`'s to decide (its module doc
+//! states the guarantees, which a property test checks): a lost replica of the **open**
+//! segment is re-created before the write path goes on — a replacement backup is opened
+//! at a new epoch e' > e, given every byte the segment holds so far, then the surviving
+//! replicas are moved to e' (`BumpEpoch`), e' is recorded at the coordinator
+//! (`SetOpenEpoch`), and only then does the write continue — so the replica left behind
+//! at e (on a backup that may only have looked dead, or written to disk when its backup
+//! stopped) is recognisably stale: a recovery does not count it
+//! (`coordinator::recovery_plan`). Until e' is recorded no byte goes past what every
+//! copy held when the loss was found, so the copies at e still hold every acknowledged
+//! write and may still be counted; while no coordinator answers, writes wait. Every
+//! placement attempt takes a new epoch, so no two copies of a segment ever share one. A
+//! lost replica of a **closed** segment is re-created by [`Replicator::tick`], one
+//! segment per tick and one attempt each, so writes keep flowing meanwhile. Copies given
+//! up on (lost, or on a backup only thought dead) are freed later by `tick` with
+//! `FreeReplica { epoch_max }`, which spares any newer copy; `epoch_max` is the highest
+//! epoch the copy may be at (a bump that got no answer may have landed). A backup that
+//! holds this master's replicas and was not heard from for [`PROBE_INTERVAL`] is probed
+//! (`Ping`, answered by the storage server it runs in); one that the server list no
+//! longer shows Up is failed at once.
 //!
 //! A backup answers `Fenced` for a recovered master's frames even after the recovery
-//! freed them; an `shm` copy that finds its frame's slot taken asks the backup why (an
-//! empty `WriteReplica`), so a zombie master stops rather than re-creating the replica.
-//!
-//! `shm` writes cannot notice a dead backup (the frame file outlives its process), so the
-//! replicator holds a pidfd of each `shm` backup and checks after every copy that the
-//! process is alive; a dead one fails the write.
+//! freed them (see `transport` for how each transport learns it).
 //!
 //! # The server list
 //! Backups come from the server list. With [`ServerSource::Coordinators`] it is pulled
@@ -84,21 +78,20 @@
 //! * The epoch of a re-created open replica is recorded on the backups (`BumpEpoch`)
 //!   and at the coordinator (`SetOpenEpoch`, as RAMCloud's `updateReplicationEpoch`),
 //!   for the open segment only: below it, a copy holding the footer is whole and one
-//!   without it two segments below the head is stale, whatever the epochs say.
-//! * Liveness of `shm` backups by pidfd (above): DESIGN.md assumed a write to a dead
-//!   backup fails, which holds for tcp, rpc and rdma but not for shared memory.
+//!   without it two segments below the head is stale, whatever the epochs say. It is
+//!   recorded even when the copies held no bytes yet (a new segment whose first
+//!   placement partly failed): the empty copy left behind would otherwise still count.
+//! * Liveness of `shm` backups by pidfd (`transport`): DESIGN.md assumed a write to a
+//!   dead backup fails, which holds for tcp, rpc and rdma but not for shared memory.
 
 use bytes::Bytes;
 use futures::future::join_all;
 use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::{SegmentId, ServerId};
-use rampart_common::onesided::nic::NicClient;
-use rampart_common::onesided::shm::ShmMapping;
-use rampart_common::onesided::{self, FrameWriteError, TransportKind};
+use rampart_common::onesided::{self, TransportKind};
 use rampart_common::protocol::backup::{
     BumpEpoch, BumpEpochRequest, CloseReplica, CloseReplicaRequest, FreeReplica,
-    FreeReplicaRequest, OpenReplica, OpenReplicaReply, OpenReplicaRequest, WriteReplica,
-    WriteReplicaRequest,
+    FreeReplicaRequest, OpenReplica, OpenReplicaRequest,
 };
 use rampart_common::protocol::coordinator::{
     GetTabletMap, SetOpenEpoch, SetOpenEpochRequest, TabletMapRequest,
@@ -108,19 +101,18 @@ use rampart_common::rpc::{RpcError, RpcPool};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::backup_selector::{BackupInfo, BackupSelector};
-use super::rdma_link::{RdmaFrame, RdmaLink};
+use super::segment_replicas::{Abandoned, Lost, Replica, SegmentReplicas, Step};
 use super::server_list_watch::ServerListWatch;
+use super::transport::{classify_rpc, Failure, ReplicaTransport, Transports};
 use crate::segmented_log::SegmentRange;
 
-/// Deadline of one replication RPC or soft-NIC write.
-pub const REPLICA_IO_TIMEOUT: Duration = Duration::from_secs(2);
+pub use super::transport::REPLICA_IO_TIMEOUT;
 
 /// A backup holding replicas of this master that was not heard from for this long is
 /// probed.
@@ -219,187 +211,30 @@ pub enum Fatal {
     /// The log no longer has bytes it was asked to replicate (a bug).
     #[error("segment {0} bytes are not in the log")]
     MissingBytes(SegmentId),
+    /// A range did not start where the segment's replicated bytes end, or its replicas
+    /// were not ready for it (a bug).
+    #[error("segment {0} was not ready for the range handed to replication")]
+    NotWritable(SegmentId),
 }
 
-/// A backup's same-host frame file, mapped.
-struct ShmBackup {
-    map: ShmMapping,
-    /// Readable once the backup process has exited; `None` when pidfds are unsupported
-    /// (then `kill(pid, 0)` is used).
-    pidfd: Option<OwnedFd>,
-    pid: i32,
-}
-
-impl ShmBackup {
-    fn open(path: &str, pid: u32) -> std::io::Result<ShmBackup> {
-        let map = ShmMapping::open(std::path::Path::new(path))?;
-        let pid = i32::try_from(pid).map_err(|_| std::io::Error::other("pid out of range"))?;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let pidfd = if fd >= 0 {
-            // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
-            Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-        } else {
-            None
-        };
-        let backup = ShmBackup { map, pidfd, pid };
-        if !backup.alive() {
-            return Err(std::io::Error::other("backup process is not running"));
-        }
-        Ok(backup)
-    }
-
-    /// Whether the backup process still runs.
-    fn alive(&self) -> bool {
-        match &self.pidfd {
-            Some(fd) => {
-                let mut poll = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                loop {
-                    // SAFETY: one valid pollfd, zero timeout.
-                    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
-                    if ready >= 0 {
-                        // Readable (1) once the process has exited.
-                        return ready == 0;
-                    }
-                    if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                        // Cannot tell: count it dead (a spurious re-replication is
-                        // safe; acknowledging into a dead backup's file is not).
-                        return false;
-                    }
-                }
-            }
-            // SAFETY: signal 0 only checks that the process exists.
-            None => (unsafe { libc::kill(self.pid, 0) }) == 0,
-        }
-    }
-}
-
-impl std::fmt::Debug for ShmBackup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmBackup").field("pid", &self.pid).finish()
-    }
-}
-
-/// How bytes reach one replica.
+/// How the driver reaches one replica: its backup's address and the transport chosen
+/// when it was opened.
 #[derive(Clone, Debug)]
-enum Route {
-    Shm {
-        backup: Arc<ShmBackup>,
-        slot_offset: u64,
-        slot_capacity: u32,
-    },
-    Tcp {
-        nic: String,
-    },
-    Rpc,
-    Rdma {
-        link: Arc<RdmaLink>,
-        slot_offset: u64,
-        slot_capacity: u32,
-    },
-}
-
-impl Route {
-    fn kind(&self) -> TransportKind {
-        match self {
-            Route::Shm { .. } => TransportKind::Shm,
-            Route::Tcp { .. } => TransportKind::Tcp,
-            Route::Rpc => TransportKind::Rpc,
-            Route::Rdma { .. } => TransportKind::Rdma,
-        }
-    }
-}
-
-/// One replica of a segment.
-#[derive(Clone, Debug)]
-struct Replica {
-    backup: ServerId,
+struct Link {
     addr: String,
-    handle: u64,
-    route: Route,
-    /// The epoch the backup holds this replica at.
-    epoch: u64,
-    /// `CloseReplica` answered Ok: the replica is on the backup's disk.
-    closed: bool,
-    /// A close is in flight.
-    closing: bool,
+    transport: Arc<dyn ReplicaTransport>,
 }
 
-/// The replicas of one segment.
-#[derive(Debug)]
-struct Segment {
-    /// The epoch every live replica is at (once `restore` finished).
-    epoch: u64,
-    /// The epoch the next placement attempt uses. Every attempt takes a new one, so a
-    /// replica given up on at epoch e is never confused with a later one: an abandoned
-    /// copy's free (bounded by e) cannot touch it, and a backup never sees the same
-    /// (segment, epoch) opened twice for two different copies.
-    /// Invariant: > every epoch used for this segment.
-    next_epoch: u64,
-    /// The epoch the coordinator knows this segment's replicas at (`SetOpenEpoch`).
-    /// Invariants: 1. ≤ `epoch`. 2. While the segment is open and this is below `epoch`,
-    /// no byte is written to its replicas past what they held when they were re-created:
-    /// until it is recorded, a recovery must still count the copies left behind at the
-    /// older epoch, which therefore may lack nothing acknowledged.
-    recorded_epoch: u64,
-    /// Bytes every live replica holds.
-    len: u32,
-    /// The footer is among those bytes.
-    closed: bool,
-    /// R slots; slot 0 holds the primary. `None`: lost (or not yet placed).
-    replicas: Vec<Option<Replica>>,
-}
+/// The replicas of one segment, reached through [`Link`]s.
+type Segment = SegmentReplicas<Link>;
 
-impl Segment {
-    fn missing(&self) -> usize {
-        self.replicas.iter().filter(|r| r.is_none()).count()
-    }
-
-    fn backups(&self) -> Vec<ServerId> {
-        self.replicas.iter().flatten().map(|r| r.backup).collect()
-    }
-}
-
-/// How long [`Replicator::restore`] keeps trying.
+/// How long [`Replicator::settle`] keeps trying.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Patience {
     /// Until every replica exists (the write path: nothing is acknowledged before).
     UntilDone,
     /// One placement round (upkeep between batches: the next tick tries again).
     OneAttempt,
-}
-
-/// What a failed replica operation means.
-enum Failure {
-    /// The backup is unreachable or dead: every replica on it is lost.
-    Backup(String),
-    /// Only this replica is unusable (refused, gone, full).
-    Replica(String),
-    /// Fenced: never acknowledge.
-    Fenced,
-}
-
-fn classify_rpc(error: &RpcError) -> Failure {
-    match error {
-        RpcError::Status {
-            status: Status::Fenced,
-            ..
-        } => Failure::Fenced,
-        error if error.is_transport() => Failure::Backup(error.to_string()),
-        error => Failure::Replica(error.to_string()),
-    }
-}
-
-fn classify_write(error: FrameWriteError) -> Failure {
-    match error {
-        FrameWriteError::Fenced | FrameWriteError::Refused(Status::Fenced) => Failure::Fenced,
-        FrameWriteError::Transport(detail) => Failure::Backup(detail),
-        other => Failure::Replica(other.to_string()),
-    }
 }
 
 /// The result of a background close.
@@ -433,9 +268,8 @@ pub struct ReplicationStats {
 pub struct Replicator {
     own: ServerId,
     config: ReplicationConfig,
-    host: String,
     pool: Arc<RpcPool>,
-    nic: Arc<NicClient>,
+    transports: Transports,
     selector: BackupSelector,
     /// The coordinators of a [`ServerSource::Coordinators`] source, and their leader
     /// once found (empty for a fixed list).
@@ -455,9 +289,6 @@ pub struct Replicator {
     /// Backups that refused a replica (full frames or disk), and until when they are
     /// not chosen.
     refused: HashMap<ServerId, Instant>,
-    shm: HashMap<(String, u32), Arc<ShmBackup>>,
-    /// One RDMA connection per backup address (`--replication rdma`).
-    rdma: HashMap<String, Arc<RdmaLink>>,
     /// Every live segment this replicator has seen.
     segments: BTreeMap<SegmentId, Segment>,
     closes: JoinSet<CloseDone>,
@@ -465,40 +296,16 @@ pub struct Replicator {
     /// Set when a background close was refused as fenced: the next call to
     /// `replicate` or `tick` fails with it.
     fenced: Option<Fatal>,
-    /// Replicas this master stopped using that may still exist on a live backup; freed
+    /// Copies this master stopped using that may still exist on a live backup; freed
     /// (epoch-bounded) by `tick`. Invariant: at most [`ABANDONED_MAX`] entries.
     abandoned: Vec<Abandoned>,
     /// A replica was placed, lost, closed or re-created since `take_changed_stats`.
     changed: bool,
 }
 
-/// A replica given up on, to be freed on its backup.
-#[derive(Debug, Clone)]
-struct Abandoned {
-    backup: ServerId,
-    addr: String,
-    segment: SegmentId,
-    /// The replica's epoch: the free spares newer copies (a replacement placed on the
-    /// same backup later).
-    epoch: u64,
-}
-
 /// Most abandoned replicas remembered for freeing; older ones are forgotten (their
 /// frames stay until the backup restarts or recovery frees the master's replicas).
 pub const ABANDONED_MAX: usize = 4096;
-
-fn abandon(abandoned: &mut Vec<Abandoned>, segment: SegmentId, replica: &Replica) {
-    if abandoned.len() >= ABANDONED_MAX {
-        let forgotten = abandoned.remove(0);
-        tracing::warn!(backup = %forgotten.backup, segment = %forgotten.segment, "too many abandoned replicas; one is not freed");
-    }
-    abandoned.push(Abandoned {
-        backup: replica.backup,
-        addr: replica.addr.clone(),
-        segment,
-        epoch: replica.epoch,
-    });
-}
 
 impl std::fmt::Debug for Replicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -510,6 +317,46 @@ impl std::fmt::Debug for Replicator {
     }
 }
 
+/// Progress of a wait in [`Replicator::settle`]: for backups to place replicas on, or
+/// for a coordinator to record an epoch.
+struct Waiting {
+    since: Option<Instant>,
+    last_warn: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Waiting {
+    fn new() -> Waiting {
+        Waiting {
+            since: None,
+            last_warn: None,
+            backoff: Duration::from_millis(5),
+        }
+    }
+
+    /// How long this wait has lasted, starting it now if it had not started.
+    fn waited(&mut self, now: Instant) -> Duration {
+        now - *self.since.get_or_insert(now)
+    }
+
+    /// Whether to warn now (at most every [`WAIT_WARN_INTERVAL`]); records it if so.
+    fn warn_due(&mut self, now: Instant) -> bool {
+        let due = self
+            .last_warn
+            .map_or(true, |t| now - t >= WAIT_WARN_INTERVAL);
+        if due {
+            self.last_warn = Some(now);
+        }
+        due
+    }
+
+    /// Sleeps the current backoff, doubling it up to [`WAIT_BACKOFF_MAX`].
+    async fn pause(&mut self) {
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(WAIT_BACKOFF_MAX);
+    }
+}
+
 impl Replicator {
     /// A replicator for the master on server `own`.
     pub fn new(own: ServerId, config: ReplicationConfig) -> Replicator {
@@ -517,13 +364,18 @@ impl Replicator {
             ServerSource::Coordinators(addrs) => CoordinatorSet::new(addrs),
             ServerSource::Fixed(_) => CoordinatorSet::new::<&str>(&[]),
         };
+        let pool = Arc::new(RpcPool::new());
         Replicator {
             own,
             selector: BackupSelector::new(own, config.seed ^ own.0),
+            transports: Transports::new(
+                own,
+                config.transport,
+                onesided::host_id(),
+                Arc::clone(&pool),
+            ),
             config,
-            host: onesided::host_id(),
-            pool: Arc::new(RpcPool::new()),
-            nic: Arc::new(NicClient::new()),
+            pool,
             coordinators,
             backups: HashMap::new(),
             list_fetched: None,
@@ -531,8 +383,6 @@ impl Replicator {
             server_list: Arc::new(ServerListWatch::new()),
             failed: HashMap::new(),
             refused: HashMap::new(),
-            shm: HashMap::new(),
-            rdma: HashMap::new(),
             segments: BTreeMap::new(),
             closes: JoinSet::new(),
             stats: ReplicationStats::default(),
@@ -567,21 +417,12 @@ impl Replicator {
     /// Current counts.
     pub fn stats(&self) -> ReplicationStats {
         let mut stats = self.stats;
-        stats.under_replicated = self.under_replicated() as u64;
-        stats
-    }
-
-    fn under_replicated(&self) -> usize {
-        self.segments
+        stats.under_replicated = self
+            .segments
             .values()
-            .filter(|s| {
-                s.missing() > 0
-                    || s.replicas
-                        .iter()
-                        .flatten()
-                        .any(|r| s.closed && !r.closed && !r.closing)
-            })
-            .count()
+            .filter(|s| s.under_replicated())
+            .count() as u64;
+        stats
     }
 
     /// Returns once every replica holds `ranges` (in order). See the module doc.
@@ -612,42 +453,33 @@ impl Replicator {
         source: &dyn SegmentSource,
     ) -> Result<(), Fatal> {
         let id = range.segment;
-        if !self.segments.contains_key(&id) {
-            self.segments.insert(
-                id,
-                Segment {
-                    epoch: 1,
-                    next_epoch: 1,
-                    recorded_epoch: 1,
-                    len: range.start,
-                    closed: false,
-                    replicas: vec![None; self.config.replicas],
-                },
-            );
-        }
+        let replicas = self.config.replicas;
+        self.segments
+            .entry(id)
+            .or_insert_with(|| SegmentReplicas::new(id, replicas, range.start));
         // Every replica must hold [0, start) before this range goes on top of it, and a
         // re-created open segment's epoch must be known to the coordinator.
-        self.restore(id, range.start, source, Patience::UntilDone)
-            .await?;
-        self.record_open_epoch(id, Patience::UntilDone).await?;
+        self.settle(id, source, Patience::UntilDone).await?;
+        if !self.segment(id)?.writable(range.start) {
+            return Err(Fatal::NotWritable(id));
+        }
         let bytes = source
             .segment_range(id, range.start, range.end)
             .ok_or(Fatal::MissingBytes(id))?;
         let failures = self.write_all(id, range.start, &bytes).await;
-        if !failures.is_empty() {
-            self.apply_failures(id, failures)?;
-            // The survivors hold [0, end); lost replicas are re-created holding as much.
-            self.restore(id, range.end, source, Patience::UntilDone)
-                .await?;
-            self.record_open_epoch(id, Patience::UntilDone).await?;
-        }
-        let segment = self.segment_mut(id)?;
-        segment.len = range.end;
+        self.apply_failures(id, failures)?;
+        // The survivors hold [0, end); lost replicas are re-created holding as much.
+        self.segment_mut(id)?.wrote(range.end);
+        self.settle(id, source, Patience::UntilDone).await?;
         if range.closes {
-            segment.closed = true;
-            self.start_closes(id);
+            let slots = self.segment_mut(id)?.close();
+            self.start_closes(id, slots);
         }
         Ok(())
+    }
+
+    fn segment(&self, id: SegmentId) -> Result<&Segment, Fatal> {
+        self.segments.get(&id).ok_or(Fatal::MissingBytes(id))
     }
 
     fn segment_mut(&mut self, id: SegmentId) -> Result<&mut Segment, Fatal> {
@@ -665,13 +497,14 @@ impl Replicator {
         let Some(segment) = self.segments.get(&id) else {
             return Vec::new();
         };
-        let writes = segment.replicas.iter().enumerate().filter_map(|(slot, r)| {
-            let replica = r.clone()?;
-            let (pool, nic, bytes) = (Arc::clone(&self.pool), Arc::clone(&self.nic), bytes.clone());
-            Some(async move {
-                let result = write_replica(&pool, &nic, &replica, offset, bytes).await;
-                (slot, replica.backup, result)
-            })
+        let writes = segment.live().map(|(slot, replica)| {
+            let (backup, handle, epoch) = (replica.backup, replica.handle, replica.epoch);
+            let transport = Arc::clone(&replica.link.transport);
+            let bytes = bytes.clone();
+            async move {
+                let result = transport.write(handle, epoch, offset, bytes).await;
+                (slot, backup, result)
+            }
         });
         let results = join_all(writes).await;
         let mut failures = Vec::new();
@@ -698,10 +531,11 @@ impl Replicator {
         failures: Vec<(usize, Failure)>,
     ) -> Result<(), Fatal> {
         for (slot, failure) in failures {
-            let Some(replica) = self
+            let Some(backup) = self
                 .segments
                 .get(&id)
-                .and_then(|s| s.replicas.get(slot).cloned().flatten())
+                .and_then(|s| s.replica(slot))
+                .map(|r| r.backup)
             else {
                 continue;
             };
@@ -709,12 +543,12 @@ impl Replicator {
                 Failure::Fenced => {
                     return Err(Fatal::Fenced {
                         segment: id,
-                        backup: replica.backup,
+                        backup,
                     })
                 }
-                Failure::Backup(detail) => self.backup_failed(replica.backup, &detail),
+                Failure::Backup(detail) => self.backup_failed(backup, &detail),
                 Failure::Replica(detail) => {
-                    tracing::warn!(segment = %id, backup = %replica.backup, %detail, "replica lost");
+                    tracing::warn!(segment = %id, %backup, %detail, "replica lost");
                     self.lose_replica(id, slot);
                 }
             }
@@ -724,43 +558,45 @@ impl Replicator {
 
     fn lose_replica(&mut self, id: SegmentId, slot: usize) {
         self.changed = true;
-        let Some(segment) = self.segments.get_mut(&id) else {
-            return;
-        };
-        if let Some(Some(replica)) = segment.replicas.get(slot) {
-            if slot == 0 {
-                self.selector.primary_freed(replica.backup);
-            }
-            abandon(&mut self.abandoned, id, replica);
-        }
-        if let Some(r) = segment.replicas.get_mut(slot) {
-            *r = None;
+        let lost = self.segments.get_mut(&id).and_then(|s| s.lose(slot));
+        if let Some(lost) = lost {
+            self.forget(lost);
         }
     }
 
-    /// Marks `backup` failed: every replica on it is lost.
+    /// Books a lost replica: the selector's primary count, and its copy to free.
+    fn forget(&mut self, lost: Lost) {
+        if lost.primary {
+            self.selector.primary_freed(lost.abandoned.backup);
+        }
+        self.abandon(lost.abandoned);
+    }
+
+    /// Remembers a copy to free, forgetting the oldest beyond [`ABANDONED_MAX`].
+    fn abandon(&mut self, abandoned: Abandoned) {
+        if self.abandoned.len() >= ABANDONED_MAX {
+            let forgotten = self.abandoned.remove(0);
+            tracing::warn!(backup = %forgotten.backup, segment = %forgotten.segment, "too many abandoned replicas; one is not freed");
+        }
+        self.abandoned.push(abandoned);
+    }
+
+    /// Marks `backup` failed: every replica on it is lost (and, if the backup was only
+    /// thought dead, its copies freed later).
     fn backup_failed(&mut self, backup: ServerId, detail: &str) {
         self.changed = true;
-        // Unmap the frame files of backups that exited (each pins its file's memory),
-        // and drop broken RDMA connections.
-        self.shm.retain(|_, shm| shm.alive());
-        self.rdma.retain(|_, link| !link.is_broken());
+        self.transports.forget_dead();
         if self.failed.insert(backup, Instant::now()).is_none() {
             self.stats.backups_failed += 1;
             tracing::warn!(%backup, %detail, "backup failed; re-creating its replicas elsewhere");
         }
-        for (id, segment) in self.segments.iter_mut() {
-            for (slot, r) in segment.replicas.iter_mut().enumerate() {
-                if let Some(replica) = r.as_ref().filter(|r| r.backup == backup) {
-                    if slot == 0 {
-                        self.selector.primary_freed(backup);
-                    }
-                    // If the backup was only thought dead, its copy must not keep a
-                    // frame there forever.
-                    abandon(&mut self.abandoned, *id, replica);
-                    *r = None;
-                }
-            }
+        let lost: Vec<Lost> = self
+            .segments
+            .values_mut()
+            .flat_map(|segment| segment.lose_backup(backup))
+            .collect();
+        for lost in lost {
+            self.forget(lost);
         }
     }
 
@@ -779,176 +615,163 @@ impl Replicator {
             .collect()
     }
 
-    /// Fills every empty slot of `id` with a new replica holding `[0, len)`; for an
-    /// open segment that had live replicas, then moves the survivors to the new epoch.
-    /// Waits (refreshing the server list) while not enough backups exist.
-    async fn restore(
+    /// Does what [`SegmentReplicas::step`] asks until every replica of `id` is live and
+    /// current: places replicas in empty slots (holding the segment's bytes so far),
+    /// bumps the survivors of a loss to the new epoch, records it at the coordinator.
+    /// With [`Patience::UntilDone`] waits, refreshing the server list, while not enough
+    /// backups exist, and retries while no coordinator answers; with
+    /// [`Patience::OneAttempt`] returns after one placement round or one failed round.
+    async fn settle(
         &mut self,
         id: SegmentId,
-        len: u32,
         source: &dyn SegmentSource,
         patience: Patience,
     ) -> Result<(), Fatal> {
         let mut refused: HashSet<ServerId> = HashSet::new();
-        let mut waiting_since: Option<Instant> = None;
-        let mut last_warn: Option<Instant> = None;
-        let mut backoff = Duration::from_millis(5);
-        loop {
-            let Some(segment) = self.segments.get(&id) else {
-                return Ok(());
-            };
-            if segment.missing() == 0 {
-                return Ok(());
-            }
-            let fresh = segment.replicas.iter().all(Option::is_none);
-            let had_survivors = !fresh;
-            if fresh && len > 0 && !segment.closed {
-                // Every replica of the open segment is gone, so no survivor's fence
-                // can tell this master that it is being recovered (the bump below is
-                // what normally would). Before its bytes go to new backups, the
-                // coordinator must still list it Up.
-                self.confirm_alive().await?;
-            }
-            self.refresh_servers(false).await;
-            let mut exclude = self.excluded();
-            exclude.extend(refused.iter().copied());
-            let placement = self.place(id, fresh, &exclude);
-            let targets = match placement {
-                Ok(targets) => targets,
-                Err(detail) => {
-                    let now = Instant::now();
-                    let since = *waiting_since.get_or_insert(now);
-                    // The first failure is often a list fetched while servers were
-                    // still enlisting: refresh before warning.
-                    let warn_due = now - since >= WAIT_BACKOFF_MAX
-                        && last_warn.map_or(true, |t| now - t >= WAIT_WARN_INTERVAL);
-                    if warn_due {
-                        tracing::warn!(segment = %id, waited = ?(now - since), %detail, "writes wait for backups");
-                        last_warn = Some(now);
-                    }
-                    if !refused.is_empty() && now - since > WAIT_WARN_INTERVAL {
-                        // Backups that refused may have room again.
-                        refused.clear();
-                    }
-                    if patience == Patience::OneAttempt {
-                        return Ok(());
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(WAIT_BACKOFF_MAX);
-                    self.refresh_servers(true).await;
-                    continue;
-                }
-            };
-            let new_epoch = match self.segments.get_mut(&id) {
-                Some(segment) => {
-                    segment.next_epoch += 1;
-                    segment.next_epoch - 1
-                }
-                None => return Ok(()),
-            };
-            let capacity = source.segment_capacity();
-            let bytes = if len > 0 {
-                Some(
-                    source
-                        .segment_range(id, 0, len)
-                        .ok_or(Fatal::MissingBytes(id))?,
-                )
-            } else {
-                None
-            };
-            let closed = self.segments.get(&id).is_some_and(|s| s.closed);
-            for (slot, backup) in targets {
-                match self
-                    .create_replica(id, backup, new_epoch, capacity, bytes.as_ref(), closed)
-                    .await
-                {
-                    Ok(replica) => {
-                        if had_survivors || len > 0 {
-                            self.stats.replicas_recreated += 1;
-                            tracing::info!(segment = %id, %backup, epoch = new_epoch, bytes = len, "replica re-created");
-                        }
-                        if let Some(segment) = self.segments.get_mut(&id) {
-                            segment.replicas[slot] = Some(replica);
-                        }
-                        self.changed = true;
-                    }
-                    Err(failure) => {
-                        if slot == 0 && fresh {
-                            // `select` counted a primary there; it holds none.
-                            self.selector.primary_freed(backup);
-                        }
-                        match failure {
-                            Failure::Fenced => {
-                                return Err(Fatal::Fenced {
-                                    segment: id,
-                                    backup,
-                                })
-                            }
-                            Failure::Backup(detail) => self.backup_failed(backup, &detail),
-                            Failure::Replica(detail) => {
-                                tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
-                                refused.insert(backup);
-                                self.refused
-                                    .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
-                            }
-                        }
-                    }
-                }
-            }
-            let Some(segment) = self.segments.get(&id) else {
-                return Ok(());
-            };
-            if segment.missing() > 0 {
-                if patience == Patience::OneAttempt {
-                    return Ok(());
-                }
-                continue;
-            }
-            if new_epoch != segment.epoch {
-                // Every slot is filled: the new replicas at `new_epoch`, the survivors
-                // still at the old one. Move the survivors (open segments only: a closed
-                // replica is final and complete, whatever its epoch).
-                if !segment.closed {
-                    let failures = self.bump_epochs(id, new_epoch).await;
-                    if !failures.is_empty() {
-                        self.apply_failures(id, failures)?;
-                        continue;
-                    }
-                }
-                if let Some(segment) = self.segments.get_mut(&id) {
-                    segment.epoch = new_epoch;
-                    if len == 0 || segment.closed {
-                        // No copy left behind holds anything the new ones lack (an
-                        // empty one), or each is complete (closed): nothing to record.
-                        segment.recorded_epoch = new_epoch;
-                    }
-                }
-            }
-            return Ok(());
-        }
-    }
-
-    /// Records at the coordinator the epoch of the open segment `id` if its replicas were
-    /// re-created since the last record (`SetOpenEpoch`; see `Segment::recorded_epoch`).
-    /// With [`Patience::UntilDone`] waits, retrying, while no coordinator answers: the
-    /// write path goes no further until it is recorded. [`Fatal::DeclaredDead`] when the
-    /// coordinator answers that this master was declared crashed. A fixed server list
-    /// (tests, benchmarks) has no coordinator to tell: the epoch counts as recorded.
-    async fn record_open_epoch(&mut self, id: SegmentId, patience: Patience) -> Result<(), Fatal> {
-        let mut backoff = Duration::from_millis(5);
-        let mut last_warn: Option<Instant> = None;
+        let mut for_backups = Waiting::new();
+        let mut for_record = Waiting::new();
+        let mut placed_once = false;
         loop {
             let Some(segment) = self.segments.get_mut(&id) else {
                 return Ok(());
             };
-            if segment.closed || segment.recorded_epoch >= segment.epoch {
-                return Ok(());
+            match segment.step() {
+                Step::Ready => return Ok(()),
+                Step::Place {
+                    slots,
+                    fresh,
+                    confirm_alive,
+                } => {
+                    if placed_once && patience == Patience::OneAttempt {
+                        return Ok(());
+                    }
+                    if confirm_alive {
+                        self.confirm_alive().await?;
+                    }
+                    self.refresh_servers(false).await;
+                    let mut exclude = self.excluded();
+                    exclude.extend(refused.iter().copied());
+                    match self.place(id, &slots, fresh, &exclude) {
+                        Ok(targets) => {
+                            placed_once = true;
+                            self.create_replicas(id, targets, fresh, &mut refused, source)
+                                .await?;
+                        }
+                        Err(detail) => {
+                            let now = Instant::now();
+                            let waited = for_backups.waited(now);
+                            // The first failure is often a list fetched while servers
+                            // were still enlisting: refresh before warning.
+                            if waited >= WAIT_BACKOFF_MAX && for_backups.warn_due(now) {
+                                tracing::warn!(segment = %id, ?waited, %detail, "writes wait for backups");
+                            }
+                            if !refused.is_empty() && waited > WAIT_WARN_INTERVAL {
+                                // Backups that refused may have room again.
+                                refused.clear();
+                            }
+                            if patience == Patience::OneAttempt {
+                                return Ok(());
+                            }
+                            for_backups.pause().await;
+                            self.refresh_servers(true).await;
+                        }
+                    }
+                }
+                Step::Bump { epoch, survivors } => {
+                    // A survivor whose bump fails is lost: the next step replaces it.
+                    let failures = self.bump_epochs(id, epoch, &survivors).await;
+                    self.apply_failures(id, failures)?;
+                }
+                Step::Record { epoch } => {
+                    if let Err(error) = self.record_open_epoch(id, epoch).await? {
+                        if for_record.warn_due(Instant::now()) {
+                            tracing::warn!(segment = %id, epoch, %error, "open segment epoch not recorded; writes wait for the coordinators");
+                        }
+                        if patience == Patience::OneAttempt {
+                            return Ok(());
+                        }
+                        for_record.pause().await;
+                    }
+                }
             }
-            let epoch = segment.epoch;
-            if matches!(self.config.servers, ServerSource::Fixed(_)) {
-                segment.recorded_epoch = epoch;
-                return Ok(());
+        }
+    }
+
+    /// Opens replicas of `id` on `targets` (slot, backup) at a new epoch, each holding
+    /// the segment's bytes so far (and closed, if the segment is). A backup that fails
+    /// is marked failed; one that refuses is left out (`refused`) for this settle and
+    /// for [`REFUSED_BACKUP_EXCLUSION`].
+    async fn create_replicas(
+        &mut self,
+        id: SegmentId,
+        targets: Vec<(usize, ServerId)>,
+        fresh: bool,
+        refused: &mut HashSet<ServerId>,
+        source: &dyn SegmentSource,
+    ) -> Result<(), Fatal> {
+        let segment = self.segment_mut(id)?;
+        let epoch = segment.take_epoch();
+        let (len, closed) = (segment.len(), segment.is_closed());
+        let capacity = source.segment_capacity();
+        let bytes = if len > 0 {
+            Some(
+                source
+                    .segment_range(id, 0, len)
+                    .ok_or(Fatal::MissingBytes(id))?,
+            )
+        } else {
+            None
+        };
+        for (slot, backup) in targets {
+            match self
+                .create_replica(id, backup, epoch, capacity, bytes.as_ref(), closed)
+                .await
+            {
+                Ok(replica) => {
+                    if !fresh || len > 0 {
+                        self.stats.replicas_recreated += 1;
+                        tracing::info!(segment = %id, %backup, epoch, bytes = len, "replica re-created");
+                    }
+                    self.segment_mut(id)?.placed(slot, replica);
+                    self.changed = true;
+                }
+                Err(failure) => {
+                    if slot == 0 && fresh {
+                        // `select` counted a primary there; it holds none.
+                        self.selector.primary_freed(backup);
+                    }
+                    match failure {
+                        Failure::Fenced => {
+                            return Err(Fatal::Fenced {
+                                segment: id,
+                                backup,
+                            })
+                        }
+                        Failure::Backup(detail) => self.backup_failed(backup, &detail),
+                        Failure::Replica(detail) => {
+                            tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
+                            refused.insert(backup);
+                            self.refused
+                                .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
+                        }
+                    }
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Records `epoch` of the open segment `id` at the coordinator (`SetOpenEpoch`),
+    /// one round over the coordinators: `Ok(Err(why))` when none answered.
+    /// [`Fatal::DeclaredDead`] when the coordinator answers that this master was
+    /// declared crashed. A fixed server list (tests, benchmarks) has no coordinator to
+    /// tell: the epoch counts as recorded.
+    async fn record_open_epoch(
+        &mut self,
+        id: SegmentId,
+        epoch: u64,
+    ) -> Result<Result<(), CoordinatorCallError>, Fatal> {
+        if !matches!(self.config.servers, ServerSource::Fixed(_)) {
             let request = SetOpenEpochRequest {
                 server: self.own,
                 segment: id,
@@ -960,38 +783,23 @@ impl Replicator {
                 .call_round::<SetOpenEpoch>(&self.pool, &request, deadline)
                 .await;
             match result {
-                Ok(()) => {
-                    if let Some(segment) = self.segments.get_mut(&id) {
-                        segment.recorded_epoch = segment.recorded_epoch.max(epoch);
-                    }
-                    tracing::info!(segment = %id, epoch, "open segment epoch recorded");
-                    return Ok(());
-                }
+                Ok(()) => tracing::info!(segment = %id, epoch, "open segment epoch recorded"),
                 Err(CoordinatorCallError::Rpc(RpcError::Status {
                     status: Status::ServerCrashed,
                     ..
                 })) => return Err(Fatal::DeclaredDead(self.own)),
-                Err(error) => {
-                    let now = Instant::now();
-                    if last_warn.map_or(true, |t| now - t >= WAIT_WARN_INTERVAL) {
-                        tracing::warn!(segment = %id, epoch, %error, "open segment epoch not recorded; writes wait for the coordinators");
-                        last_warn = Some(now);
-                    }
-                    if patience == Patience::OneAttempt {
-                        return Ok(());
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(WAIT_BACKOFF_MAX);
-                }
+                Err(error) => return Ok(Err(error)),
             }
         }
+        self.segment_mut(id)?.recorded(epoch);
+        Ok(Ok(()))
     }
 
     /// Returns once the server list shows this master Up; [`Fatal::DeclaredDead`] when
     /// it shows it otherwise. Waits while no coordinator answers. A master absent
     /// from a [`ServerSource::Fixed`] list (tests) counts as Up.
     async fn confirm_alive(&mut self) -> Result<(), Fatal> {
-        let mut backoff = Duration::from_millis(5);
+        let mut waiting = Waiting::new();
         loop {
             match self.fetch_servers().await {
                 Some((_, servers)) => {
@@ -1008,24 +816,21 @@ impl Replicator {
                 }
                 None => {
                     tracing::warn!("no coordinator answers; the open segment waits for it");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(WAIT_BACKOFF_MAX);
+                    waiting.pause().await;
                 }
             }
         }
     }
 
-    /// Backups for the empty slots of `id`: a fresh segment gets all R from `select`
+    /// Backups for the empty `slots` of `id`: a fresh segment gets all R from `select`
     /// (primary by refinement); otherwise each empty slot gets a replacement.
     fn place(
         &mut self,
         id: SegmentId,
+        slots: &[usize],
         fresh: bool,
         exclude: &HashSet<ServerId>,
     ) -> Result<Vec<(usize, ServerId)>, String> {
-        let Some(segment) = self.segments.get(&id) else {
-            return Ok(Vec::new());
-        };
         if fresh {
             let chosen = self
                 .selector
@@ -1033,16 +838,13 @@ impl Replicator {
                 .map_err(|e| e.to_string())?;
             return Ok(chosen.into_iter().enumerate().collect());
         }
-        let mut others = segment.backups();
-        let empty: Vec<usize> = segment
-            .replicas
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.is_none())
-            .map(|(slot, _)| slot)
-            .collect();
+        let mut others: Vec<ServerId> = self
+            .segments
+            .get(&id)
+            .map(|s| s.backups().collect())
+            .unwrap_or_default();
         let mut targets = Vec::new();
-        for slot in empty {
+        for &slot in slots {
             let backup = self
                 .selector
                 .select_replacement(&others, slot == 0, exclude)
@@ -1065,24 +867,20 @@ impl Replicator {
         capacity: u32,
         bytes: Option<&Bytes>,
         closed: bool,
-    ) -> Result<Replica, Failure> {
+    ) -> Result<Replica<Link>, Failure> {
         let addr = self
             .backups
             .get(&backup)
             .map(|b| b.addr.clone())
             .ok_or_else(|| Failure::Replica(format!("{backup} left the server list")))?;
         let result = self
-            .open_and_fill(id, backup, &addr, epoch, capacity, bytes, closed)
+            .open_and_fill(id, backup, addr, epoch, capacity, bytes, closed)
             .await;
         if result.is_err() {
-            if self.abandoned.len() >= ABANDONED_MAX {
-                self.abandoned.remove(0);
-            }
-            self.abandoned.push(Abandoned {
+            self.abandon(Abandoned {
                 backup,
-                addr,
                 segment: id,
-                epoch,
+                epoch_max: epoch,
             });
         }
         result
@@ -1093,12 +891,12 @@ impl Replicator {
         &mut self,
         id: SegmentId,
         backup: ServerId,
-        addr: &str,
+        addr: String,
         epoch: u64,
         capacity: u32,
         bytes: Option<&Bytes>,
         closed: bool,
-    ) -> Result<Replica, Failure> {
+    ) -> Result<Replica<Link>, Failure> {
         let request = OpenReplicaRequest {
             master: self.own,
             segment: id,
@@ -1108,31 +906,22 @@ impl Replicator {
         let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
         let reply = self
             .pool
-            .call::<OpenReplica>(addr, &request, deadline)
+            .call::<OpenReplica>(&addr, &request, deadline)
             .await
             .map_err(|e| classify_rpc(&e))?;
         self.heard(backup);
-        let link = if self.config.transport == Some(TransportKind::Rdma) {
-            Some(self.rdma_link(addr).await?)
-        } else {
-            None
-        };
-        let route = self.route(&reply, link).map_err(Failure::Replica)?;
+        let transport = self.transports.open(&addr, &reply).await?;
         tracing::debug!(
-            segment = %id, %backup, epoch, handle = reply.handle, transport = %route.kind(),
+            segment = %id, %backup, epoch, handle = reply.handle, transport = %transport.kind(),
             "replica opened"
         );
-        let mut replica = Replica {
-            backup,
-            addr: addr.to_string(),
-            handle: reply.handle,
-            route,
-            epoch,
-            closed: false,
-            closing: false,
-        };
+        let mut replica = Replica::new(backup, reply.handle, epoch, Link { addr, transport });
         if let Some(bytes) = bytes {
-            write_replica(&self.pool, &self.nic, &replica, 0, bytes.clone()).await?;
+            replica
+                .link
+                .transport
+                .write(replica.handle, epoch, 0, bytes.clone())
+                .await?;
         }
         if closed {
             let length = bytes.map_or(0, |b| b.len() as u32);
@@ -1144,125 +933,42 @@ impl Replicator {
         Ok(replica)
     }
 
-    /// The RDMA connection to the backup at `addr`, made on first use (and again after
-    /// it broke).
-    async fn rdma_link(&mut self, addr: &str) -> Result<Arc<RdmaLink>, Failure> {
-        if let Some(link) = self.rdma.get(addr).filter(|l| !l.is_broken()) {
-            return Ok(Arc::clone(link));
-        }
-        let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
-        let link = RdmaLink::connect(&self.pool, addr, self.own, deadline)
-            .await
-            .map_err(|error| {
-                if error.contains("Fenced") || error.contains("fenced") {
-                    Failure::Fenced
-                } else {
-                    Failure::Replica(format!("RDMA connection failed: {error}"))
-                }
-            })?;
-        let link = Arc::new(link);
-        self.rdma.insert(addr.to_string(), Arc::clone(&link));
-        Ok(link)
-    }
-
-    /// How bytes will reach the frame the backup opened.
-    fn route(
+    /// Moves the replicas of `id` in `survivors` to `epoch` (`BumpEpoch`); returns the
+    /// failures by slot.
+    async fn bump_epochs(
         &mut self,
-        reply: &OpenReplicaReply,
-        link: Option<Arc<RdmaLink>>,
-    ) -> Result<Route, String> {
-        if let Some(link) = link {
-            let shm = reply
-                .shm
-                .as_ref()
-                .ok_or("the backup reports no frame slot to write by RDMA")?;
-            return Ok(Route::Rdma {
-                link,
-                slot_offset: shm.slot_offset,
-                slot_capacity: shm.slot_capacity,
-            });
-        }
-        let local_shm = reply.shm.as_ref().filter(|shm| shm.host == self.host);
-        let want = self.config.transport;
-        if matches!(want, None | Some(TransportKind::Shm)) {
-            if let Some(shm) = local_shm {
-                let key = (shm.path.clone(), shm.pid);
-                let backup = match self.shm.get(&key) {
-                    Some(backup) if backup.alive() => Some(Arc::clone(backup)),
-                    _ => match ShmBackup::open(&shm.path, shm.pid) {
-                        Ok(backup) => {
-                            let backup = Arc::new(backup);
-                            self.shm.insert(key, Arc::clone(&backup));
-                            Some(backup)
-                        }
-                        Err(error) if want.is_some() => {
-                            return Err(format!("cannot map frame file {}: {error}", shm.path))
-                        }
-                        Err(error) => {
-                            tracing::debug!(path = %shm.path, %error, "frame file not mappable; not using shm");
-                            None
-                        }
-                    },
-                };
-                if let Some(backup) = backup {
-                    return Ok(Route::Shm {
-                        backup,
-                        slot_offset: shm.slot_offset,
-                        slot_capacity: shm.slot_capacity,
-                    });
-                }
-            } else if want.is_some() {
-                return Err("the backup offers no shared-memory frames on this host".into());
-            }
-        }
-        if matches!(want, None | Some(TransportKind::Tcp)) {
-            if let Some(nic) = &reply.nic {
-                return Ok(Route::Tcp { nic: nic.clone() });
-            }
-            if want.is_some() {
-                return Err("the backup offers no soft-NIC".into());
-            }
-        }
-        match want {
-            None | Some(TransportKind::Rpc) => Ok(Route::Rpc),
-            Some(other) => Err(format!(
-                "transport {other} is not available to the replica manager"
-            )),
-        }
-    }
-
-    async fn bump_epochs(&mut self, id: SegmentId, new_epoch: u64) -> Vec<(usize, Failure)> {
-        let Some(segment) = self.segments.get(&id) else {
+        id: SegmentId,
+        epoch: u64,
+        survivors: &[usize],
+    ) -> Vec<(usize, Failure)> {
+        let Some(segment) = self.segments.get_mut(&id) else {
             return Vec::new();
         };
-        // Only the survivors: replicas created for this epoch are at it already.
-        let calls = segment.replicas.iter().enumerate().filter_map(|(slot, r)| {
-            let replica = r.clone().filter(|r| r.epoch != new_epoch)?;
-            let pool = Arc::clone(&self.pool);
-            Some(async move {
-                let request = BumpEpochRequest {
-                    handle: replica.handle,
-                    epoch: replica.epoch,
-                    new_epoch,
-                };
+        let mut calls = Vec::new();
+        for &slot in survivors {
+            segment.bumping(slot, epoch);
+            let Some(replica) = segment.replica(slot) else {
+                continue;
+            };
+            let request = BumpEpochRequest {
+                handle: replica.handle,
+                epoch: replica.epoch,
+                new_epoch: epoch,
+            };
+            let (pool, addr) = (Arc::clone(&self.pool), replica.link.addr.clone());
+            calls.push(async move {
                 let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
-                let result = pool
-                    .call::<BumpEpoch>(&replica.addr, &request, deadline)
-                    .await;
+                let result = pool.call::<BumpEpoch>(&addr, &request, deadline).await;
                 (slot, result)
-            })
-        });
+            });
+        }
         let results = join_all(calls).await;
         let mut failures = Vec::new();
         for (slot, result) in results {
             match result {
                 Ok(()) => {
-                    if let Some(Some(replica)) = self
-                        .segments
-                        .get_mut(&id)
-                        .and_then(|s| s.replicas.get_mut(slot))
-                    {
-                        replica.epoch = new_epoch;
+                    if let Some(segment) = self.segments.get_mut(&id) {
+                        segment.bumped(slot, epoch);
                     }
                 }
                 Err(error) => failures.push((slot, classify_rpc(&error))),
@@ -1271,20 +977,18 @@ impl Replicator {
         failures
     }
 
-    /// Sends `CloseReplica` to every replica of the closed segment `id`, in the
-    /// background.
-    fn start_closes(&mut self, id: SegmentId) {
+    /// Sends `CloseReplica` to the replicas of the closed segment `id` in `slots`, in
+    /// the background.
+    fn start_closes(&mut self, id: SegmentId, slots: Vec<usize>) {
         self.changed = true;
-        let Some(segment) = self.segments.get_mut(&id) else {
+        let Some(segment) = self.segments.get(&id) else {
             return;
         };
-        let length = segment.len;
-        for (slot, r) in segment.replicas.iter_mut().enumerate() {
-            let Some(replica) = r else { continue };
-            if replica.closed || replica.closing {
+        let length = segment.len();
+        for slot in slots {
+            let Some(replica) = segment.replica(slot) else {
                 continue;
-            }
-            replica.closing = true;
+            };
             let (pool, replica) = (Arc::clone(&self.pool), replica.clone());
             self.closes.spawn(async move {
                 let result = close_replica(&pool, &replica, length).await;
@@ -1308,45 +1012,37 @@ impl Replicator {
 
     fn close_finished(&mut self, done: CloseDone) {
         self.changed = true;
-        let Some(replica) = self
+        let Some(backup) = self
             .segments
             .get_mut(&done.segment)
-            .and_then(|s| s.replicas.get_mut(done.slot))
-            .and_then(Option::as_mut)
-            .filter(|r| r.handle == done.handle)
+            .and_then(|s| s.close_answered(done.slot, done.handle, done.result.is_ok()))
         else {
             return;
         };
-        replica.closing = false;
-        match done.result {
-            Ok(()) => {
-                replica.closed = true;
-                let backup = replica.backup;
-                self.heard(backup);
+        let Err(error) = done.result else {
+            self.heard(backup);
+            return;
+        };
+        match classify_rpc(&error) {
+            Failure::Backup(detail) => self.backup_failed(backup, &detail),
+            Failure::Replica(detail) => {
+                tracing::warn!(segment = %done.segment, %backup, %detail, "close failed; replica lost");
+                self.refused
+                    .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
+                self.lose_replica(done.segment, done.slot);
             }
-            Err(error) => {
-                let backup = replica.backup;
-                match classify_rpc(&error) {
-                    Failure::Backup(detail) => self.backup_failed(backup, &detail),
-                    Failure::Replica(detail) => {
-                        tracing::warn!(segment = %done.segment, %backup, %detail, "close failed; replica lost");
-                        self.refused
-                            .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
-                        self.lose_replica(done.segment, done.slot);
-                    }
-                    Failure::Fenced => {
-                        self.fenced = Some(Fatal::Fenced {
-                            segment: done.segment,
-                            backup,
-                        });
-                    }
-                }
+            Failure::Fenced => {
+                self.fenced = Some(Fatal::Fenced {
+                    segment: done.segment,
+                    backup,
+                });
             }
         }
     }
 
     /// Background upkeep between batches: finished closes, the server list, probes of
-    /// quiet backups, and re-creation of one closed segment's lost replicas.
+    /// quiet backups, frees of abandoned copies, re-creation of one closed segment's lost
+    /// replicas, and the open segments' lost replicas and unrecorded epochs.
     ///
     /// # Errors
     /// [`Fatal`] as for [`Replicator::replicate`].
@@ -1369,31 +1065,21 @@ impl Replicator {
         let closed_needing = self
             .segments
             .iter()
-            .find(|(_, s)| s.closed && s.missing() > 0)
-            .map(|(id, s)| (*id, s.len));
-        if let Some((id, len)) = closed_needing {
-            self.restore(id, len, source, Patience::OneAttempt).await?;
+            .find(|(_, s)| s.is_closed() && s.missing() > 0)
+            .map(|(id, _)| *id);
+        if let Some(id) = closed_needing {
+            self.settle(id, source, Patience::OneAttempt).await?;
         }
-        // The open segment's lost replicas: without a write they would wait for one.
-        let open_needing: Vec<(SegmentId, u32)> = self
+        // The open segments' lost replicas and unrecorded epochs: without a write they
+        // would wait for one (and the next write waits for them).
+        let open_needing: Vec<SegmentId> = self
             .segments
             .iter()
-            .filter(|(_, s)| !s.closed && s.missing() > 0)
-            .map(|(id, s)| (*id, s.len))
-            .collect();
-        for (id, len) in open_needing {
-            self.restore(id, len, source, Patience::OneAttempt).await?;
-        }
-        // Epochs of re-created open segments not yet recorded (no coordinator answered):
-        // the next write waits for them, upkeep tries meanwhile.
-        let unrecorded: Vec<SegmentId> = self
-            .segments
-            .iter()
-            .filter(|(_, s)| !s.closed && s.missing() == 0 && s.recorded_epoch < s.epoch)
+            .filter(|(_, s)| !s.is_closed() && (s.missing() > 0 || s.unrecorded()))
             .map(|(id, _)| *id)
             .collect();
-        for id in unrecorded {
-            self.record_open_epoch(id, Patience::OneAttempt).await?;
+        for id in open_needing {
+            self.settle(id, source, Patience::OneAttempt).await?;
         }
         Ok(())
     }
@@ -1403,7 +1089,7 @@ impl Replicator {
         !self.closes.is_empty() || self.segments.values().any(|s| s.missing() > 0)
     }
 
-    /// Frees abandoned replicas on backups that are Up and not failed; forgets those
+    /// Frees abandoned copies on backups that are Up and not failed; forgets those
     /// whose backup left the server list (its replicas went with it).
     async fn free_abandoned(&mut self) {
         if self.abandoned.is_empty() {
@@ -1417,18 +1103,19 @@ impl Replicator {
                 .partition(|a| !self.failed.contains_key(&a.backup));
         self.abandoned = waiting;
         let own = self.own;
-        let frees = ready.into_iter().map(|a| {
+        let frees = ready.into_iter().filter_map(|a| {
+            let addr = self.backups.get(&a.backup)?.addr.clone();
             let pool = Arc::clone(&self.pool);
-            async move {
+            Some(async move {
                 let request = FreeReplicaRequest {
                     master: own,
                     segment: a.segment,
-                    epoch_max: a.epoch,
+                    epoch_max: a.epoch_max,
                 };
                 let deadline = Instant::now() + PROBE_TIMEOUT;
-                let result = pool.call::<FreeReplica>(&a.addr, &request, deadline).await;
+                let result = pool.call::<FreeReplica>(&addr, &request, deadline).await;
                 (a, result)
-            }
+            })
         });
         for (a, result) in join_all(frees).await {
             match result {
@@ -1476,7 +1163,6 @@ impl Replicator {
             }
         }
     }
-
     /// The server list from its source with its version; `None` when no coordinator
     /// served it within one round ([`SERVER_LIST_FETCH_TIMEOUT`]).
     async fn fetch_servers(&self) -> Option<(u64, Vec<ServerInfo>)> {
@@ -1555,107 +1241,11 @@ impl Replicator {
     }
 }
 
-async fn write_replica(
+async fn close_replica(
     pool: &RpcPool,
-    nic: &NicClient,
-    replica: &Replica,
-    offset: u32,
-    bytes: Bytes,
-) -> Result<(), Failure> {
-    match &replica.route {
-        Route::Shm {
-            backup,
-            slot_offset,
-            slot_capacity,
-        } => {
-            let written = backup.map.write(
-                *slot_offset,
-                *slot_capacity,
-                replica.handle,
-                u64::from(offset),
-                &bytes,
-            );
-            match written {
-                Ok(()) => {}
-                // The slot changed hands: the frame was closed, freed or replaced — or
-                // freed when this master's recovery ended, which must stop it. Only the
-                // backup knows which: ask it (no bytes move).
-                Err(FrameWriteError::FrameGone) => return Err(ask_why_gone(pool, replica).await),
-                Err(error) => return Err(classify_write(error)),
-            }
-            if !backup.alive() {
-                return Err(Failure::Backup(format!(
-                    "backup process {} exited",
-                    backup.pid
-                )));
-            }
-            Ok(())
-        }
-        Route::Tcp { nic: addr } => nic
-            .write(
-                addr,
-                replica.handle,
-                replica.epoch,
-                u64::from(offset),
-                &bytes,
-                REPLICA_IO_TIMEOUT,
-            )
-            .await
-            .map_err(classify_write),
-        Route::Rdma {
-            link,
-            slot_offset,
-            slot_capacity,
-        } => {
-            let frame = RdmaFrame {
-                handle: replica.handle,
-                epoch: replica.epoch,
-                slot_offset: *slot_offset,
-                slot_capacity: *slot_capacity,
-            };
-            link.write(pool, &frame, u64::from(offset), bytes)
-                .await
-                .map_err(classify_write)
-        }
-        Route::Rpc => {
-            let request = WriteReplicaRequest {
-                handle: replica.handle,
-                epoch: replica.epoch,
-                offset,
-                bytes,
-            };
-            let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
-            pool.call::<WriteReplica>(&replica.addr, &request, deadline)
-                .await
-                .map_err(|e| classify_rpc(&e))
-        }
-    }
-}
-
-/// Why the frame of `replica` left its slot, as its backup answers an empty
-/// `WriteReplica`: `Fenced` (a recovered master's frame) stops the master; anything else
-/// loses the replica.
-async fn ask_why_gone(pool: &RpcPool, replica: &Replica) -> Failure {
-    let request = WriteReplicaRequest {
-        handle: replica.handle,
-        epoch: replica.epoch,
-        offset: 0,
-        bytes: Bytes::new(),
-    };
-    let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
-    match pool
-        .call::<WriteReplica>(&replica.addr, &request, deadline)
-        .await
-    {
-        Ok(()) => Failure::Replica(format!(
-            "frame {} left its shared-memory slot",
-            replica.handle
-        )),
-        Err(error) => classify_rpc(&error),
-    }
-}
-
-async fn close_replica(pool: &RpcPool, replica: &Replica, length: u32) -> Result<(), RpcError> {
+    replica: &Replica<Link>,
+    length: u32,
+) -> Result<(), RpcError> {
     let request = CloseReplicaRequest {
         handle: replica.handle,
         epoch: replica.epoch,
@@ -1663,7 +1253,7 @@ async fn close_replica(pool: &RpcPool, replica: &Replica, length: u32) -> Result
     };
     // A close writes the replica to disk: allow for a slow disk.
     let deadline = Instant::now() + REPLICA_IO_TIMEOUT * 5;
-    pool.call::<CloseReplica>(&replica.addr, &request, deadline)
+    pool.call::<CloseReplica>(&replica.link.addr, &request, deadline)
         .await
         .map(|_| ())
 }
