@@ -78,9 +78,9 @@
 //! * The epoch of a re-created open replica is recorded on the backups (`BumpEpoch`)
 //!   and at the coordinator (`SetOpenEpoch`, as RAMCloud's `updateReplicationEpoch`),
 //!   for the open segment only: below it, a copy holding the footer is whole and one
-//!   without it two segments below the head is stale, whatever the epochs say. It is
-//!   recorded even when the copies held no bytes yet (a new segment whose first
-//!   placement partly failed): the empty copy left behind would otherwise still count.
+//!   without it two segments below the head is stale, whatever the epochs say. Nor is
+//!   it recorded while the segment holds no bytes: a copy left behind empty is never
+//!   counted by a recovery.
 //! * Liveness of `shm` backups by pidfd (`transport`): DESIGN.md assumed a write to a
 //!   dead backup fails, which holds for tcp, rpc and rdma but not for shared memory.
 
