@@ -11,8 +11,9 @@
 //! * [`profiler`] — `Profiler`: per-tablet trees of byte and record counts over the key
 //!   hash, and the will (recovery partitions) computed from them.
 //! * [`replica_manager`] — where segments are replicated: `BackupSelector` places the
-//!   R replicas of each segment by randomized refinement; `Replicator` opens, writes
-//!   (over `shm`, `tcp` or `rpc`), closes and re-creates them.
+//!   R replicas of each segment by randomized refinement; `SegmentReplicas` decides
+//!   what each segment's replicas need (place, bump, record, close, free); `Replicator`
+//!   does it over the transports (`shm`, `tcp`, `rpc`, `rdma`).
 //! * [`service`] — `MasterService`: RPC handlers.
 //! * [`replay`] — `RecoveryPiece` and `ReplayState`: a backup's piece of a crashed
 //!   master's log, decoded and checked, and the replay rules' state (no I/O).
