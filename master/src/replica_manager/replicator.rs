@@ -467,10 +467,13 @@ impl Replicator {
             .segment_range(id, range.start, range.end)
             .ok_or(Fatal::MissingBytes(id))?;
         let failures = self.write_all(id, range.start, &bytes).await;
+        let lost_any = !failures.is_empty();
         self.apply_failures(id, failures)?;
-        // The survivors hold [0, end); lost replicas are re-created holding as much.
         self.segment_mut(id)?.wrote(range.end);
-        self.settle(id, source, Patience::UntilDone).await?;
+        if lost_any {
+            // The survivors hold [0, end); lost replicas are re-created holding as much.
+            self.settle(id, source, Patience::UntilDone).await?;
+        }
         if range.closes {
             let slots = self.segment_mut(id)?.close();
             self.start_closes(id, slots);
@@ -539,21 +542,35 @@ impl Replicator {
             else {
                 continue;
             };
-            match failure {
-                Failure::Fenced => {
-                    return Err(Fatal::Fenced {
-                        segment: id,
-                        backup,
-                    })
-                }
-                Failure::Backup(detail) => self.backup_failed(backup, &detail),
-                Failure::Replica(detail) => {
-                    tracing::warn!(segment = %id, %backup, %detail, "replica lost");
-                    self.lose_replica(id, slot);
-                }
+            if let Some(detail) = self.failed_beyond_replica(id, backup, failure)? {
+                tracing::warn!(segment = %id, %backup, %detail, "replica lost");
+                self.lose_replica(id, slot);
             }
         }
         Ok(())
+    }
+
+    /// Applies what `failure` of a replica of `id` on `backup` loses beyond that
+    /// replica: `Fenced` stops the master ([`Fatal::Fenced`]); a failed backup loses
+    /// every replica on it. Returns the detail of a failure of that replica alone, which
+    /// each caller handles its own way.
+    fn failed_beyond_replica(
+        &mut self,
+        id: SegmentId,
+        backup: ServerId,
+        failure: Failure,
+    ) -> Result<Option<String>, Fatal> {
+        match failure {
+            Failure::Fenced => Err(Fatal::Fenced {
+                segment: id,
+                backup,
+            }),
+            Failure::Backup(detail) => {
+                self.backup_failed(backup, &detail);
+                Ok(None)
+            }
+            Failure::Replica(detail) => Ok(Some(detail)),
+        }
     }
 
     fn lose_replica(&mut self, id: SegmentId, slot: usize) {
@@ -740,20 +757,11 @@ impl Replicator {
                         // `select` counted a primary there; it holds none.
                         self.selector.primary_freed(backup);
                     }
-                    match failure {
-                        Failure::Fenced => {
-                            return Err(Fatal::Fenced {
-                                segment: id,
-                                backup,
-                            })
-                        }
-                        Failure::Backup(detail) => self.backup_failed(backup, &detail),
-                        Failure::Replica(detail) => {
-                            tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
-                            refused.insert(backup);
-                            self.refused
-                                .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
-                        }
+                    if let Some(detail) = self.failed_beyond_replica(id, backup, failure)? {
+                        tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
+                        refused.insert(backup);
+                        self.refused
+                            .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
                     }
                 }
             }
@@ -1023,19 +1031,15 @@ impl Replicator {
             self.heard(backup);
             return;
         };
-        match classify_rpc(&error) {
-            Failure::Backup(detail) => self.backup_failed(backup, &detail),
-            Failure::Replica(detail) => {
+        // A fence is reported by the next `replicate` or `tick`.
+        match self.failed_beyond_replica(done.segment, backup, classify_rpc(&error)) {
+            Err(fatal) => self.fenced = Some(fatal),
+            Ok(None) => {}
+            Ok(Some(detail)) => {
                 tracing::warn!(segment = %done.segment, %backup, %detail, "close failed; replica lost");
                 self.refused
                     .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
                 self.lose_replica(done.segment, done.slot);
-            }
-            Failure::Fenced => {
-                self.fenced = Some(Fatal::Fenced {
-                    segment: done.segment,
-                    backup,
-                });
             }
         }
     }
