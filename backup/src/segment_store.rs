@@ -1206,7 +1206,9 @@ pub struct ReplicaFile {
 
 impl ReplicaFile {
     /// The replica's verified content if its file holds the replica `meta` describes;
-    /// `None` otherwise (see the type's doc). Blocks on the disk.
+    /// `None` otherwise (see the type's doc). Blocks on the disk. Recovery reads use
+    /// [`read_into`](Self::read_into), reusing one buffer.
+    #[cfg(test)]
     pub fn read(&self) -> Option<Vec<u8>> {
         let mut content = Vec::new();
         self.read_into(&mut content).then_some(content)
@@ -1416,6 +1418,26 @@ mod tests {
         ));
         // Gone.
         assert_eq!(files.file(new).read(), None);
+    }
+
+    #[test]
+    fn a_replica_file_read_into_a_used_buffer_replaces_its_content() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut store = open_clean(dir.path());
+        let files = store.files();
+        let long = content(1, 8192);
+        let short = content(2, 100);
+        let long_meta = store
+            .write_replica(ServerId(1), SegmentId(1), 1, true, &long)
+            .expect("write");
+        let short_meta = store
+            .write_replica(ServerId(1), SegmentId(2), 1, true, &short)
+            .expect("write");
+        let mut buffer = Vec::new();
+        assert!(files.file(long_meta).read_into(&mut buffer));
+        assert_eq!(buffer, long);
+        assert!(files.file(short_meta).read_into(&mut buffer));
+        assert_eq!(buffer, short, "the longer replica's bytes are gone");
     }
 
     #[test]

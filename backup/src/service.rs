@@ -953,19 +953,18 @@ impl Shared {
             let &(slot, meta) = state.kept.get(&key)?;
             (state.stored.get(&key) == Some(&meta)).then_some((slot, meta))?
         };
-        let length = meta.length.min(self.file.slot_capacity()) as usize;
+        if meta.length > self.file.slot_capacity() {
+            // Stored from a frame larger than this file's slots: no slot holds it whole.
+            return None;
+        }
         self.file.read_into(slot, meta.length, bytes);
         // A slot assigned meanwhile was zeroed and written by another frame: its bytes
         // no longer match, and the entry is gone.
-        let intact = length == meta.length as usize
-            && crc32fast::hash(bytes) == meta.content_crc32
+        let intact = crc32fast::hash(bytes) == meta.content_crc32
             && self.state.lock().kept.get(&key) == Some(&(slot, meta));
         intact.then_some(meta)
     }
 
-    /// Copies each frame out of its slot and scans it for its valid prefix, then keeps
-    /// those still in the table (a frame that left it meanwhile may have had its slot
-    /// reused: that copy is discarded). Blocks for the copies and scans.
     /// The written part of `frame` (at least its valid prefix) and the valid prefix's
     /// length. One-sided writers do not say how far they wrote, so this reads a first
     /// [`SCAN_READ_BYTES_MIN`] and grows ×4 until the bytes past the valid prefix are
@@ -986,6 +985,9 @@ impl Shared {
         }
     }
 
+    /// Copies each frame out of its slot and scans it for its valid prefix, then keeps
+    /// those still in the table (a frame that left it meanwhile may have had its slot
+    /// reused: that copy is discarded). Blocks for the copies and scans.
     fn scan_frames(&self, frames: Vec<FrameRef>) -> Vec<(FrameRef, Vec<u8>)> {
         let scanned: Vec<(FrameRef, Vec<u8>)> = frames
             .into_iter()

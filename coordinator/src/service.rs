@@ -76,7 +76,7 @@ pub const TABLET_PUSH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long a handler waits for its proposal to commit, or for a read barrier. Part of
 /// the protocol (clients size their attempts by it), so it lives with the messages.
-pub use rampart_common::protocol::coordinator::PROPOSAL_TIMEOUT;
+use rampart_common::protocol::coordinator::PROPOSAL_TIMEOUT;
 
 /// Lock stripes that serialise changes to one table name with their pushes.
 pub const NAME_LOCKS: usize = 64;

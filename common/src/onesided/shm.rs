@@ -364,19 +364,25 @@ impl Mapping {
         }
     }
 
-    /// Copies `len` bytes at byte `at` to `target`. Panics if the range is not inside
-    /// the mapping. Bytes a peer is writing meanwhile may be read torn (module doc
-    /// "Memory model").
-    ///
-    /// # Safety
-    /// `target` must be valid for writes of `len` bytes.
-    unsafe fn copy_out_raw(&self, at: u64, target: *mut u8, len: usize) {
+    /// Panics unless `len` bytes at byte `at` lie inside the mapping.
+    fn assert_inside(&self, at: u64, len: usize) {
         let end = at.checked_add(len as u64);
         assert!(
             end.is_some_and(|end| end <= self.len),
             "read of {len} bytes at {at} passes the mapping's end ({})",
             self.len
         );
+    }
+
+    /// Copies `len` bytes at byte `at` to `target`. Panics if the range is not inside
+    /// the mapping. Bytes a peer is writing meanwhile may be read torn (module doc
+    /// "Memory model").
+    ///
+    /// # Safety
+    /// `target` must be valid for writes of `len` bytes and must not overlap the
+    /// mapping.
+    unsafe fn copy_out_raw(&self, at: u64, target: *mut u8, len: usize) {
+        self.assert_inside(at, len);
         // SAFETY: the source lies inside the mapping (checked above); the caller
         // vouches for the target, memory of its own, which cannot overlap a mapping we
         // never hand out references into.
@@ -397,6 +403,8 @@ impl Mapping {
     /// capacity and writing each byte once (no zeroing first). Panics if the range is not
     /// inside the mapping.
     fn copy_out_into(&self, at: u64, len: usize, out: &mut Vec<u8>) {
+        // Before reserving: an out-of-range `len` panics here rather than allocating.
+        self.assert_inside(at, len);
         out.clear();
         out.reserve(len);
         // SAFETY: `out` has room for `len` bytes; `set_len` follows the copy that
@@ -906,10 +914,9 @@ impl FrameFile {
     /// A copy of slot `slot`'s first `len` data bytes (`len` clamped to the capacity).
     /// Bytes a writer is copying meanwhile may be seen torn. Panics if `slot ≥ slots`.
     pub fn read(&self, slot: usize, len: u32) -> Vec<u8> {
-        assert!(slot < self.slots, "slot {slot} of {}", self.slots);
-        let len = len.min(self.slot_capacity);
-        self.map
-            .copy_out(self.slot_offset(slot) + SLOT_HEADER_BYTES, len as usize)
+        let mut out = Vec::new();
+        self.read_into(slot, len, &mut out);
+        out
     }
 
     /// Replaces `out`'s contents with slot `slot`'s first `len` data bytes (`len` clamped

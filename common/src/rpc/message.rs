@@ -35,46 +35,42 @@ pub trait Rpc {
 #[derive(Debug)]
 pub struct Cursor(Bytes);
 
+/// A payload that ended inside `what`.
+fn ends_inside(what: &str) -> DecodeError {
+    DecodeError(format!("payload ends inside {what}"))
+}
+
 impl Cursor {
     /// A cursor at the start of `payload`.
     pub fn new(payload: Bytes) -> Cursor {
         Cursor(payload)
     }
 
-    fn need(&self, n: usize, what: &str) -> Result<(), DecodeError> {
-        if self.0.remaining() < n {
-            return Err(DecodeError(format!("payload ends inside {what}")));
-        }
-        Ok(())
-    }
-
     /// The next 8 bytes.
     pub fn u64(&mut self, what: &str) -> Result<u64, DecodeError> {
-        self.need(8, what)?;
-        Ok(self.0.get_u64_le())
+        self.0.try_get_u64_le().map_err(|_| ends_inside(what))
     }
 
     /// The next 4 bytes.
     pub fn u32(&mut self, what: &str) -> Result<u32, DecodeError> {
-        self.need(4, what)?;
-        Ok(self.0.get_u32_le())
+        self.0.try_get_u32_le().map_err(|_| ends_inside(what))
     }
 
     /// The next 2 bytes.
     pub fn u16(&mut self, what: &str) -> Result<u16, DecodeError> {
-        self.need(2, what)?;
-        Ok(self.0.get_u16_le())
+        self.0.try_get_u16_le().map_err(|_| ends_inside(what))
     }
 
     /// The next byte.
     pub fn u8(&mut self, what: &str) -> Result<u8, DecodeError> {
-        self.need(1, what)?;
-        Ok(self.0.get_u8())
+        self.0.try_get_u8().map_err(|_| ends_inside(what))
     }
 
     /// The next `len` bytes, sharing the payload's buffer.
     pub fn bytes(&mut self, len: usize, what: &str) -> Result<Bytes, DecodeError> {
-        self.need(len, what)?;
+        if self.0.remaining() < len {
+            return Err(ends_inside(what));
+        }
         Ok(self.0.split_to(len))
     }
 
