@@ -158,7 +158,7 @@ pub struct ServerArgs {
     pub threads: usize,
     /// Backup replicas of every segment of this server's master (R). A write is
     /// acknowledged only once R backups hold it; 0 keeps the DRAM copy only.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = rampart_server::config::REPLICAS_DEFAULT as u32)]
     pub replicas: u32,
     /// How replica bytes move to backups: shm, tcp, rpc or rdma. Default: chosen per
     /// backup, shm for a backup on this host, else tcp.
@@ -424,7 +424,12 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         let server = StorageServer::start(config, listener)
             .await
             .map_err(|error| match error {
-                StartError::DiskProbe { .. } => anyhow!("{error} (give --disk-mbps to skip)"),
+                StartError::Config(error) => {
+                    anyhow!("{}: {}", flags_of(error.field), error.reason)
+                }
+                StartError::DiskProbe { .. } => {
+                    anyhow!("{:#} (give --disk-mbps to skip)", anyhow!(error))
+                }
                 error => anyhow!(error),
             })?;
         announce(&format!(
@@ -443,7 +448,8 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     })
 }
 
-/// The server's configuration from its flags, validated, with errors naming the flags.
+/// The server's configuration from its flags (validated when the server starts:
+/// [`flags_of`] names the flags of a field it refuses).
 fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
     let master = MasterConfig {
         segment_bytes: u32::try_from(args.segment_bytes.0)
@@ -472,20 +478,22 @@ fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
             args.data_dir.clone(),
         )
     };
-    if let Err(error) = config.validate() {
-        let flag = match error.field {
-            "master" => "--segment-bytes, --memory or --value-bytes-max",
-            "coordinators" => "--coordinator",
-            "backup_frames" => "--backup-frames",
-            "disk_mbps" => "--disk-mbps",
-            "partition_limits" => "--partition-mb or --partition-records",
-            "ping_interval" => "--ping-interval-ms",
-            "ping_timeout" => "--ping-timeout-ms",
-            "lease_renew_interval" => "--lease-renew-ms",
-            "replication" => "--replication rdma",
-            other => other,
-        };
-        bail!("{flag}: {}", error.reason);
-    }
     Ok(config)
+}
+
+/// The flags that set the configuration field `field` (`ConfigError::field`), for
+/// errors that name what the user typed.
+fn flags_of(field: &str) -> &str {
+    match field {
+        "master" => "--segment-bytes, --memory or --value-bytes-max",
+        "coordinators" => "--coordinator",
+        "backup_frames" => "--backup-frames",
+        "disk_mbps" => "--disk-mbps",
+        "partition_limits" => "--partition-mb or --partition-records",
+        "ping_interval" => "--ping-interval-ms",
+        "ping_timeout" => "--ping-timeout-ms",
+        "lease_renew_interval" => "--lease-renew-ms",
+        "replication" => "--replication rdma",
+        other => other,
+    }
 }

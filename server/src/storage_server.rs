@@ -53,7 +53,7 @@ pub enum StartError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// The data directory cannot be created.
-    #[error("cannot create {path}: {source}")]
+    #[error("cannot create {path}")]
     DataDir {
         /// The directory.
         path: PathBuf,
@@ -61,7 +61,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// The disk speed was not given and cannot be measured.
-    #[error("cannot measure the disk under {path}: {source}")]
+    #[error("cannot measure the disk under {path}")]
     DiskProbe {
         /// Where it was measured.
         path: PathBuf,
@@ -69,7 +69,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// The backup's store or frame file cannot be opened.
-    #[error("cannot open the backup store in {path}: {source}")]
+    #[error("cannot open the backup store in {path}")]
     BackupStore {
         /// The data directory.
         path: PathBuf,
@@ -77,7 +77,7 @@ pub enum StartError {
         source: StoreError,
     },
     /// The backup's runtime, or the soft-NIC's listener, cannot be set up.
-    #[error("cannot start {what}: {source}")]
+    #[error("cannot start {what}")]
     Io {
         /// What was being started.
         what: &'static str,
@@ -296,7 +296,7 @@ impl StorageServer {
         });
         tracing::info!(
             %id, %addr, memory = %ByteSize(config.master.memory_bytes),
-            replicas = config.replicas, "server serving"
+            replicas = config.replicas, "server enlisted"
         );
         Ok(StorageServer {
             id,
@@ -323,12 +323,13 @@ impl StorageServer {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Stopped {
         let StorageServer {
             id,
-            addr: _,
+            addr,
             listener,
             service,
             children,
             backup_runtime,
         } = self;
+        tracing::info!(%id, %addr, "server serving");
         let failed = Arc::clone(&service);
         let stop = async move {
             tokio::select! {
