@@ -1207,15 +1207,16 @@ pub struct ReplicaFile {
 impl ReplicaFile {
     /// The replica's verified content if its file holds the replica `meta` describes;
     /// `None` otherwise (see the type's doc). Blocks on the disk. Recovery reads use
-    /// [`read_into`](Self::read_into), reusing one buffer.
+    /// `read_into`, reusing one buffer.
     #[cfg(test)]
     pub fn read(&self) -> Option<Vec<u8>> {
         let mut content = Vec::new();
         self.read_into(&mut content).then_some(content)
     }
 
-    /// [`read`](Self::read) into `content` (its old bytes replaced, its allocation
-    /// reused); whether the file held the replica. On `false` the content is unspecified.
+    /// Reads the replica's verified content into `content` (its old bytes replaced, its
+    /// allocation reused) if its file holds the replica `meta` describes (see the type's
+    /// doc); whether it did. On `false` the content is unspecified. Blocks on the disk.
     pub fn read_into(&self, content: &mut Vec<u8>) -> bool {
         let key = (self.meta.master, self.meta.segment);
         matches!(verify_file(&self.path, key, Some(content)), Ok(meta) if meta == self.meta)
