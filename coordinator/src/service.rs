@@ -74,8 +74,8 @@ use rampart_common::tablet::ServerStatus;
 /// How long a create or drop waits for the masters to take or drop their tablets.
 pub const TABLET_PUSH_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How long a handler waits for its proposal to commit, or for a read barrier. Part of
-/// the protocol (clients size their attempts by it), so it lives with the messages.
+// How long a handler waits for its proposal to commit, or for a read barrier. Part of
+// the protocol (clients size their attempts by it), so it lives with the messages.
 use rampart_common::protocol::coordinator::PROPOSAL_TIMEOUT;
 
 /// Lock stripes that serialise changes to one table name with their pushes.

@@ -276,7 +276,7 @@ async fn run(
     // crashed before its first write must leave a log that recovery finds, or its
     // tablets would never come back. Jobs queue meanwhile (bounded).
     let opening = store.lock().seal();
-    if let Err(fatal) = replicate(&opening, &mut replicator, &source).await {
+    if let Err(fatal) = replicator.replicate(&opening, &source).await {
         return stop(fatal, &status, queue, Vec::new()).await;
     }
     *status.replication.lock() = replicator.stats();
@@ -454,7 +454,7 @@ async fn write_batch(
     // head's header and digest before the old head's footer), nothing below runs, so
     // nothing is visible or acknowledged. With R = 0 the batch is durable once sealed
     // in DRAM.
-    if let Err(fatal) = replicate(&ranges, replicator, source).await {
+    if let Err(fatal) = replicator.replicate(&ranges, source).await {
         let parked = jobs
             .into_iter()
             .map(|(_, reply)| ParkedReply::Ops(reply))
@@ -470,15 +470,6 @@ async fn write_batch(
         let _ = reply.send(outcome);
     }
     Ok(())
-}
-
-/// Hands sealed ranges to the replicator and waits until every replica holds them.
-async fn replicate(
-    ranges: &[SegmentRange],
-    replicator: &mut Replicator,
-    source: &StoreSource<'_>,
-) -> Result<(), Fatal> {
-    replicator.replicate(ranges, source).await
 }
 
 /// Stages, replicates and publishes one batch of recovery pieces, then answers them.
@@ -499,7 +490,7 @@ async fn replay_batch(
     let ranges = store.lock().seal();
     // The same replication point as for writes: the pieces are in this master's
     // replicas before the recovery that sent them may report success.
-    if let Err(fatal) = replicate(&ranges, replicator, source).await {
+    if let Err(fatal) = replicator.replicate(&ranges, source).await {
         let parked = jobs
             .into_iter()
             .map(|job| ParkedReply::Replay(job.reply))

@@ -380,10 +380,17 @@ impl Attempts {
         if attempt < self.newest.get(&crashed).copied().unwrap_or(0) {
             return None;
         }
-        if self.abandoned.len() >= ABANDONS_KEPT {
-            self.abandoned.pop_front();
+        let known = self
+            .abandoned
+            .iter()
+            .any(|(c, a, r)| (*c, *a, r) == (crashed, attempt, ranges));
+        if !known {
+            // A duplicated abandon is remembered once, not at the cost of another.
+            if self.abandoned.len() >= ABANDONS_KEPT {
+                self.abandoned.pop_front();
+            }
+            self.abandoned.push_back((crashed, attempt, ranges.clone()));
         }
-        self.abandoned.push_back((crashed, attempt, ranges.clone()));
         let running = self.in_flight.iter().filter(|f| overlap(&f.ranges, ranges));
         Some(running.map(|f| Arc::clone(&f.cancel)).collect())
     }
@@ -937,6 +944,9 @@ mod tests {
         );
         // So the forgetting registers and nothing is left replayed for nobody.
         registers(&mut attempts, Work::Forget, CRASHED, 2, &vec![(T, 0, 99)]);
+        // A duplicate of the abandon is remembered once.
+        attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]);
+        assert_eq!(attempts.abandoned.len(), 1);
     }
 
     #[test]
