@@ -18,6 +18,12 @@ pub const LOSE_RECOVERED_PUSH: &str = "coordinator-lose-recovered-push";
 /// as of unknown outcome, as when a snapshot from a newer leader covers it.
 pub const RECOVERED_OUTCOME_UNKNOWN: &str = "coordinator-recovered-outcome-unknown";
 
+/// Coordinator: the first `Recover` reply of each partition is lost, and so is the
+/// `AbandonRecovery` that would follow it, as when the network fails twice: the master
+/// that replayed the partition is left holding it for nobody, and the partition goes to
+/// another master.
+pub const LOSE_RECOVER_REPLY_AND_ABANDON: &str = "coordinator-lose-recover-reply-and-abandon";
+
 /// Whether failpoint `name` is active in this process.
 #[cfg(feature = "failpoints")]
 pub fn active(name: &str) -> bool {

@@ -9,7 +9,7 @@
 //! only a bounded retry, [`push_until`].
 
 use rampart_common::protocol::master::{ServerListChanged, ServerListVersion};
-use rampart_common::rpc::{Rpc, RpcPool};
+use rampart_common::rpc::{Rpc, RpcError, RpcPool};
 use rampart_common::status::Status;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,13 +27,13 @@ pub const SERVER_LIST_PUSH_TIMEOUT: Duration = Duration::from_millis(500);
 /// Calls `R` on `addr` until it succeeds, answers an error other than `Retry`, or
 /// `deadline` passes, pausing [`PUSH_RETRY_PAUSE`] after each transport failure or
 /// `Retry` (a master between enlisting and serving, or still catching up). Returns why
-/// it did not get through.
+/// it did not get through: the last error.
 pub async fn push_until<R>(
     pool: &RpcPool,
     addr: &str,
     request: &R::Request,
     deadline: Instant,
-) -> Result<(), String>
+) -> Result<(), RpcError>
 where
     R: Rpc<Reply = ()>,
 {
@@ -46,7 +46,7 @@ where
             {
                 tokio::time::sleep(PUSH_RETRY_PAUSE).await;
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e),
         }
     }
 }

@@ -33,7 +33,8 @@
 //!    and the new owner is told to take them (`TakeTablets`, numbered by its tablet
 //!    epoch; if that push is lost, the owner pulls its tablets at its next lease
 //!    renewal, see `coordinator::service`). A partition whose recovery master failed is
-//!    sent to another one. When the crashed master owns nothing any more, every backup
+//!    sent to another one. When the crashed master owns nothing any more, every `Up`
+//!    master is told the recovery is over (`FinishRecovery`, see below), every backup
 //!    frees its replicas (`EndRecovery`) and the server is marked `Removed`.
 //!
 //! # Fencing and leases
@@ -57,7 +58,8 @@
 //!   seen). A proposal in flight may still commit under the new leader, so its recovery
 //!   master is **not** told to forget anything: it keeps what it replayed, and either the
 //!   commit makes it serve that (it pulls its tablets at its next lease renewal) or the
-//!   commit never happened and a later `Recover` of those ranges replaces it. A master
+//!   commit never happened and a later `Recover` of those ranges there, or the
+//!   recovery's `FinishRecovery`, forgets it. A master
 //!   refuses a `Recover` of an attempt older than the newest it has seen for that
 //!   crashed server, so a deposed leader's late request cannot erase a newer replay.
 //! * A commit of unknown outcome (dropped, a snapshot covered it, refused): never a
@@ -72,6 +74,15 @@
 //!   abandon the partition, as it may still be replaying it or hold what it replayed; a
 //!   recovery master also cancels by itself a `Recover` not done within
 //!   [`RECOVER_TIMEOUT`].
+//! * Replayed for nobody: an abandon is retried until [`CLEANUP_CALL_TIMEOUT`], but it
+//!   can be lost for good, and a deposed leader sends none. So once the crashed master
+//!   owns nothing, every `Up` master gets `FinishRecovery` with its tablet epoch as
+//!   committed: it catches up with its tablets (what the map gives it is then owned and
+//!   kept), forgets every unowned object any attempt replayed there, and refuses later
+//!   `Recover`s of the crashed master. The server is marked `Removed` only once every
+//!   `Up` master confirmed; until then the recovery says which did not, in its report,
+//!   and asks again every [`SETUP_RETRY_PAUSE`]. One that does not answer at all is
+//!   reported to the [`FailureVerifier`]: declared crashed, it is no longer asked.
 //! * A backup dies: recovery masters fall back to other replicas that hold as much.
 
 use rampart_common::failpoints;
@@ -82,11 +93,12 @@ use rampart_common::protocol::backup::{
 };
 use rampart_common::protocol::coordinator::{PartitionReport, RecoveryReport};
 use rampart_common::protocol::master::{
-    AbandonRecovery, AbandonRecoveryRequest, Ping, PingRequest, Recover, RecoverReply,
-    RecoverRequest, RecoverySource, SyncTablets, SyncTabletsRequest, TabletsRequest, TakeTablets,
-    RECOVER_TIMEOUT,
+    AbandonRecovery, AbandonRecoveryRequest, FinishRecovery, FinishRecoveryRequest, Ping,
+    PingRequest, Recover, RecoverReply, RecoverRequest, RecoverySource, SyncTablets,
+    SyncTabletsRequest, TabletsRequest, TakeTablets, RECOVER_TIMEOUT,
 };
 use rampart_common::rpc::{Rpc, RpcPool};
+use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Tablet};
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -187,8 +199,10 @@ pub struct RecoveryManager {
 }
 
 /// Tells the master at `addr` to forget objects of `ranges` (recovery `recovery` of
-/// `crashed`) it does not own, and to cancel a recovery of them still under way there
-/// (best effort: the next `Recover` of those ranges there forgets them too).
+/// `crashed`) it does not own, and to cancel a recovery of them still under way there,
+/// retrying until [`CLEANUP_CALL_TIMEOUT`]. Best effort: should it never get through,
+/// the next `Recover` of those ranges there forgets them, and `FinishRecovery` at the
+/// end of the recovery does in any case.
 async fn abandon(
     pool: &RpcPool,
     addr: &str,
@@ -202,10 +216,8 @@ async fn abandon(
         recovery,
         ranges,
     };
-    if let Err(error) = pool.call::<AbandonRecovery>(addr, &request, deadline).await {
-        // Unreachable, or refused (a `Recover` of the ranges still registering there):
-        // the master keeps what it replayed until the next `Recover` of those ranges.
-        tracing::info!(%addr, %error, "AbandonRecovery failed; the master may keep the replayed objects");
+    if let Err(error) = push_until::<AbandonRecovery>(pool, addr, &request, deadline).await {
+        tracing::info!(%addr, %error, "AbandonRecovery failed; the master keeps the replayed objects until the recovery finishes");
     }
 }
 
@@ -322,7 +334,15 @@ impl RecoveryManager {
             }
             let owned = self.node.with_state(|state| state.tablets_of(crashed));
             if owned.is_empty() {
-                break;
+                match self.finish_on_masters(crashed).await {
+                    Ok(()) => break,
+                    Err(why) => {
+                        tracing::warn!(%crashed, %why, "recovery waits");
+                        self.report(crashed, |r| r.waiting = Some(why));
+                        tokio::time::sleep(SETUP_RETRY_PAUSE).await;
+                        continue;
+                    }
+                }
             }
             match self.attempt(crashed, &owned, declared, live_after).await {
                 Ok(()) => {
@@ -342,6 +362,61 @@ impl RecoveryManager {
             }
         }
         self.cleanup(crashed, declared).await;
+    }
+
+    /// Tells every `Up` master that the recovery of `crashed` is over (`FinishRecovery`,
+    /// with its tablet epoch as committed: read after the caller's barrier), so that it
+    /// forgets what any attempt replayed there for nobody — a `Recover` whose reply and
+    /// abandon were both lost, or one of a leader that died before it could abandon. Each
+    /// is retried until [`CLEANUP_CALL_TIMEOUT`]. A server that says it is not the one
+    /// meant (`WrongServer`) is gone, with its memory; one that does not answer is
+    /// reported to the failure verifier. Returns which masters did not confirm: the
+    /// caller asks again, as the server is not removed before they do.
+    async fn finish_on_masters(&self, crashed: ServerId) -> Result<(), String> {
+        let masters: Vec<(ServerInfo, u64)> = self.node.with_state(|state| {
+            state
+                .up_servers()
+                .into_iter()
+                .filter(|s| s.services.master && s.id != crashed)
+                .map(|s| (s.clone(), state.tablet_epoch(s.id)))
+                .collect()
+        });
+        let deadline = Instant::now() + CLEANUP_CALL_TIMEOUT;
+        let calls = masters.iter().map(|(master, tablet_epoch)| async move {
+            let request = FinishRecoveryRequest {
+                owner: master.id,
+                crashed,
+                tablet_epoch: *tablet_epoch,
+            };
+            let result =
+                push_until::<FinishRecovery>(&self.pool, &master.addr, &request, deadline).await;
+            (master.id, result)
+        });
+        let mut unconfirmed = Vec::new();
+        for (master, result) in futures::future::join_all(calls).await {
+            match result {
+                Ok(()) => {}
+                Err(error) if error.status() == Some(Status::WrongServer) => {
+                    tracing::info!(%crashed, %master, "a new server listens at the master's address; nothing to finish there");
+                }
+                Err(error) => {
+                    if error.is_transport() {
+                        // Declared crashed if it stays silent, and then not asked again.
+                        let _ = self.verifier.report_failure(master, "recovery");
+                    }
+                    unconfirmed.push(format!("{master} ({error})"));
+                }
+            }
+        }
+        if unconfirmed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "every tablet of {crashed} is recovered; waiting for masters to confirm the \
+                 end of the recovery: {}",
+                unconfirmed.join(", ")
+            ))
+        }
     }
 
     /// Frees the replicas of a recovered server on every backup and removes it.
@@ -638,6 +713,13 @@ impl RecoveryManager {
                 .call::<Recover>(addr, &request, deadline)
                 .await
             {
+                Ok(_)
+                    if attempt == 0
+                        && failpoints::active(failpoints::LOSE_RECOVER_REPLY_AND_ABANDON) =>
+                {
+                    tracing::warn!(%crashed, partition, %master, "failpoint: the Recover reply and its abandon are lost; trying another master");
+                    continue;
+                }
                 Ok(reply) => reply,
                 Err(error) => {
                     tracing::warn!(%crashed, partition, %master, %error, "recovery master failed; trying another");

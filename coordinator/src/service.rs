@@ -234,7 +234,10 @@ impl CoordinatorService {
                 crate::push::push_until::<R>(&self.pool, &addr, &request, deadline)
                     .await
                     .err()
-                    .map(|error| FailedPush { owner, error })
+                    .map(|error| FailedPush {
+                        owner,
+                        error: error.to_string(),
+                    })
             }
         });
         futures::future::join_all(pushes)

@@ -3,8 +3,8 @@
 //! partition's tablets.
 //!
 //! # What callers see
-//! [`RecoveryMaster::recover`] serves the `Recover` RPC and [`RecoveryMaster::abandon`]
-//! serves `AbandonRecovery`. A successful `recover` returns once every entry of the
+//! [`RecoveryMaster::recover`] serves the `Recover` RPC, [`RecoveryMaster::abandon`]
+//! serves `AbandonRecovery` and [`RecoveryMaster::finish`] serves `FinishRecovery`. A successful `recover` returns once every entry of the
 //! partition that survives replay is in this master's log, replicated to its backups
 //! and published in its index. The objects stay invisible — reads of their keys answer
 //! `UnknownTablet` — until `TakeTablets` gives this master their ranges.
@@ -63,6 +63,17 @@
 //! checked when it arrives and again when it registers (after waiting for older
 //! attempts to clean up, during which a newer one may arrive, replay and finish); these
 //! decisions are the synchronous `Attempts`, under one lock.
+//!
+//! # Nothing replayed stays stranded
+//! An abandon can be lost with the `Recover` reply it follows, and a leader deposed
+//! mid-recovery abandons nothing (its proposal may still commit). Objects replayed for
+//! nobody would then hold memory for good, and would come back to life if their range
+//! were ever given to this master without a `Recover` (take-tablets keeps replayed
+//! objects: that is how they become visible). So once the crashed master owns nothing,
+//! the coordinator sends every master `FinishRecovery`, after it has caught up with its
+//! tablets: it cancels what still runs of that recovery here, forgets the unowned
+//! objects of every range any of its replays registered, and refuses every later
+//! `Recover` of it (the last [`FINISHED_KEPT`] crashed masters are remembered).
 //!
 //! # Cost
 //! Measured with a throwaway release-build loop on the 2-core development VM (AMD EPYC),
@@ -195,6 +206,10 @@ pub enum RecoveryError {
         /// The newest attempt seen.
         newest: u64,
     },
+    /// The coordinator said the recovery of this crashed master is over
+    /// (`FinishRecovery`): a `Recover` of it now comes from a deposed leader.
+    #[error("the recovery of {0} is over")]
+    Finished(ServerId),
 }
 
 impl RecoveryError {
@@ -204,7 +219,7 @@ impl RecoveryError {
             RecoveryError::CrashedIsSelf(_)
             | RecoveryError::BadRanges
             | RecoveryError::OwnsRanges => Status::InvalidArgument,
-            RecoveryError::Superseded { .. } => Status::RecoveryFailed,
+            RecoveryError::Superseded { .. } | RecoveryError::Finished(_) => Status::RecoveryFailed,
             RecoveryError::InProgress => Status::Retry,
             RecoveryError::SegmentFailed { .. }
             | RecoveryError::NoSpace
@@ -266,12 +281,23 @@ struct Attempts {
     /// at most [`ABANDONS_KEPT`]. A `Recover` of the same attempt and overlapping ranges
     /// arriving after its abandon (it was delayed on its way here) is refused.
     abandoned: std::collections::VecDeque<(ServerId, u64, PartitionRanges)>,
+    /// Per crashed master, every range a `Recover` of it registered here, until its
+    /// `FinishRecovery` has forgotten what is unowned of them.
+    replayed: std::collections::BTreeMap<ServerId, PartitionRanges>,
+    /// Crashed masters whose recovery is over, oldest first; at most [`FINISHED_KEPT`].
+    /// Their `Recover`s are refused and their abandons ignored.
+    finished: std::collections::VecDeque<ServerId>,
 }
 
 /// Abandons remembered by a recovery master ([`Attempts`]): a few per partition it was
 /// given in the current attempts; beyond it the oldest are forgotten (their `Recover`,
 /// if it still comes, replays and is forgotten by the next `Recover` of its ranges).
 const ABANDONS_KEPT: usize = 1024;
+
+/// Crashed masters whose end a recovery master remembers ([`Attempts`]). Beyond it the
+/// oldest is forgotten: a deposed leader's `Recover` of it, arriving later still than
+/// a thousand recoveries, would replay objects that only a restart frees.
+const FINISHED_KEPT: usize = 1024;
 
 /// What a registration in [`Attempts`] is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -286,6 +312,7 @@ impl Attempts {
     /// A `Recover` of `attempt` at `crashed` arrives: refused if a newer attempt arrived
     /// before it (a deposed leader's, late); otherwise it is the newest.
     fn arrive(&mut self, crashed: ServerId, attempt: u64) -> Result<(), RecoveryError> {
+        self.check_not_finished(crashed)?;
         let newest = self.newest.entry(crashed).or_insert(0);
         if attempt < *newest {
             return Err(RecoveryError::Superseded {
@@ -313,8 +340,10 @@ impl Attempts {
     /// Registers `work` of `attempt` at `crashed` on `ranges`, cancelled through
     /// `cancel`; returns its id. Refused when a newer attempt arrived since this one did
     /// (it may have replayed the ranges here already, its commit perhaps under way: this
-    /// attempt's clean-up would erase them), when the ranges overlap work registered
-    /// here, and — a replay — when an abandon of its attempt and ranges came first.
+    /// attempt's clean-up would erase them), when the recovery of `crashed` is over,
+    /// when the ranges overlap work registered here, and — a replay — when an abandon of
+    /// its attempt and ranges came first. A replay's ranges are remembered for the
+    /// recovery's [`end`](Self::end).
     fn register(
         &mut self,
         work: Work,
@@ -323,6 +352,7 @@ impl Attempts {
         ranges: &PartitionRanges,
         cancel: Arc<watch::Sender<bool>>,
     ) -> Result<u64, RecoveryError> {
+        self.check_not_finished(crashed)?;
         let newest = self.newest.get(&crashed).copied().unwrap_or(0);
         if attempt < newest {
             return Err(RecoveryError::Superseded {
@@ -341,6 +371,12 @@ impl Attempts {
                     .any(|(c, a, r)| (*c, *a) == (crashed, attempt) && overlap(r, ranges));
                 if abandoned {
                     return Err(RecoveryError::Abandoned);
+                }
+                let replayed = self.replayed.entry(crashed).or_default();
+                for range in ranges {
+                    if !replayed.contains(range) {
+                        replayed.push(*range);
+                    }
                 }
             }
             // Remembered as an abandon already, when `abandon` accepted it.
@@ -377,7 +413,9 @@ impl Attempts {
         attempt: u64,
         ranges: &PartitionRanges,
     ) -> Option<Vec<Arc<watch::Sender<bool>>>> {
-        if attempt < self.newest.get(&crashed).copied().unwrap_or(0) {
+        if attempt < self.newest.get(&crashed).copied().unwrap_or(0)
+            || self.finished.contains(&crashed)
+        {
             return None;
         }
         let known = self
@@ -393,6 +431,46 @@ impl Attempts {
         }
         let running = self.in_flight.iter().filter(|f| overlap(&f.ranges, ranges));
         Some(running.map(|f| Arc::clone(&f.cancel)).collect())
+    }
+
+    /// `FinishRecovery` of `crashed`: from now on its `Recover`s are refused and its
+    /// abandons ignored. Returns the work on it still registered here (a deposed
+    /// leader's replay, an abandon forgetting), to cancel and wait for, and every range
+    /// its replays registered here, whose unowned objects are to be forgotten. The
+    /// ranges stay remembered until [`forgotten`](Self::forgotten), so a repeated
+    /// `FinishRecovery` (its first answer was lost) forgets them again rather than answer
+    /// before the first has forgotten them.
+    fn end(&mut self, crashed: ServerId) -> (Vec<Arc<watch::Sender<bool>>>, PartitionRanges) {
+        if !self.finished.contains(&crashed) {
+            if self.finished.len() >= FINISHED_KEPT {
+                self.finished.pop_front();
+            }
+            self.finished.push_back(crashed);
+            self.newest.remove(&crashed);
+            self.abandoned.retain(|&(c, _, _)| c != crashed);
+        }
+        let running = self
+            .in_flight
+            .iter()
+            .filter(|f| f.crashed == crashed)
+            .map(|f| Arc::clone(&f.cancel))
+            .collect();
+        let ranges = self.replayed.get(&crashed).cloned().unwrap_or_default();
+        (running, ranges)
+    }
+
+    /// The unowned objects of every range `crashed`'s replays registered here are
+    /// forgotten: nothing of its recovery is left to forget.
+    fn forgotten(&mut self, crashed: ServerId) {
+        self.replayed.remove(&crashed);
+    }
+
+    /// Refuses work on a crashed master whose recovery is over.
+    fn check_not_finished(&self, crashed: ServerId) -> Result<(), RecoveryError> {
+        if self.finished.contains(&crashed) {
+            return Err(RecoveryError::Finished(crashed));
+        }
+        Ok(())
     }
 }
 
@@ -760,6 +838,30 @@ impl RecoveryMaster {
         drop(registration);
         forgotten.map(Some).map_err(|_| RecoveryError::ShuttingDown)
     }
+
+    /// Serves `FinishRecovery` of `crashed`, once the caller made sure this master
+    /// serves every tablet the committed map gives it: cancels any work on `crashed`
+    /// still running here and waits for it to clean up, then forgets every object this
+    /// master replayed for `crashed` and does not own. From now on a `Recover` of
+    /// `crashed` is refused and an `AbandonRecovery` of it ignored. Returns how many
+    /// objects were forgotten.
+    pub async fn finish(&self, crashed: ServerId) -> Result<u64, RecoveryError> {
+        let (running, ranges) = self.attempts.lock().end(crashed);
+        for cancel in running {
+            cancel.send_replace(true);
+            cancel.closed().await;
+        }
+        if ranges.is_empty() {
+            return Ok(0);
+        }
+        let forgotten = self
+            .appender
+            .forget_unowned(ranges)
+            .await
+            .map_err(|_| RecoveryError::ShuttingDown)?;
+        self.attempts.lock().forgotten(crashed);
+        Ok(forgotten)
+    }
 }
 
 #[cfg(test)]
@@ -947,6 +1049,51 @@ mod tests {
         // A duplicate of the abandon is remembered once.
         attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]);
         assert_eq!(attempts.abandoned.len(), 1);
+    }
+
+    #[test]
+    fn a_finished_recovery_hands_back_every_range_replayed_and_refuses_later_work() {
+        let mut attempts = Attempts::default();
+        arrives(&mut attempts, CRASHED, 2);
+        let done = registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
+        attempts.finish(done);
+        // A deposed leader's attempt, still replaying here.
+        registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            2,
+            &vec![(T, 100, 199)],
+        );
+        registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
+        // Another crash's recovery is not touched.
+        arrives(&mut attempts, ServerId(8), 1);
+        registers(
+            &mut attempts,
+            Work::Replay,
+            ServerId(8),
+            1,
+            &vec![(TableId(2), 0, 5)],
+        );
+        let (running, ranges) = attempts.end(CRASHED);
+        assert_eq!(running.len(), 2, "the replays still running");
+        assert_eq!(ranges, vec![(T, 0, 99), (T, 100, 199)], "each range once");
+        // Nothing of it registers again, and an abandon of it has nothing to do.
+        assert_eq!(
+            attempts.arrive(CRASHED, 3),
+            Err(RecoveryError::Finished(CRASHED))
+        );
+        assert_eq!(
+            attempts.register(Work::Replay, CRASHED, 3, &vec![(T, 300, 399)], cancel()),
+            Err(RecoveryError::Finished(CRASHED))
+        );
+        assert!(attempts.abandon(CRASHED, 3, &vec![(T, 0, 99)]).is_none());
+        // A repeated end hands the ranges back until they are forgotten.
+        assert_eq!(attempts.end(CRASHED).1.len(), 2);
+        attempts.forgotten(CRASHED);
+        assert_eq!(attempts.end(CRASHED).1, Vec::new());
+        assert_eq!(attempts.finished.len(), 1);
+        assert_eq!(attempts.end(ServerId(8)).1, vec![(TableId(2), 0, 5)]);
     }
 
     #[test]

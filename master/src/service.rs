@@ -6,7 +6,9 @@
 //! touches the store: an oversized key or value, an unknown opcode or a malformed
 //! payload gets its status and the master keeps serving.
 //!
-//! Ownership changes (`TakeTablets`, `DropTablets`, `SyncTablets`) must name this server
+//! Ownership changes (`TakeTablets`, `DropTablets`, `SyncTablets`, and
+//! `FinishRecovery`, which catches up with the tablets before it forgets what a
+//! recovery left unowned) must name this server
 //! (`WrongServer` otherwise: the coordinator meant a server that used to listen at this
 //! address) and carry the coordinator's number of the change; a missed change makes the
 //! master pull its whole set first ([`TabletSync`]).
@@ -75,7 +77,8 @@ pub struct MasterService {
     /// [`with_lease`](Self::with_lease) gave one). Its revocation ends the master
     /// ([`failed`](Self::failed)).
     lease: Arc<Lease>,
-    /// Serves `Recover` and `AbandonRecovery` (replays into `store` through `appender`).
+    /// Serves `Recover`, `AbandonRecovery` and `FinishRecovery` (replays into `store`
+    /// through `appender`).
     recovery: RecoveryMaster,
     /// Pulls this master's tablets from the committed map when it missed a change.
     tablet_sync: Arc<TabletSync>,
@@ -436,6 +439,23 @@ impl MasterService {
                         tracing::info!(master = %self.id, crashed = %request.crashed, recovery = request.recovery, "abandon of an older recovery attempt ignored")
                     }
                 }
+                Ok(Reply::ok(&()))
+            }
+            proto::FinishRecovery::OPCODE => {
+                let request: proto::FinishRecoveryRequest = Reply::decode(payload)?;
+                self.check_owner(request.owner, &[])?;
+                // First serve every tablet the committed map gives this master: what a
+                // recovery committed to it is then owned, and not forgotten below.
+                self.tablet_sync
+                    .catch_up(request.tablet_epoch)
+                    .await
+                    .map_err(sync_failed)?;
+                let forgotten = self
+                    .recovery
+                    .finish(request.crashed)
+                    .await
+                    .map_err(|error| Reply::error(error.status(), error))?;
+                tracing::info!(master = %self.id, crashed = %request.crashed, forgotten, "recovery finished; what it left unowned here is forgotten");
                 Ok(Reply::ok(&()))
             }
             other => Err(Reply::error(

@@ -433,8 +433,8 @@ mod recovery {
     use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes, SegmentWriter};
     use rampart_common::protocol::backup::{RecoveryData, RecoveryDataReply, RecoveryDataRequest};
     use rampart_common::protocol::master::{
-        AbandonRecovery, AbandonRecoveryRequest, Recover, RecoverReply, RecoverRequest,
-        RecoverySource,
+        AbandonRecovery, AbandonRecoveryRequest, FinishRecovery, FinishRecoveryRequest, Recover,
+        RecoverReply, RecoverRequest, RecoverySource,
     };
     use rampart_common::rpc::server::HandleFuture;
     use rampart_common::rpc::RpcServer;
@@ -894,6 +894,77 @@ mod recovery {
         assert_eq!(again.objects, 3);
         call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         assert_three_segments_recovered(&service);
+    }
+
+    fn finish_recovery(service: &MasterService) -> FinishRecoveryRequest {
+        FinishRecoveryRequest {
+            owner: service.id(),
+            crashed: CRASHED,
+            tablet_epoch: service.tablet_sync().applied(),
+        }
+    }
+
+    #[tokio::test]
+    async fn finish_recovery_forgets_what_was_replayed_for_nobody_and_refuses_later_recovers() {
+        // The `Recover` reply and its abandon were lost: the coordinator gave the
+        // partition to another master, and this one holds it for nobody.
+        let service = service();
+        let segments = three_segments();
+        let (addr, _) = backup(&serve_all(&segments)).await;
+        let segments_request = request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]);
+        call::<Recover>(&service, &segments_request).await;
+        assert_eq!(service.store().lock().object_count(), 3);
+        let other = FinishRecoveryRequest {
+            owner: ServerId(99),
+            ..finish_recovery(&service)
+        };
+        assert_eq!(
+            send::<FinishRecovery>(&service, &other).await.status(),
+            Status::WrongServer
+        );
+        assert_eq!(service.store().lock().object_count(), 3);
+        call::<FinishRecovery>(&service, &finish_recovery(&service)).await;
+        assert_eq!(service.store().lock().object_count(), 0);
+        // A deposed leader's `Recover`, arriving later still, is refused.
+        let late = RecoverRequest {
+            recovery: 2,
+            ..segments_request
+        };
+        assert_eq!(
+            send::<Recover>(&service, &late).await.status(),
+            Status::RecoveryFailed
+        );
+        assert_eq!(service.store().lock().object_count(), 0);
+        // Repeated (its answer was lost): the same answer.
+        call::<FinishRecovery>(&service, &finish_recovery(&service)).await;
+    }
+
+    #[tokio::test]
+    async fn finish_recovery_keeps_what_the_committed_map_gave_this_master() {
+        let service = service();
+        let segments = three_segments();
+        let (addr, _) = backup(&serve_all(&segments)).await;
+        call::<Recover>(
+            &service,
+            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
+        )
+        .await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        call::<FinishRecovery>(&service, &finish_recovery(&service)).await;
+        assert_three_segments_recovered(&service);
+    }
+
+    #[tokio::test]
+    async fn finish_recovery_cancels_a_recovery_still_replaying_here() {
+        let service = Arc::new(service());
+        let addr = stuck_backup(&[]).await;
+        let recovering = recovery_in_progress(&service, &addr).await;
+        call::<FinishRecovery>(&service, &finish_recovery(&service)).await;
+        assert_eq!(
+            recovering.await.expect("the recovery task does not panic"),
+            Status::RecoveryFailed
+        );
+        assert_eq!(service.store().lock().object_count(), 0);
     }
 
     #[tokio::test]

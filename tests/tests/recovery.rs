@@ -16,6 +16,7 @@ use rampart_common::onesided::shm::remove_default_frame_files_under;
 use rampart_common::protocol::coordinator::{
     RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
 };
+use rampart_common::protocol::master::{Ping, PingRequest};
 use rampart_common::rpc::RpcPool;
 use rampart_tests::{runtime, CoordinatorGroup, RampartProcess};
 use std::collections::BTreeMap;
@@ -660,6 +661,41 @@ fn a_recovered_partition_of_unknown_outcome_is_resolved_from_the_committed_map()
     // find out from the committed map, not guess (abandoning a committed partition makes
     // its owner forget the objects the map says it serves).
     recover_with_coordinators_failing_at(failpoints::RECOVERED_OUTCOME_UNKNOWN);
+}
+
+#[test]
+fn a_partition_replayed_for_nobody_is_forgotten_when_the_recovery_finishes() {
+    // The first recovery master of each partition replays it, but its reply and the
+    // abandon that would follow are lost: the partition goes to another master, and the
+    // first holds a copy for nobody. The end of the recovery must free it (and no later
+    // range change could bring it back to life).
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let group = coordinators_with_failpoint(failpoints::LOSE_RECOVER_REPLY_AND_ABANDON);
+        let mut cluster = Cluster::start_with(4, 2, &[], group);
+        let client = cluster.client().await;
+        let table = client.create_table("t", 4).await.unwrap();
+        fill(&client, table, "k", 400, 500).await;
+        let victim = owner_of(&cluster, &client, table, "k0");
+        cluster.kill(victim);
+        cluster.wait_recovered(&[victim]).await;
+        check_filled(&client, table, "k", 400).await;
+        let pool = RpcPool::new();
+        let mut held = BTreeMap::new();
+        for (&id, (process, _)) in &cluster.servers {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let ping = pool
+                .call::<Ping>(&process.addr, &PingRequest {}, deadline)
+                .await
+                .unwrap();
+            held.insert(id, ping.objects);
+        }
+        assert_eq!(
+            held.values().sum::<u64>(),
+            400,
+            "objects held by each master: {held:?}"
+        );
+    });
 }
 
 #[test]

@@ -313,11 +313,29 @@ pub struct AbandonRecoveryRequest {
     pub ranges: PartitionRanges,
 }
 
+/// The recovery of `crashed` is over (it owns no tablet any more): after catching up
+/// with its tablets to `tablet_epoch`, the master forgets every object it replayed for
+/// `crashed` that it does not own, cancels a replay of it still running here, and
+/// refuses any later `Recover` or `AbandonRecovery` of it. This is what frees objects
+/// stranded by a lost `Recover` reply and a lost `AbandonRecovery`, or by a leader that
+/// died before it could abandon them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishRecoveryRequest {
+    /// The server meant (`WrongServer` from any other).
+    pub owner: ServerId,
+    /// The crashed master whose recovery is over.
+    pub crashed: ServerId,
+    /// The owner's tablet epoch in the committed map once the recovery was over: every
+    /// partition committed to it is in its tablets at that epoch, so it is kept.
+    pub tablet_epoch: u64,
+}
+
 bincode_message!(
     RecoverySource,
     RecoverRequest,
     RecoverReply,
     AbandonRecoveryRequest,
+    FinishRecoveryRequest,
     RemoveRequest,
     IncrementRequest,
     IncrementReply,
@@ -370,6 +388,9 @@ rpcs! {
     AbandonRecovery = 14: AbandonRecoveryRequest => ();
     /// Catch up with the committed map's tablets of this master (coordinator → master).
     SyncTablets = 15: SyncTabletsRequest => ();
+    /// Forget what a finished recovery left here unowned (coordinator → master, once the
+    /// crashed master owns nothing; `WrongServer` when meant for another server).
+    FinishRecovery = 16: FinishRecoveryRequest => ();
 }
 
 const RULE_DOESNT_EXIST: u8 = 1;
