@@ -32,10 +32,23 @@ use tokio::time::Instant;
 use crate::node::{NodeError, RaftNode};
 use crate::state::{Command, CommandResult};
 
-/// What the leader keeps about suspects and declared crashes (module doc). Time is an
-/// input: callers pass `now`.
+/// Milliseconds in `d`, saturating (for reports and logs).
+pub(crate) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What the leader keeps about suspects and declared crashes (module doc). Time and the
+/// Raft term are inputs: callers pass `now` and `term`.
+///
+/// Kept for one term of leadership: the first report in a later term forgets
+/// everything of an earlier one (suspects reported to a leader that was deposed before
+/// it declared them, crashes no recovery of that term took), so nothing piles up over
+/// elections and a leader elected again never times detection from a report of its
+/// previous term.
 #[derive(Debug, Default)]
 pub struct Suspects {
+    /// The term of leadership the entries below belong to.
+    term: u64,
     /// Suspects being verified now.
     verifying: BTreeSet<ServerId>,
     /// When each suspect was first reported (until it is declared crashed or found alive).
@@ -46,9 +59,18 @@ pub struct Suspects {
 }
 
 impl Suspects {
-    /// `server` was reported at `now`; returns whether a verification must start (none
-    /// is running for it).
-    pub fn reported(&mut self, server: ServerId, now: Instant) -> bool {
+    /// `server` was reported at `now` to the leader of `term`; returns whether a
+    /// verification must start (none is running for it).
+    pub fn reported(&mut self, server: ServerId, now: Instant, term: u64) -> bool {
+        if term != self.term {
+            // A verification of the old term still running may yet end one of this
+            // term's early: at worst a suspect is then verified twice at once, and
+            // declared once (statuses only move forward).
+            *self = Suspects {
+                term,
+                ..Suspects::default()
+            };
+        }
         self.first_report.entry(server).or_insert(now);
         self.verifying.insert(server)
     }
@@ -130,7 +152,8 @@ impl FailureVerifier {
         let Some(addr) = addr else {
             return Ok(());
         };
-        if !self.suspects.lock().reported(server, Instant::now()) {
+        let term = self.node.status().term;
+        if !self.suspects.lock().reported(server, Instant::now(), term) {
             return Ok(());
         }
         tracing::info!(%server, %addr, %reporter, "failure reported; verifying");
@@ -183,7 +206,7 @@ impl FailureVerifier {
                 let detection = self.suspects.lock().declared(server, Instant::now());
                 tracing::warn!(
                     %server, %addr, error = %last,
-                    detection_ms = detection.as_millis() as u64,
+                    detection_ms = ms(detection),
                     "server declared crashed"
                 );
                 self.declared.notify_one();
@@ -207,15 +230,15 @@ mod tests {
     fn one_verification_runs_per_suspect_however_many_report_it() {
         let mut suspects = Suspects::default();
         let now = Instant::now();
-        assert!(suspects.reported(A, now));
-        assert!(!suspects.reported(A, now), "already being verified");
+        assert!(suspects.reported(A, now, 1));
+        assert!(!suspects.reported(A, now, 1), "already being verified");
         assert!(
-            suspects.reported(B, now),
+            suspects.reported(B, now, 1),
             "another suspect is verified at once"
         );
         suspects.verification_ended(A);
         assert!(
-            suspects.reported(A, now),
+            suspects.reported(A, now, 1),
             "a report after the end verifies again"
         );
     }
@@ -224,10 +247,10 @@ mod tests {
     fn detection_is_timed_from_the_first_report_of_a_silent_server() {
         let mut suspects = Suspects::default();
         let first = Instant::now();
-        suspects.reported(A, first);
+        suspects.reported(A, first, 1);
         suspects.verification_ended(A);
         // Reported again (the first verification's commit failed, say): the clock runs on.
-        suspects.reported(A, first + Duration::from_millis(300));
+        suspects.reported(A, first + Duration::from_millis(300), 1);
         let declared_at = first + Duration::from_millis(500);
         assert_eq!(
             suspects.declared(A, declared_at),
@@ -241,14 +264,35 @@ mod tests {
     }
 
     #[test]
+    fn a_new_term_of_leadership_forgets_the_suspects_and_crashes_of_the_last() {
+        let mut suspects = Suspects::default();
+        let first = Instant::now();
+        suspects.reported(A, first, 1);
+        suspects.reported(B, first, 1);
+        suspects.declared(B, first + Duration::from_millis(100));
+        // Deposed before A was declared and before B's recovery started; elected again.
+        let again = first + Duration::from_secs(60);
+        assert!(
+            suspects.reported(A, again, 3),
+            "verified anew, though the old verification never ended"
+        );
+        assert_eq!(suspects.take_declared(B), None, "nothing of term 1 is kept");
+        assert_eq!(
+            suspects.declared(A, again + Duration::from_millis(5)),
+            Duration::from_millis(5),
+            "timed from this term's report"
+        );
+    }
+
+    #[test]
     fn a_suspect_found_answering_starts_a_new_clock_when_reported_again() {
         let mut suspects = Suspects::default();
         let first = Instant::now();
-        suspects.reported(A, first);
+        suspects.reported(A, first, 1);
         suspects.answered(A);
         suspects.verification_ended(A);
         let again = first + Duration::from_secs(10);
-        suspects.reported(A, again);
+        suspects.reported(A, again, 1);
         assert_eq!(
             suspects.declared(A, again + Duration::from_millis(2)),
             Duration::from_millis(2)

@@ -105,7 +105,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
-use crate::failure_verifier::FailureVerifier;
+use crate::failure_verifier::{ms, FailureVerifier};
 use crate::node::{NodeError, RaftNode};
 use crate::push::push_until;
 use crate::recovery_plan::{
@@ -219,11 +219,6 @@ async fn abandon(
     if let Err(error) = push_until::<AbandonRecovery>(pool, addr, &request, deadline).await {
         tracing::info!(%addr, %error, "AbandonRecovery failed; the master keeps the replayed objects until the recovery finishes");
     }
-}
-
-/// Milliseconds in `d`, saturating.
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl RecoveryManager {

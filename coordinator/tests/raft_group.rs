@@ -1,5 +1,6 @@
 //! A Raft group of coordinators in one process, talking over loopback RPC: election,
-//! replication, leader loss, restarts from disk, snapshots, and a minority that refuses.
+//! replication, leader loss, restarts from disk, snapshots, a minority that refuses, and
+//! the leader's verification of reported failures.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -646,4 +647,156 @@ async fn ownership_and_version_rpcs_serve_up_masters_and_refuse_crashed_ones() {
     assert_eq!(refused, [Status::ServerCrashed; 3]);
     drop(service);
     group.stop_all().await;
+}
+
+// ---- The leader's verification of reported failures ----
+
+mod failure_verification {
+    use super::*;
+    use rampart_common::ids::ServerId;
+    use rampart_common::protocol::master::{Ping, PingReply};
+    use rampart_common::rpc::server::HandleFuture;
+    use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
+    use rampart_common::tablet::ServerStatus;
+    use rampart_coordinator::failure_verifier::FailureVerifier;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A server that answers every `Ping`, counting them.
+    #[derive(Debug, Default)]
+    struct Pingable {
+        pings: AtomicU32,
+    }
+
+    impl Service for Pingable {
+        fn handle(&self, opcode: Opcode, _payload: bytes::Bytes) -> HandleFuture<'_> {
+            Box::pin(async move {
+                if opcode != Ping::OPCODE {
+                    return Reply::error(Status::UnknownOpcode, "only pings here");
+                }
+                self.pings.fetch_add(1, Ordering::SeqCst);
+                Reply::ok(&PingReply::default())
+            })
+        }
+    }
+
+    /// A verifier on `node` pinging each suspect twice, each ping given `timeout`.
+    fn verifier(node: &RaftNode, timeout: Duration) -> Arc<FailureVerifier> {
+        Arc::new(FailureVerifier::new(
+            node.clone(),
+            Arc::new(RpcPool::new()),
+            timeout,
+            2,
+        ))
+    }
+
+    async fn enlisted(group: &Group, addr: &str) -> ServerId {
+        match propose(group, enlist(addr)).await {
+            CommandResult::Enlisted { id } => id,
+            other => panic!("enlist failed: {other:?}"),
+        }
+    }
+
+    fn status(node: &RaftNode, server: ServerId) -> ServerStatus {
+        node.with_state(|s| s.server(server).map(|s| s.status))
+            .expect("enlisted")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_suspect_is_declared_crashed_and_one_that_answers_stays_up() {
+        let mut group = Group::start(1, 10_000).await;
+        let node = group.node(group.leader().await).clone();
+        let pingable = Arc::new(Pingable::default());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let alive_addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(RpcServer::run(
+            listener,
+            Arc::clone(&pingable),
+            std::future::pending(),
+        ));
+        // Nothing listens there: every ping is refused.
+        let dead_addr = {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            listener.local_addr().unwrap().to_string()
+        };
+        let alive = enlisted(&group, &alive_addr).await;
+        let dead = enlisted(&group, &dead_addr).await;
+        let verifier = verifier(&node, Duration::from_millis(200));
+        verifier.report_failure(alive, "test").unwrap();
+        verifier.report_failure(dead, "test").unwrap();
+        tokio::time::timeout(SETTLE, verifier.crash_declared())
+            .await
+            .expect("the silent suspect is declared crashed");
+        assert_eq!(status(&node, dead), ServerStatus::Crashed);
+        assert!(verifier.take_declared(dead).is_some());
+        let deadline = Instant::now() + SETTLE;
+        while pingable.pings.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the other suspect never pinged");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(status(&node, alive), ServerStatus::Up);
+        assert_eq!(verifier.take_declared(alive), None);
+        group.stop_all().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crash_whose_commit_fails_is_declared_by_the_next_leader_when_reported_again() {
+        let mut group = Group::start(3, 10_000).await;
+        // It accepts connections (the kernel's backlog) and never answers: every ping
+        // waits out its deadline.
+        let hung = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hung_addr = hung.local_addr().unwrap().to_string();
+        let suspect = enlisted(&group, &hung_addr).await;
+        let leader = group.leader().await;
+        let node = group.node(leader).clone();
+        let ping = Duration::from_millis(300);
+        let first = verifier(&node, ping);
+        first.report_failure(suspect, "test").unwrap();
+        let verified = Instant::now() + 2 * ping;
+        // While it pings, the leader loses its majority: its commit fails.
+        let others: Vec<u64> = group
+            .peers
+            .keys()
+            .copied()
+            .filter(|id| *id != leader)
+            .collect();
+        for &id in &others {
+            group.stop(id).await;
+        }
+        let deadline = Instant::now() + SETTLE;
+        while node.is_leader() {
+            assert!(Instant::now() < deadline, "kept leading without a majority");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Its pings are over by now, and its proposal refused.
+        tokio::time::sleep_until(verified + Duration::from_millis(300)).await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), first.crash_declared())
+                .await
+                .is_err(),
+            "a crash declared without a majority"
+        );
+        assert_eq!(status(&node, suspect), ServerStatus::Up);
+        // The reporters report again, to whoever leads now.
+        for id in others {
+            group.restart(id).await;
+        }
+        let mut verifiers = BTreeMap::new();
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let state = group.converged().await;
+            if state.server(suspect).map(|s| s.status) == Some(ServerStatus::Crashed) {
+                break;
+            }
+            // Each coordinator has its verifier; `NotLeader` while an election runs.
+            let leader = group.leader().await;
+            let verifier = verifiers
+                .entry(leader)
+                .or_insert_with(|| verifier(group.node(leader), Duration::from_millis(200)));
+            let _ = verifier.report_failure(suspect, "test");
+            assert!(Instant::now() < deadline, "never declared crashed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(hung);
+        group.stop_all().await;
+    }
 }
