@@ -1,8 +1,9 @@
 //! The long-running processes: `rampart coordinator` and `rampart server`.
 //!
-//! Each binds its listener first, then prints one line to stdout naming the bound
-//! address (`coordinator listening on ADDR`, `server N listening on ADDR`) — so a
-//! parent that asked for port 0 learns the port — and serves until SIGINT or SIGTERM.
+//! Each binds its listener, then prints one line to stdout naming the bound address
+//! (`coordinator listening on ADDR`, `server N listening on ADDR`) — so a parent that
+//! asked for port 0 learns the port — and serves until SIGINT or SIGTERM. A server
+//! listens only once its slow start-up steps are done (`StorageServer::start`).
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -418,20 +419,18 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     crate::init_logging("info");
     let config = server_config(&args)?;
     runtime(args.threads)?.block_on(async {
-        let listener = TcpListener::bind(&args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let server = StorageServer::start(config, listener)
-            .await
-            .map_err(|error| match error {
-                StartError::Config(error) => {
-                    anyhow!("{}: {}", flags_of(error.field), error.reason)
-                }
-                StartError::DiskProbe { .. } => {
-                    anyhow!("{:#} (give --disk-mbps to skip)", anyhow!(error))
-                }
-                error => anyhow!(error),
-            })?;
+        let server =
+            StorageServer::start(config, &args.listen)
+                .await
+                .map_err(|error| match error {
+                    StartError::Config(error) => {
+                        anyhow!("{}: {}", flags_of(error.field), error.reason)
+                    }
+                    StartError::DiskProbe { .. } => {
+                        anyhow!("{:#} (give --disk-mbps to skip)", anyhow!(error))
+                    }
+                    error => anyhow!(error),
+                })?;
         announce(&format!(
             "server {} listening on {}",
             server.id().0,

@@ -16,8 +16,8 @@
 //!   the backup's own runtime.
 //!
 //! # Main path
-//! `StorageServer::start(config, listener)` → backup store opened, log memory touched,
-//! enlisted, children started → `run(shutdown)`: every RPC goes through
+//! `StorageServer::start(config, listen)` → port bound, backup store opened, log memory
+//! touched, port listened on, enlisted, children started → `run(shutdown)`: every RPC goes through
 //! [`StorageService`] to `rampart_master::MasterService` (reads, writes through the
 //! master's appender and replicator to R backups) or `rampart_backup::BackupService` →
 //! at shutdown, children stopped, open frames flushed, backup runtime drained.

@@ -1,13 +1,21 @@
 //! `StorageServer`: one storage server's life, from its configuration to its stop.
 //!
 //! [`StorageServer::start`] validates the configuration, then in this order: creates the
-//! data directory (the default frame file is named by its canonical path), measures the
-//! disk unless told its speed, opens the backup's store and frame file (frames a killed
-//! backup left are stored as open replicas; frame files of vanished data directories
-//! are removed), binds the soft-NIC beside the RPC listener, allocates and touches the
-//! master's log memory, and only then enlists: from its enlistment on, a server must
-//! answer pings, so everything slow comes first. It then builds the master and starts
-//! the server's children ([`ServerChildren`]).
+//! data directory (the default frame file is named by its canonical path), binds the RPC
+//! port without listening on it, measures the disk unless told its speed, opens the
+//! backup's store and frame file (frames a killed backup left are stored as open
+//! replicas; frame files of vanished data directories are removed), allocates and
+//! touches the master's log memory, listens on the RPC port and binds the soft-NIC
+//! beside it, and only then enlists: from its enlistment on, a server must answer pings,
+//! so everything slow comes first. It then builds the master and starts the server's
+//! children ([`ServerChildren`]).
+//!
+//! The port is bound first, so that a port in use fails the start at once rather than
+//! after the slow steps, but it listens only once those are done: until then a
+//! connection is refused, not accepted and left unanswered for as long as the disk
+//! probe and the memory touch take (seconds). That matters when a server is restarted
+//! at a crashed one's address: the failure detectors' pings of the old server are
+//! refused at once instead of waiting out their timeouts.
 //!
 //! [`StorageServer::run`] serves until the shutdown future completes or the master
 //! cannot go on (fenced, or declared crashed by the coordinator: its lease renewal was
@@ -38,7 +46,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::{Handle, Runtime};
 
 use crate::children::ServerChildren;
@@ -75,6 +83,14 @@ pub enum StartError {
         path: PathBuf,
         /// Why.
         source: StoreError,
+    },
+    /// The RPC port cannot be bound or listened on (in use, not a local address).
+    #[error("cannot listen on {addr}")]
+    Listen {
+        /// The address asked for.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
     },
     /// The backup's runtime, or the soft-NIC's listener, cannot be set up.
     #[error("cannot start {what}")]
@@ -158,6 +174,35 @@ pub struct StorageServer {
     backup_runtime: BackupRuntime,
 }
 
+/// Connections the RPC port queues before the server accepts them.
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// Binds `listen` without listening: the port is this server's, and connections to it
+/// are refused until it listens.
+async fn reserve(listen: &str) -> Result<(TcpSocket, SocketAddr), StartError> {
+    let failed = |source| StartError::Listen {
+        addr: listen.to_string(),
+        source,
+    };
+    let wanted = tokio::net::lookup_host(listen)
+        .await
+        .map_err(failed)?
+        .next()
+        .ok_or_else(|| failed(std::io::Error::other("the name resolves to no address")))?;
+    let socket = if wanted.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(failed)?;
+    // As `TcpListener::bind` does: a server restarted at its address must not wait for
+    // the old connections' TIME_WAIT to end.
+    socket.set_reuseaddr(true).map_err(failed)?;
+    socket.bind(wanted).map_err(failed)?;
+    let addr = socket.local_addr().map_err(failed)?;
+    Ok((socket, addr))
+}
+
 /// Runs `f` on a blocking thread: start-up steps that touch the disk or fault in memory
 /// must not stall the runtime's workers.
 async fn blocking<T: Send + 'static>(
@@ -169,10 +214,11 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl StorageServer {
-    /// Starts a server of `config` that will serve on `listener` (see the module doc).
+    /// Starts a server of `config` that will serve RPCs on `listen` (`host:port`; port 0
+    /// picks a free one: see [`addr`](Self::addr)). See the module doc.
     pub async fn start(
         config: StorageServerConfig,
-        listener: TcpListener,
+        listen: &str,
     ) -> Result<StorageServer, StartError> {
         config.validate()?;
         let data_dir = config.data_dir.clone();
@@ -188,6 +234,7 @@ impl StorageServer {
             .frame_file
             .clone()
             .unwrap_or_else(|| default_frame_file(&data_dir));
+        let (socket, addr) = reserve(listen).await?;
         let disk_mbps = match config.disk_mbps {
             Some(mbps) => mbps,
             None => {
@@ -212,23 +259,6 @@ impl StorageServer {
         };
         let backup_runtime = BackupRuntime::start()?;
         let backup = open_backup(&config, disk_mbps, frame_file).await?;
-        let addr = listener.local_addr().map_err(|source| StartError::Io {
-            what: "the RPC listener",
-            source,
-        })?;
-        // The soft-NIC of the `tcp` transport listens beside the RPC port, and runs on
-        // the backup runtime: its CPU is the backup's.
-        let nic_listener = std::net::TcpListener::bind((addr.ip(), 0))
-            .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
-            .map_err(|source| StartError::Io {
-                what: "the soft-NIC listener",
-                source,
-            })?;
-        let nic_addr = nic_listener.local_addr().map_err(|source| StartError::Io {
-            what: "the soft-NIC listener",
-            source,
-        })?;
-        backup.set_nic_addr(nic_addr.to_string());
         // The log's memory, touched before enlisting: from its enlistment on the server
         // must answer pings, and touching takes ≈ 0.4 s per GiB.
         let log_memory = {
@@ -242,6 +272,25 @@ impl StorageServer {
             );
             pool
         };
+        let listener = socket
+            .listen(LISTEN_BACKLOG)
+            .map_err(|source| StartError::Listen {
+                addr: listen.to_string(),
+                source,
+            })?;
+        // The soft-NIC of the `tcp` transport listens beside the RPC port, and runs on
+        // the backup runtime: its CPU is the backup's.
+        let nic_listener = std::net::TcpListener::bind((addr.ip(), 0))
+            .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+            .map_err(|source| StartError::Io {
+                what: "the soft-NIC listener",
+                source,
+            })?;
+        let nic_addr = nic_listener.local_addr().map_err(|source| StartError::Io {
+            what: "the soft-NIC listener",
+            source,
+        })?;
+        backup.set_nic_addr(nic_addr.to_string());
         let request = EnlistRequest {
             addr: addr.to_string(),
             services: Services {

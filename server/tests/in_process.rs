@@ -93,8 +93,7 @@ impl Cluster {
                 self.dir.path().join(format!("server-{index}")),
             )
         };
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let server = StorageServer::start(config, listener).await.unwrap();
+        let server = StorageServer::start(config, "127.0.0.1:0").await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async {
             let _ = stopped.await;
@@ -208,9 +207,47 @@ async fn a_server_whose_backup_store_cannot_open_fails_to_start_with_the_reason(
         disk_mbps: Some(500),
         ..StorageServerConfig::new(vec!["127.0.0.1:1".into()], dir.path().join("server"))
     };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    match StorageServer::start(config, listener).await {
+    match StorageServer::start(config, "127.0.0.1:0").await {
         Err(StartError::BackupStore { path, .. }) => assert_eq!(path, dir.path().join("server")),
         other => panic!("expected a backup store error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_server_refuses_connections_until_its_slow_steps_are_done() {
+    // Its port is bound at once but listened on only after the disk probe (which this
+    // server runs: no --disk-mbps) and the memory touch. Before, connections were
+    // accepted and left unanswered for that long: a crashed server's pingers, when a
+    // new server was restarted at its address, waited out their timeouts.
+    let dir = TempDir::new().unwrap();
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = free.local_addr().unwrap();
+    drop(free);
+    let config = StorageServerConfig {
+        disk_mbps: None,
+        ..StorageServerConfig::new(vec!["127.0.0.1:1".into()], dir.path().join("server"))
+    };
+    let listen = addr.to_string();
+    let starting = tokio::spawn(async move { StorageServer::start(config, &listen).await });
+    // The probe alone takes ≈ 0.3 s or more; the port is bound within milliseconds.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused = tokio::net::TcpStream::connect(addr).await;
+    assert_eq!(
+        refused.map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "a connection was accepted before the server could answer it"
+    );
+    starting.abort();
+    // A port in use fails a start with the reason.
+    let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = StorageServerConfig {
+        disk_mbps: Some(500),
+        ..StorageServerConfig::new(vec!["127.0.0.1:1".into()], dir.path().join("other"))
+    };
+    match StorageServer::start(config, &taken.local_addr().unwrap().to_string()).await {
+        Err(StartError::Listen { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse)
+        }
+        other => panic!("expected a listen error, got {other:?}"),
     }
 }
