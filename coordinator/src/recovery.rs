@@ -364,8 +364,9 @@ impl RecoveryManager {
     /// forgets what any attempt replayed there for nobody — a `Recover` whose reply and
     /// abandon were both lost, or one of a leader that died before it could abandon. Each
     /// is retried until [`CLEANUP_CALL_TIMEOUT`]. A server that says it is not the one
-    /// meant (`WrongServer`) is gone, with its memory; one that does not answer is
-    /// reported to the failure verifier. Returns which masters did not confirm: the
+    /// meant (`WrongServer`) is gone, with its memory; one of an older release
+    /// (`UnknownOpcode`) is not waited for; one that does not answer is reported to the
+    /// failure verifier. Returns which masters did not confirm: the
     /// caller asks again, as the server is not removed before they do.
     async fn finish_on_masters(&self, crashed: ServerId) -> Result<(), String> {
         let masters: Vec<(ServerInfo, u64)> = self.node.with_state(|state| {
@@ -393,6 +394,11 @@ impl RecoveryManager {
                 Ok(()) => {}
                 Err(error) if error.status() == Some(Status::WrongServer) => {
                     tracing::info!(%crashed, %master, "a new server listens at the master's address; nothing to finish there");
+                }
+                Err(error) if error.status() == Some(Status::UnknownOpcode) => {
+                    // A master of an older release: it cannot be told, and waiting for it
+                    // would keep the crashed master's replicas for good.
+                    tracing::warn!(%crashed, %master, "master does not know FinishRecovery (an older release?); what it replayed for nobody stays until it restarts");
                 }
                 Err(error) => {
                     if error.is_transport() {

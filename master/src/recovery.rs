@@ -4,9 +4,9 @@
 //!
 //! # What callers see
 //! [`RecoveryMaster::recover`] serves the `Recover` RPC, [`RecoveryMaster::abandon`]
-//! serves `AbandonRecovery` and [`RecoveryMaster::finish`] serves `FinishRecovery`. A successful `recover` returns once every entry of the
-//! partition that survives replay is in this master's log, replicated to its backups
-//! and published in its index. The objects stay invisible — reads of their keys answer
+//! serves `AbandonRecovery` and [`RecoveryMaster::finish`] serves `FinishRecovery`. A
+//! successful `recover` returns once every entry of the partition that survives replay
+//! is in this master's log, replicated to its backups and published in its index. The objects stay invisible — reads of their keys answer
 //! `UnknownTablet` — until `TakeTablets` gives this master their ranges.
 //!
 //! # The pipeline
@@ -70,10 +70,15 @@
 //! nobody would then hold memory for good, and would come back to life if their range
 //! were ever given to this master without a `Recover` (take-tablets keeps replayed
 //! objects: that is how they become visible). So once the crashed master owns nothing,
-//! the coordinator sends every master `FinishRecovery`, after it has caught up with its
-//! tablets: it cancels what still runs of that recovery here, forgets the unowned
-//! objects of every range any of its replays registered, and refuses every later
-//! `Recover` of it (the last [`FINISHED_KEPT`] crashed masters are remembered).
+//! the coordinator sends every master `FinishRecovery`. The master first catches up
+//! with its tablets, then cancels what still runs of that recovery here, forgets the
+//! unowned objects of every range any of its replays registered, and refuses every
+//! later `Recover` of it (the last `FINISHED_KEPT` crashed masters are remembered).
+//! Forgetting, for an abandon as for a finish, is registered like a replay, so that a
+//! `Recover` overlapping it waits; and it leaves out every range that another crashed
+//! master's replay registered here, which may be done and not yet taken (a second
+//! crash, of the master the first recovery gave those ranges to): that one's own
+//! `FinishRecovery` forgets them.
 //!
 //! # Cost
 //! Measured with a throwaway release-build loop on the 2-core development VM (AMD EPYC),
@@ -244,6 +249,15 @@ fn check_ranges(ranges: &[(TableId, u64, u64)]) -> Result<(), RecoveryError> {
     }
 }
 
+/// Adds to `record` each of `ranges` it does not hold yet.
+fn remember(record: &mut PartitionRanges, ranges: &[(TableId, u64, u64)]) {
+    for range in ranges {
+        if !record.contains(range) {
+            record.push(*range);
+        }
+    }
+}
+
 /// Whether two sorted range lists share a hash.
 fn overlap(a: &[(TableId, u64, u64)], b: &[(TableId, u64, u64)]) -> bool {
     a.iter().any(|&(table, start, end)| {
@@ -306,6 +320,9 @@ enum Work {
     Replay,
     /// Forgetting what a recovery left (`AbandonRecovery`).
     Forget,
+    /// Forgetting what a recovery that is over left (`FinishRecovery`): registered
+    /// although its crashed master is finished.
+    Finish,
 }
 
 impl Attempts {
@@ -338,12 +355,20 @@ impl Attempts {
     }
 
     /// Registers `work` of `attempt` at `crashed` on `ranges`, cancelled through
-    /// `cancel`; returns its id. Refused when a newer attempt arrived since this one did
-    /// (it may have replayed the ranges here already, its commit perhaps under way: this
-    /// attempt's clean-up would erase them), when the recovery of `crashed` is over,
-    /// when the ranges overlap work registered here, and — a replay — when an abandon of
-    /// its attempt and ranges came first. A replay's ranges are remembered for the
-    /// recovery's [`end`](Self::end).
+    /// `cancel`; returns its id and the ranges it may touch. Refused when a newer attempt
+    /// arrived since this one did (it may have replayed the ranges here already, its
+    /// commit perhaps under way: this attempt's clean-up would erase them), when the
+    /// recovery of `crashed` is over (except its [`Work::Finish`]), when the ranges
+    /// overlap work registered here, and — a replay — when an abandon of its attempt and
+    /// ranges came first. A replay's ranges are remembered for the recovery's
+    /// [`end`](Self::end).
+    ///
+    /// Forgetting leaves out every range that overlaps a range another crashed master's
+    /// replay registered here: that replay may be done and not yet taken (its commit
+    /// under way), and forgetting unowned objects there would erase it. Such a range is
+    /// handed to that crashed master's record instead, and forgotten at its own
+    /// `FinishRecovery`, once this master has caught up with the tablets its recovery
+    /// committed.
     fn register(
         &mut self,
         work: Work,
@@ -351,36 +376,45 @@ impl Attempts {
         attempt: u64,
         ranges: &PartitionRanges,
         cancel: Arc<watch::Sender<bool>>,
-    ) -> Result<u64, RecoveryError> {
-        self.check_not_finished(crashed)?;
-        let newest = self.newest.get(&crashed).copied().unwrap_or(0);
-        if attempt < newest {
-            return Err(RecoveryError::Superseded {
-                recovery: attempt,
-                newest,
-            });
+    ) -> Result<(u64, PartitionRanges), RecoveryError> {
+        if work != Work::Finish {
+            self.check_not_finished(crashed)?;
+            let newest = self.newest.get(&crashed).copied().unwrap_or(0);
+            if attempt < newest {
+                return Err(RecoveryError::Superseded {
+                    recovery: attempt,
+                    newest,
+                });
+            }
         }
         if self.in_flight.iter().any(|f| overlap(&f.ranges, ranges)) {
             return Err(RecoveryError::InProgress);
         }
+        let mut ranges = ranges.clone();
         match work {
             Work::Replay => {
                 let abandoned = self
                     .abandoned
                     .iter()
-                    .any(|(c, a, r)| (*c, *a) == (crashed, attempt) && overlap(r, ranges));
+                    .any(|(c, a, r)| (*c, *a) == (crashed, attempt) && overlap(r, &ranges));
                 if abandoned {
                     return Err(RecoveryError::Abandoned);
                 }
-                let replayed = self.replayed.entry(crashed).or_default();
-                for range in ranges {
-                    if !replayed.contains(range) {
-                        replayed.push(*range);
+                remember(self.replayed.entry(crashed).or_default(), &ranges);
+            }
+            // An abandon was remembered already, when `abandon` accepted it.
+            Work::Forget | Work::Finish => {
+                for (other, replayed) in &mut self.replayed {
+                    if *other == crashed {
+                        continue;
                     }
+                    let (theirs, rest): (PartitionRanges, PartitionRanges) = ranges
+                        .iter()
+                        .partition(|&&range| overlap(replayed, &[range]));
+                    remember(replayed, &theirs);
+                    ranges = rest;
                 }
             }
-            // Remembered as an abandon already, when `abandon` accepted it.
-            Work::Forget => {}
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -391,7 +425,7 @@ impl Attempts {
             ranges: ranges.clone(),
             cancel,
         });
-        Ok(id)
+        Ok((id, ranges))
     }
 
     /// Recovery `id` finished (or never started replaying).
@@ -435,12 +469,9 @@ impl Attempts {
 
     /// `FinishRecovery` of `crashed`: from now on its `Recover`s are refused and its
     /// abandons ignored. Returns the work on it still registered here (a deposed
-    /// leader's replay, an abandon forgetting), to cancel and wait for, and every range
-    /// its replays registered here, whose unowned objects are to be forgotten. The
-    /// ranges stay remembered until [`forgotten`](Self::forgotten), so a repeated
-    /// `FinishRecovery` (its first answer was lost) forgets them again rather than answer
-    /// before the first has forgotten them.
-    fn end(&mut self, crashed: ServerId) -> (Vec<Arc<watch::Sender<bool>>>, PartitionRanges) {
+    /// leader's replay, an abandon forgetting, an earlier `FinishRecovery` whose answer
+    /// was lost), to cancel and wait for before [`finishing`](Self::finishing).
+    fn end(&mut self, crashed: ServerId) -> Vec<Arc<watch::Sender<bool>>> {
         if !self.finished.contains(&crashed) {
             if self.finished.len() >= FINISHED_KEPT {
                 self.finished.pop_front();
@@ -455,8 +486,20 @@ impl Attempts {
             .filter(|f| f.crashed == crashed)
             .map(|f| Arc::clone(&f.cancel))
             .collect();
+        running
+    }
+
+    /// Registers the forgetting of what the ended recovery of `crashed` left: every
+    /// range its replays registered here (less those another recovery's replays hold,
+    /// see [`register`](Self::register)). The ranges stay remembered until
+    /// [`forgotten`](Self::forgotten): a repeated `FinishRecovery` forgets them again.
+    fn finishing(
+        &mut self,
+        crashed: ServerId,
+        cancel: Arc<watch::Sender<bool>>,
+    ) -> Result<(u64, PartitionRanges), RecoveryError> {
         let ranges = self.replayed.get(&crashed).cloned().unwrap_or_default();
-        (running, ranges)
+        self.register(Work::Finish, crashed, 0, &ranges, cancel)
     }
 
     /// The unowned objects of every range `crashed`'s replays registered here are
@@ -480,6 +523,8 @@ impl Attempts {
 struct Registration<'a> {
     master: &'a RecoveryMaster,
     id: u64,
+    /// The ranges it may touch (see [`Attempts::register`]).
+    ranges: PartitionRanges,
     cancelled: watch::Receiver<bool>,
 }
 
@@ -497,7 +542,8 @@ struct PieceDone {
     replay: Duration,
 }
 
-/// The recovery-master role of a master: serves `Recover` and `AbandonRecovery`.
+/// The recovery-master role of a master: serves `Recover`, `AbandonRecovery` and
+/// `FinishRecovery`.
 #[derive(Debug)]
 pub struct RecoveryMaster {
     id: ServerId,
@@ -539,13 +585,14 @@ impl RecoveryMaster {
         ranges: &PartitionRanges,
     ) -> Result<Registration<'_>, RecoveryError> {
         let (cancel, cancelled) = watch::channel(false);
-        let id = self
-            .attempts
-            .lock()
-            .register(work, crashed, attempt, ranges, Arc::new(cancel))?;
+        let (id, ranges) =
+            self.attempts
+                .lock()
+                .register(work, crashed, attempt, ranges, Arc::new(cancel))?;
         Ok(Registration {
             master: self,
             id,
+            ranges,
             cancelled,
         })
     }
@@ -834,7 +881,13 @@ impl RecoveryMaster {
             Err(RecoveryError::Superseded { .. }) => return Ok(None),
             Err(error) => return Err(error),
         };
-        let forgotten = self.appender.forget_unowned(ranges.clone()).await;
+        if registration.ranges.is_empty() {
+            return Ok(Some(0));
+        }
+        let forgotten = self
+            .appender
+            .forget_unowned(registration.ranges.clone())
+            .await;
         drop(registration);
         forgotten.map(Some).map_err(|_| RecoveryError::ShuttingDown)
     }
@@ -846,20 +899,29 @@ impl RecoveryMaster {
     /// `crashed` is refused and an `AbandonRecovery` of it ignored. Returns how many
     /// objects were forgotten.
     pub async fn finish(&self, crashed: ServerId) -> Result<u64, RecoveryError> {
-        let (running, ranges) = self.attempts.lock().end(crashed);
+        let running = self.attempts.lock().end(crashed);
         for cancel in running {
             cancel.send_replace(true);
             cancel.closed().await;
         }
-        if ranges.is_empty() {
-            return Ok(0);
-        }
-        let forgotten = self
-            .appender
-            .forget_unowned(ranges)
-            .await
-            .map_err(|_| RecoveryError::ShuttingDown)?;
+        let (cancel, cancelled) = watch::channel(false);
+        let (id, ranges) = self.attempts.lock().finishing(crashed, Arc::new(cancel))?;
+        let registration = Registration {
+            master: self,
+            id,
+            ranges,
+            cancelled,
+        };
+        let forgotten = if registration.ranges.is_empty() {
+            0
+        } else {
+            self.appender
+                .forget_unowned(registration.ranges.clone())
+                .await
+                .map_err(|_| RecoveryError::ShuttingDown)?
+        };
         self.attempts.lock().forgotten(crashed);
+        drop(registration);
         Ok(forgotten)
     }
 }
@@ -913,6 +975,7 @@ mod tests {
         attempts
             .register(work, crashed, attempt, ranges, cancel())
             .expect("the newest attempt, on ranges nothing registered overlaps or abandoned")
+            .0
     }
 
     #[test]
@@ -1075,9 +1138,21 @@ mod tests {
             1,
             &vec![(TableId(2), 0, 5)],
         );
-        let (running, ranges) = attempts.end(CRASHED);
+        let running = attempts.end(CRASHED);
         assert_eq!(running.len(), 2, "the replays still running");
+        // The driver cancels them and waits for them to clean up.
+        let ids: Vec<u64> = attempts
+            .in_flight
+            .iter()
+            .filter(|f| f.crashed == CRASHED)
+            .map(|f| f.id)
+            .collect();
+        for id in ids {
+            attempts.finish(id);
+        }
+        let (finishing, ranges) = attempts.finishing(CRASHED, cancel()).unwrap();
         assert_eq!(ranges, vec![(T, 0, 99), (T, 100, 199)], "each range once");
+        attempts.finish(finishing);
         // Nothing of it registers again, and an abandon of it has nothing to do.
         assert_eq!(
             attempts.arrive(CRASHED, 3),
@@ -1089,11 +1164,64 @@ mod tests {
         );
         assert!(attempts.abandon(CRASHED, 3, &vec![(T, 0, 99)]).is_none());
         // A repeated end hands the ranges back until they are forgotten.
-        assert_eq!(attempts.end(CRASHED).1.len(), 2);
+        assert!(attempts.end(CRASHED).is_empty());
+        let (again, ranges) = attempts.finishing(CRASHED, cancel()).unwrap();
+        assert_eq!(ranges.len(), 2);
+        attempts.finish(again);
         attempts.forgotten(CRASHED);
-        assert_eq!(attempts.end(CRASHED).1, Vec::new());
+        assert_eq!(attempts.finishing(CRASHED, cancel()).unwrap().1, Vec::new());
         assert_eq!(attempts.finished.len(), 1);
-        assert_eq!(attempts.end(ServerId(8)).1, vec![(TableId(2), 0, 5)]);
+    }
+
+    #[test]
+    fn forgetting_leaves_out_what_another_crashed_masters_replay_holds() {
+        // X's replay of T here was lost on its way back, and T went to Y; Y crashed, and
+        // Y's recovery replayed T here too, not yet taken (its commit under way) when X's
+        // recovery ends. Forgetting T now would erase Y's replay.
+        const X: ServerId = CRASHED;
+        const Y: ServerId = ServerId(8);
+        let t = vec![(T, 0, 99)];
+        let mut attempts = Attempts::default();
+        arrives(&mut attempts, X, 1);
+        let replay = registers(&mut attempts, Work::Replay, X, 1, &t);
+        attempts.finish(replay);
+        arrives(&mut attempts, Y, 1);
+        let replay = registers(&mut attempts, Work::Replay, Y, 1, &t);
+        // While Y's replay runs, nothing overlapping it is forgotten: asked again later.
+        assert!(attempts.end(X).is_empty());
+        assert_eq!(
+            attempts.finishing(X, cancel()),
+            Err(RecoveryError::InProgress)
+        );
+        assert_eq!(
+            attempts.register(Work::Forget, X, 1, &t, cancel()),
+            Err(RecoveryError::Finished(X))
+        );
+        attempts.finish(replay);
+        // Done, not taken: left to Y's own end, after Y's commits are caught up with.
+        let (id, ranges) = attempts.finishing(X, cancel()).unwrap();
+        assert_eq!(ranges, Vec::new());
+        attempts.finish(id);
+        attempts.forgotten(X);
+        assert!(attempts.end(Y).is_empty());
+        assert_eq!(attempts.finishing(Y, cancel()).unwrap().1, t);
+        // An abandon leaves it out just the same.
+        let mut attempts = Attempts::default();
+        arrives(&mut attempts, X, 1);
+        arrives(&mut attempts, Y, 1);
+        let replay = registers(&mut attempts, Work::Replay, Y, 1, &t);
+        attempts.finish(replay);
+        assert!(attempts.abandon(X, 1, &t).is_some());
+        let (_, ranges) = attempts
+            .register(
+                Work::Forget,
+                X,
+                1,
+                &vec![(T, 0, 99), (T, 200, 299)],
+                cancel(),
+            )
+            .unwrap();
+        assert_eq!(ranges, vec![(T, 200, 299)]);
     }
 
     #[test]

@@ -678,7 +678,12 @@ fn a_partition_replayed_for_nobody_is_forgotten_when_the_recovery_finishes() {
         fill(&client, table, "k", 400, 500).await;
         let victim = owner_of(&cluster, &client, table, "k0");
         cluster.kill(victim);
-        cluster.wait_recovered(&[victim]).await;
+        let reports = cluster.wait_recovered(&[victim]).await;
+        let tries: Vec<u32> = reports[0].partitions.iter().map(|p| p.attempts).collect();
+        assert!(
+            tries.iter().all(|&t| t >= 2),
+            "the failpoint did not fire: tries per partition {tries:?}"
+        );
         check_filled(&client, table, "k", 400).await;
         let pool = RpcPool::new();
         let mut held = BTreeMap::new();

@@ -314,11 +314,13 @@ pub struct AbandonRecoveryRequest {
 }
 
 /// The recovery of `crashed` is over (it owns no tablet any more): after catching up
-/// with its tablets to `tablet_epoch`, the master forgets every object it replayed for
-/// `crashed` that it does not own, cancels a replay of it still running here, and
-/// refuses any later `Recover` or `AbandonRecovery` of it. This is what frees objects
-/// stranded by a lost `Recover` reply and a lost `AbandonRecovery`, or by a leader that
-/// died before it could abandon them.
+/// with its tablets to `tablet_epoch`, the master cancels work on `crashed` still
+/// running there, forgets every object it does not own in the ranges its replays of
+/// `crashed` covered (less those another crashed master's replay there covers: that
+/// one's own `FinishRecovery` forgets them), refuses any later `Recover` of `crashed`
+/// and ignores its abandons. This is what frees objects stranded by a lost `Recover`
+/// reply and a lost `AbandonRecovery`, or by a leader that died before it could abandon
+/// them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FinishRecoveryRequest {
     /// The server meant (`WrongServer` from any other).
