@@ -106,6 +106,20 @@ impl Group {
             .unwrap();
     }
 
+    /// Stops every member but `kept`, as [`stop`](Self::stop) does; returns their ids.
+    async fn stop_all_but(&mut self, kept: u64) -> Vec<u64> {
+        let others: Vec<u64> = self
+            .peers
+            .keys()
+            .copied()
+            .filter(|id| *id != kept)
+            .collect();
+        for &id in &others {
+            self.stop(id).await;
+        }
+        others
+    }
+
     async fn restart(&mut self, id: u64) {
         let addr = self.peers[&id].clone();
         let listener = TcpListener::bind(&addr).await.unwrap();
@@ -340,15 +354,7 @@ async fn a_lone_survivor_refuses_changes_and_reads() {
     propose(&group, enlist("127.0.0.1:9001")).await;
     let leader = group.leader().await;
     // Keep the leader: the survivor that believed itself leader must step down too.
-    let others: Vec<u64> = group
-        .peers
-        .keys()
-        .copied()
-        .filter(|id| *id != leader)
-        .collect();
-    for id in others {
-        group.stop(id).await;
-    }
+    group.stop_all_but(leader).await;
     let survivor = group.node(leader).clone();
     let deadline = Instant::now() + SETTLE;
     while survivor.is_leader() {
@@ -753,15 +759,7 @@ mod failure_verification {
         first.report_failure(suspect, "test").unwrap();
         let verified = Instant::now() + 2 * ping;
         // While it pings, the leader loses its majority: its commit fails.
-        let others: Vec<u64> = group
-            .peers
-            .keys()
-            .copied()
-            .filter(|id| *id != leader)
-            .collect();
-        for &id in &others {
-            group.stop(id).await;
-        }
+        let others = group.stop_all_but(leader).await;
         let deadline = Instant::now() + SETTLE;
         while node.is_leader() {
             assert!(Instant::now() < deadline, "kept leading without a majority");

@@ -870,14 +870,20 @@ mod recovery {
         );
     }
 
+    /// Replays [`three_segments`] as attempt 1 on `service`, not taken; returns the
+    /// `Recover` sent.
+    async fn replayed_not_taken(service: &MasterService) -> RecoverRequest {
+        let (addr, _) = backup(&serve_all(&three_segments())).await;
+        let request = request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]);
+        call::<Recover>(service, &request).await;
+        assert_eq!(service.store().lock().object_count(), 3);
+        request
+    }
+
     #[tokio::test]
     async fn abandon_recovery_forgets_a_recovery_not_yet_taken() {
         let service = service();
-        let segments = three_segments();
-        let (addr, _) = backup(&serve_all(&segments)).await;
-        let segments_request = request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]);
-        call::<Recover>(&service, &segments_request).await;
-        assert_eq!(service.store().lock().object_count(), 3);
+        let segments_request = replayed_not_taken(&service).await;
         abandon_attempt_1(&service).await;
         assert_eq!(service.store().lock().object_count(), 0);
         // The same attempt's `Recover` arriving after its abandon (delayed on its way)
@@ -909,11 +915,7 @@ mod recovery {
         // The `Recover` reply and its abandon were lost: the coordinator gave the
         // partition to another master, and this one holds it for nobody.
         let service = service();
-        let segments = three_segments();
-        let (addr, _) = backup(&serve_all(&segments)).await;
-        let segments_request = request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]);
-        call::<Recover>(&service, &segments_request).await;
-        assert_eq!(service.store().lock().object_count(), 3);
+        let segments_request = replayed_not_taken(&service).await;
         let other = FinishRecoveryRequest {
             owner: ServerId(99),
             ..finish_recovery(&service)
@@ -942,13 +944,7 @@ mod recovery {
     #[tokio::test]
     async fn finish_recovery_keeps_what_the_committed_map_gave_this_master() {
         let service = service();
-        let segments = three_segments();
-        let (addr, _) = backup(&serve_all(&segments)).await;
-        call::<Recover>(
-            &service,
-            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
-        )
-        .await;
+        replayed_not_taken(&service).await;
         call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
         call::<FinishRecovery>(&service, &finish_recovery(&service)).await;
         assert_three_segments_recovered(&service);
