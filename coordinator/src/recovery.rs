@@ -314,6 +314,8 @@ impl RecoveryManager {
         }
         let live_after = declared + self.config.lease + LEASE_MARGIN;
         tracing::info!(%crashed, "recovery started");
+        // Masters that confirmed the end of this recovery: not asked again.
+        let mut finished = BTreeSet::new();
         loop {
             if !self.node.is_leader() {
                 tracing::info!(%crashed, "no longer leader; recovery left to the new leader");
@@ -329,7 +331,7 @@ impl RecoveryManager {
             }
             let owned = self.node.with_state(|state| state.tablets_of(crashed));
             if owned.is_empty() {
-                match self.finish_on_masters(crashed).await {
+                match self.finish_on_masters(crashed, &mut finished).await {
                     Ok(()) => break,
                     Err(why) => {
                         tracing::warn!(%crashed, %why, "recovery waits");
@@ -366,14 +368,19 @@ impl RecoveryManager {
     /// is retried until [`CLEANUP_CALL_TIMEOUT`]. A server that says it is not the one
     /// meant (`WrongServer`) is gone, with its memory; one of an older release
     /// (`UnknownOpcode`) is not waited for; one that does not answer is reported to the
-    /// failure verifier. Returns which masters did not confirm: the
-    /// caller asks again, as the server is not removed before they do.
-    async fn finish_on_masters(&self, crashed: ServerId) -> Result<(), String> {
+    /// failure verifier. Masters in `finished` are not asked; each that confirms is
+    /// added. Returns which masters did not confirm: the caller asks again, as the
+    /// server is not removed before they do.
+    async fn finish_on_masters(
+        &self,
+        crashed: ServerId,
+        finished: &mut BTreeSet<ServerId>,
+    ) -> Result<(), String> {
         let masters: Vec<(ServerInfo, u64)> = self.node.with_state(|state| {
             state
                 .up_servers()
                 .into_iter()
-                .filter(|s| s.services.master && s.id != crashed)
+                .filter(|s| s.services.master && s.id != crashed && !finished.contains(&s.id))
                 .map(|s| (s.clone(), state.tablet_epoch(s.id)))
                 .collect()
         });
@@ -406,8 +413,10 @@ impl RecoveryManager {
                         let _ = self.verifier.report_failure(master, "recovery");
                     }
                     unconfirmed.push(format!("{master} ({error})"));
+                    continue;
                 }
             }
+            finished.insert(master);
         }
         if unconfirmed.is_empty() {
             Ok(())

@@ -1114,6 +1114,14 @@ mod tests {
         assert_eq!(attempts.abandoned.len(), 1);
     }
 
+    /// Registers the forgetting of what the ended recovery of `crashed` left; returns its
+    /// id and the ranges to forget.
+    fn finishes(attempts: &mut Attempts, crashed: ServerId) -> (u64, PartitionRanges) {
+        attempts
+            .finishing(crashed, cancel())
+            .expect("no work registered here overlaps what the recovery left")
+    }
+
     #[test]
     fn a_finished_recovery_hands_back_every_range_replayed_and_refuses_later_work() {
         let mut attempts = Attempts::default();
@@ -1150,7 +1158,7 @@ mod tests {
         for id in ids {
             attempts.finish(id);
         }
-        let (finishing, ranges) = attempts.finishing(CRASHED, cancel()).unwrap();
+        let (finishing, ranges) = finishes(&mut attempts, CRASHED);
         assert_eq!(ranges, vec![(T, 0, 99), (T, 100, 199)], "each range once");
         attempts.finish(finishing);
         // Nothing of it registers again, and an abandon of it has nothing to do.
@@ -1165,11 +1173,11 @@ mod tests {
         assert!(attempts.abandon(CRASHED, 3, &vec![(T, 0, 99)]).is_none());
         // A repeated end hands the ranges back until they are forgotten.
         assert!(attempts.end(CRASHED).is_empty());
-        let (again, ranges) = attempts.finishing(CRASHED, cancel()).unwrap();
+        let (again, ranges) = finishes(&mut attempts, CRASHED);
         assert_eq!(ranges.len(), 2);
         attempts.finish(again);
         attempts.forgotten(CRASHED);
-        assert_eq!(attempts.finishing(CRASHED, cancel()).unwrap().1, Vec::new());
+        assert_eq!(finishes(&mut attempts, CRASHED).1, Vec::new());
         assert_eq!(attempts.finished.len(), 1);
     }
 
@@ -1199,12 +1207,12 @@ mod tests {
         );
         attempts.finish(replay);
         // Done, not taken: left to Y's own end, after Y's commits are caught up with.
-        let (id, ranges) = attempts.finishing(X, cancel()).unwrap();
+        let (id, ranges) = finishes(&mut attempts, X);
         assert_eq!(ranges, Vec::new());
         attempts.finish(id);
         attempts.forgotten(X);
         assert!(attempts.end(Y).is_empty());
-        assert_eq!(attempts.finishing(Y, cancel()).unwrap().1, t);
+        assert_eq!(finishes(&mut attempts, Y).1, t);
         // An abandon leaves it out just the same.
         let mut attempts = Attempts::default();
         arrives(&mut attempts, X, 1);
@@ -1220,7 +1228,7 @@ mod tests {
                 &vec![(T, 0, 99), (T, 200, 299)],
                 cancel(),
             )
-            .unwrap();
+            .expect("the abandon of X's newest attempt, overlapping no running work");
         assert_eq!(ranges, vec![(T, 200, 299)]);
     }
 

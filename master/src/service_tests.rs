@@ -942,6 +942,28 @@ mod recovery {
     }
 
     #[tokio::test]
+    async fn finish_recovery_of_a_master_behind_its_tablets_forgets_nothing_until_it_catches_up() {
+        // The committed map gave this master the partition (tablet epoch +1), but the
+        // push was lost and it cannot pull (no coordinators here): forgetting now would
+        // drop what it is about to serve.
+        let service = service();
+        replayed_not_taken(&service).await;
+        let ahead = FinishRecoveryRequest {
+            tablet_epoch: service.tablet_sync().applied() + 1,
+            ..finish_recovery(&service)
+        };
+        assert_eq!(
+            send::<FinishRecovery>(&service, &ahead).await.status(),
+            Status::Retry
+        );
+        assert_eq!(service.store().lock().object_count(), 3, "kept");
+        // The push arrives; the coordinator asks again.
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        call::<FinishRecovery>(&service, &ahead).await;
+        assert_three_segments_recovered(&service);
+    }
+
+    #[tokio::test]
     async fn finish_recovery_keeps_what_the_committed_map_gave_this_master() {
         let service = service();
         replayed_not_taken(&service).await;

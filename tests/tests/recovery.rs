@@ -631,21 +631,26 @@ fn coordinators_with_failpoint(name: &str) -> CoordinatorGroup {
     CoordinatorGroup::start_with(3, &[], &[(FAILPOINTS_ENV, name)]).unwrap()
 }
 
-/// Kills a master of a 4-server cluster whose coordinators misbehave at `failpoint`,
-/// and reads back every key once it is recovered.
+/// Fills 400 keys of table `t` in a 4-server cluster whose coordinators misbehave at
+/// `failpoint`, kills a master, and reads back every key once it is recovered. Returns
+/// the cluster and the recovery's report.
+async fn crash_with_coordinators_failing_at(failpoint: &str) -> (Cluster, RecoveryReport) {
+    let group = coordinators_with_failpoint(failpoint);
+    let mut cluster = Cluster::start_with(4, 2, &[], group);
+    let client = cluster.client().await;
+    let table = client.create_table("t", 4).await.unwrap();
+    fill(&client, table, "k", 400, 500).await;
+    let victim = owner_of(&cluster, &client, table, "k0");
+    cluster.kill(victim);
+    let mut reports = cluster.wait_recovered(&[victim]).await;
+    check_filled(&client, table, "k", 400).await;
+    (cluster, reports.remove(0))
+}
+
+/// [`crash_with_coordinators_failing_at`], alone.
 fn recover_with_coordinators_failing_at(failpoint: &str) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        let group = coordinators_with_failpoint(failpoint);
-        let mut cluster = Cluster::start_with(4, 2, &[], group);
-        let client = cluster.client().await;
-        let table = client.create_table("t", 4).await.unwrap();
-        fill(&client, table, "k", 400, 500).await;
-        let victim = owner_of(&cluster, &client, table, "k0");
-        cluster.kill(victim);
-        cluster.wait_recovered(&[victim]).await;
-        check_filled(&client, table, "k", 400).await;
-    });
+    runtime().block_on(crash_with_coordinators_failing_at(failpoint));
 }
 
 #[test]
@@ -671,20 +676,13 @@ fn a_partition_replayed_for_nobody_is_forgotten_when_the_recovery_finishes() {
     // range change could bring it back to life).
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
-        let group = coordinators_with_failpoint(failpoints::LOSE_RECOVER_REPLY_AND_ABANDON);
-        let mut cluster = Cluster::start_with(4, 2, &[], group);
-        let client = cluster.client().await;
-        let table = client.create_table("t", 4).await.unwrap();
-        fill(&client, table, "k", 400, 500).await;
-        let victim = owner_of(&cluster, &client, table, "k0");
-        cluster.kill(victim);
-        let reports = cluster.wait_recovered(&[victim]).await;
-        let tries: Vec<u32> = reports[0].partitions.iter().map(|p| p.attempts).collect();
+        let (cluster, report) =
+            crash_with_coordinators_failing_at(failpoints::LOSE_RECOVER_REPLY_AND_ABANDON).await;
+        let tries: Vec<u32> = report.partitions.iter().map(|p| p.attempts).collect();
         assert!(
             tries.iter().all(|&t| t >= 2),
             "the failpoint did not fire: tries per partition {tries:?}"
         );
-        check_filled(&client, table, "k", 400).await;
         let pool = RpcPool::new();
         let mut held = BTreeMap::new();
         for (&id, (process, _)) in &cluster.servers {
