@@ -6,7 +6,8 @@
 //! They are best effort by design: a server that misses a server-list push pulls the
 //! list at its periodic refresh, and a master that misses a tablet change catches up at
 //! its next lease renewal (`master::tablet_sync`). What the callers need from here is
-//! only a bounded retry, [`push_until`].
+//! only a bounded retry, [`push_until`] (or [`push_while_busy`], which gives up on an
+//! unreachable server at once).
 
 use rampart_common::protocol::master::{ServerListChanged, ServerListVersion};
 use rampart_common::rpc::{Rpc, RpcError, RpcPool};
@@ -37,11 +38,41 @@ pub async fn push_until<R>(
 where
     R: Rpc<Reply = ()>,
 {
+    push::<R>(pool, addr, request, deadline, true).await
+}
+
+/// As [`push_until`], but a transport failure ends it at once: for a caller that
+/// reports an unreachable server to the failure verifier and asks again later, once
+/// the server list says whether it is still up (retrying a dead server until
+/// `deadline` would only delay the others).
+pub async fn push_while_busy<R>(
+    pool: &RpcPool,
+    addr: &str,
+    request: &R::Request,
+    deadline: Instant,
+) -> Result<(), RpcError>
+where
+    R: Rpc<Reply = ()>,
+{
+    push::<R>(pool, addr, request, deadline, false).await
+}
+
+async fn push<R>(
+    pool: &RpcPool,
+    addr: &str,
+    request: &R::Request,
+    deadline: Instant,
+    retry_unreachable: bool,
+) -> Result<(), RpcError>
+where
+    R: Rpc<Reply = ()>,
+{
     loop {
         match pool.call::<R>(addr, request, deadline).await {
             Ok(()) => return Ok(()),
             Err(e)
-                if (e.is_transport() || e.status() == Some(Status::Retry))
+                if ((retry_unreachable && e.is_transport())
+                    || e.status() == Some(Status::Retry))
                     && Instant::now() < deadline =>
             {
                 tokio::time::sleep(PUSH_RETRY_PAUSE).await;

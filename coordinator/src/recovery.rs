@@ -107,7 +107,7 @@ use tokio::time::Instant;
 
 use crate::failure_verifier::{ms, FailureVerifier};
 use crate::node::{NodeError, RaftNode};
-use crate::push::push_until;
+use crate::push::{push_until, push_while_busy};
 use crate::recovery_plan::{
     assign_partitions, check_log, choose_sources, most_free, partitions_for, FoundReplica,
 };
@@ -364,8 +364,11 @@ impl RecoveryManager {
     /// Tells every `Up` master that the recovery of `crashed` is over (`FinishRecovery`,
     /// with its tablet epoch as committed: read after the caller's barrier), so that it
     /// forgets what any attempt replayed there for nobody — a `Recover` whose reply and
-    /// abandon were both lost, or one of a leader that died before it could abandon. Each
-    /// is retried until [`CLEANUP_CALL_TIMEOUT`]. A server that says it is not the one
+    /// abandon were both lost, or one of a leader that died before it could abandon. A
+    /// master answering `Retry` (catching up with its tablets) is asked again until
+    /// [`CLEANUP_CALL_TIMEOUT`]; an unreachable one is not waited for (a dead master
+    /// cut off by a whole-cluster restart is declared crashed within milliseconds, and
+    /// then left out of the next round). A server that says it is not the one
     /// meant (`WrongServer`) is gone, with its memory; one of an older release
     /// (`UnknownOpcode`) is not waited for; one that does not answer is reported to the
     /// failure verifier. Masters in `finished` are not asked; each that confirms is
@@ -392,7 +395,8 @@ impl RecoveryManager {
                 tablet_epoch: *tablet_epoch,
             };
             let result =
-                push_until::<FinishRecovery>(&self.pool, &master.addr, &request, deadline).await;
+                push_while_busy::<FinishRecovery>(&self.pool, &master.addr, &request, deadline)
+                    .await;
             (master.id, result)
         });
         let mut unconfirmed = Vec::new();
