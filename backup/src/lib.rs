@@ -16,6 +16,11 @@
 //! * [`segment_store`] — `SegmentStore`: the on-disk store of segment replicas. Atomic,
 //!   fsynced replica writes; a restart scan that verifies every replica and reports
 //!   what it holds byte for byte; quarantine of anything that does not verify.
+//! * `frame_table` — `FrameTable`: every decision about frames (open, write, bump,
+//!   close, free, fence) as a synchronous state machine, unit- and property-tested;
+//!   `frames` carries its decisions out on the frame file, `fencing` orders the steps
+//!   of a fence, and `stored` keeps the table's mirror of the store in step with every
+//!   store call (private modules, behind [`service`]).
 //! * [`service`] — `BackupService`: the backup RPCs (open, write, close, bump epoch,
 //!   free, list, read a replica; start, read for, fetch for and end a recovery) over
 //!   frames held in a shared-memory frame file and the segment store; the soft-NIC's
@@ -49,7 +54,12 @@
 //!    reports every replica it still holds.
 
 pub mod disk_speed;
+mod fencing;
 pub mod flush_threads;
+mod frame_table;
+mod frames;
+mod rdma;
 pub mod recovery;
 pub mod segment_store;
 pub mod service;
+mod stored;

@@ -2,7 +2,7 @@
 //! writes", "Fencing"): the queue pairs masters connect with `RdmaConnect`, and the
 //! registrations of the frame file that their RDMA WRITEs land in.
 //!
-//! For callers (the [`BackupService`](super::BackupService)) it is three calls:
+//! For callers (the [`BackupService`](crate::service::BackupService)) it is three calls:
 //! [`RdmaTarget::new`] at start-up, [`RdmaTarget::connect`] for an `RdmaConnect` request,
 //! and [`RdmaTarget::revoke`] from `fence_master`. It hides the verbs objects, the second
 //! mapping of the frame file, and the bookkeeping of which master holds which key.

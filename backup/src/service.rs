@@ -56,8 +56,21 @@
 //!    revokes the master's RDMA key before the scan, and the master is refused a new
 //!    one.
 //!
+//! # Parts
+//! This module is the dispatch: it decodes requests, calls the parts below, and turns
+//! their answers into replies.
+//! * `frame_table.rs` — `FrameTable`, every decision about frames (open, write, bump,
+//!   close, free, fence, end) as a plain synchronous state machine, tested alone; its
+//!   refusals are a status and a reason.
+//! * `frames.rs` — `Frames`: the table under its lock and the [`FrameFile`], carrying out
+//!   the table's decisions on the file and copying bytes in and out of slots.
+//! * `fencing.rs` — the fence (guarantee 6) and its order of steps.
+//! * `stored.rs` — `StoreHandle`: the [`SegmentStore`] under its lock, keeping the
+//!   table's mirror of the store's metadata in step with every store call.
+//! * `rdma.rs` — `RdmaTarget`, the backup's side of the `rdma` transport.
+//!
 //! # Frames
-//! A frame is the small private struct `Frame`: (master, segment, epoch, capacity) and
+//! A frame is (master, segment, epoch, capacity) and
 //! the *slot* of the backup's [`FrameFile`] that holds its bytes. The file is created at
 //! start-up at [`BackupConfig::frame_file`] with [`BackupConfig::frames_max`] +
 //! [`BackupConfig::extra_slots`] slots of [`BackupConfig::frame_bytes_max`] bytes;
@@ -85,17 +98,18 @@
 //!
 //! # Concurrency
 //! Two locks, both `parking_lot` mutexes (nothing awaits while holding either):
-//! * `store` — the [`SegmentStore`]. Held across disk I/O (a commit's rename and
+//! * `store` — the [`SegmentStore`] (in `StoreHandle`). Held across disk I/O (a commit's rename and
 //!   directory fsync, a free, the writes of a graceful stop), so it is only ever taken
 //!   on a blocking thread, never on the reactor. A close writes its replica's bytes and
 //!   fsyncs them *outside* it, on one of the [`FLUSH_THREADS`] flush threads
 //!   ([`ReplicaWriter::prepare`]), and takes it only to commit; so frees and other
 //!   closes wait for a rename, not for a transfer. Reads of a stored
 //!   replica (`ReadReplica`, recovery) do not take it: they read the file the metadata
-//!   mirror names ([`ReplicaFiles`]; files are never changed in place) and fall back to
+//!   mirror names ([`ReplicaFiles`](crate::segment_store::ReplicaFiles); files are never changed in place) and fall back to
 //!   the store only when that file no longer verifies, so a recovery's reads never wait
 //!   behind closes writing to the disk.
-//! * `state` — the frame table, the free slots and a mirror of the store's metadata.
+//! * `table` — the frame table, the free slots and a mirror of the store's metadata
+//!   (in `Frames`).
 //!   Held only for lookups and bookkeeping (and to zero the slot an open takes, a
 //!   `memset` of touched memory: ≈ 0.4 ms for 8 MiB), so the reactor and the connection tasks
 //!   (`handle_now`) take it freely. Writes (`WriteReplica`, the soft-NIC) look their
@@ -103,8 +117,8 @@
 //!   itself, stops a write to a slot that changed hands meanwhile. Copying frames out
 //!   for a scan, and zeroing a released slot, also happen outside it.
 //!
-//! Lock order: `store` before `state`. A blocking task holding `store` may take `state`
-//! briefly to publish its result; nothing that holds `state` ever waits for `store`.
+//! Lock order: `store` before `table`. A blocking task holding `store` may take `table`
+//! briefly to publish its result; nothing that holds `table` ever waits for `store`.
 //! Hence no cycle exists. The RDMA state (`rdma.rs`) has a mutex of its own, taken by
 //! `RdmaConnect` and `fence_master` with neither held.
 //!
@@ -112,12 +126,12 @@
 //! (closed, freed, replaced) while a close is still copying its slot to disk is parked in
 //! `retiring`; its slot is released when the last such close ends (keeping its bytes
 //! for reads if any of them stored the replica, whichever ends last). Lists, reads and the
-//! fence copy a slot without pinning it, and check afterwards, under `state`, that its
+//! fence copy a slot without pinning it, and check afterwards, under `table`, that its
 //! frame is still in the table (it cannot come back: handles are never reused); a copy
 //! that lost that race is discarded.
 //!
 //! **Close racing free (or a replacing open) of the same replica.** `FreeReplica` first
-//! removes the frame from the table (under `state`), then frees the stored replica
+//! removes the frame from the table (under `table`), then frees the stored replica
 //! (under `store`). A close checks, *under `store`*, that its frame is still in the
 //! table before it writes. So either the close's write runs first, entirely before the
 //! free's store step, which then deletes it; or the close finds its frame gone, writes
@@ -161,7 +175,7 @@
 //!
 //! # Cost
 //! Open, write and `BumpEpoch` run on the connection task (`handle_now`). A write copies
-//! its payload once, outside `state` (≈ 100 µs per MiB at memory speed). Listing or
+//! its payload once, outside `table` (≈ 100 µs per MiB at memory speed). Listing or
 //! reading an open frame copies and scans it on a blocking thread (≈ 1–5 ms per 8 MiB
 //! frame). A close costs one replica write plus two fsyncs in the store (≈ 17 ms for
 //! 8 MiB at 500 MB/s), on a flush thread ([`FlushThreads`]): the frame is copied into
@@ -173,37 +187,37 @@
 //! cost what [`crate::recovery`] says, all on blocking threads.
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use rampart_common::ids::{SegmentId, ServerId};
 use rampart_common::log::scan;
+use rampart_common::onesided::host_id;
 use rampart_common::onesided::nic::NicTarget;
 use rampart_common::onesided::shm::{FrameFile, LeftBehind, SlotLabel};
-use rampart_common::onesided::{host_id, FrameWriteError};
 use rampart_common::protocol::backup::{
     self as proto, BumpEpochRequest, CloseReplicaRequest, EndRecoveryReply, EndRecoveryRequest,
-    FreeReplicaReply, FreeReplicaRequest, ListReplicasReply, ListReplicasRequest, OpenReplicaReply,
+    FreeReplicaReply, FreeReplicaRequest, ListReplicasReply, ListReplicasRequest,
     OpenReplicaRequest, RdmaConnectRequest, ReadReplicaReply, RecoveryDataRequest,
-    RecoveryReadRequest, RecoveryReplica, ReplicaId, ReplicaInfo, ShmFrame, StartRecoveryReply,
+    RecoveryReadRequest, RecoveryReplica, ReplicaId, ReplicaInfo, StartRecoveryReply,
     StartRecoveryRequest, WriteReplicaRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
 use rampart_common::status::Status;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::fencing;
 use crate::flush_threads::{FlushThreads, FLUSH_THREADS};
+pub use crate::frame_table::FENCED_HANDLES_MAX;
+use crate::frame_table::{Closing, FrameLimits, FrameTable, Refusal, ReplicaKey};
+use crate::frames::Frames;
+use crate::rdma::RdmaTarget;
 use crate::recovery::{HeldReplica, RecoveryReads, ReplicaSource, RECOVERY_PIECES_BYTES_MAX};
 use crate::segment_store::{
-    Disk, RealDisk, ReplicaFiles, ReplicaImage, ReplicaMeta, ReplicaWriter, ScanReport,
-    SegmentStore, StoreError, REPLICA_BYTES_MAX,
+    Disk, RealDisk, ReplicaImage, ReplicaMeta, ReplicaWriter, ScanReport, SegmentStore, StoreError,
+    REPLICA_BYTES_MAX,
 };
-
-// The backup's side of the `rdma` transport. Declared here rather than in `lib.rs`, whose
-// module list is not this change's to edit; it depends on nothing private of this module.
-#[path = "rdma.rs"]
-mod rdma;
+use crate::stored::{CloseFailure, StoreHandle};
 
 /// How a backup sizes and places its frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -390,714 +404,40 @@ fn read_back_frames(
     Ok(())
 }
 
-/// First read of an open frame when listing or reading it (see `read_written`).
-const SCAN_READ_BYTES_MIN: u32 = 256 * 1024;
-
-/// Handles of freed fenced frames remembered (`State::fenced_handles`): each crashed
-/// master leaves a few (its open segments here), so this covers thousands of crashes; a
-/// handle forgotten past it is answered `UnknownFrame`, and the master then learns it was
-/// declared crashed when it tries to place the replica elsewhere (`OpenReplica` is
-/// `Fenced` here, the coordinator refuses its new epoch).
-pub const FENCED_HANDLES_MAX: usize = 65_536;
-
-/// (master, segment): the key of a replica.
-type ReplicaKey = (ServerId, SegmentId);
-
-/// One open frame: a replica being written.
-#[derive(Debug)]
-struct Frame {
-    master: ServerId,
-    segment: SegmentId,
-    epoch: u64,
-    /// Bytes the frame holds. Invariant: ≤ the frame file's slot capacity.
-    capacity: u32,
-    /// The frame file slot holding the bytes. Invariant: owned by this frame alone
-    /// (the slot's owner word is this frame's handle) until the frame leaves the table
-    /// and `retiring`.
-    slot: usize,
-    /// Closes running on a flush thread. While non-zero the frame refuses writes
-    /// (the master has declared it complete, and the bytes are being flushed) and its
-    /// slot is not released (a close is copying it).
-    closes_in_flight: u32,
-    /// Set by [`BackupService::fence_master`], never cleared: the frame's master is
-    /// being recovered. Mirrors the slot's fence word, so that the RPC paths refuse
-    /// without touching the slot.
-    fenced: bool,
-    /// The valid prefix the first fence reported; from then on the frame's length. A
-    /// write in flight during the fence may still land past it, unacknowledged: it is
-    /// cut off so that every reader of a fenced frame sees the same replica.
-    /// Invariant: `Some` only if `fenced`.
-    fenced_length: Option<u32>,
-    /// Set (in `retiring`) by the close that stored the frame: what the store then
-    /// holds. Whichever close ends last releases the slot keeping its bytes for reads
-    /// (`State::kept`), also when it is a retried close that found the frame gone.
-    stored: Option<ReplicaMeta>,
-}
-
-impl Frame {
-    fn info(&self, length: u32) -> ReplicaInfo {
-        ReplicaInfo {
-            master: self.master,
-            segment: self.segment,
-            epoch: self.epoch,
-            length,
-            closed: false,
-        }
-    }
-
-    fn fenced_reply(&self, handle: u64) -> Reply {
-        Reply::error(
-            Status::Fenced,
-            format!(
-                "frame {handle} of {}/{} is fenced: recovery of its master has begun",
-                self.master, self.segment
-            ),
-        )
-    }
-}
-
-/// The frame table, the slots and the store-metadata mirror, behind `Shared::state`.
-#[derive(Debug)]
-struct State {
-    /// Open frames by handle.
-    frames: HashMap<u64, Frame>,
-    /// The handle of the open frame of each replica.
-    /// Invariants: 1. a bijection with `frames` (one frame per replica at most).
-    /// 2. `len() ≤ frames_max`.
-    open: BTreeMap<ReplicaKey, u64>,
-    /// Frames removed from the table while a close was still copying their slot, by
-    /// handle. 3. Every entry has `closes_in_flight > 0`; the last close to end
-    /// releases the slot.
-    retiring: HashMap<u64, Frame>,
-    /// Slots holding no frame, oldest release first (reused as late as possible, see
-    /// `onesided::shm` on stale writers). 4. Every slot is in exactly one of:
-    /// `free_slots`, a frame of `frames` or `retiring`, or the hands of a thread
-    /// releasing it (between leaving the table and entering this queue).
-    free_slots: VecDeque<usize>,
-    /// What the store holds, mirrored so that open and list never take the store lock.
-    /// Invariant: equal to `SegmentStore::list(None)` whenever the store lock is free;
-    /// updated only by a thread holding the store lock, right after the store changed.
-    stored: BTreeMap<ReplicaKey, ReplicaMeta>,
-    /// Flushed replicas whose bytes are still in a free slot (released with
-    /// [`FrameFile::release`]): reads serve them from memory instead of
-    /// the disk while the slot stays free. Invariants: 5. each entry's slot is in
-    /// `free_slots`, and `kept_slots` maps it back to the entry's key; an `assign`
-    /// removes the entry first. 6. an entry's meta is what the store held of the replica
-    /// when the slot was released; a read uses it only while `stored` still says so,
-    /// and checks the bytes against its checksum.
-    kept: HashMap<ReplicaKey, (usize, ReplicaMeta)>,
-    kept_slots: HashMap<usize, ReplicaKey>,
-    /// The next handle to hand out; handles are never reused, and never 0 (the frame
-    /// file's mark of a free slot). Starts at a random point in [1, 2^62): a backup
-    /// restarted at the same address must not hand out the handles its predecessor
-    /// did, or a master's late write, close or bump naming an old handle could reach
-    /// another master's new frame.
-    next_handle: u64,
-    /// Masters this backup fenced (their recovery began): they may not open new
-    /// replicas here either, so a cut-off master cannot move its log to this backup
-    /// after its open frames were fenced. Server ids are never reused; one entry per
-    /// crashed server.
-    fenced_masters: HashSet<ServerId>,
-    /// Handles of fenced frames that left the table (freed by `EndRecovery` or
-    /// `FreeReplica`): a zombie master's late write, close or bump naming one still hears
-    /// `Fenced`, not `UnknownFrame` — which it would take for an ordinary lost replica
-    /// and re-create elsewhere. Oldest first; invariant: at most
-    /// [`FENCED_HANDLES_MAX`] entries, `fenced_handle_set` holding the same handles.
-    fenced_handles: VecDeque<u64>,
-    fenced_handle_set: HashSet<u64>,
-    /// The soft-NIC's address, reported in `OpenReplica` replies.
-    nic_addr: Option<String>,
-}
-
-/// What the service shares with closes in flight and with its [`BackupNic`].
-#[derive(Debug)]
-struct Shared {
-    state: Mutex<State>,
-    /// The frames' bytes. Lock order: only `FrameFile`'s per-slot locks are taken while
-    /// `state` is held (by `assign`), never the other way round.
-    file: FrameFile,
-    /// What `OpenReplica` replies say of the file: this host's identity and the file's
-    /// absolute path.
-    host: String,
-    path: String,
-    /// Names the store's replica files, for reads without the store lock.
-    files: ReplicaFiles,
-}
-
-/// A frame captured under `state` for work outside it (a copy in or out).
-#[derive(Clone, Copy, Debug)]
-struct FrameRef {
-    handle: u64,
-    slot: usize,
-    capacity: u32,
-    /// `Frame::fenced_length`: the scan reports no more than it.
-    fenced_length: Option<u32>,
-    info: ReplicaInfo,
-}
-
-impl State {
-    /// Copies the store's metadata of `key` into the mirror. Called with the store lock
-    /// held, after any store operation on `key` (also a failed one: a write whose
-    /// directory sync failed is indexed, a corrupt read is forgotten).
-    fn sync_stored(&mut self, store: &SegmentStore, key: ReplicaKey) {
-        match store.meta(key.0, key.1) {
-            Some(meta) => self.stored.insert(key, meta),
-            None => self.stored.remove(&key),
-        };
-    }
-
-    /// Records that free slot `slot` holds the bytes of stored replica `meta` — if the
-    /// store still holds exactly that (a free or a newer write may have come first).
-    fn keep(&mut self, slot: usize, meta: ReplicaMeta) {
-        let key = (meta.master, meta.segment);
-        if self.stored.get(&key) != Some(&meta) {
-            return;
-        }
-        if let Some((old_slot, _)) = self.kept.insert(key, (slot, meta)) {
-            self.kept_slots.remove(&old_slot);
-        }
-        self.kept_slots.insert(slot, key);
-    }
-
-    /// Forgets what free slot `slot` held: it is being assigned.
-    fn forget_kept_slot(&mut self, slot: usize) {
-        if let Some(key) = self.kept_slots.remove(&slot) {
-            self.kept.remove(&key);
-        }
-    }
-
-    /// The answer to a request naming frame `handle`, which is not in the table.
-    fn gone(&self, handle: u64) -> Reply {
-        gone(&self.fenced_handle_set, handle)
-    }
-
-    /// Remembers that fenced frame `handle` left the table (see `fenced_handles`).
-    fn remember_fenced(&mut self, handle: u64) {
-        if !self.fenced_handle_set.insert(handle) {
-            return;
-        }
-        self.fenced_handles.push_back(handle);
-        if self.fenced_handles.len() > FENCED_HANDLES_MAX {
-            if let Some(oldest) = self.fenced_handles.pop_front() {
-                self.fenced_handle_set.remove(&oldest);
-            }
-        }
-    }
-
-    /// Removes frame `handle` from the table. Returns its slot if the caller must
-    /// release it now (outside `state`, then [`Shared::free_slot`]); `None` if there was
-    /// no such frame or a close still reads the slot (it is then parked in `retiring`).
-    fn remove_frame(&mut self, handle: u64) -> Option<usize> {
-        let frame = self.frames.remove(&handle)?;
-        self.open.remove(&(frame.master, frame.segment));
-        if frame.fenced {
-            self.remember_fenced(handle);
-        }
-        if frame.closes_in_flight > 0 {
-            self.retiring.insert(handle, frame);
-            return None;
-        }
-        Some(frame.slot)
-    }
-
-    /// The open frame of `key` if it is what reads and lists report for the replica:
-    /// the copy with the newer epoch wins, the frame on a tie (it holds at least what
-    /// was flushed of the same epoch).
-    fn visible_frame(&self, key: ReplicaKey) -> Option<(u64, &Frame)> {
-        let handle = *self.open.get(&key)?;
-        let frame = self.frames.get(&handle)?;
-        match self.stored.get(&key) {
-            Some(stored) if stored.epoch > frame.epoch => None,
-            _ => Some((handle, frame)),
-        }
-    }
-
-    fn frame_ref(handle: u64, frame: &Frame) -> FrameRef {
-        FrameRef {
-            handle,
-            slot: frame.slot,
-            capacity: frame.capacity,
-            fenced_length: frame.fenced_length,
-            info: frame.info(0),
-        }
-    }
-
-    fn open_reply(&self, shared: &Shared, handle: u64, frame: &Frame) -> OpenReplicaReply {
-        OpenReplicaReply {
-            handle,
-            shm: Some(ShmFrame {
-                host: shared.host.clone(),
-                path: shared.path.clone(),
-                pid: std::process::id(),
-                slot_offset: shared.file.slot_offset(frame.slot),
-                // The frame's own capacity: one-sided writes past the frame's end are
-                // refused like `WriteReplica`s, not merely those past the slot's.
-                slot_capacity: frame.capacity,
-            }),
-            nic: self.nic_addr.clone(),
-        }
-    }
-
-    fn open_replica(
-        &mut self,
-        shared: &Shared,
-        request: &OpenReplicaRequest,
-        config: &BackupConfig,
-    ) -> Result<OpenReplicaReply, Reply> {
-        let key = (request.master, request.segment);
-        if self.fenced_masters.contains(&request.master) {
-            return Err(Reply::error(
-                Status::Fenced,
-                format!(
-                    "{} was fenced on this backup: recovery of its log has begun",
-                    request.master
-                ),
-            ));
-        }
-        if request.capacity > config.frame_bytes_max {
-            return Err(Reply::error(
-                Status::InvalidArgument,
-                format!(
-                    "frame capacity {} exceeds the limit of {} bytes",
-                    request.capacity, config.frame_bytes_max
-                ),
-            ));
-        }
-        let existing = self
-            .open
-            .get(&key)
-            .and_then(|&handle| Some((handle, self.frames.get(&handle)?)));
-        if let Some((handle, frame)) = existing {
-            if frame.fenced {
-                return Err(frame.fenced_reply(handle));
-            }
-            if frame.epoch == request.epoch {
-                if frame.capacity != request.capacity {
-                    return Err(Reply::error(
-                        Status::InvalidArgument,
-                        format!(
-                            "{}/{} epoch {} is open with capacity {}, not {}",
-                            request.master,
-                            request.segment,
-                            frame.epoch,
-                            frame.capacity,
-                            request.capacity
-                        ),
-                    ));
-                }
-                // A retried open: the same frame, the same reply.
-                return Ok(self.open_reply(shared, handle, frame));
-            }
-            if frame.epoch > request.epoch {
-                return Err(stale(key, request.epoch, frame.epoch, "an open frame"));
-            }
-        }
-        if let Some(stored) = self.stored.get(&key) {
-            // A closed replica is final; an open one may be superseded by a newer epoch.
-            if stored.epoch > request.epoch || (stored.closed && stored.epoch == request.epoch) {
-                let what = if stored.closed {
-                    "a closed replica"
-                } else {
-                    "a stored replica"
-                };
-                return Err(stale(key, request.epoch, stored.epoch, what));
-            }
-        }
-        let replaced = self.open.get(&key).copied();
-        if replaced.is_none() && self.open.len() >= config.frames_max {
-            return Err(Reply::error(
-                Status::BackupFull,
-                format!("all {} frames are open", config.frames_max),
-            ));
-        }
-        // The re-replication after an epoch bump rewrites the frame from byte 0: a
-        // replaced frame's slot is reused (`assign` zeroes it) unless a close still
-        // reads it. Checked before anything changes, so a refusal leaves all as it was.
-        let slot_reusable = replaced
-            .and_then(|old| self.frames.get(&old))
-            .is_some_and(|old| old.closes_in_flight == 0);
-        if !slot_reusable && self.free_slots.is_empty() {
-            return Err(Reply::error(
-                Status::BackupFull,
-                format!(
-                    "no free frame slot: {} frames open, {} still being flushed",
-                    self.open.len(),
-                    self.retiring.len()
-                ),
-            ));
-        }
-        let reused = replaced.and_then(|old| self.remove_frame(old));
-        let Some(slot) = reused.or_else(|| self.free_slots.pop_front()) else {
-            return Err(Reply::error(Status::Internal, "free frame slot vanished"));
-        };
-        self.forget_kept_slot(slot);
-        let handle = self.next_handle;
-        self.next_handle += 1;
-        let label = SlotLabel {
-            master: request.master,
-            segment: request.segment,
-            epoch: request.epoch,
-            capacity: request.capacity,
-        };
-        shared.file.assign(slot, handle, label);
-        let frame = Frame {
-            master: request.master,
-            segment: request.segment,
-            epoch: request.epoch,
-            capacity: request.capacity,
-            slot,
-            closes_in_flight: 0,
-            fenced: false,
-            fenced_length: None,
-            stored: None,
-        };
-        let reply = self.open_reply(shared, handle, &frame);
-        self.frames.insert(handle, frame);
-        self.open.insert(key, handle);
-        tracing::debug!(
-            master = %request.master, segment = %request.segment, epoch = request.epoch,
-            handle, slot, replaced = replaced.is_some(), "frame opened"
-        );
-        Ok(reply)
-    }
-
-    /// The frame `handle`, checked against `epoch`.
-    fn frame_mut(&mut self, handle: u64, epoch: u64) -> Result<&mut Frame, Reply> {
-        let Some(frame) = self.frames.get_mut(&handle) else {
-            return Err(gone(&self.fenced_handle_set, handle));
-        };
-        if frame.epoch != epoch {
-            return Err(Reply::error(
-                Status::StaleEpoch,
-                format!(
-                    "frame {handle} of {}/{} has epoch {}, not {epoch}",
-                    frame.master, frame.segment, frame.epoch
-                ),
-            ));
-        }
-        Ok(frame)
-    }
-
-    /// Checks a write of `len` bytes at `offset` into frame `handle` at `epoch`, and
-    /// returns where to copy it. The copy itself happens outside `state`.
-    fn writable(&mut self, handle: u64, epoch: u64, offset: u64, len: u64) -> Result<usize, Reply> {
-        let frame = self.frame_mut(handle, epoch)?;
-        if frame.fenced {
-            return Err(frame.fenced_reply(handle));
-        }
-        if frame.closes_in_flight > 0 {
-            return Err(Reply::error(
-                Status::UnknownFrame,
-                format!("frame {handle} is being closed"),
-            ));
-        }
-        if offset
-            .checked_add(len)
-            .map_or(true, |end| end > u64::from(frame.capacity))
-        {
-            return Err(Reply::error(
-                Status::InvalidArgument,
-                format!(
-                    "write of {len} bytes at offset {offset} passes the end of frame {handle} \
-                     ({} bytes)",
-                    frame.capacity
-                ),
-            ));
-        }
-        Ok(frame.slot)
-    }
-
-    /// Moves frame `request.handle` to a newer epoch, in the table and in its slot's
-    /// label (before the answer: a backup killed after answering must read the frame
-    /// back at the new epoch, or the coordinator's epoch floor would discount it).
-    fn bump_epoch(&mut self, file: &FrameFile, request: &BumpEpochRequest) -> Result<(), Reply> {
-        let handle = request.handle;
-        let Some(frame) = self.frames.get(&handle) else {
-            return Err(self.gone(handle));
-        };
-        let key = (frame.master, frame.segment);
-        if frame.fenced {
-            return Err(frame.fenced_reply(handle));
-        }
-        if frame.closes_in_flight > 0 {
-            return Err(Reply::error(
-                Status::UnknownFrame,
-                format!("frame {handle} is being closed"),
-            ));
-        }
-        if frame.epoch == request.new_epoch && request.epoch < request.new_epoch {
-            // A retried bump whose first attempt succeeded.
-            return Ok(());
-        }
-        if frame.epoch != request.epoch {
-            return Err(Reply::error(
-                Status::StaleEpoch,
-                format!(
-                    "frame {handle} of {}/{} has epoch {}, not {}",
-                    key.0, key.1, frame.epoch, request.epoch
-                ),
-            ));
-        }
-        if request.new_epoch <= request.epoch {
-            return Err(Reply::error(
-                Status::InvalidArgument,
-                format!(
-                    "frame {handle}: new epoch {} is not newer than {}",
-                    request.new_epoch, request.epoch
-                ),
-            ));
-        }
-        if let Some(stored) = self.stored.get(&key) {
-            // The same rule as a fresh open at the new epoch.
-            if stored.epoch > request.new_epoch
-                || (stored.closed && stored.epoch == request.new_epoch)
-            {
-                return Err(stale(
-                    key,
-                    request.new_epoch,
-                    stored.epoch,
-                    "a stored replica",
-                ));
-            }
-        }
-        if let Some(frame) = self.frames.get_mut(&handle) {
-            frame.epoch = request.new_epoch;
-            file.set_epoch(frame.slot, request.new_epoch);
-        }
-        tracing::debug!(
-            master = %key.0, segment = %key.1, handle, epoch = request.new_epoch,
-            "frame epoch bumped"
-        );
-        Ok(())
-    }
-
-    /// The replicas of `master` (or all): stored ones, and open frames captured for a
-    /// scan (their lengths are filled in by [`Shared::scan_frames`]).
-    fn list(&self, master: Option<ServerId>) -> (BTreeMap<ReplicaKey, ReplicaInfo>, Vec<FrameRef>) {
-        let range = match master {
-            Some(master) => (master, SegmentId(0))..=(master, SegmentId(u64::MAX)),
-            None => (ServerId(0), SegmentId(0))..=(ServerId(u64::MAX), SegmentId(u64::MAX)),
-        };
-        let stored = self
-            .stored
-            .range(range.clone())
-            .map(|(key, meta)| (*key, info_of(meta)))
-            .collect();
-        let frames = self
-            .open
-            .range(range)
-            .filter_map(|(key, _)| self.visible_frame(*key))
-            .map(|(handle, frame)| State::frame_ref(handle, frame))
-            .collect();
-        (stored, frames)
-    }
-}
-
-impl Shared {
-    /// Copies rpc or soft-NIC bytes into frame `handle` (the checks under `state`, the
-    /// copy outside it).
-    fn write(&self, handle: u64, epoch: u64, offset: u64, bytes: &[u8]) -> Result<(), Reply> {
-        let slot = self
-            .state
-            .lock()
-            .writable(handle, epoch, offset, bytes.len() as u64)?;
-        self.file
-            .write(slot, handle, offset, bytes)
-            .map_err(|error| match error {
-                FrameWriteError::Fenced => Reply::error(
-                    Status::Fenced,
-                    format!("frame {handle} is fenced: recovery of its master has begun"),
-                ),
-                FrameWriteError::FrameGone => {
-                    let state = self.state.lock();
-                    if state.fenced_handle_set.contains(&handle) {
-                        state.gone(handle)
-                    } else {
-                        Reply::error(
-                            Status::UnknownFrame,
-                            format!(
-                                "frame {handle} was closed, freed or replaced during the write"
-                            ),
-                        )
-                    }
-                }
-                FrameWriteError::OutOfBounds { .. } => {
-                    Reply::error(Status::InvalidArgument, format!("frame {handle}: {error}"))
-                }
-                other => Reply::error(Status::Internal, format!("frame {handle}: {other}")),
-            })
-    }
-
-    /// Returns a released slot to the free queue. Called without `state` held, after
-    /// [`FrameFile::release`].
-    fn free_slot(&self, slot: usize) {
-        self.file.release(slot);
-        self.state.lock().free_slots.push_back(slot);
-    }
-
-    /// Releases `slot`, whose frame was just stored as `meta`, keeping its bytes so
-    /// that reads of the replica come from memory while the slot stays free (`kept`).
-    fn free_slot_keeping(&self, slot: usize, meta: ReplicaMeta) {
-        self.file.release(slot);
-        let mut state = self.state.lock();
-        state.free_slots.push_back(slot);
-        state.keep(slot, meta);
-    }
-
-    /// The stored replica `key` from the free slot that still holds it, checked against
-    /// the store's checksum, copied into `bytes`; `None` if no slot does (any more),
-    /// and then `bytes` holds nothing to use.
-    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
-        let (slot, meta) = {
-            let state = self.state.lock();
-            let &(slot, meta) = state.kept.get(&key)?;
-            (state.stored.get(&key) == Some(&meta)).then_some((slot, meta))?
-        };
-        if meta.length > self.file.slot_capacity() {
-            // Stored from a frame larger than this file's slots: no slot holds it whole.
-            return None;
-        }
-        self.file.read_into(slot, meta.length, bytes);
-        // A slot assigned meanwhile was zeroed and written by another frame: its bytes
-        // no longer match, and the entry is gone.
-        let intact = crc32fast::hash(bytes) == meta.content_crc32
-            && self.state.lock().kept.get(&key) == Some(&(slot, meta));
-        intact.then_some(meta)
-    }
-
-    /// The written part of `frame` (at least its valid prefix) and the valid prefix's
-    /// length. One-sided writers do not say how far they wrote, so this reads a first
-    /// [`SCAN_READ_BYTES_MIN`] and grows ×4 until the bytes past the valid prefix are
-    /// all zero (the frame was zeroed at open) or the whole capacity is read: listing an
-    /// almost empty 8 MiB frame costs a 256 KiB copy, not 8 MiB.
-    fn read_written(&self, frame: &FrameRef) -> (Vec<u8>, u32) {
-        let mut len = SCAN_READ_BYTES_MIN.min(frame.capacity);
-        loop {
-            let bytes = self.file.read(frame.slot, len);
-            let valid = scan(&bytes).valid_bytes;
-            let rest_is_zero = bytes
-                .get(valid as usize..)
-                .is_some_and(|rest| rest.iter().all(|&b| b == 0));
-            if len >= frame.capacity || (valid < len && rest_is_zero) {
-                return (bytes, valid);
-            }
-            len = len.saturating_mul(4).min(frame.capacity);
-        }
-    }
-
-    /// Copies each frame out of its slot and scans it for its valid prefix, then keeps
-    /// those still in the table (a frame that left it meanwhile may have had its slot
-    /// reused: that copy is discarded). Blocks for the copies and scans.
-    fn scan_frames(&self, frames: Vec<FrameRef>) -> Vec<(FrameRef, Vec<u8>)> {
-        let scanned: Vec<(FrameRef, Vec<u8>)> = frames
-            .into_iter()
-            .map(|mut frame| {
-                let (mut bytes, scanned) = self.read_written(&frame);
-                // The fenced length ends at a checksum that the later scan also passes
-                // (writers only append), so the cut prefix is still valid.
-                let valid = frame
-                    .fenced_length
-                    .map_or(scanned, |fenced| fenced.min(scanned));
-                bytes.truncate(valid as usize);
-                frame.info.length = valid;
-                (frame, bytes)
-            })
-            .collect();
-        let state = self.state.lock();
-        scanned
-            .into_iter()
-            .filter(|(frame, _)| {
-                state
-                    .frames
-                    .get(&frame.handle)
-                    .is_some_and(|held| held.slot == frame.slot)
-            })
-            .collect()
-    }
-}
-
-/// [`BackupService::fence_master`], for callers holding the parts rather than the
-/// service (blocking threads of recovery). Blocks while it copies and scans frames.
-fn fence(shared: &Shared, rdma: &rdma::RdmaTarget, master: ServerId) -> Vec<ReplicaInfo> {
-    let frames: Vec<FrameRef> = {
-        let mut state = shared.state.lock();
-        state.fenced_masters.insert(master);
-        let range = (master, SegmentId(0))..=(master, SegmentId(u64::MAX));
-        let handles: Vec<u64> = state.open.range(range).map(|(_, &h)| h).collect();
-        handles
-            .into_iter()
-            .filter_map(|handle| {
-                let frame = state.frames.get_mut(&handle)?;
-                frame.fenced = true;
-                // Under `state`: the slot is this frame's (slots change hands only
-                // after their frame left the table).
-                shared.file.fence(frame.slot);
-                Some(State::frame_ref(handle, frame))
-            })
-            .collect()
-    };
-    // RDMA WRITEs ignore the fence word: revoke the master's key before the scan, and
-    // after the frames are marked (a master whose write fails at its NIC then asks
-    // with an empty `WriteReplica`, and must hear `Fenced`).
-    rdma.revoke(master);
-    let scanned = shared.scan_frames(frames);
-    let mut state = shared.state.lock();
-    let fenced: Vec<ReplicaInfo> = scanned
-        .into_iter()
-        .filter_map(|(mut frame, _)| {
-            // Gone since the scan: freed by recovery already, nothing to report.
-            let held = state.frames.get_mut(&frame.handle)?;
-            let length = *held.fenced_length.get_or_insert(frame.info.length);
-            // Final across a restart too: a backup killed now reads no more of it back.
-            shared.file.record_fenced_length(held.slot, length);
-            frame.info.length = length;
-            Some(frame.info)
-        })
-        .collect();
-    drop(state);
-    tracing::info!(%master, frames = fenced.len(), "open frames fenced");
-    fenced
-}
-
 /// The replica `key` as reads see it: the visible open frame's valid prefix (its fenced
 /// length once fenced), else the stored copy, verified (a corrupt one is quarantined
 /// and reported as [`StoreError::Corrupt`]); `None` if not held. Blocks: copies and
 /// scans frames, reads the stored copy's file (without the store lock: see
-/// [`ReplicaFile`]), and takes the store lock briefly, or for a whole read when the
+/// [`ReplicaFiles`](crate::segment_store::ReplicaFiles)), and takes the store lock briefly, or for a whole read when the
 /// file changed meanwhile.
 fn read_held(
-    store: &Mutex<SegmentStore>,
-    shared: &Shared,
+    store: &StoreHandle,
+    frames: &Frames,
     key: ReplicaKey,
     mut reuse: Vec<u8>,
 ) -> Result<Option<HeldReplica>, StoreError> {
-    let frame = shared
-        .state
-        .lock()
-        .visible_frame(key)
-        .map(|(handle, frame)| State::frame_ref(handle, frame));
+    let frame = frames.table.lock().visible(key);
     if let Some(frame) = frame {
-        if let Some((frame, bytes)) = shared.scan_frames(vec![frame]).into_iter().next() {
+        if let Some(scanned) = frames.scan(vec![frame]).pop() {
             return Ok(Some(HeldReplica {
-                info: frame.info,
-                bytes,
+                info: scanned.info(),
+                bytes: scanned.bytes,
             }));
         }
         // Closed, freed or replaced meanwhile: the store has the answer.
     }
     // From memory if the slot it was flushed from is still free.
-    if let Some(meta) = shared.read_kept(key, &mut reuse) {
+    if let Some(meta) = frames.read_kept(key, &mut reuse) {
         return Ok(Some(HeldReplica {
             info: info_of(&meta),
             bytes: reuse,
         }));
     }
     // Read the file without the store lock: its metadata from the mirror (which may
-    // lag the store, never lead it), and the
-    // store's own read below settles what this one cannot (a replica replaced, freed or
-    // corrupt meanwhile).
-    let stored = shared.state.lock().stored.get(&key).copied();
-    if let Some(file) = stored.map(|meta| shared.files.file(meta)) {
+    // lag the store, never lead it), and the store's own read below settles what this
+    // one cannot (a replica replaced, freed or corrupt meanwhile).
+    let stored = frames.table.lock().stored(key);
+    if let Some(file) = stored.map(|meta| frames.files.file(meta)) {
         if file.read_into(&mut reuse) {
             return Ok(Some(HeldReplica {
                 info: info_of(&file.meta()),
@@ -1105,50 +445,43 @@ fn read_held(
             }));
         }
     }
-    let mut store = store.lock();
-    let result = store.read_replica(key.0, key.1);
-    let meta = store.meta(key.0, key.1);
-    shared.state.lock().sync_stored(&store, key);
-    Ok(match (result?, meta) {
-        (Some(bytes), Some(meta)) => Some(HeldReplica {
-            info: info_of(&meta),
-            bytes,
-        }),
-        // Freed between the lookup above and the read.
-        _ => None,
-    })
+    // `None`: freed between the lookup above and the read.
+    Ok(store.read(key)?.map(|(bytes, meta)| HeldReplica {
+        info: info_of(&meta),
+        bytes,
+    }))
 }
 
 /// Every replica of `master` held here, for `StartRecovery`: stored ones and visible
 /// frames (a frame shadows its stored copy, as in lists), sorted by segment, with the
-/// log digest and the footer's successor of each one that is not closed. Blocks: scans frames, reads stored open
-/// replicas from disk.
+/// log digest and the footer's successor of each one that is not closed. Blocks: scans
+/// frames, reads stored open replicas from disk.
 fn recovery_replicas(
-    store: &Mutex<SegmentStore>,
-    shared: &Shared,
+    store: &StoreHandle,
+    frames: &Frames,
     master: ServerId,
 ) -> Vec<RecoveryReplica> {
-    let (stored, frames) = shared.state.lock().list(Some(master));
+    let (stored, open) = frames.table.lock().list(Some(master));
     let mut replicas: BTreeMap<ReplicaKey, RecoveryReplica> = stored
-        .into_iter()
-        .map(|(key, info)| {
+        .iter()
+        .map(|meta| {
             let replica = RecoveryReplica {
-                info,
+                info: info_of(meta),
                 digest: None,
                 successor: None,
             };
-            (key, replica)
+            ((meta.master, meta.segment), replica)
         })
         .collect();
     let mut from_frames = BTreeSet::new();
-    for (frame, bytes) in shared.scan_frames(frames) {
-        let key = (frame.info.master, frame.info.segment);
+    for frame in frames.scan(open) {
+        let key = frame.frame.key();
         from_frames.insert(key);
-        let scanned = scan(&bytes);
+        let scanned = scan(&frame.bytes);
         replicas.insert(
             key,
             RecoveryReplica {
-                info: frame.info,
+                info: frame.info(),
                 digest: scanned.digest,
                 successor: scanned.successor,
             },
@@ -1162,14 +495,8 @@ fn recovery_replicas(
         .map(|(key, _)| *key)
         .collect();
     for key in open_stored {
-        let read = {
-            let mut store = store.lock();
-            let read = store.read_replica(key.0, key.1);
-            shared.state.lock().sync_stored(&store, key);
-            read
-        };
-        match read {
-            Ok(Some(bytes)) => {
+        match store.read(key) {
+            Ok(Some((bytes, _))) => {
                 if let Some(replica) = replicas.get_mut(&key) {
                     let scanned = scan(&bytes);
                     replica.digest = scanned.digest;
@@ -1190,14 +517,13 @@ fn recovery_replicas(
 }
 
 /// The service's replicas as recovery reads them ([`ReplicaSource`]). Fences the
-/// master first where that has not been done (`StartRecovery` may not have reached
-/// this backup), or is still under way for the replica's frame: a frame is served to
-/// recovery only with its final, fenced length.
+/// master first where that has not been done ([`fencing::fence_before_reading`]): a
+/// frame is served to recovery only with its final, fenced length.
 #[derive(Debug)]
 struct RecoverySource {
-    store: Arc<Mutex<SegmentStore>>,
-    shared: Arc<Shared>,
-    rdma: Arc<rdma::RdmaTarget>,
+    store: Arc<StoreHandle>,
+    frames: Arc<Frames>,
+    rdma: Arc<RdmaTarget>,
 }
 
 impl ReplicaSource for RecoverySource {
@@ -1208,31 +534,9 @@ impl ReplicaSource for RecoverySource {
         reuse: Vec<u8>,
     ) -> Result<Option<HeldReplica>, StoreError> {
         let key = (master, segment);
-        let unfenced = {
-            let state = self.shared.state.lock();
-            !state.fenced_masters.contains(&master)
-                || state
-                    .visible_frame(key)
-                    .is_some_and(|(_, frame)| frame.fenced_length.is_none())
-        };
-        if unfenced {
-            fence(&self.shared, &self.rdma, master);
-        }
-        read_held(&self.store, &self.shared, key, reuse)
+        fencing::fence_before_reading(&self.frames, &self.rdma, key);
+        read_held(&self.store, &self.frames, key, reuse)
     }
-}
-
-/// The answer to a request naming frame `handle`, which is not in the table: `Fenced`
-/// if it was a fenced frame (`fenced`: `State::fenced_handle_set`; a zombie master),
-/// else `UnknownFrame`.
-fn gone(fenced: &HashSet<u64>, handle: u64) -> Reply {
-    if fenced.contains(&handle) {
-        return Reply::error(
-            Status::Fenced,
-            format!("frame {handle} was fenced and freed: its master was recovered"),
-        );
-    }
-    Reply::error(Status::UnknownFrame, format!("no open frame {handle}"))
 }
 
 fn info_of(meta: &ReplicaMeta) -> ReplicaInfo {
@@ -1245,14 +549,9 @@ fn info_of(meta: &ReplicaMeta) -> ReplicaInfo {
     }
 }
 
-fn stale(key: ReplicaKey, epoch: u64, held: u64, what: &str) -> Reply {
-    Reply::error(
-        Status::StaleEpoch,
-        format!(
-            "{}/{}: epoch {epoch} is stale; the backup holds {what} at epoch {held}",
-            key.0, key.1
-        ),
-    )
+/// The reply for a refusal of the frame table.
+fn refused(refusal: Refusal) -> Reply {
+    Reply::error(refusal.status, refusal.detail)
 }
 
 /// The reply for a store error.
@@ -1285,126 +584,64 @@ thread_local! {
 }
 
 /// A close on its way to the store. Dropping it (done, failed, or never run because
-/// the runtime shut down) ends its claim on the frame: the frame takes writes again if
-/// it is still open, and its slot is released if it left the table meanwhile.
+/// the runtime shut down) ends its claim on the frame ([`FrameTable::close_ended`]): the
+/// frame takes writes again if it is still open, and its slot is released if it left
+/// the table meanwhile.
 struct CloseJob {
-    shared: Arc<Shared>,
-    handle: u64,
-    slot: usize,
-    key: ReplicaKey,
-    epoch: u64,
-    length: u32,
-}
-
-/// Why a close did not store its replica.
-enum CloseFailure {
-    /// The frame was freed or replaced before the close reached the store.
-    FrameGone,
-    /// The store refused or failed.
-    Store(StoreError),
+    frames: Arc<Frames>,
+    closing: Closing,
 }
 
 impl CloseJob {
     /// Starts closing the frame `request` names: from now until the job drops, the
     /// frame refuses writes and its slot stays pinned.
-    fn claim(shared: &Arc<Shared>, request: &CloseReplicaRequest) -> Result<CloseJob, Reply> {
-        let mut state = shared.state.lock();
-        let frame = state.frame_mut(request.handle, request.epoch)?;
-        if frame.fenced {
-            return Err(frame.fenced_reply(request.handle));
-        }
-        if request.length > frame.capacity {
-            return Err(Reply::error(
-                Status::InvalidArgument,
-                format!(
-                    "close length {} exceeds frame {} capacity {}",
-                    request.length, request.handle, frame.capacity
-                ),
-            ));
-        }
-        frame.closes_in_flight += 1;
+    fn claim(frames: &Arc<Frames>, request: &CloseReplicaRequest) -> Result<CloseJob, Reply> {
+        let closing = frames
+            .table
+            .lock()
+            .claim_close(request.handle, request.epoch, request.length)
+            .map_err(refused)?;
         Ok(CloseJob {
-            shared: Arc::clone(shared),
-            handle: request.handle,
-            slot: frame.slot,
-            key: (frame.master, frame.segment),
-            epoch: frame.epoch,
-            length: request.length,
+            frames: Arc::clone(frames),
+            closing,
         })
     }
 
     /// Writes the replica: its bytes and their fsync outside the store lock
-    /// ([`ReplicaWriter::prepare`]), then, under it, the commit — after checking that
-    /// the frame is still in the table (see "Close racing free" in the module doc). The
-    /// slot cannot be released while this job lives (`closes_in_flight`), so the copy
-    /// reads this frame.
-    fn run(
-        self,
-        store: &Mutex<SegmentStore>,
-        writer: &ReplicaWriter,
-    ) -> Result<ReplicaMeta, CloseFailure> {
-        let present = |job: &CloseJob| job.shared.state.lock().frames.contains_key(&job.handle);
+    /// ([`ReplicaWriter::prepare`]), then, under it, the commit
+    /// ([`StoreHandle::commit_close`]). The slot cannot be released while this job
+    /// lives, so the copy reads this frame.
+    fn run(self, store: &StoreHandle, writer: &ReplicaWriter) -> Result<ReplicaMeta, CloseFailure> {
+        let Closing {
+            handle,
+            slot,
+            key: (master, segment),
+            epoch,
+            length,
+        } = self.closing;
         // Not needed for safety (the check under the store lock is), but a frame freed
         // while its close was queued is not written at all.
-        if !present(&self) {
+        if !self.frames.table.lock().is_open(handle) {
             return Err(CloseFailure::FrameGone);
         }
-        let (master, segment) = self.key;
-        let length = self.length.min(self.shared.file.slot_capacity()) as usize;
+        let length = length.min(self.frames.file.slot_capacity()) as usize;
         let prepared = CLOSE_IMAGE
             .with_borrow_mut(|image| {
                 let content = image.content_mut(length);
-                self.shared.file.read_to(self.slot, content);
-                writer.prepare_image(master, segment, self.epoch, true, image)
+                self.frames.file.read_to(slot, content);
+                writer.prepare_image(master, segment, epoch, true, image)
             })
             .map_err(CloseFailure::Store)?;
-        let mut store = store.lock();
-        if !present(&self) {
-            // The prepared file is removed as it drops.
-            return Err(CloseFailure::FrameGone);
-        }
-        let result = store.commit(prepared);
-        let mut state = self.shared.state.lock();
-        state.sync_stored(&store, self.key);
-        if let Ok(meta) = &result {
-            // Parked in `retiring` (this job is in flight): released when the last
-            // close of it drops.
-            let released = state.remove_frame(self.handle);
-            debug_assert!(released.is_none(), "a closing frame's slot is pinned");
-            if let Some(frame) = state.retiring.get_mut(&self.handle) {
-                frame.stored = Some(*meta);
-            }
-        }
-        drop(state);
-        drop(store);
-        result.map_err(CloseFailure::Store)
+        store.commit_close(handle, (master, segment), prepared)
     }
 }
 
 impl Drop for CloseJob {
     fn drop(&mut self) {
-        let release = {
-            let mut state = self.shared.state.lock();
-            if let Some(frame) = state.frames.get_mut(&self.handle) {
-                frame.closes_in_flight = frame.closes_in_flight.saturating_sub(1);
-                None
-            } else if let Some(frame) = state.retiring.get_mut(&self.handle) {
-                frame.closes_in_flight = frame.closes_in_flight.saturating_sub(1);
-                if frame.closes_in_flight == 0 {
-                    state.retiring.remove(&self.handle)
-                } else {
-                    None
-                }
-            } else {
-                None
-            }
-        };
-        if let Some(frame) = release {
-            debug_assert_eq!(frame.slot, self.slot);
-            match frame.stored {
-                Some(meta) => self.shared.free_slot_keeping(frame.slot, meta),
-                None => self.shared.free_slot(frame.slot),
-            }
+        let release = self.frames.table.lock().close_ended(self.closing.handle);
+        if let Some(release) = release {
+            debug_assert_eq!(release.slot, self.closing.slot);
+            self.frames.release(release);
         }
     }
 }
@@ -1413,15 +650,15 @@ impl Drop for CloseJob {
 #[derive(Debug)]
 pub struct BackupService {
     config: BackupConfig,
-    /// The on-disk store. Lock order: taken before `state`, and only on blocking
-    /// threads (it is held across fsyncs).
-    store: Arc<Mutex<SegmentStore>>,
-    /// Frames, slots and the store-metadata mirror. `state` is never held across I/O
-    /// or `.await`, and never while waiting for `store`.
-    shared: Arc<Shared>,
+    /// The on-disk store, keeping the frame table's mirror in step. Lock order: taken
+    /// before the table, and only on blocking threads (it is held across fsyncs).
+    store: Arc<StoreHandle>,
+    /// The frame table and the frame file. The table's lock is never held across I/O
+    /// or `.await`, and never while waiting for the store's.
+    frames: Arc<Frames>,
     /// RDMA connections of masters and their keys (`RdmaConnect`, revoked by
-    /// `fence_master`). Its lock is never taken while `state` or `store` is held.
-    rdma: Arc<rdma::RdmaTarget>,
+    /// `fence_master`). Its lock is never taken while the table's or the store's is held.
+    rdma: Arc<RdmaTarget>,
     /// Recovery reads and their pieces. Its lock is never held while it calls into the
     /// service (through [`RecoverySource`]), so it nests with none of the above.
     recovery: RecoveryReads,
@@ -1436,14 +673,14 @@ pub struct BackupService {
 /// [`BackupService`] (from [`BackupService::nic_target`]).
 #[derive(Debug, Clone)]
 pub struct BackupNic {
-    shared: Arc<Shared>,
+    frames: Arc<Frames>,
 }
 
 impl NicTarget for BackupNic {
     fn place(&self, handle: u64, epoch: u64, offset: u64, bytes: &[u8]) -> Result<(), Status> {
-        self.shared
+        self.frames
             .write(handle, epoch, offset, bytes)
-            .map_err(|reply| reply.status())
+            .map_err(|refusal| refusal.status)
     }
 }
 
@@ -1503,8 +740,8 @@ impl BackupService {
             &tag,
         )
         .map_err(frame_error)?;
-        let rdma = rdma::RdmaTarget::new(file.path(), file.slot_offset(file.slots()))
-            .map_err(frame_error)?;
+        let rdma =
+            RdmaTarget::new(file.path(), file.slot_offset(file.slots())).map_err(frame_error)?;
         let path = file
             .path()
             .to_str()
@@ -1515,25 +752,12 @@ impl BackupService {
                 ))
             })?
             .to_string();
-        let stored = store
-            .list(None)
-            .into_iter()
-            .map(|meta| ((meta.master, meta.segment), meta))
-            .collect();
-        let state = State {
-            frames: HashMap::new(),
-            open: BTreeMap::new(),
-            retiring: HashMap::new(),
-            kept: HashMap::new(),
-            kept_slots: HashMap::new(),
-            free_slots: (0..file.slots()).collect(),
-            stored,
-            next_handle: (rand::random::<u64>() >> 2).max(1),
-            fenced_masters: HashSet::new(),
-            fenced_handles: VecDeque::new(),
-            fenced_handle_set: HashSet::new(),
-            nic_addr: None,
+        let limits = FrameLimits {
+            frames_max: config.frames_max,
+            frame_bytes_max: config.frame_bytes_max,
         };
+        let first_handle = (rand::random::<u64>() >> 2).max(1);
+        let table = FrameTable::new(limits, file.slots(), store.list(None), first_handle);
         tracing::info!(
             frame_file = %path, slots = file.slots(), slot_bytes = file.slot_capacity(),
             "frame file created"
@@ -1545,18 +769,14 @@ impl BackupService {
                 path: data_dir.to_path_buf(),
                 source,
             })?;
+        let files = store.files();
+        let frames = Arc::new(Frames::new(table, file, host_id(), path, files));
         let service = BackupService {
             writer,
             flushers,
             config,
-            shared: Arc::new(Shared {
-                state: Mutex::new(state),
-                file,
-                host: host_id(),
-                path,
-                files: store.files(),
-            }),
-            store: Arc::new(Mutex::new(store)),
+            store: Arc::new(StoreHandle::new(store, Arc::clone(&frames))),
+            frames,
             rdma: Arc::new(rdma),
             recovery: RecoveryReads::new(RECOVERY_PIECES_BYTES_MAX),
         };
@@ -1570,20 +790,20 @@ impl BackupService {
 
     /// The frame file's absolute path (what `OpenReplica` replies name).
     pub fn frame_file_path(&self) -> &Path {
-        self.shared.file.path()
+        self.frames.file.path()
     }
 
     /// Records where this backup's soft-NIC listens; later `OpenReplica` replies name it.
     /// The process running the backup binds the listener and serves
     /// [`BackupService::nic_target`] on it.
     pub fn set_nic_addr(&self, addr: String) {
-        self.shared.state.lock().nic_addr = Some(addr);
+        self.frames.set_nic_addr(addr);
     }
 
     /// The soft-NIC's target: this backup's frames.
     pub fn nic_target(&self) -> Arc<BackupNic> {
         Arc::new(BackupNic {
-            shared: Arc::clone(&self.shared),
+            frames: Arc::clone(&self.frames),
         })
     }
 
@@ -1597,29 +817,16 @@ impl BackupService {
     /// is kept. Returns how many replicas were written. Blocks on the disk: call it on a
     /// blocking thread, after the service stopped taking requests.
     pub fn flush_open_frames(&self) -> usize {
-        let frames: Vec<FrameRef> = {
-            let state = self.shared.state.lock();
-            state
-                .open
-                .values()
-                .filter_map(|&handle| {
-                    let frame = state.frames.get(&handle)?;
-                    Some(State::frame_ref(handle, frame))
-                })
-                .collect()
-        };
-        let scanned = self.shared.scan_frames(frames);
-        let mut store = self.store.lock();
+        let open = self.frames.table.lock().open_frames();
         let mut written = 0;
-        for (frame, bytes) in scanned {
-            let key = (frame.info.master, frame.info.segment);
-            match store.write_replica(key.0, key.1, frame.info.epoch, false, &bytes) {
+        for frame in self.frames.scan(open) {
+            let key = frame.frame.key();
+            match self.store.write_open(key, frame.frame.epoch, &frame.bytes) {
                 Ok(_) => written += 1,
                 Err(error) => {
                     tracing::warn!(master = %key.0, segment = %key.1, %error, "open frame not flushed");
                 }
             }
-            self.shared.state.lock().sync_stored(&store, key);
         }
         written
     }
@@ -1627,13 +834,14 @@ impl BackupService {
     /// Fences every open frame of `master` (recovery of it has begun) and reports each
     /// one with the length of its valid prefix. After this returns, no write to those
     /// frames is acknowledged by any transport, and every write acknowledged before it
-    /// lies within the reported lengths (module doc, guarantee 6). The first fence's
-    /// lengths are final: later fences, lists and reads report the same. Idempotent.
+    /// lies within the reported lengths (module doc, guarantee 6; `fencing.rs`). The
+    /// first fence's lengths are final: later fences, lists and reads report the same.
+    /// Idempotent.
     ///
     /// Blocks while it copies and scans the frames (≈ 1–5 ms per 8 MiB frame): call it
     /// on a blocking thread.
     pub fn fence_master(&self, master: ServerId) -> Vec<ReplicaInfo> {
-        fence(&self.shared, &self.rdma, master)
+        fencing::fence(&self.frames, &self.rdma, master)
     }
 
     /// Requests answered from memory without waiting: open, write, bump epoch.
@@ -1641,29 +849,34 @@ impl BackupService {
         let reply = match opcode {
             proto::OpenReplica::OPCODE => Reply::decode::<OpenReplicaRequest>(payload.clone())
                 .and_then(|request| {
-                    let reply = self.shared.state.lock().open_replica(
-                        &self.shared,
-                        &request,
-                        &self.config,
-                    )?;
+                    let reply = self
+                        .frames
+                        .open(
+                            request.master,
+                            request.segment,
+                            request.epoch,
+                            request.capacity,
+                        )
+                        .map_err(refused)?;
                     Ok(Reply::ok(&reply))
                 }),
             proto::WriteReplica::OPCODE => Reply::decode::<WriteReplicaRequest>(payload.clone())
                 .and_then(|request| {
-                    self.shared.write(
-                        request.handle,
-                        request.epoch,
-                        u64::from(request.offset),
-                        &request.bytes,
-                    )?;
+                    self.frames
+                        .write(
+                            request.handle,
+                            request.epoch,
+                            u64::from(request.offset),
+                            &request.bytes,
+                        )
+                        .map_err(refused)?;
                     Ok(Reply::ok(&()))
                 }),
             proto::BumpEpoch::OPCODE => Reply::decode::<BumpEpochRequest>(payload.clone())
                 .and_then(|request| {
-                    self.shared
-                        .state
-                        .lock()
-                        .bump_epoch(&self.shared.file, &request)?;
+                    self.frames
+                        .bump_epoch(request.handle, request.epoch, request.new_epoch)
+                        .map_err(refused)?;
                     Ok(Reply::ok(&()))
                 }),
             _ => return None,
@@ -1695,7 +908,7 @@ impl BackupService {
 
     async fn close(&self, payload: Bytes) -> Result<Reply, Reply> {
         let request: CloseReplicaRequest = Reply::decode(payload)?;
-        let job = CloseJob::claim(&self.shared, &request)?;
+        let job = CloseJob::claim(&self.frames, &request)?;
         let (store, writer) = (Arc::clone(&self.store), self.writer.clone());
         let flushed = self
             .flushers
@@ -1740,26 +953,13 @@ impl BackupService {
         // The frame goes first, so that a close in flight finds it gone (module doc).
         // Copies newer than `epoch_max` stay (a replacement placed after the free was
         // decided).
-        let (frame_freed, release) = {
-            let mut state = self.shared.state.lock();
-            let handle = state.open.get(&key).copied();
-            match handle.filter(|h| state.frames.get(h).is_some_and(|f| f.epoch <= epoch_max)) {
-                Some(handle) => (true, state.remove_frame(handle)),
-                None => (false, None),
-            }
-        };
-        let (store, shared) = (Arc::clone(&self.store), Arc::clone(&self.shared));
+        let (frame_freed, release) = self.frames.table.lock().free(key, epoch_max);
+        let (store, frames) = (Arc::clone(&self.store), Arc::clone(&self.frames));
         let result = blocking(move || {
             if let Some(slot) = release {
-                shared.free_slot(slot);
+                frames.release_slot(slot);
             }
-            let mut store = store.lock();
-            let result = match store.meta(key.0, key.1) {
-                Some(meta) if meta.epoch > epoch_max => Ok(false),
-                _ => store.free(key.0, key.1),
-            };
-            shared.state.lock().sync_stored(&store, key);
-            result
+            store.free(key, epoch_max)
         })
         .await?;
         let stored_freed = result.map_err(store_error_reply)?;
@@ -1771,13 +971,17 @@ impl BackupService {
 
     async fn list(&self, payload: Bytes) -> Result<Reply, Reply> {
         let request: ListReplicasRequest = Reply::decode(payload)?;
-        let (mut replicas, frames) = self.shared.state.lock().list(request.master);
-        let shared = Arc::clone(&self.shared);
-        let scanned = blocking(move || shared.scan_frames(frames)).await?;
-        // A frame shadows the stored copy of its replica (`visible_frame`); a frame that
-        // left the table during the scan is not listed (its stored copy, if any, is).
-        for (frame, _) in scanned {
-            replicas.insert((frame.info.master, frame.info.segment), frame.info);
+        let (stored, open) = self.frames.table.lock().list(request.master);
+        let mut replicas: BTreeMap<ReplicaKey, ReplicaInfo> = stored
+            .iter()
+            .map(|meta| ((meta.master, meta.segment), info_of(meta)))
+            .collect();
+        let frames = Arc::clone(&self.frames);
+        let scanned = blocking(move || frames.scan(open)).await?;
+        // A frame shadows the stored copy of its replica (`FrameTable::visible`); a frame
+        // that left the table during the scan is not listed (its stored copy, if any, is).
+        for frame in scanned {
+            replicas.insert(frame.frame.key(), frame.info());
         }
         Ok(Reply::ok(&ListReplicasReply {
             replicas: replicas.into_values().collect(),
@@ -1787,14 +991,11 @@ impl BackupService {
     async fn read(&self, payload: Bytes) -> Result<Reply, Reply> {
         let id: ReplicaId = Reply::decode(payload)?;
         let key = (id.master, id.segment);
-        {
-            let state = self.shared.state.lock();
-            if !state.open.contains_key(&key) && !state.stored.contains_key(&key) {
-                return Err(not_held(key));
-            }
+        if !self.frames.table.lock().holds(key) {
+            return Err(not_held(key));
         }
-        let (store, shared) = (Arc::clone(&self.store), Arc::clone(&self.shared));
-        match blocking(move || read_held(&store, &shared, key, Vec::new())).await? {
+        let (store, frames) = (Arc::clone(&self.store), Arc::clone(&self.frames));
+        match blocking(move || read_held(&store, &frames, key, Vec::new())).await? {
             Ok(Some(held)) => Ok(Reply::ok(&ReadReplicaReply {
                 info: held.info,
                 bytes: Bytes::from(held.bytes),
@@ -1811,7 +1012,7 @@ impl BackupService {
     fn recovery_source(&self) -> Arc<dyn ReplicaSource> {
         Arc::new(RecoverySource {
             store: Arc::clone(&self.store),
-            shared: Arc::clone(&self.shared),
+            frames: Arc::clone(&self.frames),
             rdma: Arc::clone(&self.rdma),
         })
     }
@@ -1820,14 +1021,14 @@ impl BackupService {
     async fn start_recovery(&self, payload: Bytes) -> Result<Reply, Reply> {
         let request: StartRecoveryRequest = Reply::decode(payload)?;
         let master = request.master;
-        let (store, shared, rdma) = (
+        let (store, frames, rdma) = (
             Arc::clone(&self.store),
-            Arc::clone(&self.shared),
+            Arc::clone(&self.frames),
             Arc::clone(&self.rdma),
         );
         let replicas = blocking(move || {
-            fence(&shared, &rdma, master);
-            recovery_replicas(&store, &shared, master)
+            fencing::fence(&frames, &rdma, master);
+            recovery_replicas(&store, &frames, master)
         })
         .await?;
         tracing::info!(%master, replicas = replicas.len(), "recovery started: replicas reported");
@@ -1861,46 +1062,20 @@ impl BackupService {
         let request: EndRecoveryRequest = Reply::decode(payload)?;
         let master = request.master;
         self.recovery.end(master);
-        let (mut freed, releases) = {
-            let mut state = self.shared.state.lock();
-            // Recovered: the master is fenced here for good (also if `StartRecovery`
-            // never reached this backup), and its freed frames keep answering `Fenced`.
-            state.fenced_masters.insert(master);
-            let range = (master, SegmentId(0))..=(master, SegmentId(u64::MAX));
-            let frames: Vec<(ReplicaKey, u64)> =
-                state.open.range(range).map(|(&key, &h)| (key, h)).collect();
-            let mut freed = BTreeSet::new();
-            let mut releases = Vec::new();
-            for (key, handle) in frames {
-                freed.insert(key);
-                if let Some(frame) = state.frames.get_mut(&handle) {
-                    frame.fenced = true;
-                }
-                releases.extend(state.remove_frame(handle));
-            }
-            (freed, releases)
-        };
-        let (store, shared) = (Arc::clone(&self.store), Arc::clone(&self.shared));
+        // Recovered: the master is fenced here for good (also if `StartRecovery` never
+        // reached this backup), and its freed frames keep answering `Fenced`.
+        let ended = self.frames.table.lock().end_master(master);
+        let (store, frames) = (Arc::clone(&self.store), Arc::clone(&self.frames));
+        let releases = ended.releases;
         let (result, stored) = blocking(move || {
             for slot in releases {
-                shared.free_slot(slot);
+                frames.release_slot(slot);
             }
-            let mut store = store.lock();
-            let stored: Vec<ReplicaKey> = store
-                .list(Some(master))
-                .iter()
-                .map(|meta| (meta.master, meta.segment))
-                .collect();
-            let result = store.free_master(master);
-            let mut state = shared.state.lock();
-            for &key in &stored {
-                state.sync_stored(&store, key);
-            }
-            (result, stored)
+            store.free_master(master)
         })
         .await?;
         result.map_err(store_error_reply)?;
-        freed.extend(stored);
+        let freed: BTreeSet<ReplicaKey> = ended.frames.into_iter().chain(stored).collect();
         tracing::info!(%master, freed = freed.len(), "recovery ended: replicas freed");
         Ok(Reply::ok(&EndRecoveryReply {
             freed: u32::try_from(freed.len()).unwrap_or(u32::MAX),
@@ -1931,6 +1106,8 @@ mod tests {
     use bytes::BytesMut;
     use rampart_common::onesided::nic::{self, NicClient};
     use rampart_common::onesided::shm::{ShmMapping, SLOT_HEADER_BYTES};
+    use rampart_common::onesided::FrameWriteError;
+    use rampart_common::protocol::backup::OpenReplicaReply;
     use rampart_common::rpc::WireMessage;
     use std::time::Duration;
     use tempfile::TempDir;
@@ -2747,8 +1924,8 @@ mod tests {
             epoch: 1,
             length: 100,
         };
-        let first = CloseJob::claim(&service.shared, &request).expect("claim");
-        let retry = CloseJob::claim(&service.shared, &request).expect("claim again");
+        let first = CloseJob::claim(&service.frames, &request).expect("claim");
+        let retry = CloseJob::claim(&service.frames, &request).expect("claim again");
         let meta = first
             .run(&service.store, &service.writer)
             .unwrap_or_else(|_| panic!("the first close stores the replica"));
