@@ -11,6 +11,10 @@
 //!   a plain struct).
 //! * [`recovery`] — `RecoveryManager`: on the leader, recovers crashed masters (setup,
 //!   partitioned replay on recovery masters, tablets live per partition, cleanup).
+//! * `recovery_phases` — the decisions of a recovery as synchronous state machines: the
+//!   phases of the whole (attempt, finish, clean up, wait, stop), the recovery masters
+//!   tried for one partition and what a commit's outcome means, and the masters'
+//!   confirmations of the end.
 //! * [`recovery_plan`] — the pure planning steps of a recovery: log completeness,
 //!   which replica of each segment to read, partitions, assignment.
 //! * [`push`] — the coordinator's best-effort messages to masters about a committed
@@ -48,6 +52,7 @@ pub mod node;
 pub mod push;
 pub mod raft_storage;
 pub mod recovery;
+mod recovery_phases;
 pub mod recovery_plan;
 pub mod service;
 pub mod state;

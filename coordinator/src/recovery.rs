@@ -1,6 +1,10 @@
 //! `RecoveryManager`: the recovery of crashed masters (DESIGN.md §6), driven by the
 //! coordinators' Raft leader. Failures are verified and crashes declared before, by
-//! [`FailureVerifier`]; the planning steps are pure functions in `recovery_plan`.
+//! [`FailureVerifier`]; the planning steps are pure functions in `recovery_plan`, and
+//! every decision of what to do next — which phase, which recovery master, what a
+//! commit's outcome means, who must still confirm the end — is a synchronous state
+//! machine in `recovery_phases`. This module is their driver: the barriers, proposals,
+//! RPCs and pauses.
 //!
 //! # What it does for callers
 //! * [`RecoveryManager::run`]: while this coordinator leads, every server the state says
@@ -108,6 +112,9 @@ use tokio::time::Instant;
 use crate::failure_verifier::{ms, FailureVerifier};
 use crate::node::{NodeError, RaftNode};
 use crate::push::{push_until, push_while_busy};
+use crate::recovery_phases::{
+    Attempted, Commit, FinishAnswer, FinishRound, Next, PartitionNext, PartitionTries, Phases,
+};
 use crate::recovery_plan::{
     assign_partitions, check_log, choose_sources, most_free, partitions_for, FoundReplica,
 };
@@ -314,51 +321,61 @@ impl RecoveryManager {
         }
         let live_after = declared + self.config.lease + LEASE_MARGIN;
         tracing::info!(%crashed, "recovery started");
-        // Masters that confirmed the end of this recovery: not asked again.
-        let mut finished = BTreeSet::new();
+        let mut phases = Phases::new();
+        let mut finish = FinishRound::new();
+        let mut next = phases.start();
         loop {
-            if !self.node.is_leader() {
-                tracing::info!(%crashed, "no longer leader; recovery left to the new leader");
-                return;
-            }
-            // What is left to recover, as committed: a leader new in its term may not have
-            // applied entries its predecessor committed (a partition handed over just
-            // before it died), and recovering that partition again would make its owner
-            // forget what it replayed while the commit gives it the tablets.
-            if let Err(error) = self.node.read_barrier().await {
-                tracing::info!(%crashed, %error, "committed map unreadable; recovery left to the leader");
-                return;
-            }
-            let owned = self.node.with_state(|state| state.tablets_of(crashed));
-            if owned.is_empty() {
-                match self.finish_on_masters(crashed, &mut finished).await {
-                    Ok(()) => break,
-                    Err(why) => {
-                        tracing::warn!(%crashed, %why, "recovery waits");
-                        self.report(crashed, |r| r.waiting = Some(why));
-                        tokio::time::sleep(SETUP_RETRY_PAUSE).await;
-                        continue;
-                    }
+            next = match next {
+                Next::ReadMap => {
+                    let owned = self.committed_tablets(crashed).await;
+                    phases.committed(owned)
                 }
-            }
-            match self.attempt(crashed, &owned, declared, live_after).await {
-                Ok(()) => {
+                Next::Attempt(owned) => {
+                    let attempted = match self.attempt(crashed, &owned, declared, live_after).await
+                    {
+                        Ok(()) => Attempted::Ran,
+                        Err(Stop::Leadership) => Attempted::LeadershipLost,
+                        Err(Stop::Wait(why)) => Attempted::Wait(why),
+                    };
                     let left = self.node.with_state(|state| state.tablets_of(crashed));
-                    if left == owned {
-                        // No partition went live (every recovery master failed): pause
-                        // before setting up again rather than spin.
-                        tokio::time::sleep(SETUP_RETRY_PAUSE).await;
-                    }
+                    phases.attempted(attempted, &left)
                 }
-                Err(Stop::Leadership) => return,
-                Err(Stop::Wait(why)) => {
+                Next::Finish => {
+                    let confirmed = self.finish_on_masters(crashed, &mut finish).await;
+                    phases.finished(confirmed)
+                }
+                Next::Wait(why) => {
                     tracing::warn!(%crashed, %why, "recovery waits");
                     self.report(crashed, |r| r.waiting = Some(why));
                     tokio::time::sleep(SETUP_RETRY_PAUSE).await;
+                    Next::ReadMap
                 }
-            }
+                Next::Pause => {
+                    tokio::time::sleep(SETUP_RETRY_PAUSE).await;
+                    Next::ReadMap
+                }
+                Next::Cleanup => {
+                    self.cleanup(crashed, declared).await;
+                    return;
+                }
+                Next::Stop => return,
+            };
         }
-        self.cleanup(crashed, declared).await;
+    }
+
+    /// What `crashed` still owns, read after a barrier; `None` if this coordinator no
+    /// longer leads or cannot read the committed map (the recovery is then left to the
+    /// leader).
+    async fn committed_tablets(&self, crashed: ServerId) -> Option<Vec<Tablet>> {
+        if !self.node.is_leader() {
+            tracing::info!(%crashed, "no longer leader; recovery left to the new leader");
+            return None;
+        }
+        if let Err(error) = self.node.read_barrier().await {
+            tracing::info!(%crashed, %error, "committed map unreadable; recovery left to the leader");
+            return None;
+        }
+        Some(self.node.with_state(|state| state.tablets_of(crashed)))
     }
 
     /// Tells every `Up` master that the recovery of `crashed` is over (`FinishRecovery`,
@@ -371,19 +388,19 @@ impl RecoveryManager {
     /// then left out of the next round). A server that says it is not the one
     /// meant (`WrongServer`) is gone, with its memory; one of an older release
     /// (`UnknownOpcode`) is not waited for; one that does not answer is reported to the
-    /// failure verifier. Masters in `finished` are not asked; each that confirms is
-    /// added. Returns which masters did not confirm: the caller asks again, as the
-    /// server is not removed before they do.
+    /// failure verifier (the rules are [`FinishRound`]'s). Masters that confirmed in an
+    /// earlier round are not asked. Returns which masters did not confirm: the caller
+    /// asks again, as the server is not removed before they do.
     async fn finish_on_masters(
         &self,
         crashed: ServerId,
-        finished: &mut BTreeSet<ServerId>,
+        round: &mut FinishRound,
     ) -> Result<(), String> {
         let masters: Vec<(ServerInfo, u64)> = self.node.with_state(|state| {
             state
                 .up_servers()
                 .into_iter()
-                .filter(|s| s.services.master && s.id != crashed && !finished.contains(&s.id))
+                .filter(|s| s.services.master && s.id != crashed && round.to_ask(s.id))
                 .map(|s| (s.clone(), state.tablet_epoch(s.id)))
                 .collect()
         });
@@ -399,38 +416,25 @@ impl RecoveryManager {
                     .await;
             (master.id, result)
         });
-        let mut unconfirmed = Vec::new();
         for (master, result) in futures::future::join_all(calls).await {
-            match result {
-                Ok(()) => {}
+            let answer = match result {
+                Ok(()) => FinishAnswer::Confirmed,
                 Err(error) if error.status() == Some(Status::WrongServer) => {
                     tracing::info!(%crashed, %master, "a new server listens at the master's address; nothing to finish there");
+                    FinishAnswer::NewServer
                 }
                 Err(error) if error.status() == Some(Status::UnknownOpcode) => {
-                    // A master of an older release: it cannot be told, and waiting for it
-                    // would keep the crashed master's replicas for good.
                     tracing::warn!(%crashed, %master, "master does not know FinishRecovery (an older release?); what it replayed for nobody stays until it restarts");
+                    FinishAnswer::OlderRelease
                 }
-                Err(error) => {
-                    if error.is_transport() {
-                        // Declared crashed if it stays silent, and then not asked again.
-                        let _ = self.verifier.report_failure(master, "recovery");
-                    }
-                    unconfirmed.push(format!("{master} ({error})"));
-                    continue;
-                }
+                Err(error) if error.is_transport() => FinishAnswer::Silent(error.to_string()),
+                Err(error) => FinishAnswer::Failed(error.to_string()),
+            };
+            if round.answered(master, answer) {
+                let _ = self.verifier.report_failure(master, "recovery");
             }
-            finished.insert(master);
         }
-        if unconfirmed.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "every tablet of {crashed} is recovered; waiting for masters to confirm the \
-                 end of the recovery: {}",
-                unconfirmed.join(", ")
-            ))
-        }
+        round.end_round(crashed)
     }
 
     /// Frees the replicas of a recovered server on every backup and removes it.
@@ -705,119 +709,129 @@ impl RecoveryManager {
             segments: sources.to_vec(),
             version_floor,
         };
-        let tries = candidates.len().min(PARTITION_ATTEMPTS_MAX as usize);
-        for attempt in 0..tries {
-            if !self.node.is_leader() {
-                // A deposed leader sends no more `Recover`s: the new leader's attempt
-                // owns these ranges now.
-                return Err(Stop::Leadership);
-            }
-            let (master, addr) = &candidates[(first + attempt) % candidates.len()];
-            let started = ms(declared.elapsed());
-            self.report(crashed, |r| {
-                if let Some(p) = r.partitions.get_mut(partition as usize) {
-                    p.master = *master;
-                    p.attempts += 1;
-                    p.replay_start_ms = started;
-                }
-            });
-            let deadline = Instant::now() + RECOVER_TIMEOUT;
-            let reply: RecoverReply = match self
-                .pool
-                .call::<Recover>(addr, &request, deadline)
-                .await
-            {
-                Ok(_)
-                    if attempt == 0
-                        && failpoints::active(failpoints::LOSE_RECOVER_REPLY_AND_ABANDON) =>
-                {
-                    tracing::warn!(%crashed, partition, %master, "failpoint: the Recover reply and its abandon are lost; trying another master");
-                    continue;
-                }
-                Ok(reply) => reply,
-                Err(error) => {
-                    tracing::warn!(%crashed, partition, %master, %error, "recovery master failed; trying another");
-                    if error.status().is_none() {
-                        // No answer (the connection broke, or the deadline passed): it may
-                        // still be replaying, or hold what it replayed. Told to stop and
-                        // forget, in the background: the next master starts now rather
-                        // than after a dead one's `CLEANUP_CALL_TIMEOUT`.
-                        let (pool, addr) = (Arc::clone(&self.pool), addr.clone());
-                        let ranges = ranges.clone();
-                        tokio::spawn(async move {
-                            abandon(&pool, &addr, crashed, recovery, ranges).await;
-                        });
+        let mut tries =
+            PartitionTries::new(first, candidates.len(), PARTITION_ATTEMPTS_MAX as usize);
+        let mut replayed: Option<RecoverReply> = None;
+        let mut step = tries.start(self.node.is_leader());
+        loop {
+            let current = tries.current().and_then(|index| candidates.get(index));
+            step = match (step, current) {
+                (PartitionNext::Recover(_), Some((master, addr))) => {
+                    let started = ms(declared.elapsed());
+                    self.report(crashed, |r| {
+                        if let Some(p) = r.partitions.get_mut(partition as usize) {
+                            p.master = *master;
+                            p.attempts += 1;
+                            p.replay_start_ms = started;
+                        }
+                    });
+                    let deadline = Instant::now() + RECOVER_TIMEOUT;
+                    match self.pool.call::<Recover>(addr, &request, deadline).await {
+                        Ok(_)
+                            if tries.first_try()
+                                && failpoints::active(
+                                    failpoints::LOSE_RECOVER_REPLY_AND_ABANDON,
+                                ) =>
+                        {
+                            tracing::warn!(%crashed, partition, %master, "failpoint: the Recover reply and its abandon are lost; trying another master");
+                            tries.failed(true, self.node.is_leader()).1
+                        }
+                        Ok(reply) => {
+                            replayed = Some(reply);
+                            tries.replayed()
+                        }
+                        Err(error) => {
+                            tracing::warn!(%crashed, partition, %master, %error, "recovery master failed; trying another");
+                            let answered = error.status().is_some();
+                            let (abandon_on, next) = tries.failed(answered, self.node.is_leader());
+                            if let Some((_, addr)) = abandon_on.and_then(|i| candidates.get(i)) {
+                                // In the background: the next master starts now rather
+                                // than after a dead one's `CLEANUP_CALL_TIMEOUT`.
+                                let (pool, addr) = (Arc::clone(&self.pool), addr.clone());
+                                let ranges = ranges.clone();
+                                tokio::spawn(async move {
+                                    abandon(&pool, &addr, crashed, recovery, ranges).await;
+                                });
+                            }
+                            next
+                        }
                     }
-                    continue;
                 }
-            };
-            // Not before every lease of the crashed master has lapsed.
-            tokio::time::sleep_until(live_after).await;
-            let command = Command::RecoveredPartition {
-                crashed,
-                ranges: ranges.clone(),
-                owner: *master,
-            };
-            let mut outcome = self.node.propose(command).await;
-            if matches!(outcome, Ok(CommandResult::PartitionRecovered { .. }))
-                && failpoints::active(failpoints::RECOVERED_OUTCOME_UNKNOWN)
-            {
-                outcome = Err(NodeError::OutcomeUnknown);
-            }
-            let live = match outcome {
-                Ok(CommandResult::PartitionRecovered { tablets, epoch }) => {
-                    if !failpoints::active(failpoints::LOSE_RECOVERED_PUSH) {
-                        self.push_tablets(*master, addr, tablets, epoch).await;
-                    }
-                    true
-                }
-                Err(error @ NodeError::NotLeader(_)) | Err(error @ NodeError::Stopped(_)) => {
-                    // The entry may still commit under the next leader, which then finds
-                    // the ranges in the recovery master's hands: it must keep what it
-                    // replayed, so nothing is abandoned here.
-                    tracing::info!(%crashed, partition, %error, "partition outcome left to the next leader");
-                    return Err(Stop::Leadership);
-                }
-                other => {
-                    // Refused, dropped, never proposed, or of unknown outcome: the
-                    // committed map says what became of it, never a guess.
-                    let why = match &other {
-                        Ok(CommandResult::Rejected { detail, .. }) => detail.clone(),
-                        Ok(result) => format!("unexpected result {result:?}"),
-                        Err(error) => error.to_string(),
+                (PartitionNext::Commit, Some((master, addr))) => {
+                    // Not before every lease of the crashed master has lapsed.
+                    tokio::time::sleep_until(live_after).await;
+                    let command = Command::RecoveredPartition {
+                        crashed,
+                        ranges: ranges.clone(),
+                        owner: *master,
                     };
-                    tracing::info!(%crashed, partition, %master, %why, "partition outcome read from the committed map");
-                    let settled = self
-                        .settle(crashed, recovery, &ranges, *master, addr)
-                        .await?;
-                    if !settled && !matches!(other, Ok(CommandResult::Rejected { .. })) {
-                        tracing::warn!(%crashed, partition, %master, %why, "partition not committed; trying another master");
-                        continue;
+                    let mut outcome = self.node.propose(command).await;
+                    if matches!(outcome, Ok(CommandResult::PartitionRecovered { .. }))
+                        && failpoints::active(failpoints::RECOVERED_OUTCOME_UNKNOWN)
+                    {
+                        outcome = Err(NodeError::OutcomeUnknown);
                     }
-                    // Either live, or recovered already, or the owner-to-be crashed: the
-                    // next attempt sees what is left.
-                    settled
+                    let commit = match outcome {
+                        Ok(CommandResult::PartitionRecovered { tablets, epoch }) => {
+                            if !failpoints::active(failpoints::LOSE_RECOVERED_PUSH) {
+                                self.push_tablets(*master, addr, tablets, epoch).await;
+                            }
+                            Commit::Committed
+                        }
+                        Err(error @ NodeError::NotLeader(_))
+                        | Err(error @ NodeError::Stopped(_)) => {
+                            tracing::info!(%crashed, partition, %error, "partition outcome left to the next leader");
+                            Commit::LeadershipLost
+                        }
+                        Ok(CommandResult::Rejected { detail, .. }) => {
+                            tracing::info!(%crashed, partition, %master, why = %detail, "partition refused; outcome read from the committed map");
+                            Commit::Rejected
+                        }
+                        other => {
+                            let why = match &other {
+                                Ok(result) => format!("unexpected result {result:?}"),
+                                Err(error) => error.to_string(),
+                            };
+                            tracing::info!(%crashed, partition, %master, %why, "partition outcome read from the committed map");
+                            Commit::Unknown
+                        }
+                    };
+                    tries.committed(commit)
                 }
-            };
-            if live {
-                let live = ms(declared.elapsed());
-                self.report(crashed, |r| {
-                    if let Some(p) = r.partitions.get_mut(partition as usize) {
-                        p.live_ms = live;
-                        p.replay_ms = u64::from(reply.replay_ms);
-                        p.bytes = reply.bytes;
-                        p.objects = reply.objects;
+                (PartitionNext::Settle, Some((master, addr))) => {
+                    let all_owned = self
+                        .settle(crashed, recovery, &ranges, *master, addr)
+                        .await
+                        .ok();
+                    let next = tries.settled(all_owned, self.node.is_leader());
+                    if matches!(next, PartitionNext::Recover(_)) {
+                        tracing::warn!(%crashed, partition, %master, "partition not committed; trying another master");
                     }
-                });
-                tracing::info!(
-                    %crashed, partition, %master, objects = reply.objects, bytes = reply.bytes,
-                    replay_ms = reply.replay_ms, live_ms = live, fallbacks = reply.fallbacks,
-                    "partition live"
-                );
-            }
-            return Ok(());
+                    next
+                }
+                (PartitionNext::Live, Some((master, _))) => {
+                    let reply = replayed.take().unwrap_or_default();
+                    let live = ms(declared.elapsed());
+                    self.report(crashed, |r| {
+                        if let Some(p) = r.partitions.get_mut(partition as usize) {
+                            p.live_ms = live;
+                            p.replay_ms = u64::from(reply.replay_ms);
+                            p.bytes = reply.bytes;
+                            p.objects = reply.objects;
+                        }
+                    });
+                    tracing::info!(
+                        %crashed, partition, %master, objects = reply.objects, bytes = reply.bytes,
+                        replay_ms = reply.replay_ms, live_ms = live, fallbacks = reply.fallbacks,
+                        "partition live"
+                    );
+                    return Ok(());
+                }
+                (PartitionNext::Stop, _) => return Err(Stop::Leadership),
+                // Done, or (never) a step naming no candidate.
+                _ => return Ok(()),
+            };
         }
-        Ok(())
     }
 
     /// Settles a `RecoveredPartition` whose commit the driver did not see, from the
