@@ -20,8 +20,15 @@
 //! [`ObjectStore::stage_replay`] — the store lock is taken once per piece, so reads
 //! wait at most one piece's staging — then sealed, replicated and published with
 //! [`ObjectStore::publish_recovered`]. Forgetting a failed recovery's objects
-//! ([`Appender::forget_unowned`]) is a control job like a tablet change, so it is
+//! ([`Appender::forget_unowned`]) is a store job like a tablet change, so it is
 //! ordered after every replay job queued before it.
+//!
+//! So the queue carries two kinds of work. *Logged* jobs (writes, replays) are batched,
+//! replicated, published and answered as above. *Store jobs* log nothing: each is a
+//! closure run alone under the store's lock, between batches, in submission order,
+//! that answers its submitter itself (`Appender::on_store`). A new change of the store
+//! that needs ordering with writes (and no replication) is a new method over
+//! `on_store`, not a new case of the task's loop.
 //!
 //! Before its first job the task replicates the opening of the log's first segment, so
 //! that a master is on R backups before it serves anything (DESIGN.md §6: a master that
@@ -77,6 +84,10 @@ pub const BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
 #[error("the master is shutting down")]
 pub struct AppenderClosed;
 
+/// What the appender is asked to do. Ops and replays are *logged*: batched, replicated,
+/// then published and answered. Anything else is a [`StoreJob`]: it runs alone, between
+/// batches, in submission order; a new kind of it is a new [`Appender`] method, not a
+/// new arm here.
 enum Job {
     Ops {
         ops: Vec<WriteOp>,
@@ -88,14 +99,16 @@ enum Job {
         state: Arc<Mutex<ReplayState>>,
         reply: oneshot::Sender<Result<(), NoSpace>>,
     },
-    ForgetUnowned {
-        ranges: PartitionRanges,
-        reply: oneshot::Sender<u64>,
-    },
-    ChangeTablets {
-        change: TabletChange,
-        reply: oneshot::Sender<EpochStep>,
-    },
+    Store(StoreJob),
+}
+
+/// A change of the store that logs nothing (a change of tablets, forgetting unowned
+/// objects), ordered after every job submitted before it. Runs under the store's lock
+/// and answers its submitter itself.
+struct StoreJob {
+    /// For logs and `Debug`.
+    name: &'static str,
+    run: Box<dyn FnOnce(&mut ObjectStore) + Send>,
 }
 
 /// A numbered change of this master's tablets from the coordinator (see
@@ -137,8 +150,7 @@ impl std::fmt::Debug for Job {
         match self {
             Job::Ops { ops, .. } => write!(f, "Ops({})", ops.len()),
             Job::Replay { piece, .. } => write!(f, "Replay({})", piece.segment()),
-            Job::ForgetUnowned { ranges, .. } => write!(f, "ForgetUnowned({})", ranges.len()),
-            Job::ChangeTablets { change, .. } => write!(f, "ChangeTablets({change:?})"),
+            Job::Store(job) => write!(f, "Store({})", job.name),
         }
     }
 }
@@ -179,15 +191,40 @@ impl Appender {
         Appender { jobs }
     }
 
+    /// Queues the job `job` builds around its reply channel, and waits for the reply.
+    async fn call<T>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<T>) -> Job,
+    ) -> Result<T, AppenderClosed> {
+        let (reply, done) = oneshot::channel();
+        self.jobs
+            .send(job(reply))
+            .await
+            .map_err(|_| AppenderClosed)?;
+        done.await.map_err(|_| AppenderClosed)
+    }
+
+    /// Runs `change` on the store as a [`StoreJob`] and returns what it returned.
+    async fn on_store<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        change: impl FnOnce(&mut ObjectStore) -> T + Send + 'static,
+    ) -> Result<T, AppenderClosed> {
+        self.call(|reply| {
+            Job::Store(StoreJob {
+                name,
+                run: Box::new(move |store| {
+                    let _ = reply.send(change(store));
+                }),
+            })
+        })
+        .await
+    }
+
     /// Applies `ops` (in order, each on its own) and returns their outcomes once they
     /// are durable and visible.
     pub async fn submit(&self, ops: Vec<WriteOp>) -> Result<Vec<OpOutcome>, AppenderClosed> {
-        let (reply, outcome) = oneshot::channel();
-        self.jobs
-            .send(Job::Ops { ops, reply })
-            .await
-            .map_err(|_| AppenderClosed)?;
-        outcome.await.map_err(|_| AppenderClosed)
+        self.call(|reply| Job::Ops { ops, reply }).await
     }
 
     /// Replays one recovery piece into the log; completes once its survivors are
@@ -199,16 +236,12 @@ impl Appender {
         piece: RecoveryPiece,
         state: Arc<Mutex<ReplayState>>,
     ) -> Result<Result<(), NoSpace>, AppenderClosed> {
-        let (reply, done) = oneshot::channel();
-        self.jobs
-            .send(Job::Replay {
-                piece,
-                state,
-                reply,
-            })
-            .await
-            .map_err(|_| AppenderClosed)?;
-        done.await.map_err(|_| AppenderClosed)
+        self.call(|reply| Job::Replay {
+            piece,
+            state,
+            reply,
+        })
+        .await
     }
 
     /// Applies a numbered change of this master's tablets, ordered after every write
@@ -216,24 +249,26 @@ impl Appender {
     /// pull the whole set). A `Replace` answers `Next` when applied, `Held` when what is
     /// served reflects its epoch already.
     pub async fn change_tablets(&self, change: TabletChange) -> Result<EpochStep, AppenderClosed> {
-        let (reply, done) = oneshot::channel();
-        self.jobs
-            .send(Job::ChangeTablets { change, reply })
-            .await
-            .map_err(|_| AppenderClosed)?;
-        done.await.map_err(|_| AppenderClosed)
+        self.on_store("ChangeTablets", move |store| match change {
+            TabletChange::Take { epoch, tablets } => store.take_tablets_at(epoch, &tablets),
+            TabletChange::Drop { epoch, tablets } => store.drop_tablets_at(epoch, &tablets),
+            TabletChange::Replace { epoch, tablets } => {
+                if store.replace_tablets(epoch, &tablets) {
+                    EpochStep::Next
+                } else {
+                    EpochStep::Held
+                }
+            }
+        })
+        .await
     }
 
     /// Forgets every object in `ranges` this master does not own (see
     /// [`ObjectStore::forget_unowned`]), ordered after every job submitted before;
     /// returns how many.
     pub async fn forget_unowned(&self, ranges: PartitionRanges) -> Result<u64, AppenderClosed> {
-        let (reply, done) = oneshot::channel();
-        self.jobs
-            .send(Job::ForgetUnowned { ranges, reply })
+        self.on_store("ForgetUnowned", move |store| store.forget_unowned(&ranges))
             .await
-            .map_err(|_| AppenderClosed)?;
-        done.await.map_err(|_| AppenderClosed)
     }
 }
 
@@ -315,10 +350,10 @@ async fn run(
             }
         };
         // Gather a batch of ops jobs, or of replay jobs; a job of another kind ends the
-        // batch and runs after it.
+        // batch and runs after it (a store job alone, a logged one as the next batch).
         let mut ops_jobs = Vec::new();
         let mut replay_jobs = Vec::new();
-        let mut control = None;
+        let mut alone = None;
         let (mut ops, mut bytes) = (0usize, 0usize);
         let mut next = Some(first);
         while let Some(job) = next.take() {
@@ -345,7 +380,7 @@ async fn run(
                     });
                 }
                 other => {
-                    control = Some(other);
+                    alone = Some(other);
                     break;
                 }
             }
@@ -374,27 +409,8 @@ async fn run(
                 return stop(fatal, &status, queue, parked).await;
             }
         }
-        match control {
-            Some(Job::ForgetUnowned { ranges, reply }) => {
-                let removed = store.lock().forget_unowned(&ranges);
-                let _ = reply.send(removed);
-            }
-            Some(Job::ChangeTablets { change, reply }) => {
-                let mut store = store.lock();
-                let step = match &change {
-                    TabletChange::Take { epoch, tablets } => store.take_tablets_at(*epoch, tablets),
-                    TabletChange::Drop { epoch, tablets } => store.drop_tablets_at(*epoch, tablets),
-                    TabletChange::Replace { epoch, tablets } => {
-                        if store.replace_tablets(*epoch, tablets) {
-                            EpochStep::Next
-                        } else {
-                            EpochStep::Held
-                        }
-                    }
-                };
-                drop(store);
-                let _ = reply.send(step);
-            }
+        match alone {
+            Some(Job::Store(job)) => (job.run)(&mut store.lock()),
             Some(job @ (Job::Ops { .. } | Job::Replay { .. })) => carried = Some(job),
             None => {}
         }
