@@ -527,6 +527,7 @@ async fn replay_batch(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::object_store::ReadResult;
     use bytes::Bytes;
     use rampart_common::config::MasterConfig;
     use rampart_common::ids::{ServerId, TableId, Version};
@@ -617,7 +618,7 @@ mod tests {
         while let Some(joined) = tasks.join_next().await {
             let (i, outcomes) = joined.unwrap();
             assert_eq!(outcomes.len(), 1);
-            assert_eq!(outcomes[0].status(), Status::Ok, "write {i}");
+            assert_eq!(outcomes[0].status, Status::Ok, "write {i}");
             done += 1;
         }
         assert_eq!(done, 200);
@@ -625,9 +626,9 @@ mod tests {
         assert_eq!(store.object_count(), 200);
         for i in 0..200 {
             let read = store.read(TABLE, format!("key-{i}").as_bytes());
-            assert_eq!(read.status, Status::Ok);
-            assert_eq!(read.version, Version::FIRST);
-            assert_eq!(read.value, format!("value-{i}").into_bytes());
+            assert_eq!(read.status(), Status::Ok);
+            assert_eq!(read.version(), Version::FIRST);
+            assert_eq!(read.value(), format!("value-{i}").into_bytes());
         }
     }
 
@@ -652,7 +653,7 @@ mod tests {
             .collect();
         for task in tasks {
             let outcomes = task.await.unwrap();
-            assert_eq!(outcomes[0].status(), Status::Ok);
+            assert_eq!(outcomes[0].status, Status::Ok);
         }
         let store = store.lock();
         assert_eq!(store.object_count(), JOBS as u64);
@@ -696,15 +697,15 @@ mod tests {
 
         for write in writes {
             let outcomes = write.await.unwrap();
-            assert_eq!(outcomes[0].status(), Status::Ok);
+            assert_eq!(outcomes[0].status, Status::Ok);
         }
         assert_eq!(drop.await.expect("the drop task ends"), EpochStep::Next);
         let late = late.await.unwrap();
-        assert_eq!(late[0].status(), Status::UnknownTablet);
+        assert_eq!(late[0].status, Status::UnknownTablet);
 
         assert_eq!(store.lock().object_count(), 0);
         assert_eq!(
-            store.lock().read(TABLE, b"key-0").status,
+            store.lock().read(TABLE, b"key-0").status(),
             Status::UnknownTablet
         );
         let take = TabletChange::Take {
@@ -720,7 +721,7 @@ mod tests {
         );
         for i in 0..WRITES {
             let read = store.lock().read(TABLE, format!("key-{i}").as_bytes());
-            assert_eq!(read.status, Status::ObjectDoesntExist, "key-{i} is gone");
+            assert_eq!(read.status(), Status::ObjectDoesntExist, "key-{i} is gone");
         }
     }
 
@@ -734,9 +735,9 @@ mod tests {
         assert!(poll_once(&mut abandoned).is_pending());
         drop(abandoned);
         let outcomes = appender.submit(vec![write("after", "v")]).await.unwrap();
-        assert_eq!(outcomes[0].status(), Status::Ok);
+        assert_eq!(outcomes[0].status, Status::Ok);
         let store = store.lock();
-        assert_eq!(store.read(TABLE, b"abandoned").status, Status::Ok);
+        assert_eq!(store.read(TABLE, b"abandoned").status(), Status::Ok);
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -748,10 +749,10 @@ mod tests {
             .collect();
         let outcomes = appender.submit(ops).await.unwrap();
         assert_eq!(outcomes.len(), BATCH_OPS_MAX + 10);
-        assert!(outcomes.iter().all(|o| o.status() == Status::Ok));
+        assert!(outcomes.iter().all(|o| o.status == Status::Ok));
         let store = store.lock();
         let last = BATCH_OPS_MAX + 9;
         let read = store.read(TABLE, format!("key-{}", last % 100).as_bytes());
-        assert_eq!(read.value, format!("{last}").into_bytes());
+        assert_eq!(read.value(), format!("{last}").into_bytes());
     }
 }

@@ -89,5 +89,5 @@ pub mod will_upload;
 #[cfg(test)]
 mod service_tests;
 
-pub use object_store::{ObjectStore, OpOutcome, WriteOp};
+pub use object_store::{EnumeratePage, Object, ObjectStore, OpOutcome, WriteOp};
 pub use service::MasterService;

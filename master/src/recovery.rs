@@ -106,7 +106,7 @@ use tokio::time::Instant;
 
 use crate::appender::Appender;
 use crate::object_store::ObjectStore;
-use crate::replay::{RecoveryPiece, ReplayState};
+use crate::replay::{PieceBytes, RecoveryPiece, ReplayState};
 
 /// `RecoveryData` requests a recovery keeps outstanding. A backup answers a request for a
 /// segment it has not read yet only once it has, so a few requests in flight keep every
@@ -844,7 +844,12 @@ impl RecoveryMaster {
         };
         let segment = request.segment;
         let ranges = Arc::clone(ranges);
-        tokio::task::spawn_blocking(move || RecoveryPiece::parse(segment, reply, &ranges))
+        let bytes = PieceBytes {
+            safe_version: reply.safe_version,
+            entries: reply.entries,
+            count: reply.count,
+        };
+        tokio::task::spawn_blocking(move || RecoveryPiece::parse(segment, bytes, &ranges))
             .await
             .map_err(|e| format!("decoding the piece failed: {e}"))?
             .map_err(|e| format!("bad piece: {e}"))

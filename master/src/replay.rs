@@ -26,7 +26,6 @@
 use bytes::Bytes;
 use rampart_common::ids::{key_hash, KeyHash, SegmentId, TableId, Version};
 use rampart_common::log::{decode_entry, Entry, EntryError};
-use rampart_common::protocol::backup::RecoveryDataReply;
 use std::collections::HashMap;
 
 /// One decoded, checked entry of a piece. Keys and values share the piece's buffer.
@@ -120,12 +119,23 @@ fn in_ranges(ranges: &[(TableId, u64, u64)], table: TableId, hash: KeyHash) -> b
         .is_some_and(|at| ranges[at].0 == table && hash.0 <= ranges[at].2)
 }
 
+/// What a backup sent for one segment and partition, not checked yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PieceBytes {
+    /// The highest `SafeVersion` floor the backup found in the replica (0 if none).
+    pub safe_version: Version,
+    /// `Object` and `Tombstone` entries in the log's format, one after another.
+    pub entries: Bytes,
+    /// How many entries the backup says `entries` holds.
+    pub count: u32,
+}
+
 impl RecoveryPiece {
-    /// Decodes and checks a backup's reply for `segment` against the partition `ranges`
+    /// Decodes and checks a backup's piece of `segment` against the partition `ranges`
     /// (sorted and disjoint). CPU-heavy (a CRC over every byte): run it off the reactor.
     pub fn parse(
         segment: SegmentId,
-        reply: RecoveryDataReply,
+        reply: PieceBytes,
         ranges: &[(TableId, u64, u64)],
     ) -> Result<RecoveryPiece, PieceError> {
         let buf = &reply.entries;
@@ -390,7 +400,7 @@ mod tests {
     }
 
     /// A reply holding an object `k` (version 3) and a tombstone of `gone`.
-    fn reply() -> RecoveryDataReply {
+    fn reply() -> PieceBytes {
         let mut writer = rampart_common::log::SegmentWriter::open(
             ServerId(9),
             SegmentId(1),
@@ -406,8 +416,7 @@ mod tests {
             .append_tombstone(T, Version(2), SegmentId(1), b"gone")
             .expect("fits");
         writer.append_safe_version(Version(9)).expect("fits");
-        RecoveryDataReply {
-            epoch: 1,
+        PieceBytes {
             safe_version: Version(4),
             entries: Bytes::copy_from_slice(&writer.bytes()[start..]),
             count: 2,
@@ -453,7 +462,7 @@ mod tests {
             RecoveryPiece::parse(SegmentId(1), reply(), &elsewhere),
             Err(PieceError::OutsidePartition { offset: 0 })
         ));
-        let miscounted = RecoveryDataReply {
+        let miscounted = PieceBytes {
             count: 3,
             ..reply()
         };

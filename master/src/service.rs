@@ -38,9 +38,10 @@ use rampart_common::config::MasterConfig;
 use rampart_common::ids::{ServerId, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_READ_REPLY_BYTES_MAX};
 use rampart_common::protocol::master::{
-    self as proto, EnumerateRequest, IncrementRequest, MultiReadReply, MultiReadRequest,
-    MultiRemoveRequest, MultiWriteReply, MultiWriteRequest, PingReply, ReadReply, ReadRequest,
-    RemoveRequest, ServerListVersion, TabletsRequest, WriteRequest,
+    self as proto, EnumerateReply, EnumerateRequest, EnumeratedObject, IncrementReply,
+    IncrementRequest, MultiReadReply, MultiReadRequest, MultiRemoveRequest, MultiWriteReply,
+    MultiWriteRequest, PingReply, ReadReply, ReadRequest, RemoveRequest, ServerListVersion,
+    TabletsRequest, WriteReply, WriteRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
@@ -50,7 +51,7 @@ use std::sync::Arc;
 
 use crate::appender::{Appender, AppenderStatus, TabletChange};
 use crate::lease::{Lease, LEASE_LAPSED_DETAIL};
-use crate::object_store::{ObjectStore, OpOutcome, WriteOp};
+use crate::object_store::{EnumeratePage, Object, ObjectStore, OpOutcome, WriteOp};
 use crate::profiler::PartitionLimits;
 use crate::recovery::{RecoveryConfig, RecoveryMaster};
 use crate::replica_manager::{
@@ -332,7 +333,7 @@ impl MasterService {
                         value: Bytes::new(),
                     };
                 }
-                let reply = store.read(o.table, &o.key);
+                let reply = read_reply(store.read(o.table, &o.key));
                 bytes += reply.value.len();
                 reply
             })
@@ -342,8 +343,12 @@ impl MasterService {
 
     fn enumerate(&self, payload: Bytes) -> Result<Reply, Reply> {
         let request: EnumerateRequest = Reply::decode(payload)?;
-        let page = self.store.lock().enumerate(&request);
-        page.map(|page| Reply::ok(&page))
+        let page = self.store.lock().enumerate(
+            request.table,
+            request.resume_hash..=request.end_hash,
+            request.max_bytes,
+        );
+        page.map(|page| Reply::ok(&enumerate_reply(page)))
             .map_err(|status| Reply::error(status, "enumerate"))
     }
 
@@ -364,15 +369,15 @@ impl MasterService {
         match opcode {
             proto::Write::OPCODE => {
                 let op = WriteOp::from(Reply::decode::<WriteRequest>(payload)?);
-                Ok(Reply::ok(&self.write_one(op).await?.into_write_reply()))
+                Ok(Reply::ok(&write_reply(self.write_one(op).await?)))
             }
             proto::Remove::OPCODE => {
                 let op = WriteOp::from(Reply::decode::<RemoveRequest>(payload)?);
-                Ok(Reply::ok(&self.write_one(op).await?.into_write_reply()))
+                Ok(Reply::ok(&write_reply(self.write_one(op).await?)))
             }
             proto::Increment::OPCODE => {
                 let op = WriteOp::from(Reply::decode::<IncrementRequest>(payload)?);
-                Ok(Reply::ok(&self.write_one(op).await?.into_increment_reply()))
+                Ok(Reply::ok(&increment_reply(self.write_one(op).await?)))
             }
             proto::MultiWrite::OPCODE => {
                 let request: MultiWriteRequest = Reply::decode(payload)?;
@@ -519,10 +524,7 @@ impl MasterService {
     async fn write_many(&self, ops: Vec<WriteOp>) -> Result<Reply, Reply> {
         let outcomes = self.write_ops(ops).await?;
         Ok(Reply::ok(&MultiWriteReply {
-            objects: outcomes
-                .into_iter()
-                .map(OpOutcome::into_write_reply)
-                .collect(),
+            objects: outcomes.into_iter().map(write_reply).collect(),
         }))
     }
 }
@@ -534,6 +536,97 @@ impl Service for MasterService {
 
     fn handle_now(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         self.handle_immediately(opcode, payload)
+    }
+}
+
+// The wire's view of the store's answers (the store speaks domain types only).
+
+impl From<WriteRequest> for WriteOp {
+    fn from(request: WriteRequest) -> WriteOp {
+        let WriteRequest {
+            table,
+            key,
+            value,
+            rules,
+        } = request;
+        WriteOp::Write {
+            table,
+            key,
+            value,
+            rules,
+        }
+    }
+}
+
+impl From<RemoveRequest> for WriteOp {
+    fn from(request: RemoveRequest) -> WriteOp {
+        let RemoveRequest { table, key, rules } = request;
+        WriteOp::Remove { table, key, rules }
+    }
+}
+
+impl From<IncrementRequest> for WriteOp {
+    fn from(request: IncrementRequest) -> WriteOp {
+        let IncrementRequest {
+            table,
+            key,
+            delta,
+            rules,
+        } = request;
+        WriteOp::Increment {
+            table,
+            key,
+            delta,
+            rules,
+        }
+    }
+}
+
+/// A write's or remove's reply (an increment's counter is dropped).
+fn write_reply(outcome: OpOutcome) -> WriteReply {
+    WriteReply {
+        status: outcome.status,
+        version: outcome.version,
+    }
+}
+
+/// An increment's reply: a refused one's value reads as 0.
+fn increment_reply(outcome: OpOutcome) -> IncrementReply {
+    IncrementReply {
+        status: outcome.status,
+        version: outcome.version,
+        value: outcome.counter.unwrap_or(0),
+    }
+}
+
+/// One object of a multi-read; not found and refused ones carry version 0 and no value.
+fn read_reply(read: Result<Object, Status>) -> ReadReply {
+    match read {
+        Ok(Object { version, value }) => ReadReply {
+            status: Status::Ok,
+            version,
+            value,
+        },
+        Err(status) => ReadReply {
+            status,
+            version: Version(0),
+            value: Bytes::new(),
+        },
+    }
+}
+
+fn enumerate_reply(page: EnumeratePage) -> EnumerateReply {
+    EnumerateReply {
+        objects: page
+            .objects
+            .into_iter()
+            .map(|(key, Object { version, value })| EnumeratedObject {
+                key,
+                version,
+                value,
+            })
+            .collect(),
+        next_hash: page.next_hash,
     }
 }
 

@@ -20,6 +20,7 @@ use rampart_common::rpc::{Opcode, Reply, Rpc, Service, WireMessage};
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
 
+use crate::object_store::ReadResult;
 use crate::service::MasterService;
 
 const TABLE: TableId = TableId(1);
@@ -601,7 +602,7 @@ mod recovery {
 
     fn read(service: &MasterService, key: &str) -> (Status, Version, Vec<u8>) {
         let reply = service.store().lock().read(RECOVERED, key.as_bytes());
-        (reply.status, reply.version, reply.value.to_vec())
+        (reply.status(), reply.version(), reply.value().to_vec())
     }
 
     /// The crashed master's log over three segments: `a` overwritten, `b` deleted, `c`
@@ -841,7 +842,7 @@ mod recovery {
     }
 
     fn read_own(service: &MasterService) -> Vec<u8> {
-        service.store().lock().read(TABLE, b"own").value.to_vec()
+        service.store().lock().read(TABLE, b"own").value().to_vec()
     }
 
     #[tokio::test]
