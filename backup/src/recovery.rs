@@ -97,6 +97,7 @@ use rampart_common::protocol::backup::{
 };
 use rampart_common::rpc::RPC_TIMEOUT_DEFAULT;
 use rampart_common::status::Status;
+use rampart_common::tablet::HashRange;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
@@ -254,7 +255,7 @@ impl PartitionIndex {
         }
         let mut ranges = Vec::with_capacity(count);
         for (partition, list) in (0u32..).zip(partitions) {
-            for &(table, start, end) in list {
+            for &HashRange { table, start, end } in list {
                 if start > end {
                     return Err(PartitionError::EmptyRange {
                         partition,
@@ -1141,10 +1142,13 @@ mod tests {
     #[test]
     fn partition_index_finds_ranges_at_their_boundaries_only() {
         let index = PartitionIndex::new(&[
-            vec![(TableId(1), 100, 200), (TableId(2), 0, u64::MAX)],
-            vec![(TableId(1), 201, 300)],
+            vec![
+                HashRange::new(TableId(1), 100, 200),
+                HashRange::whole(TableId(2)),
+            ],
+            vec![HashRange::new(TableId(1), 201, 300)],
             vec![],
-            vec![(TableId(1), 0, 99)],
+            vec![HashRange::new(TableId(1), 0, 99)],
         ])
         .expect("disjoint");
         assert_eq!(index.partitions(), 4);
@@ -1165,8 +1169,10 @@ mod tests {
 
     #[test]
     fn partition_index_refuses_overlaps_and_empty_ranges() {
-        let overlap =
-            PartitionIndex::new(&[vec![(TableId(1), 0, 100)], vec![(TableId(1), 100, 200)]]);
+        let overlap = PartitionIndex::new(&[
+            vec![HashRange::new(TableId(1), 0, 100)],
+            vec![HashRange::new(TableId(1), 100, 200)],
+        ]);
         assert_eq!(
             overlap,
             Err(PartitionError::Overlap {
@@ -1176,9 +1182,12 @@ mod tests {
                 at: 100
             })
         );
-        let within = PartitionIndex::new(&[vec![(TableId(1), 50, 60), (TableId(1), 0, 50)]]);
+        let within = PartitionIndex::new(&[vec![
+            HashRange::new(TableId(1), 50, 60),
+            HashRange::new(TableId(1), 0, 50),
+        ]]);
         assert!(matches!(within, Err(PartitionError::Overlap { .. })));
-        let empty = PartitionIndex::new(&[vec![(TableId(1), 5, 4)]]);
+        let empty = PartitionIndex::new(&[vec![HashRange::new(TableId(1), 5, 4)]]);
         assert!(matches!(empty, Err(PartitionError::EmptyRange { .. })));
         let many = vec![vec![]; RECOVERY_PARTITIONS_MAX + 1];
         assert!(matches!(
@@ -1197,10 +1206,10 @@ mod tests {
         let (exact_key, exact_hash) = key_with_hash("exact", |_| true);
         let (beside_key, _) = key_with_hash("beside", |h| h != exact_hash);
         let partitions = vec![
-            vec![(TableId(1), 0, half - 1)],
+            vec![HashRange::new(TableId(1), 0, half - 1)],
             vec![
-                (TableId(1), half, u64::MAX),
-                (TableId(2), exact_hash, exact_hash),
+                HashRange::new(TableId(1), half, u64::MAX),
+                HashRange::new(TableId(2), exact_hash, exact_hash),
             ],
         ];
         let index = PartitionIndex::new(&partitions).expect("index");
@@ -1257,7 +1266,7 @@ mod tests {
 
     #[test]
     fn split_replica_allocates_each_piece_at_its_exact_size() {
-        let index = PartitionIndex::new(&[vec![(TableId(1), 0, u64::MAX)]]).expect("index");
+        let index = PartitionIndex::new(&[vec![HashRange::whole(TableId(1))]]).expect("index");
         let mut writer =
             SegmentWriter::open(MASTER, SegmentId(4), CAPACITY, &[SegmentId(4)]).expect("open");
         // A large entry first: a piece grown by doubling then ends with spare room.
@@ -1275,7 +1284,7 @@ mod tests {
 
     #[test]
     fn split_replica_refuses_a_closed_replica_cut_short_or_another_segment() {
-        let index = PartitionIndex::new(&[vec![(TableId(1), 0, u64::MAX)]]).expect("index");
+        let index = PartitionIndex::new(&[vec![HashRange::whole(TableId(1))]]).expect("index");
         let mut writer =
             SegmentWriter::open(MASTER, SegmentId(4), CAPACITY, &[SegmentId(4)]).expect("open");
         writer
@@ -1391,7 +1400,7 @@ mod tests {
             master: MASTER,
             recovery,
             segments: (1..=segments).map(SegmentId).collect(),
-            partitions: vec![vec![(TableId(1), 0, u64::MAX)]],
+            partitions: vec![vec![HashRange::whole(TableId(1))]],
         }
     }
 
@@ -1401,7 +1410,7 @@ mod tests {
             recovery,
             segment: SegmentId(segment),
             partition: 0,
-            ranges: vec![(TableId(1), 0, u64::MAX)],
+            ranges: vec![HashRange::whole(TableId(1))],
         }
     }
 
@@ -1466,7 +1475,7 @@ mod tests {
         });
         let reads_so_far = || source.reads.load(Ordering::SeqCst);
         let reads = Arc::new(RecoveryReads::new(2 * VALUE as u64 + 600));
-        let partition_ranges = [(TableId(1), 0, u64::MAX), (TableId(2), 0, u64::MAX)];
+        let partition_ranges = [HashRange::whole(TableId(1)), HashRange::whole(TableId(2))];
         let request = RecoveryReadRequest {
             master: MASTER,
             recovery: 1,

@@ -2650,6 +2650,7 @@ mod tests {
     use rampart_common::ids::{key_hash, TableId, Version};
     use rampart_common::log::{decode_entry, Entry, SegmentWriter};
     use rampart_common::protocol::backup::{PartitionRanges, RecoveryDataReply};
+    use rampart_common::tablet::HashRange;
 
     /// What a log entry says, for comparisons: (tombstone?, table, key, version).
     type Logged = (bool, TableId, Vec<u8>, Version);
@@ -2660,8 +2661,11 @@ mod tests {
     /// all of table 2. Table 3 is in none (a tablet the crashed master no longer owned).
     fn partitions() -> Vec<PartitionRanges> {
         vec![
-            vec![(TableId(1), 0, HALF - 1)],
-            vec![(TableId(1), HALF, u64::MAX), (TableId(2), 0, u64::MAX)],
+            vec![HashRange::new(TableId(1), 0, HALF - 1)],
+            vec![
+                HashRange::new(TableId(1), HALF, u64::MAX),
+                HashRange::whole(TableId(2)),
+            ],
         ]
     }
 
@@ -2978,7 +2982,10 @@ mod tests {
             status(recovery_data(&service, 3, 1, 5, 0, partitions()[0].clone()).await),
             Status::ObjectDoesntExist
         );
-        let overlapping = vec![(TableId(1), 0, 10), (TableId(1), 5, 20)];
+        let overlapping = vec![
+            HashRange::new(TableId(1), 0, 10),
+            HashRange::new(TableId(1), 5, 20),
+        ];
         assert_eq!(
             status(recovery_data(&service, 3, 1, 4, 0, overlapping).await),
             Status::InvalidArgument
@@ -3065,7 +3072,10 @@ mod tests {
         start_recovery(&service, 1).await;
 
         // Attempt 1: everything in one partition. Let it read both segments.
-        let everything = vec![vec![(TableId(1), 0, u64::MAX), (TableId(2), 0, u64::MAX)]];
+        let everything = vec![vec![
+            HashRange::whole(TableId(1)),
+            HashRange::whole(TableId(2)),
+        ]];
         recovery_read(&service, 1, 1, &[1, 2], everything.clone())
             .await
             .expect("attempt 1");

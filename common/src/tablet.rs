@@ -4,6 +4,43 @@
 use crate::ids::{KeyHash, ServerId, TableId};
 use serde::{Deserialize, Serialize};
 
+/// Key hashes `start..=end` (both inclusive, so a range can end at `u64::MAX`) of one
+/// table: a unit of ownership, of a will's partition and of a recovery. Ordered by
+/// table, then start, then end. On the wire, in the coordinator's Raft log and in its
+/// snapshots it is the tuple `(table, start, end)` it replaced: bincode writes a
+/// struct's fields in order, as it writes a tuple's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct HashRange {
+    /// The table.
+    pub table: TableId,
+    /// First key hash.
+    pub start: u64,
+    /// Last key hash.
+    pub end: u64,
+}
+
+impl HashRange {
+    /// Hashes `start..=end` of `table`.
+    pub const fn new(table: TableId, start: u64, end: u64) -> HashRange {
+        HashRange { table, start, end }
+    }
+
+    /// Every hash of `table`.
+    pub const fn whole(table: TableId) -> HashRange {
+        HashRange::new(table, 0, u64::MAX)
+    }
+
+    /// Whether `hash` of a key of `table` lies in the range.
+    pub fn contains(&self, table: TableId, hash: KeyHash) -> bool {
+        self.table == table && self.start <= hash.0 && hash.0 <= self.end
+    }
+
+    /// Whether the two ranges share a hash.
+    pub fn overlaps(&self, other: &HashRange) -> bool {
+        self.table == other.table && self.start <= other.end && other.start <= self.end
+    }
+}
+
 /// A range `[start_hash, end_hash]` (both inclusive) of key hashes of one table, owned
 /// by one master.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -19,6 +56,11 @@ pub struct Tablet {
 }
 
 impl Tablet {
+    /// The hashes it covers.
+    pub fn range(&self) -> HashRange {
+        HashRange::new(self.table, self.start_hash, self.end_hash)
+    }
+
     /// Whether `hash` of a key of `table` falls in this tablet.
     pub fn contains(&self, table: TableId, hash: KeyHash) -> bool {
         self.table == table && self.start_hash <= hash.0 && hash.0 <= self.end_hash
@@ -110,6 +152,26 @@ pub struct TabletMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hash_range_encodes_as_the_tuple_it_replaced() {
+        // Raft logs and snapshots written before HashRange existed must still decode.
+        let range = HashRange::new(TableId(7), 3, u64::MAX);
+        let tuple = (TableId(7), 3u64, u64::MAX);
+        let bytes = bincode::serialize(&range).expect("encodes");
+        assert_eq!(bytes, bincode::serialize(&tuple).expect("encodes"));
+        assert_eq!(bincode::deserialize::<HashRange>(&bytes).ok(), Some(range));
+        assert!(HashRange::new(TableId(1), 5, 9) < HashRange::new(TableId(2), 0, 0));
+        assert!(HashRange::new(TableId(1), 5, 9) < HashRange::new(TableId(1), 6, 6));
+        assert!(range.contains(TableId(7), KeyHash(u64::MAX)));
+        assert!(!range.contains(TableId(7), KeyHash(2)));
+        assert!(!range.contains(TableId(8), KeyHash(4)));
+        let a = HashRange::new(TableId(1), 10, 20);
+        assert!(a.overlaps(&HashRange::new(TableId(1), 20, 30)));
+        assert!(a.overlaps(&HashRange::new(TableId(1), 0, 10)));
+        assert!(!a.overlaps(&HashRange::new(TableId(1), 21, 30)));
+        assert!(!a.overlaps(&HashRange::new(TableId(2), 10, 20)));
+    }
 
     #[test]
     fn split_hash_space_covers_everything_without_overlap() {

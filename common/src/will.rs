@@ -5,6 +5,7 @@
 //! Shared here because both sides and the wire carry it.
 
 use crate::ids::{KeyHash, TableId};
+use crate::tablet::HashRange;
 use serde::{Deserialize, Serialize};
 
 /// How this master's tablets are to be split among recovery masters should it crash.
@@ -23,9 +24,9 @@ pub struct Will {
 /// One partition of a will: what one recovery master replays.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Partition {
-    /// `(table, start_hash, end_hash)` ranges, inclusive, in order, non-empty, disjoint;
-    /// adjacent ranges of one table are merged.
-    pub tablets: Vec<(TableId, u64, u64)>,
+    /// Hash ranges, in order, non-empty, disjoint; adjacent ranges of one table are
+    /// merged.
+    pub tablets: Vec<HashRange>,
     /// Upper bound on the log bytes in these ranges.
     pub bytes: u64,
     /// Upper bound on the log entries in these ranges.
@@ -39,21 +40,21 @@ impl Will {
             partition
                 .tablets
                 .iter()
-                .any(|&(t, start, end)| t == table && start <= hash.0 && hash.0 <= end)
+                .any(|range| range.contains(table, hash))
         })
     }
 
     /// Every range covered, sorted, with adjacent ranges of one table merged.
-    pub fn coverage(&self) -> Vec<(TableId, u64, u64)> {
-        let mut ranges: Vec<(TableId, u64, u64)> = self
+    pub fn coverage(&self) -> Vec<HashRange> {
+        let mut ranges: Vec<HashRange> = self
             .partitions
             .iter()
             .flat_map(|partition| partition.tablets.iter().copied())
             .collect();
         ranges.sort_unstable();
         let mut merged = Vec::with_capacity(ranges.len());
-        for (table, start, end) in ranges {
-            push_range(&mut merged, table, start, end);
+        for range in ranges {
+            push_range(&mut merged, range);
         }
         merged
     }
@@ -81,14 +82,14 @@ impl Will {
     }
 }
 
-/// Appends `[start, end]` of `table` to `ranges`, extending the last range when it is
-/// of the same table and ends just before `start`.
-pub fn push_range(ranges: &mut Vec<(TableId, u64, u64)>, table: TableId, start: u64, end: u64) {
+/// Appends `range` to `ranges`, extending the last range when it is of the same table
+/// and ends just before `range` starts.
+pub fn push_range(ranges: &mut Vec<HashRange>, range: HashRange) {
     if let Some(last) = ranges.last_mut() {
-        if last.0 == table && last.2.checked_add(1) == Some(start) {
-            last.2 = end;
+        if last.table == range.table && last.end.checked_add(1) == Some(range.start) {
+            last.end = range.end;
             return;
         }
     }
-    ranges.push((table, start, end));
+    ranges.push(range);
 }

@@ -53,9 +53,9 @@
 //! and never one that contradicts an acknowledged write. A copy it abandoned earlier is
 //! shorter, or excluded by rules 3 and 4.
 
-use rampart_common::ids::{SegmentId, ServerId, TableId};
+use rampart_common::ids::{SegmentId, ServerId};
 use rampart_common::protocol::backup::{PartitionRanges, RecoveryReplica};
-use rampart_common::tablet::Tablet;
+use rampart_common::tablet::{HashRange, Tablet};
 use rampart_common::will::Will;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,21 +66,21 @@ use std::collections::{BTreeMap, BTreeSet};
 /// partitions are left out. Returns each partition with its will's byte bound (0 when
 /// unknown).
 pub fn partitions_for(will: Option<&Will>, owned: &[Tablet]) -> Vec<(PartitionRanges, u64)> {
-    let mut owned: Vec<(TableId, u64, u64)> = owned
-        .iter()
-        .map(|t| (t.table, t.start_hash, t.end_hash))
-        .collect();
+    let mut owned: Vec<HashRange> = owned.iter().map(Tablet::range).collect();
     owned.sort_unstable();
     let mut partitions = Vec::new();
     // What of `owned` the will covers, to find the rest afterwards.
-    let mut covered: Vec<(TableId, u64, u64)> = Vec::new();
+    let mut covered: Vec<HashRange> = Vec::new();
     for partition in will.map(|w| w.partitions.as_slice()).unwrap_or_default() {
         let mut ranges = Vec::new();
-        for &(table, start, end) in &partition.tablets {
-            for &(t, s, e) in &owned {
-                if t == table && s <= end && start <= e {
-                    ranges.push((table, s.max(start), e.min(end)));
-                }
+        for willed in &partition.tablets {
+            for range in owned.iter().filter(|range| range.overlaps(willed)) {
+                let start = range.start.max(willed.start);
+                ranges.push(HashRange::new(
+                    range.table,
+                    start,
+                    range.end.min(willed.end),
+                ));
             }
         }
         ranges.sort_unstable();
@@ -90,21 +90,22 @@ pub fn partitions_for(will: Option<&Will>, owned: &[Tablet]) -> Vec<(PartitionRa
         }
     }
     covered.sort_unstable();
-    for (table, start, end) in owned {
+    for HashRange { table, start, end } in owned {
         // The parts of [start, end] no covered range holds.
         let mut at = Some(start);
-        for &(t, s, e) in covered.iter().filter(|c| c.0 == table) {
+        for covered in covered.iter().filter(|c| c.table == table) {
             let Some(from) = at else { break };
-            if e < from || s > end {
+            if covered.end < from || covered.start > end {
                 continue;
             }
-            if s > from {
-                partitions.push((vec![(t, from, s - 1)], 0));
+            if covered.start > from {
+                let gap = HashRange::new(table, from, covered.start - 1);
+                partitions.push((vec![gap], 0));
             }
-            at = e.checked_add(1).filter(|next| *next <= end);
+            at = covered.end.checked_add(1).filter(|next| *next <= end);
         }
         if let Some(from) = at {
-            partitions.push((vec![(table, from, end)], 0));
+            partitions.push((vec![HashRange::new(table, from, end)], 0));
         }
     }
     partitions
@@ -444,6 +445,7 @@ pub fn assign_partitions(bytes: &[u64], masters: &[(ServerId, u64)]) -> Option<V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rampart_common::ids::TableId;
     use rampart_common::protocol::backup::ReplicaInfo;
     use rampart_common::will::Partition;
 
@@ -728,13 +730,13 @@ mod tests {
             records_max: 100,
             partitions: vec![
                 Partition {
-                    tablets: vec![(T, 0, 499)],
+                    tablets: vec![HashRange::new(T, 0, 499)],
                     bytes: 60,
                     records: 1,
                 },
                 Partition {
                     // Part of it was recovered already (hashes 1000..).
-                    tablets: vec![(T, 500, 1999)],
+                    tablets: vec![HashRange::new(T, 500, 1999)],
                     bytes: 70,
                     records: 1,
                 },
@@ -744,10 +746,10 @@ mod tests {
         assert_eq!(
             partitions,
             vec![
-                (vec![(T, 0, 499)], 60),
-                (vec![(T, 500, 999)], 70),
+                (vec![HashRange::new(T, 0, 499)], 60),
+                (vec![HashRange::new(T, 500, 999)], 70),
                 // Not in the will: a partition of its own.
-                (vec![(TableId(8), 0, u64::MAX)], 0),
+                (vec![HashRange::whole(TableId(8))], 0),
             ]
         );
         // Without a will: one partition per tablet.
@@ -766,17 +768,24 @@ mod tests {
             bytes_max: 100,
             records_max: 100,
             partitions: vec![Partition {
-                tablets: vec![(T, 100, 200)],
+                tablets: vec![HashRange::new(T, 100, 200)],
                 bytes: 1,
                 records: 1,
             }],
         };
-        let mut ranges: Vec<(TableId, u64, u64)> = partitions_for(Some(&will), &owned)
+        let mut ranges: Vec<HashRange> = partitions_for(Some(&will), &owned)
             .into_iter()
             .flat_map(|(r, _)| r)
             .collect();
         ranges.sort_unstable();
-        assert_eq!(ranges, vec![(T, 0, 99), (T, 100, 200), (T, 201, 1000)]);
+        assert_eq!(
+            ranges,
+            vec![
+                HashRange::new(T, 0, 99),
+                HashRange::new(T, 100, 200),
+                HashRange::new(T, 201, 1000)
+            ]
+        );
     }
 
     #[test]

@@ -110,8 +110,7 @@ const _: () = assert!(TABLETS_MAX * TABLET_WIRE_BYTES <= RPC_PAYLOAD_BYTES_MAX /
 const _: () = assert!(TABLE_SPAN_MAX as usize <= TABLETS_MAX);
 const _: () = assert!(TABLE_NAME_BYTES_MAX * TABLES_MAX <= RPC_PAYLOAD_BYTES_MAX);
 
-/// An inclusive key-hash range of one table: `(table, start_hash, end_hash)`.
-pub type HashRange = (TableId, u64, u64);
+pub use rampart_common::tablet::HashRange;
 
 /// One change to the configuration: a Raft log entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,8 +167,8 @@ pub enum Command {
     RecoveredPartition {
         /// The crashed master.
         crashed: ServerId,
-        /// The partition's key-hash ranges `(table, start_hash, end_hash)`, inclusive.
-        ranges: Vec<(TableId, u64, u64)>,
+        /// The partition's key-hash ranges.
+        ranges: Vec<HashRange>,
         /// The recovery master that holds their objects now.
         owner: ServerId,
     },
@@ -575,11 +574,11 @@ impl CoordinatorState {
     /// `server` owns and the rest, each in order.
     pub fn split_by_owner(
         &self,
-        ranges: &[(TableId, u64, u64)],
+        ranges: &[HashRange],
         server: ServerId,
     ) -> (Vec<HashRange>, Vec<HashRange>) {
         let (mut owned, mut other) = (Vec::new(), Vec::new());
-        for &(table, start, end) in ranges {
+        for &HashRange { table, start, end } in ranges {
             // Where the tablets do not reach (a dropped table): not owned.
             let mut at = Some(start);
             if let Some(info) = self.tables.get(&table) {
@@ -589,7 +588,7 @@ impl CoordinatorState {
                         break;
                     };
                     let to = tablet.end_hash.min(end);
-                    let part = (table, from.max(tablet.start_hash), to);
+                    let part = HashRange::new(table, from.max(tablet.start_hash), to);
                     if tablet.owner == server {
                         owned.push(part);
                     } else {
@@ -599,7 +598,7 @@ impl CoordinatorState {
                 }
             }
             if let Some(from) = at.filter(|from| *from <= end) {
-                other.push((table, from, end));
+                other.push(HashRange::new(table, from, end));
             }
         }
         (owned, other)
@@ -1042,7 +1041,7 @@ impl CoordinatorState {
     fn recovered_partition(
         &mut self,
         crashed: ServerId,
-        ranges: &[(TableId, u64, u64)],
+        ranges: &[HashRange],
         owner: ServerId,
     ) -> Result<Outcome, Reject> {
         let status_of = |id| self.servers.get(&id).map(|s: &ServerInfo| s.status);
@@ -1069,7 +1068,7 @@ impl CoordinatorState {
             why: why.to_owned(),
         })?;
         // Every hash of every range must lie in a tablet `crashed` owns.
-        for &(table, start, end) in ranges {
+        for &HashRange { table, start, end } in ranges {
             let not_owned = Reject::NotOwned {
                 crashed,
                 table,
@@ -1102,7 +1101,7 @@ impl CoordinatorState {
             });
         }
         let mut handed = Vec::new();
-        for &(table, start, end) in ranges {
+        for &HashRange { table, start, end } in ranges {
             let Some(info) = self.tables.get_mut(&table) else {
                 continue;
             };
@@ -1166,13 +1165,16 @@ fn will_ranges(will: &Will) -> usize {
 }
 
 /// Checks that ranges are non-empty, sorted and disjoint.
-fn check_ranges(ranges: &[(TableId, u64, u64)]) -> Result<(), &'static str> {
-    if ranges.iter().any(|&(_, start, end)| start > end) {
+fn check_ranges(ranges: &[HashRange]) -> Result<(), &'static str> {
+    if ranges
+        .iter()
+        .any(|&HashRange { start, end, .. }| start > end)
+    {
         return Err("empty range");
     }
     if ranges
         .windows(2)
-        .any(|pair| (pair[0].0, pair[0].2) >= (pair[1].0, pair[1].1))
+        .any(|pair| (pair[0].table, pair[0].end) >= (pair[1].table, pair[1].start))
     {
         return Err("ranges not sorted and disjoint");
     }
@@ -1418,7 +1420,7 @@ mod tests {
         assert_eq!(result, CommandResult::StatusSet);
     }
 
-    fn recovered(crashed: ServerId, ranges: Vec<(TableId, u64, u64)>, owner: ServerId) -> Command {
+    fn recovered(crashed: ServerId, ranges: Vec<HashRange>, owner: ServerId) -> Command {
         Command::RecoveredPartition {
             crashed,
             ranges,
@@ -1467,7 +1469,7 @@ mod tests {
         let before = state.tablet_epoch(other);
         crash(&mut state, owner);
         let table = state.table_id("b").expect("b");
-        let result = state.apply(&recovered(owner, vec![(table, 0, u64::MAX)], other));
+        let result = state.apply(&recovered(owner, vec![HashRange::whole(table)], other));
         assert_eq!(
             result,
             CommandResult::PartitionRecovered {
@@ -1514,12 +1516,20 @@ mod tests {
             .iter()
             .find(|t| t.owner == ids[0])
             .expect("a tablet");
-        let range = vec![(lost.table, lost.start_hash, lost.start_hash + 9)];
+        let range = vec![HashRange::new(
+            lost.table,
+            lost.start_hash,
+            lost.start_hash + 9,
+        )];
         state.apply(&recovered(ids[0], range, ids[1]));
         assert_eq!(state.version_ceiling(ids[1]), 100);
         // With loss allowed, replayed versions are shifted up by 100: twice that.
         state.apply(&Command::AllowLoss { server: ids[0] });
-        let range = vec![(lost.table, lost.start_hash + 10, lost.start_hash + 19)];
+        let range = vec![HashRange::new(
+            lost.table,
+            lost.start_hash + 10,
+            lost.start_hash + 19,
+        )];
         state.apply(&recovered(ids[0], range, ids[2]));
         assert_eq!(state.version_ceiling(ids[2]), 200);
         state.apply(&Command::SetServerStatus {
@@ -1536,16 +1546,22 @@ mod tests {
         let (table, tablets) = created(&mut state, "t", 2);
         let boundary = tablets[1].start_hash;
         let (first, second) = (tablets[0].owner, tablets[1].owner);
-        let ranges = vec![(table, 10, boundary + 10), (TableId(99), 0, 5)];
+        let ranges = vec![
+            HashRange::new(table, 10, boundary + 10),
+            HashRange::new(TableId(99), 0, 5),
+        ];
         let (owned, other) = state.split_by_owner(&ranges, first);
-        assert_eq!(owned, vec![(table, 10, boundary - 1)]);
+        assert_eq!(owned, vec![HashRange::new(table, 10, boundary - 1)]);
         assert_eq!(
             other,
-            vec![(table, boundary, boundary + 10), (TableId(99), 0, 5)],
+            vec![
+                HashRange::new(table, boundary, boundary + 10),
+                HashRange::new(TableId(99), 0, 5)
+            ],
             "another owner's part, and a table that does not exist"
         );
         let (owned, _) = state.split_by_owner(&ranges, second);
-        assert_eq!(owned, vec![(table, boundary, boundary + 10)]);
+        assert_eq!(owned, vec![HashRange::new(table, boundary, boundary + 10)]);
         assert!(ids.contains(&first) && ids.contains(&second));
     }
 
@@ -1561,7 +1577,11 @@ mod tests {
             .find(|id| *id != lost.owner)
             .expect("two");
         let mid = lost.end_hash / 2;
-        let result = state.apply(&recovered(lost.owner, vec![(table, 100, mid)], survivor));
+        let result = state.apply(&recovered(
+            lost.owner,
+            vec![HashRange::new(table, 100, mid)],
+            survivor,
+        ));
         let CommandResult::PartitionRecovered {
             tablets: handed, ..
         } = result
@@ -1593,7 +1613,10 @@ mod tests {
         );
         assert_eq!(state.check_invariants(), Ok(()));
         // The rest goes too; then the crashed server owns nothing.
-        let rest = vec![(table, 0, 99), (table, mid + 1, lost.end_hash)];
+        let rest = vec![
+            HashRange::new(table, 0, 99),
+            HashRange::new(table, mid + 1, lost.end_hash),
+        ];
         let result = state.apply(&recovered(lost.owner, rest, survivor));
         assert!(matches!(result, CommandResult::PartitionRecovered { .. }));
         assert!(state.tablets_of(lost.owner).is_empty());
@@ -1606,7 +1629,7 @@ mod tests {
         let (mut state, _) = cluster(2);
         let (table, tablets) = created(&mut state, "t", 2);
         crash(&mut state, tablets[0].owner);
-        let range = vec![(table, tablets[0].start_hash, tablets[0].end_hash)];
+        let range = vec![tablets[0].range()];
         let first = state.apply(&recovered(
             tablets[0].owner,
             range.clone(),
@@ -1616,7 +1639,11 @@ mod tests {
         let again = recovered(tablets[0].owner, range, tablets[1].owner);
         assert_rejected(&mut state, again, Status::RecoveryFailed);
         // A range reaching into a tablet of a server that is not crashed is refused whole.
-        let reaching = vec![(table, tablets[0].end_hash - 5, tablets[0].end_hash + 5)];
+        let reaching = vec![HashRange::new(
+            table,
+            tablets[0].end_hash - 5,
+            tablets[0].end_hash + 5,
+        )];
         let crashed_again = recovered(tablets[0].owner, reaching, tablets[1].owner);
         assert_rejected(&mut state, crashed_again, Status::RecoveryFailed);
     }
@@ -1627,7 +1654,7 @@ mod tests {
         let (table, tablets) = created(&mut state, "t", 1);
         let owner = tablets[0].owner;
         let other = ids.iter().copied().find(|id| *id != owner).expect("three");
-        let whole = vec![(table, 0, u64::MAX)];
+        let whole = vec![HashRange::whole(table)];
         // Not crashed yet.
         assert_rejected(
             &mut state,
@@ -1648,7 +1675,7 @@ mod tests {
             Status::InvalidArgument,
         );
         // Unsorted ranges.
-        let unsorted = vec![(table, 10, 20), (table, 0, 5)];
+        let unsorted = vec![HashRange::new(table, 10, 20), HashRange::new(table, 0, 5)];
         assert_rejected(
             &mut state,
             recovered(owner, unsorted, other),
@@ -1666,7 +1693,7 @@ mod tests {
             bytes_max: 1 << 20,
             records_max: 1000,
             partitions: vec![rampart_common::will::Partition {
-                tablets: vec![(table, 0, u64::MAX)],
+                tablets: vec![HashRange::whole(table)],
                 bytes: 10,
                 records: 1,
             }],

@@ -50,7 +50,7 @@ use rampart_common::ids::{key_hash, KeyHash, ServerId, TableId, Version};
 use rampart_common::limits::{ENUMERATE_PAGE_BYTES_MAX, KEY_BYTES_MAX};
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
-use rampart_common::tablet::Tablet;
+use rampart_common::tablet::{HashRange, Tablet};
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::ops::RangeInclusive;
@@ -714,7 +714,7 @@ impl ObjectStore {
     pub fn owns_any(&self, ranges: &PartitionRanges) -> bool {
         ranges
             .iter()
-            .any(|&(table, start, end)| self.tablets.owns_any(table, start, end))
+            .any(|&HashRange { table, start, end }| self.tablets.owns_any(table, start, end))
     }
 
     /// Forgets every object in `ranges` that this master does not own: what a failed or
@@ -724,7 +724,7 @@ impl ObjectStore {
     /// were forgotten.
     pub fn forget_unowned(&mut self, ranges: &PartitionRanges) -> u64 {
         let mut removed = 0;
-        for &(table, start, end) in ranges {
+        for &HashRange { table, start, end } in ranges {
             for (from, to) in self.tablets.unowned_parts(table, start, end) {
                 removed += self.index.remove_range(table, from..=to);
                 self.replayed_untracked
@@ -865,23 +865,30 @@ impl ObjectStore {
         if epoch <= self.tablets.epoch() {
             return false;
         }
-        let key = |t: &Tablet| (t.table, t.start_hash, t.end_hash);
-        let new: HashSet<(TableId, u64, u64)> = tablets.iter().map(key).collect();
+        let new: HashSet<HashRange> = tablets.iter().map(Tablet::range).collect();
         let before = self.tablets.ranges();
-        let old: HashSet<(TableId, u64, u64)> = before.iter().copied().collect();
-        for (table, from, to) in self.tablets.replace(tablets) {
+        let old: HashSet<HashRange> = before.iter().copied().collect();
+        for HashRange {
+            table,
+            start: from,
+            end: to,
+        } in self.tablets.replace(tablets)
+        {
             self.index.remove_range(table, from..=to);
         }
         // Profiles of tablets gone for good end; one that a new tablet overlaps is
         // replaced by that tablet's, which inherits its counts.
         let own = self.log.log_id();
-        let overlapped = |&(table, start, end): &(TableId, u64, u64)| {
+        let overlapped = |&HashRange { table, start, end }: &HashRange| {
             tablets
                 .iter()
                 .any(|t| t.table == table && t.start_hash <= end && start <= t.end_hash)
         };
-        for &(table, start_hash, end_hash) in
-            before.iter().filter(|r| !new.contains(r) && !overlapped(r))
+        for &HashRange {
+            table,
+            start: start_hash,
+            end: end_hash,
+        } in before.iter().filter(|r| !new.contains(r) && !overlapped(r))
         {
             self.profiler.drop_tablet(&Tablet {
                 table,
@@ -890,7 +897,7 @@ impl ObjectStore {
                 owner: own,
             });
         }
-        for tablet in tablets.iter().filter(|t| !old.contains(&key(t))) {
+        for tablet in tablets.iter().filter(|t| !old.contains(&t.range())) {
             self.profile_taken(tablet);
         }
         self.tablets.set_epoch(epoch);
@@ -2121,7 +2128,7 @@ mod tests {
     }
 
     fn partition() -> PartitionRanges {
-        vec![(RECOVERED, 0, u64::MAX)]
+        vec![HashRange::whole(RECOVERED)]
     }
 
     fn obj(key: &str, version: u64, value: &str) -> PieceEntry {
@@ -2430,7 +2437,7 @@ mod tests {
         );
         assert_eq!(store.object_count(), 3);
         let mut ranges = partition();
-        ranges.insert(0, (TABLE, 0, u64::MAX));
+        ranges.insert(0, HashRange::whole(TABLE));
         assert_eq!(store.forget_unowned(&ranges), 2);
         assert_eq!(store.object_count(), 1);
         assert_eq!(store.read(TABLE, b"mine").status(), Status::Ok);
@@ -2463,7 +2470,7 @@ mod tests {
         delete(&mut store, b"key-0");
         bytes += tombstone_entry_bytes(b"key-0".len()) as u64;
         let will = store.will();
-        assert_eq!(will.coverage(), vec![(TABLE, 0, u64::MAX)]);
+        assert_eq!(will.coverage(), vec![HashRange::whole(TABLE)]);
         assert!(
             will.partitions.len() >= 2,
             "{} bytes in 4 KiB partitions",
@@ -2477,7 +2484,10 @@ mod tests {
         );
         // Dropping a tablet drops it from the will.
         store.drop_tablets(&[tablet(TABLE, split + 1, u64::MAX)]);
-        assert_eq!(store.will().coverage(), vec![(TABLE, 0, split)]);
+        assert_eq!(
+            store.will().coverage(),
+            vec![HashRange::new(TABLE, 0, split)]
+        );
     }
 
     #[test]
@@ -2490,13 +2500,13 @@ mod tests {
             .collect();
         let bytes: u64 = entries.iter().map(|e| e.entry_bytes() as u64).sum();
         replay(&mut store, &mut state, &[piece(entries)]);
-        assert_eq!(store.will().coverage(), vec![(TABLE, 0, u64::MAX)]);
+        assert_eq!(store.will().coverage(), vec![HashRange::whole(TABLE)]);
         store.take_tablets(&[whole(RECOVERED)]);
         let will = store.will();
         let recovered: Vec<_> = will
             .partitions
             .iter()
-            .filter(|p| p.tablets.iter().any(|r| r.0 == RECOVERED))
+            .filter(|p| p.tablets.iter().any(|r| r.table == RECOVERED))
             .collect();
         assert_eq!(recovered.len(), 1);
         assert_eq!((recovered[0].records, recovered[0].bytes), (51, bytes));

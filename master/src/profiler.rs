@@ -69,7 +69,7 @@
 //! `tablets + 256·arrays` steps: about 3 ms at the default cap.
 
 use rampart_common::ids::{KeyHash, TableId};
-use rampart_common::tablet::Tablet;
+use rampart_common::tablet::{HashRange, Tablet};
 pub use rampart_common::will::{push_range, Partition, Will};
 
 /// Buckets in each array. 256 = 8 bits of hash per level, as in RAMCloud: wide enough
@@ -526,11 +526,11 @@ struct Visit<'a> {
 #[derive(Debug)]
 pub struct Profiler {
     config: ProfilerConfig,
-    /// `(table, start_hash, end_hash)` of each profiled tablet, sorted: the index that
+    /// The range of each profiled tablet, sorted: the index that
     /// `track` binary-searches (24 bytes an entry, so a thousand tablets stay in cache).
     /// Invariants: `profiles[i]` profiles `ranges[i]`; ranges never overlap (taking a
     /// tablet replaces the profiles it overlaps, as `OwnedTablets::take` does).
-    ranges: Vec<(TableId, u64, u64)>,
+    ranges: Vec<HashRange>,
     profiles: Vec<TabletProfiler>,
     /// Arrays of all tablets together.
     /// Invariant: equals the sum of `arrays()` over `profiles`, and new arrays are made
@@ -558,15 +558,15 @@ impl Profiler {
     ///
     /// Take a tablet *before* tracking its objects (before recovery replays into it).
     pub fn take_tablet(&mut self, tablet: &Tablet) {
-        let range = (tablet.table, tablet.start_hash, tablet.end_hash);
+        let range = tablet.range();
         if self.ranges.binary_search(&range).is_ok() {
             return;
         }
         let mut inherited = Counts::ZERO;
         for old in self.remove_overlapping(tablet) {
-            inherited = inherited.plus(old.counts_meeting(range.1, range.2));
+            inherited = inherited.plus(old.counts_meeting(range.start, range.end));
         }
-        let mut profile = TabletProfiler::new(range.0, range.1, range.2, self.config);
+        let mut profile = TabletProfiler::new(range.table, range.start, range.end, self.config);
         profile.top.counts = inherited;
         let at = self.ranges.partition_point(|r| *r < range);
         self.ranges.insert(at, range);
@@ -581,10 +581,14 @@ impl Profiler {
     fn remove_overlapping(&mut self, tablet: &Tablet) -> Vec<TabletProfiler> {
         let first = self
             .ranges
-            .partition_point(|&(table, _, end)| (table, end) < (tablet.table, tablet.start_hash));
-        let last = self.ranges.partition_point(|&(table, start, _)| {
-            (table, start) <= (tablet.table, tablet.end_hash)
-        });
+            .partition_point(|&HashRange { table, end, .. }| {
+                (table, end) < (tablet.table, tablet.start_hash)
+            });
+        let last = self
+            .ranges
+            .partition_point(|&HashRange { table, start, .. }| {
+                (table, start) <= (tablet.table, tablet.end_hash)
+            });
         let last = last.max(first);
         self.ranges.drain(first..last);
         let removed: Vec<TabletProfiler> = self.profiles.drain(first..last).collect();
@@ -596,11 +600,13 @@ impl Profiler {
 
     /// The index of the profile holding `hash` of `table`.
     fn find(&self, table: TableId, hash: KeyHash) -> Option<usize> {
-        let after = self
-            .ranges
-            .partition_point(|&(t, start, _)| (t, start) <= (table, hash.0));
+        let after = self.ranges.partition_point(
+            |&HashRange {
+                 table: t, start, ..
+             }| (t, start) <= (table, hash.0),
+        );
         let at = after.checked_sub(1)?;
-        let (t, _, end) = self.ranges[at];
+        let HashRange { table: t, end, .. } = self.ranges[at];
         (t == table && hash.0 <= end).then_some(at)
     }
 
@@ -710,7 +716,8 @@ impl Collector {
     }
 
     fn end_tablet(&mut self, end: u64) {
-        push_range(&mut self.current.tablets, self.table, self.range_start, end);
+        let range = HashRange::new(self.table, self.range_start, end);
+        push_range(&mut self.current.tablets, range);
     }
 
     /// Adds a bucket whose range starts at `lo`, with `counts`; `ancestors` is the sum of
@@ -724,12 +731,8 @@ impl Collector {
         let covers_something = !self.current.tablets.is_empty() || lo > self.range_start;
         if !fits && covers_something {
             if lo > self.range_start {
-                push_range(
-                    &mut self.current.tablets,
-                    self.table,
-                    self.range_start,
-                    lo - 1,
-                );
+                let range = HashRange::new(self.table, self.range_start, lo - 1);
+                push_range(&mut self.current.tablets, range);
             }
             let next = Partition {
                 tablets: Vec::new(),
@@ -792,15 +795,15 @@ mod tests {
     /// here inherited counts). Returns the true counts per partition.
     fn check_will(
         will: &Will,
-        tablets: &[(TableId, u64, u64)],
+        tablets: &[HashRange],
         records: &[Record],
         config: &ProfilerConfig,
     ) -> Vec<Counts> {
         let mut expected = tablets.to_vec();
         expected.sort_unstable();
         let mut merged = Vec::new();
-        for (table, start, end) in expected {
-            push_range(&mut merged, table, start, end);
+        for range in expected {
+            push_range(&mut merged, range);
         }
         assert_eq!(
             will.coverage(),
@@ -812,7 +815,7 @@ mod tests {
             .partitions
             .iter()
             .enumerate()
-            .flat_map(|(i, p)| p.tablets.iter().map(move |&(t, s, e)| (t, s, e, i)))
+            .flat_map(|(i, p)| p.tablets.iter().map(move |r| (r.table, r.start, r.end, i)))
             .collect();
         for &(_, start, end, _) in &ranges {
             assert!(start <= end);
@@ -896,7 +899,7 @@ mod tests {
         assert_eq!(profiler.arrays(), 257);
 
         let will = profiler.will(P, u64::MAX);
-        let truth = check_will(&will, &[(TableId(7), 0, u64::MAX)], &records, &cfg);
+        let truth = check_will(&will, &[HashRange::whole(TableId(7))], &records, &cfg);
         check_balanced(&will, &truth, depth, &cfg);
         let total: u64 = records.iter().map(|r| r.2).sum();
         let optimum = total.div_ceil(P) as usize;
@@ -926,7 +929,7 @@ mod tests {
         assert_eq!(depth, LEVELS_MAX - 1, "refined down to 256-hash buckets");
 
         let will = profiler.will(P, u64::MAX);
-        let truth = check_will(&will, &[(TableId(1), 0, u64::MAX)], &records, &cfg);
+        let truth = check_will(&will, &[HashRange::whole(TableId(1))], &records, &cfg);
         check_balanced(&will, &truth, depth, &cfg);
         for partition in &will.partitions {
             assert!(partition.bytes <= P);
@@ -938,9 +941,11 @@ mod tests {
             .partitions
             .iter()
             .filter(|p| {
-                p.tablets
-                    .iter()
-                    .any(|&(_, s, e)| s <= base + (1 << 20) && e >= base)
+                p.tablets.iter().any(
+                    |&HashRange {
+                         start: s, end: e, ..
+                     }| s <= base + (1 << 20) && e >= base,
+                )
             })
             .count();
         assert!(cuts >= 8);
@@ -956,7 +961,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(3);
         for table in 1..=1000u64 {
             profiler.take_tablet(&tablet(table, 0, u64::MAX));
-            tablets.push((TableId(table), 0, u64::MAX));
+            tablets.push(HashRange::whole(TableId(table)));
             for _ in 0..3 {
                 records.push((TableId(table), rng.gen(), 100));
             }
@@ -975,10 +980,11 @@ mod tests {
                 "{}",
                 partition.tablets.len()
             );
-            assert!(partition
-                .tablets
-                .iter()
-                .all(|&(_, s, e)| s == 0 && e == u64::MAX));
+            assert!(partition.tablets.iter().all(
+                |&HashRange {
+                     start: s, end: e, ..
+                 }| s == 0 && e == u64::MAX
+            ));
         }
     }
 
@@ -988,12 +994,12 @@ mod tests {
         const N: u64 = 5_000;
         let cfg = ProfilerConfig::for_partitions(P, N);
         let mut profiler = Profiler::new(cfg);
-        let mut tablets = vec![(TableId(1), 0, u64::MAX)];
+        let mut tablets = vec![HashRange::whole(TableId(1))];
         profiler.take_tablet(&tablet(1, 0, u64::MAX));
         let mut records = uniform_records(4, TableId(1), 100_000);
         for table in 2..=50u64 {
             profiler.take_tablet(&tablet(table, 0, u64::MAX));
-            tablets.push((TableId(table), 0, u64::MAX));
+            tablets.push(HashRange::whole(TableId(table)));
             records.extend(uniform_records(table, TableId(table), 10));
         }
         track_all(&mut profiler, &records);
@@ -1010,7 +1016,7 @@ mod tests {
         // The small tables share the last partition, each whole.
         let last = &will.partitions[will.partitions.len() - 1];
         for table in 2..=50u64 {
-            assert!(last.tablets.contains(&(TableId(table), 0, u64::MAX)));
+            assert!(last.tablets.contains(&HashRange::whole(TableId(table))));
         }
     }
 
@@ -1026,17 +1032,19 @@ mod tests {
         track_all(&mut profiler, &records);
 
         let will = profiler.will(P, u64::MAX);
-        check_will(&will, &[(TableId(1), 0, u64::MAX)], &records, &cfg);
+        check_will(&will, &[HashRange::whole(TableId(1))], &records, &cfg);
         let alone: Vec<&Partition> = will
             .partitions
             .iter()
-            .filter(|p| p.tablets == [(TableId(1), hot, hot)])
+            .filter(|p| p.tablets == [HashRange::new(TableId(1), hot, hot)])
             .collect();
         assert_eq!(alone.len(), 1, "{will:?}");
         assert!(alone[0].bytes >= 2_000_000);
         // Every other partition keeps to the limit.
         for partition in &will.partitions {
-            assert!(partition.bytes <= P || partition.tablets == [(TableId(1), hot, hot)]);
+            assert!(
+                partition.bytes <= P || partition.tablets == [HashRange::new(TableId(1), hot, hot)]
+            );
         }
     }
 
@@ -1053,7 +1061,10 @@ mod tests {
         assert_eq!(
             will.partitions,
             vec![Partition {
-                tablets: vec![(TableId(3), 0, u64::MAX), (TableId(4), 1 << 63, u64::MAX)],
+                tablets: vec![
+                    HashRange::whole(TableId(3)),
+                    HashRange::new(TableId(4), 1 << 63, u64::MAX)
+                ],
                 bytes: 0,
                 records: 0,
             }]
@@ -1116,7 +1127,7 @@ mod tests {
         assert_eq!(profiler.totals(), totals);
         check_will(
             &profiler.will(10_000, 100),
-            &[(TableId(1), 0, u64::MAX)],
+            &[HashRange::whole(TableId(1))],
             &before,
             &cfg,
         );
@@ -1163,7 +1174,7 @@ mod tests {
         let arrays: usize = profiler.tablets().map(TabletProfiler::arrays).sum();
         assert_eq!(arrays, 5);
         assert_eq!(profiler.totals().records, 6_000);
-        let tablets = [(TableId(1), 0, u64::MAX), (TableId(2), 0, u64::MAX)];
+        let tablets = [HashRange::whole(TableId(1)), HashRange::whole(TableId(2))];
         check_will(&profiler.will(2_000, 20), &tablets, &records, &cfg);
 
         // Dropping a tablet frees its arrays for the others.
@@ -1221,7 +1232,7 @@ mod tests {
         for partition in &will.partitions {
             assert!(partition.records >= truth.records);
         }
-        assert_eq!(will.coverage(), vec![(TableId(1), 0, half)]);
+        assert_eq!(will.coverage(), vec![HashRange::new(TableId(1), 0, half)]);
         assert_eq!(profiler.arrays(), 0);
     }
 
@@ -1232,7 +1243,7 @@ mod tests {
             partitions: partitions
                 .iter()
                 .map(|&(end, bytes, records)| Partition {
-                    tablets: vec![(TableId(1), end.saturating_sub(9), end)],
+                    tablets: vec![HashRange::new(TableId(1), end.saturating_sub(9), end)],
                     bytes,
                     records,
                 })
@@ -1254,12 +1265,12 @@ mod tests {
         assert!(other_limit.changed_materially(&old, 0.1));
         // A boundary that moved within the fraction is not material ...
         let mut moved = old.clone();
-        moved.partitions[0].tablets = vec![(TableId(1), 0, 7)];
-        moved.partitions[1].tablets = vec![(TableId(1), 8, 19)];
+        moved.partitions[0].tablets = vec![HashRange::new(TableId(1), 0, 7)];
+        moved.partitions[1].tablets = vec![HashRange::new(TableId(1), 8, 19)];
         assert!(!moved.changed_materially(&old, 0.1));
         // ... other coverage is.
         let mut other_table = old.clone();
-        other_table.partitions[1].tablets = vec![(TableId(2), 10, 19)];
+        other_table.partitions[1].tablets = vec![HashRange::new(TableId(2), 10, 19)];
         assert!(other_table.changed_materially(&old, 0.1));
     }
 
@@ -1348,8 +1359,7 @@ mod tests {
             prop_assert_eq!(totals.bytes, live.iter().map(|r| r.2).sum::<u64>());
 
             let will = profiler.will(bytes_max, records_max);
-            let ranges: Vec<_> =
-                tablets.iter().map(|t| (t.table, t.start_hash, t.end_hash)).collect();
+            let ranges: Vec<_> = tablets.iter().map(Tablet::range).collect();
             check_will(&will, &ranges, &live, &cfg);
         }
     }

@@ -92,13 +92,14 @@
 
 use futures::StreamExt;
 use parking_lot::Mutex;
-use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
+use rampart_common::ids::{SegmentId, ServerId, Version};
 use rampart_common::protocol::backup::{PartitionRanges, RecoveryData, RecoveryDataRequest};
 use rampart_common::protocol::master::{
     RecoverReply, RecoverRequest, RecoverySource, RECOVER_TIMEOUT,
 };
 use rampart_common::rpc::RpcPool;
 use rampart_common::status::Status;
+use rampart_common::tablet::HashRange;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -236,12 +237,14 @@ impl RecoveryError {
 }
 
 /// Checks that `ranges` are non-empty, each start ≤ end, sorted and disjoint.
-fn check_ranges(ranges: &[(TableId, u64, u64)]) -> Result<(), RecoveryError> {
+fn check_ranges(ranges: &[HashRange]) -> Result<(), RecoveryError> {
     let well_formed = !ranges.is_empty()
-        && ranges.iter().all(|&(_, start, end)| start <= end)
+        && ranges
+            .iter()
+            .all(|&HashRange { start, end, .. }| start <= end)
         && ranges
             .windows(2)
-            .all(|w| (w[0].0, w[0].2) < (w[1].0, w[1].1));
+            .all(|w| (w[0].table, w[0].end) < (w[1].table, w[1].start));
     if well_formed {
         Ok(())
     } else {
@@ -250,7 +253,7 @@ fn check_ranges(ranges: &[(TableId, u64, u64)]) -> Result<(), RecoveryError> {
 }
 
 /// Adds to `record` each of `ranges` it does not hold yet.
-fn remember(record: &mut PartitionRanges, ranges: &[(TableId, u64, u64)]) {
+fn remember(record: &mut PartitionRanges, ranges: &[HashRange]) {
     for range in ranges {
         if !record.contains(range) {
             record.push(*range);
@@ -259,11 +262,9 @@ fn remember(record: &mut PartitionRanges, ranges: &[(TableId, u64, u64)]) {
 }
 
 /// Whether two sorted range lists share a hash.
-fn overlap(a: &[(TableId, u64, u64)], b: &[(TableId, u64, u64)]) -> bool {
-    a.iter().any(|&(table, start, end)| {
-        b.iter()
-            .any(|&(t, s, e)| t == table && s <= end && start <= e)
-    })
+fn overlap(a: &[HashRange], b: &[HashRange]) -> bool {
+    a.iter()
+        .any(|range| b.iter().any(|other| range.overlaps(other)))
 }
 
 /// A recovery running here.
@@ -934,24 +935,31 @@ impl RecoveryMaster {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rampart_common::ids::TableId;
 
     const T: TableId = TableId(1);
 
     #[test]
     fn ranges_must_be_sorted_disjoint_and_non_empty() {
         assert_eq!(check_ranges(&[]), Err(RecoveryError::BadRanges));
-        assert_eq!(check_ranges(&[(T, 5, 4)]), Err(RecoveryError::BadRanges));
         assert_eq!(
-            check_ranges(&[(T, 0, 10), (T, 10, 20)]),
+            check_ranges(&[HashRange::new(T, 5, 4)]),
             Err(RecoveryError::BadRanges)
         );
         assert_eq!(
-            check_ranges(&[(T, 20, 30), (T, 0, 10)]),
+            check_ranges(&[HashRange::new(T, 0, 10), HashRange::new(T, 10, 20)]),
             Err(RecoveryError::BadRanges)
         );
-        assert_eq!(check_ranges(&[(T, 0, 10), (T, 11, 20)]), Ok(()));
         assert_eq!(
-            check_ranges(&[(T, 0, u64::MAX), (TableId(2), 0, 0)]),
+            check_ranges(&[HashRange::new(T, 20, 30), HashRange::new(T, 0, 10)]),
+            Err(RecoveryError::BadRanges)
+        );
+        assert_eq!(
+            check_ranges(&[HashRange::new(T, 0, 10), HashRange::new(T, 11, 20)]),
+            Ok(())
+        );
+        assert_eq!(
+            check_ranges(&[HashRange::whole(T), HashRange::new(TableId(2), 0, 0)]),
             Ok(())
         );
     }
@@ -989,7 +997,7 @@ mod tests {
         // arrives, replays and finishes here (its commit under way). Attempt 2 must not
         // register: it would forget what attempt 3 replayed.
         let mut attempts = Attempts::default();
-        let ranges = vec![(T, 0, u64::MAX)];
+        let ranges = vec![HashRange::whole(T)];
         arrives(&mut attempts, CRASHED, 2);
         arrives(&mut attempts, CRASHED, 3);
         let newer = registers(&mut attempts, Work::Replay, CRASHED, 3, &ranges);
@@ -1012,7 +1020,7 @@ mod tests {
             Work::Replay,
             ServerId(8),
             1,
-            &vec![(TableId(2), 0, 5)],
+            &vec![HashRange::new(TableId(2), 0, 5)],
         );
     }
 
@@ -1020,16 +1028,28 @@ mod tests {
     fn overlapping_work_is_refused_and_superseded_work_is_found() {
         let mut attempts = Attempts::default();
         arrives(&mut attempts, CRASHED, 2);
-        let low = registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
+        let low = registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            2,
+            &vec![HashRange::new(T, 0, 99)],
+        );
         registers(
             &mut attempts,
             Work::Replay,
             CRASHED,
             2,
-            &vec![(T, 100, 199)],
+            &vec![HashRange::new(T, 100, 199)],
         );
         assert_eq!(
-            attempts.register(Work::Replay, CRASHED, 2, &vec![(T, 50, 150)], cancel()),
+            attempts.register(
+                Work::Replay,
+                CRASHED,
+                2,
+                &vec![HashRange::new(T, 50, 150)],
+                cancel()
+            ),
             Err(RecoveryError::InProgress)
         );
         assert_eq!(attempts.superseded(CRASHED, 2).len(), 0);
@@ -1037,29 +1057,43 @@ mod tests {
         assert_eq!(attempts.superseded(ServerId(8), 3).len(), 0);
         attempts.finish(low);
         assert_eq!(attempts.superseded(CRASHED, 3).len(), 1);
-        registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
+        registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            2,
+            &vec![HashRange::new(T, 0, 99)],
+        );
     }
 
     #[test]
     fn an_abandon_of_an_overtaken_attempt_is_ignored_and_a_current_one_waits_for_its_work() {
         let mut attempts = Attempts::default();
         arrives(&mut attempts, CRASHED, 2);
-        registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
-        let running = attempts.abandon(CRASHED, 2, &vec![(T, 50, 150)]);
+        registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            2,
+            &vec![HashRange::new(T, 0, 99)],
+        );
+        let running = attempts.abandon(CRASHED, 2, &vec![HashRange::new(T, 50, 150)]);
         assert_eq!(running.map(|r| r.len()), Some(1));
         assert_eq!(
             attempts
-                .abandon(CRASHED, 2, &vec![(T, 100, 150)])
+                .abandon(CRASHED, 2, &vec![HashRange::new(T, 100, 150)])
                 .map(|r| r.len()),
             Some(0)
         );
         arrives(&mut attempts, CRASHED, 3);
-        assert!(attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]).is_none());
+        assert!(attempts
+            .abandon(CRASHED, 2, &vec![HashRange::new(T, 0, 99)])
+            .is_none());
         // An abandon of attempt 3 registered while it forgets is superseded work for a
         // later attempt 4, which therefore waits for it.
         assert_eq!(
             attempts
-                .abandon(CRASHED, 3, &vec![(T, 200, 299)])
+                .abandon(CRASHED, 3, &vec![HashRange::new(T, 200, 299)])
                 .map(|r| r.len()),
             Some(0)
         );
@@ -1068,14 +1102,20 @@ mod tests {
             Work::Forget,
             CRASHED,
             3,
-            &vec![(T, 200, 299)],
+            &vec![HashRange::new(T, 200, 299)],
         );
         assert_eq!(attempts.superseded(CRASHED, 4).len(), 2);
         // A `Recover` of attempt 3 that arrives after its abandon does not replay.
         attempts.finish(forget);
         arrives(&mut attempts, CRASHED, 3);
         assert_eq!(
-            attempts.register(Work::Replay, CRASHED, 3, &vec![(T, 250, 260)], cancel()),
+            attempts.register(
+                Work::Replay,
+                CRASHED,
+                3,
+                &vec![HashRange::new(T, 250, 260)],
+                cancel()
+            ),
             Err(RecoveryError::Abandoned)
         );
         registers(
@@ -1083,7 +1123,7 @@ mod tests {
             Work::Replay,
             CRASHED,
             3,
-            &vec![(T, 300, 399)],
+            &vec![HashRange::new(T, 300, 399)],
         );
         // Forgotten once a newer attempt arrives.
         arrives(&mut attempts, CRASHED, 4);
@@ -1093,7 +1133,7 @@ mod tests {
             Work::Replay,
             CRASHED,
             4,
-            &vec![(T, 250, 260)],
+            &vec![HashRange::new(T, 250, 260)],
         );
     }
 
@@ -1101,21 +1141,39 @@ mod tests {
     fn a_recover_registering_while_its_abandon_waits_for_clean_up_is_refused() {
         let mut attempts = Attempts::default();
         arrives(&mut attempts, CRASHED, 2);
-        let replay = registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
-        let running = attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]);
+        let replay = registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            2,
+            &vec![HashRange::new(T, 0, 99)],
+        );
+        let running = attempts.abandon(CRASHED, 2, &vec![HashRange::new(T, 0, 99)]);
         assert_eq!(running.map(|r| r.len()), Some(1));
         // The cancelled replay cleans up; a duplicate `Recover` of the same attempt
         // arrives before the abandon registers its forgetting.
         attempts.finish(replay);
         arrives(&mut attempts, CRASHED, 2);
         assert_eq!(
-            attempts.register(Work::Replay, CRASHED, 2, &vec![(T, 0, 99)], cancel()),
+            attempts.register(
+                Work::Replay,
+                CRASHED,
+                2,
+                &vec![HashRange::new(T, 0, 99)],
+                cancel()
+            ),
             Err(RecoveryError::Abandoned)
         );
         // So the forgetting registers and nothing is left replayed for nobody.
-        registers(&mut attempts, Work::Forget, CRASHED, 2, &vec![(T, 0, 99)]);
+        registers(
+            &mut attempts,
+            Work::Forget,
+            CRASHED,
+            2,
+            &vec![HashRange::new(T, 0, 99)],
+        );
         // A duplicate of the abandon is remembered once.
-        attempts.abandon(CRASHED, 2, &vec![(T, 0, 99)]);
+        attempts.abandon(CRASHED, 2, &vec![HashRange::new(T, 0, 99)]);
         assert_eq!(attempts.abandoned.len(), 1);
     }
 
@@ -1131,7 +1189,13 @@ mod tests {
     fn a_finished_recovery_hands_back_every_range_replayed_and_refuses_later_work() {
         let mut attempts = Attempts::default();
         arrives(&mut attempts, CRASHED, 2);
-        let done = registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
+        let done = registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            2,
+            &vec![HashRange::new(T, 0, 99)],
+        );
         attempts.finish(done);
         // A deposed leader's attempt, still replaying here.
         registers(
@@ -1139,9 +1203,15 @@ mod tests {
             Work::Replay,
             CRASHED,
             2,
-            &vec![(T, 100, 199)],
+            &vec![HashRange::new(T, 100, 199)],
         );
-        registers(&mut attempts, Work::Replay, CRASHED, 2, &vec![(T, 0, 99)]);
+        registers(
+            &mut attempts,
+            Work::Replay,
+            CRASHED,
+            2,
+            &vec![HashRange::new(T, 0, 99)],
+        );
         // Another crash's recovery is not touched.
         arrives(&mut attempts, ServerId(8), 1);
         registers(
@@ -1149,7 +1219,7 @@ mod tests {
             Work::Replay,
             ServerId(8),
             1,
-            &vec![(TableId(2), 0, 5)],
+            &vec![HashRange::new(TableId(2), 0, 5)],
         );
         let running = attempts.end(CRASHED);
         assert_eq!(running.len(), 2, "the replays still running");
@@ -1164,7 +1234,11 @@ mod tests {
             attempts.finish(id);
         }
         let (finishing, ranges) = finishes(&mut attempts, CRASHED);
-        assert_eq!(ranges, vec![(T, 0, 99), (T, 100, 199)], "each range once");
+        assert_eq!(
+            ranges,
+            vec![HashRange::new(T, 0, 99), HashRange::new(T, 100, 199)],
+            "each range once"
+        );
         attempts.finish(finishing);
         // Nothing of it registers again, and an abandon of it has nothing to do.
         assert_eq!(
@@ -1172,10 +1246,18 @@ mod tests {
             Err(RecoveryError::Finished(CRASHED))
         );
         assert_eq!(
-            attempts.register(Work::Replay, CRASHED, 3, &vec![(T, 300, 399)], cancel()),
+            attempts.register(
+                Work::Replay,
+                CRASHED,
+                3,
+                &vec![HashRange::new(T, 300, 399)],
+                cancel()
+            ),
             Err(RecoveryError::Finished(CRASHED))
         );
-        assert!(attempts.abandon(CRASHED, 3, &vec![(T, 0, 99)]).is_none());
+        assert!(attempts
+            .abandon(CRASHED, 3, &vec![HashRange::new(T, 0, 99)])
+            .is_none());
         // A repeated end hands the ranges back until they are forgotten.
         assert!(attempts.end(CRASHED).is_empty());
         let (again, ranges) = finishes(&mut attempts, CRASHED);
@@ -1193,7 +1275,7 @@ mod tests {
         // recovery ends. Forgetting T now would erase Y's replay.
         const X: ServerId = CRASHED;
         const Y: ServerId = ServerId(8);
-        let t = vec![(T, 0, 99)];
+        let t = vec![HashRange::new(T, 0, 99)];
         let mut attempts = Attempts::default();
         arrives(&mut attempts, X, 1);
         let replay = registers(&mut attempts, Work::Replay, X, 1, &t);
@@ -1230,17 +1312,26 @@ mod tests {
                 Work::Forget,
                 X,
                 1,
-                &vec![(T, 0, 99), (T, 200, 299)],
+                &vec![HashRange::new(T, 0, 99), HashRange::new(T, 200, 299)],
                 cancel(),
             )
             .expect("the abandon of X's newest attempt, overlapping no running work");
-        assert_eq!(ranges, vec![(T, 200, 299)]);
+        assert_eq!(ranges, vec![HashRange::new(T, 200, 299)]);
     }
 
     #[test]
     fn overlapping_range_lists_are_detected() {
-        assert!(overlap(&[(T, 0, 10)], &[(T, 10, 20)]));
-        assert!(!overlap(&[(T, 0, 10)], &[(T, 11, 20)]));
-        assert!(!overlap(&[(T, 0, 10)], &[(TableId(2), 0, 10)]));
+        assert!(overlap(
+            &[HashRange::new(T, 0, 10)],
+            &[HashRange::new(T, 10, 20)]
+        ));
+        assert!(!overlap(
+            &[HashRange::new(T, 0, 10)],
+            &[HashRange::new(T, 11, 20)]
+        ));
+        assert!(!overlap(
+            &[HashRange::new(T, 0, 10)],
+            &[HashRange::new(TableId(2), 0, 10)]
+        ));
     }
 }

@@ -26,6 +26,7 @@
 use bytes::Bytes;
 use rampart_common::ids::{key_hash, KeyHash, SegmentId, TableId, Version};
 use rampart_common::log::{decode_entry, Entry, EntryError};
+use rampart_common::tablet::HashRange;
 use std::collections::HashMap;
 
 /// One decoded, checked entry of a piece. Keys and values share the piece's buffer.
@@ -112,11 +113,15 @@ pub enum PieceError {
 }
 
 /// Whether `(table, hash)` lies in `ranges` (sorted and disjoint).
-fn in_ranges(ranges: &[(TableId, u64, u64)], table: TableId, hash: KeyHash) -> bool {
-    let after = ranges.partition_point(|&(t, start, _)| (t, start) <= (table, hash.0));
+fn in_ranges(ranges: &[HashRange], table: TableId, hash: KeyHash) -> bool {
+    let after = ranges.partition_point(
+        |&HashRange {
+             table: t, start, ..
+         }| (t, start) <= (table, hash.0),
+    );
     after
         .checked_sub(1)
-        .is_some_and(|at| ranges[at].0 == table && hash.0 <= ranges[at].2)
+        .is_some_and(|at| ranges[at].table == table && hash.0 <= ranges[at].end)
 }
 
 /// What a backup sent for one segment and partition, not checked yet.
@@ -136,7 +141,7 @@ impl RecoveryPiece {
     pub fn parse(
         segment: SegmentId,
         reply: PieceBytes,
-        ranges: &[(TableId, u64, u64)],
+        ranges: &[HashRange],
     ) -> Result<RecoveryPiece, PieceError> {
         let buf = &reply.entries;
         let mut entries = Vec::with_capacity(reply.count as usize);
@@ -380,7 +385,11 @@ mod tests {
 
     #[test]
     fn in_ranges_checks_table_and_bounds() {
-        let ranges = [(T, 10, 20), (T, 30, 40), (TableId(2), 0, u64::MAX)];
+        let ranges = [
+            HashRange::new(T, 10, 20),
+            HashRange::new(T, 30, 40),
+            HashRange::whole(TableId(2)),
+        ];
         for (table, hash, inside) in [
             (T, 9, false),
             (T, 10, true),
@@ -425,7 +434,7 @@ mod tests {
 
     #[test]
     fn parse_decodes_objects_tombstones_and_the_floor() {
-        let piece = RecoveryPiece::parse(SegmentId(5), reply(), &[(T, 0, u64::MAX)])
+        let piece = RecoveryPiece::parse(SegmentId(5), reply(), &[HashRange::whole(T)])
             .expect("a well-formed piece parses");
         assert_eq!(piece.segment(), SegmentId(5));
         assert_eq!(
@@ -447,7 +456,7 @@ mod tests {
 
     #[test]
     fn parse_refuses_bad_crcs_foreign_keys_wrong_counts_and_stray_bytes() {
-        let all = [(T, 0, u64::MAX)];
+        let all = [HashRange::whole(T)];
         let mut corrupt = reply();
         let mut bytes = corrupt.entries.to_vec();
         bytes[20] ^= 1;
@@ -457,7 +466,11 @@ mod tests {
             Err(PieceError::Entry(_))
         ));
         let hash = key_hash(b"k").0;
-        let elsewhere = [(T, hash.wrapping_add(1), hash.wrapping_add(1))];
+        let elsewhere = [HashRange::new(
+            T,
+            hash.wrapping_add(1),
+            hash.wrapping_add(1),
+        )];
         assert!(matches!(
             RecoveryPiece::parse(SegmentId(1), reply(), &elsewhere),
             Err(PieceError::OutsidePartition { offset: 0 })

@@ -18,7 +18,7 @@ use rampart_common::protocol::master::{
 use rampart_common::reject::RejectRules;
 use rampart_common::rpc::{Opcode, Reply, Rpc, Service, WireMessage};
 use rampart_common::status::Status;
-use rampart_common::tablet::Tablet;
+use rampart_common::tablet::{HashRange, Tablet};
 
 use crate::object_store::ReadResult;
 use crate::service::MasterService;
@@ -446,8 +446,8 @@ mod recovery {
     const CRASHED: ServerId = ServerId(9);
     const RECOVERED: TableId = TableId(7);
 
-    fn ranges() -> Vec<(TableId, u64, u64)> {
-        vec![(RECOVERED, 0, u64::MAX)]
+    fn ranges() -> Vec<HashRange> {
+        vec![HashRange::whole(RECOVERED)]
     }
 
     /// One entry of a crashed master's log.
@@ -1072,7 +1072,7 @@ mod recovery {
     fn second_partition() -> RecoverRequest {
         RecoverRequest {
             partition: 1,
-            ranges: vec![(TableId(8), 0, u64::MAX)],
+            ranges: vec![HashRange::whole(TableId(8))],
             ..request(&[])
         }
     }

@@ -12,7 +12,7 @@
 //! decision is this pure function; `tablet_sync` drives the pulls.
 
 use rampart_common::ids::{KeyHash, TableId};
-use rampart_common::tablet::Tablet;
+use rampart_common::tablet::{HashRange, Tablet};
 use std::collections::BTreeMap;
 
 /// The tablets a master owns.
@@ -73,18 +73,18 @@ impl OwnedTablets {
         self.epoch = epoch;
     }
 
-    /// Every owned tablet, as `(table, start, end)`, in order.
-    pub fn ranges(&self) -> Vec<(TableId, u64, u64)> {
+    /// Every owned tablet's range, in order.
+    pub fn ranges(&self) -> Vec<HashRange> {
         self.ranges
             .iter()
-            .map(|(&(table, start), &end)| (table, start, end))
+            .map(|(&(table, start), &end)| HashRange::new(table, start, end))
             .collect()
     }
 
     /// Makes the owned tablets exactly `tablets` (disjoint, as the coordinator assigns
     /// them). Returns the parts owned before that no tablet of `tablets` covers: their
     /// objects are no longer served.
-    pub fn replace(&mut self, tablets: &[Tablet]) -> Vec<(TableId, u64, u64)> {
+    pub fn replace(&mut self, tablets: &[Tablet]) -> Vec<HashRange> {
         let before = std::mem::take(&mut self.ranges);
         for tablet in tablets {
             self.ranges
@@ -93,7 +93,7 @@ impl OwnedTablets {
         let mut lost = Vec::new();
         for ((table, start), end) in before {
             for (from, to) in self.unowned_parts(table, start, end) {
-                lost.push((table, from, to));
+                lost.push(HashRange::new(table, from, to));
             }
         }
         lost
@@ -286,16 +286,19 @@ mod tests {
         ]);
         assert_eq!(
             lost,
-            vec![(TableId(1), 500, 599), (TableId(2), 0, 99)],
+            vec![
+                HashRange::new(TableId(1), 500, 599),
+                HashRange::new(TableId(2), 0, 99)
+            ],
             "objects of the kept parts stay"
         );
         assert_eq!(
             owned.ranges(),
             vec![
-                (TableId(1), 0, 499),
-                (TableId(1), 600, 999),
-                (TableId(3), 0, u64::MAX),
-                (TableId(4), 0, 9)
+                HashRange::new(TableId(1), 0, 499),
+                HashRange::new(TableId(1), 600, 999),
+                HashRange::whole(TableId(3)),
+                HashRange::new(TableId(4), 0, 9)
             ]
         );
     }

@@ -193,6 +193,7 @@ mod tests {
     use rampart_common::rpc::server::HandleFuture;
     use rampart_common::rpc::{Opcode, Reply, Rpc, RpcServer, Service};
     use rampart_common::status::Status;
+    use rampart_common::tablet::HashRange;
     use rampart_common::will::Partition;
     use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::net::TcpListener;
@@ -202,7 +203,7 @@ mod tests {
             bytes_max: 1000,
             records_max: 1000,
             partitions: vec![Partition {
-                tablets: vec![(TableId(1), 0, u64::MAX)],
+                tablets: vec![HashRange::whole(TableId(1))],
                 bytes,
                 records: 1,
             }],

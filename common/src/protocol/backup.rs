@@ -13,10 +13,11 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{SegmentId, ServerId, TableId, Version};
+use crate::ids::{SegmentId, ServerId, Version};
 use crate::onesided::rdma::RdmaEndpoint;
 use crate::rpc::message::Cursor;
 use crate::rpc::{DecodeError, WireMessage};
+use crate::tablet::HashRange;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
@@ -199,10 +200,9 @@ pub struct RdmaConnectReply {
     pub rkey: u32,
 }
 
-/// Key-hash ranges `(table, start_hash, end_hash)`, inclusive, sorted and disjoint: one
-/// recovery partition (a partition of the crashed master's will, cut to the tablets it
-/// still owned).
-pub type PartitionRanges = Vec<(TableId, u64, u64)>;
+/// Key-hash ranges, sorted and disjoint: one recovery partition (a partition of the
+/// crashed master's will, cut to the tablets it still owned).
+pub type PartitionRanges = Vec<HashRange>;
 
 /// Recovery of `master` begins (DESIGN.md §6 step 1): fence its open frames and report
 /// every replica of it this backup holds.
