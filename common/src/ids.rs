@@ -71,6 +71,38 @@ impl fmt::Display for Version {
     }
 }
 
+/// Counters that order the states of one thing: plain numbers in logs, a `u64` on the
+/// wire and on disk, never mixed up with one another or with ids.
+macro_rules! counter_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(
+            Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+        )]
+        pub struct $name(pub u64);
+
+        impl $name {
+            /// The one after this (saturating: 2^64 − 1 steps are never reached).
+            pub fn next(self) -> $name {
+                $name(self.0.saturating_add(1))
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+    };
+}
+
+counter_type!(
+    /// A master's tablet epoch: how many committed changes of the tablet map touched
+    /// the tablets it owns. A master applies the changes in epoch order and pulls its
+    /// tablets when it finds one missing.
+    TabletEpoch
+);
+
 /// The 64-bit hash of a key that decides which tablet owns it: xxh3-64 of the key bytes
 /// (seed 0). Client and server compute it with [`key_hash`]; it is part of the protocol
 /// and must never change.

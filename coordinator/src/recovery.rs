@@ -90,7 +90,7 @@
 //! * A backup dies: recovery masters fall back to other replicas that hold as much.
 
 use rampart_common::failpoints;
-use rampart_common::ids::ServerId;
+use rampart_common::ids::{ServerId, TabletEpoch};
 use rampart_common::protocol::backup::{
     EndRecovery, EndRecoveryRequest, PartitionRanges, RecoveryRead, RecoveryReadRequest,
     StartRecovery, StartRecoveryRequest,
@@ -396,7 +396,7 @@ impl RecoveryManager {
         crashed: ServerId,
         round: &mut FinishRound,
     ) -> Result<(), String> {
-        let masters: Vec<(ServerInfo, u64)> = self.node.with_state(|state| {
+        let masters: Vec<(ServerInfo, TabletEpoch)> = self.node.with_state(|state| {
             state
                 .up_servers()
                 .into_iter()
@@ -870,7 +870,13 @@ impl RecoveryManager {
     /// [`CLEANUP_CALL_TIMEOUT`]. If it cannot be told, it finds out at its next lease
     /// renewal (which reports its tablet epoch); if it is dead, its own recovery takes
     /// the tablets over.
-    async fn push_tablets(&self, owner: ServerId, addr: &str, tablets: Vec<Tablet>, epoch: u64) {
+    async fn push_tablets(
+        &self,
+        owner: ServerId,
+        addr: &str,
+        tablets: Vec<Tablet>,
+        epoch: TabletEpoch,
+    ) {
         let request = TabletsRequest {
             owner,
             epoch,
@@ -881,7 +887,7 @@ impl RecoveryManager {
 
     /// Asks `owner` to catch up with its tablets, up to tablet epoch `epoch`; best effort,
     /// as [`push_tablets`](Self::push_tablets).
-    async fn sync_owner(&self, owner: ServerId, addr: &str, epoch: u64) {
+    async fn sync_owner(&self, owner: ServerId, addr: &str, epoch: TabletEpoch) {
         let request = SyncTabletsRequest { owner, epoch };
         self.tell::<SyncTablets>(owner, addr, &request).await;
     }

@@ -42,7 +42,7 @@
 //!   and the master drops it at its next lease renewal.
 
 use bytes::Bytes;
-use rampart_common::ids::ServerId;
+use rampart_common::ids::{ServerId, TabletEpoch};
 use rampart_common::protocol::coordinator::{
     self as proto, CreateTableRequest, DropTableRequest, EnlistReply, EnlistRequest,
     RaftMessagesRequest, TableIdReply, TableNameRequest,
@@ -212,14 +212,14 @@ impl CoordinatorService {
     /// `Up` are skipped (module doc). Returns the pushes that did not get through.
     async fn tell_owners<R>(
         &self,
-        epochs: &[(ServerId, u64)],
-        request_for: impl Fn(ServerId, u64) -> R::Request,
+        epochs: &[(ServerId, TabletEpoch)],
+        request_for: impl Fn(ServerId, TabletEpoch) -> R::Request,
         deadline: Instant,
     ) -> Vec<FailedPush>
     where
         R: Rpc<Reply = ()>,
     {
-        let owners: Vec<(ServerId, String, u64)> = self.node.with_state(|state| {
+        let owners: Vec<(ServerId, String, TabletEpoch)> = self.node.with_state(|state| {
             epochs
                 .iter()
                 .filter_map(|&(owner, epoch)| {
@@ -252,7 +252,7 @@ impl CoordinatorService {
     async fn push<R>(
         &self,
         tablets: &[Tablet],
-        epochs: &[(ServerId, u64)],
+        epochs: &[(ServerId, TabletEpoch)],
         deadline: Instant,
     ) -> Vec<FailedPush>
     where
@@ -262,7 +262,7 @@ impl CoordinatorService {
         for tablet in tablets {
             by_owner.entry(tablet.owner).or_default().push(*tablet);
         }
-        let request_for = |owner: ServerId, epoch: u64| TabletsRequest {
+        let request_for = |owner: ServerId, epoch: TabletEpoch| TabletsRequest {
             owner,
             epoch,
             tablets: by_owner.get(&owner).cloned().unwrap_or_default(),

@@ -58,7 +58,7 @@
 //! incomplete log ([`Command::AllowLoss`]) live here too, so a new leader carries on any
 //! recovery where the old one stopped (`coordinator::recovery`).
 
-use rampart_common::ids::{SegmentId, ServerId, TableId};
+use rampart_common::ids::{SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
@@ -224,7 +224,7 @@ pub enum CommandResult {
         created: bool,
         /// The tablet epoch of each owner, in id order: after this change when
         /// `created`, else as it stands (the owners then need only catch up to it).
-        epochs: Vec<(ServerId, u64)>,
+        epochs: Vec<(ServerId, TabletEpoch)>,
     },
     /// The table is gone.
     TableDropped {
@@ -233,7 +233,7 @@ pub enum CommandResult {
         /// The tablets the owners must drop; empty if no such table existed.
         tablets: Vec<Tablet>,
         /// The tablet epoch of each owner after this change, in id order.
-        epochs: Vec<(ServerId, u64)>,
+        epochs: Vec<(ServerId, TabletEpoch)>,
     },
     /// A will was recorded (or was already the recorded one).
     WillSet,
@@ -243,7 +243,7 @@ pub enum CommandResult {
         /// told to take them.
         tablets: Vec<Tablet>,
         /// The new owner's tablet epoch after this change.
-        epoch: u64,
+        epoch: TabletEpoch,
     },
     /// The operator's consent to lose data was recorded.
     LossAllowed,
@@ -417,7 +417,7 @@ pub struct CoordinatorState {
     /// sees it, and that it missed one when it sees a later one
     /// (`protocol::master::TabletsRequest`).
     /// 1. Keys are servers of `servers` that are not `Removed`.
-    tablet_epochs: BTreeMap<ServerId, u64>,
+    tablet_epochs: BTreeMap<ServerId, TabletEpoch>,
     /// Per master, a version above every version it ever handed out or holds (its
     /// *version ceiling*; absent: 0, nothing handed out). A master reserves ranges ahead
     /// ([`Command::ReserveVersions`]); a recovered partition raises its new owner's
@@ -566,8 +566,8 @@ impl CoordinatorState {
     }
 
     /// The tablet epoch of `server`: how many changes of its tablets were committed.
-    pub fn tablet_epoch(&self, server: ServerId) -> u64 {
-        self.tablet_epochs.get(&server).copied().unwrap_or(0)
+    pub fn tablet_epoch(&self, server: ServerId) -> TabletEpoch {
+        self.tablet_epochs.get(&server).copied().unwrap_or_default()
     }
 
     /// Splits `ranges` (inclusive key-hash ranges) into the parts whose tablets
@@ -609,7 +609,7 @@ impl CoordinatorState {
     fn bump_tablet_epochs(
         &mut self,
         owners: impl IntoIterator<Item = ServerId>,
-    ) -> Vec<(ServerId, u64)> {
+    ) -> Vec<(ServerId, TabletEpoch)> {
         let owners: BTreeSet<ServerId> = owners
             .into_iter()
             .filter(|owner| {
@@ -621,8 +621,8 @@ impl CoordinatorState {
         owners
             .into_iter()
             .map(|owner| {
-                let epoch = self.tablet_epochs.entry(owner).or_insert(0);
-                *epoch += 1;
+                let epoch = self.tablet_epochs.entry(owner).or_default();
+                *epoch = epoch.next();
                 (owner, *epoch)
             })
             .collect()
@@ -1151,7 +1151,7 @@ impl CoordinatorState {
         let epoch = epochs
             .iter()
             .find(|(server, _)| *server == owner)
-            .map_or(0, |(_, epoch)| *epoch);
+            .map_or(TabletEpoch::default(), |(_, epoch)| *epoch);
         Ok(Outcome::Changed(CommandResult::PartitionRecovered {
             tablets: handed,
             epoch,
@@ -1431,17 +1431,20 @@ mod tests {
     #[test]
     fn every_change_of_a_servers_tablets_bumps_its_tablet_epoch_once() {
         let (mut state, ids) = cluster(2);
-        assert_eq!(state.tablet_epoch(ids[0]), 0);
+        assert_eq!(state.tablet_epoch(ids[0]), TabletEpoch(0));
         // Two tablets of one table on each: one change each.
         let CommandResult::TableCreated { epochs, .. } = create(&mut state, "a", 4) else {
             panic!("not created");
         };
-        assert_eq!(epochs, vec![(ids[0], 1), (ids[1], 1)]);
+        assert_eq!(
+            epochs,
+            vec![(ids[0], TabletEpoch(1)), (ids[1], TabletEpoch(1))]
+        );
         let CommandResult::TableCreated { epochs, .. } = create(&mut state, "b", 1) else {
             panic!("not created");
         };
         let owner = epochs[0].0;
-        assert_eq!(epochs, vec![(owner, 2)]);
+        assert_eq!(epochs, vec![(owner, TabletEpoch(2))]);
         // A retried create changes nothing and reports the epochs as they stand.
         let CommandResult::TableCreated {
             epochs, created, ..
@@ -1463,7 +1466,7 @@ mod tests {
             panic!("not dropped");
         };
         assert_eq!(epochs.len(), 2);
-        assert_eq!(state.tablet_epoch(owner), 3);
+        assert_eq!(state.tablet_epoch(owner), TabletEpoch(3));
         // Recovery hands a crashed server's table to the other: one change of it.
         let other = if owner == ids[0] { ids[1] } else { ids[0] };
         let before = state.tablet_epoch(other);
@@ -1479,14 +1482,18 @@ mod tests {
                     end_hash: u64::MAX,
                     owner: other
                 }],
-                epoch: before + 1,
+                epoch: before.next(),
             }
         );
         state.apply(&Command::SetServerStatus {
             id: owner,
             status: ServerStatus::Removed,
         });
-        assert_eq!(state.tablet_epoch(owner), 0, "a removed server keeps none");
+        assert_eq!(
+            state.tablet_epoch(owner),
+            TabletEpoch(0),
+            "a removed server keeps none"
+        );
         assert_eq!(state.check_invariants(), Ok(()));
     }
 
@@ -1846,7 +1853,7 @@ mod tests {
                 id,
                 tablets,
                 created: false,
-                epochs: vec![(ServerId(1), 1), (ServerId(2), 1)],
+                epochs: vec![(ServerId(1), TabletEpoch(1)), (ServerId(2), TabletEpoch(1))],
             }
         );
         assert_eq!(state, before, "no version bump, no cursor move");
@@ -1875,7 +1882,7 @@ mod tests {
             CommandResult::TableDropped {
                 id: Some(first),
                 tablets,
-                epochs: vec![(ServerId(1), 2)],
+                epochs: vec![(ServerId(1), TabletEpoch(2))],
             }
         );
         assert_eq!(state.table_id("t"), None);

@@ -571,7 +571,7 @@ async fn recovery_rpcs_refuse_garbage_and_answer_unknown_or_crashed_servers_plai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ownership_and_version_rpcs_serve_up_masters_and_refuse_crashed_ones() {
-    use rampart_common::ids::{SegmentId, ServerId};
+    use rampart_common::ids::{SegmentId, ServerId, TabletEpoch};
     use rampart_common::protocol::coordinator::{
         GetOwnedTablets, OwnedTabletsReply, RenewLease, RenewLeaseReply, RenewLeaseRequest,
         ReserveVersions, ReserveVersionsReply, ReserveVersionsRequest, ServerIdRequest,
@@ -615,7 +615,7 @@ async fn ownership_and_version_rpcs_serve_up_masters_and_refuse_crashed_ones() {
     // Up: its tablets with their epoch, the same epoch in its lease, a reservation.
     let owned: OwnedTabletsReply =
         decode(&call::<GetOwnedTablets>(&service, &ServerIdRequest { server: id }).await);
-    assert_eq!((owned.epoch, owned.tablets.len()), (1, 2));
+    assert_eq!((owned.epoch, owned.tablets.len()), (TabletEpoch(1), 2));
     let reserve = ReserveVersionsRequest {
         server: id,
         ceiling: 1 << 32,
@@ -624,7 +624,10 @@ async fn ownership_and_version_rpcs_serve_up_masters_and_refuse_crashed_ones() {
     assert_eq!(reserved.ceiling, 1 << 32);
     let lease: RenewLeaseReply =
         decode(&call::<RenewLease>(&service, &RenewLeaseRequest { server: id }).await);
-    assert_eq!((lease.tablets_epoch, lease.version_ceiling), (1, 1 << 32));
+    assert_eq!(
+        (lease.tablets_epoch, lease.version_ceiling),
+        (TabletEpoch(1), 1 << 32)
+    );
     let epoch = SetOpenEpochRequest {
         server: id,
         segment: SegmentId(3),

@@ -54,7 +54,7 @@
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rampart_common::ids::SegmentId;
+use rampart_common::ids::{SegmentId, TabletEpoch};
 use rampart_common::tablet::Tablet;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -118,14 +118,14 @@ pub enum TabletChange {
     /// Change number `epoch`: take `tablets`.
     Take {
         /// The change's number.
-        epoch: u64,
+        epoch: TabletEpoch,
         /// The tablets.
         tablets: Vec<Tablet>,
     },
     /// Change number `epoch`: drop `tablets` and forget their objects.
     Drop {
         /// The change's number.
-        epoch: u64,
+        epoch: TabletEpoch,
         /// The tablets.
         tablets: Vec<Tablet>,
     },
@@ -133,7 +133,7 @@ pub enum TabletChange {
     /// from the committed map).
     Replace {
         /// The number of the last change they reflect.
-        epoch: u64,
+        epoch: TabletEpoch,
         /// The tablets.
         tablets: Vec<Tablet>,
     },
@@ -685,7 +685,7 @@ mod tests {
         }
         let mut drop = Box::pin(tokio::task::unconstrained(appender.change_tablets(
             TabletChange::Drop {
-                epoch: 1,
+                epoch: TabletEpoch(1),
                 tablets: vec![whole_table()],
             },
         )));
@@ -709,7 +709,7 @@ mod tests {
             Status::UnknownTablet
         );
         let take = TabletChange::Take {
-            epoch: 2,
+            epoch: TabletEpoch(2),
             tablets: vec![whole_table()],
         };
         assert_eq!(

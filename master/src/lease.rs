@@ -438,6 +438,7 @@ impl LeaseRenewer {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use rampart_common::ids::TabletEpoch;
     use rampart_common::protocol::coordinator::RenewLeaseReply;
     use rampart_common::rpc::server::HandleFuture;
     use rampart_common::rpc::{Opcode, Reply, Rpc, RpcServer, Service};
@@ -595,7 +596,7 @@ mod tests {
                 }
                 Reply::ok(&RenewLeaseReply {
                     lease_ms: self.lease_ms.load(Ordering::SeqCst),
-                    tablets_epoch: 0,
+                    tablets_epoch: TabletEpoch(0),
                     version_ceiling: 0,
                 })
             })
@@ -770,7 +771,7 @@ mod tests {
         // Control requests are served without a lease.
         let take = TabletsRequest {
             owner: ServerId(1),
-            epoch: 1,
+            epoch: TabletEpoch(1),
             tablets: vec![Tablet {
                 table,
                 start_hash: 0,

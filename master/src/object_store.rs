@@ -46,7 +46,7 @@
 
 use bytes::Bytes;
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{key_hash, KeyHash, ServerId, TableId, Version};
+use rampart_common::ids::{key_hash, KeyHash, ServerId, TableId, TabletEpoch, Version};
 use rampart_common::limits::{ENUMERATE_PAGE_BYTES_MAX, KEY_BYTES_MAX};
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
@@ -829,14 +829,14 @@ impl ObjectStore {
 
     /// The coordinator's number of the last change of this master's tablets applied here
     /// (see [`OwnedTablets::step`]).
-    pub fn tablets_epoch(&self) -> u64 {
+    pub fn tablets_epoch(&self) -> TabletEpoch {
         self.tablets.epoch()
     }
 
     /// Applies the coordinator's change number `epoch` of this master's tablets — take
     /// `tablets`, as [`take_tablets`](Self::take_tablets) — if it is the next one;
     /// returns where it stood ([`EpochStep::Gap`]: pull the whole set instead).
-    pub fn take_tablets_at(&mut self, epoch: u64, tablets: &[Tablet]) -> EpochStep {
+    pub fn take_tablets_at(&mut self, epoch: TabletEpoch, tablets: &[Tablet]) -> EpochStep {
         let step = self.tablets.step(epoch);
         if step == EpochStep::Next {
             self.take_tablets(tablets);
@@ -848,7 +848,7 @@ impl ObjectStore {
     /// Applies the change number `epoch` — drop `tablets` and forget their objects, as
     /// [`drop_tablets`](Self::drop_tablets) — if it is the next one; returns where it
     /// stood.
-    pub fn drop_tablets_at(&mut self, epoch: u64, tablets: &[Tablet]) -> EpochStep {
+    pub fn drop_tablets_at(&mut self, epoch: TabletEpoch, tablets: &[Tablet]) -> EpochStep {
         let step = self.tablets.step(epoch);
         if step == EpochStep::Next {
             self.drop_tablets(tablets);
@@ -861,7 +861,7 @@ impl ObjectStore {
     /// tablet epoch `epoch` — unless what is served reflects that epoch already. Objects
     /// in parts no longer served are forgotten; those a recovery replayed into newly
     /// served ranges become visible. Returns whether anything was applied.
-    pub fn replace_tablets(&mut self, epoch: u64, tablets: &[Tablet]) -> bool {
+    pub fn replace_tablets(&mut self, epoch: TabletEpoch, tablets: &[Tablet]) -> bool {
         if epoch <= self.tablets.epoch() {
             return false;
         }

@@ -35,7 +35,7 @@
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{ServerId, Version};
+use rampart_common::ids::{ServerId, TabletEpoch, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_READ_REPLY_BYTES_MAX};
 use rampart_common::protocol::master::{
     self as proto, EnumerateReply, EnumerateRequest, EnumeratedObject, IncrementReply,
@@ -394,7 +394,7 @@ impl MasterService {
             proto::TakeTablets::OPCODE => {
                 let request: TabletsRequest = Reply::decode(payload)?;
                 self.check_owner(request.owner, &request.tablets)?;
-                tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = request.epoch, "taking tablets");
+                tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = %request.epoch, "taking tablets");
                 let change = TabletChange::Take {
                     epoch: request.epoch,
                     tablets: request.tablets,
@@ -404,7 +404,7 @@ impl MasterService {
             proto::DropTablets::OPCODE => {
                 let request: TabletsRequest = Reply::decode(payload)?;
                 self.check_owner(request.owner, &request.tablets)?;
-                tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = request.epoch, "dropping tablets");
+                tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = %request.epoch, "dropping tablets");
                 let change = TabletChange::Drop {
                     epoch: request.epoch,
                     tablets: request.tablets,
@@ -497,14 +497,18 @@ impl MasterService {
 
     /// Applies the coordinator's change number `epoch` of this master's tablets; on a
     /// gap (a change before it was missed) pulls the whole set instead.
-    async fn change_tablets(&self, epoch: u64, change: TabletChange) -> Result<Reply, Reply> {
+    async fn change_tablets(
+        &self,
+        epoch: TabletEpoch,
+        change: TabletChange,
+    ) -> Result<Reply, Reply> {
         let step = self
             .appender
             .change_tablets(change)
             .await
             .map_err(|e| Reply::error(Status::ShuttingDown, e))?;
         if step == EpochStep::Gap {
-            tracing::info!(master = %self.id, epoch, applied = self.tablet_sync.applied(), "a change of this master's tablets was missed; pulling them");
+            tracing::info!(master = %self.id, %epoch, applied = %self.tablet_sync.applied(), "a change of this master's tablets was missed; pulling them");
             self.tablet_sync
                 .catch_up(epoch)
                 .await

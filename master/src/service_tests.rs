@@ -7,7 +7,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{ServerId, TableId, Version};
+use rampart_common::ids::{ServerId, TableId, TabletEpoch, Version};
 use rampart_common::limits::{KEY_BYTES_MAX, MULTI_OPS_MAX};
 use rampart_common::protocol::master::{
     DropTablets, Enumerate, EnumerateRequest, Increment, IncrementRequest, MultiRead,
@@ -39,7 +39,7 @@ fn service() -> MasterService {
 fn whole_table(service: &MasterService) -> TabletsRequest {
     TabletsRequest {
         owner: service.id(),
-        epoch: service.tablet_sync().applied() + 1,
+        epoch: service.tablet_sync().applied().next(),
         tablets: vec![Tablet {
             table: TABLE,
             start_hash: 0,
@@ -358,7 +358,7 @@ async fn tablets_meant_for_another_server_are_refused_and_nothing_is_taken() {
     assert_eq!(reply.status(), Status::WrongServer);
     let sync = SyncTabletsRequest {
         owner: ServerId(7),
-        epoch: 1,
+        epoch: TabletEpoch(1),
     };
     assert_eq!(
         send::<SyncTablets>(&service, &sync).await.status(),
@@ -373,7 +373,7 @@ async fn tablets_meant_for_another_server_are_refused_and_nothing_is_taken() {
     );
     let read = call::<Read>(&service, &read_request("k")).await;
     assert_eq!(read.status, Status::UnknownTablet, "nothing was taken");
-    assert_eq!(service.tablet_sync().applied(), 0);
+    assert_eq!(service.tablet_sync().applied(), TabletEpoch(0));
 }
 
 #[tokio::test]
@@ -381,7 +381,7 @@ async fn numbered_changes_apply_in_order_and_a_late_one_changes_nothing() {
     let service = service();
     let take = whole_table(&service);
     call::<TakeTablets>(&service, &take).await;
-    assert_eq!(service.tablet_sync().applied(), 1);
+    assert_eq!(service.tablet_sync().applied(), TabletEpoch(1));
     call::<Write>(&service, &write_request("k", "v")).await;
     // The same push again (a retried create): held already, the object stays.
     call::<TakeTablets>(&service, &take).await;
@@ -391,7 +391,7 @@ async fn numbered_changes_apply_in_order_and_a_late_one_changes_nothing() {
     );
     // The drop of change 2, then the take of change 1 arriving late: not re-taken.
     call::<DropTablets>(&service, &whole_table(&service)).await;
-    assert_eq!(service.tablet_sync().applied(), 2);
+    assert_eq!(service.tablet_sync().applied(), TabletEpoch(2));
     call::<TakeTablets>(&service, &take).await;
     let read = call::<Read>(&service, &read_request("k")).await;
     assert_eq!(
@@ -408,13 +408,13 @@ async fn a_change_after_a_missed_one_is_not_applied_without_a_pull() {
     let service = service();
     call::<TakeTablets>(&service, &whole_table(&service)).await;
     let mut gap = whole_table(&service);
-    gap.epoch = 3;
+    gap.epoch = TabletEpoch(3);
     gap.tablets[0].table = TableId(2);
     assert_eq!(
         send::<TakeTablets>(&service, &gap).await.status(),
         Status::Retry
     );
-    assert_eq!(service.tablet_sync().applied(), 1);
+    assert_eq!(service.tablet_sync().applied(), TabletEpoch(1));
     let other = ReadRequest {
         table: TableId(2),
         key: Bytes::from_static(b"k"),
@@ -590,7 +590,7 @@ mod recovery {
     fn recovered_tablets(service: &MasterService) -> TabletsRequest {
         TabletsRequest {
             owner: service.id(),
-            epoch: service.tablet_sync().applied() + 1,
+            epoch: service.tablet_sync().applied().next(),
             tablets: vec![Tablet {
                 table: RECOVERED,
                 start_hash: 0,
@@ -950,7 +950,7 @@ mod recovery {
         let service = service();
         replayed_not_taken(&service).await;
         let ahead = FinishRecoveryRequest {
-            tablet_epoch: service.tablet_sync().applied() + 1,
+            tablet_epoch: service.tablet_sync().applied().next(),
             ..finish_recovery(&service)
         };
         assert_eq!(

@@ -29,7 +29,7 @@
 
 use parking_lot::Mutex;
 use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
-use rampart_common::ids::ServerId;
+use rampart_common::ids::{ServerId, TabletEpoch};
 use rampart_common::protocol::coordinator::{GetOwnedTablets, ServerIdRequest};
 use rampart_common::rpc::RpcPool;
 use std::future::Future;
@@ -63,9 +63,9 @@ pub enum SyncError {
     #[error("pulled tablet epoch {pulled}, but epoch {wanted} was announced")]
     Behind {
         /// The epoch pulled.
-        pulled: u64,
+        pulled: TabletEpoch,
         /// The epoch wanted.
-        wanted: u64,
+        wanted: TabletEpoch,
     },
     /// The coordinators answered with tablets of another server (a bug).
     #[error("pulled tablets name another owner than {0}")]
@@ -87,7 +87,7 @@ pub struct TabletSync {
     /// One pull at a time: an async mutex, held across the pull's calls.
     pulling: tokio::sync::Mutex<()>,
     /// The newest tablet epoch the committed map was reported at (lease renewals).
-    reported: watch::Sender<u64>,
+    reported: watch::Sender<TabletEpoch>,
 }
 
 impl TabletSync {
@@ -106,18 +106,18 @@ impl TabletSync {
             coordinators: coordinators.map(CoordinatorSet::new),
             pool: RpcPool::new(),
             pulling: tokio::sync::Mutex::new(()),
-            reported: watch::Sender::new(0),
+            reported: watch::Sender::new(TabletEpoch::default()),
         }
     }
 
     /// The number of the last change of this master's tablets it serves.
-    pub fn applied(&self) -> u64 {
+    pub fn applied(&self) -> TabletEpoch {
         self.store.lock().tablets_epoch()
     }
 
     /// Records that the committed map holds this master's tablets at tablet epoch
     /// `epoch` (a lease renewal said so); [`run`](Self::run) catches up if behind.
-    pub fn report(&self, epoch: u64) {
+    pub fn report(&self, epoch: TabletEpoch) {
         self.reported.send_if_modified(|held| {
             let newer = epoch > *held;
             if newer {
@@ -132,7 +132,7 @@ impl TabletSync {
     ///
     /// # Errors
     /// [`SyncError`] when the pull failed; nothing was changed then.
-    pub async fn catch_up(&self, epoch: u64) -> Result<(), SyncError> {
+    pub async fn catch_up(&self, epoch: TabletEpoch) -> Result<(), SyncError> {
         let _one = self.pulling.lock().await;
         if self.applied() >= epoch {
             return Ok(());
@@ -161,7 +161,7 @@ impl TabletSync {
             })
             .await
             .map_err(|_| SyncError::ShuttingDown)?;
-        tracing::info!(master = %self.id, epoch = pulled, tablets, ?step, "tablets pulled from the committed map");
+        tracing::info!(master = %self.id, epoch = %pulled, tablets, ?step, "tablets pulled from the committed map");
         if pulled < epoch {
             return Err(SyncError::Behind {
                 pulled,
@@ -187,7 +187,7 @@ impl TabletSync {
                     }
                     Err(error) => {
                         if warned.map_or(true, |at| at.elapsed() >= PULL_WARN_INTERVAL) {
-                            tracing::warn!(master = %self.id, wanted, %error, "behind the committed map's tablets; pulling again");
+                            tracing::warn!(master = %self.id, %wanted, %error, "behind the committed map's tablets; pulling again");
                             warned = Some(Instant::now());
                         }
                         tokio::select! {

@@ -11,7 +11,7 @@
 //! change was missed — then the whole set is pulled and [`OwnedTablets::replace`]d. The
 //! decision is this pure function; `tablet_sync` drives the pulls.
 
-use rampart_common::ids::{KeyHash, TableId};
+use rampart_common::ids::{KeyHash, TableId, TabletEpoch};
 use rampart_common::tablet::{HashRange, Tablet};
 use std::collections::BTreeMap;
 
@@ -24,7 +24,7 @@ pub struct OwnedTablets {
     ranges: BTreeMap<(TableId, u64), u64>,
     /// The coordinator's number of the last change of this master's tablets that
     /// `ranges` reflect (0: none yet). Only grows.
-    epoch: u64,
+    epoch: TabletEpoch,
 }
 
 /// Where a numbered change of a master's tablets stands against what it reflects.
@@ -45,15 +45,15 @@ impl OwnedTablets {
     }
 
     /// The number of the last change of this master's tablets reflected here.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> TabletEpoch {
         self.epoch
     }
 
     /// Where the change numbered `epoch` stands (module doc).
-    pub fn step(&self, epoch: u64) -> EpochStep {
+    pub fn step(&self, epoch: TabletEpoch) -> EpochStep {
         if epoch <= self.epoch {
             EpochStep::Held
-        } else if epoch == self.epoch + 1 {
+        } else if epoch == self.epoch.next() {
             EpochStep::Next
         } else {
             EpochStep::Gap
@@ -64,7 +64,7 @@ impl OwnedTablets {
     ///
     /// # Panics
     /// If `epoch` is older than what is reflected: epochs only grow.
-    pub fn set_epoch(&mut self, epoch: u64) {
+    pub fn set_epoch(&mut self, epoch: TabletEpoch) {
         assert!(
             epoch >= self.epoch,
             "tablet epoch {epoch} after {}",
@@ -259,16 +259,20 @@ mod tests {
     #[test]
     fn a_numbered_change_is_applied_next_skipped_when_held_and_a_gap_when_one_was_missed() {
         let mut owned = OwnedTablets::new();
-        assert_eq!(owned.step(1), EpochStep::Next);
-        assert_eq!(owned.step(2), EpochStep::Gap);
-        owned.set_epoch(1);
-        assert_eq!(owned.step(1), EpochStep::Held);
-        assert_eq!(owned.step(0), EpochStep::Held);
-        assert_eq!(owned.step(2), EpochStep::Next);
-        owned.set_epoch(5);
-        assert_eq!(owned.step(3), EpochStep::Held, "a late push after a pull");
-        assert_eq!(owned.step(6), EpochStep::Next);
-        assert_eq!(owned.step(8), EpochStep::Gap);
+        assert_eq!(owned.step(TabletEpoch(1)), EpochStep::Next);
+        assert_eq!(owned.step(TabletEpoch(2)), EpochStep::Gap);
+        owned.set_epoch(TabletEpoch(1));
+        assert_eq!(owned.step(TabletEpoch(1)), EpochStep::Held);
+        assert_eq!(owned.step(TabletEpoch(0)), EpochStep::Held);
+        assert_eq!(owned.step(TabletEpoch(2)), EpochStep::Next);
+        owned.set_epoch(TabletEpoch(5));
+        assert_eq!(
+            owned.step(TabletEpoch(3)),
+            EpochStep::Held,
+            "a late push after a pull"
+        );
+        assert_eq!(owned.step(TabletEpoch(6)), EpochStep::Next);
+        assert_eq!(owned.step(TabletEpoch(8)), EpochStep::Gap);
     }
 
     #[test]

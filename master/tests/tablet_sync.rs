@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{ServerId, TableId};
+use rampart_common::ids::{ServerId, TableId, TabletEpoch};
 use rampart_common::protocol::coordinator::{GetOwnedTablets, OwnedTabletsReply, ServerIdRequest};
 use rampart_common::protocol::master::{
     Read, ReadRequest, TabletsRequest, TakeTablets, Write, WriteRequest,
@@ -31,7 +31,7 @@ const MASTER: ServerId = ServerId(3);
 /// A coordinator whose committed map gives `MASTER` `tablets` at tablet epoch `epoch`.
 #[derive(Debug, Default)]
 struct MapCoordinator {
-    owned: Mutex<(u64, Vec<Tablet>)>,
+    owned: Mutex<(TabletEpoch, Vec<Tablet>)>,
     pulls: AtomicU64,
 }
 
@@ -108,10 +108,10 @@ async fn a_push_after_a_missed_one_pulls_the_whole_set_first() {
     let master = master(&coordinator).await;
     let master_addr = serve(Arc::clone(&master)).await;
     // Change 1 (take table 1) was lost; change 2 (take table 2) arrives.
-    *coordinator.owned.lock() = (2, vec![tablet(1), tablet(2)]);
+    *coordinator.owned.lock() = (TabletEpoch(2), vec![tablet(1), tablet(2)]);
     let push = TabletsRequest {
         owner: MASTER,
-        epoch: 2,
+        epoch: TabletEpoch(2),
         tablets: vec![tablet(2)],
     };
     RpcPool::new()
@@ -119,7 +119,7 @@ async fn a_push_after_a_missed_one_pulls_the_whole_set_first() {
         .await
         .unwrap();
     assert_eq!(coordinator.pulls.load(Ordering::SeqCst), 1);
-    assert_eq!(master.tablet_sync().applied(), 2);
+    assert_eq!(master.tablet_sync().applied(), TabletEpoch(2));
     assert_eq!(status_of_read(&master, 1).await, Status::ObjectDoesntExist);
     assert_eq!(status_of_read(&master, 2).await, Status::ObjectDoesntExist);
 }
@@ -131,10 +131,10 @@ async fn a_newer_epoch_reported_by_a_lease_renewal_is_pulled() {
     let sync = Arc::clone(master.tablet_sync());
     tokio::spawn(Arc::clone(&sync).run(std::future::pending()));
     // Table 1 is this master's (change 1), with an object.
-    *coordinator.owned.lock() = (1, vec![tablet(1)]);
-    sync.report(1);
+    *coordinator.owned.lock() = (TabletEpoch(1), vec![tablet(1)]);
+    sync.report(TabletEpoch(1));
     let deadline = Instant::now() + Duration::from_secs(5);
-    while sync.applied() < 1 {
+    while sync.applied() < TabletEpoch(1) {
         assert!(Instant::now() < deadline, "epoch 1 never pulled");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -157,10 +157,10 @@ async fn a_newer_epoch_reported_by_a_lease_renewal_is_pulled() {
     assert_eq!(written.status, Status::Ok);
     assert_eq!(master.store().lock().object_count(), 1);
     // Table 1 was dropped (change 2) and its push lost; the next renewal says epoch 2.
-    *coordinator.owned.lock() = (2, vec![]);
-    sync.report(2);
-    sync.report(1);
-    while sync.applied() < 2 {
+    *coordinator.owned.lock() = (TabletEpoch(2), vec![]);
+    sync.report(TabletEpoch(2));
+    sync.report(TabletEpoch(1));
+    while sync.applied() < TabletEpoch(2) {
         assert!(Instant::now() < deadline, "epoch 2 never pulled");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

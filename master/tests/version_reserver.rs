@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{ServerId, TableId, Version};
+use rampart_common::ids::{ServerId, TableId, TabletEpoch, Version};
 use rampart_common::protocol::coordinator::{
     ReserveVersions, ReserveVersionsReply, ReserveVersionsRequest,
 };
@@ -81,7 +81,7 @@ async fn master(addr: String) -> MasterService {
     let master = MasterService::with_replication(MASTER, small_log(), replication);
     let take = TabletsRequest {
         owner: MASTER,
-        epoch: 1,
+        epoch: TabletEpoch(1),
         tablets: vec![Tablet {
             table: TABLE,
             start_hash: 0,

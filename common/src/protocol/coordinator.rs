@@ -2,7 +2,7 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{SegmentId, ServerId, TableId};
+use crate::ids::{SegmentId, ServerId, TableId, TabletEpoch};
 use crate::tablet::{Services, TabletMap};
 use crate::will::Will;
 use serde::{Deserialize, Serialize};
@@ -196,7 +196,7 @@ pub struct RenewLeaseReply {
     /// The master's tablet epoch in the committed map (see
     /// `protocol::master::TabletsRequest`): a master behind it missed a change of its
     /// tablets and pulls them (`GetOwnedTablets`).
-    pub tablets_epoch: u64,
+    pub tablets_epoch: TabletEpoch,
     /// The master's version ceiling in the committed map (see `ReserveVersionsRequest`);
     /// a recovery may have raised it.
     pub version_ceiling: u64,
@@ -225,7 +225,7 @@ pub struct ReserveVersionsReply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnedTabletsReply {
     /// The server's tablet epoch these tablets are at.
-    pub epoch: u64,
+    pub epoch: TabletEpoch,
     /// Every tablet it owns, in (table, hash) order.
     pub tablets: Vec<crate::tablet::Tablet>,
 }

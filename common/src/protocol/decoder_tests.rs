@@ -2,7 +2,7 @@
 //! each must return `Err` (or, for random bytes, possibly `Ok`), never panic and
 //! never allocate what a length prefix merely claims.
 
-use crate::ids::{ServerId, TableId, Version};
+use crate::ids::{ServerId, TableId, TabletEpoch, Version};
 use crate::protocol::{backup, coordinator, master};
 use crate::reject::RejectRules;
 use crate::rpc::WireMessage;
@@ -149,12 +149,12 @@ fn truncated_and_hostile_bincode_payloads_are_refused_by_the_protocol_decoders()
     assert_only_the_whole_encoding_decodes(enumerate_reply());
     assert_only_the_whole_encoding_decodes(master::TabletsRequest {
         owner: ServerId(3),
-        epoch: 9,
+        epoch: TabletEpoch(9),
         tablets: vec![tablet(0), tablet(1 << 63)],
     });
     assert_only_the_whole_encoding_decodes(master::SyncTabletsRequest {
         owner: ServerId(3),
-        epoch: 9,
+        epoch: TabletEpoch(9),
     });
     assert_only_the_whole_encoding_decodes(master::MultiWriteReply {
         objects: vec![master::WriteReply {

@@ -12,7 +12,7 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{SegmentId, ServerId, TableId, Version};
+use crate::ids::{SegmentId, ServerId, TableId, TabletEpoch, Version};
 use crate::protocol::backup::PartitionRanges;
 use crate::reject::RejectRules;
 use crate::rpc::message::Cursor;
@@ -200,7 +200,7 @@ pub struct TabletsRequest {
     /// receives a change for another id refuses it (`WrongServer`).
     pub owner: ServerId,
     /// The owner's tablet epoch once the change is applied.
-    pub epoch: u64,
+    pub epoch: TabletEpoch,
     /// The tablets, each owned by `owner` (for a take) or until now (for a drop).
     pub tablets: Vec<Tablet>,
 }
@@ -213,7 +213,7 @@ pub struct SyncTabletsRequest {
     /// The server meant (`WrongServer` from any other).
     pub owner: ServerId,
     /// The owner's tablet epoch in the committed map.
-    pub epoch: u64,
+    pub epoch: TabletEpoch,
 }
 
 /// A liveness probe.
@@ -329,7 +329,7 @@ pub struct FinishRecoveryRequest {
     pub crashed: ServerId,
     /// The owner's tablet epoch in the committed map once the recovery was over: every
     /// partition committed to it is in its tablets at that epoch, so it is kept.
-    pub tablet_epoch: u64,
+    pub tablet_epoch: TabletEpoch,
 }
 
 bincode_message!(
