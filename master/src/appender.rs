@@ -55,11 +55,9 @@
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rampart_common::ids::{SegmentId, TabletEpoch};
-use rampart_common::tablet::Tablet;
+use rampart_common::tablet::{HashRange, Tablet};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
-
-use rampart_common::protocol::backup::PartitionRanges;
 
 use crate::object_store::{Batch, ObjectStore, OpOutcome, WriteOp};
 use crate::replay::{RecoveryPiece, ReplayState};
@@ -266,7 +264,7 @@ impl Appender {
     /// Forgets every object in `ranges` this master does not own (see
     /// [`ObjectStore::forget_unowned`]), ordered after every job submitted before;
     /// returns how many.
-    pub async fn forget_unowned(&self, ranges: PartitionRanges) -> Result<u64, AppenderClosed> {
+    pub async fn forget_unowned(&self, ranges: Vec<HashRange>) -> Result<u64, AppenderClosed> {
         self.on_store("ForgetUnowned", move |store| store.forget_unowned(&ranges))
             .await
     }

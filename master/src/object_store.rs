@@ -56,7 +56,6 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::ops::RangeInclusive;
 
 use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes};
-use rampart_common::protocol::backup::PartitionRanges;
 
 use crate::object_index::{LogRef, ObjectIndex};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
@@ -711,7 +710,7 @@ impl ObjectStore {
     }
 
     /// Whether this master owns any hash of `ranges`.
-    pub fn owns_any(&self, ranges: &PartitionRanges) -> bool {
+    pub fn owns_any(&self, ranges: &[HashRange]) -> bool {
         ranges
             .iter()
             .any(|&HashRange { table, start, end }| self.tablets.owns_any(table, start, end))
@@ -722,7 +721,7 @@ impl ObjectStore {
     /// cleaner; their pending profile counts are dropped (should the ranges come here
     /// later, only the entries of that recovery are counted). Returns how many objects
     /// were forgotten.
-    pub fn forget_unowned(&mut self, ranges: &PartitionRanges) -> u64 {
+    pub fn forget_unowned(&mut self, ranges: &[HashRange]) -> u64 {
         let mut removed = 0;
         for &HashRange { table, start, end } in ranges {
             for (from, to) in self.tablets.unowned_parts(table, start, end) {
@@ -2127,7 +2126,7 @@ mod tests {
         tablet(table, 0, u64::MAX)
     }
 
-    fn partition() -> PartitionRanges {
+    fn partition() -> Vec<HashRange> {
         vec![HashRange::whole(RECOVERED)]
     }
 
