@@ -71,8 +71,9 @@ impl fmt::Display for Version {
     }
 }
 
-/// Counters that order the states of one thing: plain numbers in logs, a `u64` on the
-/// wire and on disk, never mixed up with one another or with ids.
+/// Counters that order the states of one thing, or number things handed out in order:
+/// plain numbers in logs, a `u64` on the wire and on disk, never mixed up with one
+/// another or with ids.
 macro_rules! counter_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
@@ -102,6 +103,24 @@ counter_type!(
     /// tablets when it finds one missing.
     TabletEpoch
 );
+counter_type!(
+    /// The epoch of a segment's replicas: every placement attempt of an open segment
+    /// takes a new one; a recovery counts an open segment's copies at the recorded epoch
+    /// or newer. A backup refuses an operation naming an epoch older than its copy's
+    /// (`StaleEpoch`). Not to be confused with a master's [`TabletEpoch`].
+    Epoch
+);
+counter_type!(
+    /// A backup's handle of one frame (an open replica's buffer): handed out in
+    /// increasing order, never repeated and never 0, which the frame file's owner word
+    /// uses to mark a free slot.
+    FrameHandle
+);
+
+impl Epoch {
+    /// Newer than every epoch a replica can have: a bound that frees any copy.
+    pub const MAX: Epoch = Epoch(u64::MAX);
+}
 
 /// The 64-bit hash of a key that decides which tablet owns it: xxh3-64 of the key bytes
 /// (seed 0). Client and server compute it with [`key_hash`]; it is part of the protocol
@@ -139,5 +158,18 @@ mod tests {
         assert_eq!(ServerId(3).to_string(), "server-3");
         assert_eq!(TableId(7).to_string(), "table-7");
         assert_eq!(Version(9).to_string(), "v9");
+        assert_eq!(Epoch(4).to_string(), "4");
+        assert_eq!(FrameHandle(5).to_string(), "5");
+    }
+
+    #[test]
+    fn counters_encode_as_the_integers_they_replaced() {
+        // Wire messages, Raft logs and snapshots written with raw u64s must still decode.
+        let bytes = bincode::serialize(&Epoch(7)).expect("encodes");
+        assert_eq!(bytes, bincode::serialize(&7u64).expect("encodes"));
+        assert_eq!(bincode::deserialize::<Epoch>(&bytes).ok(), Some(Epoch(7)));
+        let bytes = bincode::serialize(&FrameHandle(u64::MAX)).expect("encodes");
+        assert_eq!(bytes, bincode::serialize(&u64::MAX).expect("encodes"));
+        assert_eq!(Epoch(7).next(), Epoch(8));
     }
 }
