@@ -36,7 +36,7 @@
 //! Every operation is a few map lookups, except [`FrameTable::list`] and
 //! [`FrameTable::fence_master`] (a range of the master's replicas).
 
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::onesided::shm::SlotLabel;
 use rampart_common::status::Status;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -90,7 +90,7 @@ pub(crate) struct FrameLimits {
 struct Frame {
     master: ServerId,
     segment: SegmentId,
-    epoch: u64,
+    epoch: Epoch,
     /// Bytes the frame holds. Invariant: ≤ the frame file's slot capacity.
     capacity: u32,
     /// The frame file slot holding the bytes. Invariant: owned by this frame alone
@@ -117,7 +117,7 @@ struct Frame {
 }
 
 impl Frame {
-    fn fenced_refusal(&self, handle: u64) -> Refusal {
+    fn fenced_refusal(&self, handle: FrameHandle) -> Refusal {
         Refusal::new(
             Status::Fenced,
             format!(
@@ -127,7 +127,7 @@ impl Frame {
         )
     }
 
-    fn being_closed(handle: u64) -> Refusal {
+    fn being_closed(handle: FrameHandle) -> Refusal {
         Refusal::new(
             Status::UnknownFrame,
             format!("frame {handle} is being closed"),
@@ -138,18 +138,18 @@ impl Frame {
 /// A frame captured under the table's lock for work outside it (a copy in or out).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FrameRef {
-    pub handle: u64,
+    pub handle: FrameHandle,
     pub slot: usize,
     pub master: ServerId,
     pub segment: SegmentId,
-    pub epoch: u64,
+    pub epoch: Epoch,
     pub capacity: u32,
     /// The frame's fenced length: a scan reports no more than it.
     pub fenced_length: Option<u32>,
 }
 
 impl FrameRef {
-    fn of(handle: u64, frame: &Frame) -> FrameRef {
+    fn of(handle: FrameHandle, frame: &Frame) -> FrameRef {
         FrameRef {
             handle,
             slot: frame.slot,
@@ -181,10 +181,10 @@ pub(crate) struct Opened {
 /// [`FrameTable::close_ended`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Closing {
-    pub handle: u64,
+    pub handle: FrameHandle,
     pub slot: usize,
     pub key: ReplicaKey,
-    pub epoch: u64,
+    pub epoch: Epoch,
     pub length: u32,
 }
 
@@ -211,9 +211,9 @@ pub(crate) struct Ended {
 #[derive(Debug)]
 pub(crate) struct FrameTable {
     limits: FrameLimits,
-    frames: HashMap<u64, Frame>,
-    open: BTreeMap<ReplicaKey, u64>,
-    retiring: HashMap<u64, Frame>,
+    frames: HashMap<FrameHandle, Frame>,
+    open: BTreeMap<ReplicaKey, FrameHandle>,
+    retiring: HashMap<FrameHandle, Frame>,
     free_slots: VecDeque<usize>,
     stored: BTreeMap<ReplicaKey, ReplicaMeta>,
     kept: HashMap<ReplicaKey, (usize, ReplicaMeta)>,
@@ -222,7 +222,7 @@ pub(crate) struct FrameTable {
     /// at the same address must not hand out the handles its predecessor did, or a
     /// master's late write, close or bump naming an old handle could reach another
     /// master's new frame.
-    next_handle: u64,
+    next_handle: FrameHandle,
     /// Masters fenced here (their recovery began): they may not open new replicas
     /// either, so a cut-off master cannot move its log to this backup after its open
     /// frames were fenced. Server ids are never reused; one entry per crashed server.
@@ -237,7 +237,7 @@ impl FrameTable {
         limits: FrameLimits,
         slots: usize,
         stored: impl IntoIterator<Item = ReplicaMeta>,
-        first_handle: u64,
+        first_handle: FrameHandle,
     ) -> FrameTable {
         FrameTable {
             limits,
@@ -251,7 +251,7 @@ impl FrameTable {
                 .collect(),
             kept: HashMap::new(),
             kept_slots: HashMap::new(),
-            next_handle: first_handle.max(1),
+            next_handle: first_handle.max(FrameHandle(1)),
             fenced_masters: HashSet::new(),
             fenced_handles: FencedHandles::default(),
         }
@@ -338,7 +338,7 @@ impl FrameTable {
         };
         self.forget_kept_slot(slot);
         let handle = self.next_handle;
-        self.next_handle += 1;
+        self.next_handle = handle.next();
         let frame = Frame {
             master: label.master,
             segment: label.segment,
@@ -357,15 +357,15 @@ impl FrameTable {
         self.frames.insert(handle, frame);
         self.open.insert(key, handle);
         tracing::debug!(
-            master = %label.master, segment = %label.segment, epoch = label.epoch,
-            handle, slot, replaced = replaced.is_some(), "frame opened"
+            master = %label.master, segment = %label.segment, epoch = %label.epoch,
+            %handle, slot, replaced = replaced.is_some(), "frame opened"
         );
         Ok(opened)
     }
 
     /// `StaleEpoch` if the store holds `key` at a newer epoch than `epoch`, or closed at
     /// `epoch` (a closed replica is final; an open one may be superseded).
-    fn check_not_superseded(&self, key: ReplicaKey, epoch: u64) -> Result<(), Refusal> {
+    fn check_not_superseded(&self, key: ReplicaKey, epoch: Epoch) -> Result<(), Refusal> {
         match self.stored.get(&key) {
             Some(stored) if stored.epoch > epoch || (stored.closed && stored.epoch == epoch) => {
                 let what = if stored.closed {
@@ -380,7 +380,7 @@ impl FrameTable {
     }
 
     /// The open frame `handle`, checked against `epoch`.
-    fn frame_mut(&mut self, handle: u64, epoch: u64) -> Result<&mut Frame, Refusal> {
+    fn frame_mut(&mut self, handle: FrameHandle, epoch: Epoch) -> Result<&mut Frame, Refusal> {
         let Some(frame) = self.frames.get_mut(&handle) else {
             return Err(self.fenced_handles.gone(handle));
         };
@@ -401,8 +401,8 @@ impl FrameTable {
     /// the slot's owner word: a slot that changed hands meanwhile is not written).
     pub fn writable(
         &mut self,
-        handle: u64,
-        epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
         offset: u64,
         len: u64,
     ) -> Result<usize, Refusal> {
@@ -431,7 +431,7 @@ impl FrameTable {
 
     /// What a writer whose copy found the slot no longer its frame's hears: `Fenced`
     /// for a fenced frame freed meanwhile, else `UnknownFrame`.
-    pub fn gone_during_write(&self, handle: u64) -> Refusal {
+    pub fn gone_during_write(&self, handle: FrameHandle) -> Refusal {
         if self.fenced_handles.contains(handle) {
             return self.fenced_handles.gone(handle);
         }
@@ -447,9 +447,9 @@ impl FrameTable {
     /// bump that already took effect.
     pub fn bump_epoch(
         &mut self,
-        handle: u64,
-        epoch: u64,
-        new_epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
+        new_epoch: Epoch,
     ) -> Result<Option<usize>, Refusal> {
         let Some(frame) = self.frames.get(&handle) else {
             return Err(self.fenced_handles.gone(handle));
@@ -490,7 +490,7 @@ impl FrameTable {
         };
         frame.epoch = new_epoch;
         tracing::debug!(
-            master = %key.0, segment = %key.1, handle, epoch = new_epoch, "frame epoch bumped"
+            master = %key.0, segment = %key.1, %handle, epoch = %new_epoch, "frame epoch bumped"
         );
         Ok(Some(frame.slot))
     }
@@ -500,8 +500,8 @@ impl FrameTable {
     /// slot stays pinned.
     pub fn claim_close(
         &mut self,
-        handle: u64,
-        epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
         length: u32,
     ) -> Result<Closing, Refusal> {
         let frame = self.frame_mut(handle, epoch)?;
@@ -528,13 +528,13 @@ impl FrameTable {
     }
 
     /// Whether frame `handle` is (still) in the table.
-    pub fn is_open(&self, handle: u64) -> bool {
+    pub fn is_open(&self, handle: FrameHandle) -> bool {
         self.frames.contains_key(&handle)
     }
 
     /// The close of `handle` stored it as `meta` (the mirror already says so): the
     /// frame leaves the table, its slot parked until the last close of it ends.
-    pub fn closed(&mut self, handle: u64, meta: ReplicaMeta) {
+    pub fn closed(&mut self, handle: FrameHandle, meta: ReplicaMeta) {
         let released = self.remove_frame(handle);
         debug_assert!(released.is_none(), "a closing frame's slot is pinned");
         if let Some(frame) = self.retiring.get_mut(&handle) {
@@ -544,7 +544,7 @@ impl FrameTable {
 
     /// A close of `handle` ended (stored, failed, or never run). Returns the slot to
     /// release if it was the last close of a frame that left the table.
-    pub fn close_ended(&mut self, handle: u64) -> Option<Release> {
+    pub fn close_ended(&mut self, handle: FrameHandle) -> Option<Release> {
         if let Some(frame) = self.frames.get_mut(&handle) {
             frame.closes_in_flight = frame.closes_in_flight.saturating_sub(1);
             return None;
@@ -565,7 +565,7 @@ impl FrameTable {
     /// a copy newer than that is a replacement placed after the free was decided).
     /// Returns whether a frame was removed, and its slot if the driver must release it
     /// now.
-    pub fn free(&mut self, key: ReplicaKey, epoch_max: u64) -> (bool, Option<usize>) {
+    pub fn free(&mut self, key: ReplicaKey, epoch_max: Epoch) -> (bool, Option<usize>) {
         let handle = self.open.get(&key).copied();
         match handle.filter(|h| self.frames.get(h).is_some_and(|f| f.epoch <= epoch_max)) {
             Some(handle) => (true, self.remove_frame(handle)),
@@ -576,7 +576,7 @@ impl FrameTable {
     /// Removes frame `handle` from the table. Returns its slot if the caller must
     /// release it now; `None` if there was no such frame or a close still reads the
     /// slot (it is then parked in `retiring`).
-    fn remove_frame(&mut self, handle: u64) -> Option<usize> {
+    fn remove_frame(&mut self, handle: FrameHandle) -> Option<usize> {
         let frame = self.frames.remove(&handle)?;
         self.open.remove(&(frame.master, frame.segment));
         if frame.fenced {
@@ -595,7 +595,7 @@ impl FrameTable {
     /// then scans them and records their lengths with [`FrameTable::fenced_length`].
     pub fn fence_master(&mut self, master: ServerId) -> Vec<FrameRef> {
         self.fenced_masters.insert(master);
-        let handles: Vec<u64> = self
+        let handles: Vec<FrameHandle> = self
             .open
             .range(master_range(master))
             .map(|(_, &h)| h)
@@ -613,7 +613,7 @@ impl FrameTable {
     /// Records `scanned` as fenced frame `handle`'s length unless a fence already did:
     /// the first is final. Returns the slot and the final length, for the driver to
     /// record in the slot; `None` if the frame left the table.
-    pub fn fenced_length(&mut self, handle: u64, scanned: u32) -> Option<(usize, u32)> {
+    pub fn fenced_length(&mut self, handle: FrameHandle, scanned: u32) -> Option<(usize, u32)> {
         let frame = self.frames.get_mut(&handle)?;
         debug_assert!(frame.fenced, "only a fenced frame has a fenced length");
         let length = *frame.fenced_length.get_or_insert(scanned);
@@ -633,7 +633,7 @@ impl FrameTable {
     /// frames is fenced and removed (their handles keep answering `Fenced`).
     pub fn end_master(&mut self, master: ServerId) -> Ended {
         self.fenced_masters.insert(master);
-        let frames: Vec<(ReplicaKey, u64)> = self
+        let frames: Vec<(ReplicaKey, FrameHandle)> = self
             .open
             .range(master_range(master))
             .map(|(&key, &h)| (key, h))
@@ -755,7 +755,7 @@ fn master_range(master: ServerId) -> std::ops::RangeInclusive<ReplicaKey> {
     (master, SegmentId(0))..=(master, SegmentId(u64::MAX))
 }
 
-fn stale(key: ReplicaKey, epoch: u64, held: u64, what: &str) -> Refusal {
+fn stale(key: ReplicaKey, epoch: Epoch, held: Epoch, what: &str) -> Refusal {
     Refusal::new(
         Status::StaleEpoch,
         format!(
@@ -769,12 +769,12 @@ fn stale(key: ReplicaKey, epoch: u64, held: u64, what: &str) -> Refusal {
 #[derive(Debug, Default)]
 struct FencedHandles {
     /// Oldest first; the same handles as `set`.
-    order: VecDeque<u64>,
-    set: HashSet<u64>,
+    order: VecDeque<FrameHandle>,
+    set: HashSet<FrameHandle>,
 }
 
 impl FencedHandles {
-    fn remember(&mut self, handle: u64) {
+    fn remember(&mut self, handle: FrameHandle) {
         if !self.set.insert(handle) {
             return;
         }
@@ -786,12 +786,12 @@ impl FencedHandles {
         }
     }
 
-    fn contains(&self, handle: u64) -> bool {
+    fn contains(&self, handle: FrameHandle) -> bool {
         self.set.contains(&handle)
     }
 
     /// The answer to a request naming frame `handle`, which is not in the table.
-    fn gone(&self, handle: u64) -> Refusal {
+    fn gone(&self, handle: FrameHandle) -> Refusal {
         if self.contains(handle) {
             return Refusal::new(
                 Status::Fenced,
@@ -843,7 +843,7 @@ impl FrameTable {
     /// Checks that the slot of each close in flight, (handle, slot), is still its
     /// frame's, in the table or in `retiring`: nothing else may be written into it
     /// while the close copies it.
-    fn check_pinned(&self, closes: &[(u64, usize)]) {
+    fn check_pinned(&self, closes: &[(FrameHandle, usize)]) {
         for &(handle, slot) in closes {
             let frame = self
                 .frames
@@ -872,7 +872,7 @@ mod tests {
         SlotLabel {
             master: ServerId(master),
             segment: SegmentId(segment),
-            epoch,
+            epoch: Epoch(epoch),
             capacity: 512,
         }
     }
@@ -881,7 +881,7 @@ mod tests {
         ReplicaMeta {
             master: ServerId(master),
             segment: SegmentId(segment),
-            epoch,
+            epoch: Epoch(epoch),
             length: 100,
             closed,
             content_crc32: 7,
@@ -894,7 +894,7 @@ mod tests {
 
     /// A table of 3 slots (one more than `frames_max`), the store empty.
     fn table() -> FrameTable {
-        FrameTable::new(LIMITS, 3, [], 10)
+        FrameTable::new(LIMITS, 3, [], FrameHandle(10))
     }
 
     fn open(table: &mut FrameTable, master: u64, segment: u64, epoch: u64) -> FrameRef {
@@ -913,7 +913,7 @@ mod tests {
         let closing = table
             .claim_close(frame.handle, frame.epoch, 100)
             .expect("claim");
-        let stored = meta(frame.master.0, frame.segment.0, frame.epoch, true);
+        let stored = meta(frame.master.0, frame.segment.0, frame.epoch.0, true);
         table.set_stored(closing.key, Some(stored));
         table.closed(frame.handle, stored);
         table.close_ended(frame.handle)
@@ -931,7 +931,7 @@ mod tests {
     fn an_open_takes_the_oldest_free_slot_and_a_retry_gets_the_same_frame_unassigned() {
         let mut table = table();
         let first = open(&mut table, 1, 1, 1);
-        assert_eq!((first.handle, first.slot), (10, 0));
+        assert_eq!((first.handle, first.slot), (FrameHandle(10), 0));
         let retry = table.open(label(1, 1, 1)).expect("retry");
         assert_eq!(retry.frame, first);
         assert_eq!(
@@ -939,7 +939,7 @@ mod tests {
             "a retry must not zero the frame's bytes"
         );
         let other = open(&mut table, 1, 2, 1);
-        assert_eq!((other.handle, other.slot), (11, 1));
+        assert_eq!((other.handle, other.slot), (FrameHandle(11), 1));
         let mut wider = label(1, 1, 1);
         wider.capacity = 1000;
         assert_eq!(status(table.open(wider)), Status::InvalidArgument);
@@ -974,7 +974,7 @@ mod tests {
         );
         assert_eq!(status(table.open(label(2, 1, 2))), Status::StaleEpoch);
         open(&mut table, 2, 1, 4);
-        let (freed, slot) = table.free(key(1, 1), 5);
+        let (freed, slot) = table.free(key(1, 1), Epoch(5));
         assert!(freed);
         table.released(slot.expect("no close reads it"));
         table.set_stored(key(3, 1), Some(meta(3, 1, 3, false)));
@@ -986,31 +986,39 @@ mod tests {
     fn writes_are_checked_against_epoch_bounds_and_a_close_in_flight() {
         let mut table = table();
         let frame = open(&mut table, 1, 1, 1);
-        assert_eq!(table.writable(frame.handle, 1, 0, 512), Ok(frame.slot));
         assert_eq!(
-            status(table.writable(frame.handle, 1, 1, 512)),
+            table.writable(frame.handle, Epoch(1), 0, 512),
+            Ok(frame.slot)
+        );
+        assert_eq!(
+            status(table.writable(frame.handle, Epoch(1), 1, 512)),
             Status::InvalidArgument
         );
         assert_eq!(
-            status(table.writable(frame.handle, 1, u64::MAX, 2)),
+            status(table.writable(frame.handle, Epoch(1), u64::MAX, 2)),
             Status::InvalidArgument
         );
         assert_eq!(
-            status(table.writable(frame.handle, 2, 0, 1)),
+            status(table.writable(frame.handle, Epoch(2), 0, 1)),
             Status::StaleEpoch
         );
-        assert_eq!(status(table.writable(999, 1, 0, 1)), Status::UnknownFrame);
-        let closing = table.claim_close(frame.handle, 1, 100).expect("claim");
         assert_eq!(
-            status(table.writable(frame.handle, 1, 0, 1)),
+            status(table.writable(FrameHandle(999), Epoch(1), 0, 1)),
+            Status::UnknownFrame
+        );
+        let closing = table
+            .claim_close(frame.handle, Epoch(1), 100)
+            .expect("claim");
+        assert_eq!(
+            status(table.writable(frame.handle, Epoch(1), 0, 1)),
             Status::UnknownFrame
         );
         assert_eq!(
-            status(table.bump_epoch(frame.handle, 1, 2)),
+            status(table.bump_epoch(frame.handle, Epoch(1), Epoch(2))),
             Status::UnknownFrame
         );
         assert_eq!(
-            status(table.claim_close(frame.handle, 1, 513)),
+            status(table.claim_close(frame.handle, Epoch(1), 513)),
             Status::InvalidArgument
         );
         assert_eq!(
@@ -1019,7 +1027,7 @@ mod tests {
             "the frame is still open"
         );
         assert_eq!(
-            table.writable(frame.handle, 1, 0, 1),
+            table.writable(frame.handle, Epoch(1), 0, 1),
             Ok(frame.slot),
             "writable again"
         );
@@ -1029,23 +1037,30 @@ mod tests {
     fn a_bump_moves_the_frame_once_and_a_retry_of_it_changes_nothing() {
         let mut table = table();
         let frame = open(&mut table, 1, 1, 1);
-        assert_eq!(table.bump_epoch(frame.handle, 1, 3), Ok(Some(frame.slot)));
-        assert_eq!(table.bump_epoch(frame.handle, 1, 3), Ok(None), "retried");
         assert_eq!(
-            status(table.bump_epoch(frame.handle, 1, 4)),
+            table.bump_epoch(frame.handle, Epoch(1), Epoch(3)),
+            Ok(Some(frame.slot))
+        );
+        assert_eq!(
+            table.bump_epoch(frame.handle, Epoch(1), Epoch(3)),
+            Ok(None),
+            "retried"
+        );
+        assert_eq!(
+            status(table.bump_epoch(frame.handle, Epoch(1), Epoch(4))),
             Status::StaleEpoch
         );
         assert_eq!(
-            status(table.bump_epoch(frame.handle, 3, 3)),
+            status(table.bump_epoch(frame.handle, Epoch(3), Epoch(3))),
             Status::InvalidArgument
         );
         assert_eq!(
-            status(table.writable(frame.handle, 1, 0, 1)),
+            status(table.writable(frame.handle, Epoch(1), 0, 1)),
             Status::StaleEpoch
         );
         table.set_stored(key(1, 1), Some(meta(1, 1, 5, false)));
         assert_eq!(
-            status(table.bump_epoch(frame.handle, 3, 4)),
+            status(table.bump_epoch(frame.handle, Epoch(3), Epoch(4))),
             Status::StaleEpoch
         );
         assert_eq!(
@@ -1087,14 +1102,16 @@ mod tests {
     fn a_free_during_a_close_parks_the_slot_until_the_close_ends() {
         let mut table = table();
         let frame = open(&mut table, 1, 1, 1);
-        let closing = table.claim_close(frame.handle, 1, 100).expect("claim");
+        let closing = table
+            .claim_close(frame.handle, Epoch(1), 100)
+            .expect("claim");
         assert_eq!(
-            table.free(key(1, 1), 0),
+            table.free(key(1, 1), Epoch(0)),
             (false, None),
             "newer than the bound: kept"
         );
         assert_eq!(
-            table.free(key(1, 1), 1),
+            table.free(key(1, 1), Epoch(1)),
             (true, None),
             "the close still reads the slot"
         );
@@ -1120,8 +1137,12 @@ mod tests {
     fn of_two_closes_of_one_frame_the_last_to_end_releases_and_keeps_the_stored_bytes() {
         let mut table = table();
         let frame = open(&mut table, 1, 1, 1);
-        table.claim_close(frame.handle, 1, 100).expect("first");
-        table.claim_close(frame.handle, 1, 100).expect("retry");
+        table
+            .claim_close(frame.handle, Epoch(1), 100)
+            .expect("first");
+        table
+            .claim_close(frame.handle, Epoch(1), 100)
+            .expect("retry");
         let stored = meta(1, 1, 1, true);
         table.set_stored(key(1, 1), Some(stored));
         table.closed(frame.handle, stored);
@@ -1161,17 +1182,20 @@ mod tests {
             Some(40)
         );
         assert_eq!(
-            status(table.writable(frame.handle, 1, 0, 1)),
+            status(table.writable(frame.handle, Epoch(1), 0, 1)),
             Status::Fenced
         );
         assert_eq!(
-            status(table.claim_close(frame.handle, 1, 1)),
+            status(table.claim_close(frame.handle, Epoch(1), 1)),
             Status::Fenced
         );
-        assert_eq!(status(table.bump_epoch(frame.handle, 1, 2)), Status::Fenced);
+        assert_eq!(
+            status(table.bump_epoch(frame.handle, Epoch(1), Epoch(2))),
+            Status::Fenced
+        );
         assert_eq!(status(table.open(label(1, 1, 2))), Status::Fenced);
         assert_eq!(status(table.open(label(1, 9, 1))), Status::Fenced);
-        assert_eq!(table.writable(other.handle, 1, 0, 1), Ok(other.slot));
+        assert_eq!(table.writable(other.handle, Epoch(1), 0, 1), Ok(other.slot));
     }
 
     #[test]
@@ -1189,15 +1213,18 @@ mod tests {
         );
         table.check(&ended.releases, 3);
         assert_eq!(
-            status(table.writable(frame.handle, 1, 0, 1)),
+            status(table.writable(frame.handle, Epoch(1), 0, 1)),
             Status::Fenced
         );
         assert_eq!(table.gone_during_write(frame.handle).status, Status::Fenced);
         assert_eq!(status(table.open(label(1, 2, 1))), Status::Fenced);
         // A frame freed without a fence is merely gone.
-        assert_eq!(table.free(key(2, 1), 1), (true, Some(unfenced_before.slot)));
         assert_eq!(
-            status(table.writable(unfenced_before.handle, 1, 0, 1)),
+            table.free(key(2, 1), Epoch(1)),
+            (true, Some(unfenced_before.slot))
+        );
+        assert_eq!(
+            status(table.writable(unfenced_before.handle, Epoch(1), 0, 1)),
             Status::UnknownFrame
         );
         assert_eq!(
@@ -1208,7 +1235,7 @@ mod tests {
 
     #[test]
     fn fenced_handles_are_remembered_up_to_their_bound() {
-        let mut table = FrameTable::new(LIMITS, 1, [], 1);
+        let mut table = FrameTable::new(LIMITS, 1, [], FrameHandle(1));
         for master in 0..=FENCED_HANDLES_MAX as u64 {
             open(&mut table, master, 0, 1);
             let ended = table.end_master(ServerId(master));
@@ -1217,10 +1244,19 @@ mod tests {
             }
         }
         // Handles 1..=FENCED_HANDLES_MAX+1 were fenced and freed: the oldest is forgotten.
-        assert_eq!(status(table.writable(1, 1, 0, 1)), Status::UnknownFrame);
-        assert_eq!(status(table.writable(2, 1, 0, 1)), Status::Fenced);
+        assert_eq!(
+            status(table.writable(FrameHandle(1), Epoch(1), 0, 1)),
+            Status::UnknownFrame
+        );
+        assert_eq!(
+            status(table.writable(FrameHandle(2), Epoch(1), 0, 1)),
+            Status::Fenced
+        );
         let last = FENCED_HANDLES_MAX as u64 + 1;
-        assert_eq!(status(table.writable(last, 1, 0, 1)), Status::Fenced);
+        assert_eq!(
+            status(table.writable(FrameHandle(last), Epoch(1), 0, 1)),
+            Status::Fenced
+        );
     }
 
     /// One step of the property test: what a backup's driver might do next.
@@ -1287,10 +1323,10 @@ mod tests {
             steps in proptest::collection::vec(step(), 1..80),
         ) {
             const SLOTS: usize = 3;
-            let mut table = FrameTable::new(LIMITS, SLOTS, [], 1);
+            let mut table = FrameTable::new(LIMITS, SLOTS, [], FrameHandle(1));
             let mut handles_seen = HashSet::new();
             let mut opened: Vec<FrameRef> = Vec::new();
-            let mut closes: Vec<(u64, u64, usize)> = Vec::new(); // (handle, epoch, slot)
+            let mut closes: Vec<(FrameHandle, Epoch, usize)> = Vec::new(); // (handle, epoch, slot)
             let mut in_hand: Vec<Release> = Vec::new();
             for step in steps {
                 match step {
@@ -1312,7 +1348,7 @@ mod tests {
                         let (handle, epoch, _) = closes[pick % closes.len()];
                         if let Some(frame) = opened.iter().find(|f| f.handle == handle) {
                             if table.is_open(handle) {
-                                let stored = meta(frame.master.0, frame.segment.0, epoch, true);
+                                let stored = meta(frame.master.0, frame.segment.0, epoch.0, true);
                                 table.set_stored(frame.key(), Some(stored));
                                 table.closed(handle, stored);
                             }
@@ -1324,10 +1360,10 @@ mod tests {
                     }
                     Step::Bump { pick } if !opened.is_empty() => {
                         let frame = opened[pick % opened.len()];
-                        let _ = table.bump_epoch(frame.handle, frame.epoch, frame.epoch + 1);
+                        let _ = table.bump_epoch(frame.handle, frame.epoch, frame.epoch.next());
                     }
                     Step::Free { master, segment, epoch_max } => {
-                        let (_, slot) = table.free(key(master, segment), epoch_max);
+                        let (_, slot) = table.free(key(master, segment), Epoch(epoch_max));
                         in_hand.extend(slot.map(|slot| Release { slot, kept: None }));
                     }
                     Step::Fence { master } => {
@@ -1348,7 +1384,7 @@ mod tests {
                 }
                 let held: Vec<usize> = in_hand.iter().map(|r| r.slot).collect();
                 table.check(&held, SLOTS);
-                let pinned: Vec<(u64, usize)> = closes.iter().map(|&(h, _, slot)| (h, slot)).collect();
+                let pinned: Vec<(FrameHandle, usize)> = closes.iter().map(|&(h, _, slot)| (h, slot)).collect();
                 table.check_pinned(&pinned);
             }
         }

@@ -14,7 +14,7 @@
 //! held (by `assign`), never the other way round.
 
 use parking_lot::Mutex;
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::log::scan;
 use rampart_common::onesided::shm::{FrameFile, SlotLabel};
 use rampart_common::onesided::FrameWriteError;
@@ -103,7 +103,7 @@ impl Frames {
         &self,
         master: ServerId,
         segment: SegmentId,
-        epoch: u64,
+        epoch: Epoch,
         capacity: u32,
     ) -> Result<OpenReplicaReply, Refusal> {
         let label = SlotLabel {
@@ -139,7 +139,12 @@ impl Frames {
 
     /// Moves a frame to a newer epoch ([`FrameTable::bump_epoch`]), in the table and in
     /// its slot's label, before the answer.
-    pub fn bump_epoch(&self, handle: u64, epoch: u64, new_epoch: u64) -> Result<(), Refusal> {
+    pub fn bump_epoch(
+        &self,
+        handle: FrameHandle,
+        epoch: Epoch,
+        new_epoch: Epoch,
+    ) -> Result<(), Refusal> {
         let mut table = self.table.lock();
         if let Some(slot) = table.bump_epoch(handle, epoch, new_epoch)? {
             self.file.set_epoch(slot, new_epoch);
@@ -149,7 +154,13 @@ impl Frames {
 
     /// Copies rpc or soft-NIC bytes into frame `handle` (the checks under the table's
     /// lock, the copy outside it).
-    pub fn write(&self, handle: u64, epoch: u64, offset: u64, bytes: &[u8]) -> Result<(), Refusal> {
+    pub fn write(
+        &self,
+        handle: FrameHandle,
+        epoch: Epoch,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), Refusal> {
         let slot = self
             .table
             .lock()

@@ -90,7 +90,7 @@
 
 use crate::segment_store::{StoreError, REPLICA_BYTES_MAX};
 use parking_lot::{Condvar, Mutex};
-use rampart_common::ids::{key_hash, KeyHash, SegmentId, ServerId, TableId, Version};
+use rampart_common::ids::{key_hash, Epoch, KeyHash, SegmentId, ServerId, TableId, Version};
 use rampart_common::log::{entries, object_entry_bytes, scan, tombstone_entry_bytes, Entry};
 use rampart_common::protocol::backup::{
     PartitionRanges, RecoveryDataReply, RecoveryDataRequest, RecoveryReadRequest, ReplicaInfo,
@@ -625,7 +625,7 @@ enum SegmentRead {
 
 #[derive(Debug)]
 struct ReadyReplica {
-    epoch: u64,
+    epoch: Epoch,
     safe_version: Version,
     /// Non-empty pieces not handed out yet, by partition.
     pieces: HashMap<u32, Piece>,
@@ -905,7 +905,7 @@ impl Drop for RecoveryReads {
     }
 }
 
-fn reply(epoch: u64, safe_version: Version, piece: Piece) -> RecoveryDataReply {
+fn reply(epoch: Epoch, safe_version: Version, piece: Piece) -> RecoveryDataReply {
     RecoveryDataReply {
         epoch,
         safe_version,
@@ -931,7 +931,7 @@ fn read_and_split(
     segment: SegmentId,
     index: &PartitionIndex,
     buffers: &mut ReadBuffers,
-) -> Result<(u64, SplitReplica), FetchError> {
+) -> Result<(Epoch, SplitReplica), FetchError> {
     let unreadable = |reason: String| FetchError::Unreadable {
         master,
         segment,
@@ -989,7 +989,7 @@ impl ReaderGuard {
     /// would overfill the cache; while it waits, the reader is *held* (module doc). The
     /// pieces of partitions served on demand meanwhile are dropped, not cached. Returns
     /// false if the attempt left the table meanwhile.
-    fn publish(&self, segment: SegmentId, read: Result<(u64, SplitReplica), FetchError>) -> bool {
+    fn publish(&self, segment: SegmentId, read: Result<(Epoch, SplitReplica), FetchError>) -> bool {
         let mut entry = match read {
             Ok((epoch, split)) => SegmentRead::Ready(ReadyReplica {
                 epoch,
@@ -1104,7 +1104,7 @@ mod tests {
         ReplicaInfo {
             master: MASTER,
             segment: SegmentId(segment),
-            epoch: 3,
+            epoch: Epoch(3),
             length: 0,
             closed,
         }

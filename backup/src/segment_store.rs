@@ -80,7 +80,7 @@
 //! ≈ 100 s to verify.
 
 use rampart_common::config::SEGMENT_BYTES_MAX;
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::{Epoch, SegmentId, ServerId};
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -129,7 +129,7 @@ pub struct ReplicaMeta {
     pub segment: SegmentId,
     /// The replica's epoch (Tailwind): bumped by the master when it re-creates a lost
     /// replica of its open segment, so older copies can be told apart.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Content bytes.
     pub length: u32,
     /// Whether the segment was closed (its footer written) when this was stored.
@@ -235,7 +235,7 @@ pub enum Corruption {
     #[error("file holds epoch {epoch}, {length} bytes; the store wrote another replica")]
     Replaced {
         /// Epoch in the file.
-        epoch: u64,
+        epoch: Epoch,
         /// Length in the file.
         length: u32,
     },
@@ -252,9 +252,9 @@ pub enum StoreError {
         /// Segment.
         segment: SegmentId,
         /// Epoch of the refused write.
-        epoch: u64,
+        epoch: Epoch,
         /// Epoch of the stored replica.
-        stored_epoch: u64,
+        stored_epoch: Epoch,
     },
     /// A write of the stored epoch that would shrink the replica or reopen a closed one:
     /// within an epoch a master only appends, so this is an older write arriving late.
@@ -268,7 +268,7 @@ pub enum StoreError {
         /// Segment.
         segment: SegmentId,
         /// Epoch of both.
-        epoch: u64,
+        epoch: Epoch,
         /// Length of the refused write.
         length: u32,
         /// Whether the refused write was closed.
@@ -567,7 +567,7 @@ impl SegmentStore {
         &mut self,
         master: ServerId,
         segment: SegmentId,
-        epoch: u64,
+        epoch: Epoch,
         closed: bool,
         bytes: &[u8],
     ) -> Result<ReplicaMeta, StoreError> {
@@ -625,7 +625,7 @@ impl SegmentStore {
             .sync_dir(&self.replicas_dir)
             .map_err(|e| io_error(&self.replicas_dir, e))?;
         tracing::debug!(
-            master = %meta.master, segment = %meta.segment, epoch = meta.epoch,
+            master = %meta.master, segment = %meta.segment, epoch = %meta.epoch,
             length = meta.length, closed = meta.closed, "replica stored"
         );
         Ok(meta)
@@ -636,7 +636,7 @@ impl SegmentStore {
         &self,
         master: ServerId,
         segment: SegmentId,
-        epoch: u64,
+        epoch: Epoch,
         length: u32,
         closed: bool,
     ) -> Result<(), StoreError> {
@@ -888,7 +888,7 @@ impl ReplicaWriter {
         &self,
         master: ServerId,
         segment: SegmentId,
-        epoch: u64,
+        epoch: Epoch,
         closed: bool,
         bytes: &[u8],
     ) -> Result<PreparedReplica, StoreError> {
@@ -907,7 +907,7 @@ impl ReplicaWriter {
         &self,
         master: ServerId,
         segment: SegmentId,
-        epoch: u64,
+        epoch: Epoch,
         closed: bool,
         image: &mut ReplicaImage,
     ) -> Result<PreparedReplica, StoreError> {
@@ -945,7 +945,7 @@ impl ReplicaWriter {
 fn content_meta(
     master: ServerId,
     segment: SegmentId,
-    epoch: u64,
+    epoch: Epoch,
     closed: bool,
     bytes: &[u8],
 ) -> ReplicaMeta {
@@ -1114,7 +1114,7 @@ fn encode_header(meta: &ReplicaMeta) -> [u8; HEADER_BYTES] {
     header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     header[12..20].copy_from_slice(&meta.master.0.to_le_bytes());
     header[20..28].copy_from_slice(&meta.segment.0.to_le_bytes());
-    header[28..36].copy_from_slice(&meta.epoch.to_le_bytes());
+    header[28..36].copy_from_slice(&meta.epoch.0.to_le_bytes());
     header[36..40].copy_from_slice(&meta.length.to_le_bytes());
     header[40] = u8::from(meta.closed);
     header[41..45].copy_from_slice(&meta.content_crc32.to_le_bytes());
@@ -1159,7 +1159,7 @@ fn decode_header(header: &[u8; HEADER_BYTES]) -> Result<ReplicaMeta, Corruption>
     Ok(ReplicaMeta {
         master: ServerId(u64_at(12)),
         segment: SegmentId(u64_at(20)),
-        epoch: u64_at(28),
+        epoch: Epoch(u64_at(28)),
         length,
         closed,
         content_crc32: u32_at(41),
@@ -1400,13 +1400,13 @@ mod tests {
         let (master, segment) = (ServerId(1), SegmentId(1));
         let first = content(1, 4096);
         let old = store
-            .write_replica(master, segment, 1, false, &first)
+            .write_replica(master, segment, Epoch(1), false, &first)
             .expect("write");
         assert_eq!(files.file(old).read(), Some(first));
         // Replaced by a newer epoch: the old metadata no longer reads.
         let second = content(2, 4096);
         let new = store
-            .write_replica(master, segment, 2, true, &second)
+            .write_replica(master, segment, Epoch(2), true, &second)
             .expect("write");
         assert_eq!(files.file(old).read(), None);
         assert_eq!(files.file(new).read(), Some(second));
@@ -1429,10 +1429,10 @@ mod tests {
         let long = content(1, 8192);
         let short = content(2, 100);
         let long_meta = store
-            .write_replica(ServerId(1), SegmentId(1), 1, true, &long)
+            .write_replica(ServerId(1), SegmentId(1), Epoch(1), true, &long)
             .expect("write");
         let short_meta = store
-            .write_replica(ServerId(1), SegmentId(2), 1, true, &short)
+            .write_replica(ServerId(1), SegmentId(2), Epoch(1), true, &short)
             .expect("write");
         let mut buffer = Vec::new();
         assert!(files.file(long_meta).read_into(&mut buffer));
@@ -1459,7 +1459,13 @@ mod tests {
             for (master, segment, epoch, closed, length) in cases {
                 let bytes = content(master ^ (segment << 8), length);
                 let meta = store
-                    .write_replica(ServerId(master), SegmentId(segment), epoch, closed, &bytes)
+                    .write_replica(
+                        ServerId(master),
+                        SegmentId(segment),
+                        Epoch(epoch),
+                        closed,
+                        &bytes,
+                    )
                     .expect("write");
                 assert_eq!(meta.length as usize, length);
                 written.insert((ServerId(master), SegmentId(segment)), (meta, bytes));
@@ -1500,7 +1506,7 @@ mod tests {
         let meta = {
             let mut store = open_clean(dir.path());
             store
-                .write_replica(ServerId(4), SegmentId(2), 3, true, b"closed segment")
+                .write_replica(ServerId(4), SegmentId(2), Epoch(3), true, b"closed segment")
                 .expect("write")
         };
         let (store, report) = reopen(dir.path());
@@ -1515,18 +1521,21 @@ mod tests {
         {
             let mut store = open_clean(dir.path());
             store
-                .write_replica(m, s, 1, true, &content(1, 100))
+                .write_replica(m, s, Epoch(1), true, &content(1, 100))
                 .expect("write");
             // A new epoch may hold fewer bytes: the re-created replica starts over.
             store
-                .write_replica(m, s, 2, false, &content(2, 50))
+                .write_replica(m, s, Epoch(2), false, &content(2, 50))
                 .expect("write");
-            assert_eq!(store.meta(m, s).map(|meta| meta.epoch), Some(2));
+            assert_eq!(store.meta(m, s).map(|meta| meta.epoch), Some(Epoch(2)));
             assert_eq!(store.bytes_stored(), 50);
         }
         let mut store = open_clean(dir.path());
         let meta = store.meta(m, s).expect("held");
-        assert_eq!((meta.epoch, meta.length, meta.closed), (2, 50, false));
+        assert_eq!(
+            (meta.epoch, meta.length, meta.closed),
+            (Epoch(2), 50, false)
+        );
         assert_eq!(
             store.read_replica(m, s).expect("read"),
             Some(content(2, 50))
@@ -1543,17 +1552,17 @@ mod tests {
         let (m, s) = (ServerId(1), SegmentId(1));
         let mut store = open_clean(dir.path());
         let stored = store
-            .write_replica(m, s, 5, false, &content(5, 100))
+            .write_replica(m, s, Epoch(5), false, &content(5, 100))
             .expect("write");
         let error = store
-            .write_replica(m, s, 4, true, &content(4, 200))
+            .write_replica(m, s, Epoch(4), true, &content(4, 200))
             .expect_err("stale epoch");
         assert!(
             matches!(
                 error,
                 StoreError::StaleEpoch {
-                    epoch: 4,
-                    stored_epoch: 5,
+                    epoch: Epoch(4),
+                    stored_epoch: Epoch(5),
                     ..
                 }
             ),
@@ -1575,20 +1584,22 @@ mod tests {
         {
             let mut store = open_clean(dir.path());
             store
-                .write_replica(m, s, 3, false, &full[..100])
+                .write_replica(m, s, Epoch(3), false, &full[..100])
                 .expect("first flush");
             store
-                .write_replica(m, s, 3, false, &full[..200])
+                .write_replica(m, s, Epoch(3), false, &full[..200])
                 .expect("flushed again");
             // Retrying the same flush is harmless.
             store
-                .write_replica(m, s, 3, false, &full[..200])
+                .write_replica(m, s, Epoch(3), false, &full[..200])
                 .expect("retry");
-            store.write_replica(m, s, 3, true, &full).expect("closed");
+            store
+                .write_replica(m, s, Epoch(3), true, &full)
+                .expect("closed");
             assert_eq!(store.bytes_stored(), 300);
 
             let shorter = store
-                .write_replica(m, s, 3, true, &full[..250])
+                .write_replica(m, s, Epoch(3), true, &full[..250])
                 .expect_err("shrinks");
             assert!(
                 matches!(
@@ -1602,7 +1613,7 @@ mod tests {
                 "{shorter}"
             );
             let reopened = store
-                .write_replica(m, s, 3, false, &full)
+                .write_replica(m, s, Epoch(3), false, &full)
                 .expect_err("reopens a closed replica");
             assert!(
                 matches!(
@@ -1618,7 +1629,10 @@ mod tests {
         }
         let mut store = open_clean(dir.path());
         let meta = store.meta(m, s).expect("held");
-        assert_eq!((meta.epoch, meta.length, meta.closed), (3, 300, true));
+        assert_eq!(
+            (meta.epoch, meta.length, meta.closed),
+            (Epoch(3), 300, true)
+        );
         assert_eq!(store.read_replica(m, s).expect("read"), Some(full));
     }
 
@@ -1633,7 +1647,7 @@ mod tests {
                     .write_replica(
                         ServerId(1),
                         SegmentId(segment),
-                        1,
+                        Epoch(1),
                         true,
                         &content(segment, 1000),
                     )
@@ -1751,10 +1765,10 @@ mod tests {
         let (m, s) = (ServerId(2), SegmentId(9));
         let mut store = open_clean(dir.path());
         store
-            .write_replica(m, s, 1, true, &content(9, 4096))
+            .write_replica(m, s, Epoch(1), true, &content(9, 4096))
             .expect("write");
         store
-            .write_replica(m, SegmentId(10), 1, true, b"neighbour")
+            .write_replica(m, SegmentId(10), Epoch(1), true, b"neighbour")
             .expect("write");
         flip_byte(&replica_file(dir.path(), 2, 9), HEADER_BYTES + 4000);
 
@@ -1782,7 +1796,9 @@ mod tests {
             Some(b"neighbour".to_vec())
         );
         // The store accepts a fresh replica in its place.
-        store.write_replica(m, s, 2, true, b"again").expect("write");
+        store
+            .write_replica(m, s, Epoch(2), true, b"again")
+            .expect("write");
         assert_eq!(
             store.read_replica(m, s).expect("read"),
             Some(b"again".to_vec())
@@ -1795,11 +1811,11 @@ mod tests {
         let (m, s) = (ServerId(1), SegmentId(1));
         let mut store = open_clean(dir.path());
         store
-            .write_replica(m, s, 1, true, b"old epoch")
+            .write_replica(m, s, Epoch(1), true, b"old epoch")
             .expect("write");
         let old_file = fs::read(replica_file(dir.path(), 1, 1)).expect("read");
         store
-            .write_replica(m, s, 2, true, b"new epoch")
+            .write_replica(m, s, Epoch(2), true, b"new epoch")
             .expect("write");
         fs::write(replica_file(dir.path(), 1, 1), old_file).expect("write");
 
@@ -1809,7 +1825,7 @@ mod tests {
                 error,
                 StoreError::Corrupt {
                     reason: Corruption::Replaced {
-                        epoch: 1,
+                        epoch: Epoch(1),
                         length: 9
                     },
                     ..
@@ -1824,7 +1840,9 @@ mod tests {
         let dir = TempDir::new().expect("tempdir");
         let (m, s) = (ServerId(1), SegmentId(1));
         let mut store = open_clean(dir.path());
-        store.write_replica(m, s, 1, true, b"bytes").expect("write");
+        store
+            .write_replica(m, s, Epoch(1), true, b"bytes")
+            .expect("write");
         fs::remove_file(replica_file(dir.path(), 1, 1)).expect("remove");
         let error = store.read_replica(m, s).expect_err("gone");
         assert!(
@@ -1842,7 +1860,7 @@ mod tests {
             {
                 let mut store = open_clean(dir.path());
                 store
-                    .write_replica(ServerId(1), SegmentId(1), round, true, b"bytes")
+                    .write_replica(ServerId(1), SegmentId(1), Epoch(round), true, b"bytes")
                     .expect("write");
             }
             flip_byte(&replica_file(dir.path(), 1, 1), HEADER_BYTES);
@@ -1862,14 +1880,14 @@ mod tests {
         let old = {
             let mut store = open_clean(dir.path());
             store
-                .write_replica(m, s, 1, false, &content(1, 5000))
+                .write_replica(m, s, Epoch(1), false, &content(1, 5000))
                 .expect("write")
         };
         // A crash in the middle of writing epoch 2: half its bytes in the temp file.
         let newer = ReplicaMeta {
             master: m,
             segment: s,
-            epoch: 2,
+            epoch: Epoch(2),
             length: 8000,
             closed: true,
             content_crc32: crc32fast::hash(&content(2, 8000)),
@@ -1902,10 +1920,10 @@ mod tests {
         {
             let mut store = open_clean(dir.path());
             store
-                .write_replica(ServerId(1), SegmentId(1), 1, true, &[1; 10])
+                .write_replica(ServerId(1), SegmentId(1), Epoch(1), true, &[1; 10])
                 .expect("write");
             store
-                .write_replica(ServerId(1), SegmentId(2), 1, true, &[2; 20])
+                .write_replica(ServerId(1), SegmentId(2), Epoch(1), true, &[2; 20])
                 .expect("write");
             assert_eq!(store.bytes_stored(), 30);
             assert!(store.free(ServerId(1), SegmentId(1)).expect("free"));
@@ -1931,7 +1949,13 @@ mod tests {
             for master in 1..=3 {
                 for segment in 1..=4 {
                     store
-                        .write_replica(ServerId(master), SegmentId(segment), 1, true, &[0; 100])
+                        .write_replica(
+                            ServerId(master),
+                            SegmentId(segment),
+                            Epoch(1),
+                            true,
+                            &[0; 100],
+                        )
                         .expect("write");
                 }
             }
@@ -1963,7 +1987,7 @@ mod tests {
         let dir = TempDir::new().expect("tempdir");
         let mut store = open_clean(dir.path());
         let too_long = vec![0u8; REPLICA_BYTES_MAX as usize + 1];
-        let _ = store.write_replica(ServerId(1), SegmentId(1), 1, true, &too_long);
+        let _ = store.write_replica(ServerId(1), SegmentId(1), Epoch(1), true, &too_long);
     }
 
     /// Where [`FaultyDisk`] fails, with which errno.
@@ -2037,7 +2061,7 @@ mod tests {
         let (m, s) = (ServerId(1), SegmentId(1));
         let (mut store, disk) = open_faulty(dir.path());
         let old = store
-            .write_replica(m, s, 1, false, &content(1, 4000))
+            .write_replica(m, s, Epoch(1), false, &content(1, 4000))
             .expect("write");
 
         disk.set(Some(Fault::WriteAfter {
@@ -2045,14 +2069,14 @@ mod tests {
             errno: libc::ENOSPC,
         }));
         let error = store
-            .write_replica(m, s, 1, true, &content(1, 8000))
+            .write_replica(m, s, Epoch(1), true, &content(1, 8000))
             .expect_err("full");
         assert!(
             matches!(&error, StoreError::Full { path } if is_temp_of(path, "m1-s1")),
             "{error}"
         );
         let error = store
-            .write_replica(m, SegmentId(2), 1, true, &content(2, 8000))
+            .write_replica(m, SegmentId(2), Epoch(1), true, &content(2, 8000))
             .expect_err("full");
         assert!(matches!(error, StoreError::Full { .. }), "{error}");
         assert_eq!(temp_files(dir.path()), Vec::<String>::new());
@@ -2066,10 +2090,10 @@ mod tests {
         // Space comes back: the same writes succeed.
         disk.set(None);
         store
-            .write_replica(m, s, 1, true, &content(1, 8000))
+            .write_replica(m, s, Epoch(1), true, &content(1, 8000))
             .expect("write");
         store
-            .write_replica(m, SegmentId(2), 1, true, &content(2, 8000))
+            .write_replica(m, SegmentId(2), Epoch(1), true, &content(2, 8000))
             .expect("write");
         drop(store);
         let mut store = open_clean(dir.path());
@@ -2095,7 +2119,7 @@ mod tests {
         ] {
             disk.set(Some(fault));
             let error = store
-                .write_replica(ServerId(1), SegmentId(1), 1, true, b"bytes")
+                .write_replica(ServerId(1), SegmentId(1), Epoch(1), true, b"bytes")
                 .expect_err("full");
             assert!(
                 matches!(error, StoreError::Full { .. }),
@@ -2113,7 +2137,7 @@ mod tests {
         let (m, s) = (ServerId(1), SegmentId(1));
         let writer = store.writer();
         let prepared = writer
-            .prepare(m, s, 1, true, &content(1, 3000))
+            .prepare(m, s, Epoch(1), true, &content(1, 3000))
             .expect("prepare");
         assert_eq!(store.list(None), vec![], "not stored before its commit");
         assert_eq!(temp_files(dir.path()).len(), 1);
@@ -2122,7 +2146,7 @@ mod tests {
         assert_eq!(temp_files(dir.path()), Vec::<String>::new());
 
         let abandoned = writer
-            .prepare(m, SegmentId(2), 1, true, &content(2, 3000))
+            .prepare(m, SegmentId(2), Epoch(1), true, &content(2, 3000))
             .expect("prepare");
         drop(abandoned);
         assert_eq!(temp_files(dir.path()), Vec::<String>::new());
@@ -2154,10 +2178,12 @@ mod tests {
         for (i, length) in sizes.into_iter().enumerate() {
             let (m, s) = (ServerId(1), SegmentId(i as u64 + 1));
             let bytes = content(i as u64, length);
-            let copied = writer.prepare(m, s, 3, true, &bytes).expect("prepare");
+            let copied = writer
+                .prepare(m, s, Epoch(3), true, &bytes)
+                .expect("prepare");
             image.content_mut(length).copy_from_slice(&bytes);
             let built = writer
-                .prepare_image(m, s, 3, true, &mut image)
+                .prepare_image(m, s, Epoch(3), true, &mut image)
                 .expect("prepare_image");
             let file = |p: &PreparedReplica| fs::read(&p.temp).expect("read temp file");
             assert_eq!(file(&built).len(), HEADER_BYTES + length);
@@ -2181,10 +2207,10 @@ mod tests {
         let writer = store.writer();
         // Two writes of one replica prepared side by side: each has a file of its own.
         let older = writer
-            .prepare(m, s, 1, true, &content(1, 3000))
+            .prepare(m, s, Epoch(1), true, &content(1, 3000))
             .expect("prepare");
         let newer = writer
-            .prepare(m, s, 2, false, &content(1, 2000))
+            .prepare(m, s, Epoch(2), false, &content(1, 2000))
             .expect("prepare");
         assert_eq!(temp_files(dir.path()).len(), 2);
         let stored = store.commit(newer).expect("commit");
@@ -2224,7 +2250,7 @@ mod tests {
             errno: libc::EIO,
         }));
         let error = store
-            .write_replica(ServerId(1), SegmentId(1), 1, true, b"some bytes")
+            .write_replica(ServerId(1), SegmentId(1), Epoch(1), true, b"some bytes")
             .expect_err("io");
         let StoreError::Io { path, source } = &error else {
             panic!("expected Io, got {error}");
@@ -2240,15 +2266,15 @@ mod tests {
         let (m, s) = (ServerId(1), SegmentId(1));
         let (mut store, disk) = open_faulty(dir.path());
         store
-            .write_replica(m, s, 1, false, b"epoch one")
+            .write_replica(m, s, Epoch(1), false, b"epoch one")
             .expect("write");
         disk.set(Some(Fault::SyncDir { errno: libc::EIO }));
         let error = store
-            .write_replica(m, s, 2, true, b"epoch two")
+            .write_replica(m, s, Epoch(2), true, b"epoch two")
             .expect_err("not durable");
         assert!(matches!(error, StoreError::Io { .. }), "{error}");
         disk.set(None);
-        assert_eq!(store.meta(m, s).map(|meta| meta.epoch), Some(2));
+        assert_eq!(store.meta(m, s).map(|meta| meta.epoch), Some(Epoch(2)));
         assert_eq!(
             store.read_replica(m, s).expect("read"),
             Some(b"epoch two".to_vec())
@@ -2290,10 +2316,10 @@ mod tests {
         let (m, kib) = (ServerId(1), 1024);
         let mut store = open_clean(dir.path());
         let first = store
-            .write_replica(m, SegmentId(1), 1, true, &content(1, 600 * kib))
+            .write_replica(m, SegmentId(1), Epoch(1), true, &content(1, 600 * kib))
             .expect("fits");
         let error = store
-            .write_replica(m, SegmentId(2), 1, true, &content(2, 600 * kib))
+            .write_replica(m, SegmentId(2), Epoch(1), true, &content(2, 600 * kib))
             .expect_err("does not fit");
         assert!(matches!(error, StoreError::Full { .. }), "{error}");
         assert_eq!(temp_files(dir.path()), Vec::<String>::new());
@@ -2305,7 +2331,7 @@ mod tests {
 
         assert!(store.free(m, SegmentId(1)).expect("free"));
         store
-            .write_replica(m, SegmentId(2), 1, true, &content(2, 600 * kib))
+            .write_replica(m, SegmentId(2), Epoch(1), true, &content(2, 600 * kib))
             .expect("fits after free");
         drop(store);
         let mut store = open_clean(dir.path());
@@ -2320,7 +2346,7 @@ mod tests {
         let meta = ReplicaMeta {
             master: ServerId(0x0102_0304_0506_0708),
             segment: SegmentId(9),
-            epoch: 10,
+            epoch: Epoch(10),
             length: 0x0B0C,
             closed: true,
             content_crc32: 0xDEAD_BEEF,
@@ -2343,7 +2369,7 @@ mod tests {
         let meta = ReplicaMeta {
             master: ServerId(1),
             segment: SegmentId(1),
-            epoch: 1,
+            epoch: Epoch(1),
             length: 1,
             closed: false,
             content_crc32: 0,
@@ -2441,7 +2467,7 @@ mod tests {
             let meta = ReplicaMeta {
                 master: ServerId(5),
                 segment: SegmentId(6),
-                epoch,
+                epoch: Epoch(epoch),
                 length: u32::try_from(bytes.len()).expect("small"),
                 closed,
                 content_crc32: crc32fast::hash(&bytes),

@@ -187,7 +187,7 @@
 //! cost what [`crate::recovery`] says, all on blocking threads.
 
 use bytes::Bytes;
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::log::scan;
 use rampart_common::onesided::host_id;
 use rampart_common::onesided::nic::NicTarget;
@@ -677,7 +677,13 @@ pub struct BackupNic {
 }
 
 impl NicTarget for BackupNic {
-    fn place(&self, handle: u64, epoch: u64, offset: u64, bytes: &[u8]) -> Result<(), Status> {
+    fn place(
+        &self,
+        handle: FrameHandle,
+        epoch: Epoch,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), Status> {
         self.frames
             .write(handle, epoch, offset, bytes)
             .map_err(|refusal| refusal.status)
@@ -756,7 +762,7 @@ impl BackupService {
             frames_max: config.frames_max,
             frame_bytes_max: config.frame_bytes_max,
         };
-        let first_handle = (rand::random::<u64>() >> 2).max(1);
+        let first_handle = FrameHandle((rand::random::<u64>() >> 2).max(1));
         let table = FrameTable::new(limits, file.slots(), store.list(None), first_handle);
         tracing::info!(
             frame_file = %path, slots = file.slots(), slot_bytes = file.slot_capacity(),
@@ -918,7 +924,7 @@ impl BackupService {
         match flushed {
             Ok(meta) => {
                 tracing::debug!(
-                    master = %meta.master, segment = %meta.segment, epoch = meta.epoch,
+                    master = %meta.master, segment = %meta.segment, epoch = %meta.epoch,
                     length = meta.length, "replica closed"
                 );
                 Ok(Reply::ok(&info_of(&meta)))
@@ -931,7 +937,7 @@ impl BackupService {
                 ),
             )),
             Err(CloseFailure::Store(error)) => {
-                tracing::warn!(handle = request.handle, %error, "close failed; frame kept open");
+                tracing::warn!(handle = %request.handle, %error, "close failed; frame kept open");
                 Err(store_error_reply(error))
             }
         }
@@ -1169,7 +1175,7 @@ mod tests {
         OpenReplicaRequest {
             master: ServerId(master),
             segment: SegmentId(segment),
-            epoch,
+            epoch: Epoch(epoch),
             capacity: CAPACITY,
         }
     }
@@ -1185,20 +1191,20 @@ mod tests {
             .expect("open")
     }
 
-    async fn open(service: &BackupService, master: u64, segment: u64, epoch: u64) -> u64 {
+    async fn open(service: &BackupService, master: u64, segment: u64, epoch: u64) -> FrameHandle {
         open_reply(service, master, segment, epoch).await.handle
     }
 
     async fn bump(
         service: &BackupService,
-        handle: u64,
+        handle: FrameHandle,
         epoch: u64,
         new_epoch: u64,
     ) -> Result<(), (Status, String)> {
         let request = BumpEpochRequest {
             handle,
-            epoch,
-            new_epoch,
+            epoch: Epoch(epoch),
+            new_epoch: Epoch(new_epoch),
         };
         call::<proto::BumpEpoch>(service, &request).await
     }
@@ -1233,7 +1239,7 @@ mod tests {
     /// Writes `bytes[from..to]` by `WriteReplica`.
     async fn write_range(
         service: &BackupService,
-        handle: u64,
+        handle: FrameHandle,
         epoch: u64,
         bytes: &[u8],
         from: u32,
@@ -1252,14 +1258,14 @@ mod tests {
 
     async fn write(
         service: &BackupService,
-        handle: u64,
+        handle: FrameHandle,
         epoch: u64,
         offset: u32,
         bytes: &[u8],
     ) -> Result<(), (Status, String)> {
         let request = WriteReplicaRequest {
             handle,
-            epoch,
+            epoch: Epoch(epoch),
             offset,
             bytes: Bytes::copy_from_slice(bytes),
         };
@@ -1268,13 +1274,13 @@ mod tests {
 
     async fn close(
         service: &BackupService,
-        handle: u64,
+        handle: FrameHandle,
         epoch: u64,
         length: u32,
     ) -> Result<ReplicaInfo, (Status, String)> {
         let request = CloseReplicaRequest {
             handle,
-            epoch,
+            epoch: Epoch(epoch),
             length,
         };
         call::<proto::CloseReplica>(service, &request).await
@@ -1318,7 +1324,7 @@ mod tests {
         let request = FreeReplicaRequest {
             master: ServerId(master),
             segment: SegmentId(segment),
-            epoch_max,
+            epoch_max: Epoch(epoch_max),
         };
         call::<proto::FreeReplica>(service, &request)
             .await
@@ -1336,7 +1342,7 @@ mod tests {
         ReplicaInfo {
             master: ServerId(master),
             segment: SegmentId(segment),
-            epoch,
+            epoch: Epoch(epoch),
             length,
             closed,
         }
@@ -1444,7 +1450,7 @@ mod tests {
             Status::InvalidArgument
         );
         assert_eq!(
-            status(write(&service, 999, 1, 0, b"x").await),
+            status(write(&service, FrameHandle(999), 1, 0, b"x").await),
             Status::UnknownFrame
         );
         assert_eq!(
@@ -1460,7 +1466,7 @@ mod tests {
             Status::InvalidArgument
         );
         assert_eq!(
-            status(close(&service, 999, 1, 0).await),
+            status(close(&service, FrameHandle(999), 1, 0).await),
             Status::UnknownFrame
         );
 
@@ -1672,7 +1678,7 @@ mod tests {
         let read_back: Vec<(u64, u64, u64, u32, bool)> = report
             .frames_read_back
             .iter()
-            .map(|m| (m.master.0, m.segment.0, m.epoch, m.length, m.closed))
+            .map(|m| (m.master.0, m.segment.0, m.epoch.0, m.length, m.closed))
             .collect();
         assert_eq!(
             read_back,
@@ -1800,7 +1806,7 @@ mod tests {
                 Status::Fenced
             );
             assert_eq!(status(bump(&service, handle, 1, 2).await), Status::Fenced);
-            let placed = service.nic_target().place(handle, 1, 0, b"late");
+            let placed = service.nic_target().place(handle, Epoch(1), 0, b"late");
             assert_eq!(placed, Err(Status::Fenced), "soft-NIC write to {handle}");
         }
         assert_eq!(
@@ -1921,7 +1927,7 @@ mod tests {
             .expect("write");
         let request = proto::CloseReplicaRequest {
             handle,
-            epoch: 1,
+            epoch: Epoch(1),
             length: 100,
         };
         let first = CloseJob::claim(&service.frames, &request).expect("claim");
@@ -2321,7 +2327,7 @@ mod tests {
             .write(
                 &addr,
                 reply.handle,
-                1,
+                Epoch(1),
                 0,
                 &bytes[..ends[1] as usize],
                 timeout,
@@ -2334,7 +2340,7 @@ mod tests {
         );
         let refusals = [
             (reply.handle, 2, 0, Status::StaleEpoch),
-            (999, 1, 0, Status::UnknownFrame),
+            (FrameHandle(999), 1, 0, Status::UnknownFrame),
             (
                 reply.handle,
                 1,
@@ -2345,7 +2351,7 @@ mod tests {
         ];
         for (handle, epoch, offset, expected) in refusals {
             match client
-                .write(&addr, handle, epoch, offset, b"xy", timeout)
+                .write(&addr, handle, Epoch(epoch), offset, b"xy", timeout)
                 .await
             {
                 Err(FrameWriteError::Refused(status)) => assert_eq!(status, expected),
@@ -2355,7 +2361,7 @@ mod tests {
         service.fence_master(ServerId(1));
         assert!(matches!(
             client
-                .write(&addr, reply.handle, 1, 0, b"late", timeout)
+                .write(&addr, reply.handle, Epoch(1), 0, b"late", timeout)
                 .await,
             Err(FrameWriteError::Refused(Status::Fenced))
         ));
@@ -2395,7 +2401,7 @@ mod tests {
             Status::StaleEpoch
         );
         assert_eq!(
-            status(bump(&service, 999, 1, 2).await),
+            status(bump(&service, FrameHandle(999), 1, 2).await),
             Status::UnknownFrame
         );
         // An open at the old epoch is stale; at the new one it is a retry.
@@ -2455,7 +2461,7 @@ mod tests {
         assert_eq!(
             service
                 .nic_target()
-                .place(fenced.handle, 1, u64::from(ends[1]), late),
+                .place(fenced.handle, Epoch(1), u64::from(ends[1]), late),
             Err(Status::Fenced)
         );
         assert_eq!(
@@ -2761,7 +2767,12 @@ mod tests {
     }
 
     /// Writes `bytes` into a new open frame (master, segment) at epoch 1.
-    async fn write_open(service: &BackupService, master: u64, segment: u64, bytes: &[u8]) -> u64 {
+    async fn write_open(
+        service: &BackupService,
+        master: u64,
+        segment: u64,
+        bytes: &[u8],
+    ) -> FrameHandle {
         let handle = open(service, master, segment, 1).await;
         write_range(service, handle, 1, bytes, 0, bytes.len() as u32).await;
         handle
@@ -2941,7 +2952,7 @@ mod tests {
                 let want = expected(logged, partition);
                 assert!(!want.is_empty(), "the test covers every partition");
                 assert_eq!(decode_piece(&reply), want, "{segment}/{partition}");
-                assert_eq!((reply.safe_version, reply.epoch), (safe, epoch));
+                assert_eq!((reply.safe_version, reply.epoch), (safe, Epoch(epoch)));
             }
         }
         assert_eq!(service.recovery.pieces_bytes(), 0, "every piece handed out");

@@ -14,7 +14,7 @@
 //! disk, or on a call that does: run them on blocking threads, never on the reactor.
 
 use parking_lot::{Mutex, MutexGuard};
-use rampart_common::ids::ServerId;
+use rampart_common::ids::{Epoch, FrameHandle, ServerId};
 use std::sync::Arc;
 
 use crate::frame_table::ReplicaKey;
@@ -76,7 +76,7 @@ impl StoreHandle {
     pub fn write_open(
         &self,
         key: ReplicaKey,
-        epoch: u64,
+        epoch: Epoch,
         bytes: &[u8],
     ) -> Result<ReplicaMeta, StoreError> {
         self.changing(&[key], |store| {
@@ -87,7 +87,7 @@ impl StoreHandle {
     /// Frees replica `key` unless the store holds it at an epoch newer than
     /// `epoch_max` (a replacement placed after the free was decided). Whether a copy
     /// was freed.
-    pub fn free(&self, key: ReplicaKey, epoch_max: u64) -> Result<bool, StoreError> {
+    pub fn free(&self, key: ReplicaKey, epoch_max: Epoch) -> Result<bool, StoreError> {
         self.changing(&[key], |store| match store.meta(key.0, key.1) {
             Some(meta) if meta.epoch > epoch_max => Ok(false),
             _ => store.free(key.0, key.1),
@@ -114,7 +114,7 @@ impl StoreHandle {
     /// disk. A prepared replica not committed is removed as it drops.
     pub fn commit_close(
         &self,
-        handle: u64,
+        handle: FrameHandle,
         key: ReplicaKey,
         prepared: PreparedReplica,
     ) -> Result<ReplicaMeta, CloseFailure> {

@@ -53,7 +53,7 @@
 //! and never one that contradicts an acknowledged write. A copy it abandoned earlier is
 //! shorter, or excluded by rules 3 and 4.
 
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::{Epoch, SegmentId, ServerId};
 use rampart_common::protocol::backup::{PartitionRanges, RecoveryReplica};
 use rampart_common::tablet::{HashRange, Tablet};
 use rampart_common::will::Will;
@@ -149,7 +149,7 @@ impl FoundReplica {
 /// Epochs the crashed master recorded at the coordinator for segments whose open replicas
 /// it re-created (`SetOpenEpoch`): copies of those segments at an older epoch were
 /// replaced while the segment was open, and may lack acknowledged writes.
-pub type EpochFloors = BTreeMap<SegmentId, u64>;
+pub type EpochFloors = BTreeMap<SegmentId, Epoch>;
 
 /// Why a log cannot be recovered whole yet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,7 +176,7 @@ enum Unusable {
     /// No replica with a valid prefix was found.
     Absent,
     /// Only copies older than the epoch its master recorded.
-    Stale { floor: u64 },
+    Stale { floor: Epoch },
     /// Only open copies without the footer, below the head's predecessor: the footer
     /// reached every replica its master was writing before the head existed.
     NoFooter,
@@ -202,7 +202,7 @@ impl<'a> LogView<'a> {
         let Some(copies) = self.by_segment.get(&segment) else {
             return Err(Unusable::Absent);
         };
-        let floor = self.floors.get(&segment).copied().unwrap_or(0);
+        let floor = self.floors.get(&segment).copied().unwrap_or_default();
         let two_below_head = self
             .head
             .is_some_and(|head| segment.0.saturating_add(2) <= head.0);
@@ -458,7 +458,7 @@ mod tests {
                 info: ReplicaInfo {
                     master: ServerId(9),
                     segment: SegmentId(segment),
-                    epoch,
+                    epoch: Epoch(epoch),
                     length,
                     closed,
                 },
@@ -479,7 +479,10 @@ mod tests {
     }
 
     fn floors(pairs: &[(u64, u64)]) -> EpochFloors {
-        pairs.iter().map(|&(s, e)| (SegmentId(s), e)).collect()
+        pairs
+            .iter()
+            .map(|&(s, e)| (SegmentId(s), Epoch(e)))
+            .collect()
     }
 
     fn with_digest(mut f: FoundReplica, digest: &[u64]) -> FoundReplica {

@@ -537,7 +537,7 @@ impl CoordinatorService {
                     Ok(CommandResult::EpochRecorded) => {
                         tracing::info!(
                             server = %request.server, segment = %request.segment,
-                            epoch = request.epoch, "open segment epoch recorded"
+                            epoch = %request.epoch, "open segment epoch recorded"
                         );
                         Reply::ok(&())
                     }

@@ -58,7 +58,7 @@
 //! incomplete log ([`Command::AllowLoss`]) live here too, so a new leader carries on any
 //! recovery where the old one stopped (`coordinator::recovery`).
 
-use rampart_common::ids::{SegmentId, ServerId, TableId, TabletEpoch};
+use rampart_common::ids::{Epoch, SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
@@ -199,7 +199,7 @@ pub enum Command {
         /// Its open segment.
         segment: SegmentId,
         /// The epoch every replica it writes now holds.
-        epoch: u64,
+        epoch: Epoch,
     },
 }
 
@@ -410,7 +410,7 @@ pub struct CoordinatorState {
     /// 2. At most [`OPEN_EPOCH_SEGMENTS_MAX`] segments per server: the newest recorded
     ///    and the one before it. Older ones are not needed: two below the head, only a
     ///    copy holding the footer counts anyway.
-    open_epochs: BTreeMap<ServerId, BTreeMap<SegmentId, u64>>,
+    open_epochs: BTreeMap<ServerId, BTreeMap<SegmentId, Epoch>>,
     /// Per server, how many times the set of tablets it owns changed (its *tablet
     /// epoch*; absent: 0). Every command bumps each server whose tablets it changes by
     /// exactly one, so a master that applied changes 1..=n knows change n + 1 when it
@@ -629,7 +629,7 @@ impl CoordinatorState {
     }
 
     /// The epochs `server` recorded for its open segments ([`Command::SetOpenEpoch`]).
-    pub fn open_epochs(&self, server: ServerId) -> BTreeMap<SegmentId, u64> {
+    pub fn open_epochs(&self, server: ServerId) -> BTreeMap<SegmentId, Epoch> {
         self.open_epochs.get(&server).cloned().unwrap_or_default()
     }
 
@@ -1022,7 +1022,7 @@ impl CoordinatorState {
         &mut self,
         server: ServerId,
         segment: SegmentId,
-        epoch: u64,
+        epoch: Epoch,
     ) -> Result<Outcome, Reject> {
         self.require_up(server)?;
         let epochs = self.open_epochs.entry(server).or_default();
@@ -1737,7 +1737,7 @@ mod tests {
         let set = |segment: u64, epoch: u64| Command::SetOpenEpoch {
             server: ids[0],
             segment: SegmentId(segment),
-            epoch,
+            epoch: Epoch(epoch),
         };
         assert_eq!(state.apply(&set(4, 2)), CommandResult::EpochRecorded);
         let version = state.version();
@@ -1750,14 +1750,20 @@ mod tests {
         );
         state.apply(&set(5, 3));
         state.apply(&set(7, 2));
-        let kept: Vec<(SegmentId, u64)> = state.open_epochs(ids[0]).into_iter().collect();
-        assert_eq!(kept, vec![(SegmentId(5), 3), (SegmentId(7), 2)]);
+        let kept: Vec<(SegmentId, Epoch)> = state.open_epochs(ids[0]).into_iter().collect();
+        assert_eq!(
+            kept,
+            vec![(SegmentId(5), Epoch(3)), (SegmentId(7), Epoch(2))]
+        );
         assert!(state.open_epochs(ids[1]).is_empty());
         assert_eq!(state.check_invariants(), Ok(()));
         // A master declared crashed may not move its log any more.
         crash(&mut state, ids[0]);
         assert_rejected(&mut state, set(7, 3), Status::ServerCrashed);
-        assert_eq!(state.open_epochs(ids[0]).get(&SegmentId(7)), Some(&2));
+        assert_eq!(
+            state.open_epochs(ids[0]).get(&SegmentId(7)),
+            Some(&Epoch(2))
+        );
         state.apply(&Command::SetServerStatus {
             id: ids[0],
             status: ServerStatus::Removed,
@@ -2084,7 +2090,7 @@ mod tests {
                 Command::SetOpenEpoch {
                     server: ServerId(id),
                     segment: SegmentId(segment),
-                    epoch,
+                    epoch: Epoch(epoch),
                 }
             }),
         ]

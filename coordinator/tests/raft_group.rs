@@ -571,7 +571,7 @@ async fn recovery_rpcs_refuse_garbage_and_answer_unknown_or_crashed_servers_plai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ownership_and_version_rpcs_serve_up_masters_and_refuse_crashed_ones() {
-    use rampart_common::ids::{SegmentId, ServerId, TabletEpoch};
+    use rampart_common::ids::{Epoch, SegmentId, ServerId, TabletEpoch};
     use rampart_common::protocol::coordinator::{
         GetOwnedTablets, OwnedTabletsReply, RenewLease, RenewLeaseReply, RenewLeaseRequest,
         ReserveVersions, ReserveVersionsReply, ReserveVersionsRequest, ServerIdRequest,
@@ -631,7 +631,7 @@ async fn ownership_and_version_rpcs_serve_up_masters_and_refuse_crashed_ones() {
     let epoch = SetOpenEpochRequest {
         server: id,
         segment: SegmentId(3),
-        epoch: 2,
+        epoch: Epoch(2),
     };
     assert_eq!(
         call::<SetOpenEpoch>(&service, &epoch).await.status(),

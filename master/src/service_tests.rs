@@ -7,7 +7,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{ServerId, TableId, TabletEpoch, Version};
+use rampart_common::ids::{Epoch, ServerId, TableId, TabletEpoch, Version};
 use rampart_common::limits::{KEY_BYTES_MAX, MULTI_OPS_MAX};
 use rampart_common::protocol::master::{
     DropTablets, Enumerate, EnumerateRequest, Increment, IncrementRequest, MultiRead,
@@ -490,7 +490,7 @@ mod recovery {
             out.extend_from_slice(&writer.bytes()[offset..offset + len]);
         }
         RecoveryDataReply {
-            epoch: 1,
+            epoch: Epoch(1),
             safe_version: Version(safe),
             entries: out.freeze(),
             count: entries.len() as u32,

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use rampart_backup::segment_store::{Disk, RealDisk};
 use rampart_backup::service::{BackupConfig, BackupService};
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{SegmentId, ServerId, TableId};
+use rampart_common::ids::{Epoch, SegmentId, ServerId, TableId};
 use rampart_common::log::scan;
 use rampart_common::onesided::TransportKind;
 use rampart_common::protocol::backup::{
@@ -484,7 +484,7 @@ async fn a_full_backup_is_skipped() {
             &OpenReplicaRequest {
                 master: ServerId(999),
                 segment: SegmentId(1),
-                epoch: 1,
+                epoch: Epoch(1),
                 capacity: SEGMENT_BYTES,
             },
             Instant::now() + Duration::from_secs(2),
@@ -744,7 +744,7 @@ async fn a_backup_that_never_answers_times_out_and_is_replaced() {
 struct EpochCoordinator {
     servers: Mutex<Vec<ServerInfo>>,
     /// (segment, epoch) of every `SetOpenEpoch` it accepted, in order.
-    recorded: Mutex<Vec<(SegmentId, u64)>>,
+    recorded: Mutex<Vec<(SegmentId, Epoch)>>,
     /// Answer `SetOpenEpoch` with `Retry`, as a leader cut off from its majority would.
     stalled: std::sync::atomic::AtomicBool,
     /// Answer `SetOpenEpoch` with `ServerCrashed`.
@@ -859,7 +859,7 @@ async fn a_re_created_open_replica_is_recorded_at_the_coordinator_before_the_nex
     assert_eq!(held.len(), 3);
     let epoch = held[0].1.epoch;
     assert!(
-        epoch > 1 && held.iter().all(|(_, info)| info.epoch == epoch),
+        epoch > Epoch(1) && held.iter().all(|(_, info)| info.epoch == epoch),
         "{held:?}"
     );
     assert_eq!(recorded, vec![(head, epoch)]);

@@ -475,13 +475,13 @@ async fn open_backup(
     }
     for meta in &report.frames_read_back {
         tracing::info!(
-            master = %meta.master, segment = %meta.segment, epoch = meta.epoch,
+            master = %meta.master, segment = %meta.segment, epoch = %meta.epoch,
             length = meta.length, "frame left by a killed backup stored as an open replica"
         );
     }
     for (label, reason) in &report.frames_skipped {
         tracing::info!(
-            master = %label.master, segment = %label.segment, epoch = label.epoch,
+            master = %label.master, segment = %label.segment, epoch = %label.epoch,
             %reason, "frame left by a killed backup not stored"
         );
     }

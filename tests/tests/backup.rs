@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::{Epoch, SegmentId, ServerId};
 use rampart_common::protocol::backup::{
     CloseReplica, CloseReplicaRequest, ListReplicas, ListReplicasRequest, OpenReplica,
     OpenReplicaRequest, ReadReplica, ReplicaId, WriteReplica, WriteReplicaRequest,
@@ -88,7 +88,7 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
         let open = OpenReplicaRequest {
             master,
             segment: SegmentId(segment),
-            epoch: 1,
+            epoch: Epoch(1),
             capacity: 8 << 20,
         };
         let handle = pool
@@ -99,7 +99,7 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
         for (i, chunk) in bytes.chunks(1 << 20).enumerate() {
             let write = WriteReplicaRequest {
                 handle: handle.handle,
-                epoch: 1,
+                epoch: Epoch(1),
                 offset: (i << 20) as u32,
                 bytes: chunk.to_vec().into(),
             };
@@ -109,7 +109,7 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
         }
         let close = CloseReplicaRequest {
             handle: handle.handle,
-            epoch: 1,
+            epoch: Epoch(1),
             length: len as u32,
         };
         let info = pool
@@ -123,7 +123,7 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
     let open = OpenReplicaRequest {
         master,
         segment: SegmentId(4),
-        epoch: 3,
+        epoch: Epoch(3),
         capacity: 8 << 20,
     };
     let handle = pool
@@ -132,7 +132,7 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
         .unwrap();
     let write = WriteReplicaRequest {
         handle: handle.handle,
-        epoch: 3,
+        epoch: Epoch(3),
         offset: 0,
         bytes: open_bytes.clone().into(),
     };
@@ -186,7 +186,7 @@ async fn a_restarted_backup_reports_its_replicas_byte_for_byte() {
         .call::<ReadReplica>(&restarted.addr, &id, deadline())
         .await
         .unwrap();
-    assert_eq!((read.info.epoch, read.info.closed), (3, false));
+    assert_eq!((read.info.epoch, read.info.closed), (Epoch(3), false));
     assert!(
         read.bytes == open_bytes,
         "the open frame differs after the restart"

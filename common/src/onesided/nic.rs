@@ -46,6 +46,7 @@
 //! small batch).
 
 use super::FrameWriteError;
+use crate::ids::{Epoch, FrameHandle};
 use crate::status::Status;
 use std::collections::HashMap;
 use std::future::Future;
@@ -94,14 +95,20 @@ pub trait NicTarget: Send + Sync + 'static {
     /// Places `bytes` into open frame `handle` at `offset` if its epoch is `epoch`.
     /// Returns the refusal's status otherwise (`UnknownFrame`, `StaleEpoch`, `Fenced`,
     /// `InvalidArgument` past the frame's end). Must not block for long: it is a copy.
-    fn place(&self, handle: u64, epoch: u64, offset: u64, bytes: &[u8]) -> Result<(), Status>;
+    fn place(
+        &self,
+        handle: FrameHandle,
+        epoch: Epoch,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), Status>;
 }
 
 /// One decoded request header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RequestHeader {
-    handle: u64,
-    epoch: u64,
+    handle: FrameHandle,
+    epoch: Epoch,
     offset: u64,
     len: u32,
 }
@@ -110,8 +117,8 @@ impl RequestHeader {
     fn encode(&self) -> [u8; NIC_REQUEST_HEADER_BYTES] {
         let mut out = [0u8; NIC_REQUEST_HEADER_BYTES];
         out[0..4].copy_from_slice(&NIC_MAGIC.to_le_bytes());
-        out[4..12].copy_from_slice(&self.handle.to_le_bytes());
-        out[12..20].copy_from_slice(&self.epoch.to_le_bytes());
+        out[4..12].copy_from_slice(&self.handle.0.to_le_bytes());
+        out[12..20].copy_from_slice(&self.epoch.0.to_le_bytes());
         out[20..28].copy_from_slice(&self.offset.to_le_bytes());
         out[28..32].copy_from_slice(&self.len.to_le_bytes());
         out
@@ -131,8 +138,8 @@ impl RequestHeader {
             return None;
         }
         Some(RequestHeader {
-            handle: u64_at(4),
-            epoch: u64_at(12),
+            handle: FrameHandle(u64_at(4)),
+            epoch: Epoch(u64_at(12)),
             offset: u64_at(20),
             len: u32_at(28),
         })
@@ -279,8 +286,8 @@ impl NicClient {
     pub async fn write(
         &self,
         addr: &str,
-        handle: u64,
-        epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
         offset: u64,
         bytes: &[u8],
         timeout: Duration,
@@ -395,6 +402,9 @@ mod tests {
     /// Larger than the inline limit, so a whole-frame write takes the blocking path.
     const FRAME_BYTES: usize = NIC_INLINE_PLACE_BYTES_MAX + 4096;
     const TIMEOUT: Duration = Duration::from_secs(5);
+    /// The one open frame of [`VecTarget`], at its epoch.
+    const FRAME: FrameHandle = FrameHandle(1);
+    const EPOCH: Epoch = Epoch(1);
 
     /// A frame per handle in a `Vec`; handle 1 at epoch 1 is the only open frame, and
     /// handle 2 refuses with `Fenced`.
@@ -404,8 +414,14 @@ mod tests {
     }
 
     impl NicTarget for VecTarget {
-        fn place(&self, handle: u64, epoch: u64, offset: u64, bytes: &[u8]) -> Result<(), Status> {
-            match (handle, epoch) {
+        fn place(
+            &self,
+            handle: FrameHandle,
+            epoch: Epoch,
+            offset: u64,
+            bytes: &[u8],
+        ) -> Result<(), Status> {
+            match (handle.0, epoch.0) {
                 (1, 1) => {}
                 (1, _) => return Err(Status::StaleEpoch),
                 (2, _) => return Err(Status::Fenced),
@@ -464,8 +480,8 @@ mod tests {
 
     fn header(handle: u64, epoch: u64, offset: u64, len: u32) -> [u8; NIC_REQUEST_HEADER_BYTES] {
         RequestHeader {
-            handle,
-            epoch,
+            handle: FrameHandle(handle),
+            epoch: Epoch(epoch),
             offset,
             len,
         }
@@ -477,18 +493,18 @@ mod tests {
         let server = start().await;
         let client = NicClient::new();
         client
-            .write(&server.addr, 1, 1, 10, b"hello", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 10, b"hello", TIMEOUT)
             .await
             .expect("write");
         client
-            .write(&server.addr, 1, 1, 0, b"0123456789", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 0, b"0123456789", TIMEOUT)
             .await
             .expect("second write, same connection");
         assert_eq!(&server.target.frame.lock()[..15], b"0123456789hello");
         assert_eq!(client.connections.lock().len(), 1);
         // A write larger than the inline limit is placed on a blocking thread.
         client
-            .write(&server.addr, 1, 1, 0, &[7u8; FRAME_BYTES], TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 0, &[7u8; FRAME_BYTES], TIMEOUT)
             .await
             .expect("full frame");
         assert!(server.target.frame.lock().iter().all(|&b| b == 7));
@@ -507,7 +523,14 @@ mod tests {
         ];
         for (handle, epoch, offset, expected) in cases {
             match client
-                .write(&server.addr, handle, epoch, offset, b"x", TIMEOUT)
+                .write(
+                    &server.addr,
+                    FrameHandle(handle),
+                    Epoch(epoch),
+                    offset,
+                    b"x",
+                    TIMEOUT,
+                )
                 .await
             {
                 Err(FrameWriteError::Refused(status)) => assert_eq!(status, expected),
@@ -515,7 +538,7 @@ mod tests {
             }
         }
         client
-            .write(&server.addr, 1, 1, 0, b"after", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 0, b"after", TIMEOUT)
             .await
             .expect("the connection still works");
         assert_eq!(&server.target.frame.lock()[..5], b"after");
@@ -526,7 +549,7 @@ mod tests {
         let server = start().await;
         let client = NicClient::new();
         client
-            .write(&server.addr, 1, 1, 0, b"one", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 0, b"one", TIMEOUT)
             .await
             .expect("write");
         let mut bad = header(1, 1, 0, 3);
@@ -534,7 +557,7 @@ mod tests {
         let mut garbage = raw_request(&server.addr, &bad).await;
         assert_eq!(read_to_end(&mut garbage).await, Vec::<u8>::new());
         client
-            .write(&server.addr, 1, 1, 0, b"two", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 0, b"two", TIMEOUT)
             .await
             .expect("other connection unaffected");
         assert_eq!(&server.target.frame.lock()[..3], b"two");
@@ -553,12 +576,14 @@ mod tests {
         let client = NicClient::new();
         let huge = vec![0u8; NIC_WRITE_BYTES_MAX as usize + 1];
         assert!(matches!(
-            client.write(&server.addr, 1, 1, 0, &huge, TIMEOUT).await,
+            client
+                .write(&server.addr, FRAME, EPOCH, 0, &huge, TIMEOUT)
+                .await,
             Err(FrameWriteError::Refused(Status::MessageTooLarge))
         ));
         assert!(client.connections.lock().is_empty());
         client
-            .write(&server.addr, 1, 1, 0, b"ok", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 0, b"ok", TIMEOUT)
             .await
             .expect("the server still serves");
     }
@@ -580,7 +605,7 @@ mod tests {
         tokio::task::yield_now().await;
         let client = NicClient::new();
         client
-            .write(&server.addr, 1, 1, 100, b"alive", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 100, b"alive", TIMEOUT)
             .await
             .expect("still serving");
         let frame = server.target.frame.lock();
@@ -593,7 +618,7 @@ mod tests {
         let server = start().await;
         let client = NicClient::new();
         client
-            .write(&server.addr, 1, 1, 0, b"a", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 0, b"a", TIMEOUT)
             .await
             .expect("write");
         // Stop the server: its connections close.
@@ -602,7 +627,7 @@ mod tests {
         } = server;
         drop(stop);
         task.await.expect("server stops");
-        match client.write(&addr, 1, 1, 0, b"b", TIMEOUT).await {
+        match client.write(&addr, FRAME, EPOCH, 0, b"b", TIMEOUT).await {
             Err(FrameWriteError::Transport(reason)) => assert!(reason.contains(&addr), "{reason}"),
             other => panic!("expected a transport error, got {other:?}"),
         }
@@ -610,14 +635,21 @@ mod tests {
         // A fresh server on another port: the client dials it.
         let server = start().await;
         client
-            .write(&server.addr, 1, 1, 0, b"c", TIMEOUT)
+            .write(&server.addr, FRAME, EPOCH, 0, b"c", TIMEOUT)
             .await
             .expect("redial");
         // A silent peer: the write times out as a transport error.
         let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let silent_addr = silent.local_addr().expect("addr").to_string();
         match client
-            .write(&silent_addr, 1, 1, 0, b"d", Duration::from_millis(100))
+            .write(
+                &silent_addr,
+                FRAME,
+                EPOCH,
+                0,
+                b"d",
+                Duration::from_millis(100),
+            )
             .await
         {
             Err(FrameWriteError::Transport(reason)) => {

@@ -131,7 +131,7 @@
 //! Linux 5.14) leaves the pages to fault in, as before.
 
 use super::{FrameWriteError, TAIL_BYTES};
-use crate::ids::{SegmentId, ServerId};
+use crate::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use parking_lot::RwLock;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -229,7 +229,7 @@ pub struct SlotLabel {
     /// The segment of that log.
     pub segment: SegmentId,
     /// The frame's epoch (Tailwind).
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// The frame's capacity in bytes (≤ the slot's).
     pub capacity: u32,
 }
@@ -443,10 +443,11 @@ impl Mapping {
         &self,
         slot_offset: u64,
         slot_capacity: u32,
-        owner: u64,
+        owner: FrameHandle,
         offset: u64,
         bytes: &[u8],
     ) -> Result<(), FrameWriteError> {
+        let owner = owner.0; // as the owner word holds it
         let len = bytes.len() as u64;
         let out_of_bounds = |capacity: u64| FrameWriteError::OutOfBounds {
             offset,
@@ -724,8 +725,8 @@ impl FrameFile {
     /// stored last (SeqCst), so a writer that sees `owner` sees a zeroed, unfenced slot
     /// and a reader after a kill sees the label of every held slot. Panics if
     /// `slot ≥ slots` or `owner == 0`.
-    pub fn assign(&self, slot: usize, owner: u64, label: SlotLabel) {
-        assert_ne!(owner, 0, "owner 0 marks a free slot");
+    pub fn assign(&self, slot: usize, owner: FrameHandle, label: SlotLabel) {
+        assert_ne!(owner.0, 0, "owner 0 marks a free slot");
         let _exclusive = self.slot_lock(slot).write();
         self.owner_word(slot).store(0, Ordering::SeqCst);
         self.zero_data(slot);
@@ -737,17 +738,17 @@ impl FrameFile {
         self.word(slot, SEGMENT_WORD_OFFSET)
             .store(label.segment.0, Ordering::SeqCst);
         self.word(slot, EPOCH_WORD_OFFSET)
-            .store(label.epoch, Ordering::SeqCst);
+            .store(label.epoch.0, Ordering::SeqCst);
         self.word(slot, CAPACITY_WORD_OFFSET)
             .store(u64::from(label.capacity), Ordering::SeqCst);
-        self.owner_word(slot).store(owner, Ordering::SeqCst);
+        self.owner_word(slot).store(owner.0, Ordering::SeqCst);
     }
 
     /// Records that the frame in slot `slot` moved to epoch `epoch`; call it before
     /// answering the bump. Panics if `slot ≥ slots`.
-    pub fn set_epoch(&self, slot: usize, epoch: u64) {
+    pub fn set_epoch(&self, slot: usize, epoch: Epoch) {
         self.word(slot, EPOCH_WORD_OFFSET)
-            .store(epoch, Ordering::SeqCst);
+            .store(epoch.0, Ordering::SeqCst);
     }
 
     /// Records the valid prefix the fence of slot `slot` reported (final from then on:
@@ -776,11 +777,11 @@ impl FrameFile {
             .map(|length| u32::try_from(length).unwrap_or(u32::MAX).min(capacity));
         Some(LeftSlot {
             slot,
-            owner,
+            owner: FrameHandle(owner),
             label: SlotLabel {
                 master: ServerId(load(MASTER_WORD_OFFSET)),
                 segment: SegmentId(load(SEGMENT_WORD_OFFSET)),
-                epoch: load(EPOCH_WORD_OFFSET),
+                epoch: Epoch(load(EPOCH_WORD_OFFSET)),
                 capacity,
             },
             fenced: load(FENCE_WORD_OFFSET) != 0,
@@ -790,7 +791,7 @@ impl FrameFile {
 
     /// Whether any slot is held by a frame (its bytes are not yet anywhere else).
     fn holds_frames(&self) -> bool {
-        (0..self.slots).any(|slot| self.owner(slot) != 0)
+        (0..self.slots).any(|slot| self.owner(slot).is_some())
     }
 
     /// Reads the frame file a dead backup left at `path`, if any, for the backup tagged
@@ -879,9 +880,13 @@ impl FrameFile {
         self.fence_word(slot).load(Ordering::SeqCst) != 0
     }
 
-    /// The handle of the frame slot `slot` holds; 0 when free. Panics if `slot ≥ slots`.
-    pub fn owner(&self, slot: usize) -> u64 {
-        self.owner_word(slot).load(Ordering::SeqCst)
+    /// The handle of the frame slot `slot` holds; `None` when free (owner word 0).
+    /// Panics if `slot ≥ slots`.
+    pub fn owner(&self, slot: usize) -> Option<FrameHandle> {
+        match self.owner_word(slot).load(Ordering::SeqCst) {
+            0 => None,
+            owner => Some(FrameHandle(owner)),
+        }
     }
 
     /// Writes `bytes` at `offset` into slot `slot` if frame `owner` still holds it and
@@ -890,7 +895,7 @@ impl FrameFile {
     pub fn write(
         &self,
         slot: usize,
-        owner: u64,
+        owner: FrameHandle,
         offset: u64,
         bytes: &[u8],
     ) -> Result<(), FrameWriteError> {
@@ -955,7 +960,7 @@ impl Drop for FrameFile {
             // Only the held slots' memory stays taken: the pool's free slots go back to
             // the kernel (a kept file would otherwise pin all of it until a restart).
             let freed = (0..self.slots)
-                .filter(|&slot| self.owner(slot) == 0 && self.punch_hole(slot))
+                .filter(|&slot| self.owner(slot).is_none() && self.punch_hole(slot))
                 .count();
             tracing::info!(
                 path = %self.path.display(), free_slots_returned = freed,
@@ -1081,7 +1086,7 @@ pub struct LeftSlot {
     /// Which slot.
     pub slot: usize,
     /// The handle of the frame that held it.
-    pub owner: u64,
+    pub owner: FrameHandle,
     /// What the frame was (its capacity clamped to the slot's).
     pub label: SlotLabel,
     /// Whether its master's recovery had fenced it.
@@ -1373,7 +1378,7 @@ impl ShmMapping {
         &self,
         slot_offset: u64,
         slot_capacity: u32,
-        owner: u64,
+        owner: FrameHandle,
         offset: u64,
         bytes: &[u8],
     ) -> Result<(), FrameWriteError> {
@@ -1407,7 +1412,7 @@ mod tests {
         SlotLabel {
             master: ServerId(master),
             segment: SegmentId(segment),
-            epoch,
+            epoch: Epoch(epoch),
             capacity,
         }
     }
@@ -1472,12 +1477,18 @@ mod tests {
     fn a_write_through_a_mapping_is_visible_in_the_frame_file() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 3, CAPACITY);
-        file.assign(1, 42, label());
+        file.assign(1, FrameHandle(42), label());
         let mapping = ShmMapping::open(file.path()).expect("map");
         assert_eq!(mapping.len_bytes(), file.slot_offset(3));
         let data: Vec<u8> = (0..100u8).collect();
         mapping
-            .write(file.slot_offset(1), file.slot_capacity(), 42, 10, &data)
+            .write(
+                file.slot_offset(1),
+                file.slot_capacity(),
+                FrameHandle(42),
+                10,
+                &data,
+            )
             .expect("write");
         let read = file.read(1, 200);
         assert_eq!(&read[10..110], &data[..]);
@@ -1486,7 +1497,8 @@ mod tests {
         assert!(file.read(0, CAPACITY).iter().all(|&b| b == 0));
         assert!(file.read(2, CAPACITY).iter().all(|&b| b == 0));
         // The backup's own writers use the same protocol.
-        file.write(1, 42, 0, b"head").expect("in-process write");
+        file.write(1, FrameHandle(42), 0, b"head")
+            .expect("in-process write");
         assert_eq!(&file.read(1, 4)[..], b"head");
         // Reads clamp to the capacity.
         assert_eq!(file.read(1, u32::MAX).len(), CAPACITY as usize);
@@ -1496,16 +1508,16 @@ mod tests {
     fn writes_out_of_bounds_to_a_wrong_owner_or_a_fenced_slot_are_refused() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 2, CAPACITY);
-        file.assign(0, 7, label());
+        file.assign(0, FrameHandle(7), label());
         let mapping = ShmMapping::open(file.path()).expect("map");
         let at = file.slot_offset(0);
         let cap = file.slot_capacity();
         mapping
-            .write(at, cap, 7, u64::from(CAPACITY) - 4, b"edge")
+            .write(at, cap, FrameHandle(7), u64::from(CAPACITY) - 4, b"edge")
             .expect("fits exactly");
         for (offset, len) in [(u64::from(CAPACITY) - 3, 4), (u64::MAX, 1)] {
             let error = mapping
-                .write(at, cap, 7, offset, &vec![1; len])
+                .write(at, cap, FrameHandle(7), offset, &vec![1; len])
                 .expect_err("past the end");
             assert!(
                 matches!(error, FrameWriteError::OutOfBounds { capacity, .. } if capacity == u64::from(CAPACITY)),
@@ -1518,7 +1530,7 @@ mod tests {
             [(total, 0), (u64::MAX - 8, 16), (at + 4, 16), (at, u32::MAX)]
         {
             let error = mapping
-                .write(slot_offset, capacity, 7, 0, b"x")
+                .write(slot_offset, capacity, FrameHandle(7), 0, b"x")
                 .expect_err("bad slot");
             assert!(
                 matches!(error, FrameWriteError::OutOfBounds { capacity: 0, .. }),
@@ -1526,16 +1538,16 @@ mod tests {
             );
         }
         assert!(matches!(
-            file.write(2, 7, 0, b"x"),
+            file.write(2, FrameHandle(7), 0, b"x"),
             Err(FrameWriteError::OutOfBounds { capacity: 0, .. })
         ));
         // Wrong owner, free slot: nothing is copied.
         assert!(matches!(
-            mapping.write(at, cap, 8, 0, b"thief"),
+            mapping.write(at, cap, FrameHandle(8), 0, b"thief"),
             Err(FrameWriteError::FrameGone)
         ));
         assert!(matches!(
-            mapping.write(file.slot_offset(1), cap, 0, 0, b"free"),
+            mapping.write(file.slot_offset(1), cap, FrameHandle(0), 0, b"free"),
             Err(FrameWriteError::FrameGone)
         ));
         assert!(file.read(0, 5).iter().all(|&b| b == 0));
@@ -1544,33 +1556,34 @@ mod tests {
         file.fence(0);
         assert!(file.is_fenced(0));
         assert!(matches!(
-            mapping.write(at, cap, 7, 0, b"late"),
+            mapping.write(at, cap, FrameHandle(7), 0, b"late"),
             Err(FrameWriteError::Fenced)
         ));
         assert!(matches!(
-            file.write(0, 7, 0, b"late"),
+            file.write(0, FrameHandle(7), 0, b"late"),
             Err(FrameWriteError::Fenced)
         ));
         assert!(file.read(0, 4).iter().all(|&b| b == 0));
-        assert_eq!(file.owner(0), 7);
+        assert_eq!(file.owner(0), Some(FrameHandle(7)));
     }
 
     #[test]
     fn assign_zeroes_the_data_and_clears_the_fence() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 2, CAPACITY);
-        file.assign(0, 1, label());
+        file.assign(0, FrameHandle(1), label());
         let full = vec![0xAB; CAPACITY as usize];
-        file.write(0, 1, 0, &full).expect("fill");
+        file.write(0, FrameHandle(1), 0, &full).expect("fill");
         file.fence(0);
         // Re-assigning an owned, fenced slot (no release in between) still zeroes it.
-        file.assign(0, 2, label());
-        assert_eq!(file.owner(0), 2);
+        file.assign(0, FrameHandle(2), label());
+        assert_eq!(file.owner(0), Some(FrameHandle(2)));
         assert!(!file.is_fenced(0));
         assert!(file.read(0, CAPACITY).iter().all(|&b| b == 0));
-        file.write(0, 2, 0, b"ok").expect("write to the new owner");
+        file.write(0, FrameHandle(2), 0, b"ok")
+            .expect("write to the new owner");
         assert!(matches!(
-            file.write(0, 1, 0, b"old"),
+            file.write(0, FrameHandle(1), 0, b"old"),
             Err(FrameWriteError::FrameGone)
         ));
     }
@@ -1591,13 +1604,13 @@ mod tests {
         // (a hole would be faulted in and zeroed again by the next frame's writer).
         let size = std::fs::metadata(file.path()).expect("stat").len();
         assert!(allocated_bytes(file.path()) >= size);
-        file.assign(1, 5, label());
-        file.write(1, 5, 0, &vec![0xCD; capacity as usize])
+        file.assign(1, FrameHandle(5), label());
+        file.write(1, FrameHandle(5), 0, &vec![0xCD; capacity as usize])
             .expect("fill");
         file.release(1);
-        assert_eq!(file.owner(1), 0);
+        assert_eq!(file.owner(1), None);
         assert!(matches!(
-            file.write(1, 5, 0, b"x"),
+            file.write(1, FrameHandle(5), 0, b"x"),
             Err(FrameWriteError::FrameGone)
         ));
         // A master that passed its owner check before the release lands its copy after
@@ -1605,26 +1618,27 @@ mod tests {
         let data = file.slot_offset(1) + SLOT_HEADER_BYTES;
         file.map.copy_in(data + 4096, &[0xEE; 200]);
         assert!(allocated_bytes(file.path()) >= size);
-        file.assign(1, 6, label());
+        file.assign(1, FrameHandle(6), label());
         assert!(file.read(1, capacity).iter().all(|&b| b == 0));
-        assert_eq!(file.owner(1), 6);
-        assert_eq!(file.owner(0), 0);
+        assert_eq!(file.owner(1), Some(FrameHandle(6)));
+        assert_eq!(file.owner(0), None);
     }
 
     #[test]
     fn a_released_slot_keeps_its_bytes_closed_to_writers_until_assigned() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 1, CAPACITY);
-        file.assign(0, 5, label());
-        file.write(0, 5, 0, b"flushed replica").expect("write");
+        file.assign(0, FrameHandle(5), label());
+        file.write(0, FrameHandle(5), 0, b"flushed replica")
+            .expect("write");
         file.release(0);
-        assert_eq!(file.owner(0), 0);
+        assert_eq!(file.owner(0), None);
         assert!(matches!(
-            file.write(0, 5, 0, b"x"),
+            file.write(0, FrameHandle(5), 0, b"x"),
             Err(FrameWriteError::FrameGone)
         ));
         assert_eq!(file.read(0, 15), b"flushed replica", "the bytes stay");
-        file.assign(0, 6, label());
+        file.assign(0, FrameHandle(6), label());
         assert!(file.read(0, CAPACITY).iter().all(|&b| b == 0));
     }
 
@@ -1654,7 +1668,7 @@ mod tests {
     fn a_first_write_maps_its_chunk_in(dir: TempDir) {
         let capacity = 4 << 20;
         let file = frame_file(&dir, 2, capacity);
-        file.assign(1, 9, labelled(1, 1, 1, capacity));
+        file.assign(1, FrameHandle(9), labelled(1, 1, 1, capacity));
         let mapping = ShmMapping::open(file.path()).expect("map");
         let (slot, page) = (file.slot_offset(1), page_bytes());
         // The slot's data, from its first whole chunk on (so that the writes below stay
@@ -1662,13 +1676,13 @@ mod tests {
         let chunk_start = (slot + SLOT_HEADER_BYTES).next_multiple_of(POPULATE_CHUNK_BYTES);
         let offset = chunk_start - slot - SLOT_HEADER_BYTES;
         mapping
-            .write(slot, capacity, 9, offset, &[1; 64])
+            .write(slot, capacity, FrameHandle(9), offset, &[1; 64])
             .expect("first write");
         // The rest of the chunk: every page of it is mapped in already.
         let rest = vec![2u8; (POPULATE_CHUNK_BYTES - page) as usize];
         let before = thread_minor_faults();
         mapping
-            .write(slot, capacity, 9, offset + page, &rest)
+            .write(slot, capacity, FrameHandle(9), offset + page, &rest)
             .expect("second write");
         let faults = thread_minor_faults() - before;
         let pages = rest.len() as u64 / page;
@@ -1684,8 +1698,8 @@ mod tests {
     fn read_to_and_read_into_copy_from_the_slots_start() {
         let dir = TempDir::new().expect("tempdir");
         let file = frame_file(&dir, 1, CAPACITY);
-        file.assign(0, 1, label());
-        file.write(0, 1, 0, b"abcdef").expect("write");
+        file.assign(0, FrameHandle(1), label());
+        file.write(0, FrameHandle(1), 0, b"abcdef").expect("write");
         assert_eq!(file.read(0, 6), b"abcdef");
         let mut slice = [9u8; 5];
         file.read_to(0, &mut slice);
@@ -1711,8 +1725,9 @@ mod tests {
         let error = FrameFile::create(&path, 1, CAPACITY, TAG).expect_err("in use");
         assert_eq!(error.kind(), io::ErrorKind::WouldBlock);
         // The live backup's file is intact.
-        file.assign(0, 1, label());
-        file.write(0, 1, 0, b"still here").expect("write");
+        file.assign(0, FrameHandle(1), label());
+        file.write(0, FrameHandle(1), 0, b"still here")
+            .expect("write");
         assert_eq!(&file.read(0, 10)[..], b"still here");
         let error = FrameFile::create(&path, 1, CAPACITY, &"x".repeat(5000)).expect_err("tag");
         assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
@@ -1736,14 +1751,16 @@ mod tests {
         let dir = TempDir::new().expect("tempdir");
         let path = dir.path().join("frames");
         let file = FrameFile::create(&path, 4, CAPACITY, TAG).expect("create");
-        file.assign(1, 11, labelled(3, 4, 1, 1000));
-        file.write(1, 11, 0, b"segment four").expect("write");
-        file.set_epoch(1, 2);
-        file.assign(2, 12, labelled(3, 5, 7, CAPACITY));
-        file.write(2, 12, 0, b"fenced frame").expect("write");
+        file.assign(1, FrameHandle(11), labelled(3, 4, 1, 1000));
+        file.write(1, FrameHandle(11), 0, b"segment four")
+            .expect("write");
+        file.set_epoch(1, Epoch(2));
+        file.assign(2, FrameHandle(12), labelled(3, 5, 7, CAPACITY));
+        file.write(2, FrameHandle(12), 0, b"fenced frame")
+            .expect("write");
         file.fence(2);
         file.record_fenced_length(2, 6);
-        file.assign(3, 13, labelled(9, 1, 1, CAPACITY));
+        file.assign(3, FrameHandle(13), labelled(9, 1, 1, CAPACITY));
         file.release(3);
         let size = std::fs::metadata(&path).expect("stat").len();
         // Slots 0 and 3 are free: all but their header's page goes back.
@@ -1766,14 +1783,14 @@ mod tests {
             vec![
                 LeftSlot {
                     slot: 1,
-                    owner: 11,
+                    owner: FrameHandle(11),
                     label: labelled(3, 4, 2, 1000),
                     fenced: false,
                     fenced_length: None,
                 },
                 LeftSlot {
                     slot: 2,
-                    owner: 12,
+                    owner: FrameHandle(12),
                     label: labelled(3, 5, 7, CAPACITY),
                     fenced: true,
                     fenced_length: Some(6),
@@ -1818,7 +1835,7 @@ mod tests {
         let dir = TempDir::new().expect("tempdir");
         let path = dir.path().join("frames");
         let old = FrameFile::create(&path, 2, CAPACITY, TAG).expect("create");
-        old.assign(1, 9, label());
+        old.assign(1, FrameHandle(9), label());
         let old_slot = old.slot_offset(1);
         let mapping = ShmMapping::open(&path).expect("map");
         // A killed backup leaves its file behind, and the kernel drops its lock.
@@ -1831,7 +1848,13 @@ mod tests {
         let new = FrameFile::create(&path, 1, 100, TAG).expect("replace");
         // The master's mapping still holds the old, full-sized file: no SIGBUS.
         mapping
-            .write(old_slot, CAPACITY, 9, u64::from(CAPACITY) - 8, b"old file")
+            .write(
+                old_slot,
+                CAPACITY,
+                FrameHandle(9),
+                u64::from(CAPACITY) - 8,
+                b"old file",
+            )
             .expect("the old mapping keeps working");
         assert!(new.read(0, 100).iter().all(|&b| b == 0));
         let remapped = ShmMapping::open(&path).expect("map the new file");
@@ -1864,7 +1887,7 @@ mod tests {
         let write_all = |owner: u64, acked: &mut Vec<usize>| {
             for (region, pattern) in patterns.iter().enumerate() {
                 let offset = (region * REGION_BYTES) as u64;
-                match mapping.write(slot_offset, capacity, owner, offset, pattern) {
+                match mapping.write(slot_offset, capacity, FrameHandle(owner), offset, pattern) {
                     Ok(()) => acked.push(region),
                     Err(FrameWriteError::Fenced) => break,
                     Err(error) => panic!("unexpected {error:?}"),
@@ -1875,7 +1898,7 @@ mod tests {
         // fence lands uniformly inside it.
         let pass_nanos = (0..5)
             .map(|_| {
-                file.assign(0, u64::MAX, label());
+                file.assign(0, FrameHandle(u64::MAX), label());
                 let started = std::time::Instant::now();
                 write_all(u64::MAX, &mut Vec::new());
                 started.elapsed().as_nanos().max(1) as u64
@@ -1890,7 +1913,7 @@ mod tests {
         let mut rng = seed;
         let mut fenced_mid_pass = 0;
         for owner in 1..=ROUNDS {
-            file.assign(0, owner, label());
+            file.assign(0, FrameHandle(owner), label());
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
@@ -1959,7 +1982,7 @@ mod tests {
         for (name, tag) in [("kept", kept_tag.as_str()), ("orphan", "/no/such/dir")] {
             let path = dir.path().join(format!("rampart-frames-{name}"));
             let file = FrameFile::create(&path, 1, 4096, tag).expect("create");
-            file.assign(0, 1, labelled(1, 1, 1, 4096));
+            file.assign(0, FrameHandle(1), labelled(1, 1, 1, 4096));
             drop(file);
         }
         std::fs::write(

@@ -13,7 +13,7 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{SegmentId, ServerId, Version};
+use crate::ids::{Epoch, FrameHandle, SegmentId, ServerId, Version};
 use crate::onesided::rdma::RdmaEndpoint;
 use crate::rpc::message::Cursor;
 use crate::rpc::{DecodeError, WireMessage};
@@ -29,7 +29,7 @@ pub struct OpenReplicaRequest {
     /// Which segment of it.
     pub segment: SegmentId,
     /// The replica's epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Bytes the frame must hold (the segment size).
     pub capacity: u32,
 }
@@ -38,7 +38,7 @@ pub struct OpenReplicaRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenReplicaReply {
     /// Names the frame on this backup until it is closed or freed; never reused.
-    pub handle: u64,
+    pub handle: FrameHandle,
     /// Where the frame lives in the backup's shared-memory frame file (the `shm`
     /// transport); `None` when the backup has no frame file.
     pub shm: Option<ShmFrame>,
@@ -72,20 +72,20 @@ pub struct ShmFrame {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BumpEpochRequest {
     /// The frame.
-    pub handle: u64,
+    pub handle: FrameHandle,
     /// Its current epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// The new epoch (> `epoch`).
-    pub new_epoch: u64,
+    pub new_epoch: Epoch,
 }
 
 /// Copy `bytes` into an open frame at `offset` (the `rpc` transport).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteReplicaRequest {
     /// The frame.
-    pub handle: u64,
+    pub handle: FrameHandle,
     /// The replica's epoch (must match the frame's).
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Where in the frame.
     pub offset: u32,
     /// What to write.
@@ -97,9 +97,9 @@ pub struct WriteReplicaRequest {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloseReplicaRequest {
     /// The frame.
-    pub handle: u64,
+    pub handle: FrameHandle,
     /// The replica's epoch (must match the frame's).
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Bytes of the replica (the segment's sealed length).
     pub length: u32,
 }
@@ -122,8 +122,8 @@ pub struct FreeReplicaRequest {
     pub segment: SegmentId,
     /// Copies at a newer epoch are kept: a master that abandoned a replica at epoch e and
     /// later placed a replacement at e + 1 on the same backup frees only the old one,
-    /// however late the free arrives. `u64::MAX` frees any epoch.
-    pub epoch_max: u64,
+    /// however late the free arrives. [`Epoch::MAX`] frees any epoch.
+    pub epoch_max: Epoch,
 }
 
 /// Asks for the replicas a backup holds, of one master or of all.
@@ -141,7 +141,7 @@ pub struct ReplicaInfo {
     /// Which segment of it.
     pub segment: SegmentId,
     /// Its epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Bytes held. For an open frame: its valid prefix (DESIGN.md §4), up to the last
     /// matching `Checksum` entry, since one-sided writes do not tell the backup how far
     /// they wrote; for a fenced frame, the prefix its fence reported.
@@ -277,7 +277,7 @@ pub struct RecoveryDataRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecoveryDataReply {
     /// The replica's epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// The highest `SafeVersion` floor in the replica (0 if none): the recovery master
     /// raises its own floor to it, so a key deleted on the crashed master is never
     /// re-created with a version it already used.
@@ -300,7 +300,7 @@ const RECOVERY_DATA_REPLY_FIXED_BYTES: usize = 8 + 8 + 8 + 4;
 impl WireMessage for RecoveryDataReply {
     fn encode(&self, out: &mut BytesMut) {
         out.reserve(RECOVERY_DATA_REPLY_FIXED_BYTES + self.entries.len());
-        out.put_u64_le(self.epoch);
+        out.put_u64_le(self.epoch.0);
         out.put_u64_le(self.safe_version.0);
         out.put_u64_le(self.entries.len() as u64);
         out.put_slice(&self.entries);
@@ -309,7 +309,7 @@ impl WireMessage for RecoveryDataReply {
 
     fn decode(payload: Bytes) -> Result<Self, DecodeError> {
         let mut cursor = Cursor::new(payload);
-        let epoch = cursor.u64("epoch")?;
+        let epoch = Epoch(cursor.u64("epoch")?);
         let safe_version = Version(cursor.u64("safe version")?);
         let entries_len = cursor.u64("entries length")?;
         let entries_len = usize::try_from(entries_len)

@@ -2,7 +2,7 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{SegmentId, ServerId, TableId, TabletEpoch};
+use crate::ids::{Epoch, SegmentId, ServerId, TableId, TabletEpoch};
 use crate::tablet::{Services, TabletMap};
 use crate::will::Will;
 use serde::{Deserialize, Serialize};
@@ -250,7 +250,7 @@ pub struct SetOpenEpochRequest {
     /// Its open segment.
     pub segment: SegmentId,
     /// The epoch of every replica it now writes.
-    pub epoch: u64,
+    pub epoch: Epoch,
 }
 
 /// Names one server.

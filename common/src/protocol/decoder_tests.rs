@@ -2,7 +2,7 @@
 //! each must return `Err` (or, for random bytes, possibly `Ok`), never panic and
 //! never allocate what a length prefix merely claims.
 
-use crate::ids::{ServerId, TableId, TabletEpoch, Version};
+use crate::ids::{Epoch, ServerId, TableId, TabletEpoch, Version};
 use crate::protocol::{backup, coordinator, master};
 use crate::reject::RejectRules;
 use crate::rpc::WireMessage;
@@ -232,7 +232,7 @@ fn hot_path_messages_cut_before_their_value_are_refused() {
 
 fn recovery_data_reply() -> backup::RecoveryDataReply {
     backup::RecoveryDataReply {
-        epoch: 7,
+        epoch: Epoch(7),
         safe_version: Version(1 << 40),
         entries: Bytes::from((0..=255u8).collect::<Vec<u8>>()),
         count: 3,

@@ -41,6 +41,7 @@
 //! 100 Gb/s). The RDMA device is opened once per process and shared by every link.
 
 use bytes::Bytes;
+use rampart_common::ids::{Epoch, FrameHandle};
 use rampart_common::onesided::shm::SLOT_HEADER_BYTES;
 use rampart_common::onesided::FrameWriteError;
 use rampart_common::protocol::backup::{WriteReplica, WriteReplicaRequest};
@@ -61,9 +62,9 @@ pub const FENCE_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RdmaFrame {
     /// The frame's handle (for the fence probe).
-    pub handle: u64,
+    pub handle: FrameHandle,
     /// The replica's epoch at the backup (for the fence probe).
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Byte offset of the frame's slot header in the backup's frame file
     /// (`ShmFrame::slot_offset`); its data starts [`SLOT_HEADER_BYTES`] later.
     pub slot_offset: u64,
@@ -449,7 +450,7 @@ mod tests {
         let open = OpenReplicaRequest {
             master: MASTER,
             segment: SegmentId(1),
-            epoch: 1,
+            epoch: Epoch(1),
             capacity: CAPACITY,
         };
         let reply = pool
@@ -459,7 +460,7 @@ mod tests {
         let shm = reply.shm.expect("frame location");
         let frame = RdmaFrame {
             handle: reply.handle,
-            epoch: 1,
+            epoch: Epoch(1),
             slot_offset: shm.slot_offset,
             slot_capacity: shm.slot_capacity,
         };
@@ -480,7 +481,7 @@ mod tests {
         let id = FreeReplicaRequest {
             master: MASTER,
             segment: SegmentId(1),
-            epoch_max: u64::MAX,
+            epoch_max: Epoch::MAX,
         };
         pool.call::<FreeReplica>(&backup.addr, &id, deadline)
             .await
@@ -524,8 +525,8 @@ mod tests {
     #[test]
     fn remote_address_keeps_writes_inside_the_frame_and_the_region() {
         let frame = RdmaFrame {
-            handle: 1,
-            epoch: 1,
+            handle: FrameHandle(1),
+            epoch: Epoch(1),
             slot_offset: 4096,
             slot_capacity: 1000,
         };

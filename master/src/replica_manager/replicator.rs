@@ -87,7 +87,7 @@
 use bytes::Bytes;
 use futures::future::join_all;
 use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::onesided::{self, TransportKind};
 use rampart_common::protocol::backup::{
     BumpEpoch, BumpEpochRequest, CloseReplica, CloseReplicaRequest, FreeReplica,
@@ -241,7 +241,7 @@ enum Patience {
 struct CloseDone {
     segment: SegmentId,
     slot: usize,
-    handle: u64,
+    handle: FrameHandle,
     result: Result<(), RpcError>,
 }
 
@@ -702,7 +702,7 @@ impl Replicator {
                 Step::Record { epoch } => {
                     if let Err(error) = self.record_open_epoch(id, epoch).await? {
                         if for_record.warn_due(Instant::now()) {
-                            tracing::warn!(segment = %id, epoch, %error, "open segment epoch not recorded; writes wait for the coordinators");
+                            tracing::warn!(segment = %id, %epoch, %error, "open segment epoch not recorded; writes wait for the coordinators");
                         }
                         if patience == Patience::OneAttempt {
                             return Ok(());
@@ -747,7 +747,7 @@ impl Replicator {
                 Ok(replica) => {
                     if !fresh || len > 0 {
                         self.stats.replicas_recreated += 1;
-                        tracing::info!(segment = %id, %backup, epoch, bytes = len, "replica re-created");
+                        tracing::info!(segment = %id, %backup, %epoch, bytes = len, "replica re-created");
                     }
                     self.segment_mut(id)?.placed(slot, replica);
                     self.changed = true;
@@ -777,7 +777,7 @@ impl Replicator {
     async fn record_open_epoch(
         &mut self,
         id: SegmentId,
-        epoch: u64,
+        epoch: Epoch,
     ) -> Result<Result<(), CoordinatorCallError>, Fatal> {
         if !matches!(self.config.servers, ServerSource::Fixed(_)) {
             let request = SetOpenEpochRequest {
@@ -791,7 +791,7 @@ impl Replicator {
                 .call_round::<SetOpenEpoch>(&self.pool, &request, deadline)
                 .await;
             match result {
-                Ok(()) => tracing::info!(segment = %id, epoch, "open segment epoch recorded"),
+                Ok(()) => tracing::info!(segment = %id, %epoch, "open segment epoch recorded"),
                 Err(CoordinatorCallError::Rpc(RpcError::Status {
                     status: Status::ServerCrashed,
                     ..
@@ -871,7 +871,7 @@ impl Replicator {
         &mut self,
         id: SegmentId,
         backup: ServerId,
-        epoch: u64,
+        epoch: Epoch,
         capacity: u32,
         bytes: Option<&Bytes>,
         closed: bool,
@@ -900,7 +900,7 @@ impl Replicator {
         id: SegmentId,
         backup: ServerId,
         addr: String,
-        epoch: u64,
+        epoch: Epoch,
         capacity: u32,
         bytes: Option<&Bytes>,
         closed: bool,
@@ -920,7 +920,7 @@ impl Replicator {
         self.heard(backup);
         let transport = self.transports.open(&addr, &reply).await?;
         tracing::debug!(
-            segment = %id, %backup, epoch, handle = reply.handle, transport = %transport.kind(),
+            segment = %id, %backup, %epoch, handle = %reply.handle, transport = %transport.kind(),
             "replica opened"
         );
         let mut replica = Replica::new(backup, reply.handle, epoch, Link { addr, transport });
@@ -946,7 +946,7 @@ impl Replicator {
     async fn bump_epochs(
         &mut self,
         id: SegmentId,
-        epoch: u64,
+        epoch: Epoch,
         survivors: &[usize],
     ) -> Vec<(usize, Failure)> {
         let Some(segment) = self.segments.get_mut(&id) else {

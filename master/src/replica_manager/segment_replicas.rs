@@ -24,7 +24,10 @@
 //! * **A closed segment needs no epochs.** Its replicas hold the footer, so each is
 //!   complete whatever its epoch: re-created ones are not bumped or recorded.
 
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
+
+/// The epoch of a segment's first placement.
+const FIRST_EPOCH: Epoch = Epoch(1);
 
 /// One replica of a segment on a backup; `L` is how the driver reaches it.
 #[derive(Clone, Debug)]
@@ -32,9 +35,9 @@ pub(crate) struct Replica<L> {
     /// The backup holding it.
     pub backup: ServerId,
     /// Its frame's handle on that backup.
-    pub handle: u64,
+    pub handle: FrameHandle,
     /// The epoch the backup holds it at.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// `CloseReplica` answered Ok: the replica is on the backup's disk.
     pub closed: bool,
     /// A close is in flight.
@@ -43,12 +46,12 @@ pub(crate) struct Replica<L> {
     pub link: L,
     /// The highest epoch the backup may hold it at: above `epoch` while a bump to it
     /// failed without an answer (it may have landed).
-    epoch_max: u64,
+    epoch_max: Epoch,
 }
 
 impl<L> Replica<L> {
     /// A replica just opened on `backup` as frame `handle` at `epoch`.
-    pub fn new(backup: ServerId, handle: u64, epoch: u64, link: L) -> Replica<L> {
+    pub fn new(backup: ServerId, handle: FrameHandle, epoch: Epoch, link: L) -> Replica<L> {
         Replica {
             backup,
             handle,
@@ -68,7 +71,7 @@ pub(crate) struct Abandoned {
     pub backup: ServerId,
     pub segment: SegmentId,
     /// The highest epoch the backup may hold the copy at.
-    pub epoch_max: u64,
+    pub epoch_max: Epoch,
 }
 
 /// A replica marked lost.
@@ -97,9 +100,9 @@ pub(crate) enum Step {
     },
     /// Move the replicas in these slots (survivors of a loss, at older epochs) to
     /// `epoch` (`BumpEpoch`).
-    Bump { epoch: u64, survivors: Vec<usize> },
+    Bump { epoch: Epoch, survivors: Vec<usize> },
     /// Record `epoch` at the coordinator (`SetOpenEpoch`).
-    Record { epoch: u64 },
+    Record { epoch: Epoch },
     /// Every replica is live and current: the segment may be written.
     Ready,
 }
@@ -109,16 +112,16 @@ pub(crate) enum Step {
 pub(crate) struct SegmentReplicas<L> {
     id: SegmentId,
     /// The epoch every live replica is at once `step` returns `Ready`.
-    epoch: u64,
+    epoch: Epoch,
     /// The epoch the next placement attempt takes. Invariant: > every epoch used for
     /// this segment.
-    next_epoch: u64,
+    next_epoch: Epoch,
     /// The epoch the coordinator knows this segment's replicas at. Invariants: 1. ≤
     /// `epoch`. 2. While the segment is open and this is below `epoch`, no byte is
     /// written past what the replicas held when they were re-created: a recovery must
     /// still count the copies left behind at the older epoch, which therefore may lack
     /// nothing acknowledged.
-    recorded_epoch: u64,
+    recorded_epoch: Epoch,
     /// Bytes every live replica holds.
     len: u32,
     /// The footer is among those bytes.
@@ -132,9 +135,9 @@ impl<L> SegmentReplicas<L> {
     pub fn new(id: SegmentId, replicas: usize, len: u32) -> SegmentReplicas<L> {
         SegmentReplicas {
             id,
-            epoch: 1,
-            next_epoch: 1,
-            recorded_epoch: 1,
+            epoch: FIRST_EPOCH,
+            next_epoch: FIRST_EPOCH,
+            recorded_epoch: FIRST_EPOCH,
             len,
             closed: false,
             replicas: (0..replicas).map(|_| None).collect(),
@@ -238,9 +241,10 @@ impl<L> SegmentReplicas<L> {
     }
 
     /// The epoch of a new placement attempt: a new one each time (module doc).
-    pub fn take_epoch(&mut self) -> u64 {
-        self.next_epoch += 1;
-        self.next_epoch - 1
+    pub fn take_epoch(&mut self) -> Epoch {
+        let epoch = self.next_epoch;
+        self.next_epoch = epoch.next();
+        epoch
     }
 
     /// A replica was opened (and filled, and closed if the segment is) for `slot`.
@@ -282,14 +286,14 @@ impl<L> SegmentReplicas<L> {
 
     /// The bump of `slot` to `epoch` is being sent: until it answers, the backup may
     /// hold the replica at either epoch.
-    pub fn bumping(&mut self, slot: usize, epoch: u64) {
+    pub fn bumping(&mut self, slot: usize, epoch: Epoch) {
         if let Some(Some(replica)) = self.replicas.get_mut(slot) {
             replica.epoch_max = replica.epoch_max.max(epoch);
         }
     }
 
     /// The bump of `slot` to `epoch` succeeded.
-    pub fn bumped(&mut self, slot: usize, epoch: u64) {
+    pub fn bumped(&mut self, slot: usize, epoch: Epoch) {
         if let Some(Some(replica)) = self.replicas.get_mut(slot) {
             replica.epoch = epoch;
             replica.epoch_max = replica.epoch_max.max(epoch);
@@ -297,7 +301,7 @@ impl<L> SegmentReplicas<L> {
     }
 
     /// The coordinator recorded `epoch` for this segment.
-    pub fn recorded(&mut self, epoch: u64) {
+    pub fn recorded(&mut self, epoch: Epoch) {
         self.recorded_epoch = self.recorded_epoch.max(epoch);
     }
 
@@ -335,7 +339,12 @@ impl<L> SegmentReplicas<L> {
 
     /// The close of frame `handle` in `slot` answered: on disk (`closed`) or not. Returns
     /// the replica's backup, or `None` when the slot holds another replica since.
-    pub fn close_answered(&mut self, slot: usize, handle: u64, closed: bool) -> Option<ServerId> {
+    pub fn close_answered(
+        &mut self,
+        slot: usize,
+        handle: FrameHandle,
+        closed: bool,
+    ) -> Option<ServerId> {
         let replica = self
             .replicas
             .get_mut(slot)?
@@ -356,7 +365,7 @@ mod tests {
 
     /// Drives `segment` to `Ready` with every action succeeding; returns the backups
     /// placed and the epochs they got.
-    fn settle(segment: &mut SegmentReplicas<()>, next_backup: &mut u64) -> Vec<(ServerId, u64)> {
+    fn settle(segment: &mut SegmentReplicas<()>, next_backup: &mut u64) -> Vec<(ServerId, Epoch)> {
         let mut placed = Vec::new();
         loop {
             match segment.step() {
@@ -365,7 +374,10 @@ mod tests {
                     for slot in slots {
                         let backup = ServerId(*next_backup);
                         *next_backup += 1;
-                        segment.placed(slot, Replica::new(backup, *next_backup, epoch, ()));
+                        segment.placed(
+                            slot,
+                            Replica::new(backup, FrameHandle(*next_backup), epoch, ()),
+                        );
                         placed.push((backup, epoch));
                     }
                 }
@@ -394,7 +406,7 @@ mod tests {
             }
         );
         let placed = settle(&mut segment, &mut 10);
-        assert!(placed.iter().all(|&(_, epoch)| epoch == 1));
+        assert!(placed.iter().all(|&(_, epoch)| epoch == Epoch(1)));
         assert!(segment.writable(0));
         assert!(
             !segment.writable(1),
@@ -409,7 +421,7 @@ mod tests {
         settle(&mut segment, &mut 10);
         segment.wrote(100);
         let lost = segment.lose(1).expect("slot 1 is live");
-        assert_eq!(lost.abandoned.epoch_max, 1);
+        assert_eq!(lost.abandoned.epoch_max, Epoch(1));
         assert!(!segment.writable(100));
         assert_eq!(
             segment.step(),
@@ -420,21 +432,21 @@ mod tests {
             }
         );
         let epoch = segment.take_epoch();
-        assert_eq!(epoch, 2);
-        segment.placed(1, Replica::new(ServerId(20), 7, epoch, ()));
+        assert_eq!(epoch, Epoch(2));
+        segment.placed(1, Replica::new(ServerId(20), FrameHandle(7), epoch, ()));
         assert_eq!(
             segment.step(),
             Step::Bump {
-                epoch: 2,
+                epoch: Epoch(2),
                 survivors: vec![0, 2]
             }
         );
-        segment.bumped(0, 2);
-        segment.bumped(2, 2);
+        segment.bumped(0, Epoch(2));
+        segment.bumped(2, Epoch(2));
         // Nothing goes past the 100 bytes every copy held until the coordinator knows.
-        assert_eq!(segment.step(), Step::Record { epoch: 2 });
+        assert_eq!(segment.step(), Step::Record { epoch: Epoch(2) });
         assert!(!segment.writable(100));
-        segment.recorded(2);
+        segment.recorded(Epoch(2));
         assert_eq!(segment.step(), Step::Ready);
         assert!(segment.writable(100));
     }
@@ -446,10 +458,10 @@ mod tests {
             panic!("a new segment is placed")
         };
         let first = segment.take_epoch();
-        segment.placed(0, Replica::new(ServerId(10), 1, first, ()));
+        segment.placed(0, Replica::new(ServerId(10), FrameHandle(1), first, ()));
         // Slot 1's open reached its backup and then failed: an empty copy at `first`.
         let second = segment.take_epoch();
-        segment.placed(1, Replica::new(ServerId(11), 2, second, ()));
+        segment.placed(1, Replica::new(ServerId(11), FrameHandle(2), second, ()));
         assert_eq!(
             segment.step(),
             Step::Bump {
@@ -486,13 +498,19 @@ mod tests {
         settle(&mut segment, &mut 10);
         segment.wrote(64);
         assert_eq!(segment.close(), vec![0, 1]);
-        assert_eq!(segment.close_answered(0, 11, true), Some(ServerId(10)));
+        assert_eq!(
+            segment.close_answered(0, FrameHandle(11), true),
+            Some(ServerId(10))
+        );
         assert!(!segment.under_replicated(), "slot 1's close is under way");
-        assert_eq!(segment.close_answered(1, 12, false), Some(ServerId(11)));
+        assert_eq!(
+            segment.close_answered(1, FrameHandle(12), false),
+            Some(ServerId(11))
+        );
         assert!(segment.under_replicated(), "slot 1 is not on disk");
         segment.lose(1);
         let placed = settle(&mut segment, &mut 20);
-        assert_eq!(placed, vec![(ServerId(20), 2)]);
+        assert_eq!(placed, vec![(ServerId(20), Epoch(2))]);
         assert!(!segment.unrecorded());
         assert!(
             !segment.writable(64),
@@ -510,7 +528,7 @@ mod tests {
             panic!("slot 1 is empty")
         };
         let epoch = segment.take_epoch();
-        segment.placed(1, Replica::new(ServerId(20), 7, epoch, ()));
+        segment.placed(1, Replica::new(ServerId(20), FrameHandle(7), epoch, ()));
         segment.bumping(0, epoch);
         let lost = segment.lose(0).expect("slot 0 is live");
         assert_eq!(lost.abandoned.epoch_max, epoch);
@@ -524,7 +542,7 @@ mod tests {
         segment.close();
         segment.lose(0);
         settle(&mut segment, &mut 20);
-        assert_eq!(segment.close_answered(0, 11, true), None);
+        assert_eq!(segment.close_answered(0, FrameHandle(11), true), None);
     }
 
     /// One event of the property test's world.
@@ -551,7 +569,7 @@ mod tests {
     #[derive(Clone, Debug)]
     struct Copy {
         backup: ServerId,
-        epoch: u64,
+        epoch: Epoch,
         len: u32,
         /// Freed by an epoch-bounded free.
         freed: bool,
@@ -561,13 +579,13 @@ mod tests {
     /// acknowledged, and outcomes drawn from `luck`.
     struct World {
         copies: Vec<Copy>,
-        recorded: u64,
+        recorded: Epoch,
         acknowledged: u32,
         luck: std::vec::IntoIter<bool>,
         /// Backups are picked round-robin from [`BACKUPS`], skipping those holding a live
         /// replica (as the selector does), so a backup that lost a copy may get a new one.
         next_backup: u64,
-        epochs_taken: Vec<u64>,
+        epochs_taken: Vec<Epoch>,
         /// Copies given up on and not freed yet: their backups may be slow to answer,
         /// so a recovery may still find them.
         to_free: Vec<Abandoned>,
@@ -593,7 +611,7 @@ mod tests {
             }
         }
 
-        fn copy_of(&mut self, backup: ServerId, epoch: u64) -> Option<&mut Copy> {
+        fn copy_of(&mut self, backup: ServerId, epoch: Epoch) -> Option<&mut Copy> {
             self.copies
                 .iter_mut()
                 .find(|c| c.backup == backup && c.epoch == epoch && !c.freed)
@@ -646,7 +664,10 @@ mod tests {
                             });
                             let link = self.copies.len() - 1;
                             if self.lucky() {
-                                segment.placed(slot, Replica::new(backup, 0, epoch, link));
+                                segment.placed(
+                                    slot,
+                                    Replica::new(backup, FrameHandle(0), epoch, link),
+                                );
                             } else {
                                 // Opened, then the fill failed part way.
                                 self.copies[link].len = len / 2;
@@ -721,7 +742,7 @@ mod tests {
         ) {
             let mut world = World {
                 copies: Vec::new(),
-                recorded: 1,
+                recorded: Epoch(1),
                 acknowledged: 0,
                 luck: luck.into_iter(),
                 next_backup: 0,

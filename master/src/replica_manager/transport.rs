@@ -23,7 +23,7 @@
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use rampart_common::ids::ServerId;
+use rampart_common::ids::{Epoch, FrameHandle, ServerId};
 use rampart_common::onesided::nic::NicClient;
 use rampart_common::onesided::shm::ShmMapping;
 use rampart_common::onesided::{FrameWriteError, TransportKind};
@@ -80,8 +80,8 @@ pub(crate) trait ReplicaTransport: Send + Sync + std::fmt::Debug {
     /// replication point, not the disk).
     fn write(
         &self,
-        handle: u64,
-        epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
         offset: u32,
         bytes: Bytes,
     ) -> BoxFuture<'_, Result<(), Failure>>;
@@ -169,8 +169,8 @@ impl ReplicaTransport for ShmTransport {
 
     fn write(
         &self,
-        handle: u64,
-        epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
         offset: u32,
         bytes: Bytes,
     ) -> BoxFuture<'_, Result<(), Failure>> {
@@ -206,7 +206,7 @@ impl ReplicaTransport for ShmTransport {
 /// Why frame `handle` left its slot, as its backup at `addr` answers an empty
 /// `WriteReplica`: `Fenced` (a recovered master's frame) stops the master; anything else
 /// loses the replica.
-async fn ask_why_gone(pool: &RpcPool, addr: &str, handle: u64, epoch: u64) -> Failure {
+async fn ask_why_gone(pool: &RpcPool, addr: &str, handle: FrameHandle, epoch: Epoch) -> Failure {
     let request = WriteReplicaRequest {
         handle,
         epoch,
@@ -235,8 +235,8 @@ impl ReplicaTransport for NicTransport {
 
     fn write(
         &self,
-        handle: u64,
-        epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
         offset: u32,
         bytes: Bytes,
     ) -> BoxFuture<'_, Result<(), Failure>> {
@@ -270,8 +270,8 @@ impl ReplicaTransport for RpcTransport {
 
     fn write(
         &self,
-        handle: u64,
-        epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
         offset: u32,
         bytes: Bytes,
     ) -> BoxFuture<'_, Result<(), Failure>> {
@@ -307,8 +307,8 @@ impl ReplicaTransport for RdmaTransport {
 
     fn write(
         &self,
-        handle: u64,
-        epoch: u64,
+        handle: FrameHandle,
+        epoch: Epoch,
         offset: u32,
         bytes: Bytes,
     ) -> BoxFuture<'_, Result<(), Failure>> {
@@ -554,7 +554,7 @@ mod tests {
 
     fn reply(host: Option<&str>, nic: bool) -> OpenReplicaReply {
         OpenReplicaReply {
-            handle: 9,
+            handle: FrameHandle(9),
             shm: host.map(|host| ShmFrame {
                 host: host.into(),
                 path: "/dev/shm/frames".into(),
