@@ -4,7 +4,7 @@
 //! * [`backup_selector`] — `BackupSelector`: chooses the R backups of each new segment
 //!   by randomized refinement, and a replacement when a backup is lost. Pure and
 //!   synchronous.
-//! * `segment_replicas` — `SegmentReplicas`: the replicas of one segment and every
+//! * [`segment_replicas`] — `SegmentReplicas`: the replicas of one segment and every
 //!   protocol decision about them (place, bump epochs, record the epoch, close, free).
 //!   Pure and synchronous; property-tested.
 //! * `transport` — one `ReplicaTransport` per way bytes reach a frame (`shm`, `tcp`,
@@ -21,7 +21,7 @@
 pub mod backup_selector;
 pub mod rdma_link;
 pub mod replicator;
-mod segment_replicas;
+pub mod segment_replicas;
 pub mod server_list_watch;
 mod transport;
 

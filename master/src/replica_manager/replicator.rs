@@ -1093,7 +1093,8 @@ impl Replicator {
         !self.closes.is_empty() || self.segments.values().any(|s| s.missing() > 0)
     }
 
-    /// Frees abandoned copies on backups that are Up and not failed; forgets those
+    /// Frees abandoned copies on backups that are Up and not failed, of segments whole
+    /// again (every replica live, on disk or at a recorded epoch); forgets those
     /// whose backup left the server list (its replicas went with it).
     async fn free_abandoned(&mut self) {
         if self.abandoned.is_empty() {
@@ -1104,7 +1105,12 @@ impl Replicator {
         let (ready, waiting): (Vec<Abandoned>, Vec<Abandoned>) =
             std::mem::take(&mut self.abandoned)
                 .into_iter()
-                .partition(|a| !self.failed.contains_key(&a.backup));
+                .partition(|a| {
+                    // A copy is kept until its segment is whole again: it may be the
+                    // last complete one outside this master (`SegmentReplicas::whole`).
+                    !self.failed.contains_key(&a.backup)
+                        && self.segments.get(&a.segment).map_or(true, Segment::whole)
+                });
         self.abandoned = waiting;
         let own = self.own;
         let frees = ready.into_iter().filter_map(|a| {

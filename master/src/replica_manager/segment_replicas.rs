@@ -21,6 +21,10 @@
 //!   [`Abandoned`] with the highest epoch its backup may hold it at (a failed bump may
 //!   have landed); the free spares newer copies, and a replacement always gets a newer
 //!   epoch.
+//! * **A copy is freed only once the segment is whole again** ([`SegmentReplicas::whole`]):
+//!   a lost replica may be the last complete copy outside the master's memory, so the
+//!   driver keeps it until its replacement holds everything (found by the simulation,
+//!   `rampart-sim`).
 //! * **A closed segment needs no epochs.** Its replicas hold the footer, so each is
 //!   complete whatever its epoch: re-created ones are not bumped or recorded.
 
@@ -31,7 +35,7 @@ const FIRST_EPOCH: Epoch = Epoch(1);
 
 /// One replica of a segment on a backup; `L` is how the driver reaches it.
 #[derive(Clone, Debug)]
-pub(crate) struct Replica<L> {
+pub struct Replica<L> {
     /// The backup holding it.
     pub backup: ServerId,
     /// Its frame's handle on that backup.
@@ -67,7 +71,7 @@ impl<L> Replica<L> {
 /// A copy given up on, to be freed on its backup with `FreeReplica { epoch_max }`,
 /// which spares any newer copy there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Abandoned {
+pub struct Abandoned {
     pub backup: ServerId,
     pub segment: SegmentId,
     /// The highest epoch the backup may hold the copy at.
@@ -76,7 +80,7 @@ pub(crate) struct Abandoned {
 
 /// A replica marked lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Lost {
+pub struct Lost {
     /// What to free on its backup.
     pub abandoned: Abandoned,
     /// It was the segment's primary (slot 0), counted as such by the backup selector.
@@ -85,7 +89,7 @@ pub(crate) struct Lost {
 
 /// What the driver does next for a segment ([`SegmentReplicas::step`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     /// Place new replicas in these (empty) slots, at an epoch from
     /// [`SegmentReplicas::take_epoch`], each holding the segment's first
     /// [`len`](SegmentReplicas::len) bytes (and closed, if the segment is).
@@ -109,7 +113,7 @@ pub(crate) enum Step {
 
 /// The replicas of one segment; see the module doc.
 #[derive(Debug)]
-pub(crate) struct SegmentReplicas<L> {
+pub struct SegmentReplicas<L> {
     id: SegmentId,
     /// The epoch every live replica is at once `step` returns `Ready`.
     epoch: Epoch,
@@ -169,6 +173,19 @@ impl<L> SegmentReplicas<L> {
     /// no close is under way.
     pub fn under_replicated(&self) -> bool {
         self.missing() > 0 || (self.closed && self.live().any(|(_, r)| !r.closed && !r.closing))
+    }
+
+    /// Every slot holds a live replica again — on disk, for a closed segment; all at
+    /// the segment's recorded epoch, for the open one — so the copies abandoned on the way may be
+    /// freed. Until then an abandoned copy may be the only complete one outside this
+    /// master's memory (its backup may only have looked dead, and the replacements may
+    /// still be filling), and a crash of this master would need it.
+    pub fn whole(&self) -> bool {
+        if self.closed {
+            self.missing() == 0 && self.live().all(|(_, r)| r.closed)
+        } else {
+            self.writable(self.len)
+        }
     }
 
     /// The backups holding live replicas.
@@ -473,6 +490,35 @@ mod tests {
         // The copy left behind is empty: a recovery never counts it.
         assert_eq!(segment.step(), Step::Ready);
         assert!(segment.writable(0));
+    }
+
+    #[test]
+    fn a_segment_is_whole_only_once_every_replacement_is_live_recorded_and_on_disk() {
+        let mut segment = SegmentReplicas::<()>::new(SEGMENT, 2, 0);
+        settle(&mut segment, &mut 10);
+        assert!(segment.whole());
+        segment.wrote(100);
+        segment.lose(1).expect("slot 1 is live");
+        assert!(!segment.whole(), "a replica is missing");
+        let Step::Place { .. } = segment.step() else {
+            panic!("the lost replica is replaced")
+        };
+        let epoch = segment.take_epoch();
+        segment.placed(1, Replica::new(ServerId(20), FrameHandle(7), epoch, ()));
+        assert!(!segment.whole(), "the survivor is not bumped yet");
+        segment.bumped(0, epoch);
+        segment.step();
+        assert!(!segment.whole(), "the new epoch is not recorded yet");
+        segment.recorded(epoch);
+        assert!(segment.whole());
+        // Closed: whole only once every replica is on disk.
+        let closing = segment.close();
+        assert!(!segment.whole());
+        for slot in closing {
+            let handle = segment.replica(slot).expect("live").handle;
+            segment.close_answered(slot, handle, true);
+        }
+        assert!(segment.whole());
     }
 
     #[test]
