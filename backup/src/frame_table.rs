@@ -32,6 +32,15 @@
 //!    answered `Fenced`, never `UnknownFrame` (a zombie master must not take a fenced
 //!    replica for a lost one and re-create it elsewhere).
 //!
+//! # What lists and reads see
+//! Of an open frame and a stored copy of the same replica, the frame is what lists and
+//! reads report ([`FrameTable::visible`]: the newer epoch wins, the frame on a tie) —
+//! except that a frame whose valid prefix holds no footer never hides a *closed* stored
+//! copy ([`FrameTable::shadows_stored`]). Such a frame is a re-creation of a closed
+//! segment's replica, on a backup that still held it, that the master's crash cut
+//! short: the closed copy is the whole segment (rule 1 of the coordinator's
+//! `recovery_plan`), the frame only a prefix of it.
+//!
 //! # Cost
 //! Every operation is a few map lookups, except [`FrameTable::list`] and
 //! [`FrameTable::fence_master`] (a range of the master's replicas).
@@ -651,7 +660,8 @@ impl FrameTable {
 
     /// The open frame of `key` if it is what reads and lists report for the replica:
     /// the copy with the newer epoch wins, the frame on a tie (it holds at least what
-    /// was flushed of the same epoch).
+    /// was flushed of the same epoch) — provided [`FrameTable::shadows_stored`] lets it
+    /// hide the stored copy, which the caller checks once it scanned the frame.
     pub fn visible(&self, key: ReplicaKey) -> Option<FrameRef> {
         let handle = *self.open.get(&key)?;
         let frame = self.frames.get(&handle)?;
@@ -661,8 +671,24 @@ impl FrameTable {
         }
     }
 
+    /// Whether the visible open frame of `key`, whose valid prefix holds a footer or
+    /// not (`frame_has_footer`), hides the stored copy from lists and reads: always,
+    /// unless the store holds a *closed* copy and the frame has no footer. The master
+    /// re-creates the replica of a closed segment from byte 0 (after it took this
+    /// backup for dead and lost the replica, then picked it again), at a newer epoch, so
+    /// the frame is visible; a crash before the re-creation wrote the footer leaves a
+    /// frame that is only a prefix of the closed copy, and reporting it would hide the
+    /// whole segment from recovery (which then waits for a complete copy, or replays the
+    /// prefix and loses acknowledged writes). Without a closed stored copy the answer
+    /// does not depend on the footer: callers ask with `false` first, and scan the
+    /// frame for its footer only when the answer is no.
+    pub fn shadows_stored(&self, key: ReplicaKey, frame_has_footer: bool) -> bool {
+        frame_has_footer || !self.stored.get(&key).is_some_and(|stored| stored.closed)
+    }
+
     /// The replicas of `master` (or all): what the store holds, and the visible open
-    /// frames (each shadows its stored copy), for the driver to scan.
+    /// frames (each shadows its stored copy, but see [`FrameTable::shadows_stored`]),
+    /// for the driver to scan.
     pub fn list(&self, master: Option<ServerId>) -> (Vec<ReplicaMeta>, Vec<FrameRef>) {
         let range = match master {
             Some(master) => master_range(master),
@@ -1068,6 +1094,32 @@ mod tests {
             None,
             "a newer stored copy hides the frame"
         );
+    }
+
+    #[test]
+    fn a_frame_without_footer_does_not_shadow_a_closed_stored_copy() {
+        // The master re-creates its replica of closed segment 1/1 on a backup that still
+        // holds it closed, at a newer epoch, and crashes before the footer.
+        let mut table = table();
+        table.set_stored(key(1, 1), Some(meta(1, 1, 1, true)));
+        let frame = open(&mut table, 1, 1, 2);
+        assert_eq!(table.visible(key(1, 1)), Some(frame), "the newer epoch");
+        assert!(
+            !table.shadows_stored(key(1, 1), false),
+            "a prefix must not hide the whole segment"
+        );
+        assert!(
+            table.shadows_stored(key(1, 1), true),
+            "with its footer the frame is the whole segment too"
+        );
+        // Beside an open stored copy, or none, the frame shadows with or without footer.
+        table.set_stored(key(1, 1), Some(meta(1, 1, 1, false)));
+        assert!(table.shadows_stored(key(1, 1), false));
+        table.set_stored(key(1, 1), None);
+        assert!(table.shadows_stored(key(1, 1), false));
+        open(&mut table, 2, 1, 1);
+        assert!(table.shadows_stored(key(2, 1), false));
+        table.check(&[], 3);
     }
 
     #[test]

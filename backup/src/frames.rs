@@ -233,6 +233,19 @@ impl Frames {
         }
     }
 
+    /// Whether `frame` (scanned) hides the stored copy of its replica from lists and
+    /// reads ([`FrameTable::shadows_stored`]). The frame's bytes are scanned again, for
+    /// its footer, only when the store holds a closed copy of the replica: the common
+    /// case costs one lookup.
+    pub fn shadows_stored(&self, frame: &ScannedFrame) -> bool {
+        let key = frame.frame.key();
+        if self.table.lock().shadows_stored(key, false) {
+            return true;
+        }
+        let has_footer = scan(&frame.bytes).successor.is_some();
+        self.table.lock().shadows_stored(key, has_footer)
+    }
+
     /// Copies each frame out of its slot and scans it for its valid prefix, then keeps
     /// those still in the table (a frame that left it meanwhile may have had its slot
     /// reused: that copy is discarded). Blocks for the copies and scans.

@@ -15,7 +15,8 @@
 //! Crash recovery of a master (DESIGN.md §6) uses four more RPCs:
 //! * `StartRecovery` fences the master's open frames and reports every replica of it
 //!   held here, sorted by segment — open frames with their fenced lengths, stored
-//!   replicas open or closed, a frame shadowing the stored copy as in lists — with the
+//!   replicas open or closed, a frame shadowing the stored copy as in lists (unless the
+//!   frame has no footer and the stored copy is closed: see "Frames") — with the
 //!   log digest, and the successor named by a footer, of each replica that is not closed
 //!   (the coordinator's completeness check, DESIGN.md §4: every footer found needs its
 //!   successor, whether or not its copy was closed).
@@ -95,6 +96,15 @@
 //! of its slot and scanned with [`scan`] (DESIGN.md §4), which stops at the last
 //! `Checksum` entry that matches. A close stores the first `length` bytes the master
 //! names.
+//!
+//! **A frame shadows the stored copy of its replica** in lists, reads and
+//! `StartRecovery` (when its epoch is at least the stored one) — **except a frame
+//! without footer beside a closed stored copy.** A master that took this backup for dead
+//! re-creates its lost replica of a closed segment from byte 0, at a newer epoch, and
+//! may pick this backup again, which still holds the closed copy; if the master crashes
+//! before the re-creation reaches the footer, the frame is only a prefix of that copy,
+//! and reporting it would leave the recovery with no complete copy of the segment
+//! (`FrameTable::shadows_stored`; found by `rampart simulate`, seed 35).
 //!
 //! # Concurrency
 //! Two locks, both `parking_lot` mutexes (nothing awaits while holding either):
@@ -405,9 +415,10 @@ fn read_back_frames(
 }
 
 /// The replica `key` as reads see it: the visible open frame's valid prefix (its fenced
-/// length once fenced), else the stored copy, verified (a corrupt one is quarantined
-/// and reported as [`StoreError::Corrupt`]); `None` if not held. Blocks: copies and
-/// scans frames, reads the stored copy's file (without the store lock: see
+/// length once fenced) unless it has no footer and the store holds a closed copy
+/// ([`FrameTable::shadows_stored`]), else the stored copy, verified (a corrupt one is
+/// quarantined and reported as [`StoreError::Corrupt`]); `None` if not held. Blocks:
+/// copies and scans frames, reads the stored copy's file (without the store lock: see
 /// [`ReplicaFiles`](crate::segment_store::ReplicaFiles)), and takes the store lock briefly, or for a whole read when the
 /// file changed meanwhile.
 fn read_held(
@@ -419,10 +430,15 @@ fn read_held(
     let frame = frames.table.lock().visible(key);
     if let Some(frame) = frame {
         if let Some(scanned) = frames.scan(vec![frame]).pop() {
-            return Ok(Some(HeldReplica {
-                info: scanned.info(),
-                bytes: scanned.bytes,
-            }));
+            if frames.shadows_stored(&scanned) {
+                return Ok(Some(HeldReplica {
+                    info: scanned.info(),
+                    bytes: scanned.bytes,
+                }));
+            }
+            // A re-creation of a closed segment's replica on this backup, which still
+            // holds it closed, cut short by the master's crash: the closed copy below
+            // is the whole segment, the frame only a prefix of it.
         }
         // Closed, freed or replaced meanwhile: the store has the answer.
     }
@@ -453,9 +469,10 @@ fn read_held(
 }
 
 /// Every replica of `master` held here, for `StartRecovery`: stored ones and visible
-/// frames (a frame shadows its stored copy, as in lists), sorted by segment, with the
-/// log digest and the footer's successor of each one that is not closed. Blocks: scans
-/// frames, reads stored open replicas from disk.
+/// frames (a frame shadows its stored copy, as in lists: not a closed one when the frame
+/// has no footer), sorted by segment, with the log digest and the footer's successor of
+/// each one that is not closed. Blocks: scans frames, reads stored open replicas from
+/// disk.
 fn recovery_replicas(
     store: &StoreHandle,
     frames: &Frames,
@@ -476,8 +493,20 @@ fn recovery_replicas(
     let mut from_frames = BTreeSet::new();
     for frame in frames.scan(open) {
         let key = frame.frame.key();
-        from_frames.insert(key);
         let scanned = scan(&frame.bytes);
+        // A frame without footer beside a closed stored copy is a re-creation of the
+        // closed segment's replica (the master took this backup for dead, lost the
+        // replica, then picked this backup again) that the master's crash cut short.
+        // Reporting it would hide the whole segment: the recovery would find only
+        // copies without footer, and wait for ever or (allowing loss) replay a prefix.
+        if !frames
+            .table
+            .lock()
+            .shadows_stored(key, scanned.successor.is_some())
+        {
+            continue;
+        }
+        from_frames.insert(key);
         replicas.insert(
             key,
             RecoveryReplica {
@@ -983,9 +1012,18 @@ impl BackupService {
             .map(|meta| ((meta.master, meta.segment), info_of(meta)))
             .collect();
         let frames = Arc::clone(&self.frames);
-        let scanned = blocking(move || frames.scan(open)).await?;
-        // A frame shadows the stored copy of its replica (`FrameTable::visible`); a frame
-        // that left the table during the scan is not listed (its stored copy, if any, is).
+        let scanned = blocking(move || {
+            let scanned = frames.scan(open);
+            scanned
+                .into_iter()
+                .filter(|frame| frames.shadows_stored(frame))
+                .collect::<Vec<_>>()
+        })
+        .await?;
+        // A frame shadows the stored copy of its replica (`FrameTable::visible`), unless
+        // it has no footer and the stored copy is closed (`FrameTable::shadows_stored`:
+        // a re-creation of a closed replica cut short); a frame that left the table
+        // during the scan is not listed (its stored copy, if any, is).
         for frame in scanned {
             replicas.insert(frame.frame.key(), frame.info());
         }
@@ -2924,6 +2962,64 @@ mod tests {
                     successor: Some(SegmentId(7)),
                 },
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_re_created_replica_cut_short_does_not_hide_the_closed_copy_from_recovery() {
+        // `rampart simulate`, seed 35: this backup holds closed segment 3 of master 1.
+        // The master took the backup for dead, lost the replica, and re-created it here
+        // at epoch 2, from byte 0; it crashed after the first batch. Recovery must see
+        // the closed copy (the whole segment), not the frame (a footer-less prefix).
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let (closed, logged, safe) = recovery_segment(1, 3, &[3], true);
+        store_closed(&service, 1, 3, &closed).await;
+        let (unclosed, _, _) = recovery_segment(1, 3, &[3], false);
+        // The end of the first sealed batch: the last checksum before the second one's.
+        let prefix = scan(&unclosed[..unclosed.len() - 1]).valid_bytes;
+        assert!(prefix > 0 && (prefix as usize) < unclosed.len());
+        assert_eq!(closed[..prefix as usize], unclosed[..prefix as usize]);
+        let handle = open(&service, 1, 3, 2).await;
+        write_range(&service, handle, 2, &closed, 0, prefix).await;
+        let whole = info(1, 3, 1, closed.len() as u32, true);
+
+        assert_eq!(list(&service, Some(1)).await, vec![whole]);
+        let read_back = read(&service, 1, 3).await.expect("read");
+        assert_eq!(read_back.info, whole);
+        assert!(read_back.bytes[..] == closed[..], "the closed copy's bytes");
+        assert_eq!(
+            start_recovery(&service, 1).await,
+            vec![RecoveryReplica {
+                info: whole,
+                digest: None,
+                successor: None,
+            }]
+        );
+        recovery_read(&service, 1, 9, &[3], partitions())
+            .await
+            .expect("recovery read");
+        for partition in 0..2 {
+            let reply = recovery_data(&service, 1, 9, 3, partition, vec![])
+                .await
+                .expect("piece");
+            assert_eq!(
+                decode_piece(&reply),
+                expected(&logged, partition),
+                "every entry of the closed copy, partition {partition}"
+            );
+            assert_eq!((reply.safe_version, reply.epoch), (safe, Epoch(1)));
+        }
+
+        // A re-created frame that reached the footer is the whole segment too, and still
+        // shadows the stored copy, as any frame at a newer epoch does.
+        let (recreated, _, _) = recovery_segment(2, 3, &[3], true);
+        store_closed(&service, 2, 3, &recreated).await;
+        let handle = open(&service, 2, 3, 2).await;
+        write_range(&service, handle, 2, &recreated, 0, recreated.len() as u32).await;
+        assert_eq!(
+            list(&service, Some(2)).await,
+            vec![info(2, 3, 2, recreated.len() as u32, false)]
         );
     }
 
