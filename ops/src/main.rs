@@ -8,6 +8,8 @@
 //!   with an incomplete log.
 //! * `rampart bench ycsb` — the YCSB benchmark; `rampart bench replication` — the
 //!   replication transports side by side (throughput, write latency, backup CPU).
+//! * `rampart simulate` — deterministic simulated runs of replication and crash
+//!   recovery, one per seed (`rampart_sim`).
 
 mod bench;
 mod children;
@@ -15,6 +17,7 @@ mod cluster;
 mod kv;
 mod process;
 mod recovery;
+mod simulate;
 mod status;
 
 use anyhow::Result;
@@ -50,6 +53,8 @@ enum Command {
         #[command(subcommand)]
         command: bench::BenchCommand,
     },
+    /// Deterministic simulated runs of replication and crash recovery, one per seed.
+    Simulate(simulate::SimulateArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => status::run(args),
         Command::Recovery(args) => recovery::run(args),
         Command::Bench { command } => bench::run(command),
+        Command::Simulate(args) => simulate::run(args),
     };
     match result {
         Ok(code) => code,

@@ -153,6 +153,11 @@ impl<L> SegmentReplicas<L> {
         self.len
     }
 
+    /// No live replica need hold any byte yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The segment's footer was written.
     pub fn is_closed(&self) -> bool {
         self.closed

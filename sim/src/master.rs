@@ -1,0 +1,607 @@
+//! `SimMaster`: a master's write path over the real cores — its log is a real
+//! [`SegmentedLog`] (real entries, checksums, digests and footers), each segment's
+//! replicas a real [`SegmentReplicas`] — driven the way `Replicator` drives them, with
+//! every call to a backup or the coordinators going through the [`World`].
+//!
+//! The driver is synchronous: one call at a time, each a boundary where the world moves
+//! on (a real master writes the R replicas of a range concurrently; here they go one
+//! after the other, and a crash can fall between any two of them, which covers the
+//! states concurrency leaves behind). A fill of a new replica goes in chunks, so a crash
+//! can leave it part written.
+
+use rampart_common::config::MasterConfig;
+use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId, TableId, Version};
+use rampart_master::replica_manager::segment_replicas::{
+    Abandoned, Lost, Replica, SegmentReplicas, Step,
+};
+use rampart_master::segmented_log::{SegmentRange, SegmentedLog};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::backup::Refusal;
+use crate::checker::{History, Op};
+use crate::world::{CoordinatorAnswer, Delivery, Stop, World};
+
+/// The one table every simulated object lives in.
+pub const TABLE: TableId = TableId(1);
+
+/// A backup that failed is not chosen again for this long (µs).
+const FAILED_BACKUP_EXCLUSION_US: u64 = 50_000;
+
+/// Settling a segment gives up (a livelock, reported as a violation) after this many
+/// steps.
+const SETTLE_STEPS_MAX: usize = 100_000;
+
+/// How a call to a replica failed.
+enum Failure {
+    /// The backup did not answer: every replica on it is lost.
+    Backup,
+    /// The backup refused this replica alone.
+    Replica,
+    /// This master was fenced: it must stop.
+    Fenced,
+    /// This master was killed during the call.
+    Killed,
+}
+
+/// A simulated master.
+#[derive(Debug)]
+pub struct SimMaster {
+    id: ServerId,
+    log: SegmentedLog,
+    segment_bytes: u32,
+    replicas: usize,
+    segments: BTreeMap<SegmentId, SegmentReplicas<()>>,
+    /// Copies given up on, to free.
+    abandoned: Vec<Abandoned>,
+    /// Backups that failed, and when.
+    failed: BTreeMap<ServerId, u64>,
+    /// The newest version of each key and the segment holding it (for tombstones).
+    objects: BTreeMap<u64, (Version, SegmentId)>,
+    next_version: u64,
+    /// Versions below this were reserved at the coordinators (`ReserveVersions`); a
+    /// recovery of a master that reserved none knows it never acknowledged a write.
+    ceiling: u64,
+}
+
+/// Versions reserved at a time.
+const VERSIONS_RESERVED: u64 = 64;
+
+impl SimMaster {
+    /// A master `id` whose log has segments of `segment_bytes`.
+    pub fn new(id: ServerId, segment_bytes: u32, replicas: usize) -> SimMaster {
+        let config = MasterConfig {
+            segment_bytes,
+            memory_bytes: u64::from(segment_bytes) * 4096,
+            value_bytes_max: 1024,
+        };
+        SimMaster {
+            id,
+            log: SegmentedLog::new(id, &config, Version(0)),
+            segment_bytes,
+            replicas,
+            segments: BTreeMap::new(),
+            abandoned: Vec::new(),
+            failed: BTreeMap::new(),
+            objects: BTreeMap::new(),
+            next_version: 1,
+            ceiling: 0,
+        }
+    }
+
+    /// Replicates the log's first segment before anything is served.
+    pub fn start(&mut self, world: &mut World) -> Result<(), Stop> {
+        let ranges = self.log.take_unreplicated();
+        for range in ranges {
+            self.replicate(world, &range)?;
+        }
+        Ok(())
+    }
+
+    /// Appends a batch of writes and removes, replicates it, and acknowledges it in
+    /// `history` once every replica holds it. Each op is in `history` from the moment
+    /// it was appended: it may surface in a recovery whether acknowledged or not.
+    pub fn write_batch(
+        &mut self,
+        world: &mut World,
+        ops: &[(u64, Option<Vec<u8>>)],
+        history: &mut History,
+    ) -> Result<(), Stop> {
+        let mut appended = Vec::new();
+        let needed = self.next_version + ops.len() as u64;
+        if needed > self.ceiling {
+            let ceiling = needed + VERSIONS_RESERVED;
+            loop {
+                world.boundary()?;
+                match world.reserve_versions(ceiling) {
+                    CoordinatorAnswer::Ok => break,
+                    CoordinatorAnswer::Crashed => {
+                        return Err(Stop::Fatal("ReserveVersions: declared crashed".into()))
+                    }
+                    CoordinatorAnswer::Silent => world.wait(20_000),
+                }
+            }
+            self.ceiling = ceiling;
+        }
+        for (key, value) in ops {
+            let version = Version(self.next_version);
+            let key_bytes = key_bytes(*key);
+            let at = match value {
+                Some(value) => self
+                    .log
+                    .append_object(TABLE, version, &key_bytes, value, version)
+                    .map(|at| (version, at.segment)),
+                None => {
+                    let Some(&(old, segment)) = self.objects.get(key) else {
+                        continue;
+                    };
+                    // A tombstone carries the removed object's version; the next
+                    // version is spent so versions keep growing past the removal.
+                    self.log
+                        .append_tombstone(TABLE, old, segment, &key_bytes, version)
+                        .map(|_| (old, segment))
+                }
+            };
+            let Ok((entry_version, segment)) = at else {
+                return Err(Stop::LogFull);
+            };
+            self.next_version += 1;
+            match value {
+                Some(_) => {
+                    self.objects.insert(*key, (entry_version, segment));
+                }
+                None => {
+                    self.objects.remove(key);
+                }
+            }
+            appended.push(history.append(Op {
+                key: *key,
+                version: entry_version,
+                value: value.clone(),
+            }));
+        }
+        if appended.is_empty() {
+            return Ok(());
+        }
+        self.log.seal_batch();
+        for range in self.log.take_unreplicated() {
+            self.replicate(world, &range)?;
+        }
+        for op in appended {
+            history.acknowledge(op);
+        }
+        world.note(format!("batch of {} acknowledged", ops.len()));
+        Ok(())
+    }
+
+    /// Between batches: frees abandoned copies and re-creates one lost replica of a
+    /// closed segment (as `Replicator::tick`).
+    pub fn tick(&mut self, world: &mut World) -> Result<(), Stop> {
+        let listed: BTreeSet<ServerId> = world.listed_backups().into_iter().collect();
+        for abandoned in std::mem::take(&mut self.abandoned) {
+            if !listed.contains(&abandoned.backup) {
+                // Its backup left the server list: its replicas went with it.
+                continue;
+            }
+            let whole = self
+                .segments
+                .get(&abandoned.segment)
+                .map_or(true, SegmentReplicas::whole);
+            if !whole {
+                self.abandoned.push(abandoned);
+                continue;
+            }
+            world.boundary()?;
+            if world.call_backup(abandoned.backup).arrived() {
+                if let Some(i) = world.backup_index(abandoned.backup) {
+                    world.backups[i].free(self.id, abandoned.segment, abandoned.epoch_max);
+                    world.note(format!(
+                        "free {} on {} up to epoch {}",
+                        abandoned.segment, abandoned.backup, abandoned.epoch_max
+                    ));
+                }
+            } else {
+                self.abandoned.push(abandoned);
+            }
+        }
+        // Backups the server list no longer shows Up fail at once.
+        let holding: BTreeSet<ServerId> = self
+            .segments
+            .values()
+            .flat_map(|s| s.backups().collect::<Vec<_>>())
+            .collect();
+        for backup in holding.difference(&listed) {
+            self.backup_failed(world, *backup);
+        }
+        let under = self
+            .segments
+            .iter()
+            .find(|(_, s)| s.is_closed() && s.missing() > 0)
+            .map(|(id, _)| *id);
+        if let Some(id) = under {
+            self.settle(world, id, true)?;
+        }
+        Ok(())
+    }
+
+    fn replicate(&mut self, world: &mut World, range: &SegmentRange) -> Result<(), Stop> {
+        let id = range.segment;
+        let replicas = self.replicas;
+        self.segments
+            .entry(id)
+            .or_insert_with(|| SegmentReplicas::new(id, replicas, range.start));
+        self.settle(world, id, false)?;
+        if !self.segment(id).writable(range.start) {
+            return Err(Stop::Fatal(format!("{id} not writable at {}", range.start)));
+        }
+        let bytes = self.bytes(id, range.start, range.end);
+        let live: Vec<(usize, ServerId, FrameHandle)> = self
+            .segment(id)
+            .live()
+            .map(|(slot, r)| (slot, r.backup, r.handle))
+            .collect();
+        let mut lost_any = false;
+        for (slot, backup, handle) in live {
+            if let Err(failure) = self.write(world, id, backup, handle, range.start, &bytes) {
+                lost_any = true;
+                self.apply_failure(world, id, slot, backup, failure)?;
+            }
+        }
+        self.segment_mut(id).wrote(range.end);
+        if lost_any {
+            self.settle(world, id, false)?;
+        }
+        if range.closes {
+            for slot in self.segment_mut(id).close() {
+                self.close(world, id, slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One write to a replica: a boundary, then the copy (part of it, if this master
+    /// dies during it).
+    fn write(
+        &mut self,
+        world: &mut World,
+        id: SegmentId,
+        backup: ServerId,
+        handle: FrameHandle,
+        offset: u32,
+        bytes: &[u8],
+    ) -> Result<(), Failure> {
+        let killed = world.boundary().is_err();
+        let delivery = world.call_backup(backup);
+        let result = match (delivery, world.backup_index(backup)) {
+            (Delivery::Dropped, _) | (_, None) => Err(Failure::Backup),
+            (delivery, Some(i)) => {
+                let applied = if killed {
+                    world.draw(0..bytes.len() as u64 + 1) as usize
+                } else {
+                    bytes.len()
+                };
+                match world.backups[i].write(self.id, id, handle, offset, bytes, applied) {
+                    Ok(()) if delivery == Delivery::Answered => Ok(()),
+                    Ok(()) => Err(Failure::Backup),
+                    Err(Refusal::Fenced) => Err(Failure::Fenced),
+                    Err(_) => Err(Failure::Replica),
+                }
+            }
+        };
+        if killed {
+            // The master died during the copy: part of it may have landed.
+            return Err(Failure::Killed);
+        }
+        result
+    }
+
+    fn apply_failure(
+        &mut self,
+        world: &mut World,
+        id: SegmentId,
+        slot: usize,
+        backup: ServerId,
+        failure: Failure,
+    ) -> Result<(), Stop> {
+        match failure {
+            Failure::Killed => Err(Stop::Killed),
+            Failure::Fenced => Err(Stop::Fatal(format!("fenced by {backup} writing {id}"))),
+            Failure::Backup => {
+                self.backup_failed(world, backup);
+                Ok(())
+            }
+            Failure::Replica => {
+                if let Some(lost) = self.segment_mut(id).lose(slot) {
+                    self.forget(lost);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn backup_failed(&mut self, world: &mut World, backup: ServerId) {
+        self.failed.insert(backup, world.now_us);
+        let lost: Vec<Lost> = self
+            .segments
+            .values_mut()
+            .flat_map(|s| s.lose_backup(backup))
+            .collect();
+        if !lost.is_empty() {
+            world.note(format!(
+                "backup {backup} failed: {} replica(s) lost",
+                lost.len()
+            ));
+        }
+        for lost in lost {
+            self.forget(lost);
+        }
+    }
+
+    fn forget(&mut self, lost: Lost) {
+        self.abandoned.push(lost.abandoned);
+    }
+
+    /// Does what `SegmentReplicas::step` asks until the segment is ready (or, for
+    /// upkeep, after one placement round).
+    fn settle(&mut self, world: &mut World, id: SegmentId, one_round: bool) -> Result<(), Stop> {
+        let mut placed_once = false;
+        for _ in 0..SETTLE_STEPS_MAX {
+            match self.segment_mut(id).step() {
+                Step::Ready => return Ok(()),
+                Step::Place {
+                    slots,
+                    fresh,
+                    confirm_alive,
+                } => {
+                    if one_round && placed_once {
+                        return Ok(());
+                    }
+                    if confirm_alive {
+                        self.confirm_alive(world)?;
+                    }
+                    let Some(targets) = self.choose(world, id, &slots) else {
+                        if one_round {
+                            return Ok(());
+                        }
+                        world.note(format!("{id}: writes wait for backups"));
+                        world.boundary()?;
+                        world.wait(10_000);
+                        continue;
+                    };
+                    placed_once = true;
+                    self.create_replicas(world, id, targets, fresh)?;
+                }
+                Step::Bump { epoch, survivors } => {
+                    for slot in survivors {
+                        let Some(replica) = self.segment(id).replica(slot) else {
+                            continue;
+                        };
+                        let (backup, handle) = (replica.backup, replica.handle);
+                        self.segment_mut(id).bumping(slot, epoch);
+                        world.boundary()?;
+                        let delivery = world.call_backup(backup);
+                        let result = match (delivery, world.backup_index(backup)) {
+                            (Delivery::Dropped, _) | (_, None) => Err(Failure::Backup),
+                            (delivery, Some(i)) => {
+                                match world.backups[i].bump(self.id, id, handle, epoch) {
+                                    Ok(()) if delivery == Delivery::Answered => Ok(()),
+                                    Ok(()) => Err(Failure::Backup),
+                                    Err(Refusal::Fenced) => Err(Failure::Fenced),
+                                    Err(_) => Err(Failure::Replica),
+                                }
+                            }
+                        };
+                        world.note(format!(
+                            "bump {id} on {backup} to {epoch}: ok={}",
+                            result.is_ok()
+                        ));
+                        match result {
+                            Ok(()) => self.segment_mut(id).bumped(slot, epoch),
+                            Err(failure) => self.apply_failure(world, id, slot, backup, failure)?,
+                        }
+                    }
+                }
+                Step::Record { epoch } => {
+                    world.boundary()?;
+                    match world.record_open_epoch(id, epoch) {
+                        CoordinatorAnswer::Ok => self.segment_mut(id).recorded(epoch),
+                        CoordinatorAnswer::Crashed => {
+                            return Err(Stop::Fatal("SetOpenEpoch: declared crashed".into()))
+                        }
+                        CoordinatorAnswer::Silent => {
+                            if one_round {
+                                return Ok(());
+                            }
+                            world.wait(20_000);
+                        }
+                    }
+                }
+            }
+        }
+        Err(Stop::Fatal(format!(
+            "{id} never settled in {SETTLE_STEPS_MAX} steps"
+        )))
+    }
+
+    fn confirm_alive(&mut self, world: &mut World) -> Result<(), Stop> {
+        loop {
+            world.boundary()?;
+            match world.confirm_alive() {
+                CoordinatorAnswer::Ok => return Ok(()),
+                CoordinatorAnswer::Crashed => {
+                    return Err(Stop::Fatal("the server list shows it crashed".into()))
+                }
+                CoordinatorAnswer::Silent => world.wait(20_000),
+            }
+        }
+    }
+
+    /// Backups for `slots`: listed Up, not failed lately, none already holding a live
+    /// replica of the segment; `None` when there are too few.
+    fn choose(
+        &mut self,
+        world: &mut World,
+        id: SegmentId,
+        slots: &[usize],
+    ) -> Option<Vec<(usize, ServerId)>> {
+        let now = world.now_us;
+        let holding: BTreeSet<ServerId> = self.segment(id).backups().collect();
+        let mut candidates: Vec<ServerId> = world
+            .listed_backups()
+            .into_iter()
+            .filter(|b| !holding.contains(b))
+            .filter(|b| {
+                self.failed
+                    .get(b)
+                    .map_or(true, |since| now - since >= FAILED_BACKUP_EXCLUSION_US)
+            })
+            .collect();
+        if candidates.len() < slots.len() {
+            return None;
+        }
+        let mut targets = Vec::new();
+        for &slot in slots {
+            let pick = world.draw(0..candidates.len() as u64) as usize;
+            targets.push((slot, candidates.swap_remove(pick)));
+        }
+        Some(targets)
+    }
+
+    /// Opens replicas on `targets` at a new epoch, fills each with the segment's bytes
+    /// so far (in chunks) and closes it if the segment is closed.
+    fn create_replicas(
+        &mut self,
+        world: &mut World,
+        id: SegmentId,
+        targets: Vec<(usize, ServerId)>,
+        fresh: bool,
+    ) -> Result<(), Stop> {
+        let segment = self.segment_mut(id);
+        let epoch = segment.take_epoch();
+        let (len, closed) = (segment.len(), segment.is_closed());
+        let bytes = self.bytes(id, 0, len);
+        for (slot, backup) in targets {
+            match self.create_replica(world, id, backup, epoch, &bytes, closed) {
+                Ok(handle) => {
+                    world.note(format!(
+                        "{id} placed on {backup} (slot {slot}) at epoch {epoch}, {len} bytes{}",
+                        if fresh { ", fresh" } else { "" }
+                    ));
+                    self.segment_mut(id)
+                        .placed(slot, Replica::new(backup, handle, epoch, ()));
+                }
+                Err(Failure::Fenced) => {
+                    return Err(Stop::Fatal(format!("fenced by {backup} opening {id}")))
+                }
+                Err(Failure::Killed) => return Err(Stop::Killed),
+                Err(Failure::Backup) => {
+                    self.apply_failure(world, id, slot, backup, Failure::Backup)?
+                }
+                // Refused (an older copy here is newer than this epoch): try another.
+                Err(Failure::Replica) => {
+                    self.failed.insert(backup, world.now_us);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn create_replica(
+        &mut self,
+        world: &mut World,
+        id: SegmentId,
+        backup: ServerId,
+        epoch: Epoch,
+        bytes: &[u8],
+        closed: bool,
+    ) -> Result<FrameHandle, Failure> {
+        if world.boundary().is_err() {
+            return Err(Failure::Killed);
+        }
+        let delivery = world.call_backup(backup);
+        let Some(i) = world.backup_index(backup).filter(|_| delivery.arrived()) else {
+            return Err(Failure::Backup);
+        };
+        let opened = world.backups[i].open(self.id, id, epoch, self.segment_bytes);
+        world.note(format!(
+            "open {id} on {backup} at epoch {epoch}: {opened:?} ({delivery:?})"
+        ));
+        let handle = match opened {
+            Ok(handle) if delivery == Delivery::Answered => handle,
+            Ok(_) => return Err(Failure::Backup),
+            Err(Refusal::Fenced) => return Err(Failure::Fenced),
+            Err(_) => return Err(Failure::Replica),
+        };
+        let chunk = world.config.fill_chunk_bytes.max(1) as usize;
+        for (n, piece) in bytes.chunks(chunk).enumerate() {
+            self.write(world, id, backup, handle, (n * chunk) as u32, piece)?;
+        }
+        if closed {
+            self.close_replica(world, id, backup, handle)?;
+        }
+        Ok(handle)
+    }
+
+    fn close(&mut self, world: &mut World, id: SegmentId, slot: usize) -> Result<(), Stop> {
+        let Some(replica) = self.segment(id).replica(slot) else {
+            return Ok(());
+        };
+        let (backup, handle) = (replica.backup, replica.handle);
+        match self.close_replica(world, id, backup, handle) {
+            Ok(()) => {
+                self.segment_mut(id).close_answered(slot, handle, true);
+                Ok(())
+            }
+            Err(failure) => {
+                self.segment_mut(id).close_answered(slot, handle, false);
+                self.apply_failure(world, id, slot, backup, failure)
+            }
+        }
+    }
+
+    fn close_replica(
+        &mut self,
+        world: &mut World,
+        id: SegmentId,
+        backup: ServerId,
+        handle: FrameHandle,
+    ) -> Result<(), Failure> {
+        if world.boundary().is_err() {
+            return Err(Failure::Killed);
+        }
+        let delivery = world.call_backup(backup);
+        let Some(i) = world.backup_index(backup).filter(|_| delivery.arrived()) else {
+            return Err(Failure::Backup);
+        };
+        match world.backups[i].close(self.id, id, handle) {
+            Ok(()) if delivery == Delivery::Answered => Ok(()),
+            Ok(()) => Err(Failure::Backup),
+            Err(Refusal::Fenced) => Err(Failure::Fenced),
+            Err(_) => Err(Failure::Replica),
+        }
+    }
+
+    fn segment(&self, id: SegmentId) -> &SegmentReplicas<()> {
+        self.segments
+            .get(&id)
+            .expect("a segment being replicated is tracked")
+    }
+
+    fn segment_mut(&mut self, id: SegmentId) -> &mut SegmentReplicas<()> {
+        self.segments
+            .get_mut(&id)
+            .expect("a segment being replicated is tracked")
+    }
+
+    fn bytes(&self, id: SegmentId, start: u32, end: u32) -> Vec<u8> {
+        self.log
+            .segment_bytes(id)
+            .and_then(|b| b.get(start as usize..end as usize))
+            .expect("a replicated range lies in the log")
+            .to_vec()
+    }
+}
+
+/// The bytes of key number `key`.
+pub fn key_bytes(key: u64) -> Vec<u8> {
+    format!("key-{key}").into_bytes()
+}

@@ -1,0 +1,348 @@
+//! `World`: everything outside the simulated master — the clock, the network's
+//! decisions, the backups, the coordinators' state machine and the faults — all drawn
+//! from one seeded generator, so a seed fixes every delay, drop, outage and crash.
+//!
+//! Time is simulated: every call the master makes is a *boundary*
+//! ([`World::boundary`]) where the clock moves on by a random delay and the world may
+//! inject a fault. The master cannot tell a dropped request from a lost reply: a call
+//! is [`Delivery::Dropped`] (nothing happened), [`Delivery::Unanswered`] (it happened,
+//! the reply was lost) or [`Delivery::Answered`].
+
+use rampart_common::ids::{Epoch, SegmentId, ServerId};
+use rampart_common::status::Status;
+use rampart_common::tablet::{ServerStatus, Services};
+use rampart_coordinator::state::{Command, CommandResult, CoordinatorState};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::backup::{Liveness, SimBackup};
+use crate::recovery::Recovery;
+use crate::SimConfig;
+
+/// What became of a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// It never arrived: nothing happened.
+    Dropped,
+    /// It arrived and took effect, but its reply was lost.
+    Unanswered,
+    /// It arrived and its reply came back.
+    Answered,
+}
+
+impl Delivery {
+    /// It took effect.
+    pub fn arrived(self) -> bool {
+        self != Delivery::Dropped
+    }
+}
+
+/// Why the simulated master stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Killed (`kill -9`) at a boundary.
+    Killed,
+    /// It stopped itself: a backup fenced it, or the coordinators said it was declared
+    /// crashed. Everything it had not acknowledged is never acknowledged.
+    Fatal(String),
+    /// The log memory is full: the workload ends.
+    LogFull,
+}
+
+/// What the coordinators answered to a `SetOpenEpoch` or a server-list read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoordinatorAnswer {
+    /// Done (or, for a read, this master is listed Up).
+    Ok,
+    /// This master is not Up: it was declared crashed.
+    Crashed,
+    /// No answer (no leader, or the reply was lost): try again.
+    Silent,
+}
+
+/// How the master's life ends, once decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crash {
+    /// Killed.
+    Killed,
+    /// Declared crashed while still running (a false suspicion, a partition): a zombie
+    /// whose recovery runs alongside it.
+    Declared,
+}
+
+/// The world around one master.
+#[derive(Debug)]
+pub struct World {
+    pub config: SimConfig,
+    rng: SmallRng,
+    /// Simulated time, µs.
+    pub now_us: u64,
+    pub backups: Vec<SimBackup>,
+    /// The coordinators' replicated state machine (the real one); the Raft group around
+    /// it is modelled as windows without a leader.
+    pub coordinator: CoordinatorState,
+    coordinator_silent_until_us: u64,
+    pub master: ServerId,
+    pub crash: Option<Crash>,
+    /// The recovery of the master, once declared crashed; advanced at boundaries while
+    /// a zombie runs, then to its end.
+    pub recovery: Option<Recovery>,
+    /// Backups that may still be lost for good: fewer than R in all, so every segment
+    /// keeps a copy.
+    losses_left: usize,
+    /// What happened, one line per event, for a failure report.
+    pub trace: Vec<String>,
+}
+
+impl World {
+    /// A world for `config`, its randomness fixed by `seed`.
+    pub fn new(config: SimConfig, seed: u64) -> World {
+        let mut coordinator = CoordinatorState::new();
+        let mut enlist =
+            |name: String, services: Services| match coordinator.apply(&Command::EnlistServer {
+                addr: name.clone(),
+                services,
+                failure_domain: name,
+                disk_read_mbps: 100,
+            }) {
+                CommandResult::Enlisted { id } => id,
+                other => panic!("enlisting in a fresh state is accepted: {other:?}"),
+            };
+        let master = enlist(
+            "master".to_string(),
+            Services {
+                master: true,
+                backup: false,
+            },
+        );
+        let backups = (0..config.backups)
+            .map(|i| {
+                let id = enlist(
+                    format!("backup-{i}"),
+                    Services {
+                        master: false,
+                        backup: true,
+                    },
+                );
+                SimBackup::new(id)
+            })
+            .collect();
+        World {
+            losses_left: config.replicas.saturating_sub(1),
+            config,
+            rng: SmallRng::seed_from_u64(seed),
+            now_us: 0,
+            backups,
+            coordinator,
+            coordinator_silent_until_us: 0,
+            master,
+            crash: None,
+            recovery: None,
+            trace: Vec::new(),
+        }
+    }
+
+    /// Notes an event in the trace.
+    pub fn note(&mut self, event: impl Into<String>) {
+        let line = format!("{:>10} µs  {}", self.now_us, event.into());
+        self.trace.push(line);
+    }
+
+    /// A random number in `range`.
+    pub fn draw(&mut self, range: std::ops::Range<u64>) -> u64 {
+        self.rng.gen_range(range)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.rng.gen_bool(p.clamp(0.0, 1.0))
+    }
+
+    /// Index of backup `id`.
+    pub fn backup_index(&self, id: ServerId) -> Option<usize> {
+        self.backups.iter().position(|b| b.id == id)
+    }
+
+    /// A call from the master: time passes, faults strike. `Err` when the master is
+    /// killed here.
+    pub fn boundary(&mut self) -> Result<(), Stop> {
+        self.now_us += self.draw(5..200);
+        self.inject_faults();
+        if self.crash.is_none() && self.chance(self.config.master_crash_p) {
+            if self.chance(self.config.zombie_p) {
+                self.declare_crashed("declared crashed while it runs (a zombie)");
+                self.crash = Some(Crash::Declared);
+            } else {
+                self.declare_crashed("killed");
+                self.crash = Some(Crash::Killed);
+                return Err(Stop::Killed);
+            }
+        }
+        if self.crash == Some(Crash::Declared) {
+            if let Some(mut recovery) = self.recovery.take() {
+                recovery.advance(self);
+                self.recovery = Some(recovery);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the master crashed in the coordinators' state and starts its recovery.
+    pub fn declare_crashed(&mut self, how: &str) {
+        let result = self.coordinator.apply(&Command::SetServerStatus {
+            id: self.master,
+            status: ServerStatus::Crashed,
+        });
+        self.note(format!("master {} {how}: {result:?}", self.master));
+        self.recovery = Some(Recovery::new(self.master));
+    }
+
+    fn inject_faults(&mut self) {
+        if self.chance(self.config.backup_down_p) {
+            let i = self.draw(0..self.backups.len() as u64) as usize;
+            if self.backups[i].liveness == Liveness::Up {
+                let until = self.now_us + self.draw(1_000..300_000);
+                self.backups[i].liveness = Liveness::DownUntil(until);
+                let id = self.backups[i].id;
+                self.note(format!("backup {id} down until {until} µs"));
+            }
+        }
+        if self.losses_left > 0 && self.crash.is_none() && self.chance(self.config.backup_lost_p) {
+            let i = self.draw(0..self.backups.len() as u64) as usize;
+            if self.backups[i].liveness != Liveness::Lost {
+                self.losses_left -= 1;
+                self.backups[i].lose();
+                let id = self.backups[i].id;
+                self.coordinator.apply(&Command::SetServerStatus {
+                    id,
+                    status: ServerStatus::Crashed,
+                });
+                self.note(format!("backup {id} lost for good"));
+            }
+        }
+        if self.chance(self.config.coordinator_silent_p) {
+            self.coordinator_silent_until_us = self.now_us + self.draw(150_000..500_000);
+            let until = self.coordinator_silent_until_us;
+            self.note(format!("no coordinator leader until {until} µs"));
+        }
+    }
+
+    /// Whether a call to backup `id` arrives, and whether its reply comes back.
+    pub fn call_backup(&mut self, id: ServerId) -> Delivery {
+        let now = self.now_us;
+        let answers = self
+            .backup_index(id)
+            .is_some_and(|i| self.backups[i].answers(now));
+        if !answers {
+            return Delivery::Dropped;
+        }
+        self.network_delivery()
+    }
+
+    fn network_delivery(&mut self) -> Delivery {
+        if self.chance(self.config.drop_p) {
+            if self.chance(0.5) {
+                Delivery::Dropped
+            } else {
+                Delivery::Unanswered
+            }
+        } else {
+            Delivery::Answered
+        }
+    }
+
+    fn coordinator_delivery(&mut self) -> Delivery {
+        if self.now_us < self.coordinator_silent_until_us {
+            return Delivery::Dropped;
+        }
+        self.network_delivery()
+    }
+
+    /// `SetOpenEpoch` from the master.
+    pub fn record_open_epoch(&mut self, segment: SegmentId, epoch: Epoch) -> CoordinatorAnswer {
+        let delivery = self.coordinator_delivery();
+        if !delivery.arrived() {
+            return CoordinatorAnswer::Silent;
+        }
+        let result = self.coordinator.apply(&Command::SetOpenEpoch {
+            server: self.master,
+            segment,
+            epoch,
+        });
+        let answer = match result {
+            CommandResult::Rejected {
+                status: Status::ServerCrashed,
+                ..
+            } => CoordinatorAnswer::Crashed,
+            CommandResult::EpochRecorded => CoordinatorAnswer::Ok,
+            other => panic!("SetOpenEpoch of an enlisted master: {other:?}"),
+        };
+        self.note(format!(
+            "SetOpenEpoch {segment} epoch {epoch}: {answer:?} ({delivery:?})"
+        ));
+        match delivery {
+            Delivery::Answered => answer,
+            _ => CoordinatorAnswer::Silent,
+        }
+    }
+
+    /// `ReserveVersions`: the master may hand out versions below `ceiling`.
+    pub fn reserve_versions(&mut self, ceiling: u64) -> CoordinatorAnswer {
+        let delivery = self.coordinator_delivery();
+        if !delivery.arrived() {
+            return CoordinatorAnswer::Silent;
+        }
+        let result = self.coordinator.apply(&Command::ReserveVersions {
+            server: self.master,
+            ceiling,
+        });
+        let answer = match result {
+            CommandResult::Rejected {
+                status: Status::ServerCrashed,
+                ..
+            } => CoordinatorAnswer::Crashed,
+            CommandResult::VersionsReserved { .. } => CoordinatorAnswer::Ok,
+            other => panic!("ReserveVersions of an enlisted master: {other:?}"),
+        };
+        match delivery {
+            Delivery::Answered => answer,
+            _ => CoordinatorAnswer::Silent,
+        }
+    }
+
+    /// The master reads the server list to confirm that it is still Up.
+    pub fn confirm_alive(&mut self) -> CoordinatorAnswer {
+        if self.coordinator_delivery() != Delivery::Answered {
+            return CoordinatorAnswer::Silent;
+        }
+        match self.coordinator.server(self.master).map(|s| s.status) {
+            Some(ServerStatus::Up) => CoordinatorAnswer::Ok,
+            _ => CoordinatorAnswer::Crashed,
+        }
+    }
+
+    /// Backups the server list shows Up.
+    pub fn listed_backups(&self) -> Vec<ServerId> {
+        self.backups
+            .iter()
+            .map(|b| b.id)
+            .filter(|id| {
+                self.coordinator
+                    .server(*id)
+                    .is_some_and(|s| s.status == ServerStatus::Up)
+            })
+            .collect()
+    }
+
+    /// Lets time pass after the master is gone: backups still go down and come back,
+    /// leaders still come and go.
+    pub fn pass_time(&mut self) {
+        self.now_us += self.draw(100..2_000);
+        self.inject_faults();
+    }
+
+    /// Lets time pass with nothing else happening (waiting for a backup or a leader).
+    pub fn wait(&mut self, us: u64) {
+        self.now_us += us;
+    }
+}

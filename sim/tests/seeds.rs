@@ -1,0 +1,94 @@
+//! Simulated runs from fixed seeds (see the crate doc of `rampart_sim`). A failure
+//! names its seed; `cargo run -p rampart-ops -- simulate --seed N --trace` replays it.
+
+use rampart_sim::{run, Failure};
+
+/// Seeds every `cargo test` runs: a few seconds in a debug build.
+const CI_SEEDS: u64 = 500;
+
+/// Seeds the ignored test runs (`cargo test -p rampart-sim --release -- --ignored`).
+const MANY_SEEDS: u64 = 20_000;
+
+/// Seeds that once failed, kept as regressions with the bug each caught (the seeds
+/// below `CI_SEEDS` that caught one run anyway).
+const REGRESSIONS: &[(u64, &str)] = &[
+    (
+        389,
+        "a lost replica freed before its segment was whole: the last complete copy",
+    ),
+    (
+        35,
+        "a re-created frame cut short hid the closed copy on the backup's disk",
+    ),
+    (
+        1853,
+        "a replacing open zeroed the frame that held every acknowledged byte",
+    ),
+    (
+        2815,
+        "a replacing open zeroed the frame that held every acknowledged byte",
+    ),
+    (
+        3383,
+        "a replacing open zeroed the frame that held every acknowledged byte",
+    ),
+    (
+        3941,
+        "a replacing open zeroed the frame that held every acknowledged byte",
+    ),
+];
+
+fn run_seeds(seeds: impl Iterator<Item = u64>) -> (usize, Vec<Failure>) {
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for seed in seeds {
+        match run(seed) {
+            Ok(_) => passed += 1,
+            Err(failure) => failures.push(failure),
+        }
+    }
+    (passed, failures)
+}
+
+fn assert_all_pass(seeds: impl Iterator<Item = u64>) {
+    let (passed, failures) = run_seeds(seeds);
+    if let Some(first) = failures.first() {
+        let tail: Vec<&String> = first.trace.iter().rev().take(40).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
+        panic!(
+            "{} of {} seeds failed; the first:\n{first}\nlast events:\n{}",
+            failures.len(),
+            failures.len() + passed,
+            tail.join("\n")
+        );
+    }
+}
+
+#[test]
+fn fixed_seeds_lose_no_acknowledged_write() {
+    assert_all_pass(0..CI_SEEDS);
+}
+
+#[test]
+fn regression_seeds_pass() {
+    assert_all_pass(REGRESSIONS.iter().map(|(seed, _)| *seed));
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let summary = |seed| {
+        run(seed)
+            .map(|r| (r.events, r.trace_crc32, r.acknowledged, r.time_us))
+            .ok()
+    };
+    let first = summary(7);
+    assert!(first.is_some_and(|(events, ..)| events > 10));
+    assert_eq!(first, summary(7));
+    assert_ne!(first, summary(8), "another seed is another run");
+}
+
+#[test]
+#[ignore = "thousands of seeds: run with --release -- --ignored"]
+fn many_seeds_lose_no_acknowledged_write() {
+    assert_all_pass(CI_SEEDS..CI_SEEDS + MANY_SEEDS);
+}
