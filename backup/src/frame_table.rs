@@ -41,6 +41,20 @@
 //! short: the closed copy is the whole segment (rule 1 of the coordinator's
 //! `recovery_plan`), the frame only a prefix of it.
 //!
+//! # Replacing a frame
+//! A master that took this backup for failed re-creates its open replica at a newer
+//! epoch, here again, and rewrites it from byte 0. The new frame takes the old one's slot
+//! and keeps its bytes ([`Opened::keeps_bytes`]): every copy of a segment is a prefix of
+//! the one append-only stream its master writes (the coordinator's `recovery_plan`,
+//! "Which copy of a segment"), so the old bytes and the new fill agree wherever both
+//! exist, and the valid prefix never shrinks below what the old frame held — which may
+//! be every acknowledged write, the new fill only a part of them if the master crashes
+//! before it catches up. A fresh, zeroed slot is taken instead when a close still reads
+//! the old one (its bytes are being flushed, and stay the old frame's), and the kept
+//! slot is zeroed after all when the capacity differs: a segment's capacity is fixed
+//! when it opens, so another one means the backup cannot tell the two frames hold the
+//! same stream, and zeroing, as for any other slot, is the safe default.
+//!
 //! # Cost
 //! Every operation is a few map lookups, except [`FrameTable::list`] and
 //! [`FrameTable::fence_master`] (a range of the master's replicas).
@@ -180,10 +194,15 @@ impl FrameRef {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Opened {
     pub frame: FrameRef,
-    /// A new frame: the driver must stamp its slot (zeroed, owned by the handle,
-    /// labelled) before it lets go of the table. `None` for a retried open, whose frame
-    /// and slot are as the first open left them.
+    /// A new frame: the driver must stamp its slot (zeroed unless `keeps_bytes`, owned
+    /// by the handle, labelled) before it lets go of the table. `None` for a retried
+    /// open, whose frame and slot are as the first open left them.
     pub assign: Option<SlotLabel>,
+    /// The new frame took the slot of the frame it replaced — the same replica, at an
+    /// older epoch, of the same capacity, with no close reading it — and the slot keeps
+    /// its bytes: they are a prefix of the stream the new frame receives (module doc,
+    /// "Replacing a frame"). Invariant: only with `assign`.
+    pub keeps_bytes: bool,
 }
 
 /// A close under way, from [`FrameTable::claim_close`] until
@@ -268,8 +287,9 @@ impl FrameTable {
 
     /// Opens a frame for `label` (OpenReplica). A retried open at the frame's epoch
     /// gets the same frame; a newer epoch replaces the open frame (the re-replication
-    /// after an epoch bump rewrites it from byte 0, in the old slot unless a close still
-    /// reads it); an older one, or one a stored replica supersedes, is `StaleEpoch`.
+    /// after an epoch bump rewrites it from byte 0), in the old slot keeping its bytes
+    /// unless a close still reads it or the capacity changed (module doc, "Replacing a
+    /// frame"); an older one, or one a stored replica supersedes, is `StaleEpoch`.
     /// Refusals change nothing.
     pub fn open(&mut self, label: SlotLabel) -> Result<Opened, Refusal> {
         let key = (label.master, label.segment);
@@ -314,6 +334,7 @@ impl FrameTable {
                 return Ok(Opened {
                     frame: FrameRef::of(handle, frame),
                     assign: None,
+                    keeps_bytes: false,
                 });
             }
             if frame.epoch > label.epoch {
@@ -341,7 +362,11 @@ impl FrameTable {
                 ),
             ));
         }
+        let replaced_capacity = replaced
+            .and_then(|old| self.frames.get(&old))
+            .map(|old| old.capacity);
         let reused = replaced.and_then(|old| self.remove_frame(old));
+        let keeps_bytes = reused.is_some() && replaced_capacity == Some(label.capacity);
         let Some(slot) = reused.or_else(|| self.free_slots.pop_front()) else {
             return Err(Refusal::new(Status::Internal, "free frame slot vanished"));
         };
@@ -362,12 +387,13 @@ impl FrameTable {
         let opened = Opened {
             frame: FrameRef::of(handle, &frame),
             assign: Some(label),
+            keeps_bytes,
         };
         self.frames.insert(handle, frame);
         self.open.insert(key, handle);
         tracing::debug!(
             master = %label.master, segment = %label.segment, epoch = %label.epoch,
-            %handle, slot, replaced = replaced.is_some(), "frame opened"
+            %handle, slot, replaced = replaced.is_some(), keeps_bytes, "frame opened"
         );
         Ok(opened)
     }
@@ -988,6 +1014,73 @@ mod tests {
     }
 
     #[test]
+    fn a_replacing_open_of_the_same_replica_keeps_its_slot_and_bytes() {
+        // `rampart simulate`, seeds 1853, 2815, 3383, 3941: the master re-created the
+        // replica here at a newer epoch and crashed mid-fill; zeroing the slot had lost
+        // the acknowledged bytes the old frame held.
+        let mut table = table();
+        let fresh = table.open(label(1, 1, 1)).expect("open");
+        assert!(!fresh.keeps_bytes, "a fresh slot is zeroed");
+        let replacing = table.open(label(1, 1, 2)).expect("replace");
+        assert_eq!(
+            replacing.assign,
+            Some(label(1, 1, 2)),
+            "a new frame, labelled anew"
+        );
+        assert_ne!(replacing.frame.handle, fresh.frame.handle);
+        assert_eq!(
+            replacing.frame.slot, fresh.frame.slot,
+            "the old frame's slot"
+        );
+        assert!(
+            replacing.keeps_bytes,
+            "its bytes are a prefix of the new frame's"
+        );
+        let retry = table.open(label(1, 1, 2)).expect("retry");
+        assert_eq!((retry.assign, retry.keeps_bytes), (None, false));
+        // Another replica never inherits bytes.
+        let other = table.open(label(1, 2, 1)).expect("open");
+        assert!(!other.keeps_bytes);
+        table.check(&[], 3);
+    }
+
+    #[test]
+    fn a_replacing_open_whose_old_frame_is_being_closed_takes_a_fresh_zeroed_slot() {
+        let mut table = table();
+        let old = open(&mut table, 1, 1, 1);
+        let closing = table
+            .claim_close(old.handle, old.epoch, 100)
+            .expect("claim");
+        let replacing = table.open(label(1, 1, 2)).expect("replace");
+        assert_ne!(
+            replacing.frame.slot, old.slot,
+            "the close still copies the old slot"
+        );
+        assert!(
+            !replacing.keeps_bytes,
+            "a slot from the free queue is zeroed"
+        );
+        table.check(&[], 3);
+        let release = table
+            .close_ended(closing.handle)
+            .expect("the old slot comes back");
+        assert_eq!(release.slot, old.slot);
+        table.check(&[release.slot], 3);
+    }
+
+    #[test]
+    fn a_replacing_open_of_another_capacity_reuses_the_slot_but_zeroes_it() {
+        let mut table = table();
+        let old = open(&mut table, 1, 1, 1);
+        let mut narrower = label(1, 1, 2);
+        narrower.capacity = 256;
+        let replacing = table.open(narrower).expect("replace");
+        assert_eq!(replacing.frame.slot, old.slot);
+        assert!(!replacing.keeps_bytes, "not known to be the same stream");
+        table.check(&[], 3);
+    }
+
+    #[test]
     fn epochs_never_go_back_through_an_open() {
         let mut table = table();
         open(&mut table, 1, 1, 5);
@@ -1383,9 +1476,22 @@ mod tests {
             for step in steps {
                 match step {
                     Step::Open { master, segment, epoch } => {
+                        let replaced = opened
+                            .iter()
+                            .rev()
+                            .find(|f| f.key() == key(master, segment) && table.is_open(f.handle))
+                            .copied();
                         if let Ok(opened_now) = table.open(label(master, segment, epoch)) {
                             if opened_now.assign.is_some() {
                                 prop_assert!(handles_seen.insert(opened_now.frame.handle));
+                            }
+                            if opened_now.keeps_bytes {
+                                // Only the replaced frame's own slot keeps its bytes.
+                                prop_assert!(opened_now.assign.is_some());
+                                prop_assert_eq!(
+                                    replaced.map(|f| f.slot),
+                                    Some(opened_now.frame.slot)
+                                );
                             }
                             opened.push(opened_now.frame);
                         }

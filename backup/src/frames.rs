@@ -98,7 +98,9 @@ impl Frames {
     }
 
     /// Opens a frame ([`FrameTable::open`]) and stamps its slot, under the table's lock:
-    /// the slot is the new frame's before any other request can name it.
+    /// the slot is the new frame's before any other request can name it. A frame that
+    /// replaces one of the same replica keeps the slot's bytes
+    /// ([`crate::frame_table::Opened::keeps_bytes`]); any other is zeroed.
     pub fn open(
         &self,
         master: ServerId,
@@ -116,8 +118,14 @@ impl Frames {
             let mut table = self.table.lock();
             let opened = table.open(label)?;
             if let Some(label) = opened.assign {
-                self.file
-                    .assign(opened.frame.slot, opened.frame.handle, label);
+                let (slot, handle) = (opened.frame.slot, opened.frame.handle);
+                if opened.keeps_bytes {
+                    // The replaced frame's bytes: a prefix of this frame's stream (the
+                    // table's module doc, "Replacing a frame").
+                    self.file.assign_keeping_data(slot, handle, label);
+                } else {
+                    self.file.assign(slot, handle, label);
+                }
             }
             opened
         };
@@ -217,7 +225,11 @@ impl Frames {
     /// length. One-sided writers do not say how far they wrote, so this reads a first
     /// [`SCAN_READ_BYTES_MIN`] and grows ×4 until the bytes past the valid prefix are
     /// all zero (the frame was zeroed at open) or the whole capacity is read: listing an
-    /// almost empty 8 MiB frame costs a 256 KiB copy, not 8 MiB.
+    /// almost empty 8 MiB frame costs a 256 KiB copy, not 8 MiB. A frame that kept the
+    /// bytes of the one it replaced ([`crate::frame_table::Opened::keeps_bytes`]) was
+    /// not zeroed: past its valid prefix it may hold a torn write of the old frame, and
+    /// then this only reads more (up to the whole capacity) before it stops, and the
+    /// scan of what it read still ends where the stream's valid bytes end.
     fn read_written(&self, frame: &FrameRef) -> (Vec<u8>, u32) {
         let mut len = SCAN_READ_BYTES_MIN.min(frame.capacity);
         loop {

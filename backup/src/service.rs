@@ -3024,6 +3024,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_replacing_open_cut_short_keeps_the_acknowledged_bytes_of_the_replaced_frame() {
+        // `rampart simulate`, seeds 1853, 2815, 3383, 3941: master 1's open segment 3 is
+        // here at epoch 1, holding every acknowledged write. A dropped message made the
+        // master take this backup for failed: it re-created the replica here at epoch 2,
+        // from byte 0, and crashed after the first batch. The replacing open must keep
+        // the old frame's bytes (the same stream), or the acknowledged writes are gone.
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        let (bytes, logged, safe) = recovery_segment(1, 3, &[3], false);
+        let whole = scan(&bytes).valid_bytes;
+        assert_eq!(whole as usize, bytes.len(), "every batch sealed");
+        // The end of the first sealed batch: the last checksum before the second one's.
+        let first = scan(&bytes[..bytes.len() - 1]).valid_bytes;
+        assert!(first > 0 && first < whole);
+        write_open(&service, 1, 3, &bytes).await;
+        let handle = open(&service, 1, 3, 2).await;
+        write_range(&service, handle, 2, &bytes, 0, first).await;
+        let kept = info(1, 3, 2, whole, false);
+
+        assert_eq!(list(&service, Some(1)).await, vec![kept]);
+        let replicas = start_recovery(&service, 1).await;
+        assert_eq!(
+            replicas.iter().map(|r| r.info).collect::<Vec<_>>(),
+            vec![kept],
+            "the replacement at epoch 2, with every byte of the replaced frame"
+        );
+        let read_back = read(&service, 1, 3).await.expect("read");
+        assert_eq!(read_back.info, kept);
+        assert!(read_back.bytes[..] == bytes[..], "all {whole} bytes");
+        recovery_read(&service, 1, 9, &[3], partitions())
+            .await
+            .expect("recovery read");
+        for partition in 0..2 {
+            let reply = recovery_data(&service, 1, 9, 3, partition, vec![])
+                .await
+                .expect("piece");
+            assert_eq!(
+                decode_piece(&reply),
+                expected(&logged, partition),
+                "every entry of both batches, partition {partition}"
+            );
+            assert_eq!((reply.safe_version, reply.epoch), (safe, Epoch(2)));
+        }
+    }
+
+    #[tokio::test]
     async fn recovery_read_then_recovery_data_returns_each_partitions_entries_once() {
         let dir = TempDir::new().expect("tempdir");
         let service = open_service(&dir, 4);

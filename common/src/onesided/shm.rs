@@ -2,9 +2,11 @@
 //! the same host map and copy into (DESIGN.md §5 "One-sided writes", "Backups").
 //!
 //! * [`FrameFile`] — the backup's side. It creates the file with all its memory allocated
-//!   and mapped (the backup's pool of frames), hands its slots to frames
-//!   ([`FrameFile::assign`]), fences them for recovery ([`FrameFile::fence`]), reads them
-//!   back and zeroes them for the next frame ([`FrameFile::release`]). It also serves the backup's own writers (the `rpc`
+//!   and mapped (the backup's pool of frames), hands its slots to frames, zeroed
+//!   ([`FrameFile::assign`]) or, for a frame replacing one of the same replica, keeping
+//!   their bytes ([`FrameFile::assign_keeping_data`]), fences them for recovery
+//!   ([`FrameFile::fence`]), reads them back and frees them for the next frame
+//!   ([`FrameFile::release`]). It also serves the backup's own writers (the `rpc`
 //!   handler and the soft-NIC) with the same protocol as a master's.
 //! * [`FrameFile::read_back`] — what a killed backup left: the frames its file still
 //!   holds ([`LeftFrames`]), read by the backup restarted on the same data directory
@@ -86,10 +88,19 @@
 //!   frame, paid by the master's one-sided copy); the price is that the backup holds
 //!   `slots × stride` bytes from its start, and a `/dev/shm` too small for them fails
 //!   the start with a clear error instead of a master's `SIGBUS` later.
+//! * **One exception to the zeroing: a replica's own slot.** When a master re-creates
+//!   the open replica of a segment at a newer epoch on the backup that holds it (it took
+//!   the backup for failed), the new frame takes the old one's slot straight from it,
+//!   never released, with [`FrameFile::assign_keeping_data`]. Every copy of a segment is
+//!   a prefix of the one append-only stream its master writes, so the old bytes and the
+//!   new fill agree wherever both exist; zeroing would leave the backup holding only
+//!   the new fill — less than the acknowledged bytes it held — if the master crashes
+//!   before the fill catches up. The valid-prefix scan still ends where the stream's
+//!   bytes end. A released slot is always zeroed at its next assign.
 //! * The backup's own writers ([`FrameFile::write`]) hold the slot's lock from their
-//!   owner check to their final check, and [`FrameFile::assign`] and
-//!   [`FrameFile::release`] take it exclusively, so an in-process write never lands in a
-//!   slot after it changed hands.
+//!   owner check to their final check, and [`FrameFile::assign`],
+//!   [`FrameFile::assign_keeping_data`] and [`FrameFile::release`] take it exclusively,
+//!   so an in-process write never lands in a slot after it changed hands.
 //! * A master's write ([`ShmMapping::write`]) takes no lock across processes. A master
 //!   preempted between its owner check and its copy for as long as it takes the backup to
 //!   release the slot and assign it again would scribble into the next frame (and then
@@ -726,10 +737,29 @@ impl FrameFile {
     /// and a reader after a kill sees the label of every held slot. Panics if
     /// `slot ≥ slots` or `owner == 0`.
     pub fn assign(&self, slot: usize, owner: FrameHandle, label: SlotLabel) {
+        self.hand_over(slot, owner, label, true);
+    }
+
+    /// [`FrameFile::assign`] without zeroing the data: slot `slot` goes to frame `owner`
+    /// (non-zero), labelled `label`, keeping the bytes it holds. Only for a slot whose
+    /// bytes are a prefix of the stream the new frame receives — the replaced frame of
+    /// the same replica (module doc, "Guarantees and their limits"): the new frame's
+    /// writes then agree with them wherever both exist. The same ordering as `assign`: a
+    /// writer that sees `owner` sees an unfenced slot, a reader after a kill sees the new
+    /// label. Panics if `slot ≥ slots` or `owner == 0`.
+    pub fn assign_keeping_data(&self, slot: usize, owner: FrameHandle, label: SlotLabel) {
+        self.hand_over(slot, owner, label, false);
+    }
+
+    /// [`FrameFile::assign`] and [`FrameFile::assign_keeping_data`]: the data is zeroed
+    /// only if `zero`.
+    fn hand_over(&self, slot: usize, owner: FrameHandle, label: SlotLabel, zero: bool) {
         assert_ne!(owner.0, 0, "owner 0 marks a free slot");
         let _exclusive = self.slot_lock(slot).write();
         self.owner_word(slot).store(0, Ordering::SeqCst);
-        self.zero_data(slot);
+        if zero {
+            self.zero_data(slot);
+        }
         self.fence_word(slot).store(0, Ordering::SeqCst);
         self.word(slot, FENCED_LENGTH_WORD_OFFSET)
             .store(0, Ordering::SeqCst);
@@ -1565,6 +1595,38 @@ mod tests {
         ));
         assert!(file.read(0, 4).iter().all(|&b| b == 0));
         assert_eq!(file.owner(0), Some(FrameHandle(7)));
+    }
+
+    #[test]
+    fn assign_keeping_data_keeps_the_bytes_clears_the_fence_and_relabels() {
+        let dir = TempDir::new().expect("tempdir");
+        let file = frame_file(&dir, 2, CAPACITY);
+        file.assign(0, FrameHandle(1), labelled(3, 4, 1, CAPACITY));
+        let full = vec![0xAB; CAPACITY as usize];
+        file.write(0, FrameHandle(1), 0, &full).expect("fill");
+        file.fence(0);
+        file.record_fenced_length(0, 100);
+        file.assign_keeping_data(0, FrameHandle(2), labelled(3, 4, 2, CAPACITY));
+        assert_eq!(file.owner(0), Some(FrameHandle(2)));
+        assert!(!file.is_fenced(0));
+        assert_eq!(file.read(0, CAPACITY), full, "the bytes are kept");
+        assert_eq!(
+            file.word(0, FENCED_LENGTH_WORD_OFFSET)
+                .load(Ordering::SeqCst),
+            0,
+            "no fenced length"
+        );
+        assert_eq!(
+            file.word(0, EPOCH_WORD_OFFSET).load(Ordering::SeqCst),
+            2,
+            "the new label"
+        );
+        file.write(0, FrameHandle(2), 0, b"ok")
+            .expect("write to the new owner");
+        assert!(matches!(
+            file.write(0, FrameHandle(1), 0, b"old"),
+            Err(FrameWriteError::FrameGone)
+        ));
     }
 
     #[test]
