@@ -54,18 +54,16 @@
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rampart_common::ids::{SegmentId, TabletEpoch};
+use rampart_common::ids::TabletEpoch;
 use rampart_common::tablet::{HashRange, Tablet};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::object_store::{Batch, ObjectStore, OpOutcome, WriteOp};
 use crate::replay::{RecoveryPiece, ReplayState};
-use crate::replica_manager::{
-    Fatal, ReplicationConfig, ReplicationStats, Replicator, SegmentSource,
-};
+use crate::replica_manager::{Fatal, ReplicationConfig, ReplicationStats, Replicator};
 use crate::segmented_log::NoSpace;
-use crate::segmented_log::SegmentRange;
+use crate::segmented_log::SealedRange;
 use crate::tablets::EpochStep;
 
 /// Jobs that may wait for the appender. Beyond it, submitters wait.
@@ -273,23 +271,20 @@ impl Appender {
 /// How often the appender gives the replicator time for upkeep when idle.
 pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// The log as the replicator reads it.
-struct StoreSource<'a> {
-    store: &'a Mutex<ObjectStore>,
-    capacity: u32,
-}
-
-impl SegmentSource for StoreSource<'_> {
-    fn segment_capacity(&self) -> u32 {
-        self.capacity
-    }
-
-    fn segment_range(&self, segment: SegmentId, start: u32, end: u32) -> Option<Bytes> {
-        let store = self.store.lock();
-        let bytes = store.log().segment_bytes(segment)?;
-        bytes
-            .get(start as usize..end as usize)
-            .map(Bytes::copy_from_slice)
+/// Upkeep between batches: [`Replicator::tick`], then the re-creation of the lost
+/// replicas of the closed segment it names, from the log's copy of that segment.
+async fn upkeep(store: &Mutex<ObjectStore>, replicator: &mut Replicator) -> Result<(), Fatal> {
+    let Some(id) = replicator.tick().await? else {
+        return Ok(());
+    };
+    let bytes = store
+        .lock()
+        .log()
+        .segment_bytes(id)
+        .map(Bytes::copy_from_slice);
+    match bytes {
+        Some(bytes) => replicator.recreate(id, bytes).await,
+        None => Err(Fatal::MissingBytes(id)),
     }
 }
 
@@ -299,17 +294,12 @@ async fn run(
     mut replicator: Replicator,
     status: Arc<AppenderStatus>,
 ) {
-    let capacity = store.lock().log().segment_capacity();
-    let source = StoreSource {
-        store: &store,
-        capacity,
-    };
     // The log's first segment (its header, digest and safe version) goes to R backups
     // before any job — a tablet taken, a write, a replay — is served: a master that
     // crashed before its first write must leave a log that recovery finds, or its
     // tablets would never come back. Jobs queue meanwhile (bounded).
     let opening = store.lock().seal();
-    if let Err(fatal) = replicator.replicate(&opening, &source).await {
+    if let Err(fatal) = replicator.replicate(&opening).await {
         return stop(fatal, &status, queue, Vec::new()).await;
     }
     *status.replication.lock() = replicator.stats();
@@ -325,7 +315,7 @@ async fn run(
         // frees must not wait for a lull. A pushed server list runs it at once.
         let poked = server_list.take_poke();
         if poked || tokio::time::Instant::now() >= next_upkeep {
-            let result = replicator.tick(&source).await;
+            let result = upkeep(&store, &mut replicator).await;
             *status.replication.lock() = replicator.stats();
             if let Err(fatal) = result {
                 return stop(fatal, &status, queue, Vec::new()).await;
@@ -388,7 +378,7 @@ async fn run(
             next = queue.try_recv().ok();
         }
         if !ops_jobs.is_empty() {
-            let result = write_batch(&store, ops_jobs, &mut replicator, &source).await;
+            let result = write_batch(&store, ops_jobs, &mut replicator).await;
             // Counting under-replicated segments walks them all: only when a replica
             // changed, not after every batch.
             if let Some(stats) = replicator.take_changed_stats() {
@@ -399,7 +389,7 @@ async fn run(
             }
         }
         if !replay_jobs.is_empty() {
-            let result = replay_batch(&store, replay_jobs, &mut replicator, &source).await;
+            let result = replay_batch(&store, replay_jobs, &mut replicator).await;
             if let Some(stats) = replicator.take_changed_stats() {
                 *status.replication.lock() = stats;
             }
@@ -452,10 +442,9 @@ async fn write_batch(
     store: &Mutex<ObjectStore>,
     jobs: Vec<(Vec<WriteOp>, oneshot::Sender<Vec<OpOutcome>>)>,
     replicator: &mut Replicator,
-    source: &StoreSource<'_>,
 ) -> Result<(), (Fatal, Parked)> {
     let mut batch = Batch::new();
-    let (outcomes, ranges): (Vec<Vec<OpOutcome>>, Vec<SegmentRange>) = {
+    let (outcomes, ranges): (Vec<Vec<OpOutcome>>, Vec<SealedRange>) = {
         let mut store = store.lock();
         let outcomes = jobs
             .iter()
@@ -468,7 +457,7 @@ async fn write_batch(
     // head's header and digest before the old head's footer), nothing below runs, so
     // nothing is visible or acknowledged. With R = 0 the batch is durable once sealed
     // in DRAM.
-    if let Err(fatal) = replicator.replicate(&ranges, source).await {
+    if let Err(fatal) = replicator.replicate(&ranges).await {
         let parked = jobs
             .into_iter()
             .map(|(_, reply)| ParkedReply::Ops(reply))
@@ -491,7 +480,6 @@ async fn replay_batch(
     store: &Mutex<ObjectStore>,
     jobs: Vec<ReplayJob>,
     replicator: &mut Replicator,
-    source: &StoreSource<'_>,
 ) -> Result<(), (Fatal, Parked)> {
     let mut batch = Batch::new();
     let mut outcomes = Vec::with_capacity(jobs.len());
@@ -504,7 +492,7 @@ async fn replay_batch(
     let ranges = store.lock().seal();
     // The same replication point as for writes: the pieces are in this master's
     // replicas before the recovery that sent them may report success.
-    if let Err(fatal) = replicator.replicate(&ranges, source).await {
+    if let Err(fatal) = replicator.replicate(&ranges).await {
         let parked = jobs
             .into_iter()
             .map(|job| ParkedReply::Replay(job.reply))

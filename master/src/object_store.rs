@@ -60,7 +60,7 @@ use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes};
 use crate::object_index::{LogRef, ObjectIndex};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
 use crate::replay::{PieceEntry, RecoveryPiece, ReplayState};
-use crate::segmented_log::{NoSpace, SegmentPool, SegmentRange, SegmentedLog};
+use crate::segmented_log::{NoSpace, SealedRange, SegmentPool, SegmentedLog};
 use crate::tablets::{EpochStep, OwnedTablets};
 
 /// Versions a master reserves at the coordinator at a time (`ReserveVersions`, one Raft
@@ -561,8 +561,8 @@ impl ObjectStore {
     }
 
     /// Closes the batch in the log with a Tailwind checksum and returns the byte ranges
-    /// to replicate before the batch may be published.
-    pub fn seal(&mut self) -> Vec<SegmentRange> {
+    /// to replicate before the batch may be published, with their bytes.
+    pub fn seal(&mut self) -> Vec<SealedRange> {
         self.log.seal_batch();
         self.log.take_unreplicated()
     }

@@ -11,7 +11,8 @@
 //! # Replication hand-off
 //! Every byte range appended since the last [`SegmentedLog::take_unreplicated`] is
 //! remembered in append order. The write path takes those ranges after each sealed
-//! batch and hands them to replication before acknowledging (see `appender`).
+//! batch, with a copy of their bytes ([`SealedRange`]), and hands them to replication
+//! before acknowledging (see `appender`).
 //!
 //! # Space
 //! A full log (no free segment for a rollover) refuses the append with [`NoSpace`];
@@ -27,6 +28,7 @@
 //! than every other step of replay). The cost moves to start-up: ≈ 0.4 s per GiB there,
 //! and the whole `--memory` is resident from the start, as in RAMCloud.
 
+use bytes::Bytes;
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
 use rampart_common::log::{decode_object_trusted, LogFull, ObjectEntry, SegmentWriter};
@@ -51,6 +53,19 @@ pub struct SegmentRange {
     pub end: u32,
     /// Whether the segment was closed by this range (its footer is inside).
     pub closes: bool,
+}
+
+/// A sealed range with its bytes, copied out of the log when it was taken
+/// ([`SegmentedLog::take_unreplicated`]): what the replicator writes, with no way back
+/// into the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedRange {
+    /// Where the bytes lie.
+    pub range: SegmentRange,
+    /// Bytes `[range.start, range.end)` of the segment.
+    pub bytes: Bytes,
+    /// Bytes every segment of this log (hence every frame of it) holds.
+    pub capacity: u32,
 }
 
 /// A master's log in DRAM.
@@ -351,9 +366,22 @@ impl SegmentedLog {
     }
 
     /// The sealed ranges appended since the last call, in the order they must reach
-    /// the replicas.
-    pub fn take_unreplicated(&mut self) -> Vec<SegmentRange> {
+    /// the replicas, each with a copy of its bytes.
+    pub fn take_unreplicated(&mut self) -> Vec<SealedRange> {
         std::mem::take(&mut self.unreplicated)
+            .into_iter()
+            .map(|range| {
+                let bytes = self
+                    .segment_bytes(range.segment)
+                    .and_then(|bytes| bytes.get(range.start as usize..range.end as usize))
+                    .expect("an unreplicated range lies in a live segment: none is freed first");
+                SealedRange {
+                    range,
+                    bytes: Bytes::copy_from_slice(bytes),
+                    capacity: self.segment_bytes,
+                }
+            })
+            .collect()
     }
 
     /// The object entry at `at`, decoded without re-verifying its CRC: this is the
@@ -540,7 +568,7 @@ mod tests {
             );
             log.seal_batch();
         }
-        let ranges = log.take_unreplicated();
+        let ranges: Vec<SegmentRange> = log.take_unreplicated().iter().map(|r| r.range).collect();
         let new_head = ranges
             .iter()
             .position(|r| r.segment == SegmentId(2) && r.start == 0);
@@ -599,9 +627,16 @@ mod tests {
             .unwrap();
             if i % 3 == 0 {
                 log.seal_batch();
-                for range in log.take_unreplicated() {
+                for sealed in log.take_unreplicated() {
+                    let range = sealed.range;
                     let end = covered.entry(range.segment).or_insert(0);
                     assert_eq!(*end, range.start, "ranges are contiguous");
+                    let bytes = log.segment_bytes(range.segment).unwrap();
+                    assert_eq!(
+                        sealed.bytes,
+                        bytes[range.start as usize..range.end as usize],
+                        "a range carries its own bytes"
+                    );
                     *end = range.end;
                 }
             }

@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{GetTabletMap, NotLeaderHint};
 use rampart_common::protocol::master::{ServerListChanged, ServerListVersion};
 use rampart_common::rpc::server::HandleFuture;
@@ -17,7 +17,7 @@ use rampart_common::rpc::{Opcode, Reply, Rpc, RpcPool, RpcServer, Service};
 use rampart_common::status::Status;
 use rampart_common::tablet::TabletMap;
 use rampart_master::replica_manager::replicator::SERVER_LIST_REFRESH;
-use rampart_master::replica_manager::{ReplicationConfig, Replicator, SegmentSource, ServerSource};
+use rampart_master::replica_manager::{ReplicationConfig, Replicator, ServerSource};
 use rampart_master::MasterService;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -97,43 +97,31 @@ fn replication(coordinators: Vec<String>) -> ReplicationConfig {
     }
 }
 
-/// A log with no segments: upkeep never needs bytes.
-struct NoSegments;
-
-impl SegmentSource for NoSegments {
-    fn segment_capacity(&self) -> u32 {
-        128 * 1024
-    }
-    fn segment_range(&self, _: SegmentId, _: u32, _: u32) -> Option<Bytes> {
-        None
-    }
-}
-
 #[tokio::test]
 async fn tick_pulls_again_only_when_a_newer_version_was_pushed() {
     let (leader, follower, follower_addr) = group(5).await;
     let mut replicator = Replicator::new(MASTER, replication(vec![follower_addr]));
     let watch = replicator.server_list_watch();
 
-    replicator.tick(&NoSegments).await.unwrap();
+    assert_eq!(replicator.tick().await.unwrap(), None);
     assert_eq!(leader.pulls(), 1);
     assert_eq!(replicator.server_list_version(), 5);
     // Within SERVER_LIST_REFRESH of the pull: nothing to do.
-    replicator.tick(&NoSegments).await.unwrap();
+    assert_eq!(replicator.tick().await.unwrap(), None);
     assert_eq!(leader.pulls(), 1);
 
     // A push of the version held, or an older one, changes nothing.
     assert!(watch.push(5));
     assert!(!watch.push(4));
-    replicator.tick(&NoSegments).await.unwrap();
+    assert_eq!(replicator.tick().await.unwrap(), None);
     assert_eq!(leader.pulls(), 1);
 
     leader.version.store(6, Ordering::SeqCst);
     assert!(watch.push(6));
-    replicator.tick(&NoSegments).await.unwrap();
+    assert_eq!(replicator.tick().await.unwrap(), None);
     assert_eq!(leader.pulls(), 2);
     assert_eq!(replicator.server_list_version(), 6);
-    replicator.tick(&NoSegments).await.unwrap();
+    assert_eq!(replicator.tick().await.unwrap(), None);
     assert_eq!(leader.pulls(), 2);
 
     // The follower was asked once; the leader it named is remembered since.

@@ -92,7 +92,7 @@ impl SimMaster {
     pub fn start(&mut self, world: &mut World) -> Result<(), Stop> {
         let ranges = self.log.take_unreplicated();
         for range in ranges {
-            self.replicate(world, &range)?;
+            self.replicate(world, &range.range)?;
         }
         Ok(())
     }
@@ -164,7 +164,7 @@ impl SimMaster {
         }
         self.log.seal_batch();
         for range in self.log.take_unreplicated() {
-            self.replicate(world, &range)?;
+            self.replicate(world, &range.range)?;
         }
         for op in appended {
             history.acknowledge(op);

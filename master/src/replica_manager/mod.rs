@@ -25,7 +25,5 @@ pub mod segment_replicas;
 pub mod server_list_watch;
 mod transport;
 
-pub use replicator::{
-    Fatal, ReplicationConfig, ReplicationStats, Replicator, SegmentSource, ServerSource,
-};
+pub use replicator::{Fatal, ReplicationConfig, ReplicationStats, Replicator, ServerSource};
 pub use server_list_watch::ServerListWatch;

@@ -5,12 +5,16 @@
 //! through the transports of `transport` (one `ReplicaTransport` per kind).
 //!
 //! The appender owns it and calls [`Replicator::replicate`] with every batch's sealed
-//! byte ranges, between sealing the batch and publishing it: it returns only when every
-//! one of the R replicas of each touched segment holds the bytes (transport completion),
-//! so nothing is acknowledged with fewer than R copies. Between batches the appender
-//! calls [`Replicator::tick`], which finishes background closes, watches the backups that
-//! hold this master's replicas, frees abandoned copies, and re-creates replicas that were
-//! lost.
+//! byte ranges, each carrying its bytes ([`SealedRange`]), between sealing the batch and
+//! publishing it: it returns only when every one of the R replicas of each touched
+//! segment holds the bytes (transport completion), so nothing is acknowledged with fewer
+//! than R copies. The replicator never reads the log: it keeps the ranges of the open
+//! segments (shared, not copied) to fill the replicas it re-creates there. Between
+//! batches the appender calls [`Replicator::tick`], which finishes background closes,
+//! watches the backups that hold this master's replicas, frees abandoned copies, and
+//! re-creates the open segments' lost replicas; it names a closed segment that lost
+//! replicas, whose bytes the appender reads from the log and hands to
+//! [`Replicator::recreate`].
 //!
 //! # A segment's replicas
 //! A segment seen for the first time (its header range) gets R backups from the
@@ -84,7 +88,7 @@
 //! * Liveness of `shm` backups by pidfd (`transport`): DESIGN.md assumed a write to a
 //!   dead backup fails, which holds for tcp, rpc and rdma but not for shared memory.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::future::join_all;
 use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
@@ -110,7 +114,7 @@ use super::backup_selector::{BackupInfo, BackupSelector};
 use super::segment_replicas::{Abandoned, Lost, Replica, SegmentReplicas, Step};
 use super::server_list_watch::ServerListWatch;
 use super::transport::{classify_rpc, Failure, ReplicaTransport, Transports};
-use crate::segmented_log::SegmentRange;
+use crate::segmented_log::SealedRange;
 
 pub use super::transport::REPLICA_IO_TIMEOUT;
 
@@ -181,15 +185,6 @@ impl ReplicationConfig {
             failed_backup_exclusion: FAILED_BACKUP_EXCLUSION,
         }
     }
-}
-
-/// Where the replicator reads the bytes of this master's segments.
-pub trait SegmentSource: Send + Sync {
-    /// Bytes every segment (hence every frame) holds.
-    fn segment_capacity(&self) -> u32;
-    /// A copy of bytes `[start, end)` of `segment`, or `None` if it is not live or
-    /// shorter.
-    fn segment_range(&self, segment: SegmentId, start: u32, end: u32) -> Option<Bytes>;
 }
 
 /// The replicator cannot go on; the master must stop.
@@ -291,6 +286,14 @@ pub struct Replicator {
     refused: HashMap<ServerId, Instant>,
     /// Every live segment this replicator has seen.
     segments: BTreeMap<SegmentId, Segment>,
+    /// The bytes of each open segment handed to `replicate` so far, as their ranges
+    /// (shared with the writes, not copied): what a replica re-created while the
+    /// segment is open is filled with. Dropped once the segment's footer is written: a
+    /// closed segment's lost replicas are refilled from bytes the appender reads from
+    /// the log when `tick` names the segment ([`Replicator::recreate`]).
+    open_bytes: BTreeMap<SegmentId, Vec<Bytes>>,
+    /// Bytes every segment of this log (hence every frame) holds, from the ranges.
+    segment_capacity: u32,
     closes: JoinSet<CloseDone>,
     stats: ReplicationStats,
     /// Set when a background close was refused as fenced: the next call to
@@ -384,6 +387,8 @@ impl Replicator {
             failed: HashMap::new(),
             refused: HashMap::new(),
             segments: BTreeMap::new(),
+            open_bytes: BTreeMap::new(),
+            segment_capacity: 0,
             closes: JoinSet::new(),
             stats: ReplicationStats::default(),
             fenced: None,
@@ -429,11 +434,7 @@ impl Replicator {
     ///
     /// # Errors
     /// [`Fatal`] when the batch must never be acknowledged.
-    pub async fn replicate(
-        &mut self,
-        ranges: &[SegmentRange],
-        source: &dyn SegmentSource,
-    ) -> Result<(), Fatal> {
+    pub async fn replicate(&mut self, ranges: &[SealedRange]) -> Result<(), Fatal> {
         if self.config.replicas == 0 {
             return Ok(());
         }
@@ -442,43 +443,81 @@ impl Replicator {
             return Err(fatal.clone());
         }
         for range in ranges {
-            self.replicate_range(range, source).await?;
+            self.replicate_range(range).await?;
         }
         Ok(())
     }
 
-    async fn replicate_range(
-        &mut self,
-        range: &SegmentRange,
-        source: &dyn SegmentSource,
-    ) -> Result<(), Fatal> {
+    async fn replicate_range(&mut self, sealed: &SealedRange) -> Result<(), Fatal> {
+        let range = &sealed.range;
         let id = range.segment;
         let replicas = self.config.replicas;
+        self.segment_capacity = sealed.capacity;
         self.segments
             .entry(id)
             .or_insert_with(|| SegmentReplicas::new(id, replicas, range.start));
         // Every replica must hold [0, start) before this range goes on top of it, and a
         // re-created open segment's epoch must be known to the coordinator.
-        self.settle(id, source, Patience::UntilDone).await?;
+        self.settle(id, None, Patience::UntilDone).await?;
         if !self.segment(id)?.writable(range.start) {
             return Err(Fatal::NotWritable(id));
         }
-        let bytes = source
-            .segment_range(id, range.start, range.end)
-            .ok_or(Fatal::MissingBytes(id))?;
-        let failures = self.write_all(id, range.start, &bytes).await;
+        let failures = self.write_all(id, range.start, &sealed.bytes).await;
+        self.open_bytes
+            .entry(id)
+            .or_default()
+            .push(sealed.bytes.clone());
         let lost_any = !failures.is_empty();
         self.apply_failures(id, failures)?;
         self.segment_mut(id)?.wrote(range.end);
         if lost_any {
             // The survivors hold [0, end); lost replicas are re-created holding as much.
-            self.settle(id, source, Patience::UntilDone).await?;
+            self.settle(id, None, Patience::UntilDone).await?;
         }
         if range.closes {
             let slots = self.segment_mut(id)?.close();
             self.start_closes(id, slots);
+            self.open_bytes.remove(&id);
         }
         Ok(())
+    }
+
+    /// The first `len` bytes of `id` for a re-created replica: from `log_bytes` (a
+    /// closed segment's, read from the log by the appender), else from the open
+    /// segment's ranges. `None` when there are none to write.
+    fn fill(
+        &self,
+        id: SegmentId,
+        len: u32,
+        log_bytes: Option<&Bytes>,
+    ) -> Result<Option<Bytes>, Fatal> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let len = len as usize;
+        if let Some(bytes) = log_bytes {
+            return bytes
+                .get(..len)
+                .map(|_| Some(bytes.slice(..len)))
+                .ok_or(Fatal::MissingBytes(id));
+        }
+        let pieces = self.open_bytes.get(&id).ok_or(Fatal::MissingBytes(id))?;
+        if let [only] = pieces.as_slice() {
+            if only.len() >= len {
+                return Ok(Some(only.slice(..len)));
+            }
+        }
+        // One write for the whole prefix: a re-creation is rare, many small writes are
+        // not (one round trip each on tcp and rpc).
+        let mut whole = BytesMut::with_capacity(len);
+        for piece in pieces {
+            let take = piece.len().min(len - whole.len());
+            whole.extend_from_slice(&piece[..take]);
+            if whole.len() == len {
+                return Ok(Some(whole.freeze()));
+            }
+        }
+        Err(Fatal::MissingBytes(id))
     }
 
     fn segment(&self, id: SegmentId) -> Result<&Segment, Fatal> {
@@ -641,7 +680,7 @@ impl Replicator {
     async fn settle(
         &mut self,
         id: SegmentId,
-        source: &dyn SegmentSource,
+        log_bytes: Option<&Bytes>,
         patience: Patience,
     ) -> Result<(), Fatal> {
         let mut refused: HashSet<ServerId> = HashSet::new();
@@ -671,7 +710,7 @@ impl Replicator {
                     match self.place(id, &slots, fresh, &exclude) {
                         Ok(targets) => {
                             placed_once = true;
-                            self.create_replicas(id, targets, fresh, &mut refused, source)
+                            self.create_replicas(id, targets, fresh, &mut refused, log_bytes)
                                 .await?;
                         }
                         Err(detail) => {
@@ -724,21 +763,13 @@ impl Replicator {
         targets: Vec<(usize, ServerId)>,
         fresh: bool,
         refused: &mut HashSet<ServerId>,
-        source: &dyn SegmentSource,
+        log_bytes: Option<&Bytes>,
     ) -> Result<(), Fatal> {
         let segment = self.segment_mut(id)?;
         let epoch = segment.take_epoch();
         let (len, closed) = (segment.len(), segment.is_closed());
-        let capacity = source.segment_capacity();
-        let bytes = if len > 0 {
-            Some(
-                source
-                    .segment_range(id, 0, len)
-                    .ok_or(Fatal::MissingBytes(id))?,
-            )
-        } else {
-            None
-        };
+        let capacity = self.segment_capacity;
+        let bytes = self.fill(id, len, log_bytes)?;
         for (slot, backup) in targets {
             match self
                 .create_replica(id, backup, epoch, capacity, bytes.as_ref(), closed)
@@ -1045,14 +1076,17 @@ impl Replicator {
     }
 
     /// Background upkeep between batches: finished closes, the server list, probes of
-    /// quiet backups, frees of abandoned copies, re-creation of one closed segment's lost
-    /// replicas, and the open segments' lost replicas and unrecorded epochs.
+    /// quiet backups, frees of abandoned copies, and the open segments' lost replicas
+    /// and unrecorded epochs. Returns a closed segment that lost replicas, if any: the
+    /// caller reads its bytes from the log and hands them to
+    /// [`Replicator::recreate`] (one segment per tick, so that writes interleave with
+    /// re-replication).
     ///
     /// # Errors
     /// [`Fatal`] as for [`Replicator::replicate`].
-    pub async fn tick(&mut self, source: &dyn SegmentSource) -> Result<(), Fatal> {
+    pub async fn tick(&mut self) -> Result<Option<SegmentId>, Fatal> {
         if self.config.replicas == 0 {
-            return Ok(());
+            return Ok(None);
         }
         self.drain_closes();
         if let Some(fatal) = &self.fenced {
@@ -1065,15 +1099,6 @@ impl Replicator {
         let exclusion = self.config.failed_backup_exclusion;
         self.failed.retain(|_, since| now - *since < exclusion);
         self.refused.retain(|_, until| *until > now);
-        // One closed segment per tick, so that writes interleave with re-replication.
-        let closed_needing = self
-            .segments
-            .iter()
-            .find(|(_, s)| s.is_closed() && s.missing() > 0)
-            .map(|(id, _)| *id);
-        if let Some(id) = closed_needing {
-            self.settle(id, source, Patience::OneAttempt).await?;
-        }
         // The open segments' lost replicas and unrecorded epochs: without a write they
         // would wait for one (and the next write waits for them).
         let open_needing: Vec<SegmentId> = self
@@ -1083,9 +1108,22 @@ impl Replicator {
             .map(|(id, _)| *id)
             .collect();
         for id in open_needing {
-            self.settle(id, source, Patience::OneAttempt).await?;
+            self.settle(id, None, Patience::OneAttempt).await?;
         }
-        Ok(())
+        Ok(self
+            .segments
+            .iter()
+            .find(|(_, s)| s.is_closed() && s.missing() > 0)
+            .map(|(id, _)| *id))
+    }
+
+    /// One placement round for the lost replicas of the closed segment `id` (named by
+    /// [`Replicator::tick`]), filled with `bytes`, the segment as the log holds it.
+    ///
+    /// # Errors
+    /// [`Fatal`] as for [`Replicator::replicate`].
+    pub async fn recreate(&mut self, id: SegmentId, bytes: Bytes) -> Result<(), Fatal> {
+        self.settle(id, Some(&bytes), Patience::OneAttempt).await
     }
 
     /// Whether the replicator has upkeep to do soon (lost replicas or closes in flight).
