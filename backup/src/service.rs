@@ -2795,6 +2795,30 @@ mod tests {
         seen
     }
 
+    /// Recovery of master 1 by recovery master 9 reads segment 3 here and returns
+    /// every entry of `logged` in each of the two `partitions()`, at `epoch`.
+    async fn assert_recovery_reads(
+        service: &BackupService,
+        logged: &[Logged],
+        safe: Version,
+        epoch: Epoch,
+    ) {
+        recovery_read(service, 1, 9, &[3], partitions())
+            .await
+            .expect("recovery read");
+        for partition in 0..2 {
+            let reply = recovery_data(service, 1, 9, 3, partition, vec![])
+                .await
+                .expect("piece");
+            assert_eq!(
+                decode_piece(&reply),
+                expected(logged, partition),
+                "every entry, partition {partition}"
+            );
+            assert_eq!((reply.safe_version, reply.epoch), (safe, epoch));
+        }
+    }
+
     /// Stores `bytes` as the closed replica (master, segment) at epoch 1.
     async fn store_closed(service: &BackupService, master: u64, segment: u64, bytes: &[u8]) {
         let handle = open(service, master, segment, 1).await;
@@ -2996,20 +3020,7 @@ mod tests {
                 successor: None,
             }]
         );
-        recovery_read(&service, 1, 9, &[3], partitions())
-            .await
-            .expect("recovery read");
-        for partition in 0..2 {
-            let reply = recovery_data(&service, 1, 9, 3, partition, vec![])
-                .await
-                .expect("piece");
-            assert_eq!(
-                decode_piece(&reply),
-                expected(&logged, partition),
-                "every entry of the closed copy, partition {partition}"
-            );
-            assert_eq!((reply.safe_version, reply.epoch), (safe, Epoch(1)));
-        }
+        assert_recovery_reads(&service, &logged, safe, Epoch(1)).await;
 
         // A re-created frame that reached the footer is the whole segment too, and still
         // shadows the stored copy, as any frame at a newer epoch does.
@@ -3053,20 +3064,7 @@ mod tests {
         let read_back = read(&service, 1, 3).await.expect("read");
         assert_eq!(read_back.info, kept);
         assert!(read_back.bytes[..] == bytes[..], "all {whole} bytes");
-        recovery_read(&service, 1, 9, &[3], partitions())
-            .await
-            .expect("recovery read");
-        for partition in 0..2 {
-            let reply = recovery_data(&service, 1, 9, 3, partition, vec![])
-                .await
-                .expect("piece");
-            assert_eq!(
-                decode_piece(&reply),
-                expected(&logged, partition),
-                "every entry of both batches, partition {partition}"
-            );
-            assert_eq!((reply.safe_version, reply.epoch), (safe, Epoch(2)));
-        }
+        assert_recovery_reads(&service, &logged, safe, Epoch(2)).await;
     }
 
     #[tokio::test]
