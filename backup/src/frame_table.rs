@@ -2,12 +2,16 @@
 //! store holds beside them — every decision the backup makes about a frame, as a plain
 //! synchronous state machine (DESIGN.md §5 "Backups", "Fencing").
 //!
-//! The table owns no bytes and does no I/O. It decides; its driver
-//! ([`crate::frames::Frames`]) holds it under one mutex and carries out what it
+//! The table owns no bytes and does no I/O. It decides; its driver (the backup's
+//! private `frames::Frames`) holds it under one mutex and carries out what it
 //! decided on the frame file: stamps a slot the table handed out
 //! ([`Opened::assign`]), relabels a slot whose frame moved to a newer epoch, raises a
 //! slot's fence word, and releases a slot the table gave back. Refusals are
 //! [`Refusal`]s (a status and a reason); the service turns them into replies.
+//!
+//! Public for `rampart-sim` alone, whose simulated backups drive this same table over
+//! frames and a store held in memory, so that the simulation's seeds test the backup's
+//! real decisions; nothing else outside this crate uses it.
 //!
 //! # What it keeps, and its invariants
 //! 1. Open frames by handle (`frames`) and the handle of each replica's open frame
@@ -75,11 +79,11 @@ use crate::segment_store::ReplicaMeta;
 pub const FENCED_HANDLES_MAX: usize = 65_536;
 
 /// (master, segment): the key of a replica.
-pub(crate) type ReplicaKey = (ServerId, SegmentId);
+pub type ReplicaKey = (ServerId, SegmentId);
 
 /// Why the table refused a request: the status the requester hears, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Refusal {
+pub struct Refusal {
     pub status: Status,
     pub detail: String,
 }
@@ -101,7 +105,7 @@ impl fmt::Display for Refusal {
 
 /// The sizes the table enforces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct FrameLimits {
+pub struct FrameLimits {
     /// Frames open at once: the bound on unflushed data.
     pub frames_max: usize,
     /// The largest capacity a frame may have (≤ the frame file's slot).
@@ -160,7 +164,7 @@ impl Frame {
 
 /// A frame captured under the table's lock for work outside it (a copy in or out).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct FrameRef {
+pub struct FrameRef {
     pub handle: FrameHandle,
     pub slot: usize,
     pub master: ServerId,
@@ -192,7 +196,7 @@ impl FrameRef {
 
 /// What [`FrameTable::open`] decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Opened {
+pub struct Opened {
     pub frame: FrameRef,
     /// A new frame: the driver must stamp its slot (zeroed unless `keeps_bytes`, owned
     /// by the handle, labelled) before it lets go of the table. `None` for a retried
@@ -208,7 +212,7 @@ pub(crate) struct Opened {
 /// A close under way, from [`FrameTable::claim_close`] until
 /// [`FrameTable::close_ended`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Closing {
+pub struct Closing {
     pub handle: FrameHandle,
     pub slot: usize,
     pub key: ReplicaKey,
@@ -220,7 +224,7 @@ pub(crate) struct Closing {
 /// bytes for reads when `kept` is set), then hands it back with
 /// [`FrameTable::released`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Release {
+pub struct Release {
     pub slot: usize,
     /// The stored replica the slot's bytes are, if a close stored them.
     pub kept: Option<ReplicaMeta>,
@@ -228,7 +232,7 @@ pub(crate) struct Release {
 
 /// What [`FrameTable::end_master`] removed.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Ended {
+pub struct Ended {
     /// The replicas whose frames left the table.
     pub frames: Vec<ReplicaKey>,
     /// Their slots to release now (the others are still read by a close).
@@ -237,7 +241,7 @@ pub(crate) struct Ended {
 
 /// The frame table. See the module doc.
 #[derive(Debug)]
-pub(crate) struct FrameTable {
+pub struct FrameTable {
     limits: FrameLimits,
     frames: HashMap<FrameHandle, Frame>,
     open: BTreeMap<ReplicaKey, FrameHandle>,

@@ -16,8 +16,9 @@
 //! * [`segment_store`] — `SegmentStore`: the on-disk store of segment replicas. Atomic,
 //!   fsynced replica writes; a restart scan that verifies every replica and reports
 //!   what it holds byte for byte; quarantine of anything that does not verify.
-//! * `frame_table` — `FrameTable`: every decision about frames (open, write, bump,
-//!   close, free, fence) as a synchronous state machine, unit- and property-tested;
+//! * [`frame_table`] — `FrameTable`: every decision about frames (open, write, bump,
+//!   close, free, fence) as a synchronous state machine, unit- and property-tested.
+//!   Public for `rampart-sim` alone, which drives it over simulated frames; here
 //!   `frames` carries its decisions out on the frame file, `fencing` orders the steps
 //!   of a fence, and `stored` keeps the table's mirror of the store in step with every
 //!   store call (private modules, behind [`service`]).
@@ -56,7 +57,7 @@
 pub mod disk_speed;
 mod fencing;
 pub mod flush_threads;
-mod frame_table;
+pub mod frame_table;
 mod frames;
 mod rdma;
 pub mod recovery;

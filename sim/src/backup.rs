@@ -1,39 +1,87 @@
 //! `SimBackup`: a backup as the simulated masters and recoveries see it — open frames
-//! written in place (one-sided), closed replicas on "disk", fences — following the rules
-//! of the real frame table (`rampart-backup`'s `frame_table`) that matter to safety:
+//! written in place, closed replicas on "disk", fences — whose every decision about a
+//! frame is the real backup's: each `SimBackup` drives a real [`FrameTable`]
+//! (`rampart-backup`'s frame table) the way the backup's own drivers do, over bytes held
+//! in memory. A regression in the table (which open keeps a slot's bytes, which frame
+//! shadows a stored copy, what a fence refuses, what a free removes, which epoch is
+//! stale) changes what the simulated recoveries find, and fails seeds.
 //!
-//! * an open at the frame's epoch is a retry (the same handle); at a newer epoch it
-//!   replaces the open frame, keeping its bytes (both are prefixes of the segment's one
-//!   stream); at an older epoch, or one a stored replica supersedes, it is refused
-//!   (`StaleEpoch`);
-//! * an open frame shadows the stored copy of its replica in lists and reads, except
-//!   that a frame without the footer never hides a closed copy;
-//! * a fenced master may open nothing; its open frames refuse writes, bumps and closes,
-//!   and keep the length their fence scan found;
-//! * `FreeReplica { epoch_max }` removes the frame and the stored copy of a replica when
-//!   they are at most at `epoch_max` — fenced or not, as the real backup does;
-//! * the valid prefix, digest and footer of an open frame come from the real scanner
-//!   (`rampart_common::log::scan`), as in the real recovery listing.
+//! # What is the real table's, and what stands in for the rest
+//! * The *frame file* is `slots`: one `Vec<u8>` of the frame capacity per slot, zeroed
+//!   when the table assigns it unless `Opened::keeps_bytes` (as `Frames::open` does
+//!   with `FrameFile::assign` / `assign_keeping_data`), released keeping its bytes.
+//! * The *store* is a map of closed replicas, bytes and [`ReplicaMeta`], whose write
+//!   and free rules are the `SegmentStore`'s (`check_write`, `StoreHandle::free`); the
+//!   table's mirror of it is updated with [`FrameTable::set_stored`] right after each
+//!   change, as `StoreHandle` does under the store's lock.
+//! * Each request follows its handler in `service.rs`: a write checks
+//!   [`FrameTable::writable`] (the checks of `WriteReplica` and the soft-NIC: the frame
+//!   open, at the writer's epoch, not fenced, not closing, in bounds), then copies; a
+//!   close is a `CloseJob` (claim, copy the slot's first `length` bytes, commit to the
+//!   store, [`FrameTable::closed`], [`FrameTable::close_ended`], release); a free is
+//!   [`FrameTable::free`] then the store's free; `StartRecovery` is `fencing::fence`
+//!   then `recovery_replicas`; a recovery read is `fence_before_reading` then
+//!   `read_held` (the visible frame if it shadows the stored copy, else the slot a
+//!   stored replica was flushed from while it keeps it, else the store).
+//!
+//! The real drivers' concurrency — copies outside the table's lock, closes in flight
+//! on flush threads, slots re-checked with [`FrameTable::still_holds`] after a copy —
+//! collapses here: every request runs to its end before the next, so a close is never
+//! in flight when another request arrives, and a copy never races a change of its slot.
+//! Transports are not told apart: every write is checked as `WriteReplica` checks it
+//! (a one-sided `shm` write checks the same owner and fence words, not the epoch).
 //!
 //! A *down* backup answers nothing but keeps everything (a partition, a hung process, or
 //! a kill with its shared-memory frames outliving it); a *lost* one is gone with its
-//! frames and disk. Frame slots, capacity limits and the flush to disk are not modelled:
-//! they decide when a backup says `BackupFull`, not what a recovery finds.
+//! frames and disk. A backup's restart (reading its frame file back) is not simulated.
 
+use rampart_backup::frame_table::{
+    FrameLimits, FrameRef, FrameTable, Refusal as TableRefusal, Release, ReplicaKey,
+};
+use rampart_backup::segment_store::ReplicaMeta;
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::log::scan;
+use rampart_common::onesided::shm::SlotLabel;
 use rampart_common::protocol::backup::{RecoveryReplica, ReplicaInfo};
-use std::collections::{BTreeMap, BTreeSet};
+use rampart_common::status::Status;
+use std::collections::BTreeMap;
 
-/// Why a backup refused a request.
+/// Frames open at once on one backup. A master holds one or two segments open and
+/// places R replicas of each on distinct backups, so a backup holds a few frames: no
+/// normal run meets this bound. A `BackupFull` past it is refused like any replica
+/// (the master places the replica elsewhere), as the real master does.
+const FRAMES_MAX: usize = 48;
+
+/// Slots beyond [`FRAMES_MAX`]: they keep flushed replicas readable from memory (the
+/// table's `kept` slots), as a real backup's `extra_slots` do.
+const EXTRA_SLOTS: usize = 16;
+
+/// Why a backup refused a request: the status of the real table's refusal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// The master was fenced here: its recovery began.
     Fenced,
-    /// No open frame with this handle (freed, replaced, or never opened).
+    /// No open frame with this handle (freed, replaced, closing, or never opened).
     UnknownFrame,
-    /// An open at an epoch older than a copy held here.
+    /// An epoch older than a copy held here, or than the frame's.
     StaleEpoch,
+    /// No room for another frame.
+    BackupFull,
+    /// Any other status (`InvalidArgument`, `Internal`): a request the simulated master
+    /// should not have sent.
+    Other(Status),
+}
+
+impl From<TableRefusal> for Refusal {
+    fn from(refusal: TableRefusal) -> Refusal {
+        match refusal.status {
+            Status::Fenced => Refusal::Fenced,
+            Status::UnknownFrame => Refusal::UnknownFrame,
+            Status::StaleEpoch => Refusal::StaleEpoch,
+            Status::BackupFull => Refusal::BackupFull,
+            other => Refusal::Other(other),
+        }
+    }
 }
 
 /// Whether a backup answers.
@@ -48,16 +96,18 @@ pub enum Liveness {
     Lost,
 }
 
-/// One copy of a segment: an open frame or a closed replica on disk.
+/// A replica on the simulated disk.
 #[derive(Clone, Debug)]
-pub struct Copy {
-    /// The frame's handle (for a stored copy: the handle of the frame it was).
-    pub handle: FrameHandle,
-    pub epoch: Epoch,
-    /// The frame: `capacity` bytes, zeroed when opened.
-    pub bytes: Vec<u8>,
-    /// For a fenced open frame: the valid prefix its fence scan found, final.
-    pub fenced_length: Option<u32>,
+struct StoredReplica {
+    meta: ReplicaMeta,
+    /// `meta.length` bytes.
+    bytes: Vec<u8>,
+}
+
+/// A replica as a read finds it (`read_held`'s `HeldReplica`).
+struct Held {
+    info: ReplicaInfo,
+    bytes: Vec<u8>,
 }
 
 /// A simulated backup.
@@ -65,28 +115,41 @@ pub struct Copy {
 pub struct SimBackup {
     pub id: ServerId,
     pub liveness: Liveness,
-    /// Open frames by (master, segment).
-    frames: BTreeMap<(ServerId, SegmentId), Copy>,
-    /// Closed replicas on disk by (master, segment).
-    stored: BTreeMap<(ServerId, SegmentId), Copy>,
-    fenced_masters: BTreeSet<ServerId>,
-    /// Handles of fenced frames that were freed: still answered `Fenced`.
-    fenced_handles: BTreeSet<FrameHandle>,
-    /// Never reused, never 0.
-    next_handle: FrameHandle,
+    /// Bytes of each slot: the largest frame capacity the table accepts.
+    slot_bytes: u32,
+    /// The real frame table: every decision about frames.
+    table: FrameTable,
+    /// The frame file: the bytes of each slot, `slot_bytes` of them from the slot's
+    /// first assignment on (empty before). Invariant: a slot is written only by a write
+    /// the table found `writable` into it, or zeroed by an open the table assigned it.
+    slots: Vec<Vec<u8>>,
+    /// The disk. Invariant: the table's mirror (`FrameTable::stored`) equals its
+    /// metadata after every request.
+    store: BTreeMap<ReplicaKey, StoredReplica>,
 }
 
 impl SimBackup {
-    pub fn new(id: ServerId) -> SimBackup {
+    /// A backup `id` whose frames hold up to `slot_bytes` bytes (the segment size).
+    pub fn new(id: ServerId, slot_bytes: u32) -> SimBackup {
         SimBackup {
             id,
             liveness: Liveness::Up,
-            frames: BTreeMap::new(),
-            stored: BTreeMap::new(),
-            fenced_masters: BTreeSet::new(),
-            fenced_handles: BTreeSet::new(),
-            next_handle: FrameHandle(1),
+            slot_bytes,
+            table: Self::empty_table(slot_bytes),
+            slots: vec![Vec::new(); FRAMES_MAX + EXTRA_SLOTS],
+            store: BTreeMap::new(),
         }
+    }
+
+    fn empty_table(slot_bytes: u32) -> FrameTable {
+        let limits = FrameLimits {
+            frames_max: FRAMES_MAX,
+            frame_bytes_max: slot_bytes,
+        };
+        // A real backup starts its handles at a random point; one fixed start keeps
+        // the run a function of its seed (handles are per backup, as the masters use
+        // them).
+        FrameTable::new(limits, FRAMES_MAX + EXTRA_SLOTS, [], FrameHandle(1))
     }
 
     /// Whether it answers at `now_us` (a down backup whose time is over comes back).
@@ -104,12 +167,13 @@ impl SimBackup {
     /// Gone for good: everything it held is lost.
     pub fn lose(&mut self) {
         self.liveness = Liveness::Lost;
-        self.frames.clear();
-        self.stored.clear();
+        self.table = Self::empty_table(self.slot_bytes);
+        self.slots.iter_mut().for_each(Vec::clear);
+        self.store.clear();
     }
 
-    /// `OpenReplica`: a zeroed frame of `capacity` bytes for (master, segment) at
-    /// `epoch`; its handle.
+    /// `OpenReplica` (`Frames::open`): a frame of `capacity` bytes for (master,
+    /// segment) at `epoch`, its slot stamped as the table decided; its handle.
     pub fn open(
         &mut self,
         master: ServerId,
@@ -117,179 +181,212 @@ impl SimBackup {
         epoch: Epoch,
         capacity: u32,
     ) -> Result<FrameHandle, Refusal> {
-        let key = (master, segment);
-        if self.fenced_masters.contains(&master) {
-            return Err(Refusal::Fenced);
-        }
-        if let Some(frame) = self.frames.get(&key) {
-            if frame.epoch == epoch {
-                return Ok(frame.handle);
+        let opened = self.table.open(SlotLabel {
+            master,
+            segment,
+            epoch,
+            capacity,
+        })?;
+        if opened.assign.is_some() {
+            let slot = &mut self.slots[opened.frame.slot];
+            if slot.is_empty() {
+                *slot = vec![0; self.slot_bytes as usize];
+            } else if !opened.keeps_bytes {
+                slot.fill(0);
             }
-            if frame.epoch > epoch {
-                return Err(Refusal::StaleEpoch);
-            }
+            // else: the replaced frame's bytes, a prefix of this frame's stream.
         }
-        if self.stored.get(&key).is_some_and(|s| s.epoch >= epoch) {
-            return Err(Refusal::StaleEpoch);
-        }
-        let handle = self.next_handle;
-        self.next_handle = handle.next();
-        // A newer epoch's frame keeps what the frame it replaces held: both are
-        // prefixes of the segment's one stream, so a fill cut short leaves no less.
-        let bytes = match self.frames.remove(&key) {
-            Some(old) if old.bytes.len() == capacity as usize => old.bytes,
-            _ => vec![0; capacity as usize],
-        };
-        self.frames.insert(
-            key,
-            Copy {
-                handle,
-                epoch,
-                bytes,
-                fenced_length: None,
-            },
-        );
-        Ok(handle)
+        Ok(opened.frame.handle)
     }
 
-    fn frame_mut(
-        &mut self,
-        master: ServerId,
-        segment: SegmentId,
-        handle: FrameHandle,
-    ) -> Result<&mut Copy, Refusal> {
-        if self.fenced_handles.contains(&handle) {
-            return Err(Refusal::Fenced);
-        }
-        let frame = self
-            .frames
-            .get_mut(&(master, segment))
-            .filter(|f| f.handle == handle)
-            .ok_or(Refusal::UnknownFrame)?;
-        if frame.fenced_length.is_some() {
-            return Err(Refusal::Fenced);
-        }
-        Ok(frame)
-    }
-
-    /// A one-sided write of `bytes` at `offset` into frame `handle`. `applied` bytes of
-    /// it land (fewer than all when the writer died mid-copy).
+    /// A write of `bytes` at `offset` into frame `handle` at `epoch`, checked as
+    /// `WriteReplica` checks it. `applied` bytes of it land (fewer than all when the
+    /// writer died mid-copy).
     pub fn write(
         &mut self,
-        master: ServerId,
-        segment: SegmentId,
         handle: FrameHandle,
+        epoch: Epoch,
         offset: u32,
         bytes: &[u8],
         applied: usize,
     ) -> Result<(), Refusal> {
-        let frame = self.frame_mut(master, segment, handle)?;
+        let slot = self
+            .table
+            .writable(handle, epoch, u64::from(offset), bytes.len() as u64)?;
         let start = offset as usize;
-        let end = (start + applied.min(bytes.len())).min(frame.bytes.len());
-        if start < end {
-            frame.bytes[start..end].copy_from_slice(&bytes[..end - start]);
-        }
+        let landed = &bytes[..applied.min(bytes.len())];
+        self.slots[slot][start..start + landed.len()].copy_from_slice(landed);
         Ok(())
     }
 
-    /// `BumpEpoch`: the open frame moves to `epoch` (never back).
+    /// `BumpEpoch`: frame `handle` moves from `epoch` to `new_epoch`.
     pub fn bump(
         &mut self,
-        master: ServerId,
-        segment: SegmentId,
         handle: FrameHandle,
         epoch: Epoch,
+        new_epoch: Epoch,
     ) -> Result<(), Refusal> {
-        let frame = self.frame_mut(master, segment, handle)?;
-        frame.epoch = frame.epoch.max(epoch);
+        // The slot's label would be rewritten here; only a restart reads it.
+        self.table.bump_epoch(handle, epoch, new_epoch)?;
         Ok(())
     }
 
-    /// `CloseReplica`: the frame goes to disk, replacing any stored copy.
-    pub fn close(
+    /// `CloseReplica` (a `CloseJob`): the first `length` bytes of frame `handle` go to
+    /// disk as its replica, closed, and the frame leaves the table.
+    pub fn close(&mut self, handle: FrameHandle, epoch: Epoch, length: u32) -> Result<(), Refusal> {
+        let closing = self.table.claim_close(handle, epoch, length)?;
+        let stored = self.commit_close(handle, closing.key, closing.slot, closing.epoch, length);
+        // The job ends (it drops): the last close of a frame that left the table
+        // releases its slot.
+        if let Some(release) = self.table.close_ended(closing.handle) {
+            self.release(release);
+        }
+        stored
+    }
+
+    /// `CloseJob::run` and `StoreHandle::commit_close`.
+    fn commit_close(
         &mut self,
-        master: ServerId,
-        segment: SegmentId,
         handle: FrameHandle,
+        key: ReplicaKey,
+        slot: usize,
+        epoch: Epoch,
+        length: u32,
     ) -> Result<(), Refusal> {
-        self.frame_mut(master, segment, handle)?;
-        let frame = self
-            .frames
-            .remove(&(master, segment))
-            .expect("frame_mut found it");
-        self.stored.insert((master, segment), frame);
+        if !self.table.is_open(handle) {
+            return Err(Refusal::UnknownFrame);
+        }
+        let bytes = self.slots[slot][..length.min(self.slot_bytes) as usize].to_vec();
+        let meta = ReplicaMeta {
+            master: key.0,
+            segment: key.1,
+            epoch,
+            length: bytes.len() as u32,
+            closed: true,
+            content_crc32: crc32fast::hash(&bytes),
+        };
+        let committed = self.store_write(meta, bytes);
+        self.mirror(key);
+        if committed.is_ok() {
+            self.table.closed(handle, meta);
+        }
+        committed
+    }
+
+    /// `SegmentStore::write_replica`'s rule (`check_write`): a copy at an older epoch,
+    /// or one of the same epoch that is shorter or reopens a closed one, is refused
+    /// (`StaleEpoch` or `Regressed`, both answered `StaleEpoch`).
+    fn store_write(&mut self, meta: ReplicaMeta, bytes: Vec<u8>) -> Result<(), Refusal> {
+        let key = (meta.master, meta.segment);
+        if let Some(held) = self.store.get(&key).map(|s| s.meta) {
+            let regressed = meta.epoch == held.epoch
+                && (meta.length < held.length || (held.closed && !meta.closed));
+            if meta.epoch < held.epoch || regressed {
+                return Err(Refusal::StaleEpoch);
+            }
+        }
+        self.store.insert(key, StoredReplica { meta, bytes });
         Ok(())
     }
 
-    /// `FreeReplica { epoch_max }`: removes the frame and the stored copy of (master,
-    /// segment) that are at most at `epoch_max`.
+    /// The table's mirror of what the store holds of `key` (`StoreHandle::mirror`).
+    fn mirror(&mut self, key: ReplicaKey) {
+        let meta = self.store.get(&key).map(|stored| stored.meta);
+        self.table.set_stored(key, meta);
+    }
+
+    /// `Frames::release`: the slot keeps its bytes (the next open zeroes it), and goes
+    /// back to the table, with the stored replica they are if a close stored them.
+    fn release(&mut self, release: Release) {
+        match release.kept {
+            Some(meta) => self.table.released_keeping(release.slot, meta),
+            None => self.table.released(release.slot),
+        }
+    }
+
+    /// `FreeReplica { epoch_max }`: the frame, then the stored copy, of (master,
+    /// segment), each only if it is at most at `epoch_max`.
     pub fn free(&mut self, master: ServerId, segment: SegmentId, epoch_max: Epoch) {
         let key = (master, segment);
-        if let Some(frame) = self.frames.get(&key).filter(|f| f.epoch <= epoch_max) {
-            if frame.fenced_length.is_some() {
-                self.fenced_handles.insert(frame.handle);
-            }
-            self.frames.remove(&key);
+        let (_, slot) = self.table.free(key, epoch_max);
+        if let Some(slot) = slot {
+            self.release(Release { slot, kept: None });
         }
-        if self.stored.get(&key).is_some_and(|s| s.epoch <= epoch_max) {
-            self.stored.remove(&key);
+        if self
+            .store
+            .get(&key)
+            .is_some_and(|stored| stored.meta.epoch <= epoch_max)
+        {
+            self.store.remove(&key);
         }
+        self.mirror(key);
     }
 
-    /// `StartRecovery`: fences `master` (it may open nothing from now on, its frames
-    /// refuse writes, and each keeps the valid prefix found now) and lists every copy of
-    /// its log held here, as the real backup reports them.
+    /// `StartRecovery`: fences `master` (`fencing::fence`) and lists every copy of its
+    /// log held here (`recovery_replicas`).
     pub fn fence_and_list(&mut self, master: ServerId) -> Vec<RecoveryReplica> {
-        self.fenced_masters.insert(master);
-        let mut listed: BTreeMap<SegmentId, RecoveryReplica> = BTreeMap::new();
-        for ((owner, segment), copy) in self.stored.iter().filter(|((m, _), _)| *m == master) {
-            let length = scan(&copy.bytes).valid_bytes;
-            listed.insert(
-                *segment,
-                RecoveryReplica {
-                    info: ReplicaInfo {
-                        master: *owner,
-                        segment: *segment,
-                        epoch: copy.epoch,
-                        length,
-                        closed: true,
-                    },
+        self.fence(master);
+        let (stored, open) = self.table.list(Some(master));
+        let mut replicas: BTreeMap<ReplicaKey, RecoveryReplica> = stored
+            .iter()
+            .map(|meta| {
+                let replica = RecoveryReplica {
+                    info: info_of(meta),
                     digest: None,
                     successor: None,
-                },
-            );
-        }
-        for ((owner, segment), frame) in self.frames.iter_mut().filter(|((m, _), _)| *m == master) {
-            let scanned = scan(&frame.bytes);
-            let length = *frame.fenced_length.get_or_insert(scanned.valid_bytes);
-            if scanned.successor.is_none() && listed.get(segment).is_some_and(|s| s.info.closed) {
-                // A frame without the footer does not hide a closed copy (as the real
-                // backup: a re-creation of a closed segment's replica cut short).
+                };
+                ((meta.master, meta.segment), replica)
+            })
+            .collect();
+        for frame in open {
+            let bytes = self.scan_frame(&frame);
+            let scanned = scan(&bytes);
+            if !self
+                .table
+                .shadows_stored(frame.key(), scanned.successor.is_some())
+            {
                 continue;
             }
-            // Otherwise a frame shadows the stored copy of its replica.
-            listed.insert(
-                *segment,
+            replicas.insert(
+                frame.key(),
                 RecoveryReplica {
-                    info: ReplicaInfo {
-                        master: *owner,
-                        segment: *segment,
-                        epoch: frame.epoch,
-                        length,
-                        closed: false,
-                    },
+                    info: frame.info(bytes.len() as u32),
                     digest: scanned.digest,
                     successor: scanned.successor,
                 },
             );
         }
-        listed.into_values().collect()
+        // The store holds closed replicas only (open ones reach it at a graceful stop
+        // or a restart, neither simulated), so no stored copy needs its digest read.
+        debug_assert!(self.store.values().all(|stored| stored.meta.closed));
+        replicas.into_values().collect()
+    }
+
+    /// `fencing::fence`: the table fences `master` (the slots' fence words are the
+    /// table's `fenced` here), then each fenced frame's valid prefix becomes its final
+    /// length, unless an earlier fence set one.
+    fn fence(&mut self, master: ServerId) {
+        for frame in self.table.fence_master(master) {
+            let length = self.scan_frame(&frame).len() as u32;
+            self.table.fenced_length(frame.handle, length);
+        }
+    }
+
+    /// `Frames::scan` of one frame: its valid prefix, cut at its fenced length.
+    fn scan_frame(&self, frame: &FrameRef) -> Vec<u8> {
+        let held = &self.slots[frame.slot][..frame.capacity as usize];
+        let valid = scan(held).valid_bytes;
+        let length = frame
+            .fenced_length
+            .map_or(valid, |fenced| fenced.min(valid));
+        held[..length as usize].to_vec()
     }
 
     /// `RecoveryRead`: the first `length` bytes of the copy of (master, segment) that
-    /// was listed at `epoch` (open or `closed`), if it is still held as it was listed.
+    /// was listed at `epoch` (open or `closed`), if what a read finds is still that copy
+    /// with at least `length` bytes.
     pub fn read(
-        &self,
+        &mut self,
         master: ServerId,
         segment: SegmentId,
         epoch: Epoch,
@@ -297,63 +394,231 @@ impl SimBackup {
         length: u32,
     ) -> Option<Vec<u8>> {
         let key = (master, segment);
-        let copy = if closed {
-            self.stored.get(&key)
-        } else {
-            self.frames.get(&key)
-        }?;
-        if copy.epoch != epoch || copy.bytes.len() < length as usize {
+        // `fence_before_reading`: never serve bytes a running master could change.
+        if self.table.needs_fence(master, key) {
+            self.fence(master);
+        }
+        let mut held = self.read_held(key)?;
+        let same = held.info.epoch == epoch && held.info.closed == closed;
+        if !same || held.bytes.len() < length as usize {
             return None;
         }
-        Some(copy.bytes[..length as usize].to_vec())
+        held.bytes.truncate(length as usize);
+        Some(held.bytes)
+    }
+
+    /// `read_held`: the visible frame if it shadows the stored copy, else the stored
+    /// copy from the free slot that keeps it (checked against its checksum), else from
+    /// the store.
+    fn read_held(&self, key: ReplicaKey) -> Option<Held> {
+        if let Some(frame) = self.table.visible(key) {
+            let bytes = self.scan_frame(&frame);
+            // `Frames::shadows_stored`: the footer is looked for only when it matters.
+            let shadows = self.table.shadows_stored(key, false)
+                || self
+                    .table
+                    .shadows_stored(key, scan(&bytes).successor.is_some());
+            if shadows {
+                return Some(Held {
+                    info: frame.info(bytes.len() as u32),
+                    bytes,
+                });
+            }
+        }
+        if let Some((slot, meta)) = self.table.kept(key) {
+            let kept = self.slots[slot].get(..meta.length as usize);
+            if let Some(bytes) = kept.filter(|b| crc32fast::hash(b) == meta.content_crc32) {
+                return Some(Held {
+                    info: info_of(&meta),
+                    bytes: bytes.to_vec(),
+                });
+            }
+        }
+        let stored = self.store.get(&key)?;
+        Some(Held {
+            info: info_of(&stored.meta),
+            bytes: stored.bytes.clone(),
+        })
+    }
+}
+
+/// A stored replica as lists and reads report it (the service's `info_of`).
+fn info_of(meta: &ReplicaMeta) -> ReplicaInfo {
+    ReplicaInfo {
+        master: meta.master,
+        segment: meta.segment,
+        epoch: meta.epoch,
+        length: meta.length,
+        closed: meta.closed,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rampart_common::ids::{TableId, Version};
+    use rampart_common::log::SegmentWriter;
 
     const M: ServerId = ServerId(1);
     const S: SegmentId = SegmentId(1);
+    const CAPACITY: u32 = 4096;
+
+    fn backup() -> SimBackup {
+        SimBackup::new(ServerId(9), CAPACITY)
+    }
+
+    /// Segment S of M: `batches` sealed batches, closed (footer naming segment 2) if
+    /// `closed`; its bytes and the end of each batch.
+    fn segment(batches: u64, closed: bool) -> (Vec<u8>, Vec<u32>) {
+        let mut writer = SegmentWriter::open(M, S, CAPACITY, &[S]).expect("opens");
+        let mut ends = Vec::new();
+        for batch in 0..batches {
+            writer
+                .append_object(TableId(1), Version(batch + 1), b"key", &[batch as u8; 100])
+                .expect("fits");
+            ends.push(writer.seal_batch());
+        }
+        if closed {
+            ends.push(writer.close(SegmentId(2)));
+        }
+        (writer.bytes().to_vec(), ends)
+    }
+
+    fn listed(backup: &mut SimBackup) -> Vec<ReplicaInfo> {
+        backup
+            .fence_and_list(M)
+            .into_iter()
+            .map(|r| r.info)
+            .collect()
+    }
+
+    fn info(epoch: u64, length: u32, closed: bool) -> ReplicaInfo {
+        ReplicaInfo {
+            master: M,
+            segment: S,
+            epoch: Epoch(epoch),
+            length,
+            closed,
+        }
+    }
 
     #[test]
     fn a_fenced_frame_refuses_writes_and_its_master_opens_nothing() {
-        let mut backup = SimBackup::new(ServerId(9));
-        let handle = backup.open(M, S, Epoch(1), 64).expect("opens");
+        let mut backup = backup();
+        let handle = backup.open(M, S, Epoch(1), CAPACITY).expect("opens");
         backup.fence_and_list(M);
         assert_eq!(
-            backup.write(M, S, handle, 0, &[1; 8], 8),
+            backup.write(handle, Epoch(1), 0, &[1; 8], 8),
             Err(Refusal::Fenced)
         );
         assert_eq!(
-            backup.open(M, SegmentId(2), Epoch(1), 64),
+            backup.open(M, SegmentId(2), Epoch(1), CAPACITY),
             Err(Refusal::Fenced)
         );
         backup.free(M, S, Epoch(1));
-        assert_eq!(backup.bump(M, S, handle, Epoch(2)), Err(Refusal::Fenced));
+        assert_eq!(
+            backup.bump(handle, Epoch(1), Epoch(2)),
+            Err(Refusal::Fenced),
+            "a freed fenced frame still answers Fenced"
+        );
     }
 
     #[test]
     fn an_open_at_an_older_epoch_is_stale_and_a_newer_one_replaces_the_frame() {
-        let mut backup = SimBackup::new(ServerId(9));
-        let first = backup.open(M, S, Epoch(2), 64).expect("opens");
-        assert_eq!(backup.open(M, S, Epoch(2), 64), Ok(first));
-        assert_eq!(backup.open(M, S, Epoch(1), 64), Err(Refusal::StaleEpoch));
-        let second = backup.open(M, S, Epoch(3), 64).expect("replaces");
+        let mut backup = backup();
+        let first = backup.open(M, S, Epoch(2), CAPACITY).expect("opens");
+        assert_eq!(backup.open(M, S, Epoch(2), CAPACITY), Ok(first));
+        assert_eq!(
+            backup.open(M, S, Epoch(1), CAPACITY),
+            Err(Refusal::StaleEpoch)
+        );
+        let second = backup.open(M, S, Epoch(3), CAPACITY).expect("replaces");
         assert_ne!(first, second);
         assert_eq!(
-            backup.write(M, S, first, 0, &[1], 1),
+            backup.write(first, Epoch(2), 0, &[1], 1),
             Err(Refusal::UnknownFrame)
+        );
+        assert_eq!(
+            backup.write(second, Epoch(2), 0, &[1], 1),
+            Err(Refusal::StaleEpoch)
         );
     }
 
     #[test]
     fn a_free_spares_a_copy_newer_than_its_epoch_max() {
-        let mut backup = SimBackup::new(ServerId(9));
-        backup.open(M, S, Epoch(3), 64).expect("opens");
+        let mut backup = backup();
+        backup.open(M, S, Epoch(3), CAPACITY).expect("opens");
         backup.free(M, S, Epoch(2));
         assert_eq!(backup.fence_and_list(M).len(), 1);
         backup.free(M, S, Epoch(3));
         assert!(backup.fence_and_list(M).is_empty());
+    }
+
+    #[test]
+    fn a_close_stores_the_frame_and_a_read_returns_it_as_listed() {
+        let mut backup = backup();
+        let (bytes, _) = segment(3, true);
+        let length = bytes.len() as u32;
+        let handle = backup.open(M, S, Epoch(1), CAPACITY).expect("opens");
+        backup
+            .write(handle, Epoch(1), 0, &bytes, bytes.len())
+            .expect("writes");
+        backup.close(handle, Epoch(1), length).expect("closes");
+        assert_eq!(
+            backup.write(handle, Epoch(1), 0, &[1], 1),
+            Err(Refusal::UnknownFrame)
+        );
+        assert_eq!(listed(&mut backup), vec![info(1, length, true)]);
+        assert_eq!(backup.read(M, S, Epoch(1), true, length), Some(bytes));
+        assert_eq!(backup.read(M, S, Epoch(1), false, length), None);
+    }
+
+    #[test]
+    fn a_replacing_open_cut_short_keeps_what_the_replaced_frame_held() {
+        // Seeds 1853, 2815, 3383, 3941: the real table keeps the slot's bytes.
+        let mut backup = backup();
+        let (bytes, ends) = segment(3, false);
+        let old = backup.open(M, S, Epoch(1), CAPACITY).expect("opens");
+        backup
+            .write(old, Epoch(1), 0, &bytes, bytes.len())
+            .expect("writes");
+        let new = backup.open(M, S, Epoch(2), CAPACITY).expect("replaces");
+        backup
+            .write(
+                new,
+                Epoch(2),
+                0,
+                &bytes[..ends[0] as usize],
+                ends[0] as usize,
+            )
+            .expect("writes");
+        let whole = bytes.len() as u32;
+        assert_eq!(listed(&mut backup), vec![info(2, whole, false)]);
+        assert_eq!(backup.read(M, S, Epoch(2), false, whole), Some(bytes));
+    }
+
+    #[test]
+    fn a_re_created_frame_without_footer_does_not_hide_the_closed_copy() {
+        // Seed 35: the real table's `shadows_stored`.
+        let mut backup = backup();
+        let (bytes, ends) = segment(3, true);
+        let whole = bytes.len() as u32;
+        let handle = backup.open(M, S, Epoch(1), CAPACITY).expect("opens");
+        backup
+            .write(handle, Epoch(1), 0, &bytes, bytes.len())
+            .expect("writes");
+        backup.close(handle, Epoch(1), whole).expect("closes");
+        let again = backup.open(M, S, Epoch(2), CAPACITY).expect("re-creates");
+        backup
+            .write(
+                again,
+                Epoch(2),
+                0,
+                &bytes[..ends[0] as usize],
+                ends[0] as usize,
+            )
+            .expect("writes");
+        assert_eq!(listed(&mut backup), vec![info(1, whole, true)]);
+        assert_eq!(backup.read(M, S, Epoch(1), true, whole), Some(bytes));
     }
 }

@@ -17,13 +17,19 @@
 //! * the coordinators' state is the real `CoordinatorState` (enlistment, crash
 //!   declarations, `SetOpenEpoch` with its two-segment bound and its refusal once the
 //!   master is crashed);
+//! * each backup's decisions about its frames are the real `FrameTable` of
+//!   `rampart-backup` (opens and the replacing open that keeps a slot's bytes, epoch
+//!   checks, writes, bumps, closes, frees with their epoch bound, fences and fenced
+//!   lengths, which frame shadows a stored copy, the slot a flushed replica stays
+//!   readable from);
 //! * backups' listings use the real log scanner, and the recovery's choice of copies is
 //!   the real `recovery_plan` (`check_log`, `choose_sources`).
 //!
 //! Around them, thin synchronous drivers stand in for the async ones ([`master`] for
-//! `Replicator`, [`recovery`] for the coordinator's recovery driver), and [`backup`]
-//! follows the real frame table's rules on opens, fences, bumps and frees. The network,
-//! the clock and the faults are the [`world`].
+//! `Replicator`, [`recovery`] for the coordinator's recovery driver, [`backup`] for the
+//! backup's frames, store and request handlers: frame slots and the disk are bytes in
+//! memory, the store's write and free rules restated). The network, the clock and the
+//! faults are the [`world`].
 //!
 //! # Why an executor of our own, not `madsim` or `turmoil`
 //! The cores are synchronous state machines (STYLE.md habit 8), so a seeded loop over

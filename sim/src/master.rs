@@ -234,14 +234,15 @@ impl SimMaster {
             return Err(Stop::Fatal(format!("{id} not writable at {}", range.start)));
         }
         let bytes = self.bytes(id, range.start, range.end);
-        let live: Vec<(usize, ServerId, FrameHandle)> = self
+        let live: Vec<(usize, ServerId, FrameHandle, Epoch)> = self
             .segment(id)
             .live()
-            .map(|(slot, r)| (slot, r.backup, r.handle))
+            .map(|(slot, r)| (slot, r.backup, r.handle, r.epoch))
             .collect();
         let mut lost_any = false;
-        for (slot, backup, handle) in live {
-            if let Err(failure) = self.write(world, id, backup, handle, range.start, &bytes) {
+        for (slot, backup, handle, epoch) in live {
+            let written = self.write(world, backup, (handle, epoch), range.start, &bytes);
+            if let Err(failure) = written {
                 lost_any = true;
                 self.apply_failure(world, id, slot, backup, failure)?;
             }
@@ -258,14 +259,13 @@ impl SimMaster {
         Ok(())
     }
 
-    /// One write to a replica: a boundary, then the copy (part of it, if this master
-    /// dies during it).
+    /// One write to a replica, frame `handle` at `epoch`: a boundary, then the copy (part
+    /// of it, if this master dies during it).
     fn write(
         &mut self,
         world: &mut World,
-        id: SegmentId,
         backup: ServerId,
-        handle: FrameHandle,
+        (handle, epoch): (FrameHandle, Epoch),
         offset: u32,
         bytes: &[u8],
     ) -> Result<(), Failure> {
@@ -279,7 +279,7 @@ impl SimMaster {
                 } else {
                     bytes.len()
                 };
-                match world.backups[i].write(self.id, id, handle, offset, bytes, applied) {
+                match world.backups[i].write(handle, epoch, offset, bytes, applied) {
                     Ok(()) if delivery == Delivery::Answered => Ok(()),
                     Ok(()) => Err(Failure::Backup),
                     Err(Refusal::Fenced) => Err(Failure::Fenced),
@@ -375,14 +375,15 @@ impl SimMaster {
                         let Some(replica) = self.segment(id).replica(slot) else {
                             continue;
                         };
-                        let (backup, handle) = (replica.backup, replica.handle);
+                        let (backup, handle, from) =
+                            (replica.backup, replica.handle, replica.epoch);
                         self.segment_mut(id).bumping(slot, epoch);
                         world.boundary()?;
                         let delivery = world.call_backup(backup);
                         let result = match (delivery, world.backup_index(backup)) {
                             (Delivery::Dropped, _) | (_, None) => Err(Failure::Backup),
                             (delivery, Some(i)) => {
-                                match world.backups[i].bump(self.id, id, handle, epoch) {
+                                match world.backups[i].bump(handle, from, epoch) {
                                     Ok(()) if delivery == Delivery::Answered => Ok(()),
                                     Ok(()) => Err(Failure::Backup),
                                     Err(Refusal::Fenced) => Err(Failure::Fenced),
@@ -533,10 +534,11 @@ impl SimMaster {
         };
         let chunk = world.config.fill_chunk_bytes.max(1) as usize;
         for (n, piece) in bytes.chunks(chunk).enumerate() {
-            self.write(world, id, backup, handle, (n * chunk) as u32, piece)?;
+            self.write(world, backup, (handle, epoch), (n * chunk) as u32, piece)?;
         }
         if closed {
-            self.close_replica(world, id, backup, handle)?;
+            let length = bytes.len() as u32;
+            self.close_replica(world, backup, (handle, epoch), length)?;
         }
         Ok(handle)
     }
@@ -545,8 +547,10 @@ impl SimMaster {
         let Some(replica) = self.segment(id).replica(slot) else {
             return Ok(());
         };
-        let (backup, handle) = (replica.backup, replica.handle);
-        match self.close_replica(world, id, backup, handle) {
+        let (backup, handle, epoch) = (replica.backup, replica.handle, replica.epoch);
+        // `Replicator::start_closes`: every replica holds the segment's bytes.
+        let length = self.segment(id).len();
+        match self.close_replica(world, backup, (handle, epoch), length) {
             Ok(()) => {
                 self.segment_mut(id).close_answered(slot, handle, true);
                 Ok(())
@@ -558,12 +562,14 @@ impl SimMaster {
         }
     }
 
+    /// `CloseReplica` of frame `handle` at `epoch`: its first `length` bytes are the
+    /// replica.
     fn close_replica(
         &mut self,
         world: &mut World,
-        id: SegmentId,
         backup: ServerId,
-        handle: FrameHandle,
+        (handle, epoch): (FrameHandle, Epoch),
+        length: u32,
     ) -> Result<(), Failure> {
         if world.boundary().is_err() {
             return Err(Failure::Killed);
@@ -572,7 +578,7 @@ impl SimMaster {
         let Some(i) = world.backup_index(backup).filter(|_| delivery.arrived()) else {
             return Err(Failure::Backup);
         };
-        match world.backups[i].close(self.id, id, handle) {
+        match world.backups[i].close(handle, epoch, length) {
             Ok(()) if delivery == Delivery::Answered => Ok(()),
             Ok(()) => Err(Failure::Backup),
             Err(Refusal::Fenced) => Err(Failure::Fenced),

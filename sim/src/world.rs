@@ -124,7 +124,7 @@ impl World {
                         backup: true,
                     },
                 );
-                SimBackup::new(id)
+                SimBackup::new(id, config.segment_bytes)
             })
             .collect();
         World {
