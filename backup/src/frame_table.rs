@@ -418,11 +418,17 @@ impl FrameTable {
         }
     }
 
-    /// The open frame `handle`, checked against `epoch`.
+    /// The open frame `handle`, not fenced, checked against `epoch`. The fence is
+    /// checked first: a zombie master must hear `Fenced` whatever epoch it names
+    /// (invariant 7), or it would take the replica for a stale one and re-create it
+    /// elsewhere.
     fn frame_mut(&mut self, handle: FrameHandle, epoch: Epoch) -> Result<&mut Frame, Refusal> {
         let Some(frame) = self.frames.get_mut(&handle) else {
             return Err(self.fenced_handles.gone(handle));
         };
+        if frame.fenced {
+            return Err(frame.fenced_refusal(handle));
+        }
         if frame.epoch != epoch {
             return Err(Refusal::new(
                 Status::StaleEpoch,
@@ -446,9 +452,6 @@ impl FrameTable {
         len: u64,
     ) -> Result<usize, Refusal> {
         let frame = self.frame_mut(handle, epoch)?;
-        if frame.fenced {
-            return Err(frame.fenced_refusal(handle));
-        }
         if frame.closes_in_flight > 0 {
             return Err(Frame::being_closed(handle));
         }
@@ -544,9 +547,6 @@ impl FrameTable {
         length: u32,
     ) -> Result<Closing, Refusal> {
         let frame = self.frame_mut(handle, epoch)?;
-        if frame.fenced {
-            return Err(frame.fenced_refusal(handle));
-        }
         if length > frame.capacity {
             return Err(Refusal::new(
                 Status::InvalidArgument,
@@ -1345,6 +1345,16 @@ mod tests {
         assert_eq!(status(table.open(label(1, 1, 2))), Status::Fenced);
         assert_eq!(status(table.open(label(1, 9, 1))), Status::Fenced);
         assert_eq!(table.writable(other.handle, Epoch(1), 0, 1), Ok(other.slot));
+        // A zombie that names another epoch still hears `Fenced`, not `StaleEpoch`
+        // (which would send it to re-create the replica elsewhere).
+        assert_eq!(
+            status(table.writable(frame.handle, Epoch(2), 0, 1)),
+            Status::Fenced
+        );
+        assert_eq!(
+            status(table.claim_close(frame.handle, Epoch(2), 1)),
+            Status::Fenced
+        );
     }
 
     #[test]
