@@ -8,8 +8,9 @@
 //! byte ranges, each carrying its bytes ([`SealedRange`]), between sealing the batch and
 //! publishing it: it returns only when every one of the R replicas of each touched
 //! segment holds the bytes (transport completion), so nothing is acknowledged with fewer
-//! than R copies. The replicator never reads the log: it keeps the ranges of the open
-//! segments (shared, not copied) to fill the replicas it re-creates there. Between
+//! than R copies. The replicator never reads the log: it keeps a copy of the open
+//! segments' bytes (in buffers recycled from segment to segment) to fill the replicas
+//! it re-creates there. Between
 //! batches the appender calls [`Replicator::tick`], which finishes background closes,
 //! watches the backups that hold this master's replicas, frees abandoned copies, and
 //! re-creates the open segments' lost replicas; it names a closed segment that lost
@@ -88,7 +89,7 @@
 //! * Liveness of `shm` backups by pidfd (`transport`): DESIGN.md assumed a write to a
 //!   dead backup fails, which holds for tcp, rpc and rdma but not for shared memory.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::future::join_all;
 use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
@@ -117,6 +118,10 @@ use super::transport::{classify_rpc, Failure, ReplicaTransport, Transports};
 use crate::segmented_log::SealedRange;
 
 pub use super::transport::REPLICA_IO_TIMEOUT;
+
+/// Buffers of closed segments kept for the next open ones (`Replicator::open_bytes`):
+/// the head and its predecessor are the only segments ever open at once.
+const SPARE_BUFFERS_MAX: usize = 2;
 
 /// A backup holding replicas of this master that was not heard from for this long is
 /// probed.
@@ -286,12 +291,18 @@ pub struct Replicator {
     refused: HashMap<ServerId, Instant>,
     /// Every live segment this replicator has seen.
     segments: BTreeMap<SegmentId, Segment>,
-    /// The bytes of each open segment handed to `replicate` so far, as their ranges
-    /// (shared with the writes, not copied): what a replica re-created while the
-    /// segment is open is filled with. Dropped once the segment's footer is written: a
-    /// closed segment's lost replicas are refilled from bytes the appender reads from
-    /// the log when `tick` names the segment ([`Replicator::recreate`]).
-    open_bytes: BTreeMap<SegmentId, Vec<Bytes>>,
+    /// The bytes of each open segment replicated so far, copied range by range (a
+    /// memcpy of each batch's bytes) into a buffer recycled from segment to segment:
+    /// what a replica re-created while the segment is open is filled with. Keeping the
+    /// ranges' own `Bytes` instead would hold thousands of small allocations per
+    /// segment. Invariant: each buffer holds exactly its segment's first `len` bytes.
+    /// Given back once the footer is written: a closed segment's lost replicas are
+    /// refilled from bytes the appender reads from the log when `tick` names the
+    /// segment ([`Replicator::recreate`]).
+    open_bytes: BTreeMap<SegmentId, Vec<u8>>,
+    /// Buffers of segments that closed, for the next ones (at most
+    /// [`SPARE_BUFFERS_MAX`]: only the head and its predecessor are ever open).
+    spare_buffers: Vec<Vec<u8>>,
     /// Bytes every segment of this log (hence every frame) holds, from the ranges.
     segment_capacity: u32,
     closes: JoinSet<CloseDone>,
@@ -388,6 +399,7 @@ impl Replicator {
             refused: HashMap::new(),
             segments: BTreeMap::new(),
             open_bytes: BTreeMap::new(),
+            spare_buffers: Vec::new(),
             segment_capacity: 0,
             closes: JoinSet::new(),
             stats: ReplicationStats::default(),
@@ -463,10 +475,7 @@ impl Replicator {
             return Err(Fatal::NotWritable(id));
         }
         let failures = self.write_all(id, range.start, &sealed.bytes).await;
-        self.open_bytes
-            .entry(id)
-            .or_default()
-            .push(sealed.bytes.clone());
+        self.keep_open_bytes(sealed)?;
         let lost_any = !failures.is_empty();
         self.apply_failures(id, failures)?;
         self.segment_mut(id)?.wrote(range.end);
@@ -477,8 +486,30 @@ impl Replicator {
         if range.closes {
             let slots = self.segment_mut(id)?.close();
             self.start_closes(id, slots);
-            self.open_bytes.remove(&id);
+            if let Some(mut buffer) = self.open_bytes.remove(&id) {
+                if self.spare_buffers.len() < SPARE_BUFFERS_MAX {
+                    buffer.clear();
+                    self.spare_buffers.push(buffer);
+                }
+            }
         }
+        Ok(())
+    }
+
+    /// Appends a range's bytes to its open segment's copy (see `open_bytes`).
+    fn keep_open_bytes(&mut self, sealed: &SealedRange) -> Result<(), Fatal> {
+        let id = sealed.range.segment;
+        let capacity = sealed.capacity as usize;
+        let spare = &mut self.spare_buffers;
+        let buffer = self
+            .open_bytes
+            .entry(id)
+            .or_insert_with(|| spare.pop().unwrap_or_else(|| Vec::with_capacity(capacity)));
+        if buffer.len() != sealed.range.start as usize {
+            // `writable` checked that the range starts where the replicas' bytes end.
+            return Err(Fatal::MissingBytes(id));
+        }
+        buffer.extend_from_slice(&sealed.bytes);
         Ok(())
     }
 
@@ -501,23 +532,11 @@ impl Replicator {
                 .map(|_| Some(bytes.slice(..len)))
                 .ok_or(Fatal::MissingBytes(id));
         }
-        let pieces = self.open_bytes.get(&id).ok_or(Fatal::MissingBytes(id))?;
-        if let [only] = pieces.as_slice() {
-            if only.len() >= len {
-                return Ok(Some(only.slice(..len)));
-            }
-        }
-        // One write for the whole prefix: a re-creation is rare, many small writes are
-        // not (one round trip each on tcp and rpc).
-        let mut whole = BytesMut::with_capacity(len);
-        for piece in pieces {
-            let take = piece.len().min(len - whole.len());
-            whole.extend_from_slice(&piece[..take]);
-            if whole.len() == len {
-                return Ok(Some(whole.freeze()));
-            }
-        }
-        Err(Fatal::MissingBytes(id))
+        self.open_bytes
+            .get(&id)
+            .and_then(|buffer| buffer.get(..len))
+            .map(|bytes| Some(Bytes::copy_from_slice(bytes)))
+            .ok_or(Fatal::MissingBytes(id))
     }
 
     fn segment(&self, id: SegmentId) -> Result<&Segment, Fatal> {
