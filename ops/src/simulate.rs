@@ -19,7 +19,7 @@ pub struct SimulateArgs {
     /// The first seed.
     #[arg(long, default_value_t = 0)]
     pub from: u64,
-    /// Print the trace of every failing run (of the one run with `--seed`).
+    /// Print the trace of every failing run (and of the one run of `--seed`).
     #[arg(long)]
     pub trace: bool,
     /// Stop at the first failing seed.
@@ -34,7 +34,8 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
         None => args.from..args.from.saturating_add(args.seeds),
     };
     let started = Instant::now();
-    let (mut passed, mut failed, mut acknowledged, mut zombies) = (0u64, 0u64, 0u64, 0u64);
+    let (mut passed, mut failed, mut acknowledged, mut zombies, mut late) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     for seed in seeds {
         match rampart_sim::run(seed) {
             Ok(report) => {
@@ -43,8 +44,25 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
                 if report.crash == rampart_sim::world::Crash::Declared {
                     zombies += 1;
                 }
+                late += report.late_delivered as u64;
                 if args.seed.is_some() {
-                    println!("{report:?}");
+                    if args.trace {
+                        for line in &report.trace {
+                            println!("  {line}");
+                        }
+                    }
+                    println!(
+                        "seed {}: {} of {} operations acknowledged, {} objects recovered, crash {:?}{}, {} late requests, {} events, {:.3} s simulated",
+                        report.seed,
+                        report.acknowledged,
+                        report.appended,
+                        report.recovered,
+                        report.crash,
+                        report.stopped.map_or(String::new(), |why| format!(" (stopped: {why})")),
+                        report.late_delivered,
+                        report.events,
+                        report.time_us as f64 / 1e6
+                    );
                 }
             }
             Err(failure) => {
@@ -62,7 +80,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
         }
     }
     println!(
-        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {zombies} runs with a zombie master) in {:.1} s",
+        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {zombies} runs with a zombie master, {late} late requests delivered) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 {

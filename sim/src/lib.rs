@@ -1,7 +1,8 @@
 //! # rampart-sim: deterministic simulation of replication and crash recovery
 //!
 //! One seed fixes a whole run: a master takes a random workload of writes and removes,
-//! replicates its log to simulated backups while the world drops and loses messages,
+//! replicates its log to simulated backups while the world drops and loses messages
+//! (or holds requests back and delivers them late, after the master gave up on them),
 //! takes backups down for a while or for good, leaves the coordinators without a leader,
 //! and kills the master — or declares it crashed while it keeps running (a zombie) —
 //! at any call; then the crashed master is recovered and the recovered objects are
@@ -99,6 +100,10 @@ pub struct SimConfig {
     pub master_crash_p: f64,
     /// Of those crashes, the share that are declarations of a master still running.
     pub zombie_p: f64,
+    /// Of the requests dropped, the share the network only held back: they reach their
+    /// backup later, after the master gave up on them (stale opens, writes, bumps,
+    /// closes and frees arriving out of order).
+    pub late_p: f64,
 }
 
 impl SimConfig {
@@ -123,6 +128,9 @@ impl SimConfig {
             coordinator_silent_p: pick(&mut rng, &[0.0, 0.002, 0.01]),
             master_crash_p: pick(&mut rng, &[0.0005, 0.003, 0.02]),
             zombie_p: pick(&mut rng, &[0.0, 0.5, 1.0]),
+            // Drawn last, from draws of its own: seeds drawn without late requests run
+            // as they did before late requests were simulated.
+            late_p: pick(&mut rng, &[0.0, 0.0, 0.5, 1.0]),
         }
     }
 }
@@ -146,6 +154,10 @@ pub struct Report {
     /// seed.
     pub events: usize,
     pub trace_crc32: u32,
+    /// Requests that reached a backup after their sender gave up on them.
+    pub late_delivered: usize,
+    /// Every event of the run.
+    pub trace: Vec<String>,
 }
 
 /// A run that failed a check: the seed replays it.
@@ -234,6 +246,8 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
                 crc
             })
             .finalize(),
+        late_delivered: world.late_delivered,
+        trace: world.trace,
     })
 }
 

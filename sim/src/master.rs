@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::backup::Refusal;
 use crate::checker::{History, Op};
-use crate::world::{CoordinatorAnswer, Delivery, Stop, World};
+use crate::world::{CoordinatorAnswer, Delivery, Request, Stop, World};
 
 /// The one table every simulated object lives in.
 pub const TABLE: TableId = TableId(1);
@@ -191,15 +191,19 @@ impl SimMaster {
                 continue;
             }
             world.boundary()?;
-            if world.call_backup(abandoned.backup).arrived() {
-                if let Some(i) = world.backup_index(abandoned.backup) {
-                    world.backups[i].free(self.id, abandoned.segment, abandoned.epoch_max);
-                    world.note(format!(
-                        "free {} on {} up to epoch {}",
-                        abandoned.segment, abandoned.backup, abandoned.epoch_max
-                    ));
-                }
-            } else {
+            let request = Request::Free {
+                master: self.id,
+                segment: abandoned.segment,
+                epoch_max: abandoned.epoch_max,
+            };
+            let (delivery, _) = world.call(abandoned.backup, request);
+            world.note(format!(
+                "free {} on {} up to epoch {}: {delivery:?}",
+                abandoned.segment, abandoned.backup, abandoned.epoch_max
+            ));
+            if delivery != Delivery::Answered {
+                // As `free_abandoned`: the backup counts as failed, the free is retried.
+                self.backup_failed(world, abandoned.backup);
                 self.abandoned.push(abandoned);
             }
         }
@@ -270,28 +274,23 @@ impl SimMaster {
         bytes: &[u8],
     ) -> Result<(), Failure> {
         let killed = world.boundary().is_err();
-        let delivery = world.call_backup(backup);
-        let result = match (delivery, world.backup_index(backup)) {
-            (Delivery::Dropped, _) | (_, None) => Err(Failure::Backup),
-            (delivery, Some(i)) => {
-                let applied = if killed {
-                    world.draw(0..bytes.len() as u64 + 1) as usize
-                } else {
-                    bytes.len()
-                };
-                match world.backups[i].write(handle, epoch, offset, bytes, applied) {
-                    Ok(()) if delivery == Delivery::Answered => Ok(()),
-                    Ok(()) => Err(Failure::Backup),
-                    Err(Refusal::Fenced) => Err(Failure::Fenced),
-                    Err(_) => Err(Failure::Replica),
-                }
-            }
+        // A master that dies during the copy leaves part of it.
+        let applied = if killed {
+            world.draw(0..bytes.len() as u64 + 1) as usize
+        } else {
+            bytes.len()
         };
+        let request = Request::Write {
+            handle,
+            epoch,
+            offset,
+            bytes: bytes[..applied].to_vec(),
+        };
+        let (delivery, result) = world.call(backup, request);
         if killed {
-            // The master died during the copy: part of it may have landed.
             return Err(Failure::Killed);
         }
-        result
+        outcome(delivery, result).map(|_| ())
     }
 
     fn apply_failure(
@@ -379,18 +378,13 @@ impl SimMaster {
                             (replica.backup, replica.handle, replica.epoch);
                         self.segment_mut(id).bumping(slot, epoch);
                         world.boundary()?;
-                        let delivery = world.call_backup(backup);
-                        let result = match (delivery, world.backup_index(backup)) {
-                            (Delivery::Dropped, _) | (_, None) => Err(Failure::Backup),
-                            (delivery, Some(i)) => {
-                                match world.backups[i].bump(handle, from, epoch) {
-                                    Ok(()) if delivery == Delivery::Answered => Ok(()),
-                                    Ok(()) => Err(Failure::Backup),
-                                    Err(Refusal::Fenced) => Err(Failure::Fenced),
-                                    Err(_) => Err(Failure::Replica),
-                                }
-                            }
+                        let request = Request::Bump {
+                            handle,
+                            epoch: from,
+                            new_epoch: epoch,
                         };
+                        let (delivery, result) = world.call(backup, request);
+                        let result = outcome(delivery, result).map(|_| ());
                         world.note(format!(
                             "bump {id} on {backup} to {epoch}: ok={}",
                             result.is_ok()
@@ -518,20 +512,17 @@ impl SimMaster {
         if world.boundary().is_err() {
             return Err(Failure::Killed);
         }
-        let delivery = world.call_backup(backup);
-        let Some(i) = world.backup_index(backup).filter(|_| delivery.arrived()) else {
-            return Err(Failure::Backup);
+        let request = Request::Open {
+            master: self.id,
+            segment: id,
+            epoch,
+            capacity: self.segment_bytes,
         };
-        let opened = world.backups[i].open(self.id, id, epoch, self.segment_bytes);
+        let (delivery, opened) = world.call(backup, request);
         world.note(format!(
             "open {id} on {backup} at epoch {epoch}: {opened:?} ({delivery:?})"
         ));
-        let handle = match opened {
-            Ok(handle) if delivery == Delivery::Answered => handle,
-            Ok(_) => return Err(Failure::Backup),
-            Err(Refusal::Fenced) => return Err(Failure::Fenced),
-            Err(_) => return Err(Failure::Replica),
-        };
+        let handle = outcome(delivery, opened)?.ok_or(Failure::Replica)?;
         let chunk = world.config.fill_chunk_bytes.max(1) as usize;
         for (n, piece) in bytes.chunks(chunk).enumerate() {
             self.write(world, backup, (handle, epoch), (n * chunk) as u32, piece)?;
@@ -574,16 +565,13 @@ impl SimMaster {
         if world.boundary().is_err() {
             return Err(Failure::Killed);
         }
-        let delivery = world.call_backup(backup);
-        let Some(i) = world.backup_index(backup).filter(|_| delivery.arrived()) else {
-            return Err(Failure::Backup);
+        let request = Request::Close {
+            handle,
+            epoch,
+            length,
         };
-        match world.backups[i].close(handle, epoch, length) {
-            Ok(()) if delivery == Delivery::Answered => Ok(()),
-            Ok(()) => Err(Failure::Backup),
-            Err(Refusal::Fenced) => Err(Failure::Fenced),
-            Err(_) => Err(Failure::Replica),
-        }
+        let (delivery, result) = world.call(backup, request);
+        outcome(delivery, result).map(|_| ())
     }
 
     fn segment(&self, id: SegmentId) -> &SegmentReplicas<()> {
@@ -604,6 +592,20 @@ impl SimMaster {
             .and_then(|b| b.get(start as usize..end as usize))
             .expect("a replicated range lies in the log")
             .to_vec()
+    }
+}
+
+/// What the master makes of a call: the reply if one came back, else the backup's
+/// failure (a lost request and a lost reply look the same to it).
+fn outcome(
+    delivery: Delivery,
+    result: Option<Result<Option<FrameHandle>, Refusal>>,
+) -> Result<Option<FrameHandle>, Failure> {
+    match (delivery, result) {
+        (Delivery::Answered, Some(Ok(handle))) => Ok(handle),
+        (Delivery::Answered, Some(Err(Refusal::Fenced))) => Err(Failure::Fenced),
+        (Delivery::Answered, Some(Err(_))) => Err(Failure::Replica),
+        _ => Err(Failure::Backup),
     }
 }
 

@@ -8,16 +8,96 @@
 //! is [`Delivery::Dropped`] (nothing happened), [`Delivery::Unanswered`] (it happened,
 //! the reply was lost) or [`Delivery::Answered`].
 
-use rampart_common::ids::{Epoch, SegmentId, ServerId};
+use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerStatus, Services};
 use rampart_coordinator::state::{Command, CommandResult, CoordinatorState};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backup::{Liveness, SimBackup};
+use crate::backup::{Liveness, Refusal, SimBackup};
 use crate::recovery::Recovery;
 use crate::SimConfig;
+
+/// A request to a backup, as it travels (and may arrive late).
+#[derive(Clone, Debug)]
+pub enum Request {
+    /// `OpenReplica`.
+    Open {
+        master: ServerId,
+        segment: SegmentId,
+        epoch: Epoch,
+        capacity: u32,
+    },
+    /// A one-sided write of `bytes` at `offset`.
+    Write {
+        handle: FrameHandle,
+        epoch: Epoch,
+        offset: u32,
+        bytes: Vec<u8>,
+    },
+    /// `BumpEpoch`.
+    Bump {
+        handle: FrameHandle,
+        epoch: Epoch,
+        new_epoch: Epoch,
+    },
+    /// `CloseReplica`.
+    Close {
+        handle: FrameHandle,
+        epoch: Epoch,
+        length: u32,
+    },
+    /// `FreeReplica`.
+    Free {
+        master: ServerId,
+        segment: SegmentId,
+        epoch_max: Epoch,
+    },
+}
+
+impl Request {
+    /// Carries it out on `backup`: the opened frame's handle for an open.
+    fn apply(&self, backup: &mut SimBackup) -> Result<Option<FrameHandle>, Refusal> {
+        match self {
+            Request::Open {
+                master,
+                segment,
+                epoch,
+                capacity,
+            } => backup.open(*master, *segment, *epoch, *capacity).map(Some),
+            Request::Write {
+                handle,
+                epoch,
+                offset,
+                bytes,
+            } => backup
+                .write(*handle, *epoch, *offset, bytes, bytes.len())
+                .map(|()| None),
+            Request::Bump {
+                handle,
+                epoch,
+                new_epoch,
+            } => backup.bump(*handle, *epoch, *new_epoch).map(|()| None),
+            Request::Close {
+                handle,
+                epoch,
+                length,
+            } => backup.close(*handle, *epoch, *length).map(|()| None),
+            Request::Free {
+                master,
+                segment,
+                epoch_max,
+            } => {
+                backup.free(*master, *segment, *epoch_max);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Requests held back at once, at most (a bound on the simulated network's buffers).
+const LATE_REQUESTS_MAX: usize = 64;
 
 /// What became of a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +155,13 @@ pub enum Crash {
 pub struct World {
     pub config: SimConfig,
     rng: SmallRng,
+    /// Decides which dropped requests arrive late, and when: draws of its own, so that
+    /// a run without late requests draws from `rng` as before they existed.
+    late_rng: SmallRng,
+    /// Requests the network holds back: (arrival time µs, backup, request).
+    late: Vec<(u64, ServerId, Request)>,
+    /// Requests held back that reached their backup.
+    pub late_delivered: usize,
     /// Simulated time, µs.
     pub now_us: u64,
     pub backups: Vec<SimBackup>,
@@ -131,6 +218,9 @@ impl World {
             losses_left: config.replicas.saturating_sub(1),
             config,
             rng: SmallRng::seed_from_u64(seed),
+            late_rng: SmallRng::seed_from_u64(seed ^ 0x4c41_5445),
+            late: Vec::new(),
+            late_delivered: 0,
             now_us: 0,
             backups,
             coordinator,
@@ -168,6 +258,7 @@ impl World {
     pub fn boundary(&mut self) -> Result<(), Stop> {
         self.now_us += self.draw(5..200);
         self.inject_faults();
+        self.deliver_late();
         if self.crash.is_none() && self.chance(self.config.master_crash_p) {
             if self.chance(self.config.zombie_p) {
                 self.declare_crashed("declared crashed while it runs (a zombie)");
@@ -339,6 +430,56 @@ impl World {
     pub fn pass_time(&mut self) {
         self.now_us += self.draw(100..2_000);
         self.inject_faults();
+        self.deliver_late();
+    }
+
+    /// Requests held back whose time came reach their backups (if they answer then);
+    /// nobody waits for their replies.
+    fn deliver_late(&mut self) {
+        let now = self.now_us;
+        let (due, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.late)
+            .into_iter()
+            .partition(|(at, _, _)| *at <= now);
+        self.late = held;
+        for (_, backup, request) in due {
+            let Some(i) = self.backup_index(backup) else {
+                continue;
+            };
+            if !self.backups[i].answers(now) {
+                continue;
+            }
+            let result = request.apply(&mut self.backups[i]);
+            self.late_delivered += 1;
+            self.note(
+                format!("late {request:?} reached {backup}: {result:?}")
+                    .replace("bytes: [", "bytes: (")
+                    .chars()
+                    .take(200)
+                    .collect::<String>(),
+            );
+        }
+    }
+
+    /// A request from the master to backup `backup`: whether it arrived and whether
+    /// its reply came back, and what the backup answered if it did. A dropped request
+    /// may be held back and arrive later (`SimConfig::late_p`).
+    pub fn call(
+        &mut self,
+        backup: ServerId,
+        request: Request,
+    ) -> (Delivery, Option<Result<Option<FrameHandle>, Refusal>>) {
+        let delivery = self.call_backup(backup);
+        if delivery == Delivery::Dropped {
+            if self.late.len() < LATE_REQUESTS_MAX && self.late_rng.gen_bool(self.config.late_p) {
+                let at = self.now_us + self.late_rng.gen_range(1_000..200_000);
+                self.late.push((at, backup, request));
+            }
+            return (delivery, None);
+        }
+        let Some(i) = self.backup_index(backup) else {
+            return (Delivery::Dropped, None);
+        };
+        (delivery, Some(request.apply(&mut self.backups[i])))
     }
 
     /// Lets time pass with nothing else happening (waiting for a backup or a leader).
