@@ -55,6 +55,7 @@ pub mod backup;
 pub mod checker;
 pub mod master;
 pub mod recovery;
+pub mod trace;
 pub mod world;
 
 use rand::rngs::SmallRng;
@@ -216,7 +217,7 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
             return Err(fail(world, "the recovery never ended".to_string()));
         }
         world.pass_time();
-        recovery.advance(&mut world);
+        recovery.advance(&mut world.reach());
     }
     if let Some(why) = recovery.failure() {
         let why = format!("recovery failed: {why}");

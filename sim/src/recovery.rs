@@ -16,7 +16,27 @@ use rampart_common::tablet::ServerStatus;
 use rampart_coordinator::recovery_plan::{check_log, choose_sources, FoundReplica};
 use std::collections::BTreeMap;
 
-use crate::world::World;
+use rampart_coordinator::state::CoordinatorState;
+
+use crate::backup::SimBackup;
+
+/// What one step of a recovery reaches, lent by the world for that step: the backups,
+/// the coordinators' state, the clock and the trace. (The world owns the recovery and
+/// lends these, so neither module imports the other both ways.)
+#[derive(Debug)]
+pub struct Reach<'a> {
+    pub backups: &'a mut [SimBackup],
+    pub coordinator: &'a CoordinatorState,
+    pub now_us: u64,
+    pub trace: &'a mut Vec<String>,
+}
+
+impl Reach<'_> {
+    fn note(&mut self, event: impl Into<String>) {
+        self.trace
+            .push(crate::trace::line(self.now_us, &event.into()));
+    }
+}
 
 /// Attempts after which a recovery that keeps failing is reported (a real one retries
 /// for ever; here every fault ends, so this many failures mean it never would succeed).
@@ -27,7 +47,7 @@ pub const ATTEMPTS_MAX: usize = 20;
 enum Phase {
     /// Declared, not started.
     NotStarted,
-    /// Fencing and listing the backups not yet listed (indexes into `World::backups`).
+    /// Fencing and listing the backups not yet listed (indexes into the world's backups).
     Listing { left: Vec<usize> },
     /// Reading the chosen copies, in plan order.
     Reading {
@@ -77,7 +97,7 @@ impl Recovery {
         }
     }
 
-    fn restart(&mut self, world: &mut World, why: &str) {
+    fn restart(&mut self, world: &mut Reach<'_>, why: &str) {
         world.note(format!(
             "recovery attempt {} of {}: {why}",
             self.attempts + 1,
@@ -102,7 +122,7 @@ impl Recovery {
     }
 
     /// One step.
-    pub fn advance(&mut self, world: &mut World) {
+    pub fn advance(&mut self, world: &mut Reach<'_>) {
         match &mut self.phase {
             Phase::NotStarted => self.restart(world, "begins"),
             Phase::Done | Phase::Failed(_) => {}
@@ -187,7 +207,7 @@ impl Recovery {
         }
     }
 
-    fn plan(&mut self, world: &mut World) {
+    fn plan(&mut self, world: &mut Reach<'_>) {
         let floors = world.coordinator.open_epochs(self.master);
         let never_wrote = world.coordinator.version_ceiling(self.master) == 0;
         match check_log(&self.found, &floors, false, never_wrote) {

@@ -16,7 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backup::{Liveness, Refusal, SimBackup};
-use crate::recovery::Recovery;
+use crate::recovery::{Reach, Recovery};
 use crate::SimConfig;
 
 /// A request to a backup, as it travels (and may arrive late).
@@ -234,8 +234,18 @@ impl World {
 
     /// Notes an event in the trace.
     pub fn note(&mut self, event: impl Into<String>) {
-        let line = format!("{:>10} µs  {}", self.now_us, event.into());
+        let line = crate::trace::line(self.now_us, &event.into());
         self.trace.push(line);
+    }
+
+    /// What a recovery step reaches ([`Recovery::advance`]).
+    pub fn reach(&mut self) -> Reach<'_> {
+        Reach {
+            backups: &mut self.backups,
+            coordinator: &self.coordinator,
+            now_us: self.now_us,
+            trace: &mut self.trace,
+        }
     }
 
     /// A random number in `range`.
@@ -271,7 +281,7 @@ impl World {
         }
         if self.crash == Some(Crash::Declared) {
             if let Some(mut recovery) = self.recovery.take() {
-                recovery.advance(self);
+                recovery.advance(&mut self.reach());
                 self.recovery = Some(recovery);
             }
         }
