@@ -445,7 +445,7 @@ fn read_held(
     // From memory if the slot it was flushed from is still free.
     if let Some(meta) = frames.read_kept(key, &mut reuse) {
         return Ok(Some(HeldReplica {
-            info: info_of(&meta),
+            info: ReplicaInfo::from(&meta),
             bytes: reuse,
         }));
     }
@@ -456,14 +456,14 @@ fn read_held(
     if let Some(file) = stored.map(|meta| frames.files.file(meta)) {
         if file.read_into(&mut reuse) {
             return Ok(Some(HeldReplica {
-                info: info_of(&file.meta()),
+                info: ReplicaInfo::from(&file.meta()),
                 bytes: reuse,
             }));
         }
     }
     // `None`: freed between the lookup above and the read.
     Ok(store.read(key)?.map(|(bytes, meta)| HeldReplica {
-        info: info_of(&meta),
+        info: ReplicaInfo::from(&meta),
         bytes,
     }))
 }
@@ -483,7 +483,7 @@ fn recovery_replicas(
         .iter()
         .map(|meta| {
             let replica = RecoveryReplica {
-                info: info_of(meta),
+                info: ReplicaInfo::from(meta),
                 digest: None,
                 successor: None,
             };
@@ -568,13 +568,16 @@ impl ReplicaSource for RecoverySource {
     }
 }
 
-fn info_of(meta: &ReplicaMeta) -> ReplicaInfo {
-    ReplicaInfo {
-        master: meta.master,
-        segment: meta.segment,
-        epoch: meta.epoch,
-        length: meta.length,
-        closed: meta.closed,
+/// A replica's facts on the wire (also what `rampart-sim`'s backups report).
+impl From<&ReplicaMeta> for ReplicaInfo {
+    fn from(meta: &ReplicaMeta) -> ReplicaInfo {
+        ReplicaInfo {
+            master: meta.master,
+            segment: meta.segment,
+            epoch: meta.epoch,
+            length: meta.length,
+            closed: meta.closed,
+        }
     }
 }
 
@@ -956,7 +959,7 @@ impl BackupService {
                     master = %meta.master, segment = %meta.segment, epoch = %meta.epoch,
                     length = meta.length, "replica closed"
                 );
-                Ok(Reply::ok(&info_of(&meta)))
+                Ok(Reply::ok(&ReplicaInfo::from(&meta)))
             }
             Err(CloseFailure::FrameGone) => Err(Reply::error(
                 Status::UnknownFrame,
@@ -1009,7 +1012,7 @@ impl BackupService {
         let (stored, open) = self.frames.table.lock().list(request.master);
         let mut replicas: BTreeMap<ReplicaKey, ReplicaInfo> = stored
             .iter()
-            .map(|meta| ((meta.master, meta.segment), info_of(meta)))
+            .map(|meta| ((meta.master, meta.segment), ReplicaInfo::from(meta)))
             .collect();
         let frames = Arc::clone(&self.frames);
         let scanned = blocking(move || {
@@ -1980,7 +1983,7 @@ mod tests {
         corrupt_the_file_of_m1_s1(&dir);
         let from_memory = read(&service, 1, 1).await.expect("read from the slot");
         assert_eq!(&from_memory.bytes[..], &content(1, 100)[..]);
-        assert_eq!(from_memory.info, info_of(&meta));
+        assert_eq!(from_memory.info, ReplicaInfo::from(&meta));
     }
 
     /// Extra slots keep flushed replicas in memory without letting more frames open:

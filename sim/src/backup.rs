@@ -331,7 +331,7 @@ impl SimBackup {
             .iter()
             .map(|meta| {
                 let replica = RecoveryReplica {
-                    info: info_of(meta),
+                    info: ReplicaInfo::from(meta),
                     digest: None,
                     successor: None,
                 };
@@ -429,27 +429,16 @@ impl SimBackup {
             let kept = self.slots[slot].get(..meta.length as usize);
             if let Some(bytes) = kept.filter(|b| crc32fast::hash(b) == meta.content_crc32) {
                 return Some(Held {
-                    info: info_of(&meta),
+                    info: ReplicaInfo::from(&meta),
                     bytes: bytes.to_vec(),
                 });
             }
         }
         let stored = self.store.get(&key)?;
         Some(Held {
-            info: info_of(&stored.meta),
+            info: ReplicaInfo::from(&stored.meta),
             bytes: stored.bytes.clone(),
         })
-    }
-}
-
-/// A stored replica as lists and reads report it (the service's `info_of`).
-fn info_of(meta: &ReplicaMeta) -> ReplicaInfo {
-    ReplicaInfo {
-        master: meta.master,
-        segment: meta.segment,
-        epoch: meta.epoch,
-        length: meta.length,
-        closed: meta.closed,
     }
 }
 
