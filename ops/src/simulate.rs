@@ -1,5 +1,5 @@
-//! `rampart simulate`: deterministic simulated runs of replication and crash recovery
-//! (`rampart_sim`). Each seed is one run; a failing seed prints itself, and
+//! `rampart simulate`: deterministic simulated runs of clusters through replication,
+//! crashes and recoveries (`rampart_sim`). Each seed is one run; a failing seed prints itself, and
 //! `rampart simulate --seed N --trace` replays it exactly, event by event.
 
 use anyhow::Result;
@@ -36,14 +36,20 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let (mut passed, mut failed, mut acknowledged, mut zombies, mut late) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut recoveries, mut partitions, mut reads) = (0u64, 0u64, 0u64);
     for seed in seeds {
         match rampart_sim::run(seed) {
             Ok(report) => {
                 passed += 1;
                 acknowledged += report.acknowledged as u64;
-                if report.crash == rampart_sim::world::Crash::Declared {
-                    zombies += 1;
-                }
+                zombies += report
+                    .crashes
+                    .iter()
+                    .filter(|c| **c == rampart_sim::world::Crash::Declared)
+                    .count() as u64;
+                recoveries += report.crashes.len() as u64;
+                partitions += report.partitions as u64;
+                reads += report.reads as u64;
                 late += report.late_delivered as u64;
                 if args.seed.is_some() {
                     if args.trace {
@@ -52,13 +58,15 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
                         }
                     }
                     println!(
-                        "seed {}: {} of {} operations acknowledged, {} objects recovered, crash {:?}{}, {} late requests, {} events, {:.3} s simulated",
+                        "seed {}: {} masters, {} of {} operations acknowledged, {} reads checked, crashes {:?} recovered in {} partitions, {} objects served at the end, {} late requests, {} events, {:.3} s simulated",
                         report.seed,
+                        report.masters,
                         report.acknowledged,
                         report.appended,
-                        report.recovered,
-                        report.crash,
-                        report.stopped.map_or(String::new(), |why| format!(" (stopped: {why})")),
+                        report.reads,
+                        report.crashes,
+                        report.partitions,
+                        report.objects,
                         report.late_delivered,
                         report.events,
                         report.time_us as f64 / 1e6
@@ -80,7 +88,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
         }
     }
     println!(
-        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {zombies} runs with a zombie master, {late} late requests delivered) in {:.1} s",
+        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {reads} reads checked, {recoveries} crashes recovered ({zombies} of zombie masters) in {partitions} partitions, {late} late requests delivered) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 {

@@ -1,13 +1,13 @@
 //! `History` and the checks a run must pass.
 //!
-//! Every write and remove the master appended is recorded in log order, with whether
-//! its client heard back. The master's log is one append-only stream, so a recovery
-//! rebuilds the effect of a *prefix* of it; what that prefix may be is what clients were
-//! promised. For every key, the recovered state must be the effect of one of its
-//! operations at or after the last acknowledged one — never an older one (a lost
-//! acknowledged write, or a read going back in time: a read returns what was
-//! acknowledged), never a value no one wrote — or, for a key with no acknowledged
-//! operation, of any of its operations or none.
+//! Every write and remove a master appended is recorded in the order appended, with
+//! whether its client heard back. One master owns a key at a time, and a recovery
+//! rebuilds the effect of a *prefix* of what the crashed owner appended; what a read
+//! of a key may then return is what clients were promised: the state left by one of
+//! the key's operations at or after both its last acknowledged one and the one an
+//! earlier read of it returned — never an older one (a lost acknowledged write, or a
+//! read going back in time), never a value no one wrote — or, for a key with neither,
+//! absent too.
 
 use rampart_common::ids::Version;
 use std::collections::BTreeMap;
@@ -25,10 +25,16 @@ pub struct Op {
 /// What a key holds: its version and value, or nothing.
 pub type KeyState = Option<(Version, Vec<u8>)>;
 
-/// Every operation appended, in log order.
+/// Every operation appended, in order, and what reads returned.
 #[derive(Debug, Default)]
 pub struct History {
     ops: Vec<(Op, bool)>,
+    /// Each key's operations, as indexes into `ops`.
+    by_key: BTreeMap<u64, Vec<usize>>,
+    /// Each key's operation whose state the last read of it returned.
+    read: BTreeMap<u64, usize>,
+    /// Reads checked.
+    reads: usize,
 }
 
 /// Index of an operation in a [`History`].
@@ -38,6 +44,7 @@ pub struct OpIndex(usize);
 impl History {
     /// Records an appended, not yet acknowledged operation.
     pub fn append(&mut self, op: Op) -> OpIndex {
+        self.by_key.entry(op.key).or_default().push(self.ops.len());
         self.ops.push((op, false));
         OpIndex(self.ops.len() - 1)
     }
@@ -62,47 +69,51 @@ impl History {
         self.ops.is_empty()
     }
 
-    /// What a client reading `key` after the last acknowledgement is owed at least: the
-    /// state left by its last acknowledged operation (`None` if it has none).
-    pub fn acknowledged_state(&self, key: u64) -> Option<KeyState> {
-        self.ops
-            .iter()
-            .rev()
-            .find(|(op, acked)| *acked && op.key == key)
-            .map(|(op, _)| state_after(op))
+    /// Reads checked.
+    pub fn reads(&self) -> usize {
+        self.reads
     }
 
-    /// Checks the recovered objects (by key) against the history; the first violation,
-    /// described.
-    pub fn check(&self, recovered: &BTreeMap<u64, (Version, Vec<u8>)>) -> Result<(), String> {
-        let mut by_key: BTreeMap<u64, Vec<(usize, &Op, bool)>> = BTreeMap::new();
-        for (i, (op, acked)) in self.ops.iter().enumerate() {
-            by_key.entry(op.key).or_default().push((i, op, *acked));
-        }
-        for key in recovered.keys() {
-            if !by_key.contains_key(key) {
-                return Err(format!("key {key} was recovered but never written"));
+    /// Checks that a read of `key` may return `got` (see the module doc) and remembers
+    /// it: later reads may not return an older state. The violation, described.
+    pub fn check_read(&mut self, key: u64, got: &KeyState) -> Result<(), String> {
+        self.reads += 1;
+        let ops = self.by_key.get(&key).map(Vec::as_slice).unwrap_or_default();
+        let acked = ops.iter().rev().find(|&&i| self.ops[i].1).copied();
+        let floor = acked.max(self.read.get(&key).copied());
+        let Some(floor) = floor else {
+            // Nothing acknowledged or read yet: absent, or any operation's state.
+            if got.is_none() {
+                return Ok(());
             }
-        }
-        for (key, ops) in &by_key {
-            let got: KeyState = recovered.get(key).cloned();
-            let last_acked = ops.iter().rposition(|(_, _, acked)| *acked);
-            let allowed: Vec<KeyState> = match last_acked {
-                Some(at) => ops[at..].iter().map(|(_, op, _)| state_after(op)).collect(),
-                None => std::iter::once(None)
-                    .chain(ops.iter().map(|(_, op, _)| state_after(op)))
-                    .collect(),
-            };
-            if !allowed.contains(&got) {
-                let acked = last_acked.map(|at| ops[at].1);
-                return Err(format!(
-                    "key {key}: recovered {} but the last acknowledged operation was {}",
-                    describe(&got),
-                    acked.map_or("none".to_string(), |op| describe(&state_after(op)))
-                ));
+            if let Some(&at) = ops.iter().find(|&&i| state_after(&self.ops[i].0) == *got) {
+                self.read.insert(key, at);
+                return Ok(());
             }
+            return Err(format!(
+                "key {key}: read {} but no client wrote it",
+                describe(got)
+            ));
+        };
+        match ops
+            .iter()
+            .find(|&&i| i >= floor && state_after(&self.ops[i].0) == *got)
+        {
+            Some(&at) => {
+                self.read.insert(key, at);
+                Ok(())
+            }
+            None => Err(format!(
+                "key {key}: read {} but {} was {}",
+                describe(got),
+                if acked == Some(floor) {
+                    "the last acknowledged operation"
+                } else {
+                    "an earlier read"
+                },
+                describe(&state_after(&self.ops[floor].0))
+            )),
         }
-        Ok(())
     }
 }
 
@@ -129,19 +140,33 @@ mod tests {
         }
     }
 
+    fn state(version: u64, value: &[u8]) -> KeyState {
+        Some((Version(version), value.to_vec()))
+    }
+
     #[test]
     fn a_lost_acknowledged_write_is_a_violation_and_a_lost_unacknowledged_one_is_not() {
         let mut history = History::default();
         let first = history.append(op(1, 1, Some(b"a")));
         history.acknowledge(first);
         history.append(op(1, 2, Some(b"b")));
-        let mut recovered = BTreeMap::new();
-        recovered.insert(1, (Version(1), b"a".to_vec()));
-        assert_eq!(history.check(&recovered), Ok(()));
-        recovered.insert(1, (Version(2), b"b".to_vec()));
-        assert_eq!(history.check(&recovered), Ok(()));
-        recovered.remove(&1);
-        assert!(history.check(&recovered).is_err());
+        assert_eq!(history.check_read(1, &state(1, b"a")), Ok(()));
+        assert_eq!(history.check_read(1, &state(2, b"b")), Ok(()));
+        let mut fresh = History::default();
+        let first = fresh.append(op(1, 1, Some(b"a")));
+        fresh.acknowledge(first);
+        assert!(fresh.check_read(1, &None).is_err());
+    }
+
+    #[test]
+    fn a_read_never_goes_back_to_an_older_state() {
+        let mut history = History::default();
+        history.append(op(1, 1, Some(b"a")));
+        history.append(op(1, 2, Some(b"b")));
+        assert_eq!(history.check_read(1, &None), Ok(()));
+        assert_eq!(history.check_read(1, &state(2, b"b")), Ok(()));
+        assert!(history.check_read(1, &state(1, b"a")).is_err());
+        assert!(history.check_read(1, &None).is_err());
     }
 
     #[test]
@@ -151,17 +176,15 @@ mod tests {
         history.acknowledge(write);
         let remove = history.append(op(1, 1, None));
         history.acknowledge(remove);
-        let mut recovered = BTreeMap::new();
-        assert_eq!(history.check(&recovered), Ok(()));
-        recovered.insert(1, (Version(1), b"a".to_vec()));
-        assert!(history.check(&recovered).is_err());
+        assert_eq!(history.check_read(1, &None), Ok(()));
+        assert!(history.check_read(1, &state(1, b"a")).is_err());
     }
 
     #[test]
     fn a_value_no_one_wrote_is_a_violation() {
-        let history = History::default();
-        let mut recovered = BTreeMap::new();
-        recovered.insert(7, (Version(3), b"x".to_vec()));
-        assert!(history.check(&recovered).is_err());
+        let mut history = History::default();
+        assert!(history.check_read(7, &state(3, b"x")).is_err());
+        history.append(op(7, 3, Some(b"y")));
+        assert!(history.check_read(7, &state(3, b"x")).is_err());
     }
 }

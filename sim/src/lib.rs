@@ -1,36 +1,45 @@
 //! # rampart-sim: deterministic simulation of replication and crash recovery
 //!
-//! One seed fixes a whole run: a master takes a random workload of writes and removes,
-//! replicates its log to simulated backups while the world drops and loses messages
-//! (or holds requests back and delivers them late, after the master gave up on them),
-//! takes backups down for a while or for good, leaves the coordinators without a leader,
-//! and kills the master — or declares it crashed while it keeps running (a zombie) —
-//! at any call; then the crashed master is recovered and the recovered objects are
-//! checked against what every client was told ([`checker`]). A failing seed prints
-//! itself and replays exactly: `rampart simulate --seed N --trace`.
+//! One seed fixes a whole run: one to three masters serve a table whose tablets the
+//! coordinators spread over them, and take a random workload of writes and removes;
+//! they replicate their logs to simulated backups while the world drops and loses
+//! messages (or holds requests back and delivers them late, after the master gave up
+//! on them), takes backups down for a while or for good, leaves the coordinators
+//! without a leader, and kills masters — while they write or while idle — or declares
+//! them crashed while they keep running (zombies). Every crash is recovered into the
+//! surviving masters or a spare, which replicate what they replayed and serve the
+//! tablets; clients read between batches, and after every recovery every key is read
+//! from its owner and checked against what clients were told and read before
+//! ([`checker`]). A failing seed prints itself and replays exactly:
+//! `rampart simulate --seed N --trace`.
 //!
 //! # What is real and what is simulated
 //! The protocol decisions are Rampart's own code, not models of it:
-//! * the master's log is a real `SegmentedLog` (entries, Tailwind checksums, digests,
-//!   footers, rollovers);
+//! * each master's store is a real `ObjectStore` (staging with versions below a
+//!   ceiling reserved at the coordinators, tablets, reads, tombstones, the recovery
+//!   replay `stage_replay`), its log a real `SegmentedLog` (entries, Tailwind checksums,
+//!   digests, footers, rollovers);
 //! * each segment's replicas are a real `SegmentReplicas` (placement, epochs, bumps,
 //!   the epoch recorded at the coordinator, closes, frees);
-//! * the coordinators' state is the real `CoordinatorState` (enlistment, crash
-//!   declarations, `SetOpenEpoch` with its two-segment bound and its refusal once the
-//!   master is crashed);
+//! * the coordinators' state is the real `CoordinatorState` (enlistment, the table's
+//!   tablets, crash declarations, `SetOpenEpoch` with its two-segment bound and its
+//!   refusal once the master is crashed, `ReserveVersions`, `RecoveredPartition` with
+//!   the version ceiling it hands on);
 //! * each backup's decisions about its frames are the real `FrameTable` of
 //!   `rampart-backup` (opens and the replacing open that keeps a slot's bytes, epoch
 //!   checks, writes, bumps, closes, frees with their epoch bound, fences and fenced
 //!   lengths, which frame shadows a stored copy, the slot a flushed replica stays
 //!   readable from);
-//! * backups' listings use the real log scanner, and the recovery's choice of copies is
-//!   the real `recovery_plan` (`check_log`, `choose_sources`).
+//! * backups' listings use the real log scanner; the recovery's choice of copies and
+//!   partitions is the real `recovery_plan` (`check_log`, `choose_sources`,
+//!   `partitions_for`); the copies are cut into pieces by the backups' real
+//!   `split_replica` and checked by the recovery masters' real `RecoveryPiece::parse`.
 //!
 //! Around them, thin synchronous drivers stand in for the async ones ([`master`] for
-//! `Replicator`, [`recovery`] for the coordinator's recovery driver, [`backup`] for the
-//! backup's frames, store and request handlers: frame slots and the disk are bytes in
-//! memory, the store's write and free rules restated). The network, the clock and the
-//! faults are the [`world`].
+//! the appender and `Replicator`, [`recovery`] and [`cluster`] for the coordinator's
+//! recovery driver, [`backup`] for the backup's frames, store and request handlers:
+//! frame slots and the disk are bytes in memory, the store's write and free rules
+//! restated). The network, the clock and the faults are the [`world`].
 //!
 //! # Why an executor of our own, not `madsim` or `turmoil`
 //! The cores are synchronous state machines (STYLE.md habit 8), so a seeded loop over
@@ -46,13 +55,16 @@
 //! habit 10); that is the next layer, not this one.
 //!
 //! # Not simulated yet
-//! One master per run, one table; no cleaner (none exists); backups that restart
-//! under a new id; the recovery masters' own replication; several recoveries at once;
-//! client reads racing the crash (a read returns what was acknowledged, so the check of
-//! acknowledged writes covers it here).
+//! One table; no cleaner (none exists); backups that restart under a new id; several
+//! recoveries at once; a recovery master that fails during its replay (the
+//! coordinator's `PartitionTries` retrying the partition elsewhere); the coordinators'
+//! own crashes beyond windows without a leader (their Raft log is not simulated); the
+//! real async drivers (`Replicator`, the coordinator's recovery task) under an injected
+//! network and clock.
 
 pub mod backup;
 pub mod checker;
+pub mod cluster;
 pub mod master;
 pub mod recovery;
 pub mod trace;
@@ -62,22 +74,29 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::fmt;
 
-use checker::History;
-use master::SimMaster;
-use world::{Crash, Stop, World};
-
-/// Steps after which a recovery that neither ends nor fails is reported stuck.
-const RECOVERY_STEPS_MAX: usize = 200_000;
+use cluster::Cluster;
+use world::{Crash, World};
 
 /// What one run does; drawn from its seed (a "swarm": each seed also picks its own
 /// rates of each fault, so that some runs hammer one kind of fault).
 #[derive(Clone, Debug)]
 pub struct SimConfig {
+    /// Masters at the start (spares are enlisted when a recovery finds none left).
+    pub masters: usize,
+    /// Tablets of the table, spread over the masters.
+    pub tablets: u32,
+    /// Crashes of masters, at most (at least one happens: after the workload if none
+    /// did before).
+    pub crashes: usize,
+    /// Client reads between two batches.
+    pub reads_per_batch: usize,
     /// Backups (each on its own failure domain).
     pub backups: usize,
     /// Replicas of each segment (R).
     pub replicas: usize,
-    /// Bytes of one segment: small, so runs roll over often.
+    /// Bytes of one segment: the smallest a master's configuration validates (a
+    /// segment holds its digest and the largest object, a 64 KiB key included), with
+    /// values of up to a few KiB, so runs roll over often.
     pub segment_bytes: u32,
     /// Batches the workload appends.
     pub batches: usize,
@@ -97,7 +116,8 @@ pub struct SimConfig {
     pub backup_lost_p: f64,
     /// Per call: the coordinators have no leader for a while.
     pub coordinator_silent_p: f64,
-    /// Per call: the master crashes.
+    /// Per call: the master making it crashes (and, four times as likely, per batch:
+    /// an idle master).
     pub master_crash_p: f64,
     /// Of those crashes, the share that are declarations of a master still running.
     pub zombie_p: f64,
@@ -117,12 +137,12 @@ impl SimConfig {
         SimConfig {
             backups,
             replicas,
-            segment_bytes: [4096, 8192][rng.gen_range(0..2)],
+            segment_bytes: [96 * 1024, 128 * 1024][rng.gen_range(0..2)],
             batches: rng.gen_range(20..=200),
             batch_ops_max: rng.gen_range(1..=8),
             keys: rng.gen_range(4..=64),
-            value_bytes_max: rng.gen_range(8..=600),
-            fill_chunk_bytes: rng.gen_range(64..=2048),
+            value_bytes_max: rng.gen_range(8..=16_000),
+            fill_chunk_bytes: rng.gen_range(1024..=16384),
             drop_p: pick(&mut rng, &[0.0, 0.01, 0.05]),
             backup_down_p: pick(&mut rng, &[0.0, 0.005, 0.03]),
             backup_lost_p: pick(&mut rng, &[0.0, 0.002, 0.01]),
@@ -132,7 +152,22 @@ impl SimConfig {
             // Drawn last, from draws of its own: seeds drawn without late requests run
             // as they did before late requests were simulated.
             late_p: pick(&mut rng, &[0.0, 0.0, 0.5, 1.0]),
+            masters: 0,
+            tablets: 0,
+            crashes: 0,
+            reads_per_batch: 0,
         }
+        .with_cluster(seed)
+    }
+
+    /// The cluster's shape, from draws of its own.
+    fn with_cluster(mut self, seed: u64) -> SimConfig {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x434c_5553_5445_5253);
+        self.masters = rng.gen_range(1..=3);
+        self.tablets = rng.gen_range(self.masters as u32..=2 * self.masters as u32);
+        self.crashes = rng.gen_range(1..=3);
+        self.reads_per_batch = rng.gen_range(0..=3);
+        self
     }
 }
 
@@ -140,15 +175,19 @@ impl SimConfig {
 #[derive(Clone, Debug)]
 pub struct Report {
     pub seed: u64,
+    /// Masters at the end (spares included).
+    pub masters: usize,
     /// Operations appended, and acknowledged to their clients.
     pub appended: usize,
     pub acknowledged: usize,
-    /// How the master ended: killed, or declared crashed while running.
-    pub crash: Crash,
-    /// Why the master stopped before the workload ended, if it did.
-    pub stopped: Option<String>,
-    /// Objects recovered.
-    pub recovered: usize,
+    /// Reads checked (between batches, and of every key after each recovery).
+    pub reads: usize,
+    /// The crashes recovered, in order: killed, or declared crashed while running.
+    pub crashes: Vec<Crash>,
+    /// Partitions replayed by recovery masters.
+    pub partitions: usize,
+    /// Objects the live masters serve at the end.
+    pub objects: usize,
     /// Simulated time at the end, µs.
     pub time_us: u64,
     /// Events in the trace, and the CRC32 of all of them: equal for two runs of one
@@ -185,58 +224,29 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
     let config = SimConfig::for_seed(seed);
     let mut world = World::new(config.clone(), seed);
     world.note(format!("{config:?}"));
-    let mut master = SimMaster::new(world.master, config.segment_bytes, config.replicas);
-    let mut history = History::default();
-    let stopped = drive(&mut world, &mut master, &mut history, &config);
-    if let Some(stop) = &stopped {
-        world.note(format!("master stopped: {stop:?}"));
-    }
-    let fail = |world: World, why: String| Failure {
-        seed,
-        why,
-        trace: world.trace,
-    };
-    if let Some(Stop::Fatal(why)) = &stopped {
-        if world.crash.is_none() {
-            // Only a master declared crashed may stop itself.
-            return Err(fail(world, format!("a live master stopped itself: {why}")));
+    let result = Cluster::new(&mut world).and_then(|mut cluster| {
+        cluster.run(&mut world)?;
+        Ok(cluster)
+    });
+    let cluster = match result {
+        Ok(cluster) => cluster,
+        Err(why) => {
+            return Err(Failure {
+                seed,
+                why,
+                trace: world.trace,
+            })
         }
-    }
-    if world.crash.is_none() {
-        world.declare_crashed("killed after the workload");
-        world.crash = Some(Crash::Killed);
-    }
-    let crash = world.crash.unwrap_or(Crash::Killed);
-    let Some(mut recovery) = world.recovery.take() else {
-        return Err(fail(world, "a crashed master has no recovery".to_string()));
     };
-    let mut steps = 0;
-    while !recovery.ended() {
-        steps += 1;
-        if steps > RECOVERY_STEPS_MAX {
-            return Err(fail(world, "the recovery never ended".to_string()));
-        }
-        world.pass_time();
-        recovery.advance(&mut world.reach());
-    }
-    if let Some(why) = recovery.failure() {
-        let why = format!("recovery failed: {why}");
-        return Err(fail(world, why));
-    }
-    let recovered = match recovery.replay() {
-        Ok(objects) => objects,
-        Err(why) => return Err(fail(world, why)),
-    };
-    if let Err(why) = history.check(&recovered) {
-        return Err(fail(world, why));
-    }
     Ok(Report {
         seed,
-        appended: history.len(),
-        acknowledged: history.acknowledged(),
-        crash,
-        stopped: stopped.map(|s| format!("{s:?}")),
-        recovered: recovered.len(),
+        masters: cluster.masters.len(),
+        appended: cluster.history.len(),
+        acknowledged: cluster.history.acknowledged(),
+        reads: cluster.history.reads(),
+        crashes: cluster.crashes.clone(),
+        partitions: cluster.partitions_recovered,
+        objects: cluster.objects(&world),
         time_us: world.now_us,
         events: world.trace.len(),
         trace_crc32: world
@@ -250,39 +260,4 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
         late_delivered: world.late_delivered,
         trace: world.trace,
     })
-}
-
-/// Runs the workload until it ends or the master stops; why it stopped, if it did.
-fn drive(
-    world: &mut World,
-    master: &mut SimMaster,
-    history: &mut History,
-    config: &SimConfig,
-) -> Option<Stop> {
-    if let Err(stop) = master.start(world) {
-        return Some(stop);
-    }
-    for batch in 0..config.batches {
-        let count = world.draw(1..config.batch_ops_max as u64 + 1);
-        let ops: Vec<(u64, Option<Vec<u8>>)> = (0..count)
-            .map(|i| {
-                let key = world.draw(0..config.keys);
-                if world.chance(0.15) {
-                    (key, None)
-                } else {
-                    let len = world.draw(1..config.value_bytes_max as u64 + 1) as usize;
-                    let mut value = format!("b{batch}o{i}k{key}:").into_bytes();
-                    value.resize(len.max(value.len()), b'.');
-                    (key, Some(value))
-                }
-            })
-            .collect();
-        if let Err(stop) = master.write_batch(world, &ops, history) {
-            return Some(stop);
-        }
-        if let Err(stop) = master.tick(world) {
-            return Some(stop);
-        }
-    }
-    None
 }

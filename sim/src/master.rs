@@ -1,7 +1,9 @@
-//! `SimMaster`: a master's write path over the real cores — its log is a real
-//! [`SegmentedLog`] (real entries, checksums, digests and footers), each segment's
-//! replicas a real [`SegmentReplicas`] — driven the way `Replicator` drives them, with
-//! every call to a backup or the coordinators going through the [`World`].
+//! `SimMaster`: a master over the real cores — its store is a real [`ObjectStore`]
+//! (staging with versions below a reserved ceiling, tablets, reads, tombstones, the
+//! recovery replay; its log real entries, checksums, digests and footers), each
+//! segment's replicas a real [`SegmentReplicas`] — driven the way the appender and
+//! `Replicator` drive them, with every call to a backup or the coordinators going
+//! through the [`World`].
 //!
 //! The driver is synchronous: one call at a time, each a boundary where the world moves
 //! on (a real master writes the R replicas of a range concurrently; here they go one
@@ -9,20 +11,26 @@
 //! states concurrency leaves behind). A fill of a new replica goes in chunks, so a crash
 //! can leave it part written.
 
+use bytes::Bytes;
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId, TableId, Version};
+use rampart_common::reject::RejectRules;
+use rampart_common::status::Status;
+use rampart_common::tablet::Tablet;
+use rampart_master::object_store::{Batch, ObjectStore, WriteOp};
+use rampart_master::replay::{RecoveryPiece, ReplayState};
 use rampart_master::replica_manager::segment_replicas::{
     Abandoned, Lost, Replica, SegmentReplicas, Step,
 };
-use rampart_master::segmented_log::{SegmentRange, SegmentedLog};
+use rampart_master::segmented_log::SegmentRange;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::backup::Refusal;
-use crate::checker::{History, Op};
+use crate::checker::{History, KeyState, Op};
 use crate::world::{CoordinatorAnswer, Delivery, Request, Stop, World};
 
-/// The one table every simulated object lives in.
-pub const TABLE: TableId = TableId(1);
+/// Largest value a simulated master takes (above what the workload writes).
+pub const VALUE_BYTES_MAX: usize = 16 * 1024;
 
 /// A backup that failed is not chosen again for this long (µs).
 const FAILED_BACKUP_EXCLUSION_US: u64 = 50_000;
@@ -43,11 +51,13 @@ enum Failure {
     Killed,
 }
 
-/// A simulated master.
+/// A simulated master: the real `ObjectStore` (its log, index, tablets, versions and
+/// replay), replicated by a synchronous stand-in for `Replicator`.
 #[derive(Debug)]
 pub struct SimMaster {
-    id: ServerId,
-    log: SegmentedLog,
+    pub id: ServerId,
+    table: TableId,
+    store: ObjectStore,
     segment_bytes: u32,
     replicas: usize,
     segments: BTreeMap<SegmentId, SegmentReplicas<()>>,
@@ -55,121 +65,179 @@ pub struct SimMaster {
     abandoned: Vec<Abandoned>,
     /// Backups that failed, and when.
     failed: BTreeMap<ServerId, u64>,
-    /// The newest version of each key and the segment holding it (for tombstones).
-    objects: BTreeMap<u64, (Version, SegmentId)>,
-    next_version: u64,
-    /// Versions below this were reserved at the coordinators (`ReserveVersions`); a
-    /// recovery of a master that reserved none knows it never acknowledged a write.
-    ceiling: u64,
+    /// Why it stopped (killed, fatal, or its log full), once it did.
+    pub stopped: Option<Stop>,
 }
 
-/// Versions reserved at a time.
-const VERSIONS_RESERVED: u64 = 64;
-
 impl SimMaster {
-    /// A master `id` whose log has segments of `segment_bytes`.
-    pub fn new(id: ServerId, segment_bytes: u32, replicas: usize) -> SimMaster {
+    /// A master `id` of table `table` whose log has segments of `segment_bytes`; it
+    /// hands out versions only below a ceiling reserved at the coordinators.
+    pub fn new(id: ServerId, table: TableId, segment_bytes: u32, replicas: usize) -> SimMaster {
         let config = MasterConfig {
             segment_bytes,
-            memory_bytes: u64::from(segment_bytes) * 4096,
-            value_bytes_max: 1024,
+            memory_bytes: u64::from(segment_bytes) * 256,
+            value_bytes_max: VALUE_BYTES_MAX,
         };
+        let mut store = ObjectStore::new(id, config);
+        store.enforce_version_ceiling();
         SimMaster {
             id,
-            log: SegmentedLog::new(id, &config, Version(0)),
+            table,
+            store,
             segment_bytes,
             replicas,
             segments: BTreeMap::new(),
             abandoned: Vec::new(),
             failed: BTreeMap::new(),
-            objects: BTreeMap::new(),
-            next_version: 1,
-            ceiling: 0,
+            stopped: None,
         }
+    }
+
+    /// Whether it still serves: not killed, not stopped by a fatal error.
+    pub fn running(&self) -> bool {
+        matches!(self.stopped, None | Some(Stop::LogFull))
+    }
+
+    /// Whether it takes writes.
+    pub fn writable(&self) -> bool {
+        self.stopped.is_none()
     }
 
     /// Replicates the log's first segment before anything is served.
     pub fn start(&mut self, world: &mut World) -> Result<(), Stop> {
-        let ranges = self.log.take_unreplicated();
-        for range in ranges {
+        for range in self.store.seal() {
             self.replicate(world, &range.range)?;
         }
         Ok(())
     }
 
-    /// Appends a batch of writes and removes, replicates it, and acknowledges it in
-    /// `history` once every replica holds it. Each op is in `history` from the moment
-    /// it was appended: it may surface in a recovery whether acknowledged or not.
+    /// Serves `tablets` (given by the coordinators); a recovered partition also raises
+    /// the version ceiling to what the coordinators hold for this master.
+    pub fn take_tablets(&mut self, tablets: &[Tablet], ceiling: u64) {
+        self.store.take_tablets(tablets);
+        self.store.raise_version_ceiling(Version(ceiling));
+    }
+
+    /// Whether its store serves `key` (its own view, which a zombie keeps).
+    pub fn owns(&self, key: u64) -> bool {
+        self.store.read(self.table, &key_bytes(key)) != Err(Status::UnknownTablet)
+    }
+
+    /// A client's read of `key`: what the store serves, or why not.
+    pub fn read(&self, key: u64) -> Result<KeyState, Status> {
+        match self.store.read(self.table, &key_bytes(key)) {
+            Ok(object) => Ok(Some((object.version, object.value.to_vec()))),
+            Err(Status::ObjectDoesntExist) => Ok(None),
+            Err(status) => Err(status),
+        }
+    }
+
+    /// Reserves versions at the coordinators when the store wants more (as
+    /// `VersionReserver`, before the batch rather than beside it).
+    fn reserve_versions(&mut self, world: &mut World) -> Result<(), Stop> {
+        let Some(ceiling) = self.store.ceiling_wanted() else {
+            return Ok(());
+        };
+        loop {
+            world.boundary()?;
+            match world.reserve_versions(self.id, ceiling.0) {
+                CoordinatorAnswer::Ok => break,
+                CoordinatorAnswer::Crashed => {
+                    return Err(Stop::Fatal("ReserveVersions: declared crashed".into()))
+                }
+                CoordinatorAnswer::Silent => world.wait(20_000),
+            }
+        }
+        self.store.raise_version_ceiling(ceiling);
+        Ok(())
+    }
+
+    /// Stages a batch of writes and removes in the real store, replicates it, publishes
+    /// it and acknowledges it in `history` once every replica holds it. Each applied op
+    /// is in `history` from the moment it was appended: it may surface in a recovery
+    /// whether acknowledged or not. Ops the store refuses (a key it does not own) are
+    /// not appended.
     pub fn write_batch(
         &mut self,
         world: &mut World,
         ops: &[(u64, Option<Vec<u8>>)],
         history: &mut History,
     ) -> Result<(), Stop> {
+        self.reserve_versions(world)?;
+        let mut batch = Batch::new();
         let mut appended = Vec::new();
-        let needed = self.next_version + ops.len() as u64;
-        if needed > self.ceiling {
-            let ceiling = needed + VERSIONS_RESERVED;
-            loop {
-                world.boundary()?;
-                match world.reserve_versions(ceiling) {
-                    CoordinatorAnswer::Ok => break,
-                    CoordinatorAnswer::Crashed => {
-                        return Err(Stop::Fatal("ReserveVersions: declared crashed".into()))
-                    }
-                    CoordinatorAnswer::Silent => world.wait(20_000),
-                }
-            }
-            self.ceiling = ceiling;
-        }
         for (key, value) in ops {
-            let version = Version(self.next_version);
-            let key_bytes = key_bytes(*key);
-            let at = match value {
-                Some(value) => self
-                    .log
-                    .append_object(TABLE, version, &key_bytes, value, version)
-                    .map(|at| (version, at.segment)),
-                None => {
-                    let Some(&(old, segment)) = self.objects.get(key) else {
-                        continue;
-                    };
-                    // A tombstone carries the removed object's version; the next
-                    // version is spent so versions keep growing past the removal.
-                    self.log
-                        .append_tombstone(TABLE, old, segment, &key_bytes, version)
-                        .map(|_| (old, segment))
-                }
+            let (table, key_bytes) = (self.table, Bytes::from(key_bytes(*key)));
+            let op = match value {
+                Some(value) => WriteOp::Write {
+                    table,
+                    key: key_bytes,
+                    value: Bytes::from(value.clone()),
+                    rules: RejectRules::default(),
+                },
+                None => WriteOp::Remove {
+                    table,
+                    key: key_bytes,
+                    rules: RejectRules::default(),
+                },
             };
-            let Ok((entry_version, segment)) = at else {
-                return Err(Stop::LogFull);
-            };
-            self.next_version += 1;
-            match value {
-                Some(_) => {
-                    self.objects.insert(*key, (entry_version, segment));
-                }
-                None => {
-                    self.objects.remove(key);
-                }
+            let outcome = self.store.stage(&mut batch, &op);
+            match outcome.status {
+                // A remove of nothing appends nothing.
+                Status::Ok if value.is_none() && outcome.version == Version(0) => {}
+                Status::Ok => appended.push(history.append(Op {
+                    key: *key,
+                    version: outcome.version,
+                    value: value.clone(),
+                })),
+                Status::NoSpace => return Err(Stop::LogFull),
+                status => world.note(format!("{}: key {key} refused: {status:?}", self.id)),
             }
-            appended.push(history.append(Op {
-                key: *key,
-                version: entry_version,
-                value: value.clone(),
-            }));
         }
         if appended.is_empty() {
             return Ok(());
         }
-        self.log.seal_batch();
-        for range in self.log.take_unreplicated() {
+        for range in self.store.seal() {
             self.replicate(world, &range.range)?;
         }
-        for op in appended {
-            history.acknowledge(op);
+        self.store.publish(batch);
+        for op in &appended {
+            history.acknowledge(*op);
         }
-        world.note(format!("batch of {} acknowledged", ops.len()));
+        world.note(format!(
+            "{}: batch of {} acknowledged",
+            self.id,
+            appended.len()
+        ));
+        Ok(())
+    }
+
+    /// Replays `pieces` of a crashed master's partition with the real
+    /// `ObjectStore::stage_replay`, replicates what it appended and publishes it (its
+    /// keys stay unserved until [`take_tablets`](Self::take_tablets)), as the
+    /// appender's replay batch does.
+    pub fn replay(&mut self, world: &mut World, pieces: &[RecoveryPiece]) -> Result<(), Stop> {
+        let mut batch = Batch::new();
+        let mut state = ReplayState::new();
+        for piece in pieces {
+            if self
+                .store
+                .stage_replay(&mut batch, &mut state, piece)
+                .is_err()
+            {
+                return Err(Stop::LogFull);
+            }
+        }
+        for range in self.store.seal() {
+            self.replicate(world, &range.range)?;
+        }
+        self.store.publish_recovered(batch);
+        let counts = state.counts();
+        world.note(format!(
+            "{} replayed {} pieces: {counts:?}",
+            self.id,
+            pieces.len()
+        ));
         Ok(())
     }
 
@@ -198,8 +266,8 @@ impl SimMaster {
             };
             let (delivery, _) = world.call(abandoned.backup, request);
             world.note(format!(
-                "free {} on {} up to epoch {}: {delivery:?}",
-                abandoned.segment, abandoned.backup, abandoned.epoch_max
+                "{}: free {} on {} up to epoch {}: {delivery:?}",
+                self.id, abandoned.segment, abandoned.backup, abandoned.epoch_max
             ));
             if delivery != Delivery::Answered {
                 // As `free_abandoned`: the backup counts as failed, the free is retried.
@@ -326,7 +394,8 @@ impl SimMaster {
             .collect();
         if !lost.is_empty() {
             world.note(format!(
-                "backup {backup} failed: {} replica(s) lost",
+                "{}: backup {backup} failed: {} replica(s) lost",
+                self.id,
                 lost.len()
             ));
         }
@@ -361,7 +430,7 @@ impl SimMaster {
                         if one_round {
                             return Ok(());
                         }
-                        world.note(format!("{id}: writes wait for backups"));
+                        world.note(format!("{}: {id}: writes wait for backups", self.id));
                         world.boundary()?;
                         world.wait(10_000);
                         continue;
@@ -386,7 +455,8 @@ impl SimMaster {
                         let (delivery, result) = world.call(backup, request);
                         let result = outcome(delivery, result).map(|_| ());
                         world.note(format!(
-                            "bump {id} on {backup} to {epoch}: ok={}",
+                            "{}: bump {id} on {backup} to {epoch}: ok={}",
+                            self.id,
                             result.is_ok()
                         ));
                         match result {
@@ -397,7 +467,7 @@ impl SimMaster {
                 }
                 Step::Record { epoch } => {
                     world.boundary()?;
-                    match world.record_open_epoch(id, epoch) {
+                    match world.record_open_epoch(self.id, id, epoch) {
                         CoordinatorAnswer::Ok => self.segment_mut(id).recorded(epoch),
                         CoordinatorAnswer::Crashed => {
                             return Err(Stop::Fatal("SetOpenEpoch: declared crashed".into()))
@@ -420,7 +490,7 @@ impl SimMaster {
     fn confirm_alive(&mut self, world: &mut World) -> Result<(), Stop> {
         loop {
             world.boundary()?;
-            match world.confirm_alive() {
+            match world.confirm_alive(self.id) {
                 CoordinatorAnswer::Ok => return Ok(()),
                 CoordinatorAnswer::Crashed => {
                     return Err(Stop::Fatal("the server list shows it crashed".into()))
@@ -478,7 +548,8 @@ impl SimMaster {
             match self.create_replica(world, id, backup, epoch, &bytes, closed) {
                 Ok(handle) => {
                     world.note(format!(
-                        "{id} placed on {backup} (slot {slot}) at epoch {epoch}, {len} bytes{}",
+                        "{}: {id} placed on {backup} (slot {slot}) at epoch {epoch}, {len} bytes{}",
+                        self.id,
                         if fresh { ", fresh" } else { "" }
                     ));
                     self.segment_mut(id)
@@ -520,7 +591,8 @@ impl SimMaster {
         };
         let (delivery, opened) = world.call(backup, request);
         world.note(format!(
-            "open {id} on {backup} at epoch {epoch}: {opened:?} ({delivery:?})"
+            "{}: open {id} on {backup} at epoch {epoch}: {opened:?} ({delivery:?})",
+            self.id
         ));
         let handle = outcome(delivery, opened)?.ok_or(Failure::Replica)?;
         let chunk = world.config.fill_chunk_bytes.max(1) as usize;
@@ -587,7 +659,8 @@ impl SimMaster {
     }
 
     fn bytes(&self, id: SegmentId, start: u32, end: u32) -> Vec<u8> {
-        self.log
+        self.store
+            .log()
             .segment_bytes(id)
             .and_then(|b| b.get(start as usize..end as usize))
             .expect("a replicated range lies in the log")

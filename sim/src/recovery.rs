@@ -1,8 +1,8 @@
-//! `Recovery`: the recovery of the crashed master, with the coordinator's real planning
+//! `Recovery`: the recovery of a crashed master, with the coordinator's real planning
 //! (`rampart_coordinator::recovery_plan`: `check_log`, `choose_sources`) over what the
-//! simulated backups list, and a replay of the chosen copies (newest version wins,
-//! tombstones remove what they name) whose result the checker compares with what
-//! clients were told.
+//! simulated backups list, and the copies read cut into each partition's pieces as the
+//! backups and recovery masters do (the real `split_replica` and `RecoveryPiece::parse`)
+//! for the recovery masters' real replay ([`crate::master::SimMaster::replay`]).
 //!
 //! It advances one step at a time, so that a zombie master (declared crashed, still
 //! running) can act between any two of them: fence and list one backup; plan; read one
@@ -10,10 +10,13 @@
 //! one); a lost one is left out (it is no longer listed Up). A read that finds its copy
 //! gone, and no equal copy elsewhere, fails the attempt, and the next one lists again.
 
-use rampart_common::ids::{SegmentId, ServerId, Version};
-use rampart_common::log::{entries, scan, Entry};
+use bytes::Bytes;
+use rampart_backup::recovery::{split_replica, PartitionIndex};
+use rampart_common::ids::{SegmentId, ServerId};
+use rampart_common::protocol::backup::{PartitionRanges, ReplicaInfo};
 use rampart_common::tablet::ServerStatus;
 use rampart_coordinator::recovery_plan::{check_log, choose_sources, FoundReplica};
+use rampart_master::replay::{PieceBytes, RecoveryPiece};
 use std::collections::BTreeMap;
 
 use rampart_coordinator::state::CoordinatorState;
@@ -67,8 +70,8 @@ pub struct Recovery {
     phase: Phase,
     /// What the backups listed in this attempt.
     found: Vec<FoundReplica>,
-    /// The copies read so far, by segment.
-    read: BTreeMap<SegmentId, Vec<u8>>,
+    /// The copies read so far, by segment, with what their backup listed.
+    read: BTreeMap<SegmentId, (ReplicaInfo, Vec<u8>)>,
     attempts: usize,
 }
 
@@ -143,7 +146,8 @@ impl Recovery {
                 let listed = world.backups[i].fence_and_list(self.master);
                 let id = world.backups[i].id;
                 world.note(format!(
-                    "recovery fenced and listed {id}: {}",
+                    "recovery of {} fenced and listed {id}: {}",
+                    self.master,
                     listed
                         .iter()
                         .map(|r| format!(
@@ -195,7 +199,7 @@ impl Recovery {
                         info.closed,
                         info.length,
                     ) {
-                        self.read.insert(segment, bytes);
+                        self.read.insert(segment, (*info, bytes));
                         *next += 1;
                         return;
                     }
@@ -214,8 +218,8 @@ impl Recovery {
             Ok(segments) => {
                 let plan = choose_sources(&segments, &self.found, &floors);
                 world.note(format!(
-                    "recovery plan (floors {floors:?}): {:?}",
-                    plan.sources
+                    "recovery plan of {} (floors {floors:?}): {:?}",
+                    self.master, plan.sources
                 ));
                 self.phase = Phase::Reading {
                     sources: plan.sources,
@@ -229,56 +233,33 @@ impl Recovery {
         }
     }
 
-    /// Replays the copies read (newest version wins; a tombstone removes the object it
-    /// names and older ones) into the objects the recovery masters now serve, by key
-    /// number.
-    pub fn replay(&self) -> Result<BTreeMap<u64, (Version, Vec<u8>)>, String> {
-        // key → (version, value or removed)
-        let mut state: BTreeMap<Vec<u8>, (Version, Option<Vec<u8>>)> = BTreeMap::new();
-        for (segment, bytes) in &self.read {
-            let scanned = scan(bytes);
-            if (scanned.valid_bytes as usize) < bytes.len() {
-                return Err(format!(
-                    "{segment}: read {} bytes but only {} scan valid",
-                    bytes.len(),
-                    scanned.valid_bytes
-                ));
-            }
-            for (_, entry) in entries(bytes, scanned.valid_bytes) {
-                match entry {
-                    Entry::Object(object) => {
-                        let newer = state
-                            .get(object.key)
-                            .map_or(true, |(v, _)| object.version > *v);
-                        if newer {
-                            state.insert(
-                                object.key.to_vec(),
-                                (object.version, Some(object.value.to_vec())),
-                            );
-                        }
-                    }
-                    Entry::Tombstone(tombstone) => {
-                        let kills = state
-                            .get(tombstone.key)
-                            .map_or(true, |(v, _)| tombstone.version >= *v);
-                        if kills {
-                            state.insert(tombstone.key.to_vec(), (tombstone.version, None));
-                        }
-                    }
-                    _ => {}
-                }
-            }
+    /// The crashed master.
+    pub fn master(&self) -> ServerId {
+        self.master
+    }
+
+    /// The pieces of partition `ranges` in the copies read, as the backups cut them
+    /// (`split_replica`) and the recovery master checks them (`RecoveryPiece::parse`);
+    /// why not, if a copy cannot be cut or a piece fails its checks.
+    pub fn pieces(&self, ranges: &PartitionRanges) -> Result<Vec<RecoveryPiece>, String> {
+        let index = PartitionIndex::new(std::slice::from_ref(ranges))
+            .map_err(|e| format!("partition {ranges:?}: {e}"))?;
+        let mut pieces = Vec::new();
+        for (segment, (info, bytes)) in &self.read {
+            let split = split_replica(bytes, info, &index)
+                .map_err(|e| format!("{segment} cannot be split: {e}"))?;
+            let Some(piece) = split.pieces.into_iter().next() else {
+                continue;
+            };
+            let reply = PieceBytes {
+                safe_version: split.safe_version,
+                entries: Bytes::from(piece.entries),
+                count: piece.count,
+            };
+            let piece = RecoveryPiece::parse(*segment, reply, ranges)
+                .map_err(|e| format!("piece of {segment}: {e}"))?;
+            pieces.push(piece);
         }
-        let mut objects = BTreeMap::new();
-        for (key, (version, value)) in state {
-            let Some(value) = value else { continue };
-            let number = std::str::from_utf8(&key)
-                .ok()
-                .and_then(|k| k.strip_prefix("key-"))
-                .and_then(|n| n.parse::<u64>().ok())
-                .ok_or_else(|| format!("replayed a key no client wrote: {key:?}"))?;
-            objects.insert(number, (version, value));
-        }
-        Ok(objects)
+        Ok(pieces)
     }
 }

@@ -1,12 +1,16 @@
-//! `World`: everything outside the simulated master — the clock, the network's
+//! `World`: everything outside the simulated masters — the clock, the network's
 //! decisions, the backups, the coordinators' state machine and the faults — all drawn
 //! from one seeded generator, so a seed fixes every delay, drop, outage and crash.
 //!
-//! Time is simulated: every call the master makes is a *boundary*
-//! ([`World::boundary`]) where the clock moves on by a random delay and the world may
-//! inject a fault. The master cannot tell a dropped request from a lost reply: a call
-//! is [`Delivery::Dropped`] (nothing happened), [`Delivery::Unanswered`] (it happened,
-//! the reply was lost) or [`Delivery::Answered`].
+//! Time is simulated: every call a master makes is a *boundary* ([`World::boundary`])
+//! where the clock moves on by a random delay and the world may inject a fault, the
+//! crash of the master acting then ([`World::active`]) included. The master cannot tell
+//! a dropped request from a lost reply: a call is [`Delivery::Dropped`] (nothing
+//! happened), [`Delivery::Unanswered`] (it happened, the reply was lost) or
+//! [`Delivery::Answered`].
+//!
+//! One crash is handled at a time: while a master's crash is being recovered
+//! ([`World::crash`]), no other master crashes and no backup is lost.
 
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::status::Status;
@@ -150,7 +154,7 @@ pub enum Crash {
     Declared,
 }
 
-/// The world around one master.
+/// The world around the masters.
 #[derive(Debug)]
 pub struct World {
     pub config: SimConfig,
@@ -169,13 +173,21 @@ pub struct World {
     /// it is modelled as windows without a leader.
     pub coordinator: CoordinatorState,
     coordinator_silent_until_us: u64,
-    pub master: ServerId,
-    pub crash: Option<Crash>,
-    /// The recovery of the master, once declared crashed; advanced at boundaries while
+    /// The masters enlisted, in order (spares enlisted later for recoveries included).
+    pub masters: Vec<ServerId>,
+    /// The master whose calls are the boundaries now: the one a crash strikes.
+    pub active: ServerId,
+    /// Whether the active master may crash now (not while it replays a recovery).
+    pub crash_allowed: bool,
+    /// Crashes of masters still to come, at most.
+    crashes_left: usize,
+    /// The master whose crash is being handled, and how it crashed.
+    pub crashed: Option<(ServerId, Crash)>,
+    /// The recovery of that master, once declared crashed; advanced at boundaries while
     /// a zombie runs, then to its end.
     pub recovery: Option<Recovery>,
     /// Backups that may still be lost for good: fewer than R in all, so every segment
-    /// keeps a copy.
+    /// keeps a copy, and at least R left, so that masters can still place replicas.
     losses_left: usize,
     /// What happened, one line per event, for a failure report.
     pub trace: Vec<String>,
@@ -195,13 +207,17 @@ impl World {
                 CommandResult::Enlisted { id } => id,
                 other => panic!("enlisting in a fresh state is accepted: {other:?}"),
             };
-        let master = enlist(
-            "master".to_string(),
-            Services {
-                master: true,
-                backup: false,
-            },
-        );
+        let masters: Vec<ServerId> = (0..config.masters)
+            .map(|i| {
+                enlist(
+                    format!("master-{i}"),
+                    Services {
+                        master: true,
+                        backup: false,
+                    },
+                )
+            })
+            .collect();
         let backups = (0..config.backups)
             .map(|i| {
                 let id = enlist(
@@ -215,7 +231,12 @@ impl World {
             })
             .collect();
         World {
-            losses_left: config.replicas.saturating_sub(1),
+            // Fewer than R (every segment keeps a copy), and R left to place on.
+            losses_left: config
+                .replicas
+                .saturating_sub(1)
+                .min(config.backups.saturating_sub(config.replicas)),
+            crashes_left: config.crashes,
             config,
             rng: SmallRng::seed_from_u64(seed),
             late_rng: SmallRng::seed_from_u64(seed ^ 0x4c41_5445),
@@ -225,8 +246,10 @@ impl World {
             backups,
             coordinator,
             coordinator_silent_until_us: 0,
-            master,
-            crash: None,
+            active: masters[0],
+            masters,
+            crash_allowed: true,
+            crashed: None,
             recovery: None,
             trace: Vec::new(),
         }
@@ -263,23 +286,22 @@ impl World {
         self.backups.iter().position(|b| b.id == id)
     }
 
-    /// A call from the master: time passes, faults strike. `Err` when the master is
-    /// killed here.
+    /// A call from the active master: time passes, faults strike. `Err` when the
+    /// master is killed here.
     pub fn boundary(&mut self) -> Result<(), Stop> {
         self.now_us += self.draw(5..200);
         self.inject_faults();
         self.deliver_late();
-        if self.crash.is_none() && self.chance(self.config.master_crash_p) {
+        if self.may_crash() && self.chance(self.config.master_crash_p) {
+            let active = self.active;
             if self.chance(self.config.zombie_p) {
-                self.declare_crashed("declared crashed while it runs (a zombie)");
-                self.crash = Some(Crash::Declared);
+                self.declare_crashed(active, Crash::Declared);
             } else {
-                self.declare_crashed("killed");
-                self.crash = Some(Crash::Killed);
+                self.declare_crashed(active, Crash::Killed);
                 return Err(Stop::Killed);
             }
         }
-        if self.crash == Some(Crash::Declared) {
+        if self.crashed == Some((self.active, Crash::Declared)) {
             if let Some(mut recovery) = self.recovery.take() {
                 recovery.advance(&mut self.reach());
                 self.recovery = Some(recovery);
@@ -288,14 +310,46 @@ impl World {
         Ok(())
     }
 
-    /// Marks the master crashed in the coordinators' state and starts its recovery.
-    pub fn declare_crashed(&mut self, how: &str) {
+    /// Whether a master may crash now: crashes are left, none is being handled, and
+    /// the active master is not replaying a recovery.
+    pub fn may_crash(&self) -> bool {
+        self.crash_allowed && self.crashes_left > 0 && self.crashed.is_none()
+    }
+
+    /// Marks `master` crashed in the coordinators' state and starts its recovery.
+    pub fn declare_crashed(&mut self, master: ServerId, how: Crash) {
         let result = self.coordinator.apply(&Command::SetServerStatus {
-            id: self.master,
+            id: master,
             status: ServerStatus::Crashed,
         });
-        self.note(format!("master {} {how}: {result:?}", self.master));
-        self.recovery = Some(Recovery::new(self.master));
+        let what = match how {
+            Crash::Killed => "killed",
+            Crash::Declared => "declared crashed while it runs (a zombie)",
+        };
+        self.note(format!("master {master} {what}: {result:?}"));
+        self.crashes_left = self.crashes_left.saturating_sub(1);
+        self.crashed = Some((master, how));
+        self.recovery = Some(Recovery::new(master));
+    }
+
+    /// Enlists another master (a spare a recovery replays into).
+    pub fn enlist_master(&mut self) -> ServerId {
+        let name = format!("master-{}", self.masters.len());
+        let result = self.coordinator.apply(&Command::EnlistServer {
+            addr: name.clone(),
+            services: Services {
+                master: true,
+                backup: false,
+            },
+            failure_domain: name,
+            disk_read_mbps: 100,
+        });
+        let CommandResult::Enlisted { id } = result else {
+            panic!("enlisting a spare master is accepted: {result:?}");
+        };
+        self.note(format!("spare master {id} enlisted"));
+        self.masters.push(id);
+        id
     }
 
     fn inject_faults(&mut self) {
@@ -308,7 +362,8 @@ impl World {
                 self.note(format!("backup {id} down until {until} µs"));
             }
         }
-        if self.losses_left > 0 && self.crash.is_none() && self.chance(self.config.backup_lost_p) {
+        if self.losses_left > 0 && self.crashed.is_none() && self.chance(self.config.backup_lost_p)
+        {
             let i = self.draw(0..self.backups.len() as u64) as usize;
             if self.backups[i].liveness != Liveness::Lost {
                 self.losses_left -= 1;
@@ -359,14 +414,19 @@ impl World {
         self.network_delivery()
     }
 
-    /// `SetOpenEpoch` from the master.
-    pub fn record_open_epoch(&mut self, segment: SegmentId, epoch: Epoch) -> CoordinatorAnswer {
+    /// `SetOpenEpoch` from `master`.
+    pub fn record_open_epoch(
+        &mut self,
+        master: ServerId,
+        segment: SegmentId,
+        epoch: Epoch,
+    ) -> CoordinatorAnswer {
         let delivery = self.coordinator_delivery();
         if !delivery.arrived() {
             return CoordinatorAnswer::Silent;
         }
         let result = self.coordinator.apply(&Command::SetOpenEpoch {
-            server: self.master,
+            server: master,
             segment,
             epoch,
         });
@@ -379,7 +439,7 @@ impl World {
             other => panic!("SetOpenEpoch of an enlisted master: {other:?}"),
         };
         self.note(format!(
-            "SetOpenEpoch {segment} epoch {epoch}: {answer:?} ({delivery:?})"
+            "{master}: SetOpenEpoch {segment} epoch {epoch}: {answer:?} ({delivery:?})"
         ));
         match delivery {
             Delivery::Answered => answer,
@@ -387,14 +447,14 @@ impl World {
         }
     }
 
-    /// `ReserveVersions`: the master may hand out versions below `ceiling`.
-    pub fn reserve_versions(&mut self, ceiling: u64) -> CoordinatorAnswer {
+    /// `ReserveVersions`: `master` may hand out versions below `ceiling`.
+    pub fn reserve_versions(&mut self, master: ServerId, ceiling: u64) -> CoordinatorAnswer {
         let delivery = self.coordinator_delivery();
         if !delivery.arrived() {
             return CoordinatorAnswer::Silent;
         }
         let result = self.coordinator.apply(&Command::ReserveVersions {
-            server: self.master,
+            server: master,
             ceiling,
         });
         let answer = match result {
@@ -411,12 +471,12 @@ impl World {
         }
     }
 
-    /// The master reads the server list to confirm that it is still Up.
-    pub fn confirm_alive(&mut self) -> CoordinatorAnswer {
+    /// `master` reads the server list to confirm that it is still Up.
+    pub fn confirm_alive(&mut self, master: ServerId) -> CoordinatorAnswer {
         if self.coordinator_delivery() != Delivery::Answered {
             return CoordinatorAnswer::Silent;
         }
-        match self.coordinator.server(self.master).map(|s| s.status) {
+        match self.coordinator.server(master).map(|s| s.status) {
             Some(ServerStatus::Up) => CoordinatorAnswer::Ok,
             _ => CoordinatorAnswer::Crashed,
         }
@@ -435,7 +495,7 @@ impl World {
             .collect()
     }
 
-    /// Lets time pass after the master is gone: backups still go down and come back,
+    /// Lets time pass while a recovery runs: backups still go down and come back,
     /// leaders still come and go.
     pub fn pass_time(&mut self) {
         self.now_us += self.draw(100..2_000);

@@ -1,0 +1,366 @@
+//! `Cluster`: one seed's run over several masters — a table's tablets spread over them
+//! by the coordinators' real `CreateTable`, a workload of batches each sent to one
+//! master, client reads between batches checked against the [`History`], and every
+//! crash recovered into the surviving masters (or a spare) the way the coordinator
+//! does it: the crashed master's partitions from the real `partitions_for`, each
+//! replayed by one recovery master (the real `split_replica`, `RecoveryPiece::parse`
+//! and `ObjectStore::stage_replay`, replicated to the recovery master's own backups
+//! under the same faults), then handed over by the real `RecoveredPartition` command.
+//! After each recovery, and at the end, every key is read from the master the
+//! coordinators name as its owner: every tablet must be served again, by a live
+//! master, with nothing acknowledged missing.
+//!
+//! A crashed master is recovered once it stopped: at once if it was killed, and once a
+//! zombie (declared crashed, still running) stopped itself — it keeps taking the
+//! batches of clients whose tablet map is stale meanwhile, and its recovery advances
+//! between its calls. One crash is handled at a time; the recovery masters do not
+//! crash while they replay (a recovery master that fails mid-partition, retried
+//! elsewhere, is not simulated yet).
+
+use rampart_common::ids::{key_hash, ServerId, TableId};
+use rampart_common::status::Status;
+use rampart_common::tablet::ServerStatus;
+use rampart_coordinator::recovery_plan::partitions_for;
+use rampart_coordinator::state::{Command, CommandResult};
+
+use crate::checker::History;
+use crate::master::{key_bytes, SimMaster};
+use crate::world::{Crash, Stop, World};
+
+/// Steps after which a recovery that neither ends nor fails is reported stuck.
+const RECOVERY_STEPS_MAX: usize = 200_000;
+
+/// The masters of a run and what their clients were told.
+#[derive(Debug)]
+pub struct Cluster {
+    pub masters: Vec<SimMaster>,
+    pub history: History,
+    table: TableId,
+    /// How each crash came about, in order.
+    pub crashes: Vec<Crash>,
+    /// Partitions replayed by recovery masters.
+    pub partitions_recovered: usize,
+}
+
+impl Cluster {
+    /// The world's masters, serving one table of `SimConfig::tablets` tablets spread
+    /// over them by the coordinators. Nothing is replicated yet ([`Cluster::run`]).
+    pub fn new(world: &mut World) -> Result<Cluster, String> {
+        let result = world.coordinator.apply(&Command::CreateTable {
+            name: "sim".to_string(),
+            span: world.config.tablets,
+        });
+        let CommandResult::TableCreated {
+            id: table, tablets, ..
+        } = result
+        else {
+            return Err(format!("CreateTable: {result:?}"));
+        };
+        world.note(format!("table {table}: {tablets:?}"));
+        let (segment_bytes, replicas) = (world.config.segment_bytes, world.config.replicas);
+        let masters = world
+            .masters
+            .iter()
+            .map(|&id| {
+                let mut master = SimMaster::new(id, table, segment_bytes, replicas);
+                let own: Vec<_> = tablets.iter().filter(|t| t.owner == id).copied().collect();
+                master.take_tablets(&own, 0);
+                master
+            })
+            .collect();
+        Ok(Cluster {
+            masters,
+            history: History::default(),
+            table,
+            crashes: Vec::new(),
+            partitions_recovered: 0,
+        })
+    }
+
+    /// Runs the workload, recovering every crash, then crashes one more master if none
+    /// crashed, and checks every key at its owner. The first violation, described.
+    pub fn run(&mut self, world: &mut World) -> Result<(), String> {
+        for i in 0..self.masters.len() {
+            self.act(world, i, |master, world, _| master.start(world))?;
+            self.recover_stopped(world)?;
+        }
+        for batch in 0..world.config.batches {
+            self.maybe_kill_idle(world);
+            self.recover_stopped(world)?;
+            let Some(target) = self.target(world) else {
+                world.note("no master takes writes");
+                break;
+            };
+            let ops = self.draw_ops(world, target, batch);
+            if !ops.is_empty() {
+                self.act(world, target, |master, world, history| {
+                    master.write_batch(world, &ops, history)?;
+                    master.tick(world)
+                })?;
+            }
+            self.recover_stopped(world)?;
+            for _ in 0..world.config.reads_per_batch {
+                let key = world.draw(0..world.config.keys);
+                self.read_at_owner(world, key, false)?;
+            }
+        }
+        match world.crashed {
+            // A zombie still running stops with the workload.
+            Some((id, _)) => {
+                if let Some(master) = self.masters.iter_mut().find(|m| m.id == id) {
+                    master.stopped.get_or_insert(Stop::Killed);
+                }
+            }
+            // Every run recovers at least one crash.
+            None if self.crashes.is_empty() => self.kill_one(world),
+            None => {}
+        }
+        self.recover_stopped(world)?;
+        self.check_every_key(world)
+    }
+
+    /// Objects the live masters serve.
+    pub fn objects(&self, world: &World) -> usize {
+        (0..world.config.keys)
+            .filter(|&key| {
+                self.owner(world, key)
+                    .and_then(|i| self.masters[i].read(key).ok())
+                    .is_some_and(|state| state.is_some())
+            })
+            .count()
+    }
+
+    /// Runs `f` on master `i` as the active master; a stop is recorded (a master that
+    /// stopped itself while not declared crashed is a violation).
+    fn act(
+        &mut self,
+        world: &mut World,
+        i: usize,
+        f: impl FnOnce(&mut SimMaster, &mut World, &mut History) -> Result<(), Stop>,
+    ) -> Result<(), String> {
+        let master = &mut self.masters[i];
+        world.active = master.id;
+        let Err(stop) = f(master, world, &mut self.history) else {
+            return Ok(());
+        };
+        world.note(format!("master {} stopped: {stop:?}", master.id));
+        let declared = world.crashed.is_some_and(|(id, _)| id == master.id);
+        if let Stop::Fatal(why) = &stop {
+            if !declared {
+                return Err(format!("live master {} stopped itself: {why}", master.id));
+            }
+        }
+        master.stopped = Some(stop);
+        Ok(())
+    }
+
+    /// Between batches a master may be killed while idle.
+    fn maybe_kill_idle(&mut self, world: &mut World) {
+        if world.may_crash() && world.chance(world.config.master_crash_p * 4.0) {
+            self.kill_one(world);
+        }
+    }
+
+    /// Kills a running master, drawn at random, while it is idle.
+    fn kill_one(&mut self, world: &mut World) {
+        let running: Vec<usize> = (0..self.masters.len())
+            .filter(|&i| self.masters[i].running())
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        let i = running[world.draw(0..running.len() as u64) as usize];
+        let id = self.masters[i].id;
+        world.declare_crashed(id, Crash::Killed);
+        self.masters[i].stopped = Some(Stop::Killed);
+    }
+
+    /// The master the next batch goes to: a zombie while it runs (clients with a stale
+    /// tablet map), else a master listed Up that takes writes.
+    fn target(&mut self, world: &mut World) -> Option<usize> {
+        if let Some((id, Crash::Declared)) = world.crashed {
+            if let Some(i) = self.masters.iter().position(|m| m.id == id && m.writable()) {
+                return Some(i);
+            }
+        }
+        let up: Vec<usize> = (0..self.masters.len())
+            .filter(|&i| self.masters[i].writable() && is_up(world, self.masters[i].id))
+            .collect();
+        if up.is_empty() {
+            return None;
+        }
+        Some(up[world.draw(0..up.len() as u64) as usize])
+    }
+
+    /// A batch of writes and removes of keys master `target` serves.
+    fn draw_ops(
+        &mut self,
+        world: &mut World,
+        target: usize,
+        batch: usize,
+    ) -> Vec<(u64, Option<Vec<u8>>)> {
+        let master = &self.masters[target];
+        let owned: Vec<u64> = (0..world.config.keys).filter(|&k| master.owns(k)).collect();
+        if owned.is_empty() {
+            return Vec::new();
+        }
+        let count = world.draw(1..world.config.batch_ops_max as u64 + 1);
+        (0..count)
+            .map(|i| {
+                let key = owned[world.draw(0..owned.len() as u64) as usize];
+                if world.chance(0.15) {
+                    (key, None)
+                } else {
+                    let len = world.draw(1..world.config.value_bytes_max as u64 + 1) as usize;
+                    let mut value = format!("b{batch}o{i}k{key}:").into_bytes();
+                    value.resize(len.max(value.len()), b'.');
+                    (key, Some(value))
+                }
+            })
+            .collect()
+    }
+
+    /// The crashed master, once it stopped, is recovered: its recovery runs to its
+    /// end, each of its partitions is replayed by a recovery master and handed over,
+    /// and every key is read back from its owner.
+    fn recover_stopped(&mut self, world: &mut World) -> Result<(), String> {
+        let Some((crashed, how)) = world.crashed else {
+            return Ok(());
+        };
+        if self.masters.iter().any(|m| m.id == crashed && m.writable()) {
+            return Ok(());
+        }
+        let Some(mut recovery) = world.recovery.take() else {
+            return Err(format!("crashed master {crashed} has no recovery"));
+        };
+        let mut steps = 0;
+        while !recovery.ended() {
+            steps += 1;
+            if steps > RECOVERY_STEPS_MAX {
+                return Err(format!("the recovery of {crashed} never ended"));
+            }
+            world.pass_time();
+            recovery.advance(&mut world.reach());
+        }
+        if let Some(why) = recovery.failure() {
+            return Err(format!("recovery of {crashed} failed: {why}"));
+        }
+        world.crash_allowed = false;
+        let owned = world.coordinator.tablets_of(crashed);
+        let partitions = partitions_for(world.coordinator.will(crashed), &owned);
+        for (ranges, _) in partitions {
+            let pieces = recovery.pieces(&ranges)?;
+            let i = self.recovery_master(world, crashed)?;
+            world.active = self.masters[i].id;
+            if let Err(stop) = self.masters[i].replay(world, &pieces) {
+                return Err(format!(
+                    "recovery master {} failed replaying {ranges:?}: {stop:?}",
+                    self.masters[i].id
+                ));
+            }
+            let owner = self.masters[i].id;
+            let result = world.coordinator.apply(&Command::RecoveredPartition {
+                crashed,
+                ranges: ranges.clone(),
+                owner,
+            });
+            let CommandResult::PartitionRecovered { tablets, .. } = result else {
+                return Err(format!(
+                    "RecoveredPartition {ranges:?} to {owner}: {result:?}"
+                ));
+            };
+            world.note(format!("{owner} took {tablets:?} of {crashed}"));
+            let ceiling = world.coordinator.version_ceiling(owner);
+            self.masters[i].take_tablets(&tablets, ceiling);
+            self.partitions_recovered += 1;
+        }
+        world.crash_allowed = true;
+        world.crashed = None;
+        self.crashes.push(how);
+        self.check_every_key(world)
+    }
+
+    /// A master to replay a partition of `crashed`: one listed Up that takes writes,
+    /// else a spare enlisted and started for it.
+    fn recovery_master(&mut self, world: &mut World, crashed: ServerId) -> Result<usize, String> {
+        let up: Vec<usize> = (0..self.masters.len())
+            .filter(|&i| {
+                let m = &self.masters[i];
+                m.id != crashed && m.writable() && is_up(world, m.id)
+            })
+            .collect();
+        if !up.is_empty() {
+            return Ok(up[world.draw(0..up.len() as u64) as usize]);
+        }
+        let id = world.enlist_master();
+        let mut spare = SimMaster::new(id, self.table, world.config.segment_bytes, {
+            world.config.replicas
+        });
+        world.active = id;
+        spare
+            .start(world)
+            .map_err(|stop| format!("spare master {id} did not start: {stop:?}"))?;
+        self.masters.push(spare);
+        Ok(self.masters.len() - 1)
+    }
+
+    /// The master the coordinators name as the owner of `key`, if it is listed Up and
+    /// running.
+    fn owner(&self, world: &World, key: u64) -> Option<usize> {
+        let hash = key_hash(&key_bytes(key)).0;
+        let tablet = world
+            .coordinator
+            .table(self.table)?
+            .tablets
+            .iter()
+            .find(|t| t.start_hash <= hash && hash <= t.end_hash)?;
+        if !is_up(world, tablet.owner) {
+            return None;
+        }
+        self.masters
+            .iter()
+            .position(|m| m.id == tablet.owner && m.running())
+    }
+
+    /// A client reads `key` from its owner and checks what it got. A key whose owner is
+    /// crashed and not yet recovered is unavailable (a client retries), unless `served`
+    /// demands that it be served.
+    fn read_at_owner(&mut self, world: &mut World, key: u64, served: bool) -> Result<(), String> {
+        let Some(i) = self.owner(world, key) else {
+            if served {
+                return Err(format!("key {key}: no live master serves its tablet"));
+            }
+            return Ok(());
+        };
+        let master = &self.masters[i];
+        match master.read(key) {
+            Ok(state) => self
+                .history
+                .check_read(key, &state)
+                .map_err(|why| format!("read at {}: {why}", master.id)),
+            Err(Status::UnknownTablet) => Err(format!(
+                "key {key}: {} owns its tablet but does not serve it",
+                master.id
+            )),
+            Err(status) => Err(format!("key {key}: read at {}: {status:?}", master.id)),
+        }
+    }
+
+    /// Every key is served by a live master, with nothing acknowledged missing.
+    fn check_every_key(&mut self, world: &mut World) -> Result<(), String> {
+        if world.crashed.is_some() {
+            return Ok(());
+        }
+        for key in 0..world.config.keys {
+            self.read_at_owner(world, key, true)?;
+        }
+        Ok(())
+    }
+}
+
+fn is_up(world: &World, id: ServerId) -> bool {
+    world
+        .coordinator
+        .server(id)
+        .is_some_and(|s| s.status == ServerStatus::Up)
+}
