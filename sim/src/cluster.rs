@@ -5,27 +5,42 @@
 //! does it: the crashed master's partitions from the real `partitions_for`, each
 //! replayed by one recovery master (the real `split_replica`, `RecoveryPiece::parse`
 //! and `ObjectStore::stage_replay`, replicated to the recovery master's own backups
-//! under the same faults), then handed over by the real `RecoveredPartition` command.
-//! After each recovery, and at the end, every key is read from the master the
-//! coordinators name as its owner: every tablet must be served again, by a live
-//! master, with nothing acknowledged missing.
+//! under the same faults), then handed over by the real `RecoveredPartition` command
+//! once the crashed master's lease surely ran out (`live_after`, as the coordinator's
+//! recovery waits). After each recovery, and at the end, every key is read from the
+//! master the coordinators name as its owner: every tablet must be served again, by a
+//! live master, with nothing acknowledged missing.
 //!
-//! A crashed master is recovered once it stopped: at once if it was killed, and once a
-//! zombie (declared crashed, still running) stopped itself — it keeps taking the
-//! batches of clients whose tablet map is stale meanwhile, and its recovery advances
-//! between its calls. One crash is handled at a time; the recovery masters do not
-//! crash while they replay (a recovery master that fails mid-partition, retried
-//! elsewhere, is not simulated yet).
+//! # Leases and zombies
+//! Each master holds the real `Lease` on simulated time, renewed at the coordinators
+//! between batches; it takes writes and serves reads only while it holds it. A zombie
+//! (declared crashed while running) was cut off from the coordinators for a while: its
+//! renewals are lost and its lease runs on until it lapses, or until a renewal gets
+//! through, is refused and the master exits. Meanwhile clients with a stale tablet map
+//! still send it batches and reads — before its tablets went elsewhere and after — and
+//! its recovery runs beside it: a killed master is recovered at once, a zombie's
+//! recovery goes on at every call any master makes and hands the tablets over once it
+//! has read the log, whether the zombie still runs or not. A read the zombie serves
+//! must still never be older than one read or acknowledged elsewhere.
+//!
+//! One crash is handled at a time; the recovery masters do not crash while they replay
+//! (a recovery master that fails mid-partition, retried elsewhere, is not simulated
+//! yet).
 
 use rampart_common::ids::{key_hash, ServerId, TableId};
 use rampart_common::status::Status;
 use rampart_common::tablet::ServerStatus;
+use rampart_coordinator::recovery::LEASE_MARGIN;
 use rampart_coordinator::recovery_plan::partitions_for;
 use rampart_coordinator::state::{Command, CommandResult};
 
 use crate::checker::History;
 use crate::master::{key_bytes, SimMaster};
-use crate::world::{Crash, Stop, World};
+use crate::recovery::Recovery;
+use crate::world::{Crash, Stop, World, LEASE_US};
+
+/// Of client reads, the share sent to a master drawn at random (a stale tablet map).
+const STALE_READ_P: f64 = 0.3;
 
 /// Steps after which a recovery that neither ends nor fails is reported stuck.
 const RECOVERY_STEPS_MAX: usize = 200_000;
@@ -62,7 +77,8 @@ impl Cluster {
             .masters
             .iter()
             .map(|&id| {
-                let mut master = SimMaster::new(id, table, segment_bytes, replicas);
+                let clock = world.clock.clone();
+                let mut master = SimMaster::new(id, table, (segment_bytes, replicas), clock);
                 let own: Vec<_> = tablets.iter().filter(|t| t.owner == id).copied().collect();
                 master.take_tablets(&own, 0);
                 master
@@ -85,11 +101,17 @@ impl Cluster {
             self.recover_stopped(world)?;
         }
         for batch in 0..world.config.batches {
+            for master in &mut self.masters {
+                master.renew_lease(world);
+            }
             self.maybe_kill_idle(world);
             self.recover_stopped(world)?;
             let Some(target) = self.target(world) else {
+                // Every lease lapsed (no coordinator leader for longer than a lease):
+                // clients wait.
                 world.note("no master takes writes");
-                break;
+                world.wait(10_000);
+                continue;
             };
             let ops = self.draw_ops(world, target, batch);
             if !ops.is_empty() {
@@ -101,7 +123,7 @@ impl Cluster {
             self.recover_stopped(world)?;
             for _ in 0..world.config.reads_per_batch {
                 let key = world.draw(0..world.config.keys);
-                self.read_at_owner(world, key, false)?;
+                self.client_read(world, key)?;
             }
         }
         match world.crashed {
@@ -144,7 +166,8 @@ impl Cluster {
             return Ok(());
         };
         world.note(format!("master {} stopped: {stop:?}", master.id));
-        let declared = world.crashed.is_some_and(|(id, _)| id == master.id);
+        // Declared crashed: its recovery is pending, or done while it runs on.
+        let declared = !is_up(world, master.id);
         if let Stop::Fatal(why) = &stop {
             if !declared {
                 return Err(format!("live master {} stopped itself: {why}", master.id));
@@ -161,10 +184,10 @@ impl Cluster {
         }
     }
 
-    /// Kills a running master, drawn at random, while it is idle.
+    /// Kills a running master listed Up, drawn at random, while it is idle.
     fn kill_one(&mut self, world: &mut World) {
         let running: Vec<usize> = (0..self.masters.len())
-            .filter(|&i| self.masters[i].running())
+            .filter(|&i| self.masters[i].running() && is_up(world, self.masters[i].id))
             .collect();
         if running.is_empty() {
             return;
@@ -175,16 +198,19 @@ impl Cluster {
         self.masters[i].stopped = Some(Stop::Killed);
     }
 
-    /// The master the next batch goes to: a zombie while it runs (clients with a stale
-    /// tablet map), else a master listed Up that takes writes.
+    /// The master the next batch goes to: sometimes a zombie while it serves (clients
+    /// with a stale tablet map), else a master listed Up that takes writes.
     fn target(&mut self, world: &mut World) -> Option<usize> {
-        if let Some((id, Crash::Declared)) = world.crashed {
-            if let Some(i) = self.masters.iter().position(|m| m.id == id && m.writable()) {
-                return Some(i);
-            }
+        // Clients with a stale map still reach a zombie, before its tablets went
+        // elsewhere and after.
+        let zombies: Vec<usize> = (0..self.masters.len())
+            .filter(|&i| self.masters[i].takes_writes() && !is_up(world, self.masters[i].id))
+            .collect();
+        if !zombies.is_empty() && world.chance(STALE_READ_P) {
+            return Some(zombies[world.draw(0..zombies.len() as u64) as usize]);
         }
         let up: Vec<usize> = (0..self.masters.len())
-            .filter(|&i| self.masters[i].writable() && is_up(world, self.masters[i].id))
+            .filter(|&i| self.masters[i].takes_writes() && is_up(world, self.masters[i].id))
             .collect();
         if up.is_empty() {
             return None;
@@ -227,7 +253,13 @@ impl Cluster {
         let Some((crashed, how)) = world.crashed else {
             return Ok(());
         };
-        if self.masters.iter().any(|m| m.id == crashed && m.writable()) {
+        let zombie_writes = self
+            .masters
+            .iter()
+            .any(|m| m.id == crashed && m.takes_writes());
+        let read_all = world.recovery.as_ref().is_some_and(Recovery::read_all);
+        if zombie_writes && !read_all {
+            // The recovery runs beside the zombie until it has read the log.
             return Ok(());
         }
         let Some(mut recovery) = world.recovery.take() else {
@@ -244,6 +276,12 @@ impl Cluster {
         }
         if let Some(why) = recovery.failure() {
             return Err(format!("recovery of {crashed} failed: {why}"));
+        }
+        // The crashed master's lease must have run out before its tablets go live
+        // elsewhere (`live_after`): until then a zombie may still serve reads.
+        let live_after = world.declared_at_us + LEASE_US + LEASE_MARGIN.as_micros() as u64;
+        while world.now_us < live_after {
+            world.pass_time();
         }
         world.crash_allowed = false;
         let owned = world.coordinator.tablets_of(crashed);
@@ -293,9 +331,8 @@ impl Cluster {
             return Ok(up[world.draw(0..up.len() as u64) as usize]);
         }
         let id = world.enlist_master();
-        let mut spare = SimMaster::new(id, self.table, world.config.segment_bytes, {
-            world.config.replicas
-        });
+        let shape = (world.config.segment_bytes, world.config.replicas);
+        let mut spare = SimMaster::new(id, self.table, shape, world.clock.clone());
         world.active = id;
         spare
             .start(world)
@@ -304,8 +341,8 @@ impl Cluster {
         Ok(self.masters.len() - 1)
     }
 
-    /// The master the coordinators name as the owner of `key`, if it is listed Up and
-    /// running.
+    /// The master the coordinators name as the owner of `key`, if it is running (a
+    /// zombie included: the map names it until its tablets are recovered).
     fn owner(&self, world: &World, key: u64) -> Option<usize> {
         let hash = key_hash(&key_bytes(key)).0;
         let tablet = world
@@ -314,45 +351,84 @@ impl Cluster {
             .tablets
             .iter()
             .find(|t| t.start_hash <= hash && hash <= t.end_hash)?;
-        if !is_up(world, tablet.owner) {
-            return None;
-        }
         self.masters
             .iter()
             .position(|m| m.id == tablet.owner && m.running())
     }
 
-    /// A client reads `key` from its owner and checks what it got. A key whose owner is
-    /// crashed and not yet recovered is unavailable (a client retries), unless `served`
-    /// demands that it be served.
-    fn read_at_owner(&mut self, world: &mut World, key: u64, served: bool) -> Result<(), String> {
-        let Some(i) = self.owner(world, key) else {
-            if served {
-                return Err(format!("key {key}: no live master serves its tablet"));
+    /// A client reads `key` and checks what it got: mostly from the owner the
+    /// coordinators name, sometimes from a zombie or any running master (a client whose
+    /// tablet map is stale: a zombie still serves its old tablets while its lease
+    /// holds). A master
+    /// without its lease, or one that does not own the key, answers nothing to check
+    /// (the client retries).
+    fn client_read(&mut self, world: &mut World, key: u64) -> Result<(), String> {
+        let target = if world.chance(STALE_READ_P) {
+            // A zombie if there is one (where a stale map hurts), else any master.
+            let running = |zombie: bool| -> Vec<usize> {
+                (0..self.masters.len())
+                    .filter(|&i| self.masters[i].running())
+                    .filter(|&i| !zombie || !is_up(world, self.masters[i].id))
+                    .collect()
+            };
+            let zombies = running(true);
+            let candidates = if zombies.is_empty() {
+                running(false)
+            } else {
+                zombies
+            };
+            if candidates.is_empty() {
+                return Ok(());
             }
+            Some(candidates[world.draw(0..candidates.len() as u64) as usize])
+        } else {
+            self.owner(world, key)
+        };
+        let Some(i) = target else {
             return Ok(());
         };
         let master = &self.masters[i];
+        if !master.serves() {
+            return Ok(());
+        }
         match master.read(key) {
             Ok(state) => self
                 .history
                 .check_read(key, &state)
                 .map_err(|why| format!("read at {}: {why}", master.id)),
-            Err(Status::UnknownTablet) => Err(format!(
-                "key {key}: {} owns its tablet but does not serve it",
-                master.id
-            )),
+            Err(Status::UnknownTablet) => Ok(()),
             Err(status) => Err(format!("key {key}: read at {}: {status:?}", master.id)),
         }
     }
 
-    /// Every key is served by a live master, with nothing acknowledged missing.
+    /// Every key is served by the live master the coordinators name, with nothing
+    /// acknowledged missing (read from its store: a lease lapsed in a window without
+    /// a coordinator leader is a pause, not a loss).
     fn check_every_key(&mut self, world: &mut World) -> Result<(), String> {
         if world.crashed.is_some() {
             return Ok(());
         }
         for key in 0..world.config.keys {
-            self.read_at_owner(world, key, true)?;
+            let Some(i) = self
+                .owner(world, key)
+                .filter(|&i| is_up(world, self.masters[i].id))
+            else {
+                return Err(format!("key {key}: no live master serves its tablet"));
+            };
+            let master = &self.masters[i];
+            match master.read(key) {
+                Ok(state) => self
+                    .history
+                    .check_read(key, &state)
+                    .map_err(|why| format!("read at {}: {why}", master.id))?,
+                Err(Status::UnknownTablet) => {
+                    return Err(format!(
+                        "key {key}: {} owns its tablet but does not serve it",
+                        master.id
+                    ))
+                }
+                Err(status) => return Err(format!("key {key}: read at {}: {status:?}", master.id)),
+            }
         }
         Ok(())
     }

@@ -6,11 +6,12 @@
 //! messages (or holds requests back and delivers them late, after the master gave up
 //! on them), takes backups down for a while or for good, leaves the coordinators
 //! without a leader, and kills masters — while they write or while idle — or declares
-//! them crashed while they keep running (zombies). Every crash is recovered into the
-//! surviving masters or a spare, which replicate what they replayed and serve the
-//! tablets; clients read between batches, and after every recovery every key is read
-//! from its owner and checked against what clients were told and read before
-//! ([`checker`]). A failing seed prints itself and replays exactly:
+//! them crashed while they keep running (zombies, cut off from the coordinators, their
+//! lease running on). Every crash is recovered into the surviving masters or a spare,
+//! which replicate what they replayed and serve the tablets once the crashed master's
+//! lease ran out; clients read between batches (some with a stale tablet map, from a
+//! zombie), and after every recovery every key is read from its owner and checked
+//! against what clients were told and read before ([`checker`]). A failing seed prints itself and replays exactly:
 //! `rampart simulate --seed N --trace`.
 //!
 //! # What is real and what is simulated
@@ -25,6 +26,8 @@
 //!   tablets, crash declarations, `SetOpenEpoch` with its two-segment bound and its
 //!   refusal once the master is crashed, `ReserveVersions`, `RecoveredPartition` with
 //!   the version ceiling it hands on);
+//! * each master's lease is the real `Lease` on simulated time (`ManualClock`), and the
+//!   recovery waits out the lease and `LEASE_MARGIN` before tablets go live elsewhere;
 //! * each backup's decisions about its frames are the real `FrameTable` of
 //!   `rampart-backup` (opens and the replacing open that keeps a slot's bytes, epoch
 //!   checks, writes, bumps, closes, frees with their epoch bound, fences and fenced

@@ -17,6 +17,7 @@ use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId, TableId, Vers
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
+use rampart_master::lease::{Clock, Lease};
 use rampart_master::object_store::{Batch, ObjectStore, WriteOp};
 use rampart_master::replay::{RecoveryPiece, ReplayState};
 use rampart_master::replica_manager::segment_replicas::{
@@ -24,10 +25,12 @@ use rampart_master::replica_manager::segment_replicas::{
 };
 use rampart_master::segmented_log::SegmentRange;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::backup::Refusal;
 use crate::checker::{History, KeyState, Op};
-use crate::world::{CoordinatorAnswer, Delivery, Request, Stop, World};
+use crate::world::{CoordinatorAnswer, Delivery, Request, Stop, World, LEASE_US};
 
 /// Largest value a simulated master takes (above what the workload writes).
 pub const VALUE_BYTES_MAX: usize = 16 * 1024;
@@ -67,12 +70,20 @@ pub struct SimMaster {
     failed: BTreeMap<ServerId, u64>,
     /// Why it stopped (killed, fatal, or its log full), once it did.
     pub stopped: Option<Stop>,
+    /// The real lease, on simulated time: it serves reads and takes writes only while
+    /// the lease holds (`MasterService` checks it when a request arrives).
+    lease: Lease,
 }
 
 impl SimMaster {
     /// A master `id` of table `table` whose log has segments of `segment_bytes`; it
     /// hands out versions only below a ceiling reserved at the coordinators.
-    pub fn new(id: ServerId, table: TableId, segment_bytes: u32, replicas: usize) -> SimMaster {
+    pub fn new(
+        id: ServerId,
+        table: TableId,
+        (segment_bytes, replicas): (u32, usize),
+        clock: Arc<dyn Clock>,
+    ) -> SimMaster {
         let config = MasterConfig {
             segment_bytes,
             memory_bytes: u64::from(segment_bytes) * 256,
@@ -90,7 +101,44 @@ impl SimMaster {
             abandoned: Vec::new(),
             failed: BTreeMap::new(),
             stopped: None,
+            lease: Lease::with_clock(clock),
         }
+    }
+
+    /// Renews the lease once half of it is left, as `LeaseRenewer` does: granted from
+    /// when the request was sent; a master told it was declared crashed revokes its
+    /// lease and exits.
+    pub fn renew_lease(&mut self, world: &mut World) {
+        if !self.running() {
+            return;
+        }
+        let half = Duration::from_micros(LEASE_US / 2);
+        if self.lease.remaining().is_some_and(|left| left > half) {
+            return;
+        }
+        let sent = self.lease.now();
+        match world.renew_lease(self.id) {
+            CoordinatorAnswer::Ok => self.lease.grant(sent, Duration::from_micros(LEASE_US)),
+            CoordinatorAnswer::Crashed => {
+                self.lease.revoke("declared crashed");
+                world.note(format!(
+                    "{}: lease revoked: declared crashed; it exits",
+                    self.id
+                ));
+                self.stopped = Some(Stop::Fatal("RenewLease: declared crashed".into()));
+            }
+            CoordinatorAnswer::Silent => {}
+        }
+    }
+
+    /// Whether it serves clients now: running, with its lease.
+    pub fn serves(&self) -> bool {
+        self.running() && self.lease.valid()
+    }
+
+    /// Whether it takes a batch of writes now: writable, with its lease.
+    pub fn takes_writes(&self) -> bool {
+        self.writable() && self.lease.valid()
     }
 
     /// Whether it still serves: not killed, not stopped by a fatal error.

@@ -92,6 +92,12 @@ impl Recovery {
         matches!(self.phase, Phase::Done | Phase::Failed(_))
     }
 
+    /// Whether every chosen copy was read: nothing a zombie does now changes what is
+    /// replayed.
+    pub fn read_all(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
     /// Why it cannot succeed, if so.
     pub fn failure(&self) -> Option<&str> {
         match &self.phase {

@@ -16,8 +16,11 @@ use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerStatus, Services};
 use rampart_coordinator::state::{Command, CommandResult, CoordinatorState};
+use rampart_master::lease::ManualClock;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::backup::{Liveness, Refusal, SimBackup};
 use crate::recovery::{Reach, Recovery};
@@ -99,6 +102,9 @@ impl Request {
         }
     }
 }
+
+/// A master's lease, as the coordinators grant it (µs).
+pub const LEASE_US: u64 = 150_000;
 
 /// Requests held back at once, at most (a bound on the simulated network's buffers).
 const LATE_REQUESTS_MAX: usize = 64;
@@ -183,6 +189,14 @@ pub struct World {
     crashes_left: usize,
     /// The master whose crash is being handled, and how it crashed.
     pub crashed: Option<(ServerId, Crash)>,
+    /// When that crash was declared (µs): its tablets go live elsewhere only once the
+    /// master's lease surely ran out.
+    pub declared_at_us: u64,
+    /// A zombie cut off from the coordinators (why it was suspected), until when (µs):
+    /// its lease renewals and other calls to them are lost meanwhile.
+    cut_off: Option<(ServerId, u64)>,
+    /// The masters' lease clock: simulated time.
+    pub clock: Arc<ManualClock>,
     /// The recovery of that master, once declared crashed; advanced at boundaries while
     /// a zombie runs, then to its end.
     pub recovery: Option<Recovery>,
@@ -250,6 +264,9 @@ impl World {
             masters,
             crash_allowed: true,
             crashed: None,
+            declared_at_us: 0,
+            cut_off: None,
+            clock: Arc::new(ManualClock::new()),
             recovery: None,
             trace: Vec::new(),
         }
@@ -289,7 +306,8 @@ impl World {
     /// A call from the active master: time passes, faults strike. `Err` when the
     /// master is killed here.
     pub fn boundary(&mut self) -> Result<(), Stop> {
-        self.now_us += self.draw(5..200);
+        let us = self.draw(5..200);
+        self.advance(us);
         self.inject_faults();
         self.deliver_late();
         if self.may_crash() && self.chance(self.config.master_crash_p) {
@@ -301,7 +319,8 @@ impl World {
                 return Err(Stop::Killed);
             }
         }
-        if self.crashed == Some((self.active, Crash::Declared)) {
+        // A zombie's recovery runs beside it (and beside the other masters).
+        if self.crashed.is_some_and(|(_, how)| how == Crash::Declared) {
             if let Some(mut recovery) = self.recovery.take() {
                 recovery.advance(&mut self.reach());
                 self.recovery = Some(recovery);
@@ -329,6 +348,16 @@ impl World {
         self.note(format!("master {master} {what}: {result:?}"));
         self.crashes_left = self.crashes_left.saturating_sub(1);
         self.crashed = Some((master, how));
+        self.declared_at_us = self.now_us;
+        if how == Crash::Declared {
+            // Suspected because it was cut off from the coordinators: for a while, it
+            // does not hear that it was declared crashed, and its lease runs on.
+            let until = self.now_us + self.draw(0..3 * LEASE_US);
+            self.cut_off = Some((master, until));
+            self.note(format!(
+                "{master} cut off from the coordinators until {until} µs"
+            ));
+        }
         self.recovery = Some(Recovery::new(master));
     }
 
@@ -407,11 +436,27 @@ impl World {
         }
     }
 
-    fn coordinator_delivery(&mut self) -> Delivery {
-        if self.now_us < self.coordinator_silent_until_us {
+    /// Whether a call from `master` to the coordinators arrives and is answered.
+    fn coordinator_delivery(&mut self, master: ServerId) -> Delivery {
+        let cut_off = self
+            .cut_off
+            .is_some_and(|(id, until)| id == master && self.now_us < until);
+        if self.now_us < self.coordinator_silent_until_us || cut_off {
             return Delivery::Dropped;
         }
         self.network_delivery()
+    }
+
+    /// `RenewLease` from `master`: granted while the coordinators list it Up. Not a
+    /// boundary (a renewal runs beside the master's work, not in it).
+    pub fn renew_lease(&mut self, master: ServerId) -> CoordinatorAnswer {
+        if self.coordinator_delivery(master) != Delivery::Answered {
+            return CoordinatorAnswer::Silent;
+        }
+        match self.coordinator.server(master).map(|s| s.status) {
+            Some(ServerStatus::Up) => CoordinatorAnswer::Ok,
+            _ => CoordinatorAnswer::Crashed,
+        }
     }
 
     /// `SetOpenEpoch` from `master`.
@@ -421,7 +466,7 @@ impl World {
         segment: SegmentId,
         epoch: Epoch,
     ) -> CoordinatorAnswer {
-        let delivery = self.coordinator_delivery();
+        let delivery = self.coordinator_delivery(master);
         if !delivery.arrived() {
             return CoordinatorAnswer::Silent;
         }
@@ -449,7 +494,7 @@ impl World {
 
     /// `ReserveVersions`: `master` may hand out versions below `ceiling`.
     pub fn reserve_versions(&mut self, master: ServerId, ceiling: u64) -> CoordinatorAnswer {
-        let delivery = self.coordinator_delivery();
+        let delivery = self.coordinator_delivery(master);
         if !delivery.arrived() {
             return CoordinatorAnswer::Silent;
         }
@@ -473,7 +518,7 @@ impl World {
 
     /// `master` reads the server list to confirm that it is still Up.
     pub fn confirm_alive(&mut self, master: ServerId) -> CoordinatorAnswer {
-        if self.coordinator_delivery() != Delivery::Answered {
+        if self.coordinator_delivery(master) != Delivery::Answered {
             return CoordinatorAnswer::Silent;
         }
         match self.coordinator.server(master).map(|s| s.status) {
@@ -498,7 +543,8 @@ impl World {
     /// Lets time pass while a recovery runs: backups still go down and come back,
     /// leaders still come and go.
     pub fn pass_time(&mut self) {
-        self.now_us += self.draw(100..2_000);
+        let us = self.draw(100..2_000);
+        self.advance(us);
         self.inject_faults();
         self.deliver_late();
     }
@@ -554,6 +600,12 @@ impl World {
 
     /// Lets time pass with nothing else happening (waiting for a backup or a leader).
     pub fn wait(&mut self, us: u64) {
+        self.advance(us);
+    }
+
+    /// Moves simulated time (and the masters' lease clock) on by `us`.
+    fn advance(&mut self, us: u64) {
         self.now_us += us;
+        self.clock.advance(Duration::from_micros(us));
     }
 }
