@@ -10,7 +10,7 @@
 //! [`Delivery::Answered`].
 //!
 //! One crash is handled at a time: while a master's crash is being recovered
-//! ([`World::crash`]), no other master crashes and no backup is lost.
+//! ([`World::crashed`]), no other master crashes and no backup is lost.
 
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::status::Status;
