@@ -326,6 +326,29 @@ impl RampartProcess {
         }
     }
 
+    /// Sends `signal` to the process (SIGSTOP and SIGCONT pause and resume it).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: signalling our own child by pid; it has not been reaped (we hold it).
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own; its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "process {} did not exit within {timeout:?}",
+                    self.child.id()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the process with SIGKILL and reaps it.
     pub fn kill(mut self) {
         let _ = self.child.kill();

@@ -16,8 +16,9 @@ use rampart_common::onesided::shm::remove_default_frame_files_under;
 use rampart_common::protocol::coordinator::{
     RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
 };
-use rampart_common::protocol::master::{Ping, PingRequest};
+use rampart_common::protocol::master::{Ping, PingRequest, Read, ReadRequest};
 use rampart_common::rpc::RpcPool;
+use rampart_common::status::Status;
 use rampart_tests::{runtime, CoordinatorGroup, RampartProcess};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -393,6 +394,53 @@ fn master_crash_under_write_load_loses_no_acknowledged_write() {
         check_filled(&client, table, "pre", 2000).await;
         // The victim's tablets all have live owners.
         assert_ne!(owner_of(&cluster, &client, table, "w0-0"), victim);
+    });
+}
+
+/// A master paused (SIGSTOP) long enough to be declared crashed is a zombie once
+/// resumed: its tablets were recovered elsewhere and written there since. It must not
+/// serve its old values (its lease ran out while it was paused, and the recovery waited
+/// the lease out before the tablets went live), and it must exit with a failure status
+/// once it hears that it was declared crashed (`Stopped::MasterFailed`).
+#[test]
+fn a_paused_master_declared_crashed_serves_no_stale_read_and_exits_when_resumed() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(4, 2, &[]);
+        let client = cluster.client().await;
+        let table = client.create_table("zombie", 4).await.unwrap();
+        fill(&client, table, "z", 200, 200).await;
+        let victim = owner_of(&cluster, &client, table, "z0");
+        let (mut zombie, _dir) = cluster.servers.remove(&victim).unwrap();
+        zombie.signal(libc::SIGSTOP);
+        cluster.wait_recovered(&[victim]).await;
+        // A client that knows the new owners (the first one's map still names the
+        // paused master: its write would time out there, with an unknown outcome).
+        let client = cluster.client().await;
+        let newer = value("z0", 1, 200);
+        client.write(table, b"z0", &newer).await.unwrap();
+
+        zombie.signal(libc::SIGCONT);
+        // A client with a stale tablet map asks the resumed master directly.
+        let pool = RpcPool::new();
+        let request = ReadRequest {
+            table,
+            key: b"z0".to_vec().into(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let stale = pool.call::<Read>(&zombie.addr, &request, deadline).await;
+        assert!(
+            !matches!(&stale, Ok(reply) if reply.status == Status::Ok),
+            "the zombie served a read: {stale:?}"
+        );
+        let status = zombie.wait_exit(RECOVERY_TIMEOUT).unwrap();
+        assert!(
+            !status.success(),
+            "a master declared crashed exits with a failure: {status}"
+        );
+        let object = client.read(table, b"z0").await.unwrap().unwrap();
+        assert_eq!(object.value, newer);
+        check_filled(&client, table, "z", 200).await;
     });
 }
 
