@@ -153,24 +153,12 @@ impl LocalCluster {
 
     /// Sends `signal` to the `cluster up` process.
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, signal);
-        }
+        signal_child(&self.child, signal);
     }
 
     /// Waits for the `cluster up` process to exit, up to `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                bail!("cluster did not exit within {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_child(&mut self.child, timeout)
     }
 
     /// Runs `rampart ARGS...` against this cluster (RAMPART_COORDINATOR set).
@@ -308,51 +296,46 @@ impl RampartProcess {
     /// Stops the process with SIGTERM (a graceful stop) and waits up to `timeout` for it
     /// to exit; kills it if it does not.
     pub fn stop(mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
-        // SAFETY: signalling our own child by pid; it has not been reaped (we hold it).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                bail!(
-                    "process {} did not exit within {timeout:?} of SIGTERM",
-                    self.child.id()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        signal_child(&self.child, libc::SIGTERM);
+        wait_child(&mut self.child, timeout).inspect_err(|_| {
+            let _ = self.child.kill();
+        })
     }
 
     /// Sends `signal` to the process (SIGSTOP and SIGCONT pause and resume it).
     pub fn signal(&self, signal: i32) {
-        // SAFETY: signalling our own child by pid; it has not been reaped (we hold it).
-        unsafe { libc::kill(self.child.id() as i32, signal) };
+        signal_child(&self.child, signal);
     }
 
     /// Waits up to `timeout` for the process to exit on its own; its exit status.
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "process {} did not exit within {timeout:?}",
-                    self.child.id()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_child(&mut self.child, timeout)
     }
 
     /// Kills the process with SIGKILL and reaps it.
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Sends `signal` to `child`.
+fn signal_child(child: &Child, signal: i32) {
+    // SAFETY: kill(2) on our own child's pid; it has not been reaped (we hold it).
+    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+}
+
+/// Waits up to `timeout` for `child` to exit; its exit status.
+fn wait_child(child: &mut Child, timeout: Duration) -> Result<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() >= deadline {
+            bail!("process {} did not exit within {timeout:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
