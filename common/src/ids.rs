@@ -40,11 +40,50 @@ id_type!(
     TableId,
     "table-"
 );
-id_type!(
-    /// A segment of one master's log; ids grow by one per new segment of that log.
-    SegmentId,
-    "segment-"
-);
+/// A segment of one master's log. Two spaces of ids, never mixed:
+/// * the log's *head chain* — ids grow by one per new head segment (1, 2, 3, …), each
+///   opening with a digest and closed by a footer naming its successor, so recovery
+///   finds the head (the highest id) and checks footers by id arithmetic;
+/// * the cleaner's *survivor* segments ([`SegmentId::survivor`]), from
+///   [`SegmentId::SURVIVOR_FIRST`] up: written whole and closed before a digest names
+///   them, never a head. Keeping them out of the head chain's ids keeps every rule of
+///   the head chain ("the highest segment is the head", "two below the head only the
+///   footer counts") true without knowing what each replica is.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct SegmentId(pub u64);
+
+impl SegmentId {
+    /// The first survivor segment id; every id from here up is a survivor's.
+    pub const SURVIVOR_FIRST: SegmentId = SegmentId(1 << 63);
+
+    /// The `n`th survivor segment of a log (`n` from 0).
+    pub fn survivor(n: u64) -> SegmentId {
+        SegmentId(Self::SURVIVOR_FIRST.0 | (n & !Self::SURVIVOR_FIRST.0))
+    }
+
+    /// Whether this is a survivor segment (written by the cleaner), not a head.
+    pub fn is_survivor(self) -> bool {
+        self >= Self::SURVIVOR_FIRST
+    }
+}
+
+impl fmt::Display for SegmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_survivor() {
+            write!(f, "survivor-{}", self.0 & !Self::SURVIVOR_FIRST.0)
+        } else {
+            write!(f, "segment-{}", self.0)
+        }
+    }
+}
+
+impl From<u64> for SegmentId {
+    fn from(v: u64) -> Self {
+        SegmentId(v)
+    }
+}
 
 /// The version of an object. Strictly increasing over the life of a key, also across
 /// delete and re-create (the master's safe-version floor guarantees it).
@@ -160,6 +199,18 @@ mod tests {
         assert_eq!(Version(9).to_string(), "v9");
         assert_eq!(Epoch(4).to_string(), "4");
         assert_eq!(FrameHandle(5).to_string(), "5");
+        assert_eq!(SegmentId(12).to_string(), "segment-12");
+        assert_eq!(SegmentId::survivor(3).to_string(), "survivor-3");
+    }
+
+    #[test]
+    fn survivor_ids_lie_above_every_head_id() {
+        assert!(!SegmentId(1).is_survivor());
+        assert!(!SegmentId((1 << 63) - 1).is_survivor());
+        assert!(SegmentId::survivor(0).is_survivor());
+        assert!(SegmentId::survivor(0) > SegmentId((1 << 63) - 1));
+        assert!(SegmentId::survivor(1) > SegmentId::survivor(0));
+        assert_eq!(SegmentId::survivor(0), SegmentId::SURVIVOR_FIRST);
     }
 
     #[test]

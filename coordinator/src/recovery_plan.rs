@@ -42,6 +42,13 @@
 //!    falling back to it would silently replay less than the plan decided. A segment
 //!    whose every equally good copy fails makes that partition's replay fail, and the
 //!    next attempt plans again from what the backups then report.
+//! 6. **A survivor segment counts only whole.** The cleaner writes its survivors
+//!    (ids from `SegmentId::SURVIVOR_FIRST` up, outside the head chain) completely,
+//!    footer included, on every current replica before it appends the digest that names
+//!    them; so a copy without the footer was replaced or cut short and never counts.
+//!    Survivors are never the head, and their footers name no successor in the log.
+//!    A survivor no digest names (the master crashed before the digest was written) is
+//!    not part of the log: the cleaned segments it copied are still in the digest.
 //!
 //! **A zombie's stale copy.** A master declared crashed may still run for a while. It
 //! cannot add acknowledged writes to any copy: its current replicas are fenced before
@@ -188,7 +195,12 @@ impl<'a> LogView<'a> {
         for f in found.iter().filter(|f| f.length() > 0) {
             by_segment.entry(f.segment()).or_default().push(f);
         }
-        let head = by_segment.keys().next_back().copied();
+        // Survivor segments are never the head: their ids lie above the head chain's.
+        let head = by_segment
+            .keys()
+            .rev()
+            .find(|segment| !segment.is_survivor())
+            .copied();
         LogView {
             by_segment,
             floors,
@@ -202,6 +214,16 @@ impl<'a> LogView<'a> {
         let Some(copies) = self.by_segment.get(&segment) else {
             return Err(Unusable::Absent);
         };
+        if segment.is_survivor() {
+            // Written whole and closed before any digest named it (rule 6).
+            let mut whole: Vec<&FoundReplica> =
+                copies.iter().copied().filter(|f| f.complete()).collect();
+            if whole.is_empty() {
+                return Err(Unusable::NoFooter);
+            }
+            rank(&mut whole);
+            return Ok(whole);
+        }
         let floor = self.floors.get(&segment).copied().unwrap_or_default();
         let two_below_head = self
             .head
@@ -241,7 +263,7 @@ fn rank(copies: &mut [&FoundReplica]) {
 
 /// Checks that the replicas found hold the whole log (DESIGN.md §4 "Digests", and the
 /// module doc): returns the segments to replay, in id order. The head is the highest
-/// segment any replica holds; it needs a usable copy, every footer found needs its
+/// head-chain segment (not a survivor) any replica holds; it needs a usable copy, every footer found needs its
 /// successor, and every segment of the head's digest needs a usable copy. With
 /// `allow_loss`, an incomplete log yields what was found (the digest's segments that
 /// exist, every segment found when there is no digest, nothing when no replica exists at
@@ -283,7 +305,10 @@ pub fn check_log(
     }
     // Every footer found needs its successor: one past the head is missing for sure
     // (a successor below the head is checked against the digest, or was cleaned).
-    for copy in found.iter().filter(|f| f.length() > 0) {
+    for copy in found
+        .iter()
+        .filter(|f| f.length() > 0 && !f.segment().is_survivor())
+    {
         if let Some(successor) = copy.successor().filter(|s| *s > head) {
             note(successor, Unusable::Absent);
         }
@@ -507,6 +532,57 @@ mod tests {
             check_log(&found, &no_floors(), false, false),
             Ok(ids(&[1, 2, 3]))
         );
+    }
+
+    /// The id of survivor `n` as a raw number, for the helpers above.
+    fn survivor(n: u64) -> u64 {
+        SegmentId::survivor(n).0
+    }
+
+    #[test]
+    fn a_survivor_no_digest_names_is_not_the_head_and_not_replayed() {
+        // Crash after the cleaner wrote survivor 0 (whole, closed) and before the digest
+        // naming it: the head is still segment 3, whose digest keeps the cleaned 1.
+        let found = vec![
+            replica(0, 1, 0, 100, true),
+            replica(1, 2, 0, 100, true),
+            with_digest(replica(2, 3, 0, 50, false), &[1, 2, 3]),
+            replica(0, survivor(0), 0, 80, true),
+            // A survivor cut short (open, no footer) is no head either.
+            replica(1, survivor(1), 0, 20, false),
+        ];
+        assert_eq!(
+            check_log(&found, &no_floors(), false, false),
+            Ok(ids(&[1, 2, 3]))
+        );
+    }
+
+    #[test]
+    fn a_later_digest_naming_a_whole_survivor_replaces_the_cleaned_segment() {
+        let found = vec![
+            replica(1, 2, 0, 100, true),
+            with_digest(replica(2, 3, 0, 70, false), &[survivor(0), 2, 3]),
+            replica(0, survivor(0), 0, 80, true),
+            // The survivor's frame that saw its footer counts too.
+            with_footer(replica(1, survivor(0), 0, 80, false), survivor(0) + 1),
+        ];
+        assert_eq!(
+            check_log(&found, &no_floors(), false, false),
+            Ok(vec![SegmentId(2), SegmentId(3), SegmentId::survivor(0)])
+        );
+    }
+
+    #[test]
+    fn a_named_survivor_counts_only_with_its_footer() {
+        let found = vec![
+            replica(1, 2, 0, 100, true),
+            with_digest(replica(2, 3, 0, 70, false), &[survivor(0), 2, 3]),
+            replica(0, survivor(0), 5, 60, false),
+        ];
+        let incomplete = check_log(&found, &no_floors(), false, false)
+            .expect_err("the survivor's only copy lacks its footer");
+        assert_eq!(incomplete.missing, vec![SegmentId::survivor(0)]);
+        assert!(incomplete.why.contains("survivor-0"), "{}", incomplete.why);
     }
 
     #[test]

@@ -44,6 +44,23 @@
 //! upkeep at once — between two batches under load, or woken when idle — so the new list
 //! is pulled without waiting for the interval.
 //!
+//! # Cleaning
+//! The log cleaner's steps run on this task, between batches ([`crate::cleaner`] says
+//! why: ordered with stage-and-publish, and replicated by the same replicator). The
+//! driver here is thin: it asks the policy how urgent cleaning is, plans a pass when
+//! none is running, runs one bounded step ([`ObjectStore::clean_step`]) and replicates
+//! it, and commits when a survivor closed: the commit's digest goes to the head's
+//! replicas, and only then are the cleaned segments freed in memory and on their
+//! backups ([`Replicator::free_segments`]).
+//! * *Urgent* (free buffers down to the cleaner's reserve plus one): steps run before
+//!   the next batch, as long as they make progress, so writes find room.
+//! * *Background* (past the threshold, or a pass under way): one step after each batch,
+//!   and steps back to back while the queue is empty.
+//!
+//! A write that still finds no room is answered `Retry` while the cleaner can free
+//! something (the client library retries), and `NoSpace` when nothing can be freed:
+//! the live data fills the memory.
+//!
 //! # Failure handling
 //! The queue is bounded ([`APPENDER_QUEUE_MAX`]): when it is full, submitters wait
 //! (back-pressure to the RPC layer, which stops reading from connections past its own
@@ -59,12 +76,16 @@ use rampart_common::tablet::{HashRange, Tablet};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::cleaner::{
+    CleanerPolicy, CleaningPass, PassCounts, StepEnd, Urgency, PASS_SURVIVORS_MAX, STEP_BYTES,
+};
 use crate::object_store::{Batch, ObjectStore, OpOutcome, WriteOp};
 use crate::replay::{RecoveryPiece, ReplayState};
 use crate::replica_manager::{Fatal, ReplicationConfig, ReplicationStats, Replicator};
 use crate::segmented_log::NoSpace;
 use crate::segmented_log::SealedRange;
 use crate::tablets::EpochStep;
+use rampart_common::status::Status;
 
 /// Jobs that may wait for the appender. Beyond it, submitters wait.
 pub const APPENDER_QUEUE_MAX: usize = 4096;
@@ -160,10 +181,40 @@ pub struct AppenderStatus {
     /// is served). Versions are reserved only after it (`VersionReserver`), so a master
     /// the coordinator holds a version ceiling for has a log a recovery can find.
     pub log_started: std::sync::atomic::AtomicBool,
+    /// What the cleaner did so far.
+    pub cleaner: Mutex<CleanerStats>,
     /// Set once, when the appender stopped for good (e.g. fenced); the reason.
     pub fatal: Mutex<Option<String>>,
     /// Woken when `fatal` is set.
     pub fatal_notify: tokio::sync::Notify,
+}
+
+/// What the cleaner did since the master started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CleanerStats {
+    /// Passes planned.
+    pub passes: u64,
+    /// Steps run.
+    pub steps: u64,
+    /// Commits whose digest reached every replica.
+    pub commits: u64,
+    /// Totals of every pass (finished or not).
+    pub totals: PassCounts,
+    /// Writes answered `Retry` or `NoSpace` for want of room.
+    pub writes_refused: u64,
+}
+
+impl CleanerStats {
+    /// Bytes copied per byte freed (LFS's write cost less its one), over all passes:
+    /// `relocated / (cleaned segments · segment size − relocated)`; 0 before any freeing.
+    pub fn write_cost(&self, segment_bytes: u64) -> f64 {
+        let cleaned = self.totals.segments_cleaned * segment_bytes;
+        let freed = cleaned.saturating_sub(self.totals.bytes_relocated);
+        if freed == 0 {
+            return 0.0;
+        }
+        self.totals.bytes_relocated as f64 / freed as f64
+    }
 }
 
 impl Appender {
@@ -288,6 +339,141 @@ async fn upkeep(store: &Mutex<ObjectStore>, replicator: &mut Replicator) -> Resu
     }
 }
 
+/// The cleaner's driver state (module doc, "Cleaning").
+struct Cleaning {
+    policy: CleanerPolicy,
+    pass: Option<CleaningPass>,
+    /// Totals of the passes that ended.
+    ended: PassCounts,
+    stats: CleanerStats,
+    /// Whether the last step made progress; reset when a batch changed the log. Idle
+    /// cleaning stops when it does not, rather than spin.
+    progressing: bool,
+}
+
+impl Cleaning {
+    fn new() -> Cleaning {
+        Cleaning {
+            policy: CleanerPolicy::default(),
+            pass: None,
+            ended: PassCounts::default(),
+            stats: CleanerStats::default(),
+            progressing: true,
+        }
+    }
+
+    /// How pressing cleaning is: a pass under way is finished in the background at
+    /// least.
+    fn urgency(&self, store: &ObjectStore) -> Urgency {
+        let urgency = self.policy.urgency(&store.log().usage());
+        if self.pass.is_some() {
+            urgency.max(Urgency::Background)
+        } else {
+            urgency
+        }
+    }
+
+    /// Whether cleaning could free anything now.
+    fn can_free(&self, store: &ObjectStore) -> bool {
+        self.pass.is_some() || store.plan_cleaning(PASS_SURVIVORS_MAX).is_some()
+    }
+
+    fn publish(&mut self, status: &AppenderStatus) {
+        let current = self
+            .pass
+            .as_ref()
+            .map(CleaningPass::counts)
+            .unwrap_or_default();
+        self.stats.totals = PassCounts {
+            bytes_relocated: self.ended.bytes_relocated + current.bytes_relocated,
+            bytes_dropped: self.ended.bytes_dropped + current.bytes_dropped,
+            segments_cleaned: self.ended.segments_cleaned + current.segments_cleaned,
+            survivors: self.ended.survivors + current.survivors,
+        };
+        *status.cleaner.lock() = self.stats;
+    }
+}
+
+/// Runs one cleaning step (planning a pass first when none is under way), replicates
+/// it, and commits when it ends with a survivor closed, the pass done or no buffer.
+/// Returns whether it made progress: false when nothing is worth cleaning, or when no
+/// buffer is free and the commit freed nothing.
+async fn clean_once(
+    store: &Mutex<ObjectStore>,
+    replicator: &mut Replicator,
+    cleaning: &mut Cleaning,
+    status: &AppenderStatus,
+) -> Result<bool, Fatal> {
+    if cleaning.pass.is_none() {
+        cleaning.pass = store.lock().plan_cleaning(PASS_SURVIVORS_MAX);
+        if cleaning.pass.is_none() {
+            cleaning.progressing = false;
+            return Ok(false);
+        }
+        cleaning.stats.passes += 1;
+    }
+    let Some(pass) = cleaning.pass.as_mut() else {
+        cleaning.progressing = false;
+        return Ok(false);
+    };
+    let (end, ranges) = {
+        let mut store = store.lock();
+        let end = store.clean_step(pass, STEP_BYTES);
+        (end, store.seal())
+    };
+    cleaning.stats.steps += 1;
+    // The survivors' bytes are on every replica before any digest names them.
+    replicator.replicate(&ranges).await?;
+    let progress = match end {
+        StepEnd::Budget => true,
+        StepEnd::SurvivorClosed | StepEnd::Done | StepEnd::NoBuffer => {
+            let (committed, ranges) = {
+                let mut store = store.lock();
+                let committed = store.commit_cleaning(pass);
+                (committed, store.seal())
+            };
+            // The digest without the cleaned segments is on every replica of the head
+            // before they are freed anywhere.
+            replicator.replicate(&ranges).await?;
+            let freed = match committed {
+                Ok(_) => {
+                    cleaning.stats.commits += 1;
+                    store.lock().free_cleaned()
+                }
+                Err(NoSpace) => Vec::new(),
+            };
+            replicator.free_segments(&freed);
+            end != StepEnd::NoBuffer || !freed.is_empty()
+        }
+    };
+    if pass.is_done() {
+        let counts = pass.counts();
+        cleaning.ended.bytes_relocated += counts.bytes_relocated;
+        cleaning.ended.bytes_dropped += counts.bytes_dropped;
+        cleaning.ended.segments_cleaned += counts.segments_cleaned;
+        cleaning.ended.survivors += counts.survivors;
+        cleaning.pass = None;
+    }
+    cleaning.progressing = progress;
+    cleaning.publish(status);
+    Ok(progress)
+}
+
+/// Cleans before a batch while writes are about to stop and cleaning makes progress.
+async fn clean_urgently(
+    store: &Mutex<ObjectStore>,
+    replicator: &mut Replicator,
+    cleaning: &mut Cleaning,
+    status: &AppenderStatus,
+) -> Result<(), Fatal> {
+    while cleaning.urgency(&store.lock()) == Urgency::Urgent {
+        if !clean_once(store, replicator, cleaning, status).await? {
+            break;
+        }
+    }
+    Ok(())
+}
+
 async fn run(
     store: Arc<Mutex<ObjectStore>>,
     mut queue: mpsc::Receiver<Job>,
@@ -309,6 +495,7 @@ async fn run(
     let mut next_upkeep = tokio::time::Instant::now() + UPKEEP_INTERVAL;
     let mut carried: Option<Job> = None;
     let server_list = replicator.server_list_watch();
+    let mut cleaning = Cleaning::new();
     loop {
         // Upkeep runs every UPKEEP_INTERVAL whether or not jobs keep coming: under
         // steady load the queue is never empty, and lost closed replicas, probes and
@@ -325,6 +512,18 @@ async fn run(
         let first = match carried.take() {
             Some(job) => job,
             None => {
+                // Idle with cleaning to do: one step, then look at the queue again.
+                let idle_cleaning = queue.is_empty()
+                    && cleaning.progressing
+                    && cleaning.urgency(&store.lock()) != Urgency::Idle;
+                if idle_cleaning {
+                    if let Err(fatal) =
+                        clean_once(&store, &mut replicator, &mut cleaning, &status).await
+                    {
+                        return stop(fatal, &status, queue, Vec::new()).await;
+                    }
+                    continue;
+                }
                 let job = tokio::select! {
                     biased;
                     job = queue.recv() => job,
@@ -377,8 +576,26 @@ async fn run(
             }
             next = queue.try_recv().ok();
         }
+        if !ops_jobs.is_empty() || !replay_jobs.is_empty() {
+            // Room for the batch first, when writes are about to stop.
+            if let Err(fatal) =
+                clean_urgently(&store, &mut replicator, &mut cleaning, &status).await
+            {
+                let mut parked: Parked = ops_jobs
+                    .into_iter()
+                    .map(|(_, reply)| ParkedReply::Ops(reply))
+                    .collect();
+                parked.extend(
+                    replay_jobs
+                        .into_iter()
+                        .map(|job| ParkedReply::Replay(job.reply)),
+                );
+                return stop(fatal, &status, queue, parked).await;
+            }
+            cleaning.progressing = true;
+        }
         if !ops_jobs.is_empty() {
-            let result = write_batch(&store, ops_jobs, &mut replicator).await;
+            let result = write_batch(&store, ops_jobs, &mut replicator, &mut cleaning).await;
             // Counting under-replicated segments walks them all: only when a replica
             // changed, not after every batch.
             if let Some(stats) = replicator.take_changed_stats() {
@@ -394,6 +611,17 @@ async fn run(
                 *status.replication.lock() = stats;
             }
             if let Err((fatal, parked)) = result {
+                return stop(fatal, &status, queue, parked).await;
+            }
+        }
+        // Past the threshold (or a pass under way): one step between batches.
+        if cleaning.urgency(&store.lock()) != Urgency::Idle && cleaning.progressing {
+            if let Err(fatal) = clean_once(&store, &mut replicator, &mut cleaning, &status).await {
+                let parked = match alone {
+                    Some(Job::Ops { reply, .. }) => vec![ParkedReply::Ops(reply)],
+                    Some(Job::Replay { reply, .. }) => vec![ParkedReply::Replay(reply)],
+                    _ => Vec::new(),
+                };
                 return stop(fatal, &status, queue, parked).await;
             }
         }
@@ -442,14 +670,31 @@ async fn write_batch(
     store: &Mutex<ObjectStore>,
     jobs: Vec<(Vec<WriteOp>, oneshot::Sender<Vec<OpOutcome>>)>,
     replicator: &mut Replicator,
+    cleaning: &mut Cleaning,
 ) -> Result<(), (Fatal, Parked)> {
     let mut batch = Batch::new();
     let (outcomes, ranges): (Vec<Vec<OpOutcome>>, Vec<SealedRange>) = {
         let mut store = store.lock();
-        let outcomes = jobs
+        let mut outcomes: Vec<Vec<OpOutcome>> = jobs
             .iter()
             .map(|(ops, _)| ops.iter().map(|op| store.stage(&mut batch, op)).collect())
             .collect();
+        let refused = outcomes
+            .iter()
+            .flatten()
+            .filter(|o| o.status == Status::NoSpace)
+            .count();
+        if refused > 0 {
+            cleaning.stats.writes_refused += refused as u64;
+            // Back-pressure, not an error, while the cleaner can still free room.
+            if cleaning.can_free(&store) {
+                for outcome in outcomes.iter_mut().flatten() {
+                    if outcome.status == Status::NoSpace {
+                        outcome.status = Status::Retry;
+                    }
+                }
+            }
+        }
         (outcomes, store.seal())
     };
 

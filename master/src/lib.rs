@@ -7,7 +7,11 @@
 //! * [`tablets`] — `OwnedTablets`: the key-hash ranges this master serves.
 //! * [`object_store`] — `ObjectStore`: the synchronous core: ownership, reject rules,
 //!   versions, staging and publishing batches, enumerate.
-//! * [`appender`] — `Appender`: the single writer with group commit.
+//! * [`appender`] — `Appender`: the single writer with group commit; it also runs the
+//!   cleaner's steps between its batches.
+//! * [`cleaner`] — the log cleaner's decisions: cost-benefit choice of segments, when to
+//!   clean, and where a pass stands (`CleaningPass`); `ObjectStore::clean_step` and
+//!   `commit_cleaning` do the work.
 //! * [`profiler`] — `Profiler`: per-tablet trees of byte and record counts over the key
 //!   hash, and the will (recovery partitions) computed from them.
 //! * [`replica_manager`] — where segments are replicated: `BackupSelector` places the
@@ -71,6 +75,7 @@
 //! copies the value from its segment into the reply frame.
 
 pub mod appender;
+pub mod cleaner;
 pub mod failure_detector;
 pub mod lease;
 pub mod object_index;

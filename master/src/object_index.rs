@@ -160,19 +160,19 @@ impl ObjectIndex {
             .map(|((_, hash), bucket)| (*hash, bucket))
     }
 
-    /// Removes every object of `table` with a hash in `range`; returns how many.
-    pub fn remove_range(&mut self, table: TableId, range: RangeInclusive<u64>) -> u64 {
+    /// Removes every object of `table` with a hash in `range`; returns their references.
+    pub fn remove_range(&mut self, table: TableId, range: RangeInclusive<u64>) -> Vec<LogRef> {
         let keys: Vec<(TableId, KeyHash)> = self
             .range(table, range)
             .map(|(hash, _)| (table, hash))
             .collect();
-        let mut removed = 0;
+        let mut removed = Vec::new();
         for key in keys {
             if let Some(bucket) = self.map.remove(&key) {
-                removed += bucket.refs().len() as u64;
+                removed.extend_from_slice(bucket.refs());
             }
         }
-        self.len -= removed;
+        self.len -= removed.len() as u64;
         removed
     }
 }
@@ -233,7 +233,7 @@ mod tests {
         index.upsert(TableId(1), KeyHash(10), b"a", at(1), key_of);
         index.upsert(TableId(1), KeyHash(20), b"b", at(2), key_of);
         index.upsert(TableId(2), KeyHash(10), b"c", at(3), key_of);
-        assert_eq!(index.remove_range(TableId(1), 0..=15), 1);
+        assert_eq!(index.remove_range(TableId(1), 0..=15), vec![at(1)]);
         assert_eq!(index.len(), 2);
         assert_eq!(index.range(TableId(1), 0..=u64::MAX).count(), 1);
         assert_eq!(index.range(TableId(2), 0..=u64::MAX).count(), 1);

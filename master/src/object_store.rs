@@ -55,7 +55,13 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::ops::RangeInclusive;
 
-use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes};
+use rampart_common::config::SEGMENT_FIXED_OVERHEAD_BYTES;
+use rampart_common::ids::SegmentId;
+use rampart_common::log::{
+    decode_entry, object_entry_bytes, tombstone_entry_bytes, Entry, LogFull,
+};
+
+use crate::cleaner::{self, CleaningPass, StepEnd};
 
 use crate::object_index::{LogRef, ObjectIndex};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
@@ -486,6 +492,7 @@ impl ObjectStore {
                     Ok(at) => {
                         let bytes = object_entry_bytes(key.len(), value.len());
                         self.profiler.track(table, hash, bytes as u64);
+                        self.supersede_staged(batch, table, hash, key);
                         batch.insert(
                             table,
                             hash,
@@ -515,6 +522,7 @@ impl ObjectStore {
                         self.profiler.track(table, hash, bytes as u64);
                         self.safe_version = floor;
                         self.version_max = self.version_max.max(floor);
+                        self.supersede_staged(batch, table, hash, key);
                         batch.insert(table, hash, key, Staged::Removed);
                         OpOutcome::applied(version)
                     }
@@ -540,6 +548,7 @@ impl ObjectStore {
                     Ok(at) => {
                         let bytes = object_entry_bytes(key.len(), value.len());
                         self.profiler.track(table, hash, bytes as u64);
+                        self.supersede_staged(batch, table, hash, key);
                         batch.insert(
                             table,
                             hash,
@@ -586,20 +595,24 @@ impl ObjectStore {
             tablets,
             ..
         } = self;
+        let mut dead = Vec::new();
         for (StagedKey { table, hash, key }, staged) in batch.staged {
             // A tablet dropped after staging (the appender orders tablet changes
             // between batches, so this is defence in depth) must not regain objects.
             if owned_only && !tablets.owns(table, hash) {
+                if let Staged::Live { at, .. } = staged {
+                    dead.push(at);
+                }
                 continue;
             }
-            match staged {
-                Staged::Live { at, .. } => {
-                    index.upsert(table, hash, &key, at, |r| log.key(r));
-                }
-                Staged::Removed => {
-                    index.remove(table, hash, &key, |r| log.key(r));
-                }
-            }
+            let replaced = match staged {
+                Staged::Live { at, .. } => index.upsert(table, hash, &key, at, |r| log.key(r)),
+                Staged::Removed => index.remove(table, hash, &key, |r| log.key(r)),
+            };
+            dead.extend(replaced);
+        }
+        for at in dead {
+            self.note_dead(at);
         }
     }
 
@@ -641,6 +654,7 @@ impl ObjectStore {
                             .append_object(table, version, key, value, self.safe_version)?;
                     let bytes = object_entry_bytes(key.len(), value.len()) as u64;
                     self.note_replayed(table, hash, bytes);
+                    self.supersede_staged(batch, table, hash, key);
                     batch.insert(table, hash, key, Staged::Live { version, at });
                     let counts = state.counts_mut();
                     counts.objects_appended += 1;
@@ -678,6 +692,7 @@ impl ObjectStore {
                     )?;
                     let bytes = tombstone_entry_bytes(key.len()) as u64;
                     self.note_replayed(table, hash, bytes);
+                    self.supersede_staged(batch, table, hash, key);
                     batch.insert(table, hash, key, Staged::Removed);
                     let counts = state.counts_mut();
                     counts.tombstones_appended += 1;
@@ -709,6 +724,230 @@ impl ObjectStore {
         }
     }
 
+    /// Removes the objects of `table` with hashes in `range` from the index; their
+    /// entries are dead. Returns how many.
+    fn forget_range(&mut self, table: TableId, range: RangeInclusive<u64>) -> u64 {
+        let refs = self.index.remove_range(table, range);
+        for at in &refs {
+            self.note_dead(*at);
+        }
+        refs.len() as u64
+    }
+
+    /// The object entry at `at` is dead: its segment's live bytes drop.
+    fn note_dead(&mut self, at: LogRef) {
+        let object = self.log.object(at);
+        let bytes = object_entry_bytes(object.key.len(), object.value.len()) as u64;
+        self.log.note_dead(at, bytes);
+    }
+
+    /// The entry staged for `key` earlier in `batch`, if an object, is superseded by the
+    /// one being staged now: it never reaches the index.
+    fn supersede_staged(&mut self, batch: &Batch, table: TableId, hash: KeyHash, key: &Bytes) {
+        if let Some(Staged::Live { at, .. }) = batch.get(table, hash, key) {
+            self.note_dead(at);
+        }
+    }
+
+    /// Plans a cleaning pass over the log's closed segments (cost-benefit,
+    /// [`cleaner::select`]) filling at most `survivors_max` survivors
+    /// ([`cleaner::PASS_SURVIVORS_MAX`] in the appender); `None` when no choice would
+    /// free a segment.
+    pub fn plan_cleaning(&self, survivors_max: u64) -> Option<CleaningPass> {
+        let closed = self.log.closed_segments();
+        let usage = self.log.usage();
+        let segment_bytes = u64::from(usage.segment_bytes);
+        // A survivor holds its header, a checksum per step and its footer besides the
+        // entries: counted generously.
+        let survivor_capacity = segment_bytes.saturating_sub(SEGMENT_FIXED_OVERHEAD_BYTES as u64);
+        let chosen = cleaner::select(
+            &closed,
+            usage.clock,
+            segment_bytes,
+            survivor_capacity,
+            survivors_max,
+        );
+        if chosen.is_empty() {
+            return None;
+        }
+        let stamp = closed
+            .iter()
+            .filter(|s| chosen.contains(&s.segment))
+            .map(|s| s.stamp)
+            .max()
+            .unwrap_or(usage.clock);
+        Some(CleaningPass::new(chosen, stamp))
+    }
+
+    /// One bounded step of `pass` (module doc of [`cleaner`]): walks at most
+    /// `budget_bytes` of the cleaned segments' entries, copying the live ones into the
+    /// pass's survivor and dropping the dead ones (uncounting them in the profiles), and
+    /// seals what it copied. Replicate the log's unreplicated ranges ([`seal`](Self::seal))
+    /// before anything else; commit with [`commit_cleaning`](Self::commit_cleaning) when
+    /// the step ends with a survivor closed, the pass done, or no buffer.
+    ///
+    /// An object is live when the index points at it; it moves with its version, and
+    /// the index follows it. A tombstone is live while the segment of the object it
+    /// deletes is in the log and not freed by this pass at the latest when the
+    /// tombstone's own segment is ([`CleaningPass::walked_before`]); it moves unchanged.
+    pub fn clean_step(&mut self, pass: &mut CleaningPass, budget_bytes: usize) -> StepEnd {
+        let end = self.walk(pass, budget_bytes);
+        if let Some(survivor) = pass.survivor() {
+            self.log.seal_survivor(survivor);
+        }
+        end
+    }
+
+    fn walk(&mut self, pass: &mut CleaningPass, budget_bytes: usize) -> StepEnd {
+        let mut walked = 0usize;
+        let mut entry = Vec::new();
+        loop {
+            let Some((segment, offset)) = pass.position() else {
+                if let Some(survivor) = pass.survivor() {
+                    self.log.close_survivor(survivor);
+                    pass.survivor_closed();
+                }
+                return StepEnd::Done;
+            };
+            if walked >= budget_bytes {
+                return StepEnd::Budget;
+            }
+            // The entry is copied out of its segment: relocating it appends to the log.
+            let next = {
+                let Some(bytes) = self.log.segment_bytes(segment) else {
+                    pass.segment_walked();
+                    continue;
+                };
+                match decode_entry(bytes, offset as usize) {
+                    Ok(Some((_, next))) => {
+                        entry.clear();
+                        entry.extend_from_slice(&bytes[offset as usize..next]);
+                        next
+                    }
+                    // The end of the segment (its bytes end at the footer's checksum).
+                    Ok(None) | Err(_) => {
+                        pass.segment_walked();
+                        continue;
+                    }
+                }
+            };
+            walked += next - offset as usize;
+            let here = LogRef { segment, offset };
+            match decode_entry(&entry, 0) {
+                Ok(Some((Entry::Object(object), _))) => {
+                    let hash = key_hash(object.key);
+                    let bytes = entry.len() as u64;
+                    let log = &self.log;
+                    let live = self
+                        .index
+                        .lookup(object.table, hash, object.key, |r| log.key(r))
+                        == Some(here);
+                    if live {
+                        let moved = self.relocate(pass, |log, survivor| {
+                            log.relocate_object(
+                                survivor,
+                                object.table,
+                                object.version,
+                                object.key,
+                                object.value,
+                            )
+                        });
+                        let new = match moved {
+                            Ok(new) => new,
+                            Err(end) => return end,
+                        };
+                        let log = &self.log;
+                        self.index
+                            .upsert(object.table, hash, object.key, new, |r| log.key(r));
+                        pass.note_relocated(bytes);
+                    } else {
+                        self.profiler.untrack(object.table, hash, bytes);
+                        pass.note_dropped(bytes);
+                    }
+                }
+                Ok(Some((Entry::Tombstone(tombstone), _))) => {
+                    let bytes = entry.len() as u64;
+                    let live = self.log.holds(tombstone.segment_id)
+                        && !pass.walked_before(tombstone.segment_id);
+                    if live {
+                        let moved = self.relocate(pass, |log, survivor| {
+                            log.relocate_tombstone(
+                                survivor,
+                                tombstone.table,
+                                tombstone.version,
+                                tombstone.segment_id,
+                                tombstone.key,
+                            )
+                            .map(|()| here)
+                        });
+                        if let Err(end) = moved {
+                            return end;
+                        }
+                        pass.note_relocated(bytes);
+                    } else {
+                        self.profiler
+                            .untrack(tombstone.table, key_hash(tombstone.key), bytes);
+                        pass.note_dropped(bytes);
+                    }
+                }
+                // Headers, digests, safe versions (every head opens with the floor,
+                // `SegmentedLog` module doc), checksums and footers stay behind.
+                _ => {}
+            }
+            pass.advance(next as u32);
+        }
+    }
+
+    /// Appends one entry to the pass's survivor (opening one when none is open). Errs
+    /// with where the step ends: the survivor full (closed now: the entry is copied by
+    /// the next step, into the next survivor) or no buffer for a new one.
+    fn relocate(
+        &mut self,
+        pass: &mut CleaningPass,
+        append: impl Fn(&mut SegmentedLog, SegmentId) -> Result<LogRef, LogFull>,
+    ) -> Result<LogRef, StepEnd> {
+        let survivor = match pass.survivor() {
+            Some(survivor) => survivor,
+            None => {
+                let survivor = self
+                    .log
+                    .open_survivor(pass.stamp())
+                    .map_err(|NoSpace| StepEnd::NoBuffer)?;
+                pass.survivor_opened(survivor);
+                survivor
+            }
+        };
+        append(&mut self.log, survivor).map_err(|LogFull| {
+            self.log.close_survivor(survivor);
+            pass.survivor_closed();
+            StepEnd::SurvivorClosed
+        })
+    }
+
+    /// Commits what `pass` finished (module doc of [`cleaner`]): closed survivors join
+    /// the log, finished segments leave it, with a digest appended to the head. Returns
+    /// the segments retired; replicate the log's unreplicated ranges
+    /// ([`seal`](Self::seal)), then [`free_cleaned`](Self::free_cleaned).
+    ///
+    /// # Errors
+    /// [`NoSpace`] when the digest fits nowhere; the pass keeps its finished segments.
+    pub fn commit_cleaning(&mut self, pass: &mut CleaningPass) -> Result<Vec<SegmentId>, NoSpace> {
+        let finished = pass.take_finished();
+        match self.log.commit_cleaning(&finished, self.safe_version) {
+            Ok(()) => Ok(finished),
+            Err(full) => {
+                pass.return_finished(finished);
+                Err(full)
+            }
+        }
+    }
+
+    /// Frees the segments the last commit retired, once its digest is on every replica;
+    /// returns them (their replicas may now be freed on the backups).
+    pub fn free_cleaned(&mut self) -> Vec<SegmentId> {
+        self.log.free_retired()
+    }
+
     /// Whether this master owns any hash of `ranges`.
     pub fn owns_any(&self, ranges: &[HashRange]) -> bool {
         ranges
@@ -725,7 +964,7 @@ impl ObjectStore {
         let mut removed = 0;
         for &HashRange { table, start, end } in ranges {
             for (from, to) in self.tablets.unowned_parts(table, start, end) {
-                removed += self.index.remove_range(table, from..=to);
+                removed += self.forget_range(table, from..=to);
                 self.replayed_untracked
                     .retain(|&(t, hash, _)| t != table || !(from..=to).contains(&hash.0));
             }
@@ -806,7 +1045,7 @@ impl ObjectStore {
     pub fn take_tablets(&mut self, tablets: &[Tablet]) {
         for tablet in tablets {
             for (start, end) in self.tablets.take(tablet) {
-                self.index.remove_range(tablet.table, start..=end);
+                self.forget_range(tablet.table, start..=end);
             }
             self.profile_taken(tablet);
         }
@@ -873,7 +1112,7 @@ impl ObjectStore {
             end: to,
         } in self.tablets.replace(tablets)
         {
-            self.index.remove_range(table, from..=to);
+            self.forget_range(table, from..=to);
         }
         // Profiles of tablets gone for good end; one that a new tablet overlaps is
         // replaced by that tablet's, which inherits its counts.
@@ -909,7 +1148,7 @@ impl ObjectStore {
         let mut removed = 0;
         for tablet in tablets {
             for (start, end) in self.tablets.drop_overlapping(tablet) {
-                removed += self.index.remove_range(tablet.table, start..=end);
+                removed += self.forget_range(tablet.table, start..=end);
             }
             self.profiler.drop_tablet(tablet);
         }
@@ -992,6 +1231,7 @@ impl ReadResult for Result<Object, Status> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::segmented_log::CLEANER_RESERVE_SEGMENTS;
     use proptest::prelude::*;
     use rampart_common::ids::SegmentId;
     use rampart_common::log::scanner::{scan, StopReason};
@@ -1930,8 +2170,12 @@ mod tests {
             "only {} writes fit",
             acknowledged.len()
         );
+        // Full up to the cleaner's reserve, which writes never take.
         let (used, max) = store.log_bytes();
-        assert_eq!(used, max);
+        assert_eq!(
+            used,
+            max - CLEANER_RESERVE_SEGMENTS * u64::from(config().segment_bytes)
+        );
 
         for attempt in 0..10 {
             let key = format!("more-{attempt}");

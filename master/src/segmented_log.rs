@@ -14,10 +14,34 @@
 //! batch, with a copy of their bytes ([`SealedRange`]), and hands them to replication
 //! before acknowledging (see `appender`).
 //!
-//! # Space
-//! A full log (no free segment for a rollover) refuses the append with [`NoSpace`];
-//! nothing already written is touched. Space comes back only when the cleaner (a later
-//! issue) frees segments.
+//! # Space and cleaning
+//! The memory holds `segments_max` segment buffers. A rollover may take a free buffer
+//! only while more than [`CLEANER_RESERVE_SEGMENTS`] are free: the rest is the cleaner's
+//! reserve, so that the cleaner can always open a survivor and free space when the log
+//! is full. A full log refuses the append with [`NoSpace`]; nothing already written is
+//! touched.
+//!
+//! The cleaner (`crate::cleaner`, driven through `ObjectStore`) works on this log in
+//! three moves, each a method here:
+//! 1. **relocate** — copy live entries of cleaned segments into *survivor* segments
+//!    ([`SegmentedLog::open_survivor`], [`SegmentedLog::relocate_object`]): ids from
+//!    `SegmentId::SURVIVOR_FIRST` up, no digest, readable at once (the index may point
+//!    into them) but not yet part of the log's digest; their ranges are replicated like
+//!    any, and [`SegmentedLog::close_survivor`] writes the footer.
+//! 2. **commit** — [`SegmentedLog::commit_cleaning`]: the closed survivors join the log,
+//!    the cleaned segments leave it (*retired*: still in memory), and a new digest is
+//!    appended to the head (a rollover when it does not fit). Every head keeps room for
+//!    such a digest ([`SegmentedLog::digest_room`]), so a commit needs no new buffer.
+//! 3. **free** — once the commit's range is on every replica,
+//!    [`SegmentedLog::free_retired`] gives the retired buffers back to the pool and
+//!    names the segments whose replicas the backups may now free.
+//!
+//! # Accounting
+//! Each segment counts its *live bytes* — object and tombstone entries appended and not
+//! yet known dead ([`SegmentedLog::note_dead`], called by the store when the index lets
+//! go of an entry) — and a *stamp*, the log clock (bytes ever appended) at its last
+//! append: the `u` and `age` of the cleaner's cost-benefit choice. Tombstones count as
+//! live until cleaned (only the cleaner decides that they are not).
 //!
 //! # Memory
 //! The log's memory is allocated and touched once, when the log is created: a
@@ -31,10 +55,17 @@
 use bytes::Bytes;
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
-use rampart_common::log::{decode_object_trusted, LogFull, ObjectEntry, SegmentWriter};
+use rampart_common::log::{
+    decode_object_trusted, digest_entry_bytes, object_entry_bytes, tombstone_entry_bytes, LogFull,
+    ObjectEntry, SegmentWriter, SAFE_VERSION_ENTRY_BYTES,
+};
 use std::collections::BTreeMap;
 
 use crate::object_index::LogRef;
+
+/// Segment buffers a rollover leaves free for the cleaner: one survivor (a commit needs
+/// no buffer, see the module doc).
+pub const CLEANER_RESERVE_SEGMENTS: u64 = 1;
 
 /// The log has no room for the entry and no free segment to roll over to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -68,26 +99,82 @@ pub struct SealedRange {
     pub capacity: u32,
 }
 
+/// One segment in memory with its cleaning facts.
+#[derive(Debug)]
+struct LogSegment {
+    writer: SegmentWriter,
+    /// Bytes of object and tombstone entries not known dead (module doc, "Accounting").
+    live_bytes: u64,
+    /// The log clock at its last append.
+    stamp: u64,
+}
+
+impl LogSegment {
+    fn new(writer: SegmentWriter, stamp: u64) -> LogSegment {
+        LogSegment {
+            writer,
+            live_bytes: 0,
+            stamp,
+        }
+    }
+}
+
+/// What the cleaner's choice needs of one closed segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentUsage {
+    /// The segment.
+    pub segment: SegmentId,
+    /// Bytes of entries not known dead.
+    pub live_bytes: u64,
+    /// The log clock at its last append.
+    pub stamp: u64,
+}
+
+/// Where the log's memory stands, for the cleaner's policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogUsage {
+    /// Segment buffers the memory holds.
+    pub segments_max: u64,
+    /// Buffers not holding a segment (the cleaner's reserve included).
+    pub segments_free: u64,
+    /// Live bytes in every segment (survivors included).
+    pub live_bytes: u64,
+    /// Bytes each segment holds.
+    pub segment_bytes: u32,
+    /// The log clock: bytes appended since the log began.
+    pub clock: u64,
+}
+
 /// A master's log in DRAM.
 #[derive(Debug)]
 pub struct SegmentedLog {
     log_id: ServerId,
     segment_bytes: u32,
     segments_max: u64,
-    /// Every live segment, by id.
-    /// Invariants: 1. exactly one segment (the head) is open; every other is closed with
-    /// a footer naming its successor. 2. `segments.len() <= segments_max`.
-    segments: BTreeMap<SegmentId, SegmentWriter>,
+    /// The log: every segment the head's last digest names, by id.
+    /// Invariants: 1. exactly one segment (the head) is open; every other is closed (a
+    /// head-chain one with a footer naming its successor). 2. `segments.len() +
+    /// survivors.len() + retired.len() + pool.len() == segments_max` for a pool built
+    /// for the configuration.
+    segments: BTreeMap<SegmentId, LogSegment>,
     head: SegmentId,
+    /// Survivor segments the cleaner is writing or has closed, not yet in a digest.
+    /// Readable (the index may point into them).
+    survivors: BTreeMap<SegmentId, LogSegment>,
+    /// Segments a digest dropped, kept in memory until that digest is on every replica.
+    /// Nothing in the index points into them.
+    retired: BTreeMap<SegmentId, LogSegment>,
+    /// The number of the next survivor segment.
+    next_survivor: u64,
+    /// Bytes of entries ever appended (the log clock for segment ages).
+    clock: u64,
     /// Ranges appended since the last `take_unreplicated`, in append order.
     /// Invariant: a new head's header and digest range precedes the old head's closing
     /// range, as the digest-and-footer protocol requires.
     unreplicated: Vec<SegmentRange>,
     /// Where the last handed-off range of each segment ended (its replicated length).
     handed_off: BTreeMap<SegmentId, u32>,
-    /// Buffers for the segments still to open. Invariant: `segments.len() +
-    /// pool.len()` stays what it was at creation (`segments_max` for a pool built for
-    /// the configuration): a failed opening gives its buffer back.
+    /// Buffers for the segments still to open. A failed opening gives its buffer back.
     pool: SegmentPool,
 }
 
@@ -220,6 +307,10 @@ impl SegmentedLog {
             segments_max: config.segments_max(),
             segments: BTreeMap::new(),
             head: first,
+            survivors: BTreeMap::new(),
+            retired: BTreeMap::new(),
+            next_survivor: 0,
+            clock: 0,
             unreplicated: Vec::new(),
             handed_off: BTreeMap::new(),
             pool,
@@ -227,7 +318,7 @@ impl SegmentedLog {
         let head = log
             .open_segment(first, safe_version)
             .expect("a validated config holds a first segment");
-        log.segments.insert(first, head);
+        log.segments.insert(first, LogSegment::new(head, 0));
         log.note_appended(first);
         log
     }
@@ -263,9 +354,17 @@ impl SegmentedLog {
     }
 
     fn head_mut(&mut self) -> &mut SegmentWriter {
-        self.segments
+        &mut self
+            .segments
             .get_mut(&self.head)
             .expect("the head segment is always live")
+            .writer
+    }
+
+    /// Bytes every head keeps free for a digest of the whole memory's segments, so that
+    /// the cleaner's commit ([`SegmentedLog::commit_cleaning`]) never needs a new buffer.
+    pub fn digest_room(&self) -> usize {
+        digest_entry_bytes(usize::try_from(self.segments_max).unwrap_or(usize::MAX))
     }
 
     /// Appends an object; rolls over to a new segment when the head is full.
@@ -277,9 +376,12 @@ impl SegmentedLog {
         value: &[u8],
         safe_version: Version,
     ) -> Result<LogRef, NoSpace> {
-        self.append_with(safe_version, |segment| {
+        let bytes = object_entry_bytes(key.len(), value.len());
+        let at = self.append_with(safe_version, bytes, |segment| {
             segment.append_object(table, version, key, value)
-        })
+        })?;
+        self.count_live(at.segment, bytes as u64);
+        Ok(at)
     }
 
     /// Appends a tombstone for the object `version` of `key` that lives in `segment`.
@@ -291,23 +393,42 @@ impl SegmentedLog {
         key: &[u8],
         safe_version: Version,
     ) -> Result<LogRef, NoSpace> {
-        self.append_with(safe_version, |segment| {
+        let bytes = tombstone_entry_bytes(key.len());
+        let at = self.append_with(safe_version, bytes, |segment| {
             segment.append_tombstone(table, version, object_segment, key)
-        })
+        })?;
+        self.count_live(at.segment, bytes as u64);
+        Ok(at)
+    }
+
+    fn count_live(&mut self, segment: SegmentId, bytes: u64) {
+        self.clock += bytes;
+        let clock = self.clock;
+        if let Some(segment) = self.segments.get_mut(&segment) {
+            segment.live_bytes += bytes;
+            segment.stamp = clock;
+        }
     }
 
     fn append_with(
         &mut self,
         safe_version: Version,
+        bytes: usize,
         append: impl Fn(&mut SegmentWriter) -> Result<u32, LogFull>,
     ) -> Result<LogRef, NoSpace> {
-        if let Ok(offset) = append(self.head_mut()) {
-            return Ok(LogRef {
-                segment: self.head,
-                offset,
-            });
+        // The head keeps room for a digest (`digest_room`) after every append.
+        let room = self.digest_room();
+        if self.head_mut().free_bytes() >= bytes.saturating_add(room) {
+            if let Ok(offset) = append(self.head_mut()) {
+                return Ok(LogRef {
+                    segment: self.head,
+                    offset,
+                });
+            }
         }
-        self.roll_over(safe_version)?;
+        self.roll_over(safe_version, CLEANER_RESERVE_SEGMENTS)?;
+        // A fresh head takes the largest entry (`MasterConfig::validate`), even where
+        // the digest room does not fit beside it.
         let offset = append(self.head_mut()).map_err(|_| NoSpace)?;
         Ok(LogRef {
             segment: self.head,
@@ -315,19 +436,21 @@ impl SegmentedLog {
         })
     }
 
-    /// Opens a new head and closes the old one, in the order DESIGN.md §4 requires.
-    fn roll_over(&mut self, safe_version: Version) -> Result<(), NoSpace> {
-        if self.segments.len() as u64 >= self.segments_max {
+    /// Opens a new head and closes the old one, in the order DESIGN.md §4 requires,
+    /// leaving at least `reserve` buffers free.
+    fn roll_over(&mut self, safe_version: Version, reserve: u64) -> Result<(), NoSpace> {
+        if self.segments_free() <= reserve {
             return Err(NoSpace);
         }
         let old = self.head;
         let new = SegmentId(old.0 + 1);
         let segment = self.open_segment(new, safe_version)?;
-        self.segments.insert(new, segment);
+        self.segments
+            .insert(new, LogSegment::new(segment, self.clock));
         self.note_appended(new);
         self.head = new;
         let old_segment = self.segments.get_mut(&old).expect("the old head is live");
-        old_segment.close(new);
+        old_segment.writer.close(new);
         self.note_appended(old);
         Ok(())
     }
@@ -336,7 +459,7 @@ impl SegmentedLog {
     /// the log itself records a floor raised by recovery: replaying this log later must
     /// not hand out versions the crashed master already used.
     pub fn append_safe_version(&mut self, safe_version: Version) -> Result<(), NoSpace> {
-        self.append_with(safe_version, |segment| {
+        self.append_with(safe_version, SAFE_VERSION_ENTRY_BYTES, |segment| {
             segment.append_safe_version(safe_version)
         })
         .map(|_| ())
@@ -351,15 +474,18 @@ impl SegmentedLog {
 
     /// Records the bytes of `segment` past what was handed off as unreplicated.
     fn note_appended(&mut self, segment: SegmentId) {
-        let writer = &self.segments[&segment];
+        let Some(writer) = self.writer(segment) else {
+            return;
+        };
         let end = writer.committed_len();
+        let closes = writer.is_closed();
         let start = self.handed_off.get(&segment).copied().unwrap_or(0);
         if end > start {
             self.unreplicated.push(SegmentRange {
                 segment,
                 start,
                 end,
-                closes: writer.is_closed(),
+                closes,
             });
             self.handed_off.insert(segment, end);
         }
@@ -384,6 +510,15 @@ impl SegmentedLog {
             .collect()
     }
 
+    /// The segment `id` wherever it is held: the log, the survivors, the retired.
+    fn writer(&self, id: SegmentId) -> Option<&SegmentWriter> {
+        self.segments
+            .get(&id)
+            .or_else(|| self.survivors.get(&id))
+            .or_else(|| self.retired.get(&id))
+            .map(|s| &s.writer)
+    }
+
     /// The object entry at `at`, decoded without re-verifying its CRC: this is the
     /// read path, and the bytes were checksummed when this master wrote them.
     ///
@@ -392,8 +527,7 @@ impl SegmentedLog {
     /// (invariant of `ObjectIndex`), so this is a programmer error.
     pub fn object(&self, at: LogRef) -> ObjectEntry<'_> {
         let segment = self
-            .segments
-            .get(&at.segment)
+            .writer(at.segment)
             .expect("index references live segments");
         decode_object_trusted(segment.bytes(), at.offset as usize)
             .unwrap_or_else(|| panic!("log reference {at:?} is not an object entry"))
@@ -404,9 +538,16 @@ impl SegmentedLog {
         self.object(at).key
     }
 
-    /// The bytes of one segment (what its replicas hold).
+    /// The bytes of one segment (what its replicas hold): of the log, a survivor not yet
+    /// committed, or a retired segment not yet freed.
     pub fn segment_bytes(&self, id: SegmentId) -> Option<&[u8]> {
-        self.segments.get(&id).map(|s| s.bytes())
+        self.writer(id).map(SegmentWriter::bytes)
+    }
+
+    /// Whether `id` is part of the log (named by the head's last digest) or a survivor
+    /// about to be: what a tombstone for an object in `id` must outlive.
+    pub fn holds(&self, id: SegmentId) -> bool {
+        self.segments.contains_key(&id) || self.survivors.contains_key(&id)
     }
 
     /// Whose log this is.
@@ -424,19 +565,256 @@ impl SegmentedLog {
         self.head
     }
 
-    /// Ids of every live segment.
+    /// Ids of every segment of the log (what the head's last digest names).
     pub fn segment_ids(&self) -> impl Iterator<Item = SegmentId> + '_ {
         self.segments.keys().copied()
     }
 
-    /// Bytes of memory the log holds (whole segments).
+    /// Bytes of memory the log holds (whole segments: the log's, survivors, retired).
     pub fn bytes_used(&self) -> u64 {
-        self.segments.len() as u64 * u64::from(self.segment_bytes)
+        self.segments_held() * u64::from(self.segment_bytes)
     }
 
     /// Bytes of memory the log may hold.
     pub fn bytes_max(&self) -> u64 {
         self.segments_max * u64::from(self.segment_bytes)
+    }
+
+    fn segments_held(&self) -> u64 {
+        (self.segments.len() + self.survivors.len() + self.retired.len()) as u64
+    }
+
+    /// Buffers holding no segment.
+    pub fn segments_free(&self) -> u64 {
+        self.segments_max.saturating_sub(self.segments_held())
+    }
+
+    /// Where the memory stands (module doc, "Accounting").
+    pub fn usage(&self) -> LogUsage {
+        let live_bytes = self
+            .segments
+            .values()
+            .chain(self.survivors.values())
+            .map(|s| s.live_bytes)
+            .sum();
+        LogUsage {
+            segments_max: self.segments_max,
+            segments_free: self.segments_free(),
+            live_bytes,
+            segment_bytes: self.segment_bytes,
+            clock: self.clock,
+        }
+    }
+
+    /// The closed segments of the log, which the cleaner may choose from.
+    pub fn closed_segments(&self) -> Vec<SegmentUsage> {
+        self.segments
+            .iter()
+            .filter(|(id, s)| **id != self.head && s.writer.is_closed())
+            .map(|(id, s)| SegmentUsage {
+                segment: *id,
+                live_bytes: s.live_bytes,
+                stamp: s.stamp,
+            })
+            .collect()
+    }
+
+    /// The entry of `bytes` bytes at `at` is dead (the index let go of it, or it never
+    /// got there): it no longer counts as live in its segment.
+    pub fn note_dead(&mut self, at: LogRef, bytes: u64) {
+        if let Some(segment) = self
+            .segments
+            .get_mut(&at.segment)
+            .or_else(|| self.survivors.get_mut(&at.segment))
+        {
+            segment.live_bytes = segment.live_bytes.saturating_sub(bytes);
+        }
+    }
+
+    /// Opens a new survivor segment for the cleaner, in any free buffer (the cleaner's
+    /// reserve included); it carries the log clock `stamp` of the data it will hold.
+    ///
+    /// # Errors
+    /// [`NoSpace`] when no buffer is free.
+    pub fn open_survivor(&mut self, stamp: u64) -> Result<SegmentId, NoSpace> {
+        if self.segments_free() == 0 {
+            return Err(NoSpace);
+        }
+        let id = SegmentId::survivor(self.next_survivor);
+        let buffer = self.pool.take();
+        let writer =
+            match SegmentWriter::open_survivor_in(buffer, self.log_id, id, self.segment_bytes) {
+                Ok(writer) => writer,
+                Err((_, buffer)) => {
+                    self.pool.give_back(buffer);
+                    return Err(NoSpace);
+                }
+            };
+        self.next_survivor += 1;
+        self.survivors.insert(id, LogSegment::new(writer, stamp));
+        self.note_appended(id);
+        Ok(id)
+    }
+
+    /// Copies the object entry `object` into the open survivor `survivor`; returns its
+    /// new place. [`LogFull`] when it does not fit (close the survivor, open another).
+    ///
+    /// # Panics
+    /// If `survivor` is not an open survivor (a programmer error).
+    pub fn relocate_object(
+        &mut self,
+        survivor: SegmentId,
+        table: TableId,
+        version: Version,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<LogRef, LogFull> {
+        let bytes = object_entry_bytes(key.len(), value.len()) as u64;
+        let segment = self.survivor_mut(survivor);
+        let offset = segment.writer.append_object(table, version, key, value)?;
+        segment.live_bytes += bytes;
+        Ok(LogRef {
+            segment: survivor,
+            offset,
+        })
+    }
+
+    /// Copies a tombstone into the open survivor `survivor` (see
+    /// [`SegmentedLog::relocate_object`]).
+    ///
+    /// # Panics
+    /// As [`SegmentedLog::relocate_object`].
+    pub fn relocate_tombstone(
+        &mut self,
+        survivor: SegmentId,
+        table: TableId,
+        version: Version,
+        object_segment: SegmentId,
+        key: &[u8],
+    ) -> Result<(), LogFull> {
+        let bytes = tombstone_entry_bytes(key.len()) as u64;
+        let segment = self.survivor_mut(survivor);
+        segment
+            .writer
+            .append_tombstone(table, version, object_segment, key)?;
+        segment.live_bytes += bytes;
+        Ok(())
+    }
+
+    fn survivor_mut(&mut self, survivor: SegmentId) -> &mut LogSegment {
+        self.survivors
+            .get_mut(&survivor)
+            .unwrap_or_else(|| panic!("{survivor} is not a survivor being written"))
+    }
+
+    /// Seals what was relocated into the open survivor `survivor` as one batch, for
+    /// replication.
+    pub fn seal_survivor(&mut self, survivor: SegmentId) {
+        self.survivor_mut(survivor).writer.seal_batch();
+        self.note_appended(survivor);
+    }
+
+    /// Closes the survivor `survivor` (its pending entries sealed with the footer). A
+    /// survivor's footer names no successor in the log; it is written as the next id,
+    /// what a closed replica reports, and recovery ignores it.
+    pub fn close_survivor(&mut self, survivor: SegmentId) {
+        let segment = self.survivor_mut(survivor);
+        if !segment.writer.is_closed() {
+            segment.writer.close(SegmentId(survivor.0 + 1));
+        }
+        self.note_appended(survivor);
+    }
+
+    /// The cleaner's commit (module doc, "Space and cleaning"): every closed survivor
+    /// joins the log, `cleaned` leave it for the retired set, and a digest of the log's
+    /// segments is appended to the head and sealed (a rollover when it does not fit).
+    /// Ids in `cleaned` that are not closed segments of the log are ignored.
+    ///
+    /// # Errors
+    /// [`NoSpace`] when the digest fits neither in the head nor in a new head (no free
+    /// buffer): nothing changed.
+    pub fn commit_cleaning(
+        &mut self,
+        cleaned: &[SegmentId],
+        safe_version: Version,
+    ) -> Result<(), NoSpace> {
+        let closed: Vec<SegmentId> = self
+            .survivors
+            .iter()
+            .filter(|(_, s)| s.writer.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        let cleaned: Vec<SegmentId> = cleaned
+            .iter()
+            .copied()
+            .filter(|id| {
+                *id != self.head && self.segments.get(id).is_some_and(|s| s.writer.is_closed())
+            })
+            .collect();
+        let digest: Vec<SegmentId> = self
+            .segments
+            .keys()
+            .copied()
+            .filter(|id| !cleaned.contains(id))
+            .chain(closed.iter().copied())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let fits = self.head_mut().append_digest(&digest).is_ok();
+        if !fits {
+            // Whatever was appended to the head is sealed first: the new head's digest,
+            // written by the rollover from `segments`, must see the change made below.
+            self.seal_batch();
+            if self.segments_free() == 0 {
+                return Err(NoSpace);
+            }
+        }
+        for id in &closed {
+            if let Some(segment) = self.survivors.remove(id) {
+                self.segments.insert(*id, segment);
+            }
+        }
+        for id in &cleaned {
+            if let Some(segment) = self.segments.remove(id) {
+                self.retired.insert(*id, segment);
+            }
+        }
+        if !fits {
+            if let Err(full) = self.roll_over(safe_version, 0) {
+                // Undone: the cleaned segments stay in the log, the survivors wait.
+                for id in &cleaned {
+                    if let Some(segment) = self.retired.remove(id) {
+                        self.segments.insert(*id, segment);
+                    }
+                }
+                for id in &closed {
+                    if let Some(segment) = self.segments.remove(id) {
+                        self.survivors.insert(*id, segment);
+                    }
+                }
+                return Err(full);
+            }
+        }
+        self.seal_batch();
+        Ok(())
+    }
+
+    /// Frees the retired segments (their digest is on every replica): buffers back to
+    /// the pool. Returns their ids, whose replicas the backups may now free.
+    pub fn free_retired(&mut self) -> Vec<SegmentId> {
+        let retired = std::mem::take(&mut self.retired);
+        let mut freed = Vec::with_capacity(retired.len());
+        for (id, segment) in retired {
+            self.handed_off.remove(&id);
+            self.pool.give_back(segment.writer.into_buffer());
+            freed.push(id);
+        }
+        freed
+    }
+
+    /// Survivors being written or closed, not yet committed.
+    pub fn survivor_ids(&self) -> impl Iterator<Item = SegmentId> + '_ {
+        self.survivors.keys().copied()
     }
 }
 
@@ -492,9 +870,13 @@ mod tests {
         {
             log.seal_batch();
         }
-        // Full after exactly the eight segments, each in a pooled buffer.
-        assert!(log.pool.is_empty());
-        assert_eq!(log.segment_ids().count(), 8);
+        // Full after the eight segments less the cleaner's reserve, each in a pooled
+        // buffer; the reserve stays in the pool.
+        assert_eq!(log.pool.len() as u64, CLEANER_RESERVE_SEGMENTS);
+        assert_eq!(
+            log.segment_ids().count() as u64,
+            8 - CLEANER_RESERVE_SEGMENTS
+        );
         for id in log.segment_ids().skip(1) {
             let at = log
                 .segment_bytes(id)
@@ -589,7 +971,7 @@ mod tests {
 
     #[test]
     fn full_log_refuses_appends_and_keeps_its_data() {
-        let mut log = SegmentedLog::new(ServerId(1), &small_config(2), Version(1));
+        let mut log = SegmentedLog::new(ServerId(1), &small_config(3), Version(1));
         let value = [1u8; 500];
         let mut written = 0;
         let first = log
@@ -603,7 +985,12 @@ mod tests {
             log.seal_batch();
         }
         assert!(written > 8);
-        assert_eq!(log.bytes_used(), log.bytes_max());
+        // Full up to the cleaner's reserve, which a write never takes.
+        assert_eq!(
+            log.bytes_used(),
+            log.bytes_max() - CLEANER_RESERVE_SEGMENTS * 4096
+        );
+        assert_eq!(log.segments_free(), CLEANER_RESERVE_SEGMENTS);
         assert_eq!(log.object(first).key, b"first");
         assert_eq!(
             log.append_object(TableId(1), Version(3), b"k", &value, Version(1)),

@@ -36,7 +36,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let (mut passed, mut failed, mut acknowledged, mut zombies, mut late) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
-    let (mut recoveries, mut partitions, mut reads) = (0u64, 0u64, 0u64);
+    let (mut recoveries, mut partitions, mut reads, mut cleaned) = (0u64, 0u64, 0u64, 0u64);
     for seed in seeds {
         match rampart_sim::run(seed) {
             Ok(report) => {
@@ -51,6 +51,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
                 partitions += report.partitions as u64;
                 reads += report.reads as u64;
                 late += report.late_delivered as u64;
+                cleaned += report.segments_cleaned as u64;
                 if args.seed.is_some() {
                     if args.trace {
                         for line in &report.trace {
@@ -58,7 +59,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
                         }
                     }
                     println!(
-                        "seed {}: {} masters, {} of {} operations acknowledged, {} reads checked, crashes {:?} recovered in {} partitions, {} objects served at the end, {} late requests, {} events, {:.3} s simulated",
+                        "seed {}: {} masters, {} of {} operations acknowledged, {} reads checked, crashes {:?} recovered in {} partitions, {} objects served at the end, {} late requests, {} segments cleaned, {} events, {:.3} s simulated",
                         report.seed,
                         report.masters,
                         report.acknowledged,
@@ -68,6 +69,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
                         report.partitions,
                         report.objects,
                         report.late_delivered,
+                        report.segments_cleaned,
                         report.events,
                         report.time_us as f64 / 1e6
                     );
@@ -88,7 +90,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
         }
     }
     println!(
-        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {reads} reads checked, {recoveries} crashes recovered ({zombies} of zombie masters) in {partitions} partitions, {late} late requests delivered) in {:.1} s",
+        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {reads} reads checked, {recoveries} crashes recovered ({zombies} of zombie masters) in {partitions} partitions, {late} late requests delivered, {cleaned} segments cleaned) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 {

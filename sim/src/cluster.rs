@@ -115,8 +115,18 @@ impl Cluster {
             };
             let ops = self.draw_ops(world, target, batch);
             if !ops.is_empty() {
+                let clean = world.config.clean_p > 0.0 && world.chance(world.config.clean_p);
+                // Small passes too (one survivor), so that a tombstone's segment is
+                // sometimes cleaned before the segment of the object it deletes.
+                let cleaning = if clean {
+                    let steps = world.draw(1..5) as usize;
+                    (steps, world.draw(4096..65_536) as usize, world.draw(1..5))
+                } else {
+                    (0, 0, 0)
+                };
                 self.act(world, target, |master, world, history| {
                     master.write_batch(world, &ops, history)?;
+                    master.clean(world, cleaning)?;
                     master.tick(world)
                 })?;
             }

@@ -128,6 +128,8 @@ pub struct SimConfig {
     /// backup later, after the master gave up on them (stale opens, writes, bumps,
     /// closes and frees arriving out of order).
     pub late_p: f64,
+    /// Per batch: the master that wrote it runs a few cleaner steps (0: no cleaning).
+    pub clean_p: f64,
 }
 
 impl SimConfig {
@@ -159,6 +161,7 @@ impl SimConfig {
             tablets: 0,
             crashes: 0,
             reads_per_batch: 0,
+            clean_p: 0.0,
         }
         .with_cluster(seed)
     }
@@ -170,6 +173,14 @@ impl SimConfig {
         self.tablets = rng.gen_range(self.masters as u32..=2 * self.masters as u32);
         self.crashes = rng.gen_range(1..=3);
         self.reads_per_batch = rng.gen_range(0..=3);
+        self.with_cleaning(seed)
+    }
+
+    /// Cleaning, from draws of its own: a seed drawn without cleaning runs as it did
+    /// before the cleaner was simulated.
+    fn with_cleaning(mut self, seed: u64) -> SimConfig {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x434c_4541_4e45_5253);
+        self.clean_p = [0.0, 0.2, 0.5, 1.0][rng.gen_range(0..4)];
         self
     }
 }
@@ -199,6 +210,8 @@ pub struct Report {
     pub trace_crc32: u32,
     /// Requests that reached a backup after their sender gave up on them.
     pub late_delivered: usize,
+    /// Segments the masters' cleaners freed.
+    pub segments_cleaned: usize,
     /// Every event of the run.
     pub trace: Vec<String>,
 }
@@ -261,6 +274,7 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
             })
             .finalize(),
         late_delivered: world.late_delivered,
+        segments_cleaned: world.segments_cleaned,
         trace: world.trace,
     })
 }

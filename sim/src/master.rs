@@ -17,6 +17,7 @@ use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId, TableId, Vers
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
+use rampart_master::cleaner::{CleaningPass, StepEnd};
 use rampart_master::lease::{Clock, Lease};
 use rampart_master::object_store::{Batch, ObjectStore, WriteOp};
 use rampart_master::replay::{RecoveryPiece, ReplayState};
@@ -73,6 +74,8 @@ pub struct SimMaster {
     /// The real lease, on simulated time: it serves reads and takes writes only while
     /// the lease holds (`MasterService` checks it when a request arrives).
     lease: Lease,
+    /// The cleaning pass under way, if any (as the appender holds it).
+    pass: Option<CleaningPass>,
 }
 
 impl SimMaster {
@@ -102,6 +105,7 @@ impl SimMaster {
             failed: BTreeMap::new(),
             stopped: None,
             lease: Lease::with_clock(clock),
+            pass: None,
         }
     }
 
@@ -341,6 +345,76 @@ impl SimMaster {
             self.settle(world, id, true)?;
         }
         Ok(())
+    }
+
+    /// Cleans as the appender does between batches: up to `steps` steps of a pass
+    /// (planned when none is under way), each of at most `step_bytes` and replicated,
+    /// and a commit whenever a step ends with a survivor closed, the pass done or no
+    /// buffer: its digest replicated, then the cleaned segments freed in memory and
+    /// their replicas freed on the backups (`Replicator::free_segments`).
+    pub fn clean(
+        &mut self,
+        world: &mut World,
+        (steps, step_bytes, survivors_max): (usize, usize, u64),
+    ) -> Result<(), Stop> {
+        for _ in 0..steps {
+            let mut pass = match self.pass.take() {
+                Some(pass) => pass,
+                None => match self.store.plan_cleaning(survivors_max) {
+                    Some(pass) => {
+                        world.note(format!("{}: cleaning pass planned", self.id));
+                        pass
+                    }
+                    None => return Ok(()),
+                },
+            };
+            let end = self.store.clean_step(&mut pass, step_bytes);
+            // Kept before any call: a crash inside leaves the pass where a real master's
+            // memory would be (gone with it).
+            self.pass = Some(pass);
+            for range in self.store.seal() {
+                self.replicate(world, &range.range)?;
+            }
+            if end != StepEnd::Budget {
+                let Some(mut pass) = self.pass.take() else {
+                    return Ok(());
+                };
+                let committed = self.store.commit_cleaning(&mut pass);
+                self.pass = Some(pass);
+                for range in self.store.seal() {
+                    self.replicate(world, &range.range)?;
+                }
+                if committed.is_ok() {
+                    let freed = self.store.free_cleaned();
+                    world.segments_cleaned += freed.len();
+                    world.note(format!(
+                        "{}: cleaning committed, {} segment(s) freed",
+                        self.id,
+                        freed.len()
+                    ));
+                    for id in freed {
+                        self.free_segment(id);
+                    }
+                }
+            }
+            if self.pass.as_ref().is_some_and(CleaningPass::is_done) {
+                self.pass = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// The log freed `id`: its replicas are abandoned at every epoch, freed by `tick`.
+    fn free_segment(&mut self, id: SegmentId) {
+        if let Some(segment) = self.segments.remove(&id) {
+            let backups: Vec<ServerId> = segment.live().map(|(_, r)| r.backup).collect();
+            self.abandoned
+                .extend(backups.into_iter().map(|backup| Abandoned {
+                    backup,
+                    segment: id,
+                    epoch_max: Epoch::MAX,
+                }));
+        }
     }
 
     fn replicate(&mut self, world: &mut World, range: &SegmentRange) -> Result<(), Stop> {

@@ -172,6 +172,8 @@ pub struct World {
     late: Vec<(u64, ServerId, Request)>,
     /// Requests held back that reached their backup.
     pub late_delivered: usize,
+    /// Segments the masters' cleaners freed.
+    pub segments_cleaned: usize,
     /// Simulated time, µs.
     pub now_us: u64,
     pub backups: Vec<SimBackup>,
@@ -256,6 +258,7 @@ impl World {
             late_rng: SmallRng::seed_from_u64(seed ^ 0x4c41_5445),
             late: Vec::new(),
             late_delivered: 0,
+            segments_cleaned: 0,
             now_us: 0,
             backups,
             coordinator,

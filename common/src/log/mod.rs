@@ -73,6 +73,20 @@
 //! every segment in that digest must be found, and every footer's successor must be
 //! found, or the log is incomplete. [`scan`] reports the header, digest and footer it
 //! finds inside the valid prefix for that check.
+//!
+//! # Cleaning: survivors and later digests
+//!
+//! The cleaner (`master::cleaner`) copies the live entries of cleaned segments into
+//! *survivor* segments: a header (with a survivor id, `SegmentId::survivor`, outside
+//! the head chain's ids) and no digest, filled, closed by a footer, and replicated whole
+//! before anything names them. It then appends a new `LogDigest` to the open head —
+//! the live segments with the survivors in and the cleaned segments out — and frees the
+//! cleaned segments' replicas only once that digest is on every replica of the head.
+//! The log description is therefore the *last* digest in the head's valid prefix; like
+//! every entry it is a prefix of the one stream the master writes, so a recovery that
+//! sees the new digest finds the survivors whole, and one that sees only the old digest
+//! finds the cleaned segments not yet freed. Later digests are only valid in a segment
+//! that opened with one (a head).
 
 pub mod entry;
 pub mod scanner;

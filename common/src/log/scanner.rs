@@ -9,9 +9,11 @@
 //! master did not write (up to the 2⁻³² chance of a CRC collision).
 //!
 //! The scan also checks the segment's shape: the header first, the digest (if any)
-//! right after it, nothing but the closing checksum after a footer, and no entry past
-//! the capacity the header states. It stops at the checksum closing a footer: nothing
-//! after it belongs to the segment.
+//! right after it, later digests only in a segment that opened with one (a head whose
+//! live segments the cleaner changed; the last one in the valid prefix is reported),
+//! nothing but the closing checksum after a footer, and no entry past the capacity the
+//! header states. It stops at the checksum closing a footer: nothing after it belongs
+//! to the segment.
 //!
 //! Cost: one decode per entry, which checks an object's or tombstone's own CRC, and one
 //! running CRC pass; payloads of 2 KiB and more are folded into the running CRC by a
@@ -126,8 +128,10 @@ pub fn scan(buf: &[u8]) -> ScanResult {
                 capacity = capacity.min(header.capacity as usize);
                 pending.header = Some(*header);
             }
-            Entry::Digest(_) if offset != SEGMENT_HEADER_ENTRY_BYTES => {
-                break misplaced("digest not directly after the header");
+            // A head opens with its digest right after the header; later digests (the
+            // cleaner's commits) may follow only in a segment that opened with one.
+            Entry::Digest(_) if offset != SEGMENT_HEADER_ENTRY_BYTES && result.digest.is_none() => {
+                break misplaced("digest not directly after the header of a head");
             }
             Entry::Footer { successor } => pending.successor = Some(*successor),
             _ => {}
@@ -349,22 +353,53 @@ mod tests {
     }
 
     #[test]
-    fn scan_rejects_a_second_header_and_a_late_digest() {
+    fn scan_reports_the_last_digest_of_a_head() {
+        let mut w = SegmentWriter::open(LOG, SEG, 4096, &[SegmentId(2), SEG]).expect("fits");
+        w.append_object(TableId(1), Version(1), b"k", b"v")
+            .expect("fits");
+        w.seal_batch();
+        w.append_digest(&[SegmentId::survivor(0), SEG])
+            .expect("fits");
+        let before_seal = scan(w.bytes());
+        assert_eq!(
+            before_seal.digest,
+            Some(vec![SegmentId(2), SEG]),
+            "unsealed"
+        );
+        w.seal_batch();
+        let result = scan(w.bytes());
+        assert_eq!(result.valid_bytes, w.committed_len());
+        assert_eq!(result.digest, Some(vec![SegmentId::survivor(0), SEG]));
+    }
+
+    #[test]
+    fn a_survivor_opens_without_a_digest_and_takes_none_later() {
+        let survivor = SegmentId::survivor(4);
+        let w = SegmentWriter::open_survivor_in(Vec::with_capacity(4096), LOG, survivor, 4096)
+            .expect("fits");
+        let opened = w.committed_len();
+        let result = scan(w.bytes());
+        assert_eq!(result.valid_bytes, opened);
+        assert_eq!(result.digest, None);
+        assert_eq!(result.header.map(|h| h.segment_id), Some(survivor));
+        let mut bytes = w.bytes().to_vec();
+        append_raw(&mut bytes, EntryType::LogDigest, &0u32.to_le_bytes());
+        append_checksum(&mut bytes);
+        let result = scan(&bytes);
+        assert_eq!(result.valid_bytes, opened);
+        assert!(matches!(result.stop, StopReason::BadEntry { offset, .. } if offset == opened));
+    }
+
+    #[test]
+    fn scan_rejects_a_second_header() {
         let w = SegmentWriter::open(LOG, SEG, 4096, &[SEG]).expect("fits");
         let opened = w.committed_len();
-        let header = w.bytes()[..SEGMENT_HEADER_ENTRY_BYTES].to_vec();
-        for extra in [header, {
-            let mut digest = Vec::new();
-            append_raw(&mut digest, EntryType::LogDigest, &0u32.to_le_bytes());
-            digest
-        }] {
-            let mut bytes = w.bytes().to_vec();
-            bytes.extend_from_slice(&extra);
-            append_checksum(&mut bytes);
-            let result = scan(&bytes);
-            assert_eq!(result.valid_bytes, opened);
-            assert!(matches!(result.stop, StopReason::BadEntry { offset, .. } if offset == opened));
-        }
+        let mut bytes = w.bytes().to_vec();
+        bytes.extend_from_slice(&w.bytes()[..SEGMENT_HEADER_ENTRY_BYTES].to_vec());
+        append_checksum(&mut bytes);
+        let result = scan(&bytes);
+        assert_eq!(result.valid_bytes, opened);
+        assert!(matches!(result.stop, StopReason::BadEntry { offset, .. } if offset == opened));
     }
 
     #[test]

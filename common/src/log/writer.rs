@@ -92,11 +92,38 @@ impl SegmentWriter {
     /// `capacity` (a programmer error otherwise). On `Err` the buffer comes back, for
     /// its owner to reuse.
     pub fn open_in(
-        mut buf: Vec<u8>,
+        buf: Vec<u8>,
         log_id: ServerId,
         segment_id: SegmentId,
         capacity: u32,
         digest: &[SegmentId],
+    ) -> Result<Self, (LogFull, Vec<u8>)> {
+        Self::open_with(buf, log_id, segment_id, capacity, Some(digest))
+    }
+
+    /// Starts a cleaner's survivor segment in a recycled buffer: `SegmentHeader` and a
+    /// `Checksum`, no digest — a survivor is never a log head (its id is a survivor
+    /// id, [`SegmentId::survivor`]); the head's digest names it once it is whole. As
+    /// [`SegmentWriter::open_in`] otherwise.
+    pub fn open_survivor_in(
+        buf: Vec<u8>,
+        log_id: ServerId,
+        segment_id: SegmentId,
+        capacity: u32,
+    ) -> Result<Self, (LogFull, Vec<u8>)> {
+        debug_assert!(
+            segment_id.is_survivor(),
+            "{segment_id} is not a survivor id"
+        );
+        Self::open_with(buf, log_id, segment_id, capacity, None)
+    }
+
+    fn open_with(
+        mut buf: Vec<u8>,
+        log_id: ServerId,
+        segment_id: SegmentId,
+        capacity: u32,
+        digest: Option<&[SegmentId]>,
     ) -> Result<Self, (LogFull, Vec<u8>)> {
         assert!(
             buf.capacity() >= capacity as usize,
@@ -104,8 +131,9 @@ impl SegmentWriter {
             buf.capacity()
         );
         buf.clear();
+        let digest_bytes = digest.map_or(0, |d| digest_entry_bytes(d.len()));
         let opening = SEGMENT_HEADER_ENTRY_BYTES
-            .saturating_add(digest_entry_bytes(digest.len()))
+            .saturating_add(digest_bytes)
             .saturating_add(CHECKSUM_ENTRY_BYTES);
         if opening.saturating_add(FOOTER_ENTRY_BYTES + CHECKSUM_ENTRY_BYTES) > capacity as usize {
             return Err((LogFull, buf));
@@ -127,20 +155,25 @@ impl SegmentWriter {
         buf.extend_from_slice(&log_id.0.to_le_bytes());
         buf.extend_from_slice(&segment_id.0.to_le_bytes());
         buf.extend_from_slice(&capacity.to_le_bytes());
-        put_entry_header(
-            buf,
-            EntryType::LogDigest,
-            digest_entry_bytes(digest.len()) - ENTRY_HEADER_BYTES,
-        );
-        let count = u32::try_from(digest.len()).expect("digest length is bounded by the capacity");
-        buf.extend_from_slice(&count.to_le_bytes());
-        for id in digest {
-            buf.extend_from_slice(&id.0.to_le_bytes());
+        if let Some(digest) = digest {
+            put_digest(buf, digest);
         }
         writer.running.update(&writer.buf);
         writer.seal_batch();
         debug_assert_eq!(writer.buf.len(), opening);
         Ok(writer)
+    }
+
+    /// Appends a later `LogDigest` to a head segment: the log's live segments have
+    /// changed (the cleaner replaced cleaned segments by survivors) and this digest,
+    /// once sealed and on every replica, is the log's new description — recovery takes
+    /// the last digest in the head's valid prefix. Returns its offset; [`LogFull`] when
+    /// it does not fit (the caller rolls over: a new head opens with the same digest).
+    pub fn append_digest(&mut self, digest: &[SegmentId]) -> Result<u32, LogFull> {
+        let offset = self.reserve(digest_entry_bytes(digest.len()))?;
+        put_digest(&mut self.buf, digest);
+        self.running.update(&self.buf[offset as usize..]);
+        Ok(offset)
     }
 
     /// Appends an object entry; returns its offset.
@@ -302,6 +335,20 @@ impl SegmentWriter {
         self.buf.extend_from_slice(&value.to_le_bytes());
         self.running.update(&self.buf[start..]);
         self.committed = u32::try_from(self.buf.len()).expect("length is bounded by the capacity");
+    }
+}
+
+/// Writes a `LogDigest` entry naming `digest`.
+fn put_digest(buf: &mut Vec<u8>, digest: &[SegmentId]) {
+    put_entry_header(
+        buf,
+        EntryType::LogDigest,
+        digest_entry_bytes(digest.len()) - ENTRY_HEADER_BYTES,
+    );
+    let count = u32::try_from(digest.len()).expect("digest length is bounded by the capacity");
+    buf.extend_from_slice(&count.to_le_bytes());
+    for id in digest {
+        buf.extend_from_slice(&id.0.to_le_bytes());
     }
 }
 

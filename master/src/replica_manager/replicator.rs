@@ -1145,6 +1145,34 @@ impl Replicator {
         self.settle(id, Some(&bytes), Patience::OneAttempt).await
     }
 
+    /// The log no longer holds `segments` (the cleaner freed them, after a digest
+    /// without them reached every replica of the head): forgets them — no more
+    /// re-replication — and frees every copy of them on its backup at the next
+    /// [`Replicator::tick`] (`FreeReplica` at any epoch).
+    pub fn free_segments(&mut self, segments: &[SegmentId]) {
+        for id in segments {
+            self.open_bytes.remove(id);
+            let Some(segment) = self.segments.remove(id) else {
+                continue;
+            };
+            self.changed = true;
+            let held: Vec<(usize, ServerId)> = segment
+                .live()
+                .map(|(slot, replica)| (slot, replica.backup))
+                .collect();
+            for (slot, backup) in held {
+                if slot == 0 {
+                    self.selector.primary_freed(backup);
+                }
+                self.abandon(Abandoned {
+                    backup,
+                    segment: *id,
+                    epoch_max: Epoch::MAX,
+                });
+            }
+        }
+    }
+
     /// Whether the replicator has upkeep to do soon (lost replicas or closes in flight).
     pub fn busy(&self) -> bool {
         !self.closes.is_empty() || self.segments.values().any(|s| s.missing() > 0)
