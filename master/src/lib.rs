@@ -92,6 +92,8 @@ pub mod version_reserver;
 pub mod will_upload;
 
 #[cfg(test)]
+mod cleaner_tests;
+#[cfg(test)]
 mod service_tests;
 
 pub use object_store::{EnumeratePage, Object, ObjectStore, OpOutcome, WriteOp};

@@ -285,6 +285,8 @@ impl MasterService {
                     log_bytes_used: used,
                     log_bytes_max: max,
                     segments_under_replicated: self.status.replication.lock().under_replicated,
+                    log_bytes_live: store.log().usage().live_bytes,
+                    segments_cleaned: self.status.cleaner.lock().totals.segments_cleaned,
                 }))
             }
             proto::ServerListChanged::OPCODE => {

@@ -395,7 +395,7 @@ mod tests {
         let w = SegmentWriter::open(LOG, SEG, 4096, &[SEG]).expect("fits");
         let opened = w.committed_len();
         let mut bytes = w.bytes().to_vec();
-        bytes.extend_from_slice(&w.bytes()[..SEGMENT_HEADER_ENTRY_BYTES].to_vec());
+        bytes.extend_from_slice(&w.bytes()[..SEGMENT_HEADER_ENTRY_BYTES]);
         append_checksum(&mut bytes);
         let result = scan(&bytes);
         assert_eq!(result.valid_bytes, opened);

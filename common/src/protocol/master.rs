@@ -231,6 +231,10 @@ pub struct PingReply {
     pub log_bytes_max: u64,
     /// Segments with fewer than R replicas right now (0 in a healthy cluster).
     pub segments_under_replicated: u64,
+    /// Bytes of log entries not known dead (what the log would hold once cleaned).
+    pub log_bytes_live: u64,
+    /// Segments the log cleaner freed since the master started.
+    pub segments_cleaned: u64,
 }
 
 /// The coordinator's configuration version after a change to the server list.
