@@ -64,6 +64,10 @@ const REGRESSIONS: &[(u64, &str)] = &[
         3317,
         "tablets went live before the zombie's lease ran out: a stale read (the sim's live_after)",
     ),
+    (
+        2413,
+        "a replica given up on after its open reached the backup was never freed: BackupFull",
+    ),
 ];
 
 fn run_seeds(seeds: impl Iterator<Item = u64>) -> (usize, Vec<Failure>) {
