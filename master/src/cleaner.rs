@@ -44,8 +44,15 @@ use crate::segmented_log::{LogUsage, SegmentUsage, CLEANER_RESERVE_SEGMENTS};
 /// of copying and index lookups for 100-byte objects).
 pub const STEP_BYTES: usize = 1024 * 1024;
 
-/// Most survivor segments one pass fills before a new choice is made.
-pub const PASS_SURVIVORS_MAX: u64 = 4;
+/// Most survivor segments one pass fills before a new choice is made. A pass needs one
+/// free buffer at a time whatever its size (it commits each survivor as it fills), so
+/// the bound only keeps the choice fresh; it must let a pass over nearly full segments
+/// free one (at 95 % live, 20 segments into 19 survivors).
+pub const PASS_SURVIVORS_MAX: u64 = 64;
+
+/// Segments a pass aims to free: it stops choosing once its segments would free this
+/// many, so that passes stay short when memory is mostly dead.
+pub const PASS_FREES_TARGET: u64 = 8;
 
 /// The default share of the memory's segments in use from which the cleaner runs.
 pub const THRESHOLD_DEFAULT: f64 = 0.9;
@@ -100,10 +107,11 @@ pub fn cost_benefit(live_bytes: u64, capacity: u64, age: u64) -> f64 {
 }
 
 /// Chooses the segments of a pass from `closed` (the log's closed segments), best
-/// cost-benefit first, at the log clock `clock`: as many as fill at most
-/// `survivors_max` survivors of `survivor_capacity` bytes, and only if cleaning them
-/// frees at least one segment (fewer survivors than cleaned segments). Empty when
-/// nothing is worth cleaning (every segment is full of live data).
+/// cost-benefit first, at the log clock `clock`: until they would free
+/// [`PASS_FREES_TARGET`] segments or fill `survivors_max` survivors of
+/// `survivor_capacity` bytes, and only if cleaning them frees at least one segment
+/// (fewer survivors than cleaned segments). Empty when nothing is worth cleaning (every
+/// segment is full of live data).
 pub fn select(
     closed: &[SegmentUsage],
     clock: u64,
@@ -126,7 +134,8 @@ pub fn select(
             .unwrap_or(std::cmp::Ordering::Equal)
             .then(a.1.segment.cmp(&b.1.segment))
     });
-    let budget = survivors_max.max(1) * survivor_capacity.max(1);
+    let capacity = survivor_capacity.max(1);
+    let budget = survivors_max.max(1) * capacity;
     let mut chosen = Vec::new();
     let mut live = 0u64;
     for (_, segment) in ranked {
@@ -135,8 +144,11 @@ pub fn select(
         }
         live += segment.live_bytes;
         chosen.push(segment.segment);
+        if chosen.len() as u64 >= live.div_ceil(capacity) + PASS_FREES_TARGET {
+            break;
+        }
     }
-    let survivors = live.div_ceil(survivor_capacity.max(1));
+    let survivors = live.div_ceil(capacity);
     if (chosen.len() as u64) <= survivors {
         return Vec::new();
     }
@@ -360,9 +372,21 @@ mod tests {
     #[test]
     fn select_fills_at_most_the_pass_survivors() {
         let closed: Vec<SegmentUsage> = (1..=20).map(|s| usage(s, 500, 0)).collect();
-        let chosen = select(&closed, 100, SEGMENT, SEGMENT, PASS_SURVIVORS_MAX);
+        let chosen = select(&closed, 100, SEGMENT, SEGMENT, 4);
         // 4 survivors of 1000 bytes hold 8 half-full segments.
-        assert_eq!(chosen.len() as u64, 2 * PASS_SURVIVORS_MAX);
+        assert_eq!(chosen.len(), 8);
+    }
+
+    #[test]
+    fn select_stops_once_the_pass_frees_its_target() {
+        // Nearly empty segments: the pass stops at the target, not at the survivors.
+        let closed: Vec<SegmentUsage> = (1..=100).map(|s| usage(s, 10, 0)).collect();
+        let chosen = select(&closed, 100, SEGMENT, SEGMENT, PASS_SURVIVORS_MAX);
+        assert_eq!(chosen.len() as u64, PASS_FREES_TARGET + 1);
+        // Nearly full ones: as many as it takes to free one.
+        let closed: Vec<SegmentUsage> = (1..=40).map(|s| usage(s, 940, 0)).collect();
+        let chosen = select(&closed, 100, SEGMENT, SEGMENT, PASS_SURVIVORS_MAX);
+        assert!(chosen.len() >= 17, "{}", chosen.len());
     }
 
     #[test]

@@ -119,6 +119,33 @@ impl ObjectIndex {
         }
     }
 
+    /// Whether the object at `at`, of `table` with key hash `hash`, is indexed (is the
+    /// live version of its key). Compares references only: no key is read.
+    pub fn holds(&self, table: TableId, hash: KeyHash, at: LogRef) -> bool {
+        self.map
+            .get(&(table, hash))
+            .is_some_and(|bucket| bucket.refs().contains(&at))
+    }
+
+    /// Points the key whose object is at `from` to `to` (the cleaner moved the entry);
+    /// returns false, changing nothing, when `from` is not indexed.
+    pub fn move_ref(&mut self, table: TableId, hash: KeyHash, from: LogRef, to: LogRef) -> bool {
+        let Some(bucket) = self.map.get_mut(&(table, hash)) else {
+            return false;
+        };
+        let refs: &mut [LogRef] = match bucket {
+            Bucket::One(r) => std::slice::from_mut(r),
+            Bucket::Many(refs) => refs,
+        };
+        match refs.iter_mut().find(|r| **r == from) {
+            Some(r) => {
+                *r = to;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Removes `key`; returns its reference if it was indexed.
     pub fn remove<'a>(
         &mut self,

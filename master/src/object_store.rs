@@ -58,7 +58,7 @@ use std::ops::RangeInclusive;
 use rampart_common::config::SEGMENT_FIXED_OVERHEAD_BYTES;
 use rampart_common::ids::SegmentId;
 use rampart_common::log::{
-    decode_entry, object_entry_bytes, tombstone_entry_bytes, Entry, LogFull,
+    decode_entry, decode_object_trusted, object_entry_bytes, tombstone_entry_bytes, Entry, LogFull,
 };
 
 use crate::cleaner::{self, CleaningPass, StepEnd};
@@ -800,7 +800,6 @@ impl ObjectStore {
 
     fn walk(&mut self, pass: &mut CleaningPass, budget_bytes: usize) -> StepEnd {
         let mut walked = 0usize;
-        let mut entry = Vec::new();
         loop {
             let Some((segment, offset)) = pass.position() else {
                 if let Some(survivor) = pass.survivor() {
@@ -812,99 +811,63 @@ impl ObjectStore {
             if walked >= budget_bytes {
                 return StepEnd::Budget;
             }
-            // The entry is copied out of its segment: relocating it appends to the log.
-            let next = {
-                let Some(bytes) = self.log.segment_bytes(segment) else {
-                    pass.segment_walked();
+            let Some(found) = self
+                .log
+                .segment_bytes(segment)
+                .and_then(|b| walk_entry(b, offset))
+            else {
+                // The end of the segment (its bytes end at the footer's checksum).
+                pass.segment_walked();
+                continue;
+            };
+            let here = LogRef { segment, offset };
+            walked += (found.next - offset) as usize;
+            let bytes = u64::from(found.next - offset);
+            let live = match found.kind {
+                Walked::Object { table, hash } => self.index.holds(table, hash, here),
+                Walked::Tombstone { object_segment, .. } => {
+                    self.log.holds(object_segment) && !pass.walked_before(object_segment)
+                }
+                Walked::Other => {
+                    // Headers, digests, safe versions (every head opens with the floor,
+                    // `SegmentedLog` module doc), checksums and footers stay behind.
+                    pass.advance(found.next);
                     continue;
-                };
-                match decode_entry(bytes, offset as usize) {
-                    Ok(Some((_, next))) => {
-                        entry.clear();
-                        entry.extend_from_slice(&bytes[offset as usize..next]);
-                        next
-                    }
-                    // The end of the segment (its bytes end at the footer's checksum).
-                    Ok(None) | Err(_) => {
-                        pass.segment_walked();
-                        continue;
-                    }
                 }
             };
-            walked += next - offset as usize;
-            let here = LogRef { segment, offset };
-            match decode_entry(&entry, 0) {
-                Ok(Some((Entry::Object(object), _))) => {
-                    let hash = key_hash(object.key);
-                    let bytes = entry.len() as u64;
-                    let log = &self.log;
-                    let live = self
-                        .index
-                        .lookup(object.table, hash, object.key, |r| log.key(r))
-                        == Some(here);
-                    if live {
-                        let moved = self.relocate(pass, |log, survivor| {
-                            log.relocate_object(
-                                survivor,
-                                object.table,
-                                object.version,
-                                object.key,
-                                object.value,
-                            )
-                        });
-                        let new = match moved {
-                            Ok(new) => new,
-                            Err(end) => return end,
-                        };
-                        let log = &self.log;
-                        self.index
-                            .upsert(object.table, hash, object.key, new, |r| log.key(r));
-                        pass.note_relocated(bytes);
-                    } else {
-                        self.profiler.untrack(object.table, hash, bytes);
-                        pass.note_dropped(bytes);
-                    }
+            if live {
+                let moved = self.relocate(pass, segment, (offset, found.next));
+                let new = match moved {
+                    Ok(new) => new,
+                    Err(end) => return end,
+                };
+                if let Walked::Object { table, hash } = found.kind {
+                    self.index.move_ref(table, hash, here, new);
                 }
-                Ok(Some((Entry::Tombstone(tombstone), _))) => {
-                    let bytes = entry.len() as u64;
-                    let live = self.log.holds(tombstone.segment_id)
-                        && !pass.walked_before(tombstone.segment_id);
-                    if live {
-                        let moved = self.relocate(pass, |log, survivor| {
-                            log.relocate_tombstone(
-                                survivor,
-                                tombstone.table,
-                                tombstone.version,
-                                tombstone.segment_id,
-                                tombstone.key,
-                            )
-                            .map(|()| here)
-                        });
-                        if let Err(end) = moved {
-                            return end;
-                        }
-                        pass.note_relocated(bytes);
-                    } else {
-                        self.profiler
-                            .untrack(tombstone.table, key_hash(tombstone.key), bytes);
-                        pass.note_dropped(bytes);
+                pass.note_relocated(bytes);
+            } else {
+                let (table, hash) = match found.kind {
+                    Walked::Object { table, hash } | Walked::Tombstone { table, hash, .. } => {
+                        (table, hash)
                     }
-                }
-                // Headers, digests, safe versions (every head opens with the floor,
-                // `SegmentedLog` module doc), checksums and footers stay behind.
-                _ => {}
+                    Walked::Other => unreachable!("skipped above"),
+                };
+                self.profiler.untrack(table, hash, bytes);
+                pass.note_dropped(bytes);
             }
-            pass.advance(next as u32);
+            pass.advance(found.next);
         }
     }
 
-    /// Appends one entry to the pass's survivor (opening one when none is open). Errs
-    /// with where the step ends: the survivor full (closed now: the entry is copied by
-    /// the next step, into the next survivor) or no buffer for a new one.
+    /// Copies the entry at `[start, end)` of `segment` into the pass's survivor
+    /// (opening one when none is open). Errs with where the step ends: the survivor
+    /// full (closed now: the entry is copied by the next step, into the next survivor)
+    /// or no buffer for a new one.
     fn relocate(
         &mut self,
         pass: &mut CleaningPass,
-        append: impl Fn(&mut SegmentedLog, SegmentId) -> Result<LogRef, LogFull>,
+        segment: SegmentId,
+        range: (u32, u32),
     ) -> Result<LogRef, StepEnd> {
         let survivor = match pass.survivor() {
             Some(survivor) => survivor,
@@ -917,11 +880,13 @@ impl ObjectStore {
                 survivor
             }
         };
-        append(&mut self.log, survivor).map_err(|LogFull| {
-            self.log.close_survivor(survivor);
-            pass.survivor_closed();
-            StepEnd::SurvivorClosed
-        })
+        self.log
+            .copy_entry(segment, range, survivor)
+            .map_err(|LogFull| {
+                self.log.close_survivor(survivor);
+                pass.survivor_closed();
+                StepEnd::SurvivorClosed
+            })
     }
 
     /// Commits what `pass` finished (module doc of [`cleaner`]): closed survivors join
@@ -1199,6 +1164,57 @@ impl ObjectStore {
     pub fn log(&self) -> &SegmentedLog {
         &self.log
     }
+}
+
+/// What the cleaner's walk found at one offset of a segment.
+struct WalkedEntry {
+    kind: Walked,
+    /// Offset of the next entry.
+    next: u32,
+}
+
+enum Walked {
+    Object {
+        table: TableId,
+        hash: KeyHash,
+    },
+    Tombstone {
+        table: TableId,
+        hash: KeyHash,
+        object_segment: SegmentId,
+    },
+    Other,
+}
+
+/// The entry at `offset` of `bytes`, a segment of this master's own log: objects are
+/// read without checking their CRC again (this master wrote and sealed them; the read
+/// path trusts them the same way), tombstones and the rest are decoded. `None` at the
+/// end of the bytes.
+fn walk_entry(bytes: &[u8], offset: u32) -> Option<WalkedEntry> {
+    let at = offset as usize;
+    if let Some(object) = decode_object_trusted(bytes, at) {
+        let next = at + object_entry_bytes(object.key.len(), object.value.len());
+        return Some(WalkedEntry {
+            kind: Walked::Object {
+                table: object.table,
+                hash: key_hash(object.key),
+            },
+            next: next as u32,
+        });
+    }
+    let (entry, next) = decode_entry(bytes, at).ok()??;
+    let kind = match entry {
+        Entry::Tombstone(tombstone) => Walked::Tombstone {
+            table: tombstone.table,
+            hash: key_hash(tombstone.key),
+            object_segment: tombstone.segment_id,
+        },
+        _ => Walked::Other,
+    };
+    Some(WalkedEntry {
+        kind,
+        next: next as u32,
+    })
 }
 
 /// A read as assertions see it: its status, and version 0 and no value when it found

@@ -656,6 +656,37 @@ impl SegmentedLog {
         Ok(id)
     }
 
+    /// Copies the entry at bytes `[start, end)` of segment `from` (an object or a
+    /// tombstone of the log) into the open survivor `survivor`, as it is; returns its
+    /// new place. [`LogFull`] when it does not fit (close the survivor, open another).
+    ///
+    /// # Panics
+    /// If `from` is not a segment of the log, the range not an entry of it, or
+    /// `survivor` not an open survivor (programmer errors).
+    pub fn copy_entry(
+        &mut self,
+        from: SegmentId,
+        (start, end): (u32, u32),
+        survivor: SegmentId,
+    ) -> Result<LogRef, LogFull> {
+        let source = &self
+            .segments
+            .get(&from)
+            .unwrap_or_else(|| panic!("{from} is not a segment of the log"))
+            .writer;
+        let entry = &source.bytes()[start as usize..end as usize];
+        let segment = self
+            .survivors
+            .get_mut(&survivor)
+            .unwrap_or_else(|| panic!("{survivor} is not a survivor being written"));
+        let offset = segment.writer.append_copy(entry)?;
+        segment.live_bytes += u64::from(end - start);
+        Ok(LogRef {
+            segment: survivor,
+            offset,
+        })
+    }
+
     /// Copies the object entry `object` into the open survivor `survivor`; returns its
     /// new place. [`LogFull`] when it does not fit (close the survivor, open another).
     ///

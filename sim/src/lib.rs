@@ -18,8 +18,11 @@
 //! The protocol decisions are Rampart's own code, not models of it:
 //! * each master's store is a real `ObjectStore` (staging with versions below a
 //!   ceiling reserved at the coordinators, tablets, reads, tombstones, the recovery
-//!   replay `stage_replay`), its log a real `SegmentedLog` (entries, Tailwind checksums,
-//!   digests, footers, rollovers);
+//!   replay `stage_replay`, the cleaner's passes: `plan_cleaning`, `clean_step`,
+//!   `commit_cleaning`, `free_cleaned`, run between batches at random points with
+//!   random step sizes and pass lengths, `SimConfig::clean_p`), its log a real
+//!   `SegmentedLog` (entries, Tailwind checksums, digests — later ones too — footers,
+//!   rollovers, survivors);
 //! * each segment's replicas are a real `SegmentReplicas` (placement, epochs, bumps,
 //!   the epoch recorded at the coordinator, closes, frees);
 //! * the coordinators' state is the real `CoordinatorState` (enlistment, the table's
@@ -58,7 +61,8 @@
 //! habit 10); that is the next layer, not this one.
 //!
 //! # Not simulated yet
-//! One table; no cleaner (none exists); backups that restart under a new id; several
+//! One table; the end of a recovery freeing the crashed master's replicas on the backups
+//! (`EndRecovery`: its fenced frames stay); backups that restart under a new id; several
 //! recoveries at once; a recovery master that fails during its replay (the
 //! coordinator's `PartitionTries` retrying the partition elsewhere); the coordinators'
 //! own crashes beyond windows without a leader (their Raft log is not simulated); the

@@ -223,6 +223,36 @@ impl SegmentWriter {
         Ok(offset)
     }
 
+    /// Appends a copy of a whole object or tombstone entry that a [`SegmentWriter`]
+    /// wrote (its own CRC included): the cleaner moving a live entry into a survivor.
+    /// The entry's stored CRC is folded into the running CRC, not recomputed, so the
+    /// copy costs a `memcpy` and a CRC combine. Returns its offset.
+    ///
+    /// # Panics
+    /// If `entry` is not an object or tombstone entry of its stated length (a
+    /// programmer error: the cleaner copies entries it walked in its own log).
+    pub fn append_copy(&mut self, entry: &[u8]) -> Result<u32, LogFull> {
+        let ty = entry.first().copied();
+        assert!(
+            ty == Some(EntryType::Object as u8) || ty == Some(EntryType::Tombstone as u8),
+            "only objects and tombstones are copied"
+        );
+        assert!(entry.len() >= ENTRY_HEADER_BYTES + 4, "entry too short");
+        let stated = u32::from_le_bytes([entry[1], entry[2], entry[3], entry[4]]) as usize;
+        assert_eq!(stated + ENTRY_HEADER_BYTES, entry.len(), "entry length");
+        let offset = self.reserve(entry.len())?;
+        self.buf.extend_from_slice(entry);
+        let tail = entry.len() - 4;
+        let crc = u32::from_le_bytes([
+            entry[tail],
+            entry[tail + 1],
+            entry[tail + 2],
+            entry[tail + 3],
+        ]);
+        fold_crc_entry(&mut self.running, entry, crc);
+        Ok(offset)
+    }
+
     /// Appends a safe-version floor; returns its offset.
     pub fn append_safe_version(&mut self, version: Version) -> Result<u32, LogFull> {
         let offset = self.reserve(SAFE_VERSION_ENTRY_BYTES)?;
@@ -375,6 +405,36 @@ mod tests {
 
     fn open(capacity: u32) -> SegmentWriter {
         SegmentWriter::open(LOG, SEG, capacity, &[SegmentId(3), SEG]).expect("fits")
+    }
+
+    #[test]
+    fn a_copied_entry_scans_as_the_original() {
+        let mut from = open(4096);
+        let object = from
+            .append_object(TableId(2), Version(9), b"key", &[5u8; 3000])
+            .expect("fits");
+        let tombstone = from
+            .append_tombstone(TableId(2), Version(4), SegmentId(8), b"gone")
+            .expect("fits");
+        let end = from.bytes().len();
+        from.seal_batch();
+        let mut to = SegmentWriter::open(LOG, SegmentId(18), 8192, &[SegmentId(18)]).expect("fits");
+        let bytes = from.bytes().to_vec();
+        let a = to
+            .append_copy(&bytes[object as usize..tombstone as usize])
+            .expect("fits");
+        let b = to
+            .append_copy(&bytes[tombstone as usize..end])
+            .expect("fits");
+        to.seal_batch();
+        let found = scan(to.bytes());
+        assert_eq!(found.valid_bytes, to.committed_len());
+        assert!(
+            matches!(to.entry_at(a), Ok(Some((Entry::Object(o), _))) if o.version == Version(9) && o.value.len() == 3000)
+        );
+        assert!(
+            matches!(to.entry_at(b), Ok(Some((Entry::Tombstone(t), _))) if t.segment_id == SegmentId(8))
+        );
     }
 
     /// Bytes `open` writes with a digest of two segments.

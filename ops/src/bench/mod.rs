@@ -1,6 +1,8 @@
 //! `rampart bench`: benchmarks as binaries, never timed tests (STYLE.md habit 13).
 //!
 //! * [`ycsb`] — YCSB workloads against a cluster, beside a raw TCP ping-pong floor.
+//! * [`cleaner`] — the log cleaner: overwrite throughput and write cost as memory fills,
+//!   uniform against Zipfian keys.
 //! * [`replication`] — the replication transports (shm, tcp, rpc) side by side on
 //!   symmetric clusters: write latency, throughput and the backups' CPU per write.
 //! * [`coordinator`] — the Raft-replicated coordinator: configuration changes per second
@@ -11,6 +13,7 @@
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
 
+pub mod cleaner;
 pub mod coordinator;
 pub mod echo;
 pub mod recovery;
@@ -32,6 +35,8 @@ pub enum BenchCommand {
     Coordinator(coordinator::CoordinatorBenchArgs),
     /// Crash recovery: kill a loaded master, time its recovery, verify every object.
     Recovery(recovery::RecoveryBenchArgs),
+    /// The log cleaner: overwrite throughput and write cost at low and high memory use.
+    Cleaner(cleaner::CleanerBenchArgs),
     /// The floor's echo server (used by `bench ycsb`).
     #[command(hide = true)]
     Echo(echo::EchoArgs),
@@ -44,6 +49,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Replication(args) => replication::run(args),
         BenchCommand::Coordinator(args) => coordinator::run(args),
         BenchCommand::Recovery(args) => recovery::run(args),
+        BenchCommand::Cleaner(args) => cleaner::run(args),
         BenchCommand::Echo(args) => echo::run(args),
     }
 }

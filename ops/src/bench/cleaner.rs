@@ -1,0 +1,493 @@
+//! `rampart bench cleaner`: what the log cleaner costs the write path as memory fills.
+//!
+//! One master runs in this process — the real `ObjectStore` and `Appender`, cleaner
+//! included, without replication (R = 0) or network, so what is measured is the master:
+//! staging, the index, and the cleaner's copying, competing for the same cores. The
+//! benchmark fills it with live objects to `--utilization` percent of `--memory-mb`,
+//! then overwrites them `--passes` times over (in operations: passes × objects), keys
+//! drawn uniformly and, in a second run, from YCSB's scrambled Zipfian (`--zipf`). The
+//! same is done at `--low-utilization` percent for the baseline. `--clients` tasks
+//! submit batches of `--batch` writes each, closed loop, as the RPC layer would.
+//!
+//! For each run it reports the overwrite throughput (over the second half of the
+//! overwrites, once the cleaner is in its steady state, and over all of them), the
+//! cleaner's *write cost* — bytes it copied per byte it freed, `relocated / (cleaned
+//! segments × segment size − relocated)`, LFS's cost less its one — and where memory
+//! ends: live bytes over the memory, and segments in use. A curve of throughput over the
+//! run goes to `--svg FILE`, one line per run. Figures are medians over `--rounds`.
+//!
+//! With replication, every byte the cleaner copies is also sent to R backups: the write
+//! cost says how much more the network carries for cleaning.
+//!
+//! # Targets
+//! On the 2-core development machine with 100-byte values: throughput at 90 %
+//! utilization ≥ 50 % of that at 30 % (uniform keys), and a lower write cost for
+//! Zipfian keys than for uniform ones (cost-benefit at work: hot segments empty fast,
+//! cold ones are left to age). The benchmark prints PASS or MISS; it never fails on a
+//! target, only on errors.
+//!
+//! `--json FILE` writes `{"throughput_low_util_ops_s", "throughput_high_util_ops_s",
+//! "write_cost_uniform", "write_cost_zipf", "conditions": {...}, "runs": [...]}`.
+
+use super::median;
+use super::ycsb::KeyChooser;
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use parking_lot::Mutex;
+use rampart_common::config::{ByteSize, MasterConfig};
+use rampart_common::ids::{ServerId, TableId};
+use rampart_common::log::object_entry_bytes;
+use rampart_common::reject::RejectRules;
+use rampart_common::status::Status;
+use rampart_common::tablet::Tablet;
+use rampart_master::appender::{Appender, AppenderStatus, CleanerStats};
+use rampart_master::replica_manager::{ReplicationConfig, Replicator};
+use rampart_master::{ObjectStore, WriteOp};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Throughput at high utilization over throughput at low utilization, at least.
+pub const THROUGHPUT_RATIO_MIN: f64 = 0.5;
+
+const TABLE: TableId = TableId(1);
+const KEY_BYTES: usize = 16;
+/// How often the curve is sampled.
+const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// `rampart bench cleaner`
+#[derive(Args, Debug)]
+pub struct CleanerBenchArgs {
+    /// The master's memory, MiB.
+    #[arg(long, default_value_t = 256)]
+    pub memory_mb: u64,
+    /// Live data, percent of the memory, of the measured runs.
+    #[arg(long, default_value_t = 90)]
+    pub utilization: u64,
+    /// Live data, percent of the memory, of the baseline runs.
+    #[arg(long, default_value_t = 30)]
+    pub low_utilization: u64,
+    /// Bytes of each value.
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Segment size.
+    #[arg(long, default_value = "1MiB")]
+    pub segment_bytes: String,
+    /// Overwrites, in passes over the live objects.
+    #[arg(long, default_value_t = 2.0)]
+    pub passes: f64,
+    /// Zipfian skew of the skewed runs (YCSB's 0.99).
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf: f64,
+    /// Concurrent submitters.
+    #[arg(long, default_value_t = 32)]
+    pub clients: usize,
+    /// Writes per submission.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Rounds (figures are medians).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Write the figures as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the throughput curves (SVG).
+    #[arg(long, default_value = "cleaner-throughput.svg")]
+    pub svg: PathBuf,
+}
+
+/// Keys drawn uniformly or Zipfian.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Keys {
+    Uniform,
+    Zipf(f64),
+}
+
+/// One run's figures.
+#[derive(Clone, Debug)]
+struct Run {
+    utilization: u64,
+    keys: Keys,
+    objects: u64,
+    /// Overwrites per second over the second half, and over all of them.
+    steady_ops_s: f64,
+    all_ops_s: f64,
+    write_cost: f64,
+    cleaner: CleanerStats,
+    /// Live bytes over the memory at the end.
+    live_share: f64,
+    segments_used: u64,
+    segments_max: u64,
+    /// Writes answered `Retry` (back-pressure) and submitted again.
+    retries: u64,
+    /// (seconds since the overwrites began, ops/s over the last interval).
+    curve: Vec<(f64, f64)>,
+}
+
+/// Runs the benchmark.
+pub fn run(args: CleanerBenchArgs) -> Result<ExitCode> {
+    crate::init_logging("warn");
+    let segment_bytes: ByteSize = args.segment_bytes.parse().context("--segment-bytes")?;
+    let config = MasterConfig {
+        segment_bytes: u32::try_from(segment_bytes.0).context("--segment-bytes")?,
+        memory_bytes: args.memory_mb << 20,
+        value_bytes_max: args.value_bytes.max(1024),
+    };
+    config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !(1..=99).contains(&args.utilization) || !(1..=99).contains(&args.low_utilization) {
+        bail!("--utilization and --low-utilization are percentages in 1..=99");
+    }
+    if args.clients == 0 || args.batch == 0 || args.rounds == 0 || args.passes <= 0.0 {
+        bail!("--clients, --batch, --rounds and --passes must be positive");
+    }
+    println!(
+        "cleaner: one in-process master, R = 0; {} MiB of {} segments, {} B values, {} B keys; \
+         {} passes of overwrites; {} clients × {} writes; {} round(s)",
+        args.memory_mb,
+        ByteSize(segment_bytes.0),
+        args.value_bytes,
+        KEY_BYTES,
+        args.passes,
+        args.clients,
+        args.batch,
+        args.rounds
+    );
+    let mut runs = Vec::new();
+    for round in 0..args.rounds {
+        for utilization in [args.low_utilization, args.utilization] {
+            for keys in [Keys::Uniform, Keys::Zipf(args.zipf)] {
+                let run = run_one(&args, &config, utilization, keys, round as u64)?;
+                print_run(&run);
+                runs.push(run);
+            }
+        }
+    }
+    let pick = |utilization: u64, keys: Keys, f: fn(&Run) -> f64| {
+        median(
+            runs.iter()
+                .filter(|r| r.utilization == utilization && r.keys == keys)
+                .map(f)
+                .collect(),
+        )
+        .unwrap_or(0.0)
+    };
+    let zipf = Keys::Zipf(args.zipf);
+    let low = pick(args.low_utilization, Keys::Uniform, |r| r.steady_ops_s);
+    let high = pick(args.utilization, Keys::Uniform, |r| r.steady_ops_s);
+    let cost_uniform = pick(args.utilization, Keys::Uniform, |r| r.write_cost);
+    let cost_zipf = pick(args.utilization, zipf, |r| r.write_cost);
+    let ratio = if low > 0.0 { high / low } else { 0.0 };
+    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    println!();
+    println!(
+        "uniform: {high:.0} ops/s at {}% against {low:.0} ops/s at {}%: {:.2}× (target ≥ {THROUGHPUT_RATIO_MIN}×) {}",
+        args.utilization,
+        args.low_utilization,
+        ratio,
+        verdict(ratio >= THROUGHPUT_RATIO_MIN)
+    );
+    println!(
+        "write cost at {}%: zipf {cost_zipf:.2} against uniform {cost_uniform:.2} (target: lower) {}",
+        args.utilization,
+        verdict(cost_zipf < cost_uniform)
+    );
+    write_svg(&args.svg, &runs)?;
+    println!("curves: {}", args.svg.display());
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "throughput_low_util_ops_s": low,
+            "throughput_high_util_ops_s": high,
+            "write_cost_uniform": cost_uniform,
+            "write_cost_zipf": cost_zipf,
+            "conditions": {
+                "memory_mb": args.memory_mb,
+                "segment_bytes": segment_bytes.0,
+                "value_bytes": args.value_bytes,
+                "key_bytes": KEY_BYTES,
+                "utilization_pct": args.utilization,
+                "low_utilization_pct": args.low_utilization,
+                "passes": args.passes,
+                "zipf": args.zipf,
+                "clients": args.clients,
+                "batch": args.batch,
+                "rounds": args.rounds,
+                "replicas": 0,
+                "in_process": true,
+            },
+            "runs": runs.iter().map(|r| serde_json::json!({
+                "utilization_pct": r.utilization,
+                "keys": match r.keys { Keys::Uniform => "uniform".to_string(), Keys::Zipf(t) => format!("zipf {t}") },
+                "objects": r.objects,
+                "steady_ops_s": r.steady_ops_s,
+                "all_ops_s": r.all_ops_s,
+                "write_cost": r.write_cost,
+                "bytes_relocated": r.cleaner.totals.bytes_relocated,
+                "segments_cleaned": r.cleaner.totals.segments_cleaned,
+                "passes": r.cleaner.passes,
+                "retries": r.retries,
+                "live_share_end": r.live_share,
+                "segments_used_end": r.segments_used,
+                "segments_max": r.segments_max,
+            })).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_run(run: &Run) {
+    let keys = match run.keys {
+        Keys::Uniform => "uniform".to_string(),
+        Keys::Zipf(theta) => format!("zipf {theta}"),
+    };
+    println!(
+        "{:>3}% {:<9} {:>9} objects: {:>9.0} ops/s steady ({:>9.0} overall), write cost {:>6.2}, \
+         {} segments cleaned in {} passes, {} retries; at the end {:.1}% live, {}/{} segments",
+        run.utilization,
+        keys,
+        run.objects,
+        run.steady_ops_s,
+        run.all_ops_s,
+        run.write_cost,
+        run.cleaner.totals.segments_cleaned,
+        run.cleaner.passes,
+        run.retries,
+        run.live_share * 100.0,
+        run.segments_used,
+        run.segments_max,
+    );
+}
+
+fn key(i: u64) -> Bytes {
+    Bytes::from(format!("k{i:015}").into_bytes())
+}
+
+fn write(i: u64, value: &Bytes) -> WriteOp {
+    WriteOp::Write {
+        table: TABLE,
+        key: key(i),
+        value: value.clone(),
+        rules: RejectRules::default(),
+    }
+}
+
+/// Submits `ops`, again while any is answered `Retry`; returns the retries.
+async fn submit_all(appender: &Appender, mut ops: Vec<WriteOp>) -> Result<u64> {
+    let mut retries = 0;
+    loop {
+        let outcomes = appender.submit(ops.clone()).await?;
+        let mut again = Vec::new();
+        for (op, outcome) in ops.into_iter().zip(outcomes) {
+            match outcome.status {
+                Status::Ok => {}
+                Status::Retry => again.push(op),
+                other => bail!("write refused: {other}"),
+            }
+        }
+        if again.is_empty() {
+            return Ok(retries);
+        }
+        retries += again.len() as u64;
+        tokio::time::sleep(Duration::from_micros(200)).await;
+        ops = again;
+    }
+}
+
+fn run_one(
+    args: &CleanerBenchArgs,
+    config: &MasterConfig,
+    utilization: u64,
+    keys: Keys,
+    round: u64,
+) -> Result<Run> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let entry = object_entry_bytes(KEY_BYTES, args.value_bytes) as u64;
+    let objects = config.memory_bytes * utilization / 100 / entry;
+    let overwrites = (objects as f64 * args.passes) as u64;
+    runtime.block_on(async {
+        let mut store = ObjectStore::new(ServerId(1), config.clone());
+        store.take_tablets(&[Tablet {
+            table: TABLE,
+            start_hash: 0,
+            end_hash: u64::MAX,
+            owner: ServerId(1),
+        }]);
+        let store = Arc::new(Mutex::new(store));
+        let status = Arc::new(AppenderStatus::default());
+        let replicator = Replicator::new(ServerId(1), ReplicationConfig::none());
+        let appender =
+            Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
+        let value = Bytes::from(vec![b'v'; args.value_bytes]);
+        // The fill: every object once, in key order.
+        let next = Arc::new(AtomicU64::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..args.clients {
+            let (appender, next, value, batch) = (
+                appender.clone(),
+                Arc::clone(&next),
+                value.clone(),
+                args.batch as u64,
+            );
+            tasks.spawn(async move {
+                let mut retries = 0;
+                loop {
+                    let start = next.fetch_add(batch, Ordering::Relaxed);
+                    if start >= objects {
+                        return Ok::<u64, anyhow::Error>(retries);
+                    }
+                    let ops = (start..(start + batch).min(objects))
+                        .map(|i| write(i, &value))
+                        .collect();
+                    retries += submit_all(&appender, ops).await?;
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        let before = *status.cleaner.lock();
+        // The overwrites.
+        let done = Arc::new(AtomicU64::new(0));
+        let chooser = Arc::new(KeyChooser::new(
+            objects,
+            match keys {
+                Keys::Uniform => 0.0,
+                Keys::Zipf(theta) => theta,
+            },
+        )?);
+        let started = Instant::now();
+        for client in 0..args.clients {
+            let (appender, done, value, chooser, batch) = (
+                appender.clone(),
+                Arc::clone(&done),
+                value.clone(),
+                Arc::clone(&chooser),
+                args.batch as u64,
+            );
+            let mut rng = SmallRng::seed_from_u64(round * 1000 + client as u64 + 1);
+            tasks.spawn(async move {
+                let mut retries = 0;
+                while done.fetch_add(batch, Ordering::Relaxed) < overwrites {
+                    let ops = (0..batch)
+                        .map(|_| write(chooser.next(&mut rng), &value))
+                        .collect();
+                    retries += submit_all(&appender, ops).await?;
+                }
+                Ok(retries)
+            });
+        }
+        let mut curve = Vec::new();
+        let mut retries = 0u64;
+        let (mut last_at, mut last_done) = (Instant::now(), 0u64);
+        let mut half: Option<(Instant, u64)> = None;
+        while !tasks.is_empty() {
+            tokio::select! {
+                finished = tasks.join_next() => {
+                    if let Some(finished) = finished {
+                        retries += finished??;
+                    }
+                }
+                _ = tokio::time::sleep(SAMPLE_INTERVAL) => {
+                    let now = Instant::now();
+                    let count = done.load(Ordering::Relaxed).min(overwrites);
+                    let rate = (count - last_done) as f64 / (now - last_at).as_secs_f64();
+                    curve.push(((now - started).as_secs_f64(), rate));
+                    (last_at, last_done) = (now, count);
+                    if half.is_none() && count >= overwrites / 2 {
+                        half = Some((now, count));
+                    }
+                }
+            }
+        }
+        let ended = Instant::now();
+        let all_ops_s = overwrites as f64 / (ended - started).as_secs_f64();
+        let steady_ops_s = match half {
+            Some((at, count)) if ended > at && overwrites > count => {
+                (overwrites - count) as f64 / (ended - at).as_secs_f64()
+            }
+            _ => all_ops_s,
+        };
+        let after = *status.cleaner.lock();
+        let mut cleaner = after;
+        cleaner.passes -= before.passes;
+        cleaner.totals.bytes_relocated -= before.totals.bytes_relocated;
+        cleaner.totals.bytes_dropped -= before.totals.bytes_dropped;
+        cleaner.totals.segments_cleaned -= before.totals.segments_cleaned;
+        cleaner.totals.survivors -= before.totals.survivors;
+        let write_cost = cleaner.write_cost(u64::from(config.segment_bytes));
+        let usage = store.lock().log().usage();
+        Ok(Run {
+            utilization,
+            keys,
+            objects,
+            steady_ops_s,
+            all_ops_s,
+            write_cost,
+            cleaner,
+            live_share: usage.live_bytes as f64 / config.memory_bytes as f64,
+            segments_used: usage.segments_max - usage.segments_free,
+            segments_max: usage.segments_max,
+            retries,
+            curve,
+        })
+    })
+}
+
+/// Throughput over time, one polyline per run.
+fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
+    let (width, height, margin) = (900.0, 420.0, 60.0);
+    let t_max = runs
+        .iter()
+        .flat_map(|r| r.curve.iter().map(|p| p.0))
+        .fold(1.0f64, f64::max);
+    let y_max = runs
+        .iter()
+        .flat_map(|r| r.curve.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max);
+    let colors = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+    ];
+    let mut svg = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n\
+         <text x='{margin}' y='20'>overwrite throughput (ops/s) over time (s); max {y_max:.0} ops/s, {t_max:.1} s</text>\n\
+         <line x1='{margin}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n\
+         <line x1='{margin}' y1='{margin}' x2='{margin}' y2='{}' stroke='black'/>\n",
+        height - margin,
+        width - margin,
+        height - margin,
+        height - margin
+    );
+    for (i, run) in runs.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let points: Vec<String> = run
+            .curve
+            .iter()
+            .map(|(t, y)| {
+                let x = margin + t / t_max * (width - 2.0 * margin);
+                let y = height - margin - y / y_max * (height - 2.0 * margin);
+                format!("{x:.1},{y:.1}")
+            })
+            .collect();
+        let label = match run.keys {
+            Keys::Uniform => format!("{}% uniform", run.utilization),
+            Keys::Zipf(theta) => format!("{}% zipf {theta}", run.utilization),
+        };
+        svg.push_str(&format!(
+            "<polyline fill='none' stroke='{color}' points='{}'/>\n<text x='{}' y='{}' fill='{color}'>{label}</text>\n",
+            points.join(" "),
+            width - margin - 120.0,
+            margin + 16.0 * i as f64
+        ));
+    }
+    svg.push_str("</svg>\n");
+    std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
+}
