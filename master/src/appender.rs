@@ -54,8 +54,10 @@
 //! backups ([`Replicator::free_segments`]).
 //! * *Urgent* (free buffers down to the cleaner's reserve plus one): steps run before
 //!   the next batch, as long as they make progress, so writes find room.
-//! * *Background* (past the threshold, or a pass under way): one step after each batch,
-//!   and steps back to back while the queue is empty.
+//! * *Background* (free buffers down to the low-water mark, or a pass under way): one
+//!   step after each batch. Once the queue has been empty for [`IDLE_CLEAN_AFTER`],
+//!   steps run back to back from the threshold on, until a job arrives
+//!   ([`CleanerPolicy::urgency`] says why load and idleness differ).
 //!
 //! A write that still finds no room is answered `Retry` while the cleaner can free
 //! something (the client library retries), and `NoSpace` when nothing can be freed:
@@ -319,6 +321,10 @@ impl Appender {
     }
 }
 
+/// How long the queue stays empty before the master counts as idle and the cleaner
+/// runs from its threshold (module doc, "Cleaning").
+pub const IDLE_CLEAN_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// How often the appender gives the replicator time for upkeep when idle.
 pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -362,10 +368,10 @@ impl Cleaning {
         }
     }
 
-    /// How pressing cleaning is: a pass under way is finished in the background at
-    /// least.
-    fn urgency(&self, store: &ObjectStore) -> Urgency {
-        let urgency = self.policy.urgency(&store.log().usage());
+    /// How pressing cleaning is, with the master `idle` or not: a pass under way is
+    /// finished in the background at least.
+    fn urgency(&self, store: &ObjectStore, idle: bool) -> Urgency {
+        let urgency = self.policy.urgency(&store.log().usage(), idle);
         if self.pass.is_some() {
             urgency.max(Urgency::Background)
         } else {
@@ -466,7 +472,7 @@ async fn clean_urgently(
     cleaning: &mut Cleaning,
     status: &AppenderStatus,
 ) -> Result<(), Fatal> {
-    while cleaning.urgency(&store.lock()) == Urgency::Urgent {
+    while cleaning.urgency(&store.lock(), false) == Urgency::Urgent {
         if !clean_once(store, replicator, cleaning, status).await? {
             break;
         }
@@ -496,6 +502,7 @@ async fn run(
     let mut carried: Option<Job> = None;
     let server_list = replicator.server_list_watch();
     let mut cleaning = Cleaning::new();
+    let mut last_job = tokio::time::Instant::now();
     loop {
         // Upkeep runs every UPKEEP_INTERVAL whether or not jobs keep coming: under
         // steady load the queue is never empty, and lost closed replicas, probes and
@@ -512,11 +519,14 @@ async fn run(
         let first = match carried.take() {
             Some(job) => job,
             None => {
-                // Idle with cleaning to do: one step, then look at the queue again.
-                let idle_cleaning = queue.is_empty()
+                // Idle (no job for IDLE_CLEAN_AFTER) with cleaning to do: one step, then
+                // look at the queue again. A queue empty only between two batches of a
+                // busy master is not idle: its clients are about to send more.
+                let idle_wanted = queue.is_empty()
                     && cleaning.progressing
-                    && cleaning.urgency(&store.lock()) != Urgency::Idle;
-                if idle_cleaning {
+                    && cleaning.urgency(&store.lock(), true) != Urgency::Idle;
+                let idle_from = last_job + IDLE_CLEAN_AFTER;
+                if idle_wanted && tokio::time::Instant::now() >= idle_from {
                     if let Err(fatal) =
                         clean_once(&store, &mut replicator, &mut cleaning, &status).await
                     {
@@ -529,6 +539,7 @@ async fn run(
                     job = queue.recv() => job,
                     _ = tokio::time::sleep_until(next_upkeep) => continue,
                     _ = server_list.poked() => continue,
+                    _ = tokio::time::sleep_until(idle_from), if idle_wanted => continue,
                 };
                 match job {
                     Some(job) => job,
@@ -536,6 +547,7 @@ async fn run(
                 }
             }
         };
+        last_job = tokio::time::Instant::now();
         // Gather a batch of ops jobs, or of replay jobs; a job of another kind ends the
         // batch and runs after it (a store job alone, a logged one as the next batch).
         let mut ops_jobs = Vec::new();
@@ -615,7 +627,7 @@ async fn run(
             }
         }
         // Past the threshold (or a pass under way): one step between batches.
-        if cleaning.urgency(&store.lock()) != Urgency::Idle && cleaning.progressing {
+        if cleaning.urgency(&store.lock(), false) != Urgency::Idle && cleaning.progressing {
             if let Err(fatal) = clean_once(&store, &mut replicator, &mut cleaning, &status).await {
                 let parked = match alone {
                     Some(Job::Ops { reply, .. }) => vec![ParkedReply::Ops(reply)],

@@ -844,6 +844,8 @@ impl ObjectStore {
                 if let Walked::Object { table, hash } = found.kind {
                     self.index.move_ref(table, hash, here, new);
                 }
+                // Counted in the survivor now; the cleaned segment goes at a commit.
+                self.log.note_dead(here, bytes);
                 pass.note_relocated(bytes);
             } else {
                 let (table, hash) = match found.kind {

@@ -800,29 +800,13 @@ impl SegmentedLog {
                 return Err(NoSpace);
             }
         }
-        for id in &closed {
-            if let Some(segment) = self.survivors.remove(id) {
-                self.segments.insert(*id, segment);
-            }
-        }
-        for id in &cleaned {
-            if let Some(segment) = self.segments.remove(id) {
-                self.retired.insert(*id, segment);
-            }
-        }
+        move_segments(&closed, &mut self.survivors, &mut self.segments);
+        move_segments(&cleaned, &mut self.segments, &mut self.retired);
         if !fits {
             if let Err(full) = self.roll_over(safe_version, 0) {
                 // Undone: the cleaned segments stay in the log, the survivors wait.
-                for id in &cleaned {
-                    if let Some(segment) = self.retired.remove(id) {
-                        self.segments.insert(*id, segment);
-                    }
-                }
-                for id in &closed {
-                    if let Some(segment) = self.segments.remove(id) {
-                        self.survivors.insert(*id, segment);
-                    }
-                }
+                move_segments(&cleaned, &mut self.retired, &mut self.segments);
+                move_segments(&closed, &mut self.segments, &mut self.survivors);
                 return Err(full);
             }
         }
@@ -846,6 +830,19 @@ impl SegmentedLog {
     /// Survivors being written or closed, not yet committed.
     pub fn survivor_ids(&self) -> impl Iterator<Item = SegmentId> + '_ {
         self.survivors.keys().copied()
+    }
+}
+
+/// Moves the segments `ids` held in `from` to `to`.
+fn move_segments(
+    ids: &[SegmentId],
+    from: &mut BTreeMap<SegmentId, LogSegment>,
+    to: &mut BTreeMap<SegmentId, LogSegment>,
+) {
+    for id in ids {
+        if let Some(segment) = from.remove(id) {
+            to.insert(*id, segment);
+        }
     }
 }
 
@@ -1027,6 +1024,55 @@ mod tests {
             log.append_object(TableId(1), Version(3), b"k", &value, Version(1)),
             Err(NoSpace)
         );
+    }
+
+    #[test]
+    fn a_commit_names_the_survivors_and_frees_the_cleaned_only_when_asked() {
+        let mut log = SegmentedLog::new(ServerId(1), &small_config(8), Version(1));
+        let value = [3u8; 500];
+        let first = log
+            .append_object(TableId(1), Version(1), b"a", &value, Version(1))
+            .unwrap();
+        while log.head() == SegmentId(1) {
+            log.append_object(TableId(1), Version(2), b"b", &value, Version(1))
+                .unwrap();
+            log.seal_batch();
+        }
+        log.take_unreplicated();
+        let free = log.segments_free();
+        // The cleaner copies `a` into a survivor and closes it.
+        let survivor = log.open_survivor(7).unwrap();
+        assert!(survivor.is_survivor());
+        let bytes = log.segment_bytes(SegmentId(1)).unwrap();
+        let end = first.offset + object_entry_bytes(1, value.len()) as u32;
+        assert_eq!(bytes[first.offset as usize], 3, "an object entry");
+        let moved = log
+            .copy_entry(SegmentId(1), (first.offset, end), survivor)
+            .unwrap();
+        assert_eq!(log.object(moved).key, b"a");
+        log.close_survivor(survivor);
+        assert_eq!(log.segments_free(), free - 1);
+        // Survivors are not in the log until the commit; then segment 1 is retired.
+        assert!(!log.segment_ids().any(|s| s == survivor));
+        log.commit_cleaning(&[SegmentId(1)], Version(1)).unwrap();
+        let ids: Vec<SegmentId> = log.segment_ids().collect();
+        assert_eq!(ids, vec![SegmentId(2), survivor]);
+        let head = scan(log.segment_bytes(log.head()).unwrap());
+        assert_eq!(head.digest, Some(vec![SegmentId(2), survivor]));
+        // The survivor's ranges, then the digest's, in that order.
+        let ranges: Vec<SegmentRange> = log.take_unreplicated().iter().map(|r| r.range).collect();
+        let survivor_closed = ranges
+            .iter()
+            .position(|r| r.segment == survivor && r.closes);
+        let digest = ranges.iter().position(|r| r.segment == SegmentId(2));
+        assert!(survivor_closed.unwrap() < digest.unwrap());
+        // Retired: still readable, still holding its buffer.
+        assert!(log.segment_bytes(SegmentId(1)).is_some());
+        assert_eq!(log.segments_free(), free - 1);
+        assert_eq!(log.free_retired(), vec![SegmentId(1)]);
+        assert!(log.segment_bytes(SegmentId(1)).is_none());
+        assert_eq!(log.segments_free(), free);
+        assert_eq!(log.object(moved).key, b"a");
     }
 
     #[test]
