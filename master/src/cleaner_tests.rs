@@ -318,3 +318,43 @@ fn a_crash_between_survivors_and_commit_recovers_from_the_cleaned_segments() {
     store.free_cleaned();
     assert_eq!(recovered(&store), model);
 }
+
+#[test]
+fn the_index_counts_against_the_memory() {
+    // Tiny objects: the index outgrows the log. New keys are refused once the index,
+    // the segments held and the cleaner's reserve fill the memory; pooled buffers the
+    // index took are given back; existing keys are still overwritten.
+    let mut store = store();
+    let memory = 24 * 96 * 1024u64;
+    let mut keys = 0u64;
+    loop {
+        match apply(&mut store, put(&format!("k{keys}"), b"v")) {
+            Status::Ok => keys += 1,
+            Status::NoSpace => break,
+            other => panic!("write {keys}: {other}"),
+        }
+        assert!(keys < 1_000_000, "the memory never filled");
+    }
+    let log = store.log();
+    let segment = 96 * 1024u64;
+    let index = store.object_count() * crate::object_index::INDEX_BYTES_PER_OBJECT;
+    let held = log.segments_held() * segment;
+    let pooled = log.segments_pooled() * segment;
+    assert!(
+        index > memory / 2,
+        "the index ({index} bytes) took most of the memory"
+    );
+    assert!(
+        held + pooled + index <= memory,
+        "segments {held} + pooled {pooled} + index {index} within {memory}"
+    );
+    // The cleaner's reserve is still there for it.
+    assert!(log.segments_free() >= crate::segmented_log::CLEANER_RESERVE_SEGMENTS);
+    assert_eq!(apply(&mut store, put("k0", b"w")), Status::Ok);
+    assert_eq!(store.read(TABLE, b"k0").unwrap().value, &b"w"[..]);
+    // Removing keys gives memory back to new ones.
+    for i in 1..=100 {
+        assert_eq!(apply(&mut store, del(&format!("k{i}"))), Status::Ok);
+    }
+    assert_eq!(apply(&mut store, put("fresh", b"v")), Status::Ok);
+}

@@ -63,10 +63,12 @@ use rampart_common::log::{
 
 use crate::cleaner::{self, CleaningPass, StepEnd};
 
-use crate::object_index::{LogRef, ObjectIndex};
+use crate::object_index::{LogRef, ObjectIndex, INDEX_BYTES_PER_OBJECT};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
 use crate::replay::{PieceEntry, RecoveryPiece, ReplayState};
-use crate::segmented_log::{NoSpace, SealedRange, SegmentPool, SegmentedLog};
+use crate::segmented_log::{
+    NoSpace, SealedRange, SegmentPool, SegmentedLog, CLEANER_RESERVE_SEGMENTS,
+};
 use crate::tablets::{EpochStep, OwnedTablets};
 
 /// Versions a master reserves at the coordinator at a time (`ReserveVersions`, one Raft
@@ -192,6 +194,9 @@ enum Staged {
 pub struct Batch {
     /// Final staged state per key; later operations of the batch read it.
     staged: HashMap<StagedKey, Staged, SeededKeyHash>,
+    /// Keys staged that the index does not hold yet: it grows by at most this many at
+    /// publish (counted against the memory, `ObjectStore::new_key_fits`).
+    new_keys: u64,
 }
 
 impl Batch {
@@ -476,6 +481,10 @@ impl ObjectStore {
         if let Some(status) = rules.check(current.map(|(v, _)| v)) {
             return OpOutcome::failed(status, current_version);
         }
+        let creates = current.is_none() && !matches!(op, WriteOp::Remove { .. });
+        if creates && !self.new_key_fits(batch) {
+            return OpOutcome::failed(Status::NoSpace, Version(0));
+        }
         let new_version = current.map_or(self.safe_version, |(v, _)| v.next());
         if new_version >= self.version_ceiling {
             // Not reserved at the coordinator yet: a crash now could lose the only record
@@ -493,6 +502,7 @@ impl ObjectStore {
                         let bytes = object_entry_bytes(key.len(), value.len());
                         self.profiler.track(table, hash, bytes as u64);
                         self.supersede_staged(batch, table, hash, key);
+                        batch.new_keys += u64::from(creates);
                         batch.insert(
                             table,
                             hash,
@@ -549,6 +559,7 @@ impl ObjectStore {
                         let bytes = object_entry_bytes(key.len(), value.len());
                         self.profiler.track(table, hash, bytes as u64);
                         self.supersede_staged(batch, table, hash, key);
+                        batch.new_keys += u64::from(creates);
                         batch.insert(
                             table,
                             hash,
@@ -614,6 +625,25 @@ impl ObjectStore {
         for at in dead {
             self.note_dead(at);
         }
+        self.fit_segments_to_index();
+    }
+
+    /// Whether one more key (beyond those `batch` adds) fits the memory: the index with
+    /// it, and the segments held with the cleaner's reserve (module doc of
+    /// [`segmented_log`](crate::segmented_log), "Memory").
+    fn new_key_fits(&self, batch: &Batch) -> bool {
+        let index = (self.index.len() + batch.new_keys + 1) * INDEX_BYTES_PER_OBJECT;
+        let segments = (self.log.segments_held() + CLEANER_RESERVE_SEGMENTS)
+            * u64::from(self.config.segment_bytes);
+        index + segments <= self.config.memory_bytes
+    }
+
+    /// Gives the log the segments the memory holds beside the index.
+    fn fit_segments_to_index(&mut self) {
+        let index = self.index.len() * INDEX_BYTES_PER_OBJECT;
+        let limit =
+            self.config.memory_bytes.saturating_sub(index) / u64::from(self.config.segment_bytes);
+        self.log.set_segments_limit(limit);
     }
 
     /// Stages one recovery piece into `batch` (see [`replay`](crate::replay) for the
@@ -648,6 +678,12 @@ impl ObjectStore {
                     if deleted || current.is_some_and(|(v, _)| v >= version) {
                         state.counts_mut().objects_dropped += 1;
                         continue;
+                    }
+                    if current.is_none() {
+                        if !self.new_key_fits(batch) {
+                            return Err(NoSpace);
+                        }
+                        batch.new_keys += 1;
                     }
                     let at =
                         self.log
@@ -731,6 +767,7 @@ impl ObjectStore {
         for at in &refs {
             self.note_dead(*at);
         }
+        self.fit_segments_to_index();
         refs.len() as u64
     }
 
@@ -823,10 +860,37 @@ impl ObjectStore {
             let here = LogRef { segment, offset };
             walked += (found.next - offset) as usize;
             let bytes = u64::from(found.next - offset);
-            let live = match found.kind {
-                Walked::Object { table, hash } => self.index.holds(table, hash, here),
-                Walked::Tombstone { object_segment, .. } => {
-                    self.log.holds(object_segment) && !pass.walked_before(object_segment)
+            let range = (offset, found.next);
+            let (table, hash) = match found.kind {
+                Walked::Object { table, hash } => {
+                    // Live when the index points here; then the copy and the move of the
+                    // reference go with one lookup.
+                    let ObjectStore { index, log, .. } = self;
+                    if let Some(slot) = index.ref_mut(table, hash, here) {
+                        match relocate(log, pass, segment, range) {
+                            Ok(new) => *slot = new,
+                            Err(end) => return end,
+                        }
+                        self.relocated(pass, here, bytes, found.next);
+                        continue;
+                    }
+                    (table, hash)
+                }
+                Walked::Tombstone {
+                    table,
+                    hash,
+                    object_segment,
+                } => {
+                    let live =
+                        self.log.holds(object_segment) && !pass.walked_before(object_segment);
+                    if live {
+                        if let Err(end) = relocate(&mut self.log, pass, segment, range) {
+                            return end;
+                        }
+                        self.relocated(pass, here, bytes, found.next);
+                        continue;
+                    }
+                    (table, hash)
                 }
                 Walked::Other => {
                     // Headers, digests, safe versions (every head opens with the floor,
@@ -835,60 +899,19 @@ impl ObjectStore {
                     continue;
                 }
             };
-            if live {
-                let moved = self.relocate(pass, segment, (offset, found.next));
-                let new = match moved {
-                    Ok(new) => new,
-                    Err(end) => return end,
-                };
-                if let Walked::Object { table, hash } = found.kind {
-                    self.index.move_ref(table, hash, here, new);
-                }
-                // Counted in the survivor now; the cleaned segment goes at a commit.
-                self.log.note_dead(here, bytes);
-                pass.note_relocated(bytes);
-            } else {
-                let (table, hash) = match found.kind {
-                    Walked::Object { table, hash } | Walked::Tombstone { table, hash, .. } => {
-                        (table, hash)
-                    }
-                    Walked::Other => unreachable!("skipped above"),
-                };
-                self.profiler.untrack(table, hash, bytes);
-                pass.note_dropped(bytes);
-            }
+            self.profiler.untrack(table, hash, bytes);
+            pass.note_dropped(bytes);
             pass.advance(found.next);
         }
     }
 
-    /// Copies the entry at `[start, end)` of `segment` into the pass's survivor
-    /// (opening one when none is open). Errs with where the step ends: the survivor
-    /// full (closed now: the entry is copied by the next step, into the next survivor)
-    /// or no buffer for a new one.
-    fn relocate(
-        &mut self,
-        pass: &mut CleaningPass,
-        segment: SegmentId,
-        range: (u32, u32),
-    ) -> Result<LogRef, StepEnd> {
-        let survivor = match pass.survivor() {
-            Some(survivor) => survivor,
-            None => {
-                let survivor = self
-                    .log
-                    .open_survivor(pass.stamp())
-                    .map_err(|NoSpace| StepEnd::NoBuffer)?;
-                pass.survivor_opened(survivor);
-                survivor
-            }
-        };
-        self.log
-            .copy_entry(segment, range, survivor)
-            .map_err(|LogFull| {
-                self.log.close_survivor(survivor);
-                pass.survivor_closed();
-                StepEnd::SurvivorClosed
-            })
+    /// Books an entry of `bytes` at `here` copied into the survivor; the walk goes on at
+    /// `next`.
+    fn relocated(&mut self, pass: &mut CleaningPass, here: LogRef, bytes: u64, next: u32) {
+        // Counted in the survivor now; the cleaned segment goes at a commit.
+        self.log.note_dead(here, bytes);
+        pass.note_relocated(bytes);
+        pass.advance(next);
     }
 
     /// Commits what `pass` finished (module doc of [`cleaner`]): closed survivors join
@@ -1166,6 +1189,33 @@ impl ObjectStore {
     pub fn log(&self) -> &SegmentedLog {
         &self.log
     }
+}
+
+/// Copies the entry at `range` of `segment` into `pass`'s survivor in `log` (opening
+/// one when none is open). Errs with where the step ends: the survivor full (closed
+/// now: the entry is copied by the next step, into the next survivor) or no buffer for
+/// a new one.
+fn relocate(
+    log: &mut SegmentedLog,
+    pass: &mut CleaningPass,
+    segment: SegmentId,
+    range: (u32, u32),
+) -> Result<LogRef, StepEnd> {
+    let survivor = match pass.survivor() {
+        Some(survivor) => survivor,
+        None => {
+            let survivor = log
+                .open_survivor(pass.stamp())
+                .map_err(|NoSpace| StepEnd::NoBuffer)?;
+            pass.survivor_opened(survivor);
+            survivor
+        }
+    };
+    log.copy_entry(segment, range, survivor).map_err(|LogFull| {
+        log.close_survivor(survivor);
+        pass.survivor_closed();
+        StepEnd::SurvivorClosed
+    })
 }
 
 /// What the cleaner's walk found at one offset of a segment.
@@ -2188,11 +2238,19 @@ mod tests {
             "only {} writes fit",
             acknowledged.len()
         );
-        // Full up to the cleaner's reserve, which writes never take.
+        // Full: the segments held, the cleaner's reserve (which writes never take) and
+        // the index fill the memory, within a segment.
         let (used, max) = store.log_bytes();
-        assert_eq!(
-            used,
-            max - CLEANER_RESERVE_SEGMENTS * u64::from(config().segment_bytes)
+        let segment = u64::from(config().segment_bytes);
+        let index = store.object_count() * crate::object_index::INDEX_BYTES_PER_OBJECT;
+        let reserve = CLEANER_RESERVE_SEGMENTS * segment;
+        assert!(
+            used + reserve + index <= max,
+            "{used} + {reserve} + {index}"
+        );
+        assert!(
+            used + reserve + index + segment > max,
+            "{used} + {reserve} + {index}"
         );
 
         for attempt in 0..10 {

@@ -36,6 +36,13 @@
 //!    [`SegmentedLog::free_retired`] gives the retired buffers back to the pool and
 //!    names the segments whose replicas the backups may now free.
 //!
+//! # Memory
+//! `--memory` covers the segments and the object index: the store lowers the number of
+//! segments the log may hold as the index grows ([`SegmentedLog::set_segments_limit`],
+//! `INDEX_BYTES_PER_OBJECT` per object), and pooled buffers beyond it are given back
+//! to the system; it admits a new key only while the index and the segments held, the
+//! cleaner's reserve included, fit (`ObjectStore::stage`).
+//!
 //! # Accounting
 //! Each segment counts its *live bytes* — object and tombstone entries appended and not
 //! yet known dead ([`SegmentedLog::note_dead`], called by the store when the index lets
@@ -133,7 +140,7 @@ pub struct SegmentUsage {
 /// Where the log's memory stands, for the cleaner's policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogUsage {
-    /// Segment buffers the memory holds.
+    /// Segments the memory may hold now (less what the object index takes).
     pub segments_max: u64,
     /// Buffers not holding a segment (the cleaner's reserve included).
     pub segments_free: u64,
@@ -176,6 +183,9 @@ pub struct SegmentedLog {
     handed_off: BTreeMap<SegmentId, u32>,
     /// Buffers for the segments still to open. A failed opening gives its buffer back.
     pool: SegmentPool,
+    /// Segments the memory may hold now: `segments_max` less what the object index
+    /// takes (`ObjectStore` sets it, [`SegmentedLog::set_segments_limit`]).
+    segments_limit: u64,
 }
 
 /// Segment buffers allocated and touched ahead of use (module doc, "Memory").
@@ -220,6 +230,11 @@ impl SegmentPool {
         if buffer.capacity() >= self.segment_bytes {
             self.free.push(buffer);
         }
+    }
+
+    /// Keeps at most `keep` buffers, giving the others back to the system.
+    pub fn trim(&mut self, keep: usize) {
+        self.free.truncate(keep);
     }
 
     /// Buffers ready for new segments.
@@ -314,6 +329,7 @@ impl SegmentedLog {
             unreplicated: Vec::new(),
             handed_off: BTreeMap::new(),
             pool,
+            segments_limit: config.segments_max(),
         };
         let head = log
             .open_segment(first, safe_version)
@@ -580,13 +596,30 @@ impl SegmentedLog {
         self.segments_max * u64::from(self.segment_bytes)
     }
 
-    fn segments_held(&self) -> u64 {
+    /// Segments held in memory: the log's, survivors and retired ones.
+    pub fn segments_held(&self) -> u64 {
         (self.segments.len() + self.survivors.len() + self.retired.len()) as u64
     }
 
-    /// Buffers holding no segment.
+    /// Segments that may still open within the memory (the cleaner's reserve included).
     pub fn segments_free(&self) -> u64 {
-        self.segments_max.saturating_sub(self.segments_held())
+        self.segments_max
+            .min(self.segments_limit)
+            .saturating_sub(self.segments_held())
+    }
+
+    /// The memory may hold `limit` segments now (the rest of it holds the object
+    /// index). Pooled buffers beyond what may still open are given back to the system;
+    /// segments already held stay (no new one opens until enough are freed).
+    pub fn set_segments_limit(&mut self, limit: u64) {
+        self.segments_limit = limit;
+        let keep = usize::try_from(self.segments_free()).unwrap_or(usize::MAX);
+        self.pool.trim(keep);
+    }
+
+    /// Buffers allocated and waiting in the pool.
+    pub fn segments_pooled(&self) -> u64 {
+        self.pool.len() as u64
     }
 
     /// Where the memory stands (module doc, "Accounting").
@@ -598,7 +631,7 @@ impl SegmentedLog {
             .map(|s| s.live_bytes)
             .sum();
         LogUsage {
-            segments_max: self.segments_max,
+            segments_max: self.segments_max.min(self.segments_limit),
             segments_free: self.segments_free(),
             live_bytes,
             segment_bytes: self.segment_bytes,

@@ -3,7 +3,8 @@
 //! One master runs in this process — the real `ObjectStore` and `Appender`, cleaner
 //! included, without replication (R = 0) or network, so what is measured is the master:
 //! staging, the index, and the cleaner's copying, competing for the same cores. The
-//! benchmark fills it with live objects to `--utilization` percent of `--memory-mb`,
+//! benchmark fills it with live objects to `--utilization` percent of `--memory-mb` —
+//! their log entries and their index entries, since `--memory` holds both —
 //! then overwrites them `--passes` times over (in operations: passes × objects), keys
 //! drawn uniformly and, in a second run, from YCSB's scrambled Zipfian (`--zipf`). The
 //! same is done at `--low-utilization` percent for the baseline. `--clients` tasks
@@ -42,6 +43,7 @@ use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
 use rampart_master::appender::{Appender, AppenderStatus, CleanerStats};
+use rampart_master::object_index::INDEX_BYTES_PER_OBJECT;
 use rampart_master::replica_manager::{ReplicationConfig, Replicator};
 use rampart_master::{ObjectStore, WriteOp};
 use rand::rngs::SmallRng;
@@ -119,7 +121,7 @@ struct Run {
     all_ops_s: f64,
     write_cost: f64,
     cleaner: CleanerStats,
-    /// Live bytes over the memory at the end.
+    /// Live entries and their index over the memory at the end.
     live_share: f64,
     segments_used: u64,
     segments_max: u64,
@@ -310,7 +312,8 @@ fn run_one(
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let entry = object_entry_bytes(KEY_BYTES, args.value_bytes) as u64;
+    // Live data is what the objects hold in memory: log entry and index entry.
+    let entry = object_entry_bytes(KEY_BYTES, args.value_bytes) as u64 + INDEX_BYTES_PER_OBJECT;
     let objects = config.memory_bytes * utilization / 100 / entry;
     let overwrites = (objects as f64 * args.passes) as u64;
     runtime.block_on(async {
@@ -433,7 +436,8 @@ fn run_one(
             all_ops_s,
             write_cost,
             cleaner,
-            live_share: usage.live_bytes as f64 / config.memory_bytes as f64,
+            live_share: (usage.live_bytes + objects * INDEX_BYTES_PER_OBJECT) as f64
+                / config.memory_bytes as f64,
             segments_used: usage.segments_max - usage.segments_free,
             segments_max: usage.segments_max,
             retries,
