@@ -441,15 +441,17 @@ async fn clean_once(
             // The digest without the cleaned segments is on every replica of the head
             // before they are freed anywhere.
             replicator.replicate(&ranges).await?;
-            let freed = match committed {
+            match committed {
                 Ok(_) => {
                     cleaning.stats.commits += 1;
-                    store.lock().free_cleaned()
+                    let freed = store.lock().free_cleaned();
+                    replicator.free_segments(&freed);
+                    end != StepEnd::NoBuffer || !freed.is_empty()
                 }
-                Err(NoSpace) => Vec::new(),
-            };
-            replicator.free_segments(&freed);
-            end != StepEnd::NoBuffer || !freed.is_empty()
+                // No room for the digest: nothing was freed, and trying again at once
+                // would find none either.
+                Err(NoSpace) => false,
+            }
         }
     };
     if pass.is_done() {
