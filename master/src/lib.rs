@@ -41,8 +41,9 @@
 //! 2. The appender takes every queued job into one batch, and under the store lock
 //!    stages each operation: ownership check (`UnknownTablet`), key and value limits,
 //!    reject rules against the current (possibly just-staged) version, new version,
-//!    append of the object or tombstone to the head segment (rolling over when full,
-//!    `NoSpace` when memory is exhausted). It seals the batch with one Tailwind checksum.
+//!    append of the object or tombstone to the head segment (rolling over when full;
+//!    `Retry` while the cleaner can still free room, `NoSpace` when the live data and
+//!    its index fill the memory). It seals the batch with one Tailwind checksum.
 //! 3. The sealed byte ranges are written to all R replicas of their segments by the
 //!    `Replicator` (the replication point in `appender`); the appender waits for every
 //!    transport completion.
@@ -69,6 +70,13 @@
 //!    the replayed objects (and counts them in the profiles behind the will), and reads
 //!    see them. If the recovery fails or is abandoned (`AbandonRecovery` of that attempt
 //!    or a newer one), the replayed objects are forgotten.
+//!
+//! # The cleaner
+//! Between batches the appender runs the cleaner's bounded steps ([`cleaner`]): live
+//! entries of the chosen segments are copied into survivor segments (the index follows
+//! them), replicated like a batch, and committed by a new digest appended to the head;
+//! once that digest is on every replica the cleaned segments are freed, in memory and on
+//! their backups.
 //!
 //! # The read path
 //! `MasterService` locks the store, checks ownership, looks the key up in the index and

@@ -161,8 +161,9 @@ pub struct SegmentedLog {
     /// The log: every segment the head's last digest names, by id.
     /// Invariants: 1. exactly one segment (the head) is open; every other is closed (a
     /// head-chain one with a footer naming its successor). 2. `segments.len() +
-    /// survivors.len() + retired.len() + pool.len() == segments_max` for a pool built
-    /// for the configuration.
+    /// survivors.len() + retired.len() + pool.len() <= segments_max` for a pool built
+    /// for the configuration (equal until the index's growth trims the pool; a segment
+    /// opened with the pool empty takes a fresh buffer).
     segments: BTreeMap<SegmentId, LogSegment>,
     head: SegmentId,
     /// Survivor segments the cleaner is writing or has closed, not yet in a digest.
