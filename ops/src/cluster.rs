@@ -189,7 +189,9 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
         println!("replicas {replicas}");
         if replicas > 0 && args.servers < replicas + 2 {
             eprintln!(
-                "note: {} servers with {replicas} replicas: should one die, the others have                  fewer than {replicas} backups besides themselves, so writes and the dead                  server's recovery wait until it is back; start {} servers to ride out a crash",
+                "note: {} servers with {replicas} replicas: should one die, the others have \
+                 fewer than {replicas} backups besides themselves, so writes and the dead \
+                 server's recovery wait until it is back; start {} servers to ride out a crash",
                 args.servers,
                 replicas + 2
             );

@@ -3,16 +3,21 @@
 //! Asks every coordinator given for its Raft status (role, term, leader, commit and
 //! applied indexes, snapshot, configuration version) — each answers for itself, so this
 //! works without a leader too, and shows which members are unreachable — then, through
-//! the leader, the server list and the number of tables. Exits 0 when a leader serves the
+//! the leader, the server list and the number of tables; then asks each master that is
+//! up how its memory stands (`Ping`: objects, log memory held and live, segments the
+//! cleaner freed, segments short of replicas). Exits 0 when a leader serves the
 //! configuration, 1 when none does (the coordinators' answers say why).
 
 use anyhow::Result;
 use clap::Args;
+use rampart_common::config::ByteSize;
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::protocol::coordinator::{
     GetTabletMap, RaftStatus, RaftStatusRequest, TabletMapRequest,
 };
+use rampart_common::protocol::master::{Ping, PingRequest};
 use rampart_common::rpc::RpcPool;
+use rampart_common::tablet::ServerStatus;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -103,6 +108,37 @@ async fn status(args: StatusArgs) -> Result<ExitCode> {
             server.failure_domain,
             server.disk_read_mbps
         );
+    }
+    let masters: Vec<_> = map
+        .servers
+        .iter()
+        .filter(|s| s.services.master && s.status == ServerStatus::Up)
+        .collect();
+    if !masters.is_empty() {
+        println!("masters:");
+        println!(
+            "  {:>5} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}",
+            "id", "objects", "log held", "log live", "memory", "cleaned", "short"
+        );
+    }
+    for server in masters {
+        let deadline = Instant::now() + STATUS_TIMEOUT;
+        match pool
+            .call::<Ping>(&server.addr, &PingRequest {}, deadline)
+            .await
+        {
+            Ok(ping) => println!(
+                "  {:>5} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}",
+                server.id.0,
+                ping.objects,
+                ByteSize(ping.log_bytes_used).to_string(),
+                ByteSize(ping.log_bytes_live).to_string(),
+                ByteSize(ping.log_bytes_max).to_string(),
+                ping.segments_cleaned,
+                ping.segments_under_replicated
+            ),
+            Err(e) => println!("  {:>5} unreachable: {e}", server.id.0),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

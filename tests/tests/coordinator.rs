@@ -263,6 +263,16 @@ fn killing_every_coordinator_and_restarting_them_brings_the_cluster_back() {
             .unwrap_or_else(|| panic!("server {} missing: {text}", server.addr));
         assert!(line.contains(" Up "), "{line}");
     }
+    // And how each master's memory stands: the 101 objects written, between them.
+    let masters = text
+        .split("masters:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no masters section: {text}"));
+    let objects: u64 = masters
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(objects, 101, "{text}");
 }
 
 #[test]
