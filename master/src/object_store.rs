@@ -1002,22 +1002,24 @@ impl ObjectStore {
         let mut objects = Vec::new();
         let mut bytes = 0usize;
         let mut next_hash = None;
-        for (hash, bucket) in self.index.range(table, resume_hash..=end) {
-            if bytes >= max_bytes {
+        // A page ends between two hashes, never inside the objects of one (colliding
+        // keys): the cursor is a hash.
+        let mut last = None;
+        for (hash, at) in self.index.range(table, resume_hash..=end) {
+            if bytes >= max_bytes && last != Some(hash) {
                 next_hash = Some(hash.0);
                 break;
             }
-            for at in bucket.refs() {
-                let object = self.log.object(*at);
-                bytes += object.key.len() + object.value.len() + 16;
-                objects.push((
-                    Bytes::copy_from_slice(object.key),
-                    Object {
-                        version: object.version,
-                        value: Bytes::copy_from_slice(object.value),
-                    },
-                ));
-            }
+            last = Some(hash);
+            let object = self.log.object(at);
+            bytes += object.key.len() + object.value.len() + 16;
+            objects.push((
+                Bytes::copy_from_slice(object.key),
+                Object {
+                    version: object.version,
+                    value: Bytes::copy_from_slice(object.value),
+                },
+            ));
         }
         if next_hash.is_none() && end < end_hash {
             next_hash = Some(end + 1);

@@ -84,8 +84,9 @@
 //! Measured with a throwaway release-build loop on the 2-core development VM (AMD EPYC),
 //! staging, sealing and publishing 8 MiB pieces of distinct keys with R = 0: 1 KiB
 //! objects at 0.38 M objects/s (≈ 400 MB/s), 100-byte objects at 0.47 M objects/s
-//! (≈ 70 MB/s). About 40 % of it is the index's B-tree lookup and insert (cache misses
-//! at a million keys), as on the write path; the rest is the batch's hash map, the
+//! (≈ 70 MB/s). About 40 % of it was the index's lookup and insert (cache misses at a
+//! million keys; measured with the B-tree that preceded today's hashed directory), as on
+//! the write path; the rest is the batch's hash map, the
 //! append and the CRC check of `parse`. So one recovery master replays a default
 //! partition (128 MiB, 800,000 records) in well under 2 s of CPU, and with R > 0
 //! replication and the network set the pace.
