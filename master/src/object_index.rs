@@ -59,6 +59,14 @@ pub struct LogRef {
     pub offset: u32,
 }
 
+/// Where one reference sits in the index ([`ObjectIndex::locate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotAt {
+    table: TableId,
+    bucket: usize,
+    position: usize,
+}
+
 /// One indexed object: its key's hash and where its entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Slot {
@@ -330,6 +338,70 @@ impl ObjectIndex {
             .map(|s| &mut s.at)
     }
 
+    /// Brings into the cache what looking up each of `keys` will read (its bucket's
+    /// header and the middle of its slots), in a loop so short that the processor has
+    /// many of these independent loads in flight at once; the lookups that follow then
+    /// find them cached instead of waiting out two or three misses each in turn.
+    pub fn warm(&self, keys: &[(TableId, KeyHash)]) {
+        let mut last: Option<(TableId, &Directory)> = None;
+        let mut sink = 0u64;
+        for &(table, hash) in keys {
+            let directory = match last {
+                Some((t, directory)) if t == table => directory,
+                _ => match self.tables.get(&table) {
+                    Some(directory) => {
+                        last = Some((table, directory));
+                        directory
+                    }
+                    None => continue,
+                },
+            };
+            let b = directory.entries[prefix(hash.0, directory.depth)] as usize;
+            let slots = &directory.buckets[b].slots;
+            if let Some(middle) = slots.get(slots.len() / 2) {
+                sink ^= middle.hash;
+            }
+        }
+        std::hint::black_box(sink);
+    }
+
+    /// Where the index holds the reference `at` (of `table`, key hash `hash`), if it
+    /// does: the cleaner locates a run of entries first, in a tight loop whose lookups
+    /// are independent (so the processor overlaps their cache misses), then moves the
+    /// live ones with [`repoint`](Self::repoint). Valid until the index next gains or
+    /// loses a reference; repointing does not move slots.
+    pub fn locate(&self, table: TableId, hash: KeyHash, at: LogRef) -> Option<SlotAt> {
+        let directory = self.tables.get(&table)?;
+        let (b, found) = directory.find(hash.0);
+        let position = found.start
+            + directory.buckets[b].slots[found]
+                .iter()
+                .position(|s| s.at == at)?;
+        Some(SlotAt {
+            table,
+            bucket: b,
+            position,
+        })
+    }
+
+    /// Points the reference at `slot` (from [`locate`](Self::locate)) from `from` to
+    /// `to`. False, changing nothing, when `slot` does not hold `from`: the index
+    /// changed since it was located.
+    pub fn repoint(&mut self, slot: SlotAt, from: LogRef, to: LogRef) -> bool {
+        let held = self
+            .tables
+            .get_mut(&slot.table)
+            .and_then(|d| d.buckets.get_mut(slot.bucket))
+            .and_then(|b| b.slots.get_mut(slot.position));
+        match held {
+            Some(held) if held.at == from => {
+                held.at = to;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Removes `key`; returns its reference if it was indexed.
     pub fn remove<'a>(
         &mut self,
@@ -560,6 +632,30 @@ mod tests {
                 assert_eq!(part, expected, "seed {seed}");
             }
         }
+    }
+
+    #[test]
+    fn a_located_reference_is_repointed_only_while_it_is_still_there() {
+        let mut index = ObjectIndex::new();
+        let key_of = |r: LogRef| {
+            if r.offset < 100 {
+                b"a".as_slice()
+            } else {
+                b"b"
+            }
+        };
+        let (t, h) = (TableId(1), KeyHash(9));
+        index.upsert(t, h, b"a", at(1), key_of);
+        index.upsert(t, h, b"b", at(101), key_of);
+        assert_eq!(index.locate(t, h, at(2)), None);
+        let slot = index.locate(t, h, at(1)).expect("indexed");
+        index.warm(&[(t, h), (TableId(7), h)]);
+        assert!(index.repoint(slot, at(1), at(3)));
+        assert_eq!(index.lookup(t, h, b"a", key_of), Some(at(3)));
+        // The slot no longer holds at(1): nothing changes.
+        assert!(!index.repoint(slot, at(1), at(4)));
+        assert_eq!(index.lookup(t, h, b"a", key_of), Some(at(3)));
+        assert_eq!(index.lookup(t, h, b"b", key_of), Some(at(101)));
     }
 
     #[test]

@@ -51,7 +51,7 @@ use rampart_common::limits::{ENUMERATE_PAGE_BYTES_MAX, KEY_BYTES_MAX};
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::{HashRange, Tablet};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::ops::RangeInclusive;
 
@@ -63,13 +63,18 @@ use rampart_common::log::{
 
 use crate::cleaner::{self, CleaningPass, StepEnd};
 
-use crate::object_index::{LogRef, ObjectIndex, INDEX_BYTES_PER_OBJECT};
+use crate::object_index::{LogRef, ObjectIndex, SlotAt, INDEX_BYTES_PER_OBJECT};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
 use crate::replay::{PieceEntry, RecoveryPiece, ReplayState};
 use crate::segmented_log::{
     NoSpace, SealedRange, SegmentPool, SegmentedLog, CLEANER_RESERVE_SEGMENTS,
 };
 use crate::tablets::{EpochStep, OwnedTablets};
+
+/// Entries the cleaner's walk parses and locates in the index ahead of the one it
+/// copies (`walk_ahead`): enough for the processor to overlap their lookups' cache
+/// misses, few enough that what a step walks past its budget is small.
+const WALK_AHEAD: usize = 64;
 
 /// Versions a master reserves at the coordinator at a time (`ReserveVersions`, one Raft
 /// commit): at a million writes a second, an hour and more of writing.
@@ -837,6 +842,9 @@ impl ObjectStore {
 
     fn walk(&mut self, pass: &mut CleaningPass, budget_bytes: usize) -> StepEnd {
         let mut walked = 0usize;
+        // The next entries of the segment being walked, parsed and located ahead.
+        let mut ahead: VecDeque<(LogRef, WalkedEntry, Option<SlotAt>)> =
+            VecDeque::with_capacity(WALK_AHEAD);
         loop {
             let Some((segment, offset)) = pass.position() else {
                 if let Some(survivor) = pass.survivor() {
@@ -848,28 +856,34 @@ impl ObjectStore {
             if walked >= budget_bytes {
                 return StepEnd::Budget;
             }
-            let Some(found) = self
-                .log
-                .segment_bytes(segment)
-                .and_then(|b| walk_entry(b, offset))
-            else {
+            let here = LogRef { segment, offset };
+            if ahead.front().map(|(at, ..)| *at) != Some(here) {
+                self.walk_ahead(here, &mut ahead);
+            }
+            let Some((_, found, located)) = ahead.pop_front() else {
                 // The end of the segment (its bytes end at the footer's checksum).
                 pass.segment_walked();
                 continue;
             };
-            let here = LogRef { segment, offset };
             walked += (found.next - offset) as usize;
             let bytes = u64::from(found.next - offset);
             let range = (offset, found.next);
             let (table, hash) = match found.kind {
                 Walked::Object { table, hash } => {
-                    // Live when the index points here; then the copy and the move of the
-                    // reference go with one lookup.
-                    let ObjectStore { index, log, .. } = self;
-                    if let Some(slot) = index.ref_mut(table, hash, here) {
-                        match relocate(log, pass, segment, range) {
-                            Ok(new) => *slot = new,
+                    // Live when the index points here (located ahead); the copy and the
+                    // move of the reference need no second lookup.
+                    if let Some(slot) = located {
+                        let new = match relocate(&mut self.log, pass, segment, range) {
+                            Ok(new) => new,
                             Err(end) => return end,
+                        };
+                        if !self.index.repoint(slot, here, new) {
+                            // Cannot happen (nothing reshapes the index during a walk);
+                            // stay right anyway.
+                            match self.index.ref_mut(table, hash, here) {
+                                Some(held) => *held = new,
+                                None => self.log.note_dead(new, bytes),
+                            }
                         }
                         self.relocated(pass, here, bytes, found.next);
                         continue;
@@ -902,6 +916,46 @@ impl ObjectStore {
             self.profiler.untrack(table, hash, bytes);
             pass.note_dropped(bytes);
             pass.advance(found.next);
+        }
+    }
+
+    /// Parses the next [`WALK_AHEAD`] entries of `from`'s segment, from `from` on, and
+    /// locates each object among them in the index, into `ahead` (emptied first).
+    /// Their buckets are warmed first ([`ObjectIndex::warm`]) in one short loop, so the
+    /// processor overlaps their cache misses, which one lookup at a time between copies
+    /// would wait out one after the other (at a million objects, most of a step's
+    /// time). Nothing changes the index's shape during a walk (moves only repoint), so
+    /// what is located stays valid while the walk uses it.
+    fn walk_ahead(
+        &self,
+        from: LogRef,
+        ahead: &mut VecDeque<(LogRef, WalkedEntry, Option<SlotAt>)>,
+    ) {
+        ahead.clear();
+        let Some(bytes) = self.log.segment_bytes(from.segment) else {
+            return;
+        };
+        let mut offset = from.offset;
+        let mut objects = Vec::with_capacity(WALK_AHEAD);
+        while ahead.len() < WALK_AHEAD {
+            let Some(found) = walk_entry(bytes, offset) else {
+                break;
+            };
+            let here = LogRef {
+                segment: from.segment,
+                offset,
+            };
+            if let Walked::Object { table, hash } = found.kind {
+                objects.push((table, hash));
+            }
+            offset = found.next;
+            ahead.push_back((here, found, None));
+        }
+        self.index.warm(&objects);
+        for (here, found, located) in ahead.iter_mut() {
+            if let Walked::Object { table, hash } = found.kind {
+                *located = self.index.locate(table, hash, *here);
+            }
         }
     }
 
