@@ -38,6 +38,17 @@ pub struct MasterConfig {
     pub memory_bytes: u64,
     /// Largest value accepted, in bytes.
     pub value_bytes_max: usize,
+    /// Percent of the memory's segments in use from which an idle master cleans its
+    /// log (under load it cleans once few segments are free, whatever this says).
+    #[serde(default = "cleaner_threshold_pct_default")]
+    pub cleaner_threshold_pct: u8,
+}
+
+/// Default of [`MasterConfig::cleaner_threshold_pct`].
+pub const CLEANER_THRESHOLD_PCT_DEFAULT: u8 = 90;
+
+fn cleaner_threshold_pct_default() -> u8 {
+    CLEANER_THRESHOLD_PCT_DEFAULT
 }
 
 impl Default for MasterConfig {
@@ -46,6 +57,7 @@ impl Default for MasterConfig {
             segment_bytes: SEGMENT_BYTES_DEFAULT,
             memory_bytes: MEMORY_BYTES_DEFAULT,
             value_bytes_max: VALUE_BYTES_MAX_DEFAULT,
+            cleaner_threshold_pct: CLEANER_THRESHOLD_PCT_DEFAULT,
         }
     }
 }
@@ -64,6 +76,12 @@ impl MasterConfig {
                 ByteSize(u64::from(self.segment_bytes)),
                 ByteSize(u64::from(SEGMENT_BYTES_MIN)),
                 ByteSize(u64::from(SEGMENT_BYTES_MAX))
+            )));
+        }
+        if !(1..=99).contains(&self.cleaner_threshold_pct) {
+            return Err(ConfigError(format!(
+                "cleaner threshold {} % is outside 1..=99",
+                self.cleaner_threshold_pct
             )));
         }
         if self.value_bytes_max > VALUE_BYTES_LIMIT {
@@ -178,6 +196,17 @@ mod tests {
     #[test]
     fn default_config_is_valid() {
         assert_eq!(MasterConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_cleaner_threshold_is_a_percentage_below_100() {
+        for (pct, ok) in [(0, false), (1, true), (90, true), (99, true), (100, false)] {
+            let config = MasterConfig {
+                cleaner_threshold_pct: pct,
+                ..MasterConfig::default()
+            };
+            assert_eq!(config.validate().is_ok(), ok, "{pct} %");
+        }
     }
 
     #[test]

@@ -56,7 +56,8 @@
 //!   the next batch, as long as they make progress, so writes find room.
 //! * *Background* (free buffers down to the low-water mark, or a pass under way): one
 //!   step after each batch. Once the queue has been empty for [`IDLE_CLEAN_AFTER`],
-//!   steps run back to back from the threshold on, until a job arrives
+//!   steps run back to back from the threshold on (`--cleaner-threshold`, 90 % of the
+//!   segments in use by default), until a job arrives
 //!   ([`CleanerPolicy::urgency`] says why load and idleness differ).
 //!
 //! A write that still finds no room is answered `Retry` while the cleaner can free
@@ -358,9 +359,9 @@ struct Cleaning {
 }
 
 impl Cleaning {
-    fn new() -> Cleaning {
+    fn new(policy: CleanerPolicy) -> Cleaning {
         Cleaning {
-            policy: CleanerPolicy::default(),
+            policy,
             pass: None,
             ended: PassCounts::default(),
             stats: CleanerStats::default(),
@@ -503,7 +504,7 @@ async fn run(
     let mut next_upkeep = tokio::time::Instant::now() + UPKEEP_INTERVAL;
     let mut carried: Option<Job> = None;
     let server_list = replicator.server_list_watch();
-    let mut cleaning = Cleaning::new();
+    let mut cleaning = Cleaning::new(CleanerPolicy::of(store.lock().config()));
     let mut last_job = tokio::time::Instant::now();
     loop {
         // Upkeep runs every UPKEEP_INTERVAL whether or not jobs keep coming: under
@@ -799,6 +800,7 @@ mod tests {
             segment_bytes: 128 * 1024,
             memory_bytes: 1024 * 1024,
             value_bytes_max: 1024,
+            ..Default::default()
         };
         let mut store = ObjectStore::new(ServerId(1), config);
         store.take_tablets(&[whole_table()]);
@@ -968,6 +970,44 @@ mod tests {
             let read = store.lock().read(TABLE, format!("key-{i}").as_bytes());
             assert_eq!(read.status(), Status::ObjectDoesntExist, "key-{i} is gone");
         }
+    }
+
+    /// Segments the cleaner freed after a master of 8 segments, configured with
+    /// `threshold_pct`, overwrote one key until half its segments were in use and then
+    /// stayed idle.
+    async fn cleaned_when_idle_at_half_full(threshold_pct: u8) -> u64 {
+        let config = MasterConfig {
+            segment_bytes: 128 * 1024,
+            memory_bytes: 1024 * 1024,
+            value_bytes_max: 1024,
+            cleaner_threshold_pct: threshold_pct,
+        };
+        let mut store = ObjectStore::new(ServerId(1), config);
+        store.take_tablets(&[whole_table()]);
+        let store = Arc::new(Mutex::new(store));
+        let own = store.lock().log().log_id();
+        let status = Arc::new(AppenderStatus::default());
+        let replicator = Replicator::new(own, ReplicationConfig::none());
+        let appender =
+            Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
+        let value = "v".repeat(1000);
+        // About 2.7 segments of versions of one key: 3 or 4 of 8 segments in use,
+        // above the low-water mark (3 free), so nothing is cleaned under load.
+        for _ in 0..350 {
+            let outcomes = appender.submit(vec![write("k", &value)]).await.unwrap();
+            assert_eq!(outcomes[0].status, Status::Ok);
+        }
+        assert_eq!(status.cleaner.lock().totals.segments_cleaned, 0);
+        tokio::time::sleep(IDLE_CLEAN_AFTER * 10).await;
+        let cleaned = status.cleaner.lock().totals.segments_cleaned;
+        drop(appender);
+        cleaned
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_idle_master_cleans_from_its_configured_threshold() {
+        assert!(cleaned_when_idle_at_half_full(40).await > 0);
+        assert_eq!(cleaned_when_idle_at_half_full(90).await, 0);
     }
 
     #[tokio::test(flavor = "current_thread")]

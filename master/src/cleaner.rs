@@ -36,6 +36,7 @@
 //! cleaning them at high `u`, which is what makes skewed workloads cheaper to clean
 //! than uniform ones.
 
+use rampart_common::config::MasterConfig;
 use rampart_common::ids::SegmentId;
 
 use crate::segmented_log::{LogUsage, SegmentUsage, CLEANER_RESERVE_SEGMENTS};
@@ -57,21 +58,26 @@ pub const PASS_SURVIVORS_MAX: u64 = 64;
 /// `rampart bench cleaner`); a commit (one digest) per two segments freed is cheap.
 pub const PASS_FREES_TARGET: u64 = 2;
 
-/// The default share of the memory's segments in use from which the cleaner runs.
-pub const THRESHOLD_DEFAULT: f64 = 0.9;
-
 /// When the cleaner runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CleanerPolicy {
-    /// Cleaning starts once this share of the segment buffers holds segments.
+    /// An idle master cleans once this share of the segment buffers holds segments.
     pub threshold: f64,
+}
+
+impl CleanerPolicy {
+    /// The policy of a master configured with `config`
+    /// ([`MasterConfig::cleaner_threshold_pct`], `--cleaner-threshold`).
+    pub fn of(config: &MasterConfig) -> CleanerPolicy {
+        CleanerPolicy {
+            threshold: f64::from(config.cleaner_threshold_pct) / 100.0,
+        }
+    }
 }
 
 impl Default for CleanerPolicy {
     fn default() -> CleanerPolicy {
-        CleanerPolicy {
-            threshold: THRESHOLD_DEFAULT,
-        }
+        CleanerPolicy::of(&MasterConfig::default())
     }
 }
 

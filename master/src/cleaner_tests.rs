@@ -28,6 +28,7 @@ fn store() -> ObjectStore {
         segment_bytes: 96 * 1024,
         memory_bytes: 24 * 96 * 1024,
         value_bytes_max: 8 * 1024,
+        ..Default::default()
     };
     let mut store = ObjectStore::new(ServerId(1), config);
     store.take_tablets(&[Tablet {

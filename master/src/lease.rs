@@ -694,6 +694,7 @@ mod tests {
             segment_bytes: 128 * 1024,
             memory_bytes: 1024 * 1024,
             value_bytes_max: 1024,
+            ..Default::default()
         };
         let (clock, lease) = manual();
         let lease = Arc::new(lease);
@@ -821,6 +822,7 @@ mod tests {
             segment_bytes: 128 * 1024,
             memory_bytes: 1024 * 1024,
             value_bytes_max: 1024,
+            ..Default::default()
         };
         let master = MasterService::new(ServerId(1), config).with_lease(Arc::clone(&lease));
         lease.revoke("declared crashed by the coordinator");

@@ -1241,6 +1241,11 @@ impl ObjectStore {
             .then(|| Version(self.version_max.0.saturating_add(VERSION_RESERVATION)))
     }
 
+    /// The master's configuration.
+    pub fn config(&self) -> &MasterConfig {
+        &self.config
+    }
+
     /// The log (read-only), for replication and tests.
     pub fn log(&self) -> &SegmentedLog {
         &self.log
@@ -1370,6 +1375,7 @@ mod tests {
             segment_bytes: 128 * 1024,
             memory_bytes: 1024 * 1024,
             value_bytes_max: 1024,
+            ..Default::default()
         };
         assert_eq!(config.validate(), Ok(()));
         config

@@ -890,6 +890,7 @@ mod tests {
             segment_bytes: 4096,
             memory_bytes: 4096 * segments,
             value_bytes_max: 512,
+            ..Default::default()
         }
     }
 
@@ -914,6 +915,7 @@ mod tests {
             segment_bytes: SEGMENT,
             memory_bytes: u64::from(SEGMENT) * 8,
             value_bytes_max: 4096,
+            ..Default::default()
         };
         let mut log = SegmentedLog::new(ServerId(7), &config, Version(1));
         // The first segment took one buffer; the other seven wait, every page resident.
@@ -974,6 +976,7 @@ mod tests {
             segment_bytes: SEGMENT,
             memory_bytes: u64::from(SEGMENT) * 200,
             value_bytes_max: 64,
+            ..Default::default()
         };
         assert!(config.validate().is_err());
         let mut log = SegmentedLog::new(ServerId(7), &config, Version(1));

@@ -31,6 +31,7 @@ fn service() -> MasterService {
         segment_bytes: 128 * 1024,
         memory_bytes: 1024 * 1024,
         value_bytes_max: 1024,
+        ..Default::default()
     };
     MasterService::new(ServerId(1), config)
 }

@@ -197,6 +197,7 @@ fn start_master_from(
         segment_bytes: SEGMENT_BYTES,
         memory_bytes: 64 * u64::from(SEGMENT_BYTES),
         value_bytes_max: 4096,
+        ..Default::default()
     };
     let mut store = ObjectStore::new(MASTER, config);
     store.take_tablets(&[Tablet {

@@ -61,6 +61,10 @@ pub struct UpArgs {
     /// Largest value a server accepts.
     #[arg(long, default_value = "1MiB")]
     pub value_bytes_max: String,
+    /// Percent of each server's log memory in use from which an idle master runs its
+    /// cleaner (`rampart server --cleaner-threshold`).
+    #[arg(long, default_value_t = rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT)]
+    pub cleaner_threshold: u8,
     /// Segment replicas each server's backup buffers in memory at once (its frames,
     /// allocated at start-up: 8 MiB each with the default segment size).
     #[arg(long, default_value_t = rampart_server::config::BACKUP_FRAMES_DEFAULT)]
@@ -213,6 +217,8 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
             args.segment_bytes.clone(),
             "--value-bytes-max".into(),
             args.value_bytes_max.clone(),
+            "--cleaner-threshold".into(),
+            args.cleaner_threshold.to_string(),
             "--data-dir".into(),
             args.data_dir
                 .join(format!("server-{i}"))

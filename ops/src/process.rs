@@ -7,7 +7,9 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use rampart_common::config::{ByteSize, MasterConfig, SEGMENT_BYTES_DEFAULT};
+use rampart_common::config::{
+    ByteSize, MasterConfig, CLEANER_THRESHOLD_PCT_DEFAULT, SEGMENT_BYTES_DEFAULT,
+};
 use rampart_common::limits::VALUE_BYTES_MAX_DEFAULT;
 use rampart_common::onesided::shm::remove_default_frame_files_under;
 use rampart_common::onesided::TransportKind;
@@ -148,6 +150,11 @@ pub struct ServerArgs {
     /// Largest value accepted.
     #[arg(long, default_value_t = ByteSize(VALUE_BYTES_MAX_DEFAULT as u64))]
     pub value_bytes_max: ByteSize,
+    /// Percent of the log's memory in use from which an idle master runs its cleaner
+    /// (1..=99). Under load the cleaner runs once few segments are free, whatever this
+    /// says: the later a segment is cleaned, the less of it is still live.
+    #[arg(long, default_value_t = CLEANER_THRESHOLD_PCT_DEFAULT)]
+    pub cleaner_threshold: u8,
     /// Failure domain (rack) of this server: no two replicas of a segment are placed in
     /// one domain. Default: the server's own address, so every server is its own domain
     /// (right for one server per machine); give servers that share a rack or a power
@@ -456,6 +463,7 @@ fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
         memory_bytes: args.memory.0,
         value_bytes_max: usize::try_from(args.value_bytes_max.0)
             .context("--value-bytes-max is too large")?,
+        cleaner_threshold_pct: args.cleaner_threshold,
     };
     let config = StorageServerConfig {
         frame_file: args.frame_file.clone(),
@@ -484,7 +492,7 @@ fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
 /// errors that name what the user typed.
 fn flags_of(field: &str) -> &str {
     match field {
-        "master" => "--segment-bytes, --memory or --value-bytes-max",
+        "master" => "--segment-bytes, --memory, --value-bytes-max or --cleaner-threshold",
         "coordinators" => "--coordinator",
         "backup_frames" => "--backup-frames",
         "disk_mbps" => "--disk-mbps",

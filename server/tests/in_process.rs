@@ -86,6 +86,7 @@ impl Cluster {
                 segment_bytes: 128 * 1024,
                 memory_bytes: 32 * 1024 * 1024,
                 value_bytes_max: 16 * 1024,
+                ..Default::default()
             },
             replicas,
             ..StorageServerConfig::new(

@@ -91,6 +91,7 @@ impl SimMaster {
             segment_bytes,
             memory_bytes: u64::from(segment_bytes) * 256,
             value_bytes_max: VALUE_BYTES_MAX,
+            ..Default::default()
         };
         let mut store = ObjectStore::new(id, config);
         store.enforce_version_ceiling();

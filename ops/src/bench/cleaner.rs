@@ -139,6 +139,7 @@ pub fn run(args: CleanerBenchArgs) -> Result<ExitCode> {
         segment_bytes: u32::try_from(segment_bytes.0).context("--segment-bytes")?,
         memory_bytes: args.memory_mb << 20,
         value_bytes_max: args.value_bytes.max(1024),
+        ..Default::default()
     };
     config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     if !(1..=99).contains(&args.utilization) || !(1..=99).contains(&args.low_utilization) {

@@ -153,6 +153,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         memory: format!("{memory_mb}MiB"),
         segment_bytes: args.segment_bytes.clone(),
         value_bytes_max: "1MiB".into(),
+        cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
         backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
         log_level: "warn".into(),
         recovery_masters_max: args.recovery_masters,

@@ -320,6 +320,7 @@ impl ModeCluster {
             memory: args.memory.clone(),
             segment_bytes: "8MiB".into(),
             value_bytes_max: "1MiB".into(),
+            cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
             backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
             log_level: "warn".into(),
             recovery_masters_max: 0,
