@@ -159,15 +159,34 @@ impl FromStr for ByteSize {
     }
 }
 
+/// Binary units, largest first.
+const BYTE_UNITS: [(&str, u64); 4] = [
+    ("TiB", 1 << 40),
+    ("GiB", 1 << 30),
+    ("MiB", 1 << 20),
+    ("KiB", 1 << 10),
+];
+
+impl ByteSize {
+    /// The size for a person: in the largest unit it reaches, with one decimal when it
+    /// is not whole (`Display` is exact, so that it parses back: `46255000B`).
+    pub fn readable(self) -> String {
+        for (name, size) in BYTE_UNITS {
+            if self.0 >= size {
+                return if self.0 % size == 0 {
+                    format!("{}{name}", self.0 / size)
+                } else {
+                    format!("{:.1}{name}", self.0 as f64 / size as f64)
+                };
+            }
+        }
+        format!("{}B", self.0)
+    }
+}
+
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [
-            ("TiB", 1 << 40),
-            ("GiB", 1 << 30),
-            ("MiB", 1 << 20),
-            ("KiB", 1 << 10),
-        ];
-        for (name, size) in UNITS {
+        for (name, size) in BYTE_UNITS {
             if self.0 >= size && self.0 % size == 0 {
                 return write!(f, "{}{name}", self.0 / size);
             }
@@ -191,6 +210,14 @@ mod tests {
         assert!("99999999999999TiB".parse::<ByteSize>().is_err());
         assert_eq!(ByteSize(4 << 30).to_string(), "4GiB");
         assert_eq!(ByteSize(1000).to_string(), "1000B");
+    }
+
+    #[test]
+    fn readable_sizes_are_in_the_largest_unit() {
+        assert_eq!(ByteSize(46_255_000).readable(), "44.1MiB");
+        assert_eq!(ByteSize(64 << 20).readable(), "64MiB");
+        assert_eq!(ByteSize(1536).readable(), "1.5KiB");
+        assert_eq!(ByteSize(999).readable(), "999B");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use rampart_common::config::ByteSize;
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::protocol::coordinator::{
     GetTabletMap, RaftStatus, RaftStatusRequest, TabletMapRequest,
@@ -130,9 +131,9 @@ async fn status(args: StatusArgs) -> Result<ExitCode> {
                 "  {:>5} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}",
                 server.id.0,
                 ping.objects,
-                readable_bytes(ping.log_bytes_used),
-                readable_bytes(ping.log_bytes_live),
-                readable_bytes(ping.log_bytes_max),
+                ByteSize(ping.log_bytes_used).readable(),
+                ByteSize(ping.log_bytes_live).readable(),
+                ByteSize(ping.log_bytes_max).readable(),
                 ping.segments_cleaned,
                 ping.segments_under_replicated
             ),
@@ -140,38 +141,4 @@ async fn status(args: StatusArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `bytes` for a person: in the largest binary unit it reaches, one decimal when it is
-/// not whole (`ByteSize` prints exact sizes, so live bytes came out as `46255000B`).
-fn readable_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (name, size) in UNITS {
-        if bytes >= size {
-            return if bytes % size == 0 {
-                format!("{}{name}", bytes / size)
-            } else {
-                format!("{:.1}{name}", bytes as f64 / size as f64)
-            };
-        }
-    }
-    format!("{bytes}B")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::readable_bytes;
-
-    #[test]
-    fn byte_counts_read_in_the_largest_unit() {
-        assert_eq!(readable_bytes(46_255_000), "44.1MiB");
-        assert_eq!(readable_bytes(64 << 20), "64MiB");
-        assert_eq!(readable_bytes(1536), "1.5KiB");
-        assert_eq!(readable_bytes(999), "999B");
-    }
 }
