@@ -5,7 +5,7 @@
 //! does, so no key is held twice in memory.
 //!
 //! # Layout: extendible hashing on the hash's top bits
-//! Each table has a [`Directory`]: `2^depth` entries, indexed by the top `depth` bits of
+//! Each table has a `Directory`: `2^depth` entries, indexed by the top `depth` bits of
 //! the key hash, each naming a bucket; a bucket of *local* depth `d ≤ depth` holds every
 //! hash whose top `d` bits are its prefix (so `2^(depth − d)` consecutive entries name
 //! it), sorted by hash in a small array. A lookup is a shift, one directory entry and a
