@@ -132,10 +132,12 @@ impl Directory {
     /// Inserts `slot` at `position` of bucket `b` (where its hash sorts).
     fn insert(&mut self, b: usize, position: usize, slot: Slot) {
         let slots = &mut self.buckets[b].slots;
-        if slots.len() == slots.capacity() {
+        if slots.len() <= BUCKET_SLOTS_MAX && slots.len() == slots.capacity() {
             // Grow to the split size at once (not by doubling): buckets stay one size.
-            slots.reserve_exact((BUCKET_SLOTS_MAX + 1).saturating_sub(slots.len()).max(1));
+            slots.reserve_exact(BUCKET_SLOTS_MAX + 1 - slots.len());
         }
+        // Past it (a bucket that cannot split: one hash, or the directory at its
+        // bound), `insert` grows the slots by doubling.
         slots.insert(position, slot);
         self.len += 1;
         if slots.len() > BUCKET_SLOTS_MAX {
