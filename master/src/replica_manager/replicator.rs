@@ -318,7 +318,8 @@ pub struct Replicator {
 }
 
 /// Most abandoned replicas remembered for freeing; older ones are forgotten (their
-/// frames stay until the backup restarts or recovery frees the master's replicas).
+/// copies stay on the backup, across its restarts too — a restarted backup stores its
+/// frames — until a recovery of this master frees the master's replicas there).
 pub const ABANDONED_MAX: usize = 4096;
 
 impl std::fmt::Debug for Replicator {
