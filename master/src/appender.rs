@@ -356,6 +356,8 @@ struct Cleaning {
     /// Whether the last step made progress; reset when a batch changed the log. Idle
     /// cleaning stops when it does not, rather than spin.
     progressing: bool,
+    /// Segments freed by commits so far.
+    freed: u64,
 }
 
 impl Cleaning {
@@ -366,6 +368,7 @@ impl Cleaning {
             ended: PassCounts::default(),
             stats: CleanerStats::default(),
             progressing: true,
+            freed: 0,
         }
     }
 
@@ -446,6 +449,7 @@ async fn clean_once(
                 Ok(_) => {
                     cleaning.stats.commits += 1;
                     let freed = store.lock().free_cleaned();
+                    cleaning.freed += freed.len() as u64;
                     replicator.free_segments(&freed);
                     end != StepEnd::NoBuffer || !freed.is_empty()
                 }
@@ -468,15 +472,31 @@ async fn clean_once(
     Ok(progress)
 }
 
-/// Cleans before a batch while writes are about to stop and cleaning makes progress.
+/// Cleans before a batch while writes are about to stop and cleaning makes progress,
+/// until a commit frees a segment: then the batch gets its chance (writes that still
+/// find no room are answered `Retry`). A master whose live data keeps it short of free
+/// segments stays urgent after every commit; cleaning on until it is not would hold
+/// the batch — and upkeep, with the backups' frees of what was cleaned — for as long
+/// as the load lasts. Upkeep due meanwhile runs between steps.
 async fn clean_urgently(
     store: &Mutex<ObjectStore>,
     replicator: &mut Replicator,
     cleaning: &mut Cleaning,
     status: &AppenderStatus,
+    next_upkeep: &mut tokio::time::Instant,
 ) -> Result<(), Fatal> {
+    let freed_before = cleaning.freed;
     while cleaning.urgency(&store.lock(), false) == Urgency::Urgent {
         if !clean_once(store, replicator, cleaning, status).await? {
+            break;
+        }
+        if tokio::time::Instant::now() >= *next_upkeep {
+            let result = upkeep(store, replicator).await;
+            *status.replication.lock() = replicator.stats();
+            result?;
+            *next_upkeep = tokio::time::Instant::now() + UPKEEP_INTERVAL;
+        }
+        if cleaning.freed > freed_before {
             break;
         }
     }
@@ -593,8 +613,14 @@ async fn run(
         }
         if !ops_jobs.is_empty() || !replay_jobs.is_empty() {
             // Room for the batch first, when writes are about to stop.
-            if let Err(fatal) =
-                clean_urgently(&store, &mut replicator, &mut cleaning, &status).await
+            if let Err(fatal) = clean_urgently(
+                &store,
+                &mut replicator,
+                &mut cleaning,
+                &status,
+                &mut next_upkeep,
+            )
+            .await
             {
                 let mut parked: Parked = ops_jobs
                     .into_iter()
@@ -1008,6 +1034,52 @@ mod tests {
     async fn an_idle_master_cleans_from_its_configured_threshold() {
         assert!(cleaned_when_idle_at_half_full(40).await > 0);
         assert_eq!(cleaned_when_idle_at_half_full(90).await, 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_master_that_stays_short_of_free_segments_still_takes_writes() {
+        // Live data leaves at most the reserve and one segment free: cleaning is urgent
+        // before every batch and never stops being so. Each batch must still get in
+        // after some cleaning (or be told to retry), not wait for cleaning that never
+        // ends (upkeep, and so the backups' frees, would wait with it).
+        let config = MasterConfig {
+            segment_bytes: 128 * 1024,
+            memory_bytes: 16 * 128 * 1024,
+            value_bytes_max: 1024,
+            ..Default::default()
+        };
+        let mut store = ObjectStore::new(ServerId(1), config);
+        store.take_tablets(&[whole_table()]);
+        let store = Arc::new(Mutex::new(store));
+        let appender = Appender::spawn(Arc::clone(&store));
+        let value = "v".repeat(1000);
+        let keys = 1550;
+        for chunk in (0..keys).collect::<Vec<_>>().chunks(64) {
+            let ops = chunk
+                .iter()
+                .map(|k| write(&format!("k{k}"), &value))
+                .collect();
+            let outcomes = appender.submit(ops).await.unwrap();
+            assert!(outcomes.iter().all(|o| o.status == Status::Ok));
+        }
+        let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(7);
+        let overwrites = async {
+            let (mut ok, mut retry) = (0, 0);
+            for _ in 0..3000 {
+                let k = rand::Rng::gen_range(&mut rng, 0..keys);
+                let outcomes = appender.submit(vec![write(&format!("k{k}"), &value)]).await;
+                match outcomes.unwrap()[0].status {
+                    Status::Ok => ok += 1,
+                    Status::Retry => retry += 1,
+                    other => panic!("overwrite refused: {other}"),
+                }
+            }
+            (ok, retry)
+        };
+        let (ok, retry) = tokio::time::timeout(std::time::Duration::from_secs(60), overwrites)
+            .await
+            .expect("overwrites kept waiting for the cleaner");
+        assert!(ok > 2000, "{ok} overwrites applied, {retry} told to retry");
     }
 
     #[tokio::test(flavor = "current_thread")]
