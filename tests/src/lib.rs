@@ -146,6 +146,11 @@ impl LocalCluster {
         })
     }
 
+    /// The cluster's data directory (server N's data in `server-N`).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._data_dir.path()
+    }
+
     /// The `cluster up` process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
