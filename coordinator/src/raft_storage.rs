@@ -47,6 +47,18 @@
 //! or committed entries, compacting past the commit index — is a programmer error and
 //! panics, like raft-rs's own `MemStorage`.
 //!
+//! # Several engines in one process
+//!
+//! raft-engine 0.4 keeps the last entries block it decoded in a *thread-local* cache keyed
+//! by the block's place alone (queue, file number, offset, length), not by engine. Two
+//! engines in one process number their files alike, so a thread that read engine A's
+//! block and then asks engine B for the block at the same place gets A's bytes: B answers
+//! A's entries (or fails to decode them), and a purge in B rewrites A's entries into B's
+//! log for good. One coordinator per process never meets this; a process that runs a
+//! whole group (the tests, an embedded cluster) did. Every engine call that reads entries
+//! therefore goes through [`with_own_block_cache`]: on a thread whose cache may hold
+//! another engine's block it runs on a fresh thread, whose cache is empty.
+//!
 //! # Cost
 //!
 //! Reads (`entries`, `term`) go to the log files through the OS page cache; raft-rs keeps
@@ -58,8 +70,10 @@ use parking_lot::RwLock;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState};
 use raft_engine::{Command, Config, Engine, LogBatch, MessageExt, ReadableSize};
+use std::cell::Cell;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The engine's id of the coordinators' one Raft group. Every key and entry lives under it.
 pub const RAFT_GROUP_ID: u64 = 1;
@@ -82,6 +96,32 @@ const _: () = assert!(
 const HARD_STATE_KEY: &[u8] = b"hard_state";
 const CONF_STATE_KEY: &[u8] = b"conf_state";
 const SNAPSHOT_KEY: &[u8] = b"snapshot";
+
+/// The next [`RaftStorage::engine_id`]; 0 is never given.
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The engine whose entries block raft-engine's thread-local block cache may hold on
+    /// this thread (0: none read an entry here). See "Several engines in one process".
+    static BLOCK_CACHE_OWNER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Runs `read`, a raft-engine call of engine `engine_id` that may read entries from its
+/// files (`get_entry`, `fetch_entries_to`, `purge_expired_files`), where raft-engine's
+/// thread-local block cache holds nothing of another engine: on this thread when it last
+/// read for the same engine or for none, else on a fresh thread (a spawn, tens of
+/// microseconds, paid only where engines share threads).
+fn with_own_block_cache<T: Send>(engine_id: u64, read: impl FnOnce() -> T + Send) -> T {
+    let owner = BLOCK_CACHE_OWNER.get();
+    if owner == engine_id || owner == 0 {
+        BLOCK_CACHE_OWNER.set(engine_id);
+        return read();
+    }
+    std::thread::scope(|scope| match scope.spawn(read).join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
 
 /// Tells raft-engine how to find the index of a raft-rs entry.
 struct EntryCodec;
@@ -150,6 +190,9 @@ impl Durable {
 pub struct RaftStorage {
     dir: PathBuf,
     engine: Engine,
+    /// Unique in the process, for [`with_own_block_cache`]; a reopened directory gets a
+    /// new one.
+    engine_id: u64,
     /// Invariants, holding whenever the lock is free:
     /// 1. Equal to the last values synced to `engine` (a writer updates it only after its
     ///    synced write succeeded).
@@ -212,6 +255,7 @@ impl RaftStorage {
         let storage = RaftStorage {
             dir: dir.to_path_buf(),
             engine,
+            engine_id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             durable: RwLock::new(durable),
         };
         storage.check_recovered()?;
@@ -470,7 +514,7 @@ impl RaftStorage {
     /// compaction is durable, so a failure here only delays reclaiming disk space: it is
     /// logged, not returned (returning it would tell the caller the write is in doubt).
     fn purge(&self) {
-        if let Err(e) = self.engine.purge_expired_files() {
+        if let Err(e) = with_own_block_cache(self.engine_id, || self.engine.purge_expired_files()) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "raft log purge failed");
         }
     }
@@ -483,7 +527,10 @@ impl RaftStorage {
 
     /// Term of an entry the engine holds; the caller checked the index is in range.
     fn entry_term_locked(&self, index: u64) -> Result<u64, StorageError> {
-        match self.engine.get_entry::<EntryCodec>(RAFT_GROUP_ID, index)? {
+        let entry = with_own_block_cache(self.engine_id, || {
+            self.engine.get_entry::<EntryCodec>(RAFT_GROUP_ID, index)
+        })?;
+        match entry {
             Some(entry) => Ok(entry.term),
             None => Err(self.inconsistent(format!("entry {index} is missing"))),
         }
@@ -529,9 +576,16 @@ impl raft::Storage for RaftStorage {
             .into()
             .map(|bytes| usize::try_from(bytes).unwrap_or(usize::MAX));
         let mut entries = Vec::new();
-        self.engine
-            .fetch_entries_to::<EntryCodec>(RAFT_GROUP_ID, low, high, max_size, &mut entries)
-            .map_err(StorageError::from)?;
+        with_own_block_cache(self.engine_id, || {
+            self.engine.fetch_entries_to::<EntryCodec>(
+                RAFT_GROUP_ID,
+                low,
+                high,
+                max_size,
+                &mut entries,
+            )
+        })
+        .map_err(StorageError::from)?;
         Ok(entries)
     }
 
@@ -917,6 +971,86 @@ mod tests {
         assert_eq!(storage.last_index().unwrap(), index);
         assert_eq!(all_entries(&storage).len(), 5);
         assert_eq!(&storage.snapshot(0, 1).unwrap().data[..], &[19]);
+    }
+
+    /// Entries of [`twin_store`]: batches stay under raft-engine's compression threshold
+    /// (8 KiB) so blocks of twin stores have the same sizes.
+    const TWIN_BATCHES: u64 = 16;
+    const TWIN_BATCH_ENTRIES: u64 = 20;
+    const TWIN_ENTRY_BYTES: usize = 300;
+    const TWIN_LAST: u64 = TWIN_BATCHES * TWIN_BATCH_ENTRIES;
+
+    /// A store in 16 KiB log files, purged past 64 KiB, holding entries 1..=TWIN_LAST
+    /// (about 100 KiB) of `fill` bytes: two of them, with different fills, have the same
+    /// blocks at the same places in their files.
+    fn twin_store(dir: &Path, fill: u8) -> RaftStorage {
+        let storage = RaftStorage::open_with_limits(dir, 16 << 10, 64 << 10).unwrap();
+        for batch in 0..TWIN_BATCHES {
+            let first = batch * TWIN_BATCH_ENTRIES + 1;
+            let last = first + TWIN_BATCH_ENTRIES - 1;
+            let written: Vec<Entry> = (first..=last)
+                .map(|i| entry_with_data(i, 1, vec![fill; TWIN_ENTRY_BYTES]))
+                .collect();
+            storage
+                .append_and_set_hard_state(&written, Some(&hard_state(1, 1, last)))
+                .unwrap();
+        }
+        storage
+    }
+
+    fn data_of(storage: &RaftStorage, index: u64) -> Vec<u8> {
+        let read = storage
+            .entries(index, index + 1, None, GetEntriesContext::empty(false))
+            .unwrap();
+        read[0].data.to_vec()
+    }
+
+    /// raft-engine's block cache is per thread, not per engine: without
+    /// `with_own_block_cache` the second store answered the first one's entries.
+    #[test]
+    fn two_stores_read_on_one_thread_each_answer_their_own_entries() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = twin_store(a_dir.path(), 0xAA);
+        let b = twin_store(b_dir.path(), 0xBB);
+        for index in [1, 2, 21, TWIN_LAST, 1] {
+            assert_eq!(data_of(&a, index), [0xAA; TWIN_ENTRY_BYTES], "a, entry {index}");
+            assert_eq!(data_of(&b, index), [0xBB; TWIN_ENTRY_BYTES], "b, entry {index}");
+            assert_eq!(a.term(index).unwrap(), 1);
+            assert_eq!(b.term(index).unwrap(), 1);
+        }
+    }
+
+    /// A purge rewrites the live entries of old files, reading them through the same cache:
+    /// without `with_own_block_cache`, the second store's log durably held the first one's
+    /// entries after its purge.
+    #[test]
+    fn a_purge_after_reading_another_store_on_the_same_thread_keeps_its_own_entries() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b) = (twin_store(a_dir.path(), 0xAA), twin_store(b_dir.path(), 0xBB));
+        // Snapshots of 12 KiB fill newer files until the few live entries left sit in old
+        // files only, which a purge rewrites. Done in lockstep, so each of b's reads comes
+        // right after a's read of the block at the same place.
+        for index in TWIN_LAST - 20..TWIN_LAST - 10 {
+            for storage in [&a, &b] {
+                storage
+                    .compact(index, noise(index, 12 << 10), voters(&[1]))
+                    .unwrap();
+            }
+        }
+        let rewritten = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .any(|f| f.unwrap().file_name().to_string_lossy().ends_with(".rewrite"))
+        };
+        assert!(rewritten(b_dir.path()), "b's purges rewrote no entry");
+        drop(b);
+        let b = RaftStorage::open_with_limits(b_dir.path(), 16 << 10, 64 << 10).unwrap();
+        let first = b.first_index().unwrap();
+        assert_eq!(first, TWIN_LAST - 10);
+        for index in first..=TWIN_LAST {
+            assert_eq!(data_of(&b, index), [0xBB; TWIN_ENTRY_BYTES], "b, entry {index}");
+            assert_eq!(data_of(&a, index), [0xAA; TWIN_ENTRY_BYTES], "a, entry {index}");
+        }
     }
 
     /// One step of the property test; positions are fractions of the valid range so every
