@@ -1013,8 +1013,16 @@ mod tests {
         let a = twin_store(a_dir.path(), 0xAA);
         let b = twin_store(b_dir.path(), 0xBB);
         for index in [1, 2, 21, TWIN_LAST, 1] {
-            assert_eq!(data_of(&a, index), [0xAA; TWIN_ENTRY_BYTES], "a, entry {index}");
-            assert_eq!(data_of(&b, index), [0xBB; TWIN_ENTRY_BYTES], "b, entry {index}");
+            assert_eq!(
+                data_of(&a, index),
+                [0xAA; TWIN_ENTRY_BYTES],
+                "a, entry {index}"
+            );
+            assert_eq!(
+                data_of(&b, index),
+                [0xBB; TWIN_ENTRY_BYTES],
+                "b, entry {index}"
+            );
             assert_eq!(a.term(index).unwrap(), 1);
             assert_eq!(b.term(index).unwrap(), 1);
         }
@@ -1026,7 +1034,10 @@ mod tests {
     #[test]
     fn a_purge_after_reading_another_store_on_the_same_thread_keeps_its_own_entries() {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (a, b) = (twin_store(a_dir.path(), 0xAA), twin_store(b_dir.path(), 0xBB));
+        let (a, b) = (
+            twin_store(a_dir.path(), 0xAA),
+            twin_store(b_dir.path(), 0xBB),
+        );
         // Snapshots of 12 KiB fill newer files until the few live entries left sit in old
         // files only, which a purge rewrites. Done in lockstep, so each of b's reads comes
         // right after a's read of the block at the same place.
@@ -1038,9 +1049,12 @@ mod tests {
             }
         }
         let rewritten = |dir: &Path| {
-            std::fs::read_dir(dir)
-                .unwrap()
-                .any(|f| f.unwrap().file_name().to_string_lossy().ends_with(".rewrite"))
+            std::fs::read_dir(dir).unwrap().any(|f| {
+                f.unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".rewrite")
+            })
         };
         assert!(rewritten(b_dir.path()), "b's purges rewrote no entry");
         drop(b);
@@ -1048,8 +1062,16 @@ mod tests {
         let first = b.first_index().unwrap();
         assert_eq!(first, TWIN_LAST - 10);
         for index in first..=TWIN_LAST {
-            assert_eq!(data_of(&b, index), [0xBB; TWIN_ENTRY_BYTES], "b, entry {index}");
-            assert_eq!(data_of(&a, index), [0xAA; TWIN_ENTRY_BYTES], "a, entry {index}");
+            assert_eq!(
+                data_of(&b, index),
+                [0xBB; TWIN_ENTRY_BYTES],
+                "b, entry {index}"
+            );
+            assert_eq!(
+                data_of(&a, index),
+                [0xAA; TWIN_ENTRY_BYTES],
+                "a, entry {index}"
+            );
         }
     }
 
