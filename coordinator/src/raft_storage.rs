@@ -56,7 +56,7 @@
 //! A's entries (or fails to decode them), and a purge in B rewrites A's entries into B's
 //! log for good. One coordinator per process never meets this; a process that runs a
 //! whole group (the tests, an embedded cluster) did. Every engine call that reads entries
-//! therefore goes through [`with_own_block_cache`]: on a thread whose cache may hold
+//! therefore goes through `with_own_block_cache`: on a thread whose cache may hold
 //! another engine's block it runs on a fresh thread, whose cache is empty.
 //!
 //! # Cost
