@@ -71,6 +71,8 @@ pub struct KeyViolation {
     pub op: usize,
     /// The last operations of the longest order found, as history indexes, in order.
     pub linearized_tail: Vec<usize>,
+    /// How many operations that order holds.
+    pub linearized_count: usize,
     /// Operations of the key that overlap `op` in time (history indexes), `op` excluded.
     pub concurrent: Vec<usize>,
     /// The states the key could be in after `linearized_tail`.
@@ -88,8 +90,8 @@ impl KeyViolation {
                 "no operation".to_string()
             } else {
                 format!(
-                    "{} operations in this order (the last {} shown):",
-                    self.linearized_tail.len(),
+                    "{} operations in an order real time allows (the last {} shown):",
+                    self.linearized_count,
                     self.linearized_tail.len()
                 )
             }
@@ -234,6 +236,7 @@ pub fn check(
                         .iter()
                         .map(|&k| key_ops.indexes[k])
                         .collect(),
+                    linearized_count: violation.linearized_count,
                     concurrent,
                     states: violation.states,
                 });

@@ -6,6 +6,10 @@
 //! the address. Orphans are prevented twice: children ask the kernel for SIGTERM when
 //! the parent dies (`PR_SET_PDEATHSIG`, which covers a SIGKILLed parent), and dropping
 //! `Children` terminates them (SIGTERM, then SIGKILL after a grace period).
+//!
+//! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not only the
+//! process: start children from a thread that lives as long as they should (the main
+//! thread), or they are stopped when a short-lived thread that started them ends.
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{BufRead, BufReader};
@@ -196,6 +200,44 @@ impl Children {
             .with_context(|| format!("cannot kill {name}"))?;
         running.exited = Some(running.child.wait()?);
         Ok(())
+    }
+
+    /// The process id of the running child called `name`.
+    pub fn pid_of(&self, name: &str) -> Option<u32> {
+        self.running
+            .iter()
+            .find(|r| r.name == name && r.exited.is_none())
+            .map(Running::pid)
+    }
+
+    /// Sends `signal` to the running child called `name`.
+    pub fn signal(&self, name: &str, signal: libc::c_int) -> Result<()> {
+        let pid = self
+            .pid_of(name)
+            .ok_or_else(|| anyhow!("no running child called {name}"))?;
+        // SAFETY: kill(2) on a pid we spawned and have not reaped (so not reused).
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            bail!("cannot signal {name}: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Whether the child called `name` has exited (reaping it if it just did); false
+    /// for a name never started.
+    pub fn has_exited(&mut self, name: &str) -> bool {
+        let mut seen = false;
+        for running in self.running.iter_mut().filter(|r| r.name == name) {
+            seen = true;
+            if running.exited.is_none() {
+                if let Ok(Some(status)) = running.child.try_wait() {
+                    running.exited = Some(status);
+                }
+            }
+            if running.exited.is_none() {
+                return false;
+            }
+        }
+        seen
     }
 
     /// Children that exited since the last call, with their status.

@@ -91,6 +91,9 @@ pub struct LocalCluster {
     pub children: Children,
     /// Each coordinator's command line, to restart it.
     coordinator_args: Vec<(u64, Vec<String>)>,
+    /// Each server's command line by slot (`server_args[i]` is `server #i+1`'s), to
+    /// restart it on its data directory.
+    server_args: Vec<Vec<String>>,
     /// The children's environment.
     env: [(&'static str, String); 1],
 }
@@ -114,10 +117,46 @@ impl LocalCluster {
             .spawn(&coordinator_name(id), &command, &self.env)?
             .pid())
     }
+
+    /// Kills the server in `slot` (1-based) with SIGKILL, as a crash would.
+    pub fn kill_server(&mut self, slot: usize) -> Result<()> {
+        self.children.kill(&server_name(slot))
+    }
+
+    /// The process id of the server in `slot`, while it runs.
+    pub fn server_pid(&self, slot: usize) -> Option<u32> {
+        self.children.pid_of(&server_name(slot))
+    }
+
+    /// Starts the server of `slot` again on its data directory (it enlists as a new
+    /// server); returns its new id and address, also kept in `servers`.
+    pub fn restart_server(&mut self, slot: usize) -> Result<(u64, String)> {
+        let command = self
+            .server_args
+            .get(slot.wrapping_sub(1))
+            .ok_or_else(|| anyhow::anyhow!("no server slot {slot}"))?
+            .clone();
+        let running = self
+            .children
+            .spawn(&server_name(slot), &command, &self.env)?;
+        let id = announced_id(&running.announce);
+        let addr = running.addr.clone();
+        self.servers[slot - 1] = (id, addr.clone());
+        Ok((id, addr))
+    }
 }
 
 fn coordinator_name(id: u64) -> String {
     format!("coordinator {id}")
+}
+
+fn server_name(slot: usize) -> String {
+    format!("server #{slot}")
+}
+
+/// The server id in a server's announce line (`server ID listening on ADDR`); 0 if absent.
+fn announced_id(announce: &[String]) -> u64 {
+    announce.get(1).and_then(|id| id.parse().ok()).unwrap_or(0)
 }
 
 /// Starts a cluster as described by `args`, printing a line per process.
@@ -204,6 +243,7 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     let mut servers = Vec::new();
     let servers_started = std::time::Instant::now();
     let mut starting = Vec::new();
+    let mut server_args_all = Vec::new();
     for i in 1..=args.servers {
         let server_args: Vec<String> = [
             "server".into(),
@@ -237,19 +277,16 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
         )
         .collect();
         starting.push(Children::start(
-            &format!("server #{i}"),
+            &server_name(i as usize),
             &server_args,
             &env,
         )?);
+        server_args_all.push(server_args);
     }
     // Side by side: each server spends most of its start touching its memory.
     for started in starting {
         let running = children.wait_ready(started)?;
-        let id: u64 = running
-            .announce
-            .get(1)
-            .and_then(|id| id.parse().ok())
-            .unwrap_or(0);
+        let id = announced_id(&running.announce);
         if print {
             println!("server {id} at {} (pid {})", running.addr, running.pid());
         }
@@ -271,6 +308,7 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
         servers,
         children,
         coordinator_args,
+        server_args: server_args_all,
         env,
     })
 }

@@ -10,10 +10,13 @@
 //!   replication transports side by side (throughput, write latency, backup CPU).
 //! * `rampart simulate` — deterministic simulated runs of replication and crash
 //!   recovery, one per seed (`rampart_sim`).
+//! * `rampart drill` — faults injected into a local cluster under load, every client
+//!   operation recorded and checked for linearizability (`rampart_check`).
 
 mod bench;
 mod children;
 mod cluster;
+mod drill;
 mod kv;
 mod process;
 mod recovery;
@@ -55,6 +58,9 @@ enum Command {
     },
     /// Deterministic simulated runs of replication and crash recovery, one per seed.
     Simulate(simulate::SimulateArgs),
+    /// A crash-injection drill: faults on a local cluster under load, every operation
+    /// recorded and checked for linearizability.
+    Drill(drill::DrillArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -68,6 +74,7 @@ fn main() -> std::process::ExitCode {
         Command::Recovery(args) => recovery::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Simulate(args) => simulate::run(args),
+        Command::Drill(args) => drill::run(args),
     };
     match result {
         Ok(code) => code,

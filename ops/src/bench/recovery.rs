@@ -209,7 +209,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let probes: Vec<u64> = (0..args.probe_keys as u64)
         .map(|p| p * objects / args.probe_keys.max(1) as u64)
         .collect();
-    local.children.kill(&format!("server #{}", index + 1))?;
+    local.kill_server(index + 1)?;
     let killed = Instant::now();
     let killed_unix = unix_ms();
     let cpu_at_kill = local.children.cpu_seconds();

@@ -1,0 +1,609 @@
+//! `rampart drill`: a crash-injection drill with a linearizability checker (DESIGN.md
+//! §10, issue 15).
+//!
+//! Starts a local cluster as processes (coordinators and storage servers on loopback,
+//! data under `--out`), creates a table, and drives it from `--clients` long-lived
+//! clients ([`workload`]) while an [`faults::Injector`] carries out a seeded
+//! [`plan::FaultPlan`]: masters and backups killed, two at once, the coordinator leader
+//! killed, a recovery master killed during a recovery, a master paused until declared
+//! dead and then resumed. Every operation is recorded (call and return times, what was
+//! asked, what came back or that the outcome is unknown). When the time is up the drill
+//! lets the cluster settle, reads every key once more (the final reads that a lost write
+//! cannot hide from), and checks:
+//!
+//! * the history of every key is linearizable (`rampart_check`), violations named
+//!   (lost write, stale read, resurrected, version backwards, never written);
+//! * every key is served again (its final read succeeds);
+//! * every server killed or paused was recovered (`Removed` in the server list);
+//! * the cluster healed after every fault, and a paused master exited once resumed.
+//!
+//! It prints a line per fault and a progress line every few seconds, then a verdict
+//! table; `--json FILE` writes the figures. The exit status is 1 on any violation, with
+//! `failure-SEED.txt` (each violation explained: the order found, the states the key
+//! could hold, the operation no order places) and `failure-SEED.jsonl` (the violating
+//! keys' operations, which `--recheck` checks again) under `--out`.
+//!
+//! The seed fixes the fault plan and every client's choice of operations; the timing of
+//! real processes does not replay, so a history that failed is kept to be checked again.
+
+pub mod faults;
+pub mod plan;
+pub mod workload;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rampart_check::{Limits, Operation, Report};
+use rampart_client::{Client, ClientOptions};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cluster::UpArgs;
+use plan::{FaultKind, FaultPlan};
+use workload::{Counts, OpChooser};
+
+/// The faults a drill injects when `--faults` is not given: every kind it can inject.
+pub const FAULTS_DEFAULT: &str =
+    "kill-master,kill-backup,kill-two,kill-coordinator-leader,kill-during-recovery,pause";
+
+/// Seconds between two progress lines.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long the final read of one key may take (the cluster has settled by then).
+const FINAL_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The name of the file that marks a data directory as the drill's own, so that a new
+/// drill may empty it.
+const MARKER: &str = ".rampart-drill";
+
+/// `rampart drill`
+#[derive(Args, Debug)]
+pub struct DrillArgs {
+    /// Storage servers (each a master and a backup).
+    #[arg(long, default_value_t = 5)]
+    pub servers: u32,
+    /// Coordinators in the Raft group.
+    #[arg(long, default_value_t = 3)]
+    pub coordinators: u32,
+    /// Backup replicas of every segment (R).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: u32,
+    /// Concurrent clients, each calling one operation at a time.
+    #[arg(long, default_value_t = 8)]
+    pub clients: u32,
+    /// Keys of the table (a quarter of them counters for increments).
+    #[arg(long, default_value_t = 32)]
+    pub keys: u32,
+    /// How long the workload and the faults run: `60s`, `10m`, `1h`, `500ms`.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Faults to inject, comma-separated: kill-master, kill-backup, kill-two,
+    /// kill-coordinator-leader, kill-during-recovery, pause (`none` for no fault).
+    #[arg(long, default_value = FAULTS_DEFAULT)]
+    pub faults: String,
+    /// Seed of the fault plan and of the clients' operations (default: from the clock,
+    /// printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Shortest pause between two faults, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    pub gap_min_s: f64,
+    /// Longest pause between two faults, in seconds.
+    #[arg(long, default_value_t = 8.0)]
+    pub gap_max_s: f64,
+    /// Deadline of one client operation, retries included, in seconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub op_timeout_s: f64,
+    /// Write the verdict as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Directory for the cluster's data and the drill's files.
+    #[arg(long, default_value = "rampart-drill")]
+    pub out: PathBuf,
+    /// Also write the whole history to OUT/history-SEED.jsonl.
+    #[arg(long)]
+    pub history: bool,
+    /// Check a recorded history (JSON lines) instead of running a drill.
+    #[arg(long, value_name = "FILE")]
+    pub recheck: Option<PathBuf>,
+    /// DRAM per server for its log.
+    #[arg(long, default_value = "64MiB")]
+    pub memory: String,
+    /// Bytes per log segment.
+    #[arg(long, default_value = "1MiB")]
+    pub segment_bytes: String,
+    /// Log level of the cluster's processes (`RAMPART_LOG` overrides).
+    #[arg(long, default_value = "error")]
+    pub log_level: String,
+}
+
+/// `60s`, `10m`, `1h`, `500ms`, or a number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 60s, 10m or 500ms"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => number,
+        "ms" => number / 1e3,
+        "m" | "min" => number * 60.0,
+        "h" => number * 3600.0,
+        other => return Err(format!("unknown unit `{other}` in `{text}`: ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{text}`: {e}"))
+}
+
+/// Runs `rampart drill`.
+pub fn run(args: DrillArgs) -> Result<ExitCode> {
+    crate::init_logging("warn");
+    if let Some(file) = &args.recheck {
+        return recheck(file);
+    }
+    let kinds = if args.faults.trim() == "none" {
+        Vec::new()
+    } else {
+        FaultKind::parse_list(&args.faults).map_err(anyhow::Error::msg)?
+    };
+    if kinds.contains(&FaultKind::Partition) {
+        bail!(
+            "--faults partition: partitions need the servers in network namespaces, which \
+             the drill does not build yet; leave it out"
+        );
+    }
+    if args.clients == 0 || args.keys == 0 {
+        bail!("--clients and --keys must be at least 1");
+    }
+    if args.replicas + 1 > args.servers {
+        bail!(
+            "--replicas {} needs at least {} servers",
+            args.replicas,
+            args.replicas + 1
+        );
+    }
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    println!(
+        "drill seed {seed}: {} s, {} servers (R = {}), {} coordinators, {} clients on {} keys, \
+         faults: {}",
+        args.duration.as_secs_f64(),
+        args.servers,
+        args.replicas,
+        args.coordinators,
+        args.clients,
+        args.keys,
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    );
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let data_dir = args.out.join("data");
+    prepare_data_dir(&data_dir)?;
+
+    let up = UpArgs {
+        servers: args.servers,
+        replicas: Some(args.replicas),
+        replication: None,
+        coordinators: args.coordinators,
+        coordinator_addr: "127.0.0.1:0".into(),
+        memory: args.memory.clone(),
+        segment_bytes: args.segment_bytes.clone(),
+        data_dir: data_dir.clone(),
+        value_bytes_max: "64KiB".into(),
+        cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
+        backup_frames: 16,
+        log_level: args.log_level.clone(),
+        recovery_masters_max: 0,
+    };
+    let started = std::time::Instant::now();
+    let cluster = crate::cluster::start(&up, false)?;
+    println!(
+        "cluster up in {:.1} s: coordinators {}",
+        started.elapsed().as_secs_f64(),
+        cluster.coordinator
+    );
+    let coordinators = crate::coordinator_list(&cluster.coordinator);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let options = ClientOptions {
+        deadline: Duration::from_secs_f64(args.op_timeout_s.max(0.1)),
+        ..ClientOptions::default()
+    };
+    let span = args.servers.saturating_sub(1).max(1);
+    let table = runtime.block_on(async {
+        let client = Client::connect_with(&coordinators, options.clone()).await?;
+        client.create_table("drill", span).await
+    })?;
+
+    let start = tokio::time::Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(Counts::default());
+    let mut clients = Vec::new();
+    for id in 0..args.clients {
+        let client = runtime.block_on(Client::connect_with(&coordinators, options.clone()))?;
+        clients.push(runtime.spawn(workload::run_client(
+            client,
+            table,
+            OpChooser::new(seed, id, args.keys),
+            start,
+            Arc::clone(&stop),
+            Arc::clone(&counts),
+        )));
+    }
+
+    let until = std::time::Instant::now() + args.duration;
+    let plan = FaultPlan::new(
+        seed,
+        &kinds,
+        Duration::from_secs_f64(args.gap_min_s.max(0.0)),
+        Duration::from_secs_f64(args.gap_max_s.max(args.gap_min_s).max(0.0)),
+    );
+    let mut injector = faults::Injector::new(
+        cluster,
+        runtime.handle().clone(),
+        table,
+        args.replicas as usize,
+        plan,
+        start.into_std(),
+    );
+    // The injector runs on this thread: the children it restarts get SIGTERM when the
+    // thread that started them exits (PR_SET_PDEATHSIG follows the thread, not the
+    // process), and this one lives until the drill ends. Progress goes on another.
+    let progress = {
+        let (stop, counts) = (Arc::clone(&stop), Arc::clone(&counts));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let next = std::time::Instant::now() + PROGRESS_INTERVAL;
+                while std::time::Instant::now() < next.min(until) {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                println!(
+                    "{:>7.1} s  {} operations ({} unknown, {} failed)",
+                    start.elapsed().as_secs_f64(),
+                    counts.operations.load(Ordering::Relaxed),
+                    counts.unknown.load(Ordering::Relaxed),
+                    counts.failed.load(Ordering::Relaxed)
+                );
+                if std::time::Instant::now() >= until {
+                    return;
+                }
+            }
+        })
+    };
+    injector.run(until, &stop);
+    stop.store(true, Ordering::Relaxed);
+    let _ = progress.join();
+    println!("time is up: waiting for the clients' last operations");
+    let mut history: Vec<Operation> = Vec::new();
+    for client in clients {
+        history.extend(runtime.block_on(client)?);
+    }
+    let mut anomalies = injector.anomalies.clone();
+    println!("waiting for every crashed server to be recovered");
+    if let Err(why) = injector.settle() {
+        anomalies.push(format!("after the drill: {why}"));
+    }
+    let crashed = injector.crashed.len();
+    let recoveries = injector.recovered();
+
+    // The final reads: every key once more, with the cluster settled.
+    println!("reading every key once more");
+    let final_client = runtime.block_on(Client::connect_with(
+        &coordinators,
+        ClientOptions {
+            deadline: FINAL_READ_TIMEOUT,
+            ..ClientOptions::default()
+        },
+    ))?;
+    let mut unserved = Vec::new();
+    for key in OpChooser::all_keys(args.keys) {
+        let call_us = start.elapsed().as_micros() as u64;
+        let output = match runtime.block_on(final_client.read(table, &key)) {
+            Ok(found) => {
+                rampart_check::Output::Read(found.map(|o| (o.version.0, o.value.to_vec())))
+            }
+            Err(e) => {
+                unserved.push(format!(
+                    "key {:?} not served: {e}",
+                    String::from_utf8_lossy(&key)
+                ));
+                rampart_check::Output::Failed(e.to_string())
+            }
+        };
+        history.push(Operation {
+            client: args.clients,
+            key,
+            call_us,
+            return_us: start.elapsed().as_micros() as u64,
+            input: rampart_check::Input::Read,
+            output,
+        });
+    }
+    let log = injector.log.clone();
+    let mut cluster = injector.into_cluster();
+    cluster.children.stop_all();
+    drop(runtime);
+
+    println!(
+        "checking {} operations on {} keys...",
+        history.len(),
+        args.keys
+    );
+    let checking = std::time::Instant::now();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let report = rampart_check::check(&history, Limits::default(), threads)?;
+    let check_seconds = checking.elapsed().as_secs_f64();
+
+    let verdict = Verdict {
+        seed,
+        report: &report,
+        faults: &log,
+        crashed,
+        recoveries,
+        anomalies: &anomalies,
+        unserved: &unserved,
+        check_seconds,
+    };
+    verdict.print(&kinds);
+    if let Some(file) = &args.json {
+        std::fs::write(file, serde_json::to_string_pretty(&verdict.json(&kinds))?)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+    }
+    if args.history {
+        let file = args.out.join(format!("history-{seed}.jsonl"));
+        write_history(&file, history.iter())?;
+        println!("history: {}", file.display());
+    }
+    if verdict.violations() == 0 {
+        println!("PASS: no violation");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let explained = args.out.join(format!("failure-{seed}.txt"));
+    let mut text = format!("rampart drill seed {seed}\n\n");
+    for line in anomalies.iter().chain(&unserved) {
+        text.push_str(&format!("{line}\n"));
+    }
+    for violation in &report.violations {
+        text.push_str(&format!("\n{}", violation.explain(&history)));
+    }
+    std::fs::write(&explained, text)?;
+    let keys: Vec<&[u8]> = report.violations.iter().map(|v| &v.key[..]).collect();
+    let failing = args.out.join(format!("failure-{seed}.jsonl"));
+    write_history(
+        &failing,
+        history.iter().filter(|o| keys.contains(&&o.key[..])),
+    )?;
+    println!(
+        "FAIL: {} violation(s); explained in {}, the keys' operations in {} (check them \
+         again with --recheck)",
+        verdict.violations(),
+        explained.display(),
+        failing.display()
+    );
+    Ok(ExitCode::FAILURE)
+}
+
+/// Empties a directory the drill made before (or creates it); refuses one it did not.
+fn prepare_data_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        if !dir.join(MARKER).exists() && std::fs::read_dir(dir)?.next().is_some() {
+            bail!(
+                "{} exists and is not a drill's data directory: choose another --out",
+                dir.display()
+            );
+        }
+        rampart_common::onesided::shm::remove_default_frame_files_under(dir);
+        std::fs::remove_dir_all(dir).with_context(|| format!("cannot empty {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join(MARKER),
+        b"made by rampart drill; emptied by the next one\n",
+    )?;
+    Ok(())
+}
+
+fn write_history<'a>(file: &Path, ops: impl Iterator<Item = &'a Operation>) -> Result<()> {
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(file).with_context(|| format!("cannot create {}", file.display()))?,
+    );
+    for op in ops {
+        serde_json::to_writer(&mut out, op)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `--recheck FILE`: checks a recorded history again.
+fn recheck(file: &Path) -> Result<ExitCode> {
+    let reader = std::io::BufReader::new(
+        std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?,
+    );
+    let mut history = Vec::new();
+    for (n, line) in reader.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        history.push(
+            serde_json::from_str::<Operation>(&line)
+                .with_context(|| format!("{}:{}: not an operation", file.display(), n + 1))?,
+        );
+    }
+    let checking = std::time::Instant::now();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let report = rampart_check::check(&history, Limits::default(), threads)?;
+    println!(
+        "{} operations on {} keys checked in {:.2} s",
+        report.operations,
+        report.keys,
+        checking.elapsed().as_secs_f64()
+    );
+    for violation in &report.violations {
+        println!("\n{}", violation.explain(&history));
+    }
+    for (key, configurations) in &report.inconclusive {
+        println!(
+            "key {:?}: inconclusive after {configurations} configurations",
+            String::from_utf8_lossy(key)
+        );
+    }
+    Ok(if report.passed() {
+        println!("linearizable");
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Everything the drill found.
+struct Verdict<'a> {
+    seed: u64,
+    report: &'a Report,
+    faults: &'a [faults::FaultRecord],
+    crashed: usize,
+    recoveries: usize,
+    anomalies: &'a [String],
+    unserved: &'a [String],
+    check_seconds: f64,
+}
+
+impl Verdict<'_> {
+    fn violations(&self) -> usize {
+        self.report.violations.len()
+            + self.report.inconclusive.len()
+            + self.anomalies.len()
+            + self.unserved.len()
+            + self.crashed.saturating_sub(self.recoveries)
+    }
+
+    fn injected(&self, kind: FaultKind) -> usize {
+        self.faults
+            .iter()
+            .filter(|f| f.kind == kind && f.injected)
+            .count()
+    }
+
+    fn print(&self, kinds: &[FaultKind]) {
+        println!();
+        println!("| drill seed {} | |", self.seed);
+        println!("|---|---|");
+        for kind in kinds {
+            let skipped = self
+                .faults
+                .iter()
+                .filter(|f| f.kind == *kind && !f.injected)
+                .count();
+            println!(
+                "| {kind} | {} injected{} |",
+                self.injected(*kind),
+                if skipped > 0 {
+                    format!(", {skipped} skipped")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        println!(
+            "| servers crashed / recovered | {} / {} |",
+            self.crashed, self.recoveries
+        );
+        println!(
+            "| operations checked | {} on {} keys ({} of unknown outcome) |",
+            self.report.operations, self.report.keys, self.report.unknown
+        );
+        use rampart_check::ViolationKind as K;
+        for kind in [
+            K::LostWrite,
+            K::StaleRead,
+            K::Resurrected,
+            K::VersionBackwards,
+            K::NeverWritten,
+            K::NotLinearizable,
+        ] {
+            println!("| {} | {} |", kind.name(), self.report.count(kind));
+        }
+        println!("| inconclusive keys | {} |", self.report.inconclusive.len());
+        println!("| keys not served at the end | {} |", self.unserved.len());
+        println!("| cluster anomalies | {} |", self.anomalies.len());
+        println!("| violations | {} |", self.violations());
+        println!("| check seconds | {:.2} |", self.check_seconds);
+        for anomaly in self.anomalies.iter().chain(self.unserved) {
+            println!("  {anomaly}");
+        }
+    }
+
+    fn json(&self, kinds: &[FaultKind]) -> serde_json::Value {
+        let faults: serde_json::Map<String, serde_json::Value> = kinds
+            .iter()
+            .map(|k| (k.name().to_string(), self.injected(*k).into()))
+            .collect();
+        let kinds_found: serde_json::Map<String, serde_json::Value> = self
+            .report
+            .violations
+            .iter()
+            .fold(std::collections::BTreeMap::new(), |mut m, v| {
+                *m.entry(v.kind.name().to_string()).or_insert(0u64) += 1;
+                m
+            })
+            .into_iter()
+            .map(|(k, n)| (k, n.into()))
+            .collect();
+        serde_json::json!({
+            "seed": self.seed,
+            "operations": self.report.operations,
+            "unknown_outcomes": self.report.unknown,
+            "faults": faults,
+            "servers_crashed": self.crashed,
+            "recoveries": self.recoveries,
+            "violations": self.violations(),
+            "violation_kinds": kinds_found,
+            "lost_acknowledged_writes": self.report.count(rampart_check::ViolationKind::LostWrite),
+            "inconclusive_keys": self.report.inconclusive.len(),
+            "unserved_keys": self.unserved.len(),
+            "anomalies": self.anomalies,
+            "check_seconds": self.check_seconds,
+            "fault_log": self.faults.iter().map(|f| serde_json::json!({
+                "at_s": f.at_s,
+                "kind": f.kind.name(),
+                "injected": f.injected,
+                "what": f.what,
+                "healed_after_s": f.healed_after_s,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_the_usual_units() {
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5 weeks").is_err());
+    }
+}
