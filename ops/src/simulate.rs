@@ -37,6 +37,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
     let (mut passed, mut failed, mut acknowledged, mut zombies, mut late) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut recoveries, mut partitions, mut reads, mut cleaned) = (0u64, 0u64, 0u64, 0u64);
+    let (mut linearizable, mut unknown) = (0u64, 0u64);
     for seed in seeds {
         match rampart_sim::run(seed) {
             Ok(report) => {
@@ -52,6 +53,8 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
                 reads += report.reads as u64;
                 late += report.late_delivered as u64;
                 cleaned += report.segments_cleaned as u64;
+                linearizable += report.linearizable_ops as u64;
+                unknown += report.unknown_ops as u64;
                 if args.seed.is_some() {
                     if args.trace {
                         for line in &report.trace {
@@ -90,7 +93,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
         }
     }
     println!(
-        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {reads} reads checked, {recoveries} crashes recovered ({zombies} of zombie masters) in {partitions} partitions, {late} late requests delivered, {cleaned} segments cleaned) in {:.1} s",
+        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {reads} reads checked, {recoveries} crashes recovered ({zombies} of zombie masters) in {partitions} partitions, {late} late requests delivered, {cleaned} segments cleaned; {linearizable} operations checked for linearizability, {unknown} of unknown outcome) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 {

@@ -8,6 +8,16 @@
 //! earlier read of it returned — never an older one (a lost acknowledged write, or a
 //! read going back in time), never a value no one wrote — or, for a key with neither,
 //! absent too.
+//!
+//! Every client operation is also recorded as a `rampart_check::Operation` (the same
+//! record `rampart drill` keeps) and the whole run is checked for linearizability at its
+//! end ([`History::check_linearizable`]): real-time order between batches and reads,
+//! reject rules, and versions that only increase over a key's life, removes and
+//! recoveries included — which the read rule above does not look at. The simulation
+//! is sequential, so program order is real-time order: each event gets a distinct,
+//! increasing time ([`History::stamp`]), because the checker takes operations whose
+//! times touch as concurrent. Values are recorded as short tags (their unique prefix and
+//! their length) so that explanations stay readable.
 
 use rampart_common::ids::Version;
 use std::collections::BTreeMap;
@@ -35,13 +45,82 @@ pub struct History {
     read: BTreeMap<u64, usize>,
     /// Reads checked.
     reads: usize,
+    /// Every client operation, for the linearizability check.
+    client_ops: Vec<rampart_check::Operation>,
+    /// The last time [`History::stamp`] gave.
+    last_stamp_us: u64,
 }
+
+/// The client id of reads in the recorded history (batches are recorded under their
+/// master's server id, from 1).
+pub const READER: u32 = 0;
 
 /// Index of an operation in a [`History`].
 #[derive(Clone, Copy, Debug)]
 pub struct OpIndex(usize);
 
 impl History {
+    /// A time at or after `now_us` and after every time given before: program order is
+    /// real-time order.
+    pub fn stamp(&mut self, now_us: u64) -> u64 {
+        self.last_stamp_us = now_us.max(self.last_stamp_us + 1);
+        self.last_stamp_us
+    }
+
+    /// Records a client operation for the linearizability check.
+    pub fn record(&mut self, op: rampart_check::Operation) {
+        self.client_ops.push(op);
+    }
+
+    /// Records a read of `key` that returned `got`, now.
+    pub fn record_read(&mut self, key: u64, got: &KeyState, now_us: u64) {
+        let call_us = self.stamp(now_us);
+        let return_us = self.stamp(now_us);
+        self.record(rampart_check::Operation {
+            client: READER,
+            key: crate::master::key_bytes(key),
+            call_us,
+            return_us,
+            input: rampart_check::Input::Read,
+            output: rampart_check::Output::Read(
+                got.as_ref().map(|(version, value)| (version.0, tag(value))),
+            ),
+        });
+    }
+
+    /// Client operations recorded, and of them of unknown outcome.
+    pub fn recorded(&self) -> (usize, usize) {
+        let unknown = self
+            .client_ops
+            .iter()
+            .filter(|o| matches!(o.output, rampart_check::Output::Unknown(_)))
+            .count();
+        (self.client_ops.len(), unknown)
+    }
+
+    /// Checks every recorded client operation for linearizability; the violations,
+    /// explained.
+    pub fn check_linearizable(&self) -> Result<(), String> {
+        let report = rampart_check::check(&self.client_ops, rampart_check::Limits::default(), 1)
+            .map_err(|e| format!("history cannot be checked: {e}"))?;
+        if report.passed() {
+            return Ok(());
+        }
+        let mut text = format!(
+            "not linearizable: {} violation(s), {} key(s) inconclusive, of {} operations \
+             ({} of unknown outcome)",
+            report.violations.len(),
+            report.inconclusive.len(),
+            report.operations,
+            report.unknown
+        );
+        for violation in &report.violations {
+            text.push('\n');
+            text.push_str(&violation.explain(&self.client_ops));
+        }
+        Err(text)
+    }
+
     /// Records an appended, not yet acknowledged operation.
     pub fn append(&mut self, op: Op) -> OpIndex {
         self.by_key.entry(op.key).or_default().push(self.ops.len());
@@ -117,6 +196,21 @@ impl History {
     }
 }
 
+/// A value as the recorded history holds it: its unique prefix (through the first `:`)
+/// and its length, never 8 bytes (the checker takes 8 bytes for an integer).
+pub fn tag(value: &[u8]) -> Vec<u8> {
+    let prefix = value
+        .iter()
+        .position(|&b| b == b':')
+        .map_or(&value[..0], |end| &value[..=end]);
+    let mut tag = prefix.to_vec();
+    tag.extend_from_slice(format!("{} bytes", value.len()).as_bytes());
+    if tag.len() == 8 {
+        tag.push(b'.');
+    }
+    tag
+}
+
 fn state_after(op: &Op) -> KeyState {
     op.value.clone().map(|value| (op.version, value))
 }
@@ -186,5 +280,66 @@ mod tests {
         assert!(history.check_read(7, &state(3, b"x")).is_err());
         history.append(op(7, 3, Some(b"y")));
         assert!(history.check_read(7, &state(3, b"x")).is_err());
+    }
+
+    fn recorded_write(history: &mut History, key: u64, value: &[u8], version: u64) {
+        let call_us = history.stamp(0);
+        let return_us = history.stamp(0);
+        history.record(rampart_check::Operation {
+            client: 1,
+            key: crate::master::key_bytes(key),
+            call_us,
+            return_us,
+            input: rampart_check::Input::Write {
+                value: tag(value),
+                rules: rampart_common::reject::RejectRules::default(),
+            },
+            output: rampart_check::Output::Written(version),
+        });
+    }
+
+    #[test]
+    fn recorded_operations_are_checked_for_linearizability() {
+        let mut history = History::default();
+        recorded_write(&mut history, 1, b"b1o0k1:...", 1);
+        history.record_read(1, &state(1, b"b1o0k1:..."), 0);
+        recorded_write(&mut history, 1, b"b2o0k1:....", 2);
+        assert_eq!(history.check_linearizable(), Ok(()));
+        assert_eq!(history.recorded(), (3, 0));
+        // A read of the older state after the newer write: stale, though each stamp is
+        // the same simulated microsecond.
+        history.record_read(1, &state(1, b"b1o0k1:..."), 0);
+        let why = history.check_linearizable().unwrap_err();
+        assert!(why.contains("lost-write on key \"key-1\""), "{why}");
+    }
+
+    #[test]
+    fn a_version_that_does_not_increase_after_a_remove_is_caught_only_by_the_recording() {
+        let mut history = History::default();
+        recorded_write(&mut history, 1, b"b1o0k1:.", 5);
+        let (call_us, return_us) = (history.stamp(0), history.stamp(0));
+        history.record(rampart_check::Operation {
+            client: 1,
+            key: crate::master::key_bytes(1),
+            call_us,
+            return_us,
+            input: rampart_check::Input::Remove {
+                rules: rampart_common::reject::RejectRules::default(),
+            },
+            output: rampart_check::Output::Removed(Some(5)),
+        });
+        recorded_write(&mut history, 1, b"b3o0k1:.", 5);
+        let why = history.check_linearizable().unwrap_err();
+        assert!(why.contains("version-backwards"), "{why}");
+    }
+
+    #[test]
+    fn tags_keep_the_unique_prefix_and_are_never_integers() {
+        assert_eq!(tag(b"b12o3k4:......"), b"b12o3k4:14 bytes".to_vec());
+        assert_eq!(tag(b"no colon"), b"8 bytes".to_vec());
+        assert_ne!(tag(b"").len(), 8);
+        for len in 0..40 {
+            assert_ne!(tag(&vec![b'x'; len]).len(), 8);
+        }
     }
 }

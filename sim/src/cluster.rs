@@ -148,7 +148,8 @@ impl Cluster {
             None => {}
         }
         self.recover_stopped(world)?;
-        self.check_every_key(world)
+        self.check_every_key(world)?;
+        self.history.check_linearizable()
     }
 
     /// Objects the live masters serve.
@@ -402,10 +403,12 @@ impl Cluster {
             return Ok(());
         }
         match master.read(key) {
-            Ok(state) => self
-                .history
-                .check_read(key, &state)
-                .map_err(|why| format!("read at {}: {why}", master.id)),
+            Ok(state) => {
+                self.history.record_read(key, &state, world.now_us);
+                self.history
+                    .check_read(key, &state)
+                    .map_err(|why| format!("read at {}: {why}", master.id))
+            }
             Err(Status::UnknownTablet) => Ok(()),
             Err(status) => Err(format!("key {key}: read at {}: {status:?}", master.id)),
         }
@@ -427,10 +430,12 @@ impl Cluster {
             };
             let master = &self.masters[i];
             match master.read(key) {
-                Ok(state) => self
-                    .history
-                    .check_read(key, &state)
-                    .map_err(|why| format!("read at {}: {why}", master.id))?,
+                Ok(state) => {
+                    self.history.record_read(key, &state, world.now_us);
+                    self.history
+                        .check_read(key, &state)
+                        .map_err(|why| format!("read at {}: {why}", master.id))?;
+                }
                 Err(Status::UnknownTablet) => {
                     return Err(format!(
                         "key {key}: {} owns its tablet but does not serve it",

@@ -11,7 +11,10 @@
 //! which replicate what they replayed and serve the tablets once the crashed master's
 //! lease ran out; clients read between batches (some with a stale tablet map, from a
 //! zombie), and after every recovery every key is read from its owner and checked
-//! against what clients were told and read before ([`checker`]). A failing seed prints itself and replays exactly:
+//! against what clients were told and read before ([`checker`]). At the end, every
+//! client operation of the run is checked for linearizability with `rampart_check`, the
+//! drill's checker (real-time order, reject rules, versions that increase across removes
+//! and recoveries). A failing seed prints itself and replays exactly:
 //! `rampart simulate --seed N --trace`.
 //!
 //! # What is real and what is simulated
@@ -200,6 +203,10 @@ pub struct Report {
     pub acknowledged: usize,
     /// Reads checked (between batches, and of every key after each recovery).
     pub reads: usize,
+    /// Client operations checked for linearizability, and of them of unknown outcome
+    /// (their batch stopped after staging them).
+    pub linearizable_ops: usize,
+    pub unknown_ops: usize,
     /// The crashes recovered, in order: killed, or declared crashed while running.
     pub crashes: Vec<Crash>,
     /// Partitions replayed by recovery masters.
@@ -264,6 +271,8 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
         appended: cluster.history.len(),
         acknowledged: cluster.history.acknowledged(),
         reads: cluster.history.reads(),
+        linearizable_ops: cluster.history.recorded().0,
+        unknown_ops: cluster.history.recorded().1,
         crashes: cluster.crashes.clone(),
         partitions: cluster.partitions_recovered,
         objects: cluster.objects(&world),

@@ -30,8 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backup::Refusal;
-use crate::checker::{History, KeyState, Op};
+use crate::checker::{tag, History, KeyState, Op};
 use crate::world::{CoordinatorAnswer, Delivery, Request, Stop, World, LEASE_US};
+use rampart_check::{Input, Operation, Output};
 
 /// Largest value a simulated master takes (above what the workload writes).
 pub const VALUE_BYTES_MAX: usize = 16 * 1024;
@@ -209,17 +210,60 @@ impl SimMaster {
     /// it and acknowledges it in `history` once every replica holds it. Each applied op
     /// is in `history` from the moment it was appended: it may surface in a recovery
     /// whether acknowledged or not. Ops the store refuses (a key it does not own) are
-    /// not appended.
+    /// not appended. Every op is also recorded for the linearizability check, as its
+    /// client would see it: answered when the batch is acknowledged, of unknown outcome
+    /// when the batch stops after staging it, failed when it was never staged.
     pub fn write_batch(
         &mut self,
         world: &mut World,
         ops: &[(u64, Option<Vec<u8>>)],
         history: &mut History,
     ) -> Result<(), Stop> {
+        let call_us = history.stamp(world.now_us);
+        let mut outputs: Vec<Output> = vec![Output::Failed("not staged".into()); ops.len()];
+        let result = self.stage_and_replicate(world, ops, history, &mut outputs);
+        let return_us = history.stamp(world.now_us);
+        for ((key, value), output) in ops.iter().zip(outputs) {
+            let output = match (&result, output) {
+                // Staged, then the batch stopped: it may surface in a recovery or not.
+                (Err(stop), Output::Written(_) | Output::Removed(_)) => {
+                    Output::Unknown(format!("{stop:?}"))
+                }
+                (_, output) => output,
+            };
+            history.record(Operation {
+                client: self.id.0 as u32,
+                key: key_bytes(*key),
+                call_us,
+                return_us,
+                input: match value {
+                    Some(value) => Input::Write {
+                        value: tag(value),
+                        rules: RejectRules::default(),
+                    },
+                    None => Input::Remove {
+                        rules: RejectRules::default(),
+                    },
+                },
+                output,
+            });
+        }
+        result
+    }
+
+    /// [`write_batch`](Self::write_batch)'s work; `outputs` says what each staged op
+    /// answers once the batch is acknowledged.
+    fn stage_and_replicate(
+        &mut self,
+        world: &mut World,
+        ops: &[(u64, Option<Vec<u8>>)],
+        history: &mut History,
+        outputs: &mut [Output],
+    ) -> Result<(), Stop> {
         self.reserve_versions(world)?;
         let mut batch = Batch::new();
         let mut appended = Vec::new();
-        for (key, value) in ops {
+        for ((key, value), output) in ops.iter().zip(outputs.iter_mut()) {
             let (table, key_bytes) = (self.table, Bytes::from(key_bytes(*key)));
             let op = match value {
                 Some(value) => WriteOp::Write {
@@ -237,14 +281,25 @@ impl SimMaster {
             let outcome = self.store.stage(&mut batch, &op);
             match outcome.status {
                 // A remove of nothing appends nothing.
-                Status::Ok if value.is_none() && outcome.version == Version(0) => {}
-                Status::Ok => appended.push(history.append(Op {
-                    key: *key,
-                    version: outcome.version,
-                    value: value.clone(),
-                })),
+                Status::Ok if value.is_none() && outcome.version == Version(0) => {
+                    *output = Output::Removed(None);
+                }
+                Status::Ok => {
+                    *output = match value {
+                        Some(_) => Output::Written(outcome.version.0),
+                        None => Output::Removed(Some(outcome.version.0)),
+                    };
+                    appended.push(history.append(Op {
+                        key: *key,
+                        version: outcome.version,
+                        value: value.clone(),
+                    }));
+                }
                 Status::NoSpace => return Err(Stop::LogFull),
-                status => world.note(format!("{}: key {key} refused: {status:?}", self.id)),
+                status => {
+                    *output = Output::Failed(format!("{status:?}"));
+                    world.note(format!("{}: key {key} refused: {status:?}", self.id));
+                }
             }
         }
         if appended.is_empty() {
