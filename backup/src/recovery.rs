@@ -91,7 +91,9 @@
 use crate::segment_store::{StoreError, REPLICA_BYTES_MAX};
 use parking_lot::{Condvar, Mutex};
 use rampart_common::ids::{key_hash, Epoch, KeyHash, SegmentId, ServerId, TableId, Version};
-use rampart_common::log::{entries, object_entry_bytes, scan, tombstone_entry_bytes, Entry};
+use rampart_common::log::{
+    entries, object_entry_bytes, scan, tombstone_entry_bytes, Entry, COMPLETION_ENTRY_BYTES,
+};
 use rampart_common::protocol::backup::{
     PartitionRanges, RecoveryDataReply, RecoveryDataRequest, RecoveryReadRequest, ReplicaInfo,
 };
@@ -415,24 +417,29 @@ fn split_replica_noting_in(
     places.clear();
     let mut piece_bytes = vec![0usize; split.pieces.len()];
     for (offset, entry) in entries(bytes, found.valid_bytes) {
-        let (table, key, length) = match entry {
+        // Completion records (`rampart_common::rifl`) go where the object they name
+        // goes: they carry its key hash.
+        let (table, hash, length) = match entry {
             Entry::Object(object) => (
                 object.table,
-                object.key,
+                key_hash(object.key),
                 object_entry_bytes(object.key.len(), object.value.len()),
             ),
             Entry::Tombstone(tombstone) => (
                 tombstone.table,
-                tombstone.key,
+                key_hash(tombstone.key),
                 tombstone_entry_bytes(tombstone.key.len()),
             ),
+            Entry::Completion(record) => (record.table, record.key_hash, COMPLETION_ENTRY_BYTES),
             Entry::SafeVersion(floor) => {
                 split.safe_version = split.safe_version.max(floor);
                 continue;
             }
-            _ => continue,
+            Entry::Header(_) | Entry::Digest(_) | Entry::Checksum(_) | Entry::Footer { .. } => {
+                continue
+            }
         };
-        let Some(partition) = index.partition_of(table, key_hash(key)) else {
+        let Some(partition) = index.partition_of(table, hash) else {
             continue;
         };
         let start = offset as usize;
@@ -1262,6 +1269,48 @@ mod tests {
             ]
         );
         assert_eq!(split.pieces[1].count, 2);
+    }
+
+    #[test]
+    fn split_replica_sends_each_completion_record_with_its_objects_key_hash() {
+        let half = 1u64 << 63;
+        let (low_key, low_hash) = key_with_hash("low", |h| h < half);
+        let (high_key, high_hash) = key_with_hash("high", |h| h >= half);
+        let partitions = vec![
+            vec![HashRange::new(TableId(1), 0, half - 1)],
+            vec![HashRange::new(TableId(1), half, u64::MAX)],
+        ];
+        let index = PartitionIndex::new(&partitions).expect("index");
+        let mut writer =
+            SegmentWriter::open(MASTER, SegmentId(4), CAPACITY, &[SegmentId(4)]).expect("open");
+        let record = |hash: u64, seq: u64| rampart_common::log::CompletionEntry {
+            table: TableId(1),
+            key_hash: KeyHash(hash),
+            client: rampart_common::ids::ClientId(5),
+            seq,
+            ack: 0,
+            version: Version(seq),
+            counter: None,
+        };
+        for (key, hash, seq) in [(&low_key, low_hash, 1), (&high_key, high_hash, 2)] {
+            writer
+                .append_object(TableId(1), Version(seq), key, b"value")
+                .expect("fits");
+            writer.append_completion(&record(hash, seq)).expect("fits");
+        }
+        writer.seal_batch();
+        let split = split_replica(writer.bytes(), &info(4, false), &index).expect("splits");
+        for (piece, (key, hash, seq)) in split
+            .pieces
+            .iter()
+            .zip([(&low_key, low_hash, 1), (&high_key, high_hash, 2)])
+        {
+            assert_eq!(piece.count, 2);
+            let (object, next) = decode_entry(&piece.entries, 0).unwrap().unwrap();
+            assert!(matches!(object, Entry::Object(o) if o.key == &key[..]));
+            let (completion, _) = decode_entry(&piece.entries, next).unwrap().unwrap();
+            assert_eq!(completion, Entry::Completion(record(hash, seq)));
+        }
     }
 
     #[test]

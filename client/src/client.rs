@@ -53,6 +53,7 @@ use rampart_common::protocol::master::{
     WriteRequest,
 };
 use rampart_common::reject::RejectRules;
+use rampart_common::rifl::Rifl;
 use rampart_common::rpc::{Rpc, RpcError, RpcPool};
 use rampart_common::status::Status;
 use std::collections::BTreeMap;
@@ -536,6 +537,7 @@ impl Client {
             key: Bytes::copy_from_slice(key),
             value: Bytes::copy_from_slice(value),
             rules,
+            rifl: Rifl::NONE,
         };
         self.on_owner_call::<Write, _>(table, key, false, &request, write_attempt)
             .await
@@ -557,6 +559,7 @@ impl Client {
             table,
             key: Bytes::copy_from_slice(key),
             rules,
+            rifl: Rifl::NONE,
         };
         let version = self
             .on_owner_call::<Remove, _>(table, key, false, &request, write_attempt)
@@ -589,6 +592,7 @@ impl Client {
             key: Bytes::copy_from_slice(key),
             delta,
             rules,
+            rifl: Rifl::NONE,
         };
         self.on_owner_call::<Increment, _>(table, key, false, &request, |addr, reply| {
             outcome(addr, reply.status, reply.version, || {
@@ -689,6 +693,7 @@ impl Client {
                     key: items[i].key.clone(),
                     value: items[i].value.clone(),
                     rules: items[i].rules,
+                    rifl: Rifl::NONE,
                 })
                 .collect(),
         };
@@ -710,6 +715,7 @@ impl Client {
                     table: keys[i].0,
                     key: Bytes::copy_from_slice(keys[i].1),
                     rules: RejectRules::default(),
+                    rifl: Rifl::NONE,
                 })
                 .collect(),
         };

@@ -6,7 +6,8 @@
 
 use crate::limits::{KEY_BYTES_MAX, VALUE_BYTES_LIMIT, VALUE_BYTES_MAX_DEFAULT};
 use crate::log::{
-    digest_entry_bytes, object_entry_bytes, CHECKSUM_ENTRY_BYTES, FOOTER_ENTRY_BYTES,
+    digest_entry_bytes, object_entry_bytes, CHECKSUM_ENTRY_BYTES, COMPLETION_ENTRY_BYTES,
+    FOOTER_ENTRY_BYTES,
 };
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -93,7 +94,9 @@ impl MasterConfig {
         }
         // A fresh segment must hold its digest (one id per segment the memory allows)
         // and still take the largest object, or some write could never be stored.
-        let largest = object_entry_bytes(KEY_BYTES_MAX, self.value_bytes_max);
+        // An object and its completion record are one append (`crate::rifl`).
+        let largest =
+            object_entry_bytes(KEY_BYTES_MAX, self.value_bytes_max) + COMPLETION_ENTRY_BYTES;
         let digest = digest_entry_bytes(usize::try_from(self.segments_max()).unwrap_or(usize::MAX));
         if largest.saturating_add(digest) + SEGMENT_FIXED_OVERHEAD_BYTES
             > self.segment_bytes as usize

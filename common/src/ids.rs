@@ -40,6 +40,13 @@ id_type!(
     TableId,
     "table-"
 );
+id_type!(
+    /// A client of the table API, assigned by the coordinator when it connects
+    /// (`OpenClient`). Never reused: masters keep completion records of its writes under
+    /// it (`crate::rifl`). 0 is never assigned and means "no client id".
+    ClientId,
+    "client-"
+);
 /// A segment of one master's log. Two spaces of ids, never mixed:
 /// * the log's *head chain* — ids grow by one per new head segment (1, 2, 3, …), each
 ///   opening with a digest and closed by a footer naming its successor, so recovery

@@ -6,6 +6,7 @@
 //! * [`config`] — validated configuration of masters and servers.
 //! * [`tablet`] — tables, tablets and the server list.
 //! * [`reject`] — reject rules of conditional operations.
+//! * [`rifl`] — what a client puts on a write so that its retries apply it once.
 //! * [`log`] — the log format of DESIGN.md §4: entries, the segment writer with
 //!   Tailwind checksums, and the valid-prefix scanner.
 //! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (DESIGN.md §8).
@@ -27,6 +28,7 @@ pub mod log;
 pub mod onesided;
 pub mod protocol;
 pub mod reject;
+pub mod rifl;
 pub mod rpc;
 pub mod status;
 pub mod tablet;

@@ -76,6 +76,10 @@ pub enum Status {
     /// restarted at the address of the one the sender meant (a new server, with a new
     /// id). Ownership changes are refused so; the sender's view of the address is stale.
     WrongServer,
+    /// A retried write whose client already acknowledged having its outcome
+    /// (`rifl::Rifl::ack`): it is never executed again. A client that follows the
+    /// protocol never sees it.
+    StaleRequest,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -111,6 +115,7 @@ impl Status {
             Status::ServerCrashed => 24,
             Status::RecoveryFailed => 25,
             Status::WrongServer => 26,
+            Status::StaleRequest => 27,
             Status::Unrecognized(code) => code,
         }
     }
@@ -145,6 +150,7 @@ impl Status {
             24 => Status::ServerCrashed,
             25 => Status::RecoveryFailed,
             26 => Status::WrongServer,
+            27 => Status::StaleRequest,
             other => Status::Unrecognized(other),
         }
     }
@@ -188,6 +194,7 @@ impl fmt::Display for Status {
             Status::ServerCrashed => "server was declared crashed",
             Status::RecoveryFailed => "recovery failed",
             Status::WrongServer => "request meant for another server at this address",
+            Status::StaleRequest => "retried write that its client had acknowledged",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

@@ -839,6 +839,7 @@ mod tests {
             key: Bytes::copy_from_slice(key.as_bytes()),
             value: Bytes::copy_from_slice(value.as_bytes()),
             rules: RejectRules::default(),
+            rifl: rampart_common::rifl::Rifl::NONE,
         }
     }
 

@@ -55,6 +55,7 @@ fn put(key: &str, value: &[u8]) -> WriteOp {
         key: Bytes::copy_from_slice(key.as_bytes()),
         value: Bytes::copy_from_slice(value),
         rules: RejectRules::default(),
+        rifl: rampart_common::rifl::Rifl::NONE,
     }
 }
 
@@ -63,6 +64,7 @@ fn del(key: &str) -> WriteOp {
         table: TABLE,
         key: Bytes::copy_from_slice(key.as_bytes()),
         rules: RejectRules::default(),
+        rifl: rampart_common::rifl::Rifl::NONE,
     }
 }
 

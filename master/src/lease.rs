@@ -706,6 +706,7 @@ mod tests {
             key: key.clone(),
             value: Bytes::from_static(b"v"),
             rules: RejectRules::default(),
+            rifl: rampart_common::rifl::Rifl::NONE,
         };
         let object = ObjectKey {
             table,
@@ -741,6 +742,7 @@ mod tests {
                     table,
                     key: key.clone(),
                     rules: RejectRules::default(),
+                    rifl: rampart_common::rifl::Rifl::NONE,
                 }),
             ),
             (
@@ -750,6 +752,7 @@ mod tests {
                     key: Bytes::from_static(b"n"),
                     delta: 1,
                     rules: RejectRules::default(),
+                    rifl: rampart_common::rifl::Rifl::NONE,
                 }),
             ),
             (
@@ -765,6 +768,7 @@ mod tests {
                         table,
                         key: key.clone(),
                         rules: RejectRules::default(),
+                        rifl: rampart_common::rifl::Rifl::NONE,
                     }],
                 }),
             ),

@@ -7,6 +7,8 @@
 //! * [`tablets`] — `OwnedTablets`: the key-hash ranges this master serves.
 //! * [`object_store`] — `ObjectStore`: the synchronous core: ownership, reject rules,
 //!   versions, staging and publishing batches, enumerate.
+//! * [`completions`] — `Completions`: the completion records that answer a retried
+//!   write, remove or increment with its first outcome (RIFL, `rampart_common::rifl`).
 //! * [`appender`] — `Appender`: the single writer with group commit; it also runs the
 //!   cleaner's steps between its batches.
 //! * [`cleaner`] — the log cleaner's decisions: cost-benefit choice of segments, when to
@@ -84,6 +86,7 @@
 
 pub mod appender;
 pub mod cleaner;
+pub mod completions;
 pub mod failure_detector;
 pub mod lease;
 pub mod object_index;
@@ -101,6 +104,8 @@ pub mod will_upload;
 
 #[cfg(test)]
 mod cleaner_tests;
+#[cfg(test)]
+mod exactly_once_tests;
 #[cfg(test)]
 mod service_tests;
 

@@ -46,9 +46,10 @@
 
 use bytes::Bytes;
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{key_hash, KeyHash, ServerId, TableId, TabletEpoch, Version};
+use rampart_common::ids::{key_hash, ClientId, KeyHash, ServerId, TableId, TabletEpoch, Version};
 use rampart_common::limits::{ENUMERATE_PAGE_BYTES_MAX, KEY_BYTES_MAX};
 use rampart_common::reject::RejectRules;
+use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
 use rampart_common::tablet::{HashRange, Tablet};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -58,10 +59,12 @@ use std::ops::RangeInclusive;
 use rampart_common::config::SEGMENT_FIXED_OVERHEAD_BYTES;
 use rampart_common::ids::SegmentId;
 use rampart_common::log::{
-    decode_entry, decode_object_trusted, object_entry_bytes, tombstone_entry_bytes, Entry, LogFull,
+    decode_entry, decode_object_trusted, object_entry_bytes, tombstone_entry_bytes,
+    CompletionEntry, Entry, LogFull, COMPLETION_ENTRY_BYTES,
 };
 
 use crate::cleaner::{self, CleaningPass, StepEnd};
+use crate::completions::{Completions, Lookup, Record, RECORDS_PER_CLIENT_MAX};
 
 use crate::object_index::{LogRef, ObjectIndex, SlotAt, INDEX_BYTES_PER_OBJECT};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
@@ -99,6 +102,8 @@ pub enum WriteOp {
         value: Bytes,
         /// When to refuse.
         rules: RejectRules,
+        /// Its exactly-once identity ([`Rifl::NONE`]: none).
+        rifl: Rifl,
     },
     /// Remove `key`.
     Remove {
@@ -108,6 +113,8 @@ pub enum WriteOp {
         key: Bytes,
         /// When to refuse.
         rules: RejectRules,
+        /// Its exactly-once identity ([`Rifl::NONE`]: none).
+        rifl: Rifl,
     },
     /// Add `delta` to the integer under `key` (a missing object counts as 0).
     Increment {
@@ -119,6 +126,8 @@ pub enum WriteOp {
         delta: i64,
         /// When to refuse.
         rules: RejectRules,
+        /// Its exactly-once identity ([`Rifl::NONE`]: none).
+        rifl: Rifl,
     },
 }
 
@@ -131,12 +140,27 @@ impl WriteOp {
         }
     }
 
+    /// Its exactly-once identity.
+    pub fn rifl(&self) -> Rifl {
+        match self {
+            WriteOp::Write { rifl, .. }
+            | WriteOp::Remove { rifl, .. }
+            | WriteOp::Increment { rifl, .. } => *rifl,
+        }
+    }
+
     /// Log bytes this operation may append (for batch sizing).
     pub fn bytes(&self) -> usize {
-        match self {
-            WriteOp::Write { key, value, .. } => key.len() + value.len(),
-            WriteOp::Remove { key, .. } | WriteOp::Increment { key, .. } => key.len() + 8,
-        }
+        let record = if self.rifl().is_tracked() {
+            COMPLETION_ENTRY_BYTES
+        } else {
+            0
+        };
+        record
+            + match self {
+                WriteOp::Write { key, value, .. } => key.len() + value.len(),
+                WriteOp::Remove { key, .. } | WriteOp::Increment { key, .. } => key.len() + 8,
+            }
     }
 }
 
@@ -202,6 +226,10 @@ pub struct Batch {
     /// Keys staged that the index does not hold yet: it grows by at most this many at
     /// publish (counted against the memory, `ObjectStore::new_key_fits`).
     new_keys: u64,
+    /// Completion records appended by this batch, by (client, number): held at publish.
+    completions: HashMap<(ClientId, u64), Record>,
+    /// The highest acknowledgement each client sent in this batch: applied at publish.
+    acks: HashMap<ClientId, u64>,
 }
 
 impl Batch {
@@ -210,9 +238,22 @@ impl Batch {
         Batch::default()
     }
 
-    /// Whether nothing was staged.
+    /// Whether nothing was staged (no effect, no record, no acknowledgement).
     pub fn is_empty(&self) -> bool {
-        self.staged.is_empty()
+        self.staged.is_empty() && self.completions.is_empty() && self.acks.is_empty()
+    }
+
+    fn note_ack(&mut self, client: ClientId, ack: u64) {
+        let held = self.acks.entry(client).or_default();
+        *held = (*held).max(ack);
+    }
+
+    /// Records of `client` staged in this batch.
+    fn records_of(&self, client: ClientId) -> usize {
+        self.completions
+            .keys()
+            .filter(|(c, _)| *c == client)
+            .count()
     }
 
     fn get(&self, table: TableId, hash: KeyHash, key: &Bytes) -> Option<Staged> {
@@ -346,6 +387,11 @@ pub struct ObjectStore {
     /// in the profiler when their tablet is taken, dropped when their recovery is
     /// abandoned. Empty outside a recovery.
     replayed_untracked: Vec<(TableId, KeyHash, u64)>,
+    /// Completion records of clients' operations (`rampart_common::rifl`).
+    /// Invariants: 1. every record's entry is in `log` and counted live there. 2. every
+    /// record lies in an owned tablet, or in a range a recovery replayed into and not
+    /// yet abandoned (as objects do).
+    completions: Completions,
 }
 
 impl ObjectStore {
@@ -397,6 +443,7 @@ impl ObjectStore {
             )),
             partition_limits: limits,
             replayed_untracked: Vec::new(),
+            completions: Completions::new(),
         }
     }
 
@@ -465,6 +512,12 @@ impl ObjectStore {
     }
 
     /// Checks and appends one operation, recording its effect in `batch`.
+    ///
+    /// A tracked operation (`rampart_common::rifl`) that completed here before is
+    /// answered with its recorded outcome and appends nothing; one numbered at or below
+    /// its client's acknowledgement is refused `StaleRequest`. One that changes an
+    /// object appends its completion record in the same append as the object or
+    /// tombstone. Its client's acknowledgement drops older records at publish.
     pub fn stage(&mut self, batch: &mut Batch, op: &WriteOp) -> OpOutcome {
         let (table, key) = op.table_and_key();
         if let WriteOp::Write { value, .. } = op {
@@ -476,6 +529,36 @@ impl ObjectStore {
             Ok(hash) => hash,
             Err(status) => return OpOutcome::failed(status, Version(0)),
         };
+        let rifl = op.rifl();
+        if rifl.is_tracked() {
+            if rifl.ack >= rifl.seq {
+                // The client says it holds this operation's outcome already.
+                return OpOutcome::failed(Status::InvalidArgument, Version(0));
+            }
+            batch.note_ack(rifl.client, rifl.ack);
+            let staged = batch.completions.get(&(rifl.client, rifl.seq)).copied();
+            match staged.map_or_else(
+                || self.completions.lookup(rifl.client, rifl.seq),
+                Lookup::Done,
+            ) {
+                Lookup::Done(record) => {
+                    return OpOutcome {
+                        status: Status::Ok,
+                        version: record.version,
+                        counter: record.counter,
+                    }
+                }
+                Lookup::Stale => return OpOutcome::failed(Status::StaleRequest, Version(0)),
+                Lookup::New => {}
+            }
+            let ack = batch.acks.get(&rifl.client).copied().unwrap_or(rifl.ack);
+            let held =
+                self.completions.records_above(rifl.client, ack) + batch.records_of(rifl.client);
+            if held >= RECORDS_PER_CLIENT_MAX {
+                // Far more operations in flight than any client library keeps.
+                return OpOutcome::failed(Status::InvalidArgument, Version(0));
+            }
+        }
         let current = self.current(batch, table, hash, key);
         let current_version = current.map_or(Version(0), |(v, _)| v);
         let rules = match op {
@@ -499,13 +582,8 @@ impl ObjectStore {
         self.version_max = self.version_max.max(new_version);
         match op {
             WriteOp::Write { value, .. } => {
-                match self
-                    .log
-                    .append_object(table, new_version, key, value, self.safe_version)
-                {
+                match self.append_object(batch, table, hash, key, value, new_version, rifl, None) {
                     Ok(at) => {
-                        let bytes = object_entry_bytes(key.len(), value.len());
-                        self.profiler.track(table, hash, bytes as u64);
                         self.supersede_staged(batch, table, hash, key);
                         batch.new_keys += u64::from(creates);
                         batch.insert(
@@ -519,7 +597,7 @@ impl ObjectStore {
                         );
                         OpOutcome::applied(new_version)
                     }
-                    Err(_) => OpOutcome::failed(Status::NoSpace, Version(0)),
+                    Err(NoSpace) => OpOutcome::failed(Status::NoSpace, Version(0)),
                 }
             }
             WriteOp::Remove { .. } => {
@@ -528,20 +606,26 @@ impl ObjectStore {
                     return OpOutcome::applied(Version(0));
                 };
                 let floor = self.safe_version.max(version.next());
-                match self
-                    .log
-                    .append_tombstone(table, version, at.segment, key, floor)
-                {
-                    Ok(_) => {
+                let record = self.record_entry(table, hash, rifl, version, None);
+                match self.log.append_tombstone_completing(
+                    table,
+                    version,
+                    at.segment,
+                    key,
+                    record.as_ref(),
+                    floor,
+                ) {
+                    Ok((_, record_at)) => {
                         let bytes = tombstone_entry_bytes(key.len());
                         self.profiler.track(table, hash, bytes as u64);
+                        self.stage_record(batch, record.as_ref(), record_at);
                         self.safe_version = floor;
                         self.version_max = self.version_max.max(floor);
                         self.supersede_staged(batch, table, hash, key);
                         batch.insert(table, hash, key, Staged::Removed);
                         OpOutcome::applied(version)
                     }
-                    Err(_) => OpOutcome::failed(Status::NoSpace, Version(0)),
+                    Err(NoSpace) => OpOutcome::failed(Status::NoSpace, Version(0)),
                 }
             }
             WriteOp::Increment { delta, .. } => {
@@ -556,13 +640,17 @@ impl ObjectStore {
                     return OpOutcome::failed(Status::InvalidArgument, current_version);
                 };
                 let value = new.to_le_bytes();
-                match self
-                    .log
-                    .append_object(table, new_version, key, &value, self.safe_version)
-                {
+                match self.append_object(
+                    batch,
+                    table,
+                    hash,
+                    key,
+                    &value,
+                    new_version,
+                    rifl,
+                    Some(new),
+                ) {
                     Ok(at) => {
-                        let bytes = object_entry_bytes(key.len(), value.len());
-                        self.profiler.track(table, hash, bytes as u64);
                         self.supersede_staged(batch, table, hash, key);
                         batch.new_keys += u64::from(creates);
                         batch.insert(
@@ -579,10 +667,84 @@ impl ObjectStore {
                             ..OpOutcome::applied(new_version)
                         }
                     }
-                    Err(_) => OpOutcome::failed(Status::NoSpace, Version(0)),
+                    Err(NoSpace) => OpOutcome::failed(Status::NoSpace, Version(0)),
                 }
             }
         }
+    }
+
+    /// Appends the object `key` = `value` at `version`, with the completion record of
+    /// `rifl` when it is tracked (`counter`: an increment's result), counting both in the
+    /// profile and staging the record in `batch`. Returns where the object is.
+    #[allow(clippy::too_many_arguments)]
+    fn append_object(
+        &mut self,
+        batch: &mut Batch,
+        table: TableId,
+        hash: KeyHash,
+        key: &[u8],
+        value: &[u8],
+        version: Version,
+        rifl: Rifl,
+        counter: Option<i64>,
+    ) -> Result<LogRef, NoSpace> {
+        let record = self.record_entry(table, hash, rifl, version, counter);
+        let (at, record_at) = self.log.append_object_completing(
+            table,
+            version,
+            key,
+            value,
+            record.as_ref(),
+            self.safe_version,
+        )?;
+        let bytes = object_entry_bytes(key.len(), value.len());
+        self.profiler.track(table, hash, bytes as u64);
+        self.stage_record(batch, record.as_ref(), record_at);
+        Ok(at)
+    }
+
+    /// The completion record of `rifl`'s operation with this outcome, if it is tracked.
+    fn record_entry(
+        &self,
+        table: TableId,
+        hash: KeyHash,
+        rifl: Rifl,
+        version: Version,
+        counter: Option<i64>,
+    ) -> Option<CompletionEntry> {
+        rifl.is_tracked().then_some(CompletionEntry {
+            table,
+            key_hash: hash,
+            client: rifl.client,
+            seq: rifl.seq,
+            ack: rifl.ack,
+            version,
+            counter,
+        })
+    }
+
+    /// Stages `record`, appended at `at`, in `batch`, and counts it in the profile.
+    fn stage_record(
+        &mut self,
+        batch: &mut Batch,
+        record: Option<&CompletionEntry>,
+        at: Option<LogRef>,
+    ) {
+        let (Some(record), Some(at)) = (record, at) else {
+            return;
+        };
+        self.profiler
+            .track(record.table, record.key_hash, COMPLETION_ENTRY_BYTES as u64);
+        batch.completions.insert(
+            (record.client, record.seq),
+            Record {
+                version: record.version,
+                counter: record.counter,
+                at,
+                table: record.table,
+                hash: record.key_hash,
+            },
+        );
     }
 
     /// Closes the batch in the log with a Tailwind checksum and returns the byte ranges
@@ -609,8 +771,23 @@ impl ObjectStore {
             log,
             index,
             tablets,
+            completions,
             ..
         } = self;
+        let mut dead_records = Vec::new();
+        for ((client, seq), record) in batch.completions {
+            if owned_only && !tablets.owns(record.table, record.hash) {
+                dead_records.push(record);
+                continue;
+            }
+            dead_records.extend(completions.insert(client, seq, record));
+        }
+        for (client, ack) in batch.acks {
+            dead_records.extend(completions.acknowledge(client, ack));
+        }
+        for record in dead_records {
+            log.note_dead(record.at, COMPLETION_ENTRY_BYTES as u64);
+        }
         let mut dead = Vec::new();
         for (StagedKey { table, hash, key }, staged) in batch.staged {
             // A tablet dropped after staging (the appender orders tablet changes
@@ -742,6 +919,39 @@ impl ObjectStore {
                         counts.objects_live = counts.objects_live.saturating_sub(1);
                     }
                 }
+                PieceEntry::Completion(record) => {
+                    let record = CompletionEntry {
+                        version: state.shifted(record.version),
+                        ..*record
+                    };
+                    state.note_version(record.version);
+                    batch.note_ack(record.client, record.ack);
+                    let known = batch.completions.contains_key(&(record.client, record.seq))
+                        || self.completions.lookup(record.client, record.seq) != Lookup::New
+                        || batch
+                            .acks
+                            .get(&record.client)
+                            .is_some_and(|&ack| record.seq <= ack);
+                    if known {
+                        continue;
+                    }
+                    let at = self.log.append_completion(&record, self.safe_version)?;
+                    let bytes = COMPLETION_ENTRY_BYTES as u64;
+                    self.note_replayed(record.table, record.key_hash, bytes);
+                    batch.completions.insert(
+                        (record.client, record.seq),
+                        Record {
+                            version: record.version,
+                            counter: record.counter,
+                            at,
+                            table: record.table,
+                            hash: record.key_hash,
+                        },
+                    );
+                    let counts = state.counts_mut();
+                    counts.completions_kept += 1;
+                    counts.bytes_appended += bytes;
+                }
             }
         }
         let floor = self
@@ -768,6 +978,12 @@ impl ObjectStore {
     /// Removes the objects of `table` with hashes in `range` from the index; their
     /// entries are dead. Returns how many.
     fn forget_range(&mut self, table: TableId, range: RangeInclusive<u64>) -> u64 {
+        for record in self
+            .completions
+            .drop_where(|t, hash| t == table && range.contains(&hash.0))
+        {
+            self.log.note_dead(record.at, COMPLETION_ENTRY_BYTES as u64);
+        }
         let refs = self.index.remove_range(table, range);
         for at in &refs {
             self.note_dead(*at);
@@ -901,6 +1117,25 @@ impl ObjectStore {
                         if let Err(end) = relocate(&mut self.log, pass, segment, range) {
                             return end;
                         }
+                        self.relocated(pass, here, bytes, found.next);
+                        continue;
+                    }
+                    (table, hash)
+                }
+                Walked::Completion {
+                    table,
+                    hash,
+                    client,
+                    seq,
+                } => {
+                    // Live while its client has not acknowledged it and its tablet is
+                    // here: the record then points at this very entry.
+                    if self.completions.holds(client, seq, here) {
+                        let new = match relocate(&mut self.log, pass, segment, range) {
+                            Ok(new) => new,
+                            Err(end) => return end,
+                        };
+                        self.completions.repoint(client, seq, here, new);
                         self.relocated(pass, here, bytes, found.next);
                         continue;
                     }
@@ -1296,6 +1531,12 @@ enum Walked {
         hash: KeyHash,
         object_segment: SegmentId,
     },
+    Completion {
+        table: TableId,
+        hash: KeyHash,
+        client: ClientId,
+        seq: u64,
+    },
     Other,
 }
 
@@ -1322,7 +1563,19 @@ fn walk_entry(bytes: &[u8], offset: u32) -> Option<WalkedEntry> {
             hash: key_hash(tombstone.key),
             object_segment: tombstone.segment_id,
         },
-        _ => Walked::Other,
+        Entry::Completion(record) => Walked::Completion {
+            table: record.table,
+            hash: record.key_hash,
+            client: record.client,
+            seq: record.seq,
+        },
+        // Named one by one: an entry type added later must be decided on here.
+        Entry::Object(_)
+        | Entry::Header(_)
+        | Entry::Digest(_)
+        | Entry::SafeVersion(_)
+        | Entry::Checksum(_)
+        | Entry::Footer { .. } => Walked::Other,
     };
     Some(WalkedEntry {
         kind,
@@ -1417,6 +1670,7 @@ mod tests {
             key: Bytes::copy_from_slice(key),
             value: Bytes::copy_from_slice(value),
             rules,
+            rifl: rampart_common::rifl::Rifl::NONE,
         }
     }
 
@@ -1429,6 +1683,7 @@ mod tests {
             table: TABLE,
             key: Bytes::copy_from_slice(key),
             rules,
+            rifl: rampart_common::rifl::Rifl::NONE,
         }
     }
 
@@ -1442,6 +1697,7 @@ mod tests {
             key: Bytes::copy_from_slice(key),
             delta,
             rules,
+            rifl: rampart_common::rifl::Rifl::NONE,
         }
     }
 
@@ -1725,17 +1981,20 @@ mod tests {
                 key,
                 value: Bytes::from(value),
                 rules,
+                rifl: rampart_common::rifl::Rifl::NONE,
             }),
             (key.clone(), rules.clone()).prop_map(|(key, rules)| WriteOp::Remove {
                 table: TABLE,
                 key,
-                rules
+                rules,
+                rifl: rampart_common::rifl::Rifl::NONE,
             }),
             (key, delta, rules).prop_map(|(key, delta, rules)| WriteOp::Increment {
                 table: TABLE,
                 key,
                 delta,
                 rules,
+                rifl: rampart_common::rifl::Rifl::NONE,
             }),
         ]
     }
@@ -2066,17 +2325,20 @@ mod tests {
                 key: Bytes::from_static(b"k"),
                 value: Bytes::from_static(b"v"),
                 rules: RejectRules::default(),
+                rifl: rampart_common::rifl::Rifl::NONE,
             },
             WriteOp::Remove {
                 table: other,
                 key: Bytes::from_static(b"k"),
                 rules: RejectRules::default(),
+                rifl: rampart_common::rifl::Rifl::NONE,
             },
             WriteOp::Increment {
                 table: other,
                 key: Bytes::from_static(b"k"),
                 delta: 1,
                 rules: RejectRules::default(),
+                rifl: rampart_common::rifl::Rifl::NONE,
             },
         ];
         let log_before = log_len(&store);
@@ -2104,6 +2366,7 @@ mod tests {
             key: Bytes::from_static(b"kept"),
             value: Bytes::from_static(b"v"),
             rules: RejectRules::default(),
+            rifl: rampart_common::rifl::Rifl::NONE,
         };
         assert_eq!(apply(&mut store, &kept).status, Status::Ok);
         assert_eq!(store.object_count(), 51);
@@ -2800,6 +3063,7 @@ mod tests {
                 key: Bytes::from_static(b"b"),
                 value: Bytes::from_static(b"new"),
                 rules: RejectRules::default(),
+                rifl: rampart_common::rifl::Rifl::NONE,
             },
         );
         assert_eq!(outcome.status, Status::Ok);

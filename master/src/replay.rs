@@ -21,11 +21,16 @@
 //! * with a version floor (a recovery the operator let lose data), every version is
 //!   replayed shifted up by it ([`ReplayState::shifted`]): a shift keeps their order, so
 //!   the rules above hold unchanged, and every replayed object ends above every version
-//!   the crashed master handed out.
+//!   the crashed master handed out;
+//! * a completion record (`rampart_common::rifl`) is kept unless this master holds it
+//!   already or its client acknowledged it (its own `ack`, or a later record's): it is
+//!   appended to this master's log alone (its object is replayed by the rules above) and
+//!   held, with its version shifted like the objects', so a retry of the operation that
+//!   reaches this master is answered with the outcome its client would have seen.
 
 use bytes::Bytes;
 use rampart_common::ids::{key_hash, KeyHash, SegmentId, TableId, Version};
-use rampart_common::log::{decode_entry, Entry, EntryError};
+use rampart_common::log::{decode_entry, CompletionEntry, Entry, EntryError};
 use rampart_common::tablet::HashRange;
 use std::collections::HashMap;
 
@@ -56,6 +61,8 @@ pub enum PieceEntry {
         /// The key.
         key: Bytes,
     },
+    /// A completion record.
+    Completion(CompletionEntry),
 }
 
 /// One segment's entries of one partition, as a backup sent them, decoded and checked.
@@ -162,19 +169,35 @@ impl RecoveryPiece {
                     version: tombstone.version,
                     key: buf.slice_ref(tombstone.key),
                 },
+                Entry::Completion(record) => PieceEntry::Completion(record),
                 Entry::SafeVersion(floor) => {
                     safe_version = safe_version.max(floor);
                     offset = next;
                     continue;
                 }
-                other => {
-                    let what = match other {
-                        Entry::Header(_) => "segment header",
-                        Entry::Digest(_) => "digest",
-                        Entry::Checksum(_) => "checksum",
-                        _ => "footer",
-                    };
-                    return Err(PieceError::Unexpected { offset, what });
+                Entry::Header(_) => {
+                    return Err(PieceError::Unexpected {
+                        offset,
+                        what: "segment header",
+                    })
+                }
+                Entry::Digest(_) => {
+                    return Err(PieceError::Unexpected {
+                        offset,
+                        what: "digest",
+                    })
+                }
+                Entry::Checksum(_) => {
+                    return Err(PieceError::Unexpected {
+                        offset,
+                        what: "checksum",
+                    })
+                }
+                Entry::Footer { .. } => {
+                    return Err(PieceError::Unexpected {
+                        offset,
+                        what: "footer",
+                    })
                 }
             };
             let (table, hash) = parsed.table_and_hash();
@@ -248,6 +271,7 @@ impl PieceEntry {
             PieceEntry::Object { table, hash, .. } | PieceEntry::Tombstone { table, hash, .. } => {
                 (*table, *hash)
             }
+            PieceEntry::Completion(record) => (record.table, record.key_hash),
         }
     }
 
@@ -260,6 +284,7 @@ impl PieceEntry {
             PieceEntry::Tombstone { key, .. } => {
                 rampart_common::log::tombstone_entry_bytes(key.len())
             }
+            PieceEntry::Completion(_) => rampart_common::log::COMPLETION_ENTRY_BYTES,
         }
     }
 }
@@ -277,8 +302,10 @@ pub struct ReplayCounts {
     pub objects_live: u64,
     /// Tombstones appended to this master's log.
     pub tombstones_appended: u64,
-    /// Log bytes appended (objects and tombstones).
+    /// Log bytes appended (objects, tombstones and completion records).
     pub bytes_appended: u64,
+    /// Completion records appended to this master's log and held.
+    pub completions_kept: u64,
 }
 
 /// The state of one recovery's replay, shared by its pieces.
@@ -430,6 +457,42 @@ mod tests {
             entries: Bytes::copy_from_slice(&writer.bytes()[start..]),
             count: 2,
         }
+    }
+
+    #[test]
+    fn parse_decodes_completion_records_and_keeps_them_to_their_partition() {
+        let mut writer = rampart_common::log::SegmentWriter::open(
+            ServerId(9),
+            SegmentId(1),
+            1 << 16,
+            &[SegmentId(1)],
+        )
+        .expect("a 64 KiB segment opens");
+        let start = writer.bytes().len();
+        let record = CompletionEntry {
+            table: T,
+            key_hash: KeyHash(77),
+            client: rampart_common::ids::ClientId(3),
+            seq: 4,
+            ack: 2,
+            version: Version(6),
+            counter: Some(10),
+        };
+        writer.append_completion(&record).expect("fits");
+        let bytes = PieceBytes {
+            safe_version: Version(1),
+            entries: Bytes::copy_from_slice(&writer.bytes()[start..]),
+            count: 1,
+        };
+        let piece = RecoveryPiece::parse(SegmentId(5), bytes.clone(), &[HashRange::whole(T)])
+            .expect("parses");
+        assert_eq!(piece.entries(), &[PieceEntry::Completion(record)]);
+        assert_eq!(piece.entries()[0].table_and_hash(), (T, KeyHash(77)));
+        let elsewhere = [HashRange::new(T, 78, u64::MAX)];
+        assert!(matches!(
+            RecoveryPiece::parse(SegmentId(5), bytes, &elsewhere),
+            Err(PieceError::OutsidePartition { .. })
+        ));
     }
 
     #[test]

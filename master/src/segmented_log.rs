@@ -1,6 +1,7 @@
 //! `SegmentedLog`: the master's log-structured memory (DESIGN.md §4).
 //!
-//! All objects and tombstones live in one append-only log divided into fixed-size
+//! All objects, tombstones and completion records live in one append-only log divided
+//! into fixed-size
 //! segments; the memory limit is a number of segments. Appends go to the *head*
 //! segment. When an entry does not fit, the log rolls over following the
 //! digest-and-footer protocol: open segment n+1 with its header, a digest of every live
@@ -44,9 +45,9 @@
 //! cleaner's reserve included, fit (`ObjectStore::stage`).
 //!
 //! # Accounting
-//! Each segment counts its *live bytes* — object and tombstone entries appended and not
-//! yet known dead ([`SegmentedLog::note_dead`], called by the store when the index lets
-//! go of an entry) — and a *stamp*, the log clock (bytes ever appended) at its last
+//! Each segment counts its *live bytes* — object, tombstone and completion-record entries
+//! appended and not yet known dead ([`SegmentedLog::note_dead`], called by the store when
+//! the index lets go of an object or a record is acknowledged) — and a *stamp*, the log clock (bytes ever appended) at its last
 //! append: the `u` and `age` of the cleaner's cost-benefit choice. Tombstones count as
 //! live until cleaned (only the cleaner decides that they are not).
 //!
@@ -63,8 +64,9 @@ use bytes::Bytes;
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
 use rampart_common::log::{
-    decode_object_trusted, digest_entry_bytes, object_entry_bytes, tombstone_entry_bytes, LogFull,
-    ObjectEntry, SegmentWriter, SAFE_VERSION_ENTRY_BYTES,
+    decode_object_trusted, digest_entry_bytes, object_entry_bytes, tombstone_entry_bytes,
+    CompletionEntry, LogFull, ObjectEntry, SegmentWriter, COMPLETION_ENTRY_BYTES,
+    SAFE_VERSION_ENTRY_BYTES,
 };
 use std::collections::BTreeMap;
 
@@ -415,6 +417,93 @@ impl SegmentedLog {
             segment.append_tombstone(table, version, object_segment, key)
         })?;
         self.count_live(at.segment, bytes as u64);
+        Ok(at)
+    }
+
+    /// Appends an object and, when `record` is given, its completion record right after
+    /// it, in one append: both land in the same segment (a rollover comes before the
+    /// pair, never between), so they are sealed, replicated and recovered together
+    /// (`rampart_common::rifl`). Returns where the object and the record are.
+    pub fn append_object_completing(
+        &mut self,
+        table: TableId,
+        version: Version,
+        key: &[u8],
+        value: &[u8],
+        record: Option<&CompletionEntry>,
+        safe_version: Version,
+    ) -> Result<(LogRef, Option<LogRef>), NoSpace> {
+        let object_bytes = object_entry_bytes(key.len(), value.len());
+        self.append_pair(safe_version, object_bytes, record, |segment| {
+            segment.append_object(table, version, key, value)
+        })
+    }
+
+    /// [`append_object_completing`](Self::append_object_completing) for a tombstone.
+    pub fn append_tombstone_completing(
+        &mut self,
+        table: TableId,
+        version: Version,
+        object_segment: SegmentId,
+        key: &[u8],
+        record: Option<&CompletionEntry>,
+        safe_version: Version,
+    ) -> Result<(LogRef, Option<LogRef>), NoSpace> {
+        let tombstone_bytes = tombstone_entry_bytes(key.len());
+        self.append_pair(safe_version, tombstone_bytes, record, |segment| {
+            segment.append_tombstone(table, version, object_segment, key)
+        })
+    }
+
+    /// Appends an entry of `entry_bytes` with `append`, then `record` after it, in one
+    /// segment: the pair is checked against the segment's room before either is written,
+    /// so a segment never holds the entry without its record.
+    fn append_pair(
+        &mut self,
+        safe_version: Version,
+        entry_bytes: usize,
+        record: Option<&CompletionEntry>,
+        append: impl Fn(&mut SegmentWriter) -> Result<u32, LogFull>,
+    ) -> Result<(LogRef, Option<LogRef>), NoSpace> {
+        let record_bytes = if record.is_some() {
+            COMPLETION_ENTRY_BYTES
+        } else {
+            0
+        };
+        let total = entry_bytes + record_bytes;
+        let at = self.append_with(safe_version, total, |segment| {
+            if segment.free_bytes() < total {
+                return Err(LogFull);
+            }
+            let offset = append(segment)?;
+            if let Some(record) = record {
+                segment.append_completion(record)?;
+            }
+            Ok(offset)
+        })?;
+        self.count_live(at.segment, entry_bytes as u64);
+        let record_at = record.map(|_| {
+            let record_at = LogRef {
+                segment: at.segment,
+                offset: at.offset + entry_bytes as u32,
+            };
+            self.count_live(at.segment, record_bytes as u64);
+            record_at
+        });
+        Ok((at, record_at))
+    }
+
+    /// Appends a completion record alone: a recovery replaying one (the object it came
+    /// with is replayed on its own).
+    pub fn append_completion(
+        &mut self,
+        record: &CompletionEntry,
+        safe_version: Version,
+    ) -> Result<LogRef, NoSpace> {
+        let at = self.append_with(safe_version, COMPLETION_ENTRY_BYTES, |segment| {
+            segment.append_completion(record)
+        })?;
+        self.count_live(at.segment, COMPLETION_ENTRY_BYTES as u64);
         Ok(at)
     }
 

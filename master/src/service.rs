@@ -554,20 +554,32 @@ impl From<WriteRequest> for WriteOp {
             key,
             value,
             rules,
+            rifl,
         } = request;
         WriteOp::Write {
             table,
             key,
             value,
             rules,
+            rifl,
         }
     }
 }
 
 impl From<RemoveRequest> for WriteOp {
     fn from(request: RemoveRequest) -> WriteOp {
-        let RemoveRequest { table, key, rules } = request;
-        WriteOp::Remove { table, key, rules }
+        let RemoveRequest {
+            table,
+            key,
+            rules,
+            rifl,
+        } = request;
+        WriteOp::Remove {
+            table,
+            key,
+            rules,
+            rifl,
+        }
     }
 }
 
@@ -578,12 +590,14 @@ impl From<IncrementRequest> for WriteOp {
             key,
             delta,
             rules,
+            rifl,
         } = request;
         WriteOp::Increment {
             table,
             key,
             delta,
             rules,
+            rifl,
         }
     }
 }

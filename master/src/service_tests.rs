@@ -79,6 +79,7 @@ fn write_request(key: &str, value: &str) -> WriteRequest {
         key: Bytes::copy_from_slice(key.as_bytes()),
         value: Bytes::copy_from_slice(value.as_bytes()),
         rules: RejectRules::default(),
+        rifl: rampart_common::rifl::Rifl::NONE,
     }
 }
 
@@ -204,6 +205,7 @@ async fn multi_ops_over_the_limit_are_invalid_argument() {
                 table: TABLE,
                 key: Bytes::from(format!("key-{i}")),
                 rules: RejectRules::default(),
+                rifl: rampart_common::rifl::Rifl::NONE,
             })
             .collect(),
     };
@@ -272,6 +274,7 @@ async fn take_tablets_then_write_and_read_round_trip() {
             key: Bytes::from_static(b"n"),
             delta: 41,
             rules: RejectRules::default(),
+            rifl: rampart_common::rifl::Rifl::NONE,
         },
     )
     .await;
@@ -298,6 +301,7 @@ async fn take_tablets_then_write_and_read_round_trip() {
             table: TABLE,
             key: Bytes::from_static(b"k"),
             rules: RejectRules::default(),
+            rifl: rampart_common::rifl::Rifl::NONE,
         },
     )
     .await;
@@ -335,6 +339,7 @@ async fn ping_reports_the_object_count() {
                 table: TABLE,
                 key: Bytes::from(format!("key-{i}")),
                 rules: RejectRules::default(),
+                rifl: rampart_common::rifl::Rifl::NONE,
             })
             .collect(),
     };

@@ -233,6 +233,7 @@ fn write(i: usize) -> WriteOp {
         key: Bytes::from(format!("key-{i}")),
         value: Bytes::from(vec![(i % 251) as u8; 300]),
         rules: RejectRules::default(),
+        rifl: rampart_common::rifl::Rifl::NONE,
     }
 }
 

@@ -143,6 +143,7 @@ async fn a_newer_epoch_reported_by_a_lease_renewal_is_pulled() {
         key: Bytes::from_static(b"k"),
         value: Bytes::from_static(b"v"),
         rules: RejectRules::default(),
+        rifl: rampart_common::rifl::Rifl::NONE,
     };
     // (This fake reserves no versions: raise the ceiling by hand.)
     master

@@ -106,6 +106,7 @@ async fn write(master: &MasterService, key: &'static [u8]) -> WriteReply {
         key: Bytes::from_static(key),
         value: Bytes::from_static(b"v"),
         rules: RejectRules::default(),
+        rifl: rampart_common::rifl::Rifl::NONE,
     };
     let reply = master.handle(Write::OPCODE, encode(&request)).await;
     assert_eq!(reply.status(), Status::Ok);

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId, TableId, Version};
 use rampart_common::reject::RejectRules;
+use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
 use rampart_master::cleaner::{CleaningPass, StepEnd};
@@ -271,11 +272,13 @@ impl SimMaster {
                     key: key_bytes,
                     value: Bytes::from(value.clone()),
                     rules: RejectRules::default(),
+                    rifl: Rifl::NONE,
                 },
                 None => WriteOp::Remove {
                     table,
                     key: key_bytes,
                     rules: RejectRules::default(),
+                    rifl: Rifl::NONE,
                 },
             };
             let outcome = self.store.stage(&mut batch, &op);

@@ -9,7 +9,7 @@
 //! before it is used, so a corrupt or hostile segment yields an [`EntryError`], never a
 //! panic or a large allocation.
 
-use crate::ids::{SegmentId, ServerId, TableId, Version};
+use crate::ids::{ClientId, KeyHash, SegmentId, ServerId, TableId, Version};
 use crc32fast::Hasher;
 
 /// Bytes of an entry's `type` and `len` fields.
@@ -34,6 +34,16 @@ const OBJECT_FIXED_PAYLOAD_BYTES: usize = 8 + 8 + 4 + 4;
 /// crc.
 const TOMBSTONE_FIXED_PAYLOAD_BYTES: usize = 8 + 8 + 8 + 4 + 4;
 
+/// Completion record payload bytes: table id, key hash, client, seq, ack, version,
+/// counter, flags, crc.
+const COMPLETION_PAYLOAD_BYTES: usize = 8 * 7 + 1 + 4;
+
+/// Bytes of a whole `Completion` entry: header and payload.
+pub const COMPLETION_ENTRY_BYTES: usize = ENTRY_HEADER_BYTES + COMPLETION_PAYLOAD_BYTES;
+
+/// The `flags` bit of a completion record that says `counter` holds an increment's result.
+const COMPLETION_HAS_COUNTER: u8 = 1;
+
 /// Digest payload bytes besides the segment ids: the count.
 const DIGEST_FIXED_PAYLOAD_BYTES: usize = 4;
 
@@ -47,6 +57,7 @@ const CRC_COMBINE_MIN_BYTES: usize = 2048;
 const _: () = assert!(CHECKSUM_ENTRY_BYTES == 9);
 const _: () = assert!(FOOTER_ENTRY_BYTES == 13);
 const _: () = assert!(SEGMENT_HEADER_ENTRY_BYTES == 25);
+const _: () = assert!(COMPLETION_ENTRY_BYTES == 66);
 
 /// The type byte of an entry. 0 is never a type: it marks the end of written data.
 #[repr(u8)]
@@ -66,6 +77,9 @@ pub enum EntryType {
     Checksum = 6,
     /// Closes the segment and names its successor.
     SegmentFooter = 7,
+    /// The outcome of a client's write, remove or increment, for its retries:
+    /// [`CompletionEntry`] (`crate::rifl`).
+    Completion = 8,
 }
 
 impl EntryType {
@@ -79,6 +93,7 @@ impl EntryType {
             5 => EntryType::SafeVersion,
             6 => EntryType::Checksum,
             7 => EntryType::SegmentFooter,
+            8 => EntryType::Completion,
             _ => return None,
         })
     }
@@ -123,6 +138,29 @@ pub struct TombstoneEntry<'a> {
     pub key: &'a [u8],
 }
 
+/// A completion record: client `client`'s operation `seq` changed the object of `table`
+/// whose key hashes to `key_hash`, with this outcome (`crate::rifl`). Appended with the
+/// object or tombstone it produced, in one atomic append; it lives in the tablet of
+/// (`table`, `key_hash`) and moves with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CompletionEntry {
+    /// The object's table.
+    pub table: TableId,
+    /// The object's key hash.
+    pub key_hash: KeyHash,
+    /// The client.
+    pub client: ClientId,
+    /// The operation's number.
+    pub seq: u64,
+    /// The client's acknowledgement when it sent the operation: its operations up to
+    /// here had their outcomes at the client.
+    pub ack: u64,
+    /// The outcome: the new version (write, increment) or the version removed.
+    pub version: Version,
+    /// An increment's result, `None` for writes and removes.
+    pub counter: Option<i64>,
+}
+
 /// A decoded entry. Keys and values borrow from the buffer it was decoded from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Entry<'a> {
@@ -144,6 +182,8 @@ pub enum Entry<'a> {
         /// The segment opened after this one.
         successor: SegmentId,
     },
+    /// `Completion`: a completion record.
+    Completion(CompletionEntry),
 }
 
 impl Entry<'_> {
@@ -157,6 +197,7 @@ impl Entry<'_> {
             Entry::SafeVersion(_) => EntryType::SafeVersion,
             Entry::Checksum(_) => EntryType::Checksum,
             Entry::Footer { .. } => EntryType::SegmentFooter,
+            Entry::Completion(_) => EntryType::Completion,
         }
     }
 }
@@ -186,7 +227,8 @@ pub enum EntryError {
         /// What is wrong with it.
         what: &'static str,
     },
-    /// An object's or tombstone's own CRC does not match its payload.
+    /// An object's, tombstone's or completion record's own CRC does not match its
+    /// payload.
     #[error("entry at offset {offset} fails its CRC")]
     BadCrc {
         /// Where the entry starts.
@@ -351,6 +393,25 @@ pub(crate) fn decode(buf: &[u8], offset: usize) -> Result<Option<Decoded<'_>>, E
                 successor: SegmentId(le_u64(p, 0)),
             }
         }
+        EntryType::Completion => {
+            if len != COMPLETION_PAYLOAD_BYTES {
+                return Err(malformed("completion record payload is not 61 bytes"));
+            }
+            body_crc = Some(check_crc(p, offset)?);
+            let flags = p[56];
+            if flags & !COMPLETION_HAS_COUNTER != 0 {
+                return Err(malformed("completion record has unknown flags"));
+            }
+            Entry::Completion(CompletionEntry {
+                table: TableId(le_u64(p, 0)),
+                key_hash: KeyHash(le_u64(p, 8)),
+                client: ClientId(le_u64(p, 16)),
+                seq: le_u64(p, 24),
+                ack: le_u64(p, 32),
+                version: Version(le_u64(p, 40)),
+                counter: (flags & COMPLETION_HAS_COUNTER != 0).then(|| le_u64(p, 48) as i64),
+            })
+        }
     };
     Ok(Some(Decoded {
         entry,
@@ -413,6 +474,27 @@ pub(crate) fn fold_crc_entry(running: &mut Hasher, entry_bytes: &[u8], body_crc:
     }
 }
 
+/// Appends a completion record's payload (without its CRC) after its header.
+pub(crate) fn put_completion(buf: &mut Vec<u8>, record: &CompletionEntry) {
+    put_entry_header(buf, EntryType::Completion, COMPLETION_PAYLOAD_BYTES);
+    for word in [
+        record.table.0,
+        record.key_hash.0,
+        record.client.0,
+        record.seq,
+        record.ack,
+        record.version.0,
+        record.counter.unwrap_or(0) as u64,
+    ] {
+        buf.extend_from_slice(&word.to_le_bytes());
+    }
+    buf.push(if record.counter.is_some() {
+        COMPLETION_HAS_COUNTER
+    } else {
+        0
+    });
+}
+
 /// Appends an entry header. The caller appends exactly `len` payload bytes next.
 pub(crate) fn put_entry_header(buf: &mut Vec<u8>, ty: EntryType, len: usize) {
     let len = u32::try_from(len).expect("entry length is bounded by the u32 segment capacity");
@@ -443,7 +525,7 @@ mod tests {
         for byte in 0..=u8::MAX {
             match EntryType::from_u8(byte) {
                 Some(ty) => assert_eq!(ty as u8, byte),
-                None => assert!(byte == 0 || byte > 7, "type {byte} lost"),
+                None => assert!(byte == 0 || byte > 8, "type {byte} lost"),
             }
         }
     }
@@ -466,9 +548,49 @@ mod tests {
     #[test]
     fn decode_entry_rejects_unknown_type() {
         assert_eq!(
-            decode_entry(&[8, 0, 0, 0, 0], 0),
-            Err(EntryError::UnknownType { offset: 0, ty: 8 })
+            decode_entry(&[9, 0, 0, 0, 0], 0),
+            Err(EntryError::UnknownType { offset: 0, ty: 9 })
         );
+    }
+
+    #[test]
+    fn a_completion_record_of_the_wrong_size_or_flags_or_crc_is_refused() {
+        let record = CompletionEntry {
+            table: TableId(1),
+            key_hash: KeyHash(2),
+            client: ClientId(3),
+            seq: 4,
+            ack: 3,
+            version: Version(5),
+            counter: Some(-6),
+        };
+        let mut buf = Vec::new();
+        put_completion(&mut buf, &record);
+        let crc = crc32fast::hash(&buf[ENTRY_HEADER_BYTES..]);
+        buf.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(buf.len(), COMPLETION_ENTRY_BYTES);
+        assert_eq!(
+            decode_entry(&buf, 0),
+            Ok(Some((Entry::Completion(record), COMPLETION_ENTRY_BYTES)))
+        );
+        let mut flipped = buf.clone();
+        flipped[30] ^= 1;
+        assert_eq!(
+            decode_entry(&flipped, 0),
+            Err(EntryError::BadCrc { offset: 0 })
+        );
+        let mut flags = buf.clone();
+        flags[ENTRY_HEADER_BYTES + 56] = 2;
+        assert!(matches!(
+            decode_entry(&flags, 0),
+            Err(EntryError::Malformed { .. }) | Err(EntryError::BadCrc { .. })
+        ));
+        let mut short = buf[..COMPLETION_ENTRY_BYTES - 1].to_vec();
+        short[1] -= 1;
+        assert!(matches!(
+            decode_entry(&short, 0),
+            Err(EntryError::Malformed { .. })
+        ));
     }
 
     #[test]

@@ -21,11 +21,14 @@
 //! | 5 | `SafeVersion` | version u64 |
 //! | 6 | `Checksum` | u32 |
 //! | 7 | `SegmentFooter` | successor segment id u64 |
+//! | 8 | `Completion` | table id u64, key hash u64, client id u64, seq u64, ack u64, version u64, counter i64, flags u8 (1: counter present), crc32 u32 |
 //!
 //! An object's value is what remains of the payload after the key; the trailing crc32
-//! of objects and tombstones covers their payload bytes before it. A segment is: header,
-//! digest, `Checksum`; then batches of objects, tombstones and safe versions, each
-//! closed by a `Checksum`; finally, once closed, the footer and its `Checksum`.
+//! of objects, tombstones and completion records covers their payload bytes before it.
+//! A segment is: header, digest, `Checksum`; then batches of objects, tombstones,
+//! completion records and safe versions, each closed by a `Checksum`; finally, once
+//! closed, the footer and its `Checksum`. A completion record (`crate::rifl`) always
+//! directly follows the object or tombstone it was appended with.
 //!
 //! # The checksum rule
 //!
@@ -94,9 +97,9 @@ pub mod writer;
 
 pub use entry::{
     checksum_value, decode_entry, decode_object_trusted, digest_entry_bytes, object_entry_bytes,
-    tombstone_entry_bytes, Entry, EntryError, EntryType, ObjectEntry, SegmentHeader,
-    TombstoneEntry, CHECKSUM_ENTRY_BYTES, ENTRY_HEADER_BYTES, FOOTER_ENTRY_BYTES,
-    SAFE_VERSION_ENTRY_BYTES, SEGMENT_HEADER_ENTRY_BYTES,
+    tombstone_entry_bytes, CompletionEntry, Entry, EntryError, EntryType, ObjectEntry,
+    SegmentHeader, TombstoneEntry, CHECKSUM_ENTRY_BYTES, COMPLETION_ENTRY_BYTES,
+    ENTRY_HEADER_BYTES, FOOTER_ENTRY_BYTES, SAFE_VERSION_ENTRY_BYTES, SEGMENT_HEADER_ENTRY_BYTES,
 };
 pub use scanner::{entries, scan, Entries, ScanResult, StopReason};
 pub use writer::{LogFull, SegmentWriter};

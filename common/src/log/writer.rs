@@ -29,9 +29,10 @@ use std::fmt;
 use crc32fast::Hasher;
 
 use super::entry::{
-    checksum_value, digest_entry_bytes, fold_crc_entry, object_entry_bytes, put_entry_header,
-    tombstone_entry_bytes, Entry, EntryError, EntryType, CHECKSUM_ENTRY_BYTES, ENTRY_HEADER_BYTES,
-    FOOTER_ENTRY_BYTES, SAFE_VERSION_ENTRY_BYTES, SEGMENT_HEADER_ENTRY_BYTES,
+    checksum_value, digest_entry_bytes, fold_crc_entry, object_entry_bytes, put_completion,
+    put_entry_header, tombstone_entry_bytes, CompletionEntry, Entry, EntryError, EntryType,
+    CHECKSUM_ENTRY_BYTES, COMPLETION_ENTRY_BYTES, ENTRY_HEADER_BYTES, FOOTER_ENTRY_BYTES,
+    SAFE_VERSION_ENTRY_BYTES, SEGMENT_HEADER_ENTRY_BYTES,
 };
 use crate::ids::{SegmentId, ServerId, TableId, Version};
 
@@ -223,6 +224,14 @@ impl SegmentWriter {
         Ok(offset)
     }
 
+    /// Appends a completion record (`crate::rifl`); returns its offset.
+    pub fn append_completion(&mut self, record: &CompletionEntry) -> Result<u32, LogFull> {
+        let offset = self.reserve(COMPLETION_ENTRY_BYTES)?;
+        put_completion(&mut self.buf, record);
+        self.finish_crc_entry(offset as usize);
+        Ok(offset)
+    }
+
     /// Appends a copy of a whole object or tombstone entry that a [`SegmentWriter`]
     /// wrote (its own CRC included): the cleaner moving a live entry into a survivor.
     /// The entry's stored CRC is folded into the running CRC, not recomputed, so the
@@ -234,8 +243,10 @@ impl SegmentWriter {
     pub fn append_copy(&mut self, entry: &[u8]) -> Result<u32, LogFull> {
         let ty = entry.first().copied();
         assert!(
-            ty == Some(EntryType::Object as u8) || ty == Some(EntryType::Tombstone as u8),
-            "only objects and tombstones are copied"
+            ty == Some(EntryType::Object as u8)
+                || ty == Some(EntryType::Tombstone as u8)
+                || ty == Some(EntryType::Completion as u8),
+            "only objects, tombstones and completion records are copied"
         );
         assert!(entry.len() >= ENTRY_HEADER_BYTES + 4, "entry too short");
         let stated = u32::from_le_bytes([entry[1], entry[2], entry[3], entry[4]]) as usize;
@@ -484,6 +495,21 @@ mod tests {
             .append_tombstone(TableId(1), Version(8), SegmentId(9), b"")
             .expect("fits");
         let s = w.append_safe_version(Version(42)).expect("fits");
+        let written = CompletionEntry {
+            table: TableId(1),
+            key_hash: crate::ids::KeyHash(u64::MAX),
+            client: crate::ids::ClientId(7),
+            seq: 9,
+            ack: 8,
+            version: Version(5),
+            counter: None,
+        };
+        let c = w.append_completion(&written).expect("fits");
+        let incremented = CompletionEntry {
+            counter: Some(i64::MIN),
+            ..written
+        };
+        let c_counter = w.append_completion(&incremented).expect("fits");
         let committed = w.seal_batch();
         let end = w.close(SegmentId(18));
         let expect = [
@@ -533,6 +559,8 @@ mod tests {
                 }),
             ),
             (s, Entry::SafeVersion(Version(42))),
+            (c, Entry::Completion(written)),
+            (c_counter, Entry::Completion(incremented)),
         ];
         for (offset, entry) in &expect {
             let (decoded, _) = w.entry_at(*offset).expect("valid").expect("present");

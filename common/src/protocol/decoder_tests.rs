@@ -132,6 +132,11 @@ fn truncated_and_hostile_bincode_payloads_are_refused_by_the_protocol_decoders()
             key: Bytes::from_static(b"k"),
             value: Bytes::from_static(b"v"),
             rules: RejectRules::create_only(),
+            rifl: crate::rifl::Rifl {
+                client: crate::ids::ClientId(3),
+                seq: 9,
+                ack: 8,
+            },
         }],
     });
     assert_only_the_whole_encoding_decodes(master::IncrementRequest {
@@ -139,6 +144,7 @@ fn truncated_and_hostile_bincode_payloads_are_refused_by_the_protocol_decoders()
         key: Bytes::from_static(b"counter"),
         delta: -5,
         rules: RejectRules::default(),
+        rifl: crate::rifl::Rifl::NONE,
     });
     assert_only_the_whole_encoding_decodes(master::EnumerateRequest {
         table: TableId(1),
@@ -207,6 +213,11 @@ fn hot_path_messages_cut_before_their_value_are_refused() {
         key: Bytes::from_static(b"key"),
         value: Bytes::from_static(b"value"),
         rules: RejectRules::default(),
+        rifl: crate::rifl::Rifl {
+            client: crate::ids::ClientId(3),
+            seq: 9,
+            ack: 8,
+        },
     };
     let whole = encode(&write);
     let value_starts = whole.len() - write.value.len();

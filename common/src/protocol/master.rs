@@ -12,9 +12,10 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{SegmentId, ServerId, TableId, TabletEpoch, Version};
+use crate::ids::{ClientId, SegmentId, ServerId, TableId, TabletEpoch, Version};
 use crate::protocol::backup::PartitionRanges;
 use crate::reject::RejectRules;
+use crate::rifl::Rifl;
 use crate::rpc::message::Cursor;
 use crate::rpc::{DecodeError, WireMessage};
 use crate::status::Status;
@@ -53,6 +54,8 @@ pub struct WriteRequest {
     pub value: Bytes,
     /// When to refuse.
     pub rules: RejectRules,
+    /// Its exactly-once identity ([`Rifl::NONE`]: none).
+    pub rifl: Rifl,
 }
 
 /// The outcome of a write, remove or increment of one object.
@@ -74,6 +77,8 @@ pub struct RemoveRequest {
     pub key: Bytes,
     /// When to refuse.
     pub rules: RejectRules,
+    /// Its exactly-once identity ([`Rifl::NONE`]: none).
+    pub rifl: Rifl,
 }
 
 /// Add `delta` to an object holding an 8-byte little-endian signed integer; a missing
@@ -88,6 +93,8 @@ pub struct IncrementRequest {
     pub delta: i64,
     /// When to refuse.
     pub rules: RejectRules,
+    /// Its exactly-once identity ([`Rifl::NONE`]: none).
+    pub rifl: Rifl,
 }
 
 /// The outcome of an increment.
@@ -483,9 +490,12 @@ impl WireMessage for ReadReply {
 
 impl WireMessage for WriteRequest {
     fn encode(&self, out: &mut BytesMut) {
-        out.reserve(21 + self.key.len() + self.value.len());
+        out.reserve(45 + self.key.len() + self.value.len());
         out.put_u64_le(self.table.0);
         put_rules(out, &self.rules);
+        out.put_u64_le(self.rifl.client.0);
+        out.put_u64_le(self.rifl.seq);
+        out.put_u64_le(self.rifl.ack);
         out.put_u32_le(self.key.len() as u32);
         out.put_slice(&self.key);
         out.put_slice(&self.value);
@@ -495,6 +505,11 @@ impl WireMessage for WriteRequest {
         let mut cursor = Cursor::new(payload);
         let table = TableId(cursor.u64("table id")?);
         let rules = get_rules(&mut cursor)?;
+        let rifl = Rifl {
+            client: ClientId(cursor.u64("client id")?),
+            seq: cursor.u64("sequence number")?,
+            ack: cursor.u64("acknowledgement")?,
+        };
         let key_len = cursor.u32("key length")? as usize;
         let key = cursor.bytes(key_len, "key")?;
         Ok(WriteRequest {
@@ -502,6 +517,7 @@ impl WireMessage for WriteRequest {
             key,
             value: cursor.rest(),
             rules,
+            rifl,
         })
     }
 }
@@ -551,6 +567,11 @@ mod tests {
                 exists: true,
                 version_ne_given: true,
                 ..RejectRules::default()
+            },
+            rifl: Rifl {
+                client: ClientId(11),
+                seq: 12,
+                ack: 10,
             },
         });
         round_trip(WriteReply {

@@ -277,6 +277,7 @@ fn write(i: u64, value: &Bytes) -> WriteOp {
         key: key(i),
         value: value.clone(),
         rules: RejectRules::default(),
+        rifl: rampart_common::rifl::Rifl::NONE,
     }
 }
 
