@@ -354,7 +354,7 @@ pub enum StartError {
 enum Input {
     Propose {
         command: Command,
-        reply: oneshot::Sender<Result<CommandResult, NodeError>>,
+        reply: oneshot::Sender<Result<Applied, NodeError>>,
     },
     Read {
         reply: oneshot::Sender<Result<(), NodeError>>,
@@ -580,6 +580,13 @@ impl RaftNode {
     /// applying it produced. Fails at once with [`NodeError::NotLeader`] on a follower.
     /// The caller bounds the wait (a leader cut off from its majority never commits).
     pub async fn propose(&self, command: Command) -> Result<CommandResult, NodeError> {
+        self.propose_indexed(command)
+            .await
+            .map(|applied| applied.result)
+    }
+
+    /// [`propose`](Self::propose), also returning the index of the command's entry.
+    pub async fn propose_indexed(&self, command: Command) -> Result<Applied, NodeError> {
         let (reply, result) = oneshot::channel();
         self.send(Input::Propose { command, reply })?;
         result.await.unwrap_or_else(|_| Err(self.stopped_error()))
@@ -774,7 +781,18 @@ fn proposal_id(entry: &Entry) -> Option<u64> {
 /// A proposal waiting for its entry to be applied.
 struct Proposal {
     index: u64,
-    reply: oneshot::Sender<Result<CommandResult, NodeError>>,
+    reply: oneshot::Sender<Result<Applied, NodeError>>,
+}
+
+/// A committed and applied proposal: what applying it produced, and the index of its
+/// entry in the Raft log (unique over the group's life: `OpenClient` makes client ids of
+/// it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// Its entry's index.
+    pub index: u64,
+    /// What applying it produced.
+    pub result: CommandResult,
 }
 
 /// The ready loop's state; lives on the `rampart-raft` thread.
@@ -922,11 +940,7 @@ impl Driver {
         hint(&self.shared.status.lock(), &self.peers)
     }
 
-    fn propose(
-        &mut self,
-        command: Command,
-        reply: oneshot::Sender<Result<CommandResult, NodeError>>,
-    ) {
+    fn propose(&mut self, command: Command, reply: oneshot::Sender<Result<Applied, NodeError>>) {
         if self.raw.raft.state != StateRole::Leader {
             let _ = reply.send(Err(NodeError::NotLeader(self.hint())));
             return;
@@ -1026,7 +1040,12 @@ impl Driver {
             };
             if let Some(id) = proposal_id(&entry) {
                 if let Some(proposal) = self.proposals.remove(&id) {
-                    let answer = result.ok_or(NodeError::Dropped);
+                    let answer = result
+                        .map(|result| Applied {
+                            index: entry.index,
+                            result,
+                        })
+                        .ok_or(NodeError::Dropped);
                     let _ = proposal.reply.send(answer);
                 }
             }

@@ -42,7 +42,7 @@
 //!   and the master drops it at its next lease renewal.
 
 use bytes::Bytes;
-use rampart_common::ids::{ServerId, TabletEpoch};
+use rampart_common::ids::{ClientId, ServerId, TabletEpoch};
 use rampart_common::protocol::coordinator::{
     self as proto, CreateTableRequest, DropTableRequest, EnlistReply, EnlistRequest,
     RaftMessagesRequest, TableIdReply, TableNameRequest,
@@ -65,9 +65,9 @@ use crate::node::{NodeError, RaftNode};
 use crate::recovery::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
 use rampart_common::protocol::coordinator::{
-    OwnedTabletsReply, RecoveryStatusReply, RenewLeaseReply, RenewLeaseRequest,
-    ReportFailureRequest, ReserveVersionsReply, ReserveVersionsRequest, ServerIdRequest,
-    SetOpenEpochRequest, UploadWillRequest,
+    OpenClientReply, OpenClientRequest, OwnedTabletsReply, RecoveryStatusReply, RenewLeaseReply,
+    RenewLeaseRequest, ReportFailureRequest, ReserveVersionsReply, ReserveVersionsRequest,
+    ServerIdRequest, SetOpenEpochRequest, UploadWillRequest,
 };
 use rampart_common::tablet::ServerStatus;
 
@@ -506,6 +506,27 @@ impl CoordinatorService {
                     ),
                 }
             }
+            proto::OpenClient::OPCODE => {
+                if let Err(reply) = Reply::decode::<OpenClientRequest>(payload) {
+                    return reply;
+                }
+                let what = command_name(&Command::OpenClient);
+                match tokio::time::timeout(
+                    PROPOSAL_TIMEOUT,
+                    self.node.propose_indexed(Command::OpenClient),
+                )
+                .await
+                {
+                    Ok(Ok(applied)) => Reply::ok(&OpenClientReply {
+                        client: ClientId(applied.index),
+                    }),
+                    Ok(Err(e)) => node_error_reply(e),
+                    Err(_) => Reply::error(
+                        Status::Retry,
+                        format!("{what} not committed within {PROPOSAL_TIMEOUT:?}"),
+                    ),
+                }
+            }
             proto::ReserveVersions::OPCODE => {
                 let request: ReserveVersionsRequest = match Reply::decode(payload) {
                     Ok(r) => r,
@@ -605,6 +626,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::AllowLoss { .. } => "allow-loss",
         Command::SetOpenEpoch { .. } => "open segment epoch",
         Command::ReserveVersions { .. } => "version reservation",
+        Command::OpenClient => "client opening",
     }
 }
 

@@ -187,6 +187,11 @@ pub enum Command {
         /// The ceiling it asks for.
         ceiling: u64,
     },
+    /// A client connects and needs an id for its writes' completion records
+    /// (`rampart_common::rifl`). The id is the index of this command's entry in the Raft
+    /// log — unique over the group's life — so the state does not change (nor the
+    /// configuration version).
+    OpenClient,
     /// Master `server` re-created replicas of its open segment `segment` and moved them
     /// all to `epoch`: a copy of that segment at an older epoch without its footer was
     /// replaced while open and may lack writes acknowledged from now on, so recovery
@@ -254,6 +259,8 @@ pub enum CommandResult {
         /// The ceiling held.
         ceiling: u64,
     },
+    /// A client was opened: its id is the command's log index (`RaftNode::propose_indexed`).
+    ClientOpened,
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -488,6 +495,7 @@ impl CoordinatorState {
             Command::ReserveVersions { server, ceiling } => {
                 self.reserve_versions(*server, *ceiling)
             }
+            Command::OpenClient => Ok(Outcome::Unchanged(CommandResult::ClientOpened)),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {
@@ -2082,6 +2090,7 @@ mod tests {
             }),
             4 => (name.clone(), 0u32..=20).prop_map(|(name, span)| Command::CreateTable { name, span }),
             2 => (1u64..6).prop_map(|id| Command::DropTable { id: TableId(id) }),
+            1 => Just(Command::OpenClient),
             1 => (0u64..12, 0u64..1000).prop_map(|(id, ceiling)| Command::ReserveVersions {
                 server: ServerId(id),
                 ceiling,

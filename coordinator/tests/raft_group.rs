@@ -808,3 +808,51 @@ mod failure_verification {
         group.stop_all().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_client_hands_out_ids_never_repeated_even_after_a_restart() {
+    use rampart_common::protocol::coordinator::{OpenClient, OpenClientReply, OpenClientRequest};
+    use rampart_common::rpc::{Reply, Rpc, Service, WireMessage};
+
+    async fn open(service: &CoordinatorService) -> u64 {
+        let mut out = bytes::BytesMut::new();
+        OpenClientRequest {}.encode(&mut out);
+        let reply = service.handle(OpenClient::OPCODE, out.freeze()).await;
+        assert_eq!(reply.status(), Status::Ok, "{:?}", reply.payload());
+        let reply: OpenClientReply =
+            Reply::decode(bytes::Bytes::copy_from_slice(reply.payload())).unwrap();
+        reply.client.0
+    }
+    // Snapshots every 3 entries: ids must not depend on what the log still holds.
+    let mut group = Group::start(1, 3).await;
+    tokio::time::timeout(SETTLE, group.node(1).read_barrier())
+        .await
+        .expect("a single coordinator leads")
+        .unwrap();
+    let service = CoordinatorService::new(group.node(1).clone());
+    let version = group.node(1).with_state(|s| s.version());
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(open(&service).await);
+    }
+    assert_eq!(
+        group.node(1).with_state(|s| s.version()),
+        version,
+        "opening a client changes no configuration"
+    );
+    drop(service);
+    group.stop(1).await;
+    group.restart(1).await;
+    tokio::time::timeout(SETTLE, group.node(1).read_barrier())
+        .await
+        .expect("the restarted coordinator leads")
+        .unwrap();
+    let service = CoordinatorService::new(group.node(1).clone());
+    for _ in 0..10 {
+        ids.push(open(&service).await);
+    }
+    let distinct: std::collections::BTreeSet<u64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+    assert!(ids.iter().all(|&id| id > 0));
+    group.stop_all().await;
+}

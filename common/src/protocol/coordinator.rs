@@ -2,7 +2,7 @@
 
 use super::rpcs;
 use crate::bincode_message;
-use crate::ids::{Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use crate::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
 use crate::tablet::{Services, TabletMap};
 use crate::will::Will;
 use serde::{Deserialize, Serialize};
@@ -214,6 +214,18 @@ pub struct ReserveVersionsRequest {
     pub ceiling: u64,
 }
 
+/// Open a client of the table API: get its id for exactly-once writes
+/// (`crate::rifl`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenClientRequest {}
+
+/// A new client's id: never given to another client of this cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenClientReply {
+    /// The id.
+    pub client: ClientId,
+}
+
 /// The version ceiling a master now holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReserveVersionsReply {
@@ -321,6 +333,8 @@ pub struct RecoveryStatusReply {
 }
 
 bincode_message!(
+    OpenClientRequest,
+    OpenClientReply,
     ReserveVersionsRequest,
     ReserveVersionsReply,
     DropTableRequest,
@@ -381,6 +395,8 @@ rpcs! {
     GetOwnedTablets = 113: ServerIdRequest => OwnedTabletsReply;
     /// Raise a master's version ceiling (`ServerCrashed` once it was declared crashed).
     ReserveVersions = 114: ReserveVersionsRequest => ReserveVersionsReply;
+    /// Open a client: its id for exactly-once writes (the index of a committed entry).
+    OpenClient = 115: OpenClientRequest => OpenClientReply;
 }
 
 #[cfg(test)]
