@@ -5,16 +5,17 @@
 //! reached, the client refreshes the map from a coordinator and retries with
 //! exponential backoff until the operation's deadline.
 //!
-//! # Retries and idempotence
-//! A request that never reached its master whole (connection refused, or broken before
-//! the frame was written out: [`RpcError::may_have_executed`] is false) is always sent
-//! again. A request that was sent and then lost its connection or its deadline may have
-//! been executed: reads are sent again, but writes, removes and increments are not —
-//! they fail with [`ClientError::Indeterminate`]. Re-sending even a plain write is not
-//! safe: if another client wrote the key in between, the retry would bring the older
-//! value back after the newer one, which no linearizable history allows. Exactly-once
-//! retries need per-client request ids recorded with the writes (RAMCloud's RIFL), which
-//! a later issue can add.
+//! # Retries and exactly-once
+//! Every operation is retried until its deadline: through tablet moves, recoveries, and
+//! connections that broke before or after the request was sent. Writes, removes and
+//! increments are safe to send again because each carries an exactly-once identity
+//! (`rampart_common::rifl`, RAMCloud's RIFL): the client's id, given by the coordinators
+//! at [`Client::connect`], and a number per operation kept by its retries
+//! ([`crate::tracker`]). A master that applied it before answers the retry from the
+//! completion record it logged with the object — also after a crash moved the object to
+//! another master — so the operation applies once and the caller gets its one outcome.
+//! Only an operation whose deadline passes ends without an outcome:
+//! [`ClientError::Timeout`], which may or may not have applied.
 //!
 //! # Coordinators
 //! Table operations and map refreshes go to the leader of the coordinators' Raft group
@@ -40,11 +41,12 @@
 use bytes::Bytes;
 use parking_lot::RwLock;
 use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
-use rampart_common::ids::{key_hash, ServerId, TableId, Version};
+use rampart_common::ids::{key_hash, ClientId, ServerId, TableId, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_WRITE_REQUEST_BYTES_MAX};
 use rampart_common::protocol::coordinator::{
     CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, GetTabletMap,
-    ReportFailure, ReportFailureRequest, TableNameRequest, TabletMapRequest,
+    OpenClient, OpenClientRequest, ReportFailure, ReportFailureRequest, TableNameRequest,
+    TabletMapRequest,
 };
 use rampart_common::protocol::master::{
     Enumerate, EnumerateRequest, EnumeratedObject, Increment, IncrementRequest, MultiRead,
@@ -66,6 +68,7 @@ use crate::failure_reporter::{
     FailureReporter, FAILURE_REPORTS_IN_FLIGHT_MAX, FAILURE_REPORT_TIMEOUT,
 };
 use crate::tablet_map::TabletMapCache;
+use crate::tracker::{Ticket, Tracker, TICKETS_MAX};
 
 /// Tunables of a [`Client`].
 #[derive(Clone, Debug)]
@@ -133,6 +136,8 @@ struct Inner {
     reporter: parking_lot::Mutex<FailureReporter>,
     /// Bounds the reports in flight ([`FAILURE_REPORTS_IN_FLIGHT_MAX`]).
     reports_in_flight: Arc<tokio::sync::Semaphore>,
+    /// This client's id and the numbers of its writes (exactly-once retries).
+    tracker: Arc<Tracker>,
 }
 
 /// The outcome of one attempt, for the retry loop.
@@ -193,26 +198,53 @@ impl Client {
                 "no coordinator address given".into(),
             ));
         }
+        let pool = RpcPool::new();
+        let deadline = Instant::now() + options.deadline;
+        let opened = match coordinators
+            .call::<OpenClient>(&pool, &OpenClientRequest {}, deadline)
+            .await
+        {
+            Ok(reply) => reply,
+            Err(CoordinatorCallError::NoLeader { last, .. }) => {
+                return Err(ClientError::NoCoordinator(last))
+            }
+            Err(CoordinatorCallError::Rpc(error)) => return Err(ClientError::from_rpc(error)),
+        };
         let client = Client {
             inner: Arc::new(Inner {
                 coordinators,
                 options,
-                pool: RpcPool::new(),
+                pool,
                 map: RwLock::new(Arc::new(TabletMapCache::default())),
                 refreshing: tokio::sync::Mutex::new(()),
                 reporter: parking_lot::Mutex::new(FailureReporter::new()),
                 reports_in_flight: Arc::new(tokio::sync::Semaphore::new(
                     FAILURE_REPORTS_IN_FLIGHT_MAX,
                 )),
+                tracker: Tracker::new(opened.client),
             }),
         };
-        client.refresh_map(0, client.retry().deadline).await?;
+        client.refresh_map(0, deadline).await?;
         Ok(client)
     }
 
     /// The options this client runs with.
     pub fn options(&self) -> &ClientOptions {
         &self.inner.options
+    }
+
+    /// The id the coordinators gave this client (its writes' completion records carry
+    /// it).
+    pub fn id(&self) -> ClientId {
+        self.inner.tracker.client()
+    }
+
+    /// A number for one write-type operation, kept by its retries.
+    async fn ticket(&self) -> Ticket {
+        let mut tickets = self.inner.tracker.tickets(1).await;
+        tickets
+            .pop()
+            .expect("a tracker hands out the tickets it is asked for")
     }
 
     fn retry(&self) -> Retry {
@@ -382,20 +414,19 @@ impl Client {
     }
 
     /// Runs `attempt` against the owner of `key`, refreshing the map and retrying as
-    /// the module doc describes. `idempotent` says whether a request that may have been
-    /// executed can be sent again (true for reads only).
+    /// the module doc describes: every request may be sent again, reads because they
+    /// change nothing, writes because they carry their exactly-once identity.
     async fn on_owner<T, F, Fut>(
         &self,
         table: TableId,
         key: &[u8],
-        idempotent: bool,
         attempt: F,
     ) -> Result<T, ClientError>
     where
         F: Fn(String, Instant) -> Fut,
         Fut: std::future::Future<Output = Result<Attempt<T>, RpcError>>,
     {
-        self.on_hash(table, key_hash(key).0, idempotent, |addr, _, deadline| {
+        self.on_hash(table, key_hash(key).0, |addr, _, deadline| {
             attempt(addr, deadline)
         })
         .await
@@ -407,7 +438,6 @@ impl Client {
         &self,
         table: TableId,
         hash: u64,
-        idempotent: bool,
         attempt: F,
     ) -> Result<T, ClientError>
     where
@@ -438,18 +468,10 @@ impl Client {
                     why
                 }
                 Ok(Attempt::Later(why)) => why,
-                // Never reached the master whole: always safe to send again.
-                Err(e) if e.is_transport() && !e.may_have_executed() => {
-                    self.report_unreachable(tablet.owner, &e);
-                    let why = e.to_string();
-                    self.refresh_after(map.version, &retry, &why).await?;
-                    why
-                }
+                // Never reached the master whole, or reached it and lost its answer: a
+                // read changes nothing, a write is answered from its completion record.
                 Err(e) if e.is_transport() => {
                     self.report_unreachable(tablet.owner, &e);
-                    if !idempotent {
-                        return Err(ClientError::Indeterminate(e.to_string()));
-                    }
                     let why = e.to_string();
                     self.refresh_after(map.version, &retry, &why).await?;
                     why
@@ -481,12 +503,11 @@ impl Client {
         &self,
         table: TableId,
         key: &[u8],
-        idempotent: bool,
         request: &R::Request,
         step: impl Fn(&str, R::Reply) -> Attempt<T>,
     ) -> Result<T, ClientError> {
         let step = &step;
-        self.on_owner(table, key, idempotent, |addr, deadline| async move {
+        self.on_owner(table, key, |addr, deadline| async move {
             let reply = self.inner.pool.call::<R>(&addr, request, deadline).await?;
             Ok(step(&addr, reply))
         })
@@ -499,16 +520,14 @@ impl Client {
             table,
             key: Bytes::copy_from_slice(key),
         };
-        self.on_owner_call::<Read, _>(table, key, true, &request, |addr, reply| {
-            match reply.status {
-                Status::ObjectDoesntExist => Attempt::Done(Ok(None)),
-                status => outcome(addr, status, reply.version, || {
-                    Some(Object {
-                        value: reply.value.clone(),
-                        version: reply.version,
-                    })
-                }),
-            }
+        self.on_owner_call::<Read, _>(table, key, &request, |addr, reply| match reply.status {
+            Status::ObjectDoesntExist => Attempt::Done(Ok(None)),
+            status => outcome(addr, status, reply.version, || {
+                Some(Object {
+                    value: reply.value.clone(),
+                    version: reply.version,
+                })
+            }),
         })
         .await
     }
@@ -532,14 +551,15 @@ impl Client {
         value: &[u8],
         rules: RejectRules,
     ) -> Result<Version, ClientError> {
+        let ticket = self.ticket().await;
         let request = WriteRequest {
             table,
             key: Bytes::copy_from_slice(key),
             value: Bytes::copy_from_slice(value),
             rules,
-            rifl: Rifl::NONE,
+            rifl: ticket.rifl(),
         };
-        self.on_owner_call::<Write, _>(table, key, false, &request, write_attempt)
+        self.on_owner_call::<Write, _>(table, key, &request, write_attempt)
             .await
     }
 
@@ -555,15 +575,17 @@ impl Client {
         key: &[u8],
         rules: RejectRules,
     ) -> Result<Option<Version>, ClientError> {
+        let ticket = self.ticket().await;
         let request = RemoveRequest {
             table,
             key: Bytes::copy_from_slice(key),
             rules,
-            rifl: Rifl::NONE,
+            rifl: ticket.rifl(),
         };
         let version = self
-            .on_owner_call::<Remove, _>(table, key, false, &request, write_attempt)
+            .on_owner_call::<Remove, _>(table, key, &request, write_attempt)
             .await?;
+        drop(ticket);
         Ok((version != Version(0)).then_some(version))
     }
 
@@ -587,14 +609,15 @@ impl Client {
         delta: i64,
         rules: RejectRules,
     ) -> Result<(i64, Version), ClientError> {
+        let ticket = self.ticket().await;
         let request = IncrementRequest {
             table,
             key: Bytes::copy_from_slice(key),
             delta,
             rules,
-            rifl: Rifl::NONE,
+            rifl: ticket.rifl(),
         };
-        self.on_owner_call::<Increment, _>(table, key, false, &request, |addr, reply| {
+        self.on_owner_call::<Increment, _>(table, key, &request, |addr, reply| {
             outcome(addr, reply.status, reply.version, || {
                 (reply.value, reply.version)
             })
@@ -665,7 +688,7 @@ impl Client {
                     .collect())
             }
         };
-        let results = self.multi_op(keys, true, |i| keys[i].1.len(), call).await?;
+        let results = self.multi_op(keys, |i| keys[i].1.len(), call).await?;
         Ok(results
             .into_iter()
             .map(|result| match result? {
@@ -684,22 +707,31 @@ impl Client {
         &self,
         items: &[WriteItem],
     ) -> Result<Vec<Result<Version, ClientError>>, ClientError> {
-        let keys: Vec<(TableId, &[u8])> = items.iter().map(|w| (w.table, &w.key[..])).collect();
-        let request = |indices: &[usize]| MultiWriteRequest {
-            objects: indices
-                .iter()
-                .map(|&i| WriteRequest {
-                    table: items[i].table,
-                    key: items[i].key.clone(),
-                    value: items[i].value.clone(),
-                    rules: items[i].rules,
-                    rifl: Rifl::NONE,
-                })
-                .collect(),
-        };
-        let weight = |i: usize| items[i].key.len() + items[i].value.len();
-        self.multi_mutate::<MultiWrite, _>(&keys, weight, request, |version| version)
-            .await
+        let mut results = Vec::with_capacity(items.len());
+        // Each object takes a number; at most TICKETS_MAX are out at once.
+        for items in items.chunks(TICKETS_MAX) {
+            let tickets = self.inner.tracker.tickets(items.len()).await;
+            let rifls: Vec<Rifl> = tickets.iter().map(Ticket::rifl).collect();
+            let keys: Vec<(TableId, &[u8])> = items.iter().map(|w| (w.table, &w.key[..])).collect();
+            let request = |indices: &[usize]| MultiWriteRequest {
+                objects: indices
+                    .iter()
+                    .map(|&i| WriteRequest {
+                        table: items[i].table,
+                        key: items[i].key.clone(),
+                        value: items[i].value.clone(),
+                        rules: items[i].rules,
+                        rifl: rifls[i],
+                    })
+                    .collect(),
+            };
+            let weight = |i: usize| items[i].key.len() + items[i].value.len();
+            results.extend(
+                self.multi_mutate::<MultiWrite, _>(&keys, weight, request, |version| version)
+                    .await?,
+            );
+        }
+        Ok(results)
     }
 
     /// Removes several objects, in parallel. Results (version removed, `None` if
@@ -708,26 +740,34 @@ impl Client {
         &self,
         keys: &[(TableId, &[u8])],
     ) -> Result<Vec<Result<Option<Version>, ClientError>>, ClientError> {
-        let request = |indices: &[usize]| MultiRemoveRequest {
-            objects: indices
-                .iter()
-                .map(|&i| RemoveRequest {
-                    table: keys[i].0,
-                    key: Bytes::copy_from_slice(keys[i].1),
-                    rules: RejectRules::default(),
-                    rifl: Rifl::NONE,
-                })
-                .collect(),
-        };
-        let removed = |version: Version| (version != Version(0)).then_some(version);
-        self.multi_mutate::<MultiRemove, _>(keys, |i| keys[i].1.len(), request, removed)
-            .await
+        let mut results = Vec::with_capacity(keys.len());
+        for keys in keys.chunks(TICKETS_MAX) {
+            let tickets = self.inner.tracker.tickets(keys.len()).await;
+            let rifls: Vec<Rifl> = tickets.iter().map(Ticket::rifl).collect();
+            let request = |indices: &[usize]| MultiRemoveRequest {
+                objects: indices
+                    .iter()
+                    .map(|&i| RemoveRequest {
+                        table: keys[i].0,
+                        key: Bytes::copy_from_slice(keys[i].1),
+                        rules: RejectRules::default(),
+                        rifl: rifls[i],
+                    })
+                    .collect(),
+            };
+            let removed = |version: Version| (version != Version(0)).then_some(version);
+            results.extend(
+                self.multi_mutate::<MultiRemove, _>(keys, |i| keys[i].1.len(), request, removed)
+                    .await?,
+            );
+        }
+        Ok(results)
     }
 
     /// Multi-write and multi-remove: RPC `R` built by `request` for each owner's share
-    /// of `keys`, each object's version turned into its result by `done`. Writes are
-    /// never sent twice (see the module doc): a share whose connection broke after it
-    /// was sent reports [`ClientError::Indeterminate`] for each of its objects.
+    /// of `keys`, each object's version turned into its result by `done`. Every object
+    /// carries its exactly-once identity, so a share whose connection broke after it was
+    /// sent is sent again (see the module doc).
     async fn multi_mutate<R, T>(
         &self,
         keys: &[(TableId, &[u8])],
@@ -749,7 +789,7 @@ impl Client {
                     .collect())
             }
         };
-        let results = self.multi_op(keys, false, weight, call).await?;
+        let results = self.multi_op(keys, weight, call).await?;
         Ok(results
             .into_iter()
             .map(|result| match result? {
@@ -769,7 +809,6 @@ impl Client {
     async fn multi_op<F, Fut>(
         &self,
         keys: &[(TableId, &[u8])],
-        idempotent: bool,
         weight: impl Fn(usize) -> usize,
         call: F,
     ) -> Result<Vec<Result<ObjectReply, ClientError>>, ClientError>
@@ -834,7 +873,7 @@ impl Client {
                             results[i] = Some(Err(error.clone()));
                         }
                     }
-                    Err(e) if e.is_transport() && (idempotent || !e.may_have_executed()) => {
+                    Err(e) if e.is_transport() => {
                         why = e.to_string();
                         again.extend(indices);
                     }
@@ -843,11 +882,7 @@ impl Client {
                         again.extend(indices);
                     }
                     Err(e) => {
-                        let error = if e.may_have_executed() {
-                            ClientError::Indeterminate(e.to_string())
-                        } else {
-                            ClientError::from_rpc(e)
-                        };
+                        let error = ClientError::from_rpc(e);
                         for i in indices {
                             results[i] = Some(Err(error.clone()));
                         }
@@ -918,7 +953,7 @@ impl Enumeration {
         while let Some(resume) = self.next_hash {
             let client = &self.client;
             let (objects, next) = client
-                .on_hash(self.table, resume, true, |addr, tablet_end, deadline| {
+                .on_hash(self.table, resume, |addr, tablet_end, deadline| {
                     let request = EnumerateRequest {
                         table: self.table,
                         resume_hash: resume,
@@ -969,6 +1004,7 @@ impl Enumeration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rampart_common::protocol::coordinator::OpenClientReply;
     use rampart_common::rpc::server::HandleFuture;
     use rampart_common::rpc::{Opcode, Reply, RpcServer, Service};
     use rampart_common::tablet::{
@@ -976,7 +1012,7 @@ mod tests {
     };
     use tokio::net::TcpListener;
 
-    /// Serves a fixed tablet map and records `ReportFailure`s.
+    /// Serves a fixed tablet map and a client id, and records `ReportFailure`s.
     #[derive(Debug)]
     struct FakeCoordinator {
         map: TabletMap,
@@ -988,6 +1024,9 @@ mod tests {
             Box::pin(async move {
                 match opcode {
                     GetTabletMap::OPCODE => Reply::ok(&self.map),
+                    OpenClient::OPCODE => Reply::ok(&OpenClientReply {
+                        client: ClientId(7),
+                    }),
                     ReportFailure::OPCODE => match Reply::decode::<ReportFailureRequest>(payload) {
                         Ok(request) => {
                             self.reports.lock().push((Instant::now(), request));

@@ -31,7 +31,9 @@ pub enum ClientError {
     /// The master has no memory left for the write.
     #[error("no space on the master owning this key")]
     NoSpace,
-    /// The deadline passed while the operation was being retried.
+    /// The deadline passed while the operation was being retried. A write, remove or
+    /// increment may or may not have applied (once at most: its retries carry its
+    /// exactly-once identity); this is the only error that leaves the outcome unknown.
     #[error("timed out after {attempts} attempts: {last}")]
     Timeout {
         /// How often it was tried.
@@ -39,11 +41,6 @@ pub enum ClientError {
         /// The last failure seen.
         last: String,
     },
-    /// A conditional or non-idempotent operation (increment, or any operation with
-    /// reject rules) lost its connection after the request was sent: it may or may not
-    /// have been applied, and retrying could apply it twice or misreport it.
-    #[error("outcome unknown (connection lost after sending): {0}")]
-    Indeterminate(String),
     /// No coordinator served the call as the Raft leader before the deadline (all
     /// unreachable, or no leader elected); carries the last reason seen.
     #[error("no coordinator reachable: {0}")]

@@ -7,6 +7,8 @@
 //! * [`failure_reporter`] — which unreachable masters the client reports to the
 //!   coordinator, at most once per server per 500 ms.
 //! * [`tablet_map`] — the cached tablet map used for routing.
+//! * [`tracker`] — the client's id and the numbers of its writes, which make retries
+//!   exactly-once.
 //!
 //! # Example
 //! Against a cluster started with `cargo run --release -p rampart-ops -- cluster up`,
@@ -81,6 +83,7 @@ pub mod client;
 pub mod error;
 pub mod failure_reporter;
 pub mod tablet_map;
+pub mod tracker;
 
 pub use client::{Client, ClientOptions, Enumeration, Object, WriteItem};
 pub use error::ClientError;

@@ -7,8 +7,9 @@
 
 use bytes::Bytes;
 use rampart_client::{Client, ClientError, ClientOptions, TableId};
+use rampart_common::ids::ClientId;
 use rampart_common::protocol::coordinator::{
-    CreateTable, GetTableId, GetTabletMap, NotLeaderHint, TableIdReply,
+    CreateTable, GetTableId, GetTabletMap, NotLeaderHint, OpenClient, OpenClientReply, TableIdReply,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, RpcServer, Service};
@@ -19,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// A coordinator: the leader (an empty map, no tables; creates answer id 7) or a
-/// follower answering every call with `NotLeader` and `hint`.
+/// A coordinator: the leader (an empty map, no tables; creates answer id 7, client
+/// opens id 3) or a follower answering every call with `NotLeader` and `hint`.
 #[derive(Debug)]
 struct FakeCoordinator {
     hint: Option<NotLeaderHint>,
@@ -39,6 +40,9 @@ impl Service for FakeCoordinator {
             }),
             (None, GetTableId::OPCODE) => Reply::error(Status::TableDoesntExist, "missing"),
             (None, CreateTable::OPCODE) => Reply::ok(&TableIdReply { id: TableId(7) }),
+            (None, OpenClient::OPCODE) => Reply::ok(&OpenClientReply {
+                client: ClientId(3),
+            }),
             (None, other) => Reply::error(Status::UnknownOpcode, format!("{other}")),
         };
         Box::pin(async move { reply })

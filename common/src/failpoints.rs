@@ -24,6 +24,11 @@ pub const RECOVERED_OUTCOME_UNKNOWN: &str = "coordinator-recovered-outcome-unkno
 /// another master.
 pub const LOSE_RECOVER_REPLY_AND_ABANDON: &str = "coordinator-lose-recover-reply-and-abandon";
 
+/// Master: every other reply to a write, remove, increment or multi-op is lost — the
+/// connection is closed instead, after the request was handled — so clients retry
+/// operations that did apply (exactly-once, `crate::rifl`).
+pub const LOSE_WRITE_REPLIES: &str = "master-lose-write-replies";
+
 /// Whether failpoint `name` is active in this process.
 #[cfg(feature = "failpoints")]
 pub fn active(name: &str) -> bool {

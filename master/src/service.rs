@@ -35,6 +35,7 @@
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rampart_common::config::MasterConfig;
+use rampart_common::failpoints;
 use rampart_common::ids::{ServerId, TabletEpoch, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_READ_REPLY_BYTES_MAX};
 use rampart_common::protocol::master::{
@@ -361,9 +362,18 @@ impl MasterService {
         if needs_lease(opcode) && !self.lease.valid() {
             return lease_lapsed();
         }
-        self.handle_waiting(opcode, payload)
+        let reply = self
+            .handle_waiting(opcode, payload)
             .await
-            .unwrap_or_else(|error| error)
+            .unwrap_or_else(|error| error);
+        if is_write(opcode)
+            && failpoints::active(failpoints::LOSE_WRITE_REPLIES)
+            && LOST_WRITE_REPLIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 0
+        {
+            // Applied (or refused), and the answer never arrives: the client must retry.
+            return Reply::disconnect();
+        }
+        reply
     }
 
     /// Requests that wait for the appender: writes and tablet changes.
@@ -543,6 +553,21 @@ impl Service for MasterService {
     fn handle_now(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         self.handle_immediately(opcode, payload)
     }
+}
+
+/// Write replies seen by [`failpoints::LOSE_WRITE_REPLIES`]; every other one is lost.
+static LOST_WRITE_REPLIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether `opcode` is a write-type request (write, remove, increment, multi-ops).
+fn is_write(opcode: Opcode) -> bool {
+    [
+        proto::Write::OPCODE,
+        proto::Remove::OPCODE,
+        proto::Increment::OPCODE,
+        proto::MultiWrite::OPCODE,
+        proto::MultiRemove::OPCODE,
+    ]
+    .contains(&opcode)
 }
 
 // The wire's view of the store's answers (the store speaks domain types only).

@@ -331,7 +331,8 @@ async fn write_load(client: Client, table: TableId, stop: Arc<AtomicBool>) -> Hi
                         .await
                     {
                         Ok(_) => entry.0 = Some(counter),
-                        Err(ClientError::Indeterminate(_)) | Err(ClientError::Timeout { .. }) => {}
+                        // Retried until the deadline: only a timeout leaves it unknown.
+                        Err(ClientError::Timeout { .. }) => {}
                         Err(error) => panic!("write of {key} failed: {error}"),
                     }
                 }

@@ -64,6 +64,8 @@ pub struct Reply {
     status: Status,
     /// Invariant: the first [`FRAME_HEADER_BYTES`] are reserved for the header.
     frame: BytesMut,
+    /// Close the connection instead of answering ([`Reply::disconnect`]).
+    disconnect: bool,
 }
 
 impl fmt::Debug for Reply {
@@ -84,6 +86,7 @@ impl Reply {
         Reply {
             status: Status::Ok,
             frame,
+            disconnect: false,
         }
     }
 
@@ -96,6 +99,7 @@ impl Reply {
         Reply {
             status: Status::Ok,
             frame,
+            disconnect: false,
         }
     }
 
@@ -105,7 +109,21 @@ impl Reply {
         let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + detail.len());
         frame.resize(FRAME_HEADER_BYTES, 0);
         frame.extend_from_slice(detail.as_bytes());
-        Reply { status, frame }
+        Reply {
+            status,
+            frame,
+            disconnect: false,
+        }
+    }
+
+    /// No answer: the connection is closed instead, as when it breaks after the request
+    /// was handled (failpoints show what a lost reply does). Every other call in flight
+    /// on the connection loses its reply too.
+    pub fn disconnect() -> Reply {
+        Reply {
+            disconnect: true,
+            ..Reply::error(Status::Internal, "connection dropped on purpose")
+        }
     }
 
     /// Decodes a request payload, or produces the `MalformedRequest` reply for it.
@@ -265,12 +283,7 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
             break;
         }
         if let Some(reply) = service.handle_now(header.opcode, &payload) {
-            send_reply(
-                &writer,
-                reply.into_frame(header.opcode, header.rpc_id),
-                &broken,
-            )
-            .await;
+            answer(&writer, reply, &header, &broken).await;
             continue;
         }
         let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
@@ -281,12 +294,7 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
         let broken = Arc::clone(&broken);
         requests.spawn(async move {
             let reply = service.handle(header.opcode, payload).await;
-            send_reply(
-                &writer,
-                reply.into_frame(header.opcode, header.rpc_id),
-                &broken,
-            )
-            .await;
+            answer(&writer, reply, &header, &broken).await;
             drop(permit);
         });
         while requests.try_join_next().is_some() {}
@@ -303,6 +311,29 @@ struct ReplyWriter {
     /// longer framed: a later reply written after the half frame would be read as the
     /// rest of it, handing a caller another call's bytes. Nothing is written after it.
     poisoned: bool,
+}
+
+/// Sends `reply` to the request `header` describes, or closes the connection when the
+/// reply says so ([`Reply::disconnect`]).
+async fn answer(
+    writer: &Mutex<ReplyWriter>,
+    reply: Reply,
+    header: &FrameHeader,
+    broken: &tokio::sync::Notify,
+) {
+    if reply.disconnect {
+        let mut writer = writer.lock().await;
+        writer.poisoned = true;
+        let _ = writer.half.shutdown().await;
+        broken.notify_one();
+        return;
+    }
+    send_reply(
+        writer,
+        reply.into_frame(header.opcode, header.rpc_id),
+        broken,
+    )
+    .await;
 }
 
 /// Writes one reply frame. A peer that is gone, or that has not taken the frame within
