@@ -22,6 +22,7 @@
 //! most that many records, and one acknowledgement, per client ever seen.
 
 use rampart_common::ids::{ClientId, KeyHash, TableId, Version};
+use rampart_common::log::CompletionEntry;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::object_index::LogRef;
@@ -44,6 +45,19 @@ pub struct Record {
     pub table: TableId,
     /// The key hash of that object: the record lives in its tablet.
     pub hash: KeyHash,
+}
+
+impl Record {
+    /// The record of `entry`, whose log entry is at `at`.
+    pub fn of(entry: &CompletionEntry, at: LogRef) -> Record {
+        Record {
+            version: entry.version,
+            counter: entry.counter,
+            at,
+            table: entry.table,
+            hash: entry.key_hash,
+        }
+    }
 }
 
 /// What is known of an operation ([`Completions::lookup`]).

@@ -735,16 +735,9 @@ impl ObjectStore {
         };
         self.profiler
             .track(record.table, record.key_hash, COMPLETION_ENTRY_BYTES as u64);
-        batch.completions.insert(
-            (record.client, record.seq),
-            Record {
-                version: record.version,
-                counter: record.counter,
-                at,
-                table: record.table,
-                hash: record.key_hash,
-            },
-        );
+        batch
+            .completions
+            .insert((record.client, record.seq), Record::of(record, at));
     }
 
     /// Closes the batch in the log with a Tailwind checksum and returns the byte ranges
@@ -938,16 +931,9 @@ impl ObjectStore {
                     let at = self.log.append_completion(&record, self.safe_version)?;
                     let bytes = COMPLETION_ENTRY_BYTES as u64;
                     self.note_replayed(record.table, record.key_hash, bytes);
-                    batch.completions.insert(
-                        (record.client, record.seq),
-                        Record {
-                            version: record.version,
-                            counter: record.counter,
-                            at,
-                            table: record.table,
-                            hash: record.key_hash,
-                        },
-                    );
+                    batch
+                        .completions
+                        .insert((record.client, record.seq), Record::of(&record, at));
                     let counts = state.counts_mut();
                     counts.completions_kept += 1;
                     counts.bytes_appended += bytes;
