@@ -42,8 +42,10 @@
 //!    `Appender` queue.
 //! 2. The appender takes every queued job into one batch, and under the store lock
 //!    stages each operation: ownership check (`UnknownTablet`), key and value limits,
+//!    a retried operation answered from its completion record (exactly-once),
 //!    reject rules against the current (possibly just-staged) version, new version,
-//!    append of the object or tombstone to the head segment (rolling over when full;
+//!    append of the object or tombstone — with the operation's completion record — to
+//!    the head segment (rolling over when full;
 //!    `Retry` while the cleaner can still free room, `NoSpace` when the live data and
 //!    its index fill the memory). It seals the batch with one Tailwind checksum.
 //! 3. The sealed byte ranges are written to all R replicas of their segments by the

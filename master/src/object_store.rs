@@ -38,8 +38,17 @@
 //! holds there, which is how the replayed objects become visible;
 //! [`ObjectStore::forget_unowned`] drops them if the recovery is abandoned.
 //!
+//! # Exactly-once
+//! A write, remove or increment that carries a client's identity (`rampart_common::rifl`)
+//! and changes an object gets a completion record appended with it, in the same append
+//! ([`Completions`](crate::completions)); a retry of it — in the same batch, later, or on
+//! the master that recovered it — is answered from the record and appends nothing.
+//! Records live in their object's tablet: the cleaner moves them, recovery replays them,
+//! a dropped tablet drops them, and the client's acknowledgements end them.
+//!
 //! # Profiles and the will
-//! Every object and tombstone appended is counted in the [`Profiler`] under its tablet.
+//! Every object, tombstone and completion record appended is counted in the
+//! [`Profiler`] under its tablet.
 //! Entries replayed into ranges not owned yet are remembered and counted when their
 //! tablet is taken, so the will ([`ObjectStore::will`]) covers every entry of the log
 //! that a recovery of this master would replay.
