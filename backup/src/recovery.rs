@@ -1306,9 +1306,13 @@ mod tests {
             .zip([(&low_key, low_hash, 1), (&high_key, high_hash, 2)])
         {
             assert_eq!(piece.count, 2);
-            let (object, next) = decode_entry(&piece.entries, 0).unwrap().unwrap();
+            let (object, next) = decode_entry(&piece.entries, 0)
+                .expect("a piece decodes")
+                .expect("a piece holds the object");
             assert!(matches!(object, Entry::Object(o) if o.key == &key[..]));
-            let (completion, _) = decode_entry(&piece.entries, next).unwrap().unwrap();
+            let (completion, _) = decode_entry(&piece.entries, next)
+                .expect("a piece decodes")
+                .expect("a piece holds the record");
             assert_eq!(completion, Entry::Completion(record(hash, seq)));
         }
     }

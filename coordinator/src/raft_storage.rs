@@ -984,7 +984,8 @@ mod tests {
     /// (about 100 KiB) of `fill` bytes: two of them, with different fills, have the same
     /// blocks at the same places in their files.
     fn twin_store(dir: &Path, fill: u8) -> RaftStorage {
-        let storage = RaftStorage::open_with_limits(dir, 16 << 10, 64 << 10).unwrap();
+        let storage =
+            RaftStorage::open_with_limits(dir, 16 << 10, 64 << 10).expect("a fresh store opens");
         for batch in 0..TWIN_BATCHES {
             let first = batch * TWIN_BATCH_ENTRIES + 1;
             let last = first + TWIN_BATCH_ENTRIES - 1;
@@ -993,15 +994,19 @@ mod tests {
                 .collect();
             storage
                 .append_and_set_hard_state(&written, Some(&hard_state(1, 1, last)))
-                .unwrap();
+                .expect("a write to a fresh store succeeds");
         }
         storage
+    }
+
+    fn tempdir() -> tempfile::TempDir {
+        tempfile::tempdir().expect("a temporary directory")
     }
 
     fn data_of(storage: &RaftStorage, index: u64) -> Vec<u8> {
         let read = storage
             .entries(index, index + 1, None, GetEntriesContext::empty(false))
-            .unwrap();
+            .expect("a held entry reads");
         read[0].data.to_vec()
     }
 
@@ -1009,7 +1014,7 @@ mod tests {
     /// `with_own_block_cache` the second store answered the first one's entries.
     #[test]
     fn two_stores_read_on_one_thread_each_answer_their_own_entries() {
-        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a_dir, b_dir) = (tempdir(), tempdir());
         let a = twin_store(a_dir.path(), 0xAA);
         let b = twin_store(b_dir.path(), 0xBB);
         for index in [1, 2, 21, TWIN_LAST, 1] {
@@ -1023,8 +1028,8 @@ mod tests {
                 [0xBB; TWIN_ENTRY_BYTES],
                 "b, entry {index}"
             );
-            assert_eq!(a.term(index).unwrap(), 1);
-            assert_eq!(b.term(index).unwrap(), 1);
+            assert_eq!(a.term(index).expect("a held entry has a term"), 1);
+            assert_eq!(b.term(index).expect("a held entry has a term"), 1);
         }
     }
 
@@ -1033,7 +1038,7 @@ mod tests {
     /// entries after its purge.
     #[test]
     fn a_purge_after_reading_another_store_on_the_same_thread_keeps_its_own_entries() {
-        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a_dir, b_dir) = (tempdir(), tempdir());
         let (a, b) = (
             twin_store(a_dir.path(), 0xAA),
             twin_store(b_dir.path(), 0xBB),
@@ -1045,21 +1050,24 @@ mod tests {
             for storage in [&a, &b] {
                 storage
                     .compact(index, noise(index, 12 << 10), voters(&[1]))
-                    .unwrap();
+                    .expect("a compaction of committed entries succeeds");
             }
         }
         let rewritten = |dir: &Path| {
-            std::fs::read_dir(dir).unwrap().any(|f| {
-                f.unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .ends_with(".rewrite")
-            })
+            std::fs::read_dir(dir)
+                .expect("the store's directory lists")
+                .any(|f| {
+                    f.expect("a directory entry reads")
+                        .file_name()
+                        .to_string_lossy()
+                        .ends_with(".rewrite")
+                })
         };
         assert!(rewritten(b_dir.path()), "b's purges rewrote no entry");
         drop(b);
-        let b = RaftStorage::open_with_limits(b_dir.path(), 16 << 10, 64 << 10).unwrap();
-        let first = b.first_index().unwrap();
+        let b = RaftStorage::open_with_limits(b_dir.path(), 16 << 10, 64 << 10)
+            .expect("the purged store reopens");
+        let first = b.first_index().expect("first index");
         assert_eq!(first, TWIN_LAST - 10);
         for index in first..=TWIN_LAST {
             assert_eq!(

@@ -103,6 +103,11 @@ impl Completions {
         self.len == 0
     }
 
+    /// Records held for `client`.
+    pub fn records_of(&self, client: ClientId) -> usize {
+        self.clients.get(&client).map_or(0, |c| c.done.len())
+    }
+
     /// Records held for `client` above its operation `ack` (those an acknowledgement of
     /// `ack` leaves).
     pub fn records_above(&self, client: ClientId, ack: u64) -> usize {
@@ -243,6 +248,7 @@ mod tests {
         let dropped = completions.acknowledge(A, 3);
         assert_eq!(dropped.len(), 3);
         assert!(completions.acknowledge(A, 2).is_empty(), "an older ack");
+        assert_eq!(completions.records_of(A), 2);
         assert_eq!(completions.records_above(A, 0), 2);
         assert_eq!(completions.records_above(A, 4), 1);
         assert_eq!(completions.len(), 3);

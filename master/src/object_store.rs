@@ -239,6 +239,8 @@ pub struct Batch {
     completions: HashMap<(ClientId, u64), Record>,
     /// The highest acknowledgement each client sent in this batch: applied at publish.
     acks: HashMap<ClientId, u64>,
+    /// Records in `completions` per client (the per-client limit is checked per op).
+    records_per_client: HashMap<ClientId, usize>,
 }
 
 impl Batch {
@@ -259,10 +261,14 @@ impl Batch {
 
     /// Records of `client` staged in this batch.
     fn records_of(&self, client: ClientId) -> usize {
-        self.completions
-            .keys()
-            .filter(|(c, _)| *c == client)
-            .count()
+        self.records_per_client.get(&client).copied().unwrap_or(0)
+    }
+
+    /// Stages the record of `client`'s operation `seq`.
+    fn add_record(&mut self, client: ClientId, seq: u64, record: Record) {
+        if self.completions.insert((client, seq), record).is_none() {
+            *self.records_per_client.entry(client).or_default() += 1;
+        }
     }
 
     fn get(&self, table: TableId, hash: KeyHash, key: &Bytes) -> Option<Staged> {
@@ -560,10 +566,16 @@ impl ObjectStore {
                 Lookup::Stale => return OpOutcome::failed(Status::StaleRequest, Version(0)),
                 Lookup::New => {}
             }
+            // Cheap first (every record held), exact only near the limit (those the
+            // batch's acknowledgement leaves).
+            let in_batch = batch.records_of(rifl.client);
+            let near =
+                self.completions.records_of(rifl.client) + in_batch >= RECORDS_PER_CLIENT_MAX;
             let ack = batch.acks.get(&rifl.client).copied().unwrap_or(rifl.ack);
-            let held =
-                self.completions.records_above(rifl.client, ack) + batch.records_of(rifl.client);
-            if held >= RECORDS_PER_CLIENT_MAX {
+            if near
+                && self.completions.records_above(rifl.client, ack) + in_batch
+                    >= RECORDS_PER_CLIENT_MAX
+            {
                 // Far more operations in flight than any client library keeps.
                 return OpOutcome::failed(Status::InvalidArgument, Version(0));
             }
@@ -744,9 +756,7 @@ impl ObjectStore {
         };
         self.profiler
             .track(record.table, record.key_hash, COMPLETION_ENTRY_BYTES as u64);
-        batch
-            .completions
-            .insert((record.client, record.seq), Record::of(record, at));
+        batch.add_record(record.client, record.seq, Record::of(record, at));
     }
 
     /// Closes the batch in the log with a Tailwind checksum and returns the byte ranges
@@ -940,9 +950,7 @@ impl ObjectStore {
                     let at = self.log.append_completion(&record, self.safe_version)?;
                     let bytes = COMPLETION_ENTRY_BYTES as u64;
                     self.note_replayed(record.table, record.key_hash, bytes);
-                    batch
-                        .completions
-                        .insert((record.client, record.seq), Record::of(&record, at));
+                    batch.add_record(record.client, record.seq, Record::of(&record, at));
                     let counts = state.counts_mut();
                     counts.completions_kept += 1;
                     counts.bytes_appended += bytes;

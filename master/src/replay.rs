@@ -436,14 +436,19 @@ mod tests {
     }
 
     /// A reply holding an object `k` (version 3) and a tombstone of `gone`.
-    fn reply() -> PieceBytes {
-        let mut writer = rampart_common::log::SegmentWriter::open(
+    /// A 64 KiB segment of master 9 to write entries into.
+    fn segment_writer() -> rampart_common::log::SegmentWriter {
+        rampart_common::log::SegmentWriter::open(
             ServerId(9),
             SegmentId(1),
             1 << 16,
             &[SegmentId(1)],
         )
-        .expect("a 64 KiB segment opens");
+        .expect("a 64 KiB segment opens")
+    }
+
+    fn reply() -> PieceBytes {
+        let mut writer = segment_writer();
         let start = writer.bytes().len();
         writer
             .append_object(T, Version(3), b"k", b"value")
@@ -461,13 +466,7 @@ mod tests {
 
     #[test]
     fn parse_decodes_completion_records_and_keeps_them_to_their_partition() {
-        let mut writer = rampart_common::log::SegmentWriter::open(
-            ServerId(9),
-            SegmentId(1),
-            1 << 16,
-            &[SegmentId(1)],
-        )
-        .expect("a 64 KiB segment opens");
+        let mut writer = segment_writer();
         let start = writer.bytes().len();
         let record = CompletionEntry {
             table: T,

@@ -78,7 +78,7 @@ impl History {
         let return_us = self.stamp(now_us);
         self.record(rampart_check::Operation {
             client: READER,
-            key: crate::master::key_bytes(key),
+            key: key_bytes(key),
             call_us,
             return_us,
             input: rampart_check::Input::Read,
@@ -196,6 +196,11 @@ impl History {
     }
 }
 
+/// The bytes of key number `key`: what masters store and the recorded history names.
+pub fn key_bytes(key: u64) -> Vec<u8> {
+    format!("key-{key}").into_bytes()
+}
+
 /// A value as the recorded history holds it: its unique prefix (through the first `:`)
 /// and its length, never 8 bytes (the checker takes 8 bytes for an integer).
 pub fn tag(value: &[u8]) -> Vec<u8> {
@@ -287,7 +292,7 @@ mod tests {
         let return_us = history.stamp(0);
         history.record(rampart_check::Operation {
             client: 1,
-            key: crate::master::key_bytes(key),
+            key: key_bytes(key),
             call_us,
             return_us,
             input: rampart_check::Input::Write {
@@ -320,7 +325,7 @@ mod tests {
         let (call_us, return_us) = (history.stamp(0), history.stamp(0));
         history.record(rampart_check::Operation {
             client: 1,
-            key: crate::master::key_bytes(1),
+            key: key_bytes(1),
             call_us,
             return_us,
             input: rampart_check::Input::Remove {

@@ -34,8 +34,8 @@ use rampart_coordinator::recovery::LEASE_MARGIN;
 use rampart_coordinator::recovery_plan::partitions_for;
 use rampart_coordinator::state::{Command, CommandResult};
 
-use crate::checker::History;
-use crate::master::{key_bytes, SimMaster};
+use crate::checker::{key_bytes, History};
+use crate::master::SimMaster;
 use crate::recovery::Recovery;
 use crate::world::{Crash, Stop, World, LEASE_US};
 

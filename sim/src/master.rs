@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backup::Refusal;
-use crate::checker::{tag, History, KeyState, Op};
+use crate::checker::{key_bytes, tag, History, KeyState, Op};
 use crate::world::{CoordinatorAnswer, Delivery, Request, Stop, World, LEASE_US};
 use rampart_check::{Input, Operation, Output};
 
@@ -887,11 +887,6 @@ fn outcome(
         (Delivery::Answered, Some(Err(_))) => Err(Failure::Replica),
         _ => Err(Failure::Backup),
     }
-}
-
-/// The bytes of key number `key`.
-pub fn key_bytes(key: u64) -> Vec<u8> {
-    format!("key-{key}").into_bytes()
 }
 
 #[cfg(test)]
