@@ -36,7 +36,11 @@
 //!
 //! A master that answers `Retry` (for instance because its lease lapsed while it was cut
 //! off from the coordinators, so its tablets may be moving) makes the client refresh its
-//! map before it tries again.
+//! map before it tries again, and is reported as well: a master cut off from the
+//! coordinators but not from its peers or clients answers every ping of its peers, so
+//! without a client's report nobody would have the coordinator check it, and its tablets
+//! would stay unavailable for as long as the partition lasts. The coordinator's own ping
+//! decides; a master that merely was busy answers it.
 
 use bytes::Bytes;
 use parking_lot::RwLock;
@@ -476,8 +480,13 @@ impl Client {
                     self.refresh_after(map.version, &retry, &why).await?;
                     why
                 }
-                // The master may be losing its tablets (a lapsed lease): look again.
+                // The master may be losing its tablets (a lapsed lease): look again, and
+                // report it, for a master cut off from the coordinators alone is still
+                // reachable here and nobody else would (the coordinator's ping decides).
                 Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
+                    if e.status() == Some(Status::Retry) {
+                        self.report_unreachable(tablet.owner, &e);
+                    }
                     let why = e.to_string();
                     self.refresh_after(map.version, &retry, &why).await?;
                     why
@@ -846,7 +855,7 @@ impl Client {
             let mut why = String::new();
             for (addr, indices, outcome) in futures::future::join_all(calls).await {
                 if let Err(e) = &outcome {
-                    if e.is_transport() {
+                    if e.is_transport() || e.status() == Some(Status::Retry) {
                         if let Some(owner) = self.map().server_at(&addr) {
                             self.report_unreachable(owner, e);
                         }
@@ -1040,19 +1049,13 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn an_unreachable_master_is_reported_at_most_once_per_interval() {
-        // A port with nothing listening: the master is gone.
-        let dead = {
-            let gone = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            gone.local_addr().expect("addr").to_string()
-        };
-        let table = TableId(1);
-        let map = TabletMap {
+    /// A map of one table with one tablet, owned by server 9 at `addr`.
+    fn one_master_map(table: TableId, addr: String) -> TabletMap {
+        TabletMap {
             version: 2,
             servers: vec![ServerInfo {
                 id: ServerId(9),
-                addr: dead,
+                addr,
                 services: Services {
                     master: true,
                     backup: true,
@@ -1071,18 +1074,25 @@ mod tests {
                     owner: ServerId(9),
                 }],
             }],
-        };
+        }
+    }
+
+    /// Serves `service` on a port of its own; its address.
+    async fn serve(service: Arc<impl Service>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(RpcServer::run(listener, service, std::future::pending()));
+        addr
+    }
+
+    /// A fake coordinator serving `map`, and a client of it whose operations end after
+    /// 600 ms.
+    async fn client_of(map: TabletMap) -> (Arc<FakeCoordinator>, Client) {
         let fake = Arc::new(FakeCoordinator {
             map,
             reports: parking_lot::Mutex::new(Vec::new()),
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let coordinator = listener.local_addr().expect("addr").to_string();
-        tokio::spawn(RpcServer::run(
-            listener,
-            Arc::clone(&fake),
-            std::future::pending(),
-        ));
+        let coordinator = serve(Arc::clone(&fake)).await;
         let options = ClientOptions {
             deadline: Duration::from_millis(600),
             ..ClientOptions::default()
@@ -1090,6 +1100,18 @@ mod tests {
         let client = Client::connect_with(&[coordinator], options)
             .await
             .expect("connect");
+        (fake, client)
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_master_is_reported_at_most_once_per_interval() {
+        // A port with nothing listening: the master is gone.
+        let dead = {
+            let gone = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            gone.local_addr().expect("addr").to_string()
+        };
+        let table = TableId(1);
+        let (fake, client) = client_of(one_master_map(table, dead)).await;
         let started = Instant::now();
         let error = client
             .read(table, b"k")
@@ -1123,6 +1145,55 @@ mod tests {
         }
     }
 
-    const FAILURE_REPORT_INTERVAL_MS: u128 =
-        crate::failure_reporter::FAILURE_REPORT_INTERVAL.as_millis();
+    /// A master whose lease lapsed: it answers every request `Retry`.
+    #[derive(Debug)]
+    struct LeaselessMaster;
+
+    impl Service for LeaselessMaster {
+        fn handle(&self, _: Opcode, _: Bytes) -> HandleFuture<'_> {
+            Box::pin(async { Reply::error(Status::Retry, "lease lapsed") })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_master_that_answers_retry_is_reported_for_the_coordinator_to_check() {
+        // A master cut off from the coordinators but not from this client answers
+        // `Retry`; only a client's report has the coordinator ping it.
+        let table = TableId(1);
+        let master = serve(Arc::new(LeaselessMaster)).await;
+        let (fake, client) = client_of(one_master_map(table, master)).await;
+        // Each operation is reported long before its last attempt, which runs into the
+        // deadline (a timeout, reported as unreachable anyway).
+        let early = |since: Instant| {
+            let reports = fake.reports.lock();
+            reports
+                .iter()
+                .filter(|(at, r)| {
+                    r.server == ServerId(9)
+                        && *at >= since
+                        && *at - since < Duration::from_millis(300)
+                })
+                .count()
+        };
+        let started = Instant::now();
+        let error = client.read(table, b"k").await.expect_err("never served");
+        assert!(matches!(error, ClientError::Timeout { .. }), "{error}");
+        assert_eq!(
+            early(started),
+            1,
+            "the read's master was not reported at once"
+        );
+        tokio::time::sleep(FAILURE_REPORT_INTERVAL).await;
+        let started = Instant::now();
+        let keys: [(TableId, &[u8]); 1] = [(table, b"k")];
+        let _ = client.multi_read(&keys).await;
+        assert_eq!(
+            early(started),
+            1,
+            "the multi-read's master was not reported at once"
+        );
+    }
+
+    use crate::failure_reporter::FAILURE_REPORT_INTERVAL;
+    const FAILURE_REPORT_INTERVAL_MS: u128 = FAILURE_REPORT_INTERVAL.as_millis();
 }

@@ -13,7 +13,9 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -77,23 +79,39 @@ impl Children {
         Children::default()
     }
 
-    /// Starts `rampart ARGS...` and waits for its address line.
+    /// Starts `rampart ARGS...` (in network namespace `netns`, if given) and waits for
+    /// its address line.
     pub fn spawn(
         &mut self,
         name: &str,
         args: &[String],
         env: &[(&str, String)],
+        netns: Option<&Path>,
     ) -> Result<&Running> {
-        let starting = Children::start(name, args, env)?;
+        let starting = Children::start(name, args, env, netns)?;
         self.wait_ready(starting)
     }
 
     /// Starts `rampart ARGS...` without waiting for it: several children can start side
     /// by side, then [`Children::wait_ready`] takes each in. A child whose [`Starting`]
-    /// is dropped instead is killed.
-    pub fn start(name: &str, args: &[String], env: &[(&str, String)]) -> Result<Starting> {
+    /// is dropped instead is killed. With `netns` (a file under `/run/netns`, see
+    /// `netns`), the child runs in that network namespace.
+    pub fn start(
+        name: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        netns: Option<&Path>,
+    ) -> Result<Starting> {
         let exe = std::env::current_exe().context("cannot find the rampart executable")?;
         let parent = std::process::id();
+        // Opened here, entered between fork and exec; closed on exec.
+        let netns = netns
+            .map(|path| {
+                std::fs::File::open(path)
+                    .with_context(|| format!("cannot open network namespace {}", path.display()))
+            })
+            .transpose()?;
+        let netns_fd = netns.as_ref().map(|file| file.as_raw_fd());
         let mut command = Command::new(exe);
         command
             .args(args)
@@ -103,8 +121,8 @@ impl Children {
         for (key, value) in env {
             command.env(key, value);
         }
-        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and
-        // exec, as `pre_exec` requires.
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit, setns) between fork
+        // and exec, as `pre_exec` requires; `netns_fd` stays open until after the spawn.
         unsafe {
             command.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
@@ -112,12 +130,18 @@ impl Children {
                 if libc::getppid() as u32 != parent {
                     libc::_exit(1);
                 }
+                if let Some(fd) = netns_fd {
+                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             });
         }
         let mut child = command
             .spawn()
             .with_context(|| format!("cannot start {name}"))?;
+        drop(netns);
         let stdout = child
             .stdout
             .take()

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::children::Children;
+use crate::netns::Network;
 
 /// Replicas per segment when `--replicas` is not given (clamped to servers − 1).
 pub const REPLICAS_DEFAULT: u32 = 3;
@@ -89,6 +90,9 @@ pub struct LocalCluster {
     pub servers: Vec<(u64, String)>,
     /// The processes; dropping this stops them.
     pub children: Children,
+    /// The hosts the processes run in, when the cluster has a network of its own
+    /// ([`start_in`]); dropped after the processes.
+    pub network: Option<Network>,
     /// Each coordinator's command line, to restart it.
     coordinator_args: Vec<(u64, Vec<String>)>,
     /// Each server's command line by slot (`server_args[i]` is `server #i+1`'s), to
@@ -112,9 +116,10 @@ impl LocalCluster {
             .find(|(i, _)| *i == id)
             .ok_or_else(|| anyhow::anyhow!("no coordinator {id}"))?;
         let command = command.clone();
+        let netns = self.netns_of(&coordinator_host(id))?;
         Ok(self
             .children
-            .spawn(&coordinator_name(id), &command, &self.env)?
+            .spawn(&coordinator_name(id), &command, &self.env, netns.as_deref())?
             .pid())
     }
 
@@ -136,15 +141,47 @@ impl LocalCluster {
             .get(slot.wrapping_sub(1))
             .ok_or_else(|| anyhow::anyhow!("no server slot {slot}"))?
             .clone();
-        let running = self
-            .children
-            .spawn(&server_name(slot), &command, &self.env)?;
+        let netns = self.netns_of(&server_host(slot))?;
+        let running =
+            self.children
+                .spawn(&server_name(slot), &command, &self.env, netns.as_deref())?;
         let id = announced_id(&running.announce);
         let addr = running.addr.clone();
         self.servers[slot - 1] = (id, addr.clone());
         Ok((id, addr))
     }
+
+    /// The namespace file of host `name`, when the cluster has a network.
+    fn netns_of(&self, name: &str) -> Result<Option<std::path::PathBuf>> {
+        netns_of(self.network.as_ref(), name)
+    }
 }
+
+fn netns_of(network: Option<&Network>, name: &str) -> Result<Option<std::path::PathBuf>> {
+    network.map(|n| Ok(n.host(name)?.netns_path())).transpose()
+}
+
+/// The host of coordinator `id` in a cluster's network.
+pub fn coordinator_host(id: u64) -> String {
+    format!("c{id}")
+}
+
+/// The host of the server in `slot` in a cluster's network.
+pub fn server_host(slot: usize) -> String {
+    format!("s{slot}")
+}
+
+/// The hosts [`start_in`] needs in its network for `args`.
+pub fn hosts(args: &UpArgs) -> Vec<String> {
+    (1..=u64::from(args.coordinators))
+        .map(coordinator_host)
+        .chain((1..=args.servers as usize).map(server_host))
+        .collect()
+}
+
+/// The port of every coordinator in a cluster with a network (each has an address of
+/// its own).
+pub const COORDINATOR_PORT_IN_NETWORK: u16 = 7000;
 
 fn coordinator_name(id: u64) -> String {
     format!("coordinator {id}")
@@ -159,8 +196,18 @@ fn announced_id(announce: &[String]) -> u64 {
     announce.get(1).and_then(|id| id.parse().ok()).unwrap_or(0)
 }
 
-/// Starts a cluster as described by `args`, printing a line per process.
+/// Starts a cluster as described by `args` on this host's addresses, printing a line per
+/// process.
 pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
+    start_in(args, print, None)
+}
+
+/// Starts a cluster as described by `args`, printing a line per process. With a
+/// `network` (which must have the [`hosts`] of `args`), every process runs in its own
+/// host: coordinator `id` in `cID` at its address and port
+/// [`COORDINATOR_PORT_IN_NETWORK`] (`--coordinator-addr` is not used), the server of
+/// slot N in `sN` at its address.
+pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<LocalCluster> {
     if args.servers == 0 {
         bail!("--servers must be at least 1");
     }
@@ -179,7 +226,15 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     let mut children = Children::new();
     let log = std::env::var("RAMPART_LOG").unwrap_or_else(|_| args.log_level.clone());
     let env = [("RAMPART_LOG", log)];
-    let addrs = coordinator_addrs(&args.coordinator_addr, args.coordinators)?;
+    let addrs = match &network {
+        Some(network) => (1..=u64::from(args.coordinators))
+            .map(|id| {
+                let ip = network.host(&coordinator_host(id))?.ip;
+                Ok(format!("{ip}:{COORDINATOR_PORT_IN_NETWORK}"))
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => coordinator_addrs(&args.coordinator_addr, args.coordinators)?,
+    };
     let peers: Vec<String> = addrs
         .iter()
         .enumerate()
@@ -211,7 +266,8 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
                 args.recovery_masters_max.to_string(),
             ]);
         }
-        let running = children.spawn(&coordinator_name(id), &command, &env)?;
+        let netns = netns_of(network.as_ref(), &coordinator_host(id))?;
+        let running = children.spawn(&coordinator_name(id), &command, &env, netns.as_deref())?;
         coordinator_args.push((id, command));
         if print {
             println!(
@@ -245,12 +301,17 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
     let mut starting = Vec::new();
     let mut server_args_all = Vec::new();
     for i in 1..=args.servers {
+        let slot = i as usize;
+        let listen = match &network {
+            Some(network) => format!("{}:0", network.host(&server_host(slot))?.ip),
+            None => "127.0.0.1:0".into(),
+        };
         let server_args: Vec<String> = [
             "server".into(),
             "--coordinator".into(),
             coordinator.clone(),
             "--listen".into(),
-            "127.0.0.1:0".into(),
+            listen,
             "--memory".into(),
             args.memory.clone(),
             "--segment-bytes".into(),
@@ -276,10 +337,12 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
                 .flat_map(|t| ["--replication".to_string(), t.clone()]),
         )
         .collect();
+        let netns = netns_of(network.as_ref(), &server_host(slot))?;
         starting.push(Children::start(
-            &server_name(i as usize),
+            &server_name(slot),
             &server_args,
             &env,
+            netns.as_deref(),
         )?);
         server_args_all.push(server_args);
     }
@@ -307,6 +370,7 @@ pub fn start(args: &UpArgs, print: bool) -> Result<LocalCluster> {
         coordinators,
         servers,
         children,
+        network,
         coordinator_args,
         server_args: server_args_all,
         env,

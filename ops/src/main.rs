@@ -18,6 +18,7 @@ mod children;
 mod cluster;
 mod drill;
 mod kv;
+mod netns;
 mod process;
 mod recovery;
 mod simulate;

@@ -227,7 +227,7 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
         args.coordinator.clone()
     };
     let echo = children
-        .spawn("echo server", &["bench".into(), "echo".into()], &[])?
+        .spawn("echo server", &["bench".into(), "echo".into()], &[], None)?
         .addr
         .clone();
 

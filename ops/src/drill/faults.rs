@@ -8,8 +8,9 @@
 //! Runs on a thread of its own (process control blocks); its coordinator calls run on
 //! the drill's runtime through a handle.
 
-use super::plan::{choose, FaultKind, FaultPlan, ServerView, Skip};
-use crate::cluster::LocalCluster;
+use super::plan::{choose, Cut, FaultKind, FaultPlan, ServerView, Skip};
+use crate::cluster::{coordinator_host, server_host, LocalCluster};
+use crate::netns::Network;
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::{ServerId, TableId};
 use rampart_common::protocol::coordinator::{
@@ -191,12 +192,98 @@ impl Injector {
                 self.pause(slots[0])
             }
             FaultKind::KillCoordinatorLeader => self.kill_leader(),
-            FaultKind::Partition => Err(Fault::Skipped(Skip(
-                "partitions need servers in network namespaces, which the drill does not \
-                 build yet"
-                    .into(),
-            ))),
+            FaultKind::Partition => {
+                if self.cluster.network.is_none() {
+                    return Err(Fault::Skipped(Skip(
+                        "the cluster has no network of its own to cut".into(),
+                    )));
+                }
+                match Cut::drawn(self.plan.draw()) {
+                    Cut::LeaderAlone => self.partition_leader(),
+                    cut => {
+                        let slots = choose(kind, &self.view()?, self.replicas, self.plan.draw())?;
+                        self.partition_master(slots[0], cut)
+                    }
+                }
+            }
         }
+    }
+
+    /// The hosts of the coordinators and of the server slots, by name.
+    fn hosts(&self) -> (Vec<String>, Vec<String>) {
+        let coordinators = self
+            .cluster
+            .coordinators
+            .iter()
+            .map(|(id, _)| coordinator_host(*id))
+            .collect();
+        let servers = (1..=self.cluster.servers.len()).map(server_host).collect();
+        (coordinators, servers)
+    }
+
+    /// Cuts host `victim` off as `cut` says.
+    fn cut(&self, victim: &str, cut: Cut) -> Result<(), Fault> {
+        let (coordinators, servers) = self.hosts();
+        let peers = cut.peers(victim, &coordinators, &servers);
+        self.network()?
+            .cut(victim, &peers)
+            .map_err(|e| Fault::Unhealed(format!("cannot cut {victim} off: {e:#}")))
+    }
+
+    /// Restores every link of host `victim`.
+    fn reconnect(&self, victim: &str) -> Result<(), Fault> {
+        self.network()?
+            .heal(victim)
+            .map_err(|e| Fault::Unhealed(format!("cannot reconnect {victim}: {e:#}")))
+    }
+
+    fn network(&self) -> Result<&Network, Fault> {
+        self.cluster
+            .network
+            .as_ref()
+            .ok_or_else(|| Fault::Unhealed("the cluster has no network".into()))
+    }
+
+    /// Cuts the master of `slot` off as `cut` says until it is declared crashed and
+    /// recovered, then reconnects it and waits for it to exit, as a master that learns
+    /// it is dead must.
+    fn partition_master(&mut self, slot: usize, cut: Cut) -> Result<String, Fault> {
+        let id = self.cluster.servers[slot - 1].0;
+        let host = server_host(slot);
+        self.cut(&host, cut)?;
+        self.crashed.push(id);
+        let recovered = self.wait_statuses(&[id], ServerStatus::Removed);
+        let reconnected = self.reconnect(&host);
+        recovered.map_err(Fault::Unhealed)?;
+        reconnected?;
+        let what = format!("cut server {id} (slot {slot}) off {cut} until recovered");
+        self.expect_exit(slot, id, what, "reconnected")
+    }
+
+    /// Cuts the coordinators' leader off from the other coordinators and the servers
+    /// until another is elected, for 1 to 3 s more, then reconnects it and waits for a
+    /// leader.
+    fn partition_leader(&mut self) -> Result<String, Fault> {
+        let leader = self
+            .leader_other_than(None)
+            .ok_or_else(|| Fault::Skipped(Skip("no coordinator leader to cut off".into())))?;
+        let host = coordinator_host(leader);
+        self.cut(&host, Cut::LeaderAlone)?;
+        let elected = self.wait_leader_other_than(Some(leader));
+        let after = Duration::from_millis(1_000 + self.plan.draw() % 2_000);
+        if elected.is_ok() {
+            std::thread::sleep(after);
+        }
+        let reconnected = self.reconnect(&host);
+        let new = elected?;
+        reconnected?;
+        let now = self.wait_leader_other_than(None)?;
+        Ok(format!(
+            "cut coordinator {leader}, the leader, off {}; coordinator {new} elected, \
+             reconnected {:.1} s later; leader now {now}",
+            Cut::LeaderAlone,
+            after.as_secs_f64()
+        ))
     }
 
     /// Kills the servers of `slots`; returns their ids.
@@ -237,8 +324,24 @@ impl Injector {
         let recovered = self.wait_statuses(&[id], ServerStatus::Removed);
         let _ = self.cluster.children.signal(&name, libc::SIGCONT);
         recovered.map_err(Fault::Unhealed)?;
+        let what = format!("paused server {id} (slot {slot}) until recovered");
+        self.expect_exit(slot, id, what, "resumed")
+    }
+
+    /// Waits for the server of `slot` (id `id`), declared crashed and recovered and then
+    /// `woken` (resumed, reconnected), to exit, as a master that learns it is dead must;
+    /// kills it (an anomaly) if it does not within [`PAUSED_EXIT_TIMEOUT`]. Then starts a
+    /// server in its slot again.
+    fn expect_exit(
+        &mut self,
+        slot: usize,
+        id: u64,
+        mut what: String,
+        woken: &str,
+    ) -> Result<String, Fault> {
+        let name = format!("server #{slot}");
         let resumed = Instant::now();
-        let mut what = format!("paused server {id} (slot {slot}) until recovered, then resumed");
+        what.push_str(&format!(", then {woken}"));
         loop {
             if self.cluster.children.has_exited(&name) {
                 what.push_str(&format!(
@@ -249,8 +352,8 @@ impl Injector {
             }
             if resumed.elapsed() > PAUSED_EXIT_TIMEOUT {
                 self.anomalies.push(format!(
-                    "server {id} (slot {slot}), paused until declared crashed and recovered, \
-                     still ran {} s after it was resumed",
+                    "server {id} (slot {slot}), declared crashed and recovered, still ran {} \
+                     s after it was {woken}",
                     PAUSED_EXIT_TIMEOUT.as_secs()
                 ));
                 let _ = self.cluster.kill_server(slot);
@@ -268,7 +371,7 @@ impl Injector {
     /// Kills the coordinators' leader, restarts it after 1 to 3 s, waits for a leader.
     fn kill_leader(&mut self) -> Result<String, Fault> {
         let leader = self
-            .leader()
+            .leader_other_than(None)
             .ok_or_else(|| Fault::Skipped(Skip("no coordinator leader to kill".into())))?;
         self.cluster
             .kill_coordinator(leader)
@@ -278,24 +381,40 @@ impl Injector {
         self.cluster
             .restart_coordinator(leader)
             .map_err(|e| Fault::Unhealed(format!("cannot restart coordinator {leader}: {e:#}")))?;
+        let new = self.wait_leader_other_than(None)?;
+        Ok(format!(
+            "killed coordinator {leader}, the leader, for {:.1} s; leader now {new}",
+            down.as_secs_f64()
+        ))
+    }
+
+    /// Waits (at most [`HEAL_TIMEOUT`]) until a coordinator other than `old` leads.
+    fn wait_leader_other_than(&self, old: Option<u64>) -> Result<u64, Fault> {
         let deadline = Instant::now() + HEAL_TIMEOUT;
         loop {
-            if let Some(new) = self.leader() {
-                return Ok(format!(
-                    "killed coordinator {leader}, the leader, for {:.1} s; leader now {new}",
-                    down.as_secs_f64()
-                ));
+            if let Some(new) = self.leader_other_than(old) {
+                return Ok(new);
             }
             if Instant::now() > deadline {
-                return Err(Fault::Unhealed("no coordinator leader elected".into()));
+                return Err(Fault::Unhealed(match old {
+                    Some(old) => format!("no coordinator but {old} elected leader"),
+                    None => "no coordinator leader elected".into(),
+                }));
             }
             std::thread::sleep(POLL_INTERVAL);
         }
     }
 
-    /// The id of the coordinators' leader, as a member that leads says.
-    fn leader(&self) -> Option<u64> {
-        let members = self.cluster.coordinators.clone();
+    /// The id of the coordinators' leader, as a member that leads says (`old` not
+    /// asked: cut off, it may still think it leads).
+    fn leader_other_than(&self, old: Option<u64>) -> Option<u64> {
+        let members: Vec<(u64, String)> = self
+            .cluster
+            .coordinators
+            .iter()
+            .filter(|(id, _)| Some(*id) != old)
+            .cloned()
+            .collect();
         self.runtime.block_on(async {
             for (_, addr) in &members {
                 let deadline = tokio::time::Instant::now() + Duration::from_millis(500);

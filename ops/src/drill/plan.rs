@@ -26,7 +26,9 @@ pub enum FaultKind {
     KillCoordinatorLeader,
     /// SIGKILL a master, then one of its recovery masters once that has a partition.
     KillDuringRecovery,
-    /// Cut a server off the network.
+    /// Cut a host off from others ([`Cut`]): a master from the coordinators and its
+    /// peers, or from the coordinators alone, or the coordinators' leader from the other
+    /// coordinators and the servers; the drill's clients reach every host throughout.
     Partition,
     /// SIGSTOP a master until it is declared crashed and recovered, then SIGCONT it: it
     /// must serve nothing stale and exit.
@@ -144,6 +146,62 @@ pub struct ServerView {
     pub masters_tablets: bool,
 }
 
+/// What one `partition` fault cuts off. The drill's clients run on a host of their own
+/// and reach every host throughout, so that they meet the far side of every cut: a
+/// master that cannot renew its lease must refuse them, a leader that lost its quorum
+/// must not answer them with stale configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// A master from the coordinators and every other server: its peers report it, the
+    /// coordinator declares it crashed, its tablets are recovered elsewhere.
+    MasterAlone,
+    /// A master from the coordinators only: its peers still reach it (so none reports
+    /// it); it must stop serving when its lease lapses, and its clients must get it
+    /// declared crashed.
+    MasterFromCoordinators,
+    /// The coordinators' leader from the other coordinators and every server: the rest
+    /// must elect another.
+    LeaderAlone,
+}
+
+impl Cut {
+    /// The cut of one `partition` fault, from a draw of the plan.
+    pub fn drawn(draw: u64) -> Cut {
+        match draw % 3 {
+            0 => Cut::MasterAlone,
+            1 => Cut::MasterFromCoordinators,
+            _ => Cut::LeaderAlone,
+        }
+    }
+
+    /// The hosts `victim` is cut off from, among `coordinators` and `servers` (host
+    /// names; `victim` is one of them and never its own peer).
+    pub fn peers<'a>(
+        self,
+        victim: &str,
+        coordinators: &'a [String],
+        servers: &'a [String],
+    ) -> Vec<&'a str> {
+        let with_servers = self != Cut::MasterFromCoordinators;
+        coordinators
+            .iter()
+            .chain(servers.iter().filter(|_| with_servers))
+            .map(String::as_str)
+            .filter(|host| *host != victim)
+            .collect()
+    }
+}
+
+impl fmt::Display for Cut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Cut::MasterAlone => "from the coordinators and the other servers",
+            Cut::MasterFromCoordinators => "from the coordinators only",
+            Cut::LeaderAlone => "from the other coordinators and the servers",
+        })
+    }
+}
+
 /// Why a fault was not injected this time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Skip(pub String);
@@ -165,7 +223,10 @@ pub fn choose(
             .then(|| among[(draw.wrapping_add(salt) % among.len() as u64) as usize].slot)
     };
     let victims = match kind {
-        FaultKind::KillMaster | FaultKind::Pause | FaultKind::KillDuringRecovery => {
+        FaultKind::KillMaster
+        | FaultKind::Pause
+        | FaultKind::KillDuringRecovery
+        | FaultKind::Partition => {
             vec![pick(&masters, 0).ok_or_else(|| Skip("no server masters tablets".into()))?]
         }
         FaultKind::KillBackup => vec![pick(&backups, 0)
@@ -177,7 +238,7 @@ pub fn choose(
             let second = pick(&rest, draw >> 32).ok_or_else(|| Skip("one server is up".into()))?;
             vec![first, second]
         }
-        FaultKind::KillCoordinatorLeader | FaultKind::Partition => {
+        FaultKind::KillCoordinatorLeader => {
             return Err(Skip(format!("{kind} does not kill servers")));
         }
     };
@@ -270,6 +331,28 @@ mod tests {
         assert!(choose(FaultKind::KillMaster, &up, 2, 0).is_ok());
         let only_masters = view(&[(1, true), (2, true), (3, true), (4, true)]);
         assert!(choose(FaultKind::KillBackup, &only_masters, 1, 0).is_err());
-        assert!(choose(FaultKind::Partition, &up, 1, 0).is_err());
+        assert!(choose(FaultKind::KillCoordinatorLeader, &up, 1, 0).is_err());
+        assert!(choose(FaultKind::Partition, &only_masters, 3, 0).is_err());
+    }
+
+    #[test]
+    fn each_cut_leaves_out_the_right_hosts_and_every_cut_is_drawn() {
+        let coordinators: Vec<String> = ["c1", "c2", "c3"].map(String::from).to_vec();
+        let servers: Vec<String> = ["s1", "s2", "s3"].map(String::from).to_vec();
+        assert_eq!(
+            Cut::MasterAlone.peers("s2", &coordinators, &servers),
+            ["c1", "c2", "c3", "s1", "s3"]
+        );
+        assert_eq!(
+            Cut::MasterFromCoordinators.peers("s2", &coordinators, &servers),
+            ["c1", "c2", "c3"]
+        );
+        assert_eq!(
+            Cut::LeaderAlone.peers("c3", &coordinators, &servers),
+            ["c1", "c2", "s1", "s2", "s3"]
+        );
+        let drawn: std::collections::HashSet<_> =
+            (0..3).map(|d| format!("{}", Cut::drawn(d))).collect();
+        assert_eq!(drawn.len(), 3);
     }
 }
