@@ -49,8 +49,8 @@ use rampart_common::ids::{key_hash, ClientId, ServerId, TableId, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_WRITE_REQUEST_BYTES_MAX};
 use rampart_common::protocol::coordinator::{
     CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, GetTabletMap,
-    OpenClient, OpenClientRequest, ReportFailure, ReportFailureRequest, TableNameRequest,
-    TabletMapRequest,
+    OpenClient, OpenClientRequest, RenewClientLease, RenewClientLeaseRequest, ReportFailure,
+    ReportFailureRequest, TableNameRequest, TabletMapRequest,
 };
 use rampart_common::protocol::master::{
     Enumerate, EnumerateRequest, EnumeratedObject, Increment, IncrementRequest, MultiRead,
@@ -228,6 +228,10 @@ impl Client {
                 tracker: Tracker::new(opened.client),
             }),
         };
+        tokio::spawn(renew_lease(
+            Arc::downgrade(&client.inner),
+            Duration::from_millis(u64::from(opened.lease_ms)),
+        ));
         client.refresh_map(0, deadline).await?;
         Ok(client)
     }
@@ -926,6 +930,47 @@ impl Client {
     }
 }
 
+/// Renews the lease of the client behind `inner` (of length `lease`) every third of it,
+/// until the client is dropped or told its lease expired (then its writes are refused
+/// by the masters, which the operations report as [`ClientError::LeaseExpired`]). A
+/// renewal that fails is tried again a second later.
+async fn renew_lease(inner: std::sync::Weak<Inner>, lease: Duration) {
+    let interval = (lease / 3).max(Duration::from_millis(10));
+    let mut next = interval;
+    loop {
+        tokio::time::sleep(next).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let client = inner.tracker.client();
+        let request = RenewClientLeaseRequest { client };
+        let deadline = Instant::now() + interval.min(LEASE_RENEW_TIMEOUT);
+        next = match inner
+            .coordinators
+            .call::<RenewClientLease>(&inner.pool, &request, deadline)
+            .await
+        {
+            Ok(reply) => (Duration::from_millis(u64::from(reply.lease_ms)) / 3)
+                .max(Duration::from_millis(10)),
+            Err(CoordinatorCallError::Rpc(RpcError::Status {
+                status: Status::ClientLeaseExpired,
+                detail,
+                ..
+            })) => {
+                tracing::warn!(%client, %detail, "client lease expired: writes are refused; connect a new client");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(%client, %error, "client lease not renewed; trying again");
+                interval.min(Duration::from_secs(1))
+            }
+        };
+    }
+}
+
+/// Deadline of one lease renewal.
+const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The retry loop's next step for a single-object reply: `ok` builds the success value.
 fn outcome<T>(addr: &str, status: Status, version: Version, ok: impl FnOnce() -> T) -> Attempt<T> {
     match status {
@@ -1035,6 +1080,7 @@ mod tests {
                     GetTabletMap::OPCODE => Reply::ok(&self.map),
                     OpenClient::OPCODE => Reply::ok(&OpenClientReply {
                         client: ClientId(7),
+                        lease_ms: 30_000,
                     }),
                     ReportFailure::OPCODE => match Reply::decode::<ReportFailureRequest>(payload) {
                         Ok(request) => {

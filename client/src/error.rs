@@ -33,7 +33,8 @@ pub enum ClientError {
     NoSpace,
     /// The deadline passed while the operation was being retried. A write, remove or
     /// increment may or may not have applied (once at most: its retries carry its
-    /// exactly-once identity); this is the only error that leaves the outcome unknown.
+    /// exactly-once identity); with [`ClientError::LeaseExpired`], the only errors that
+    /// leave the outcome unknown.
     #[error("timed out after {attempts} attempts: {last}")]
     Timeout {
         /// How often it was tried.
@@ -48,6 +49,12 @@ pub enum ClientError {
     /// A server answered something the client does not expect.
     #[error("server error: {0}")]
     Server(String),
+    /// This client's lease expired: it could not renew it for
+    /// `rampart_common::rifl::CLIENT_LEASE` (cut off from the coordinators, or paused),
+    /// so masters no longer execute its writes. Like [`ClientError::Timeout`], a write
+    /// tried before may or may not have applied (once at most). Connect a new client.
+    #[error("client lease expired: {0}; connect a new client")]
+    LeaseExpired(String),
 }
 
 impl ClientError {
@@ -55,6 +62,7 @@ impl ClientError {
         match status {
             s if s.is_rejection() => ClientError::Rejected { status: s, current },
             Status::NoSpace => ClientError::NoSpace,
+            Status::ClientLeaseExpired => ClientError::LeaseExpired(detail),
             Status::KeyTooLarge
             | Status::ValueTooLarge
             | Status::NotAnInteger

@@ -42,6 +42,7 @@ impl Service for FakeCoordinator {
             (None, CreateTable::OPCODE) => Reply::ok(&TableIdReply { id: TableId(7) }),
             (None, OpenClient::OPCODE) => Reply::ok(&OpenClientReply {
                 client: ClientId(3),
+                lease_ms: 30_000,
             }),
             (None, other) => Reply::error(Status::UnknownOpcode, format!("{other}")),
         };

@@ -5,7 +5,8 @@
 //! # The contract
 //!
 //! * **Identity.** A client gets a [`ClientId`] from the coordinators when it connects
-//!   (`OpenClient`, a Raft-committed counter: never reused). It numbers its write-type
+//!   (`OpenClient`, a Raft-committed counter: never reused, not even by a group
+//!   re-created from a seed export). It numbers its write-type
 //!   operations `seq` = 1, 2, 3, … — one number per operation (per object of a
 //!   multi-op), kept by every retry of that operation.
 //! * **Acknowledgement.** Every request also carries `ack`: the client holds the outcome
@@ -24,11 +25,28 @@
 //!   again by a retry: its first attempt had no effect, so the retry is the one that
 //!   counts, and it still falls within the operation's call and return — linearizable.
 //!
+//! * **Leases.** A client's id comes with a lease, which the client renews
+//!   (`RenewClientLease`) every [`CLIENT_LEASE`] / 3. A client that stops renewing for
+//!   longer than [`CLIENT_LEASE`] (it exited, crashed, or was cut off) expires: the
+//!   coordinators' leader commits its expiry through Raft, and masters then drop its
+//!   records and acknowledgement — that is how the records of clients that are gone
+//!   are freed. A master executes a tracked operation only while it knows its client's
+//!   lease holds (asked of the leader with `CheckClientLeases`, remembered for as long as
+//!   the answer says), so no retry is executed again after its record was dropped: an
+//!   expired client is answered `ClientLeaseExpired` and must open a new id.
+//!
 //! A `Rifl` whose client is 0 ([`Rifl::NONE`]) asks for nothing: the operation runs
 //! every time it arrives (masters driven directly by benchmarks and tests).
 
 use crate::ids::ClientId;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How long a client's lease lasts after its last renewal (see the module doc). Long
+/// enough that a client cut off by a short partition or paused by a long garbage
+/// collection keeps its identity; short enough that the records of clients that are
+/// gone leave within a minute.
+pub const CLIENT_LEASE: Duration = Duration::from_secs(30);
 
 /// The exactly-once identity of one write-type operation, and the client's
 /// acknowledgement. See the module doc.

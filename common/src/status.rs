@@ -80,6 +80,10 @@ pub enum Status {
     /// (`rifl::Rifl::ack`): it is never executed again. A client that follows the
     /// protocol never sees it.
     StaleRequest,
+    /// The client's lease expired (it stopped renewing it, for longer than
+    /// `rifl::CLIENT_LEASE`): its completion records may be gone, so none of its writes
+    /// is executed any more. The client must open a new identity.
+    ClientLeaseExpired,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -116,6 +120,7 @@ impl Status {
             Status::RecoveryFailed => 25,
             Status::WrongServer => 26,
             Status::StaleRequest => 27,
+            Status::ClientLeaseExpired => 28,
             Status::Unrecognized(code) => code,
         }
     }
@@ -151,6 +156,7 @@ impl Status {
             25 => Status::RecoveryFailed,
             26 => Status::WrongServer,
             27 => Status::StaleRequest,
+            28 => Status::ClientLeaseExpired,
             other => Status::Unrecognized(other),
         }
     }
@@ -195,6 +201,7 @@ impl fmt::Display for Status {
             Status::RecoveryFailed => "recovery failed",
             Status::WrongServer => "request meant for another server at this address",
             Status::StaleRequest => "retried write that its client had acknowledged",
+            Status::ClientLeaseExpired => "client lease expired",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

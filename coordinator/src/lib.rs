@@ -1,7 +1,7 @@
 //! `rampart-coordinator`: the cluster configuration (DESIGN.md §7), replicated by Raft.
 //!
 //! * [`state`] — `CoordinatorState`: the deterministic state machine of servers,
-//!   tables and tablets; `apply(command) -> result`, no I/O.
+//!   tables, tablets and open clients; `apply(command) -> result`, no I/O.
 //! * [`raft_storage`] — `RaftStorage`: the durable Raft log (entries, hard state, conf
 //!   state, snapshot) in a `raft-engine` directory, behind `raft::Storage`.
 //! * [`node`] — `RaftNode`: one member of the coordinators' Raft group; the ready loop,
@@ -17,6 +17,10 @@
 //!   confirmations of the end.
 //! * [`recovery_plan`] — the pure planning steps of a recovery: log completeness,
 //!   which replica of each segment to read, partitions, assignment.
+//! * [`client_leases`] — `ClientLeases`: on the leader, when each open client last
+//!   renewed its lease (kept in memory), and `ClientExpirer`, which commits the expiry
+//!   of clients that stopped (`ExpireClients`), so masters may free their completion
+//!   records.
 //! * [`push`] — the coordinator's best-effort messages to masters about a committed
 //!   change (server-list version, tablet changes), with a bounded retry.
 //! * [`service`] — `CoordinatorService`: RPC handlers that propose commands through the
@@ -47,6 +51,7 @@
 //! Static: every member is started with the same `--peers`, and a data directory belongs
 //! to one member id for good (see the README on replacing a coordinator).
 
+pub mod client_leases;
 pub mod failure_verifier;
 pub mod node;
 pub mod push;

@@ -42,7 +42,8 @@
 //!   and the master drops it at its next lease renewal.
 
 use bytes::Bytes;
-use rampart_common::ids::{ClientId, ServerId, TabletEpoch};
+use parking_lot::Mutex;
+use rampart_common::ids::{ServerId, TabletEpoch};
 use rampart_common::protocol::coordinator::{
     self as proto, CreateTableRequest, DropTableRequest, EnlistReply, EnlistRequest,
     RaftMessagesRequest, TableIdReply, TableNameRequest,
@@ -60,15 +61,21 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+use crate::client_leases::{ClientExpirer, ClientLeases};
 use crate::failure_verifier::FailureVerifier;
 use crate::node::{NodeError, RaftNode};
 use crate::recovery::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
 use rampart_common::protocol::coordinator::{
+    CheckClientLeasesReply, CheckClientLeasesRequest, ClientLeaseState, RenewClientLeaseReply,
+    RenewClientLeaseRequest, CLIENT_LEASE_CHECKS_MAX,
+};
+use rampart_common::protocol::coordinator::{
     OpenClientReply, OpenClientRequest, OwnedTabletsReply, RecoveryStatusReply, RenewLeaseReply,
     RenewLeaseRequest, ReportFailureRequest, ReserveVersionsReply, ReserveVersionsRequest,
     ServerIdRequest, SetOpenEpochRequest, UploadWillRequest,
 };
+use rampart_common::rifl::CLIENT_LEASE;
 use rampart_common::tablet::ServerStatus;
 
 /// How long a create or drop waits for the masters to take or drop their tablets.
@@ -96,6 +103,10 @@ pub struct CoordinatorService {
     recovery: Arc<RecoveryManager>,
     /// Stops the recovery manager's loop when the service goes away.
     _recovery_task: AbortOnDrop,
+    /// Client leases as this member sees them while it leads.
+    client_leases: Arc<Mutex<ClientLeases>>,
+    /// Stops the client expirer when the service goes away.
+    _expirer_task: AbortOnDrop,
 }
 
 /// Aborts a background task when dropped.
@@ -132,7 +143,12 @@ impl CoordinatorService {
             Arc::clone(&verifier),
         ));
         let task = tokio::spawn(Arc::clone(&recovery).run());
+        let client_leases = Arc::new(Mutex::new(ClientLeases::new(CLIENT_LEASE)));
+        let expirer = ClientExpirer::new(node.clone(), Arc::clone(&client_leases));
+        let expirer_task = tokio::spawn(expirer.run());
         CoordinatorService {
+            client_leases,
+            _expirer_task: AbortOnDrop(expirer_task),
             node,
             names: (0..NAME_LOCKS)
                 .map(|_| tokio::sync::Mutex::new(()))
@@ -142,6 +158,16 @@ impl CoordinatorService {
             recovery,
             _recovery_task: AbortOnDrop(task),
         }
+    }
+
+    /// The same service, with client leases of `lease` instead of
+    /// [`CLIENT_LEASE`] (tests). Give it before the service serves requests.
+    pub fn with_client_lease(mut self, lease: Duration) -> CoordinatorService {
+        *self.client_leases.lock() = ClientLeases::new(lease);
+        // A new expirer, which sleeps by the new length (the old one is aborted).
+        let expirer = ClientExpirer::new(self.node.clone(), Arc::clone(&self.client_leases));
+        self._expirer_task = AbortOnDrop(tokio::spawn(expirer.run()));
+        self
     }
 
     /// The recovery manager (reports of past recoveries).
@@ -510,22 +536,102 @@ impl CoordinatorService {
                 if let Err(reply) = Reply::decode::<OpenClientRequest>(payload) {
                     return reply;
                 }
-                let what = command_name(&Command::OpenClient);
-                match tokio::time::timeout(
-                    PROPOSAL_TIMEOUT,
-                    self.node.propose_indexed(Command::OpenClient),
-                )
-                .await
-                {
-                    Ok(Ok(applied)) => Reply::ok(&OpenClientReply {
-                        client: ClientId(applied.index),
+                let received = tokio::time::Instant::now();
+                match self.apply(Command::OpenClient).await {
+                    Ok(CommandResult::ClientOpened { id }) => {
+                        let lease = {
+                            let mut leases = self.client_leases.lock();
+                            leases.observe_leadership(true, tokio::time::Instant::now());
+                            leases.renew(id, received)
+                        };
+                        match lease {
+                            Some(lease) => Reply::ok(&OpenClientReply {
+                                client: id,
+                                lease_ms: millis(lease),
+                            }),
+                            None => Reply::error(Status::Retry, "client lease not granted"),
+                        }
+                    }
+                    Ok(CommandResult::Rejected { status, detail }) => Reply::error(status, detail),
+                    Ok(other) => Reply::error(Status::Internal, format!("unexpected {other:?}")),
+                    Err(reply) => reply,
+                }
+            }
+            proto::RenewClientLease::OPCODE => {
+                let request: RenewClientLeaseRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                // Read before the barrier: a later leader first sees the client after it.
+                let received = tokio::time::Instant::now();
+                if let Err(reply) = self.read_barrier().await {
+                    return reply;
+                }
+                let open = self
+                    .node
+                    .with_state(|state| state.client_open(request.client));
+                let lease = open.then(|| {
+                    let mut leases = self.client_leases.lock();
+                    leases.observe_leadership(true, tokio::time::Instant::now());
+                    leases.renew(request.client, received)
+                });
+                match lease.flatten() {
+                    Some(lease) => Reply::ok(&RenewClientLeaseReply {
+                        lease_ms: millis(lease),
                     }),
-                    Ok(Err(e)) => node_error_reply(e),
-                    Err(_) => Reply::error(
-                        Status::Retry,
-                        format!("{what} not committed within {PROPOSAL_TIMEOUT:?}"),
+                    None => Reply::error(
+                        Status::ClientLeaseExpired,
+                        format!(
+                            "{} did not renew its lease within {:?}",
+                            request.client,
+                            self.client_leases.lock().lease()
+                        ),
                     ),
                 }
+            }
+            proto::CheckClientLeases::OPCODE => {
+                let request: CheckClientLeasesRequest = match Reply::decode(payload) {
+                    Ok(r) => r,
+                    Err(reply) => return reply,
+                };
+                if request.clients.len() > CLIENT_LEASE_CHECKS_MAX {
+                    return Reply::error(
+                        Status::InvalidArgument,
+                        format!(
+                            "{} clients asked about, more than {CLIENT_LEASE_CHECKS_MAX}",
+                            request.clients.len()
+                        ),
+                    );
+                }
+                let received = tokio::time::Instant::now();
+                if let Err(reply) = self.read_barrier().await {
+                    return reply;
+                }
+                let open: Vec<bool> = self.node.with_state(|state| {
+                    request
+                        .clients
+                        .iter()
+                        .map(|&c| state.client_open(c))
+                        .collect()
+                });
+                let mut leases = self.client_leases.lock();
+                leases.observe_leadership(true, tokio::time::Instant::now());
+                let states = request
+                    .clients
+                    .iter()
+                    .zip(open)
+                    .map(|(&client, open)| {
+                        let remaining = leases.remaining(client, received);
+                        match (open, remaining.is_zero()) {
+                            (false, _) => ClientLeaseState::Expired,
+                            (true, true) => ClientLeaseState::Lapsed,
+                            (true, false) => ClientLeaseState::Valid {
+                                ms: millis(remaining),
+                            },
+                        }
+                    })
+                    .collect();
+                Reply::ok(&CheckClientLeasesReply { leases: states })
             }
             proto::ReserveVersions::OPCODE => {
                 let request: ReserveVersionsRequest = match Reply::decode(payload) {
@@ -627,10 +733,16 @@ fn command_name(command: &Command) -> &'static str {
         Command::SetOpenEpoch { .. } => "open segment epoch",
         Command::ReserveVersions { .. } => "version reservation",
         Command::OpenClient => "client opening",
+        Command::ExpireClients { .. } => "client expiry",
     }
 }
 
 /// The reply for a proposal or read the node did not carry out.
+/// A duration in whole milliseconds, saturating (leases are far shorter).
+fn millis(duration: Duration) -> u32 {
+    u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
+}
+
 fn node_error_reply(error: NodeError) -> Reply {
     match error {
         NodeError::NotLeader(hint) => Reply::error(Status::NotLeader, hint.encode()),

@@ -1,7 +1,8 @@
 //! `CoordinatorState`: the cluster configuration as a deterministic state machine
 //! (DESIGN.md §7).
 //!
-//! It holds the server list, the tables and their tablets, the id counters and the
+//! It holds the server list, the tables and their tablets, the open clients (whose
+//! leases the leader keeps, `crate::client_leases`), the id counters and the
 //! configuration version. Every change is a [`Command`]; [`CoordinatorState::apply`] executes
 //! one and returns a [`CommandResult`]. The query methods read the state and change nothing.
 //! What it hides: id assignment, tablet placement and the indexes that keep look-ups by name
@@ -16,7 +17,7 @@
 //! 1. No clocks. A time read inside `apply` would differ between replicas and between the
 //!    first apply and a replay. Decisions that depend on time (declaring a server crashed
 //!    after missed pings) are taken by the leader outside the state machine and enter it as
-//!    commands ([`Command::SetServerStatus`]).
+//!    commands ([`Command::SetServerStatus`], [`Command::ExpireClients`]).
 //! 2. No randomness. Tablets are placed round-robin from a cursor kept in the state.
 //! 3. No I/O. The async driver persists the log and sends the results.
 //! 4. Only ordered containers (`BTreeMap`, `Vec`). A `HashMap`'s iteration order depends on
@@ -28,7 +29,10 @@
 //!
 //! The state derives `Serialize`/`Deserialize`: a snapshot is the serialized state.
 //! Restoring a snapshot taken after entry k and applying entries k+1.. gives the same state
-//! as applying every entry (a property test checks it). Call
+//! as applying every entry (a property test checks it). The encoding is bincode, which
+//! has no optional fields: new fields go at the end, and [`CoordinatorState::decode`]
+//! also reads the shorter encoding of the release before them (the one before open
+//! clients). Call
 //! [`CoordinatorState::check_invariants`] on a snapshot read from disk before installing it.
 //!
 //! # Idempotence
@@ -58,7 +62,7 @@
 //! incomplete log ([`Command::AllowLoss`]) live here too, so a new leader carries on any
 //! recovery where the old one stopped (`coordinator::recovery`).
 
-use rampart_common::ids::{Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use rampart_common::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap};
@@ -103,6 +107,21 @@ pub const SERVER_FIELD_BYTES_MAX: usize = 256;
 /// than this would be cut coarser by the recovery driver's fallback (one partition per
 /// tablet).
 pub const WILL_RANGES_MAX: usize = 65_536;
+
+/// Most clients open at once ([`Command::OpenClient`]): each costs the state 8 bytes and
+/// the leader a lease entry.
+pub const CLIENTS_MAX: usize = 1 << 20;
+
+/// The first client id. Releases before client leases gave clients the Raft index of
+/// their `OpenClient` entry as id, and masters may still hold completion records under
+/// such ids; replaying those entries now opens clients from a counter, which starts
+/// above every index a group can reach so that no new client inherits an old one's
+/// records.
+pub const CLIENT_IDS_START: u64 = 1 << 48;
+
+/// Most clients one [`Command::ExpireClients`] expires (the rest of a longer list is
+/// ignored).
+pub const EXPIRE_CLIENTS_MAX: usize = 4096;
 
 // A whole `TabletMap` must fit one RPC payload: its tablets in half of it, the table names
 // well within it, and no one table larger than the tablet budget.
@@ -188,9 +207,9 @@ pub enum Command {
         ceiling: u64,
     },
     /// A client connects and needs an id for its writes' completion records
-    /// (`rampart_common::rifl`). The id is the index of this command's entry in the Raft
-    /// log — unique over the group's life — so the state does not change (nor the
-    /// configuration version).
+    /// (`rampart_common::rifl`): the next of a counter, never reused. It joins the
+    /// clients whose leases the leader keeps. Refused beyond [`CLIENTS_MAX`] clients.
+    /// Clients are not configuration: the version does not change.
     OpenClient,
     /// Master `server` re-created replicas of its open segment `segment` and moved them
     /// all to `epoch`: a copy of that segment at an older epoch without its footer was
@@ -205,6 +224,15 @@ pub enum Command {
         segment: SegmentId,
         /// The epoch every replica it writes now holds.
         epoch: Epoch,
+    },
+    // New variants go last: a command's encoding (its variant's index) is in the Raft
+    // log on disk.
+    /// The leader found that these clients stopped renewing their leases: they are
+    /// expired for good, and masters may drop their completion records. Clients not
+    /// open (expired already) are passed over. The version does not change.
+    ExpireClients {
+        /// The clients (at most [`EXPIRE_CLIENTS_MAX`]).
+        clients: Vec<ClientId>,
     },
 }
 
@@ -259,8 +287,16 @@ pub enum CommandResult {
         /// The ceiling held.
         ceiling: u64,
     },
-    /// A client was opened: its id is the command's log index (`RaftNode::propose_indexed`).
-    ClientOpened,
+    /// A client was opened.
+    ClientOpened {
+        /// Its id.
+        id: ClientId,
+    },
+    /// Clients expired.
+    ClientsExpired {
+        /// How many of those named were open until now.
+        expired: usize,
+    },
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -311,6 +347,8 @@ enum Reject {
         start: u64,
         end: u64,
     },
+    #[error("too many clients open (limit {max}): no more until some expire", max = CLIENTS_MAX)]
+    TooManyClients,
     #[error("server {id} cannot go from {from:?} to {to:?}")]
     StatusBackwards {
         id: ServerId,
@@ -323,6 +361,7 @@ impl Reject {
     fn status(&self) -> Status {
         match self {
             Reject::NoMasters => Status::NotEnoughServers,
+            Reject::TooManyClients => Status::Retry,
             Reject::Crashed(_) => Status::ServerCrashed,
             Reject::NotOwned { .. } | Reject::NotCrashed(_) => Status::RecoveryFailed,
             _ => Status::InvalidArgument,
@@ -364,6 +403,12 @@ pub enum InvariantViolation {
     /// The address index disagrees with the up servers.
     #[error("address index: {what}")]
     AddrIndex {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The open clients are inconsistent.
+    #[error("clients: {what}")]
+    Clients {
         /// What is wrong.
         what: &'static str,
     },
@@ -436,8 +481,63 @@ pub struct CoordinatorState {
     /// 2. Only grow.
     version_ceilings: BTreeMap<ServerId, u64>,
     /// Configuration version.
-    /// 1. Bumped exactly once by every command that changes the state; never otherwise.
+    /// 1. Bumped exactly once by every command that changes the state other than its
+    ///    clients; never otherwise.
     version: u64,
+    // New fields go last: the encoding of a release before them is then a prefix of
+    // this one ([`CoordinatorState::decode`]).
+    /// The id the next opened client gets.
+    /// 1. Starts at [`CLIENT_IDS_START`] and only grows, so client ids are never reused.
+    /// 2. Greater than every member of `clients`.
+    next_client_id: u64,
+    /// The clients opened and not expired (whose leases the leader keeps).
+    /// 1. At most [`CLIENTS_MAX`].
+    clients: BTreeSet<ClientId>,
+}
+
+/// The state as releases before open clients encoded it: today's fields but the last
+/// ones. Only decoded ([`CoordinatorState::decode`]).
+#[derive(Deserialize)]
+pub(crate) struct StateWithoutClients {
+    next_server_id: u64,
+    next_table_id: u64,
+    servers: BTreeMap<ServerId, ServerInfo>,
+    tables: BTreeMap<TableId, TableInfo>,
+    names: BTreeMap<String, TableId>,
+    up_addrs: BTreeMap<String, ServerId>,
+    tablet_count: usize,
+    last_placed: ServerId,
+    wills: BTreeMap<ServerId, Will>,
+    allow_loss: BTreeSet<ServerId>,
+    open_epochs: BTreeMap<ServerId, BTreeMap<SegmentId, Epoch>>,
+    tablet_epochs: BTreeMap<ServerId, TabletEpoch>,
+    version_ceilings: BTreeMap<ServerId, u64>,
+    version: u64,
+}
+
+impl From<StateWithoutClients> for CoordinatorState {
+    fn from(old: StateWithoutClients) -> CoordinatorState {
+        // Its clients had ids of Raft indexes and no leases: none counts as open, so
+        // their writes are refused (`ClientLeaseExpired`) and they connect again.
+        CoordinatorState {
+            next_server_id: old.next_server_id,
+            next_table_id: old.next_table_id,
+            servers: old.servers,
+            tables: old.tables,
+            names: old.names,
+            up_addrs: old.up_addrs,
+            tablet_count: old.tablet_count,
+            last_placed: old.last_placed,
+            wills: old.wills,
+            allow_loss: old.allow_loss,
+            open_epochs: old.open_epochs,
+            tablet_epochs: old.tablet_epochs,
+            version_ceilings: old.version_ceilings,
+            version: old.version,
+            next_client_id: CLIENT_IDS_START,
+            clients: BTreeSet::new(),
+        }
+    }
 }
 
 impl Default for CoordinatorState {
@@ -463,6 +563,8 @@ impl CoordinatorState {
             open_epochs: BTreeMap::new(),
             tablet_epochs: BTreeMap::new(),
             version_ceilings: BTreeMap::new(),
+            next_client_id: CLIENT_IDS_START,
+            clients: BTreeSet::new(),
             version: 0,
         }
     }
@@ -495,7 +597,8 @@ impl CoordinatorState {
             Command::ReserveVersions { server, ceiling } => {
                 self.reserve_versions(*server, *ceiling)
             }
-            Command::OpenClient => Ok(Outcome::Unchanged(CommandResult::ClientOpened)),
+            Command::OpenClient => self.open_client(),
+            Command::ExpireClients { clients } => Ok(self.expire_clients(clients)),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {
@@ -661,6 +764,46 @@ impl CoordinatorState {
         }
     }
 
+    /// Decodes a state encoded (bincode) by this release, or by one before open clients
+    /// existed (see [`StateWithoutClients`]).
+    pub fn decode(bytes: &[u8]) -> Result<CoordinatorState, bincode::Error> {
+        bincode::deserialize(bytes).or_else(|error| {
+            bincode::deserialize::<StateWithoutClients>(bytes)
+                .map(CoordinatorState::from)
+                .map_err(|_| error)
+        })
+    }
+
+    /// Whether `client` is open (not expired).
+    pub fn client_open(&self, client: ClientId) -> bool {
+        self.clients.contains(&client)
+    }
+
+    /// The clients open (not expired), in id order.
+    pub fn open_clients(&self) -> impl Iterator<Item = ClientId> + '_ {
+        self.clients.iter().copied()
+    }
+
+    fn open_client(&mut self) -> Result<Outcome, Reject> {
+        if self.clients.len() >= CLIENTS_MAX {
+            return Err(Reject::TooManyClients);
+        }
+        let id = ClientId(self.next_client_id);
+        self.next_client_id += 1;
+        self.clients.insert(id);
+        // Not configuration: the version stays.
+        Ok(Outcome::Unchanged(CommandResult::ClientOpened { id }))
+    }
+
+    fn expire_clients(&mut self, clients: &[ClientId]) -> Outcome {
+        let expired = clients
+            .iter()
+            .take(EXPIRE_CLIENTS_MAX)
+            .filter(|c| self.clients.remove(c))
+            .count();
+        Outcome::Unchanged(CommandResult::ClientsExpired { expired })
+    }
+
     /// Checks every invariant written on the fields. `apply` keeps them; this is for tests
     /// and for a snapshot read from disk before it is installed.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
@@ -785,6 +928,17 @@ impl CoordinatorState {
         }
         for &server in &self.allow_loss {
             kept(server, "loss allowed for a server not crashed or up")?;
+        }
+        let ids = self.clients.first().zip(self.clients.last());
+        if self.clients.len() > CLIENTS_MAX
+            || self.next_client_id < CLIENT_IDS_START
+            || ids.is_some_and(|(first, last)| {
+                first.0 < CLIENT_IDS_START || last.0 >= self.next_client_id
+            })
+        {
+            return Err(InvariantViolation::Clients {
+                what: "more than CLIENTS_MAX, or an id outside CLIENT_IDS_START..next_client_id",
+            });
         }
         Ok(())
     }
@@ -1888,6 +2042,54 @@ mod tests {
     }
 
     #[test]
+    fn clients_get_new_ids_and_expire_for_good_without_moving_the_version() {
+        let mut state = CoordinatorState::new();
+        let opened = |state: &mut CoordinatorState| match state.apply(&Command::OpenClient) {
+            CommandResult::ClientOpened { id } => id,
+            other => panic!("{other:?}"),
+        };
+        let (a, b) = (opened(&mut state), opened(&mut state));
+        assert!(a.0 >= CLIENT_IDS_START && b.0 > a.0);
+        assert!(state.client_open(a) && state.client_open(b));
+        let expire = Command::ExpireClients {
+            clients: vec![a, ClientId(999)],
+        };
+        assert_eq!(
+            state.apply(&expire),
+            CommandResult::ClientsExpired { expired: 1 }
+        );
+        assert!(!state.client_open(a) && state.client_open(b));
+        assert_eq!(
+            state.apply(&expire),
+            CommandResult::ClientsExpired { expired: 0 },
+            "an expiry is final and repeats change nothing"
+        );
+        assert!(opened(&mut state).0 > b.0, "ids are never reused");
+        assert_eq!(state.version(), 0);
+        assert_eq!(state.open_clients().count(), 2);
+    }
+
+    #[test]
+    fn a_state_encoded_before_open_clients_decodes_with_none_open() {
+        let mut state = CoordinatorState::new();
+        enlist(&mut state, "a:1", BOTH);
+        assert!(matches!(
+            create(&mut state, "t", 2),
+            CommandResult::TableCreated { .. }
+        ));
+        // The encoding before open clients is today's without the last two fields: an
+        // empty set (its length, a u64) and the counter (a u64).
+        let bytes = bincode::serialize(&state).unwrap();
+        let old = &bytes[..bytes.len() - 16];
+        assert_eq!(CoordinatorState::decode(old).unwrap(), state);
+        assert_eq!(CoordinatorState::decode(&bytes).unwrap(), state);
+        assert!(CoordinatorState::decode(&bytes[..bytes.len() - 20]).is_err());
+        state.apply(&Command::OpenClient);
+        let bytes = bincode::serialize(&state).unwrap();
+        assert_eq!(CoordinatorState::decode(&bytes).unwrap(), state);
+    }
+
+    #[test]
     fn create_after_drop_gets_a_new_id() {
         let (mut state, _) = cluster(1);
         let (first, tablets) = created(&mut state, "t", 3);
@@ -2091,6 +2293,9 @@ mod tests {
             4 => (name.clone(), 0u32..=20).prop_map(|(name, span)| Command::CreateTable { name, span }),
             2 => (1u64..6).prop_map(|id| Command::DropTable { id: TableId(id) }),
             1 => Just(Command::OpenClient),
+            1 => proptest::collection::vec(0u64..8, 0..4).prop_map(|ids| Command::ExpireClients {
+                clients: ids.into_iter().map(ClientId).collect(),
+            }),
             1 => (0u64..12, 0u64..1000).prop_map(|(id, ceiling)| Command::ReserveVersions {
                 server: ServerId(id),
                 ceiling,
@@ -2106,7 +2311,8 @@ mod tests {
     }
 
     /// Applies `commands`, checking after each step the invariants and that a rejected
-    /// command changed nothing and a successful one bumped the version at most once.
+    /// command changed nothing and a successful one bumped the version at most once
+    /// (never for clients, which are not configuration).
     fn run(state: &mut CoordinatorState, commands: &[Command]) -> Vec<CommandResult> {
         commands
             .iter()
@@ -2119,6 +2325,9 @@ mod tests {
                 match &result {
                     CommandResult::Rejected { .. } => assert_eq!(*state, before),
                     _ if *state == before => {}
+                    CommandResult::ClientOpened { .. } | CommandResult::ClientsExpired { .. } => {
+                        assert_eq!(state.version(), before.version(), "{command:?}")
+                    }
                     _ => assert_eq!(state.version(), before.version() + 1, "{command:?}"),
                 }
                 result

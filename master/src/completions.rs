@@ -17,9 +17,10 @@
 //!
 //! A client may have at most [`RECORDS_PER_CLIENT_MAX`] records here: more means it
 //! sends operations far past its acknowledgements, which the client library never does
-//! (it keeps fewer operations in flight). Clients that leave for good keep their last
-//! records and acknowledgement until their lease-based expiry is built (issue 15): at
-//! most that many records, and one acknowledgement, per client ever seen.
+//! (it keeps fewer operations in flight). A client that leaves for good keeps its last
+//! records and acknowledgement until its lease expires ([`Completions::forget_client`],
+//! driven by `crate::client_leases`): at most that many records, and one
+//! acknowledgement, per client seen within a lease and a sweep (about 45 s).
 
 use rampart_common::ids::{ClientId, KeyHash, TableId, Version};
 use rampart_common::log::CompletionEntry;
@@ -184,6 +185,21 @@ impl Completions {
             }
             _ => false,
         }
+    }
+
+    /// Forgets `client` (its lease expired for good): its records and acknowledgement
+    /// go; returns the records (their log entries are dead).
+    pub fn forget_client(&mut self, client: ClientId) -> Vec<Record> {
+        let Some(records) = self.clients.remove(&client) else {
+            return Vec::new();
+        };
+        self.len -= records.done.len();
+        records.done.into_values().collect()
+    }
+
+    /// The clients with records or an acknowledgement here.
+    pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
+        self.clients.keys().copied()
     }
 
     /// Drops every record whose object `gone` says left this master (a tablet dropped,

@@ -170,6 +170,31 @@ fn a_retried_write_is_answered_from_its_record_and_applies_once() {
 }
 
 #[test]
+fn a_client_executes_only_under_a_known_lease_and_an_expired_ones_retry_never_applies() {
+    let mut store = store(1);
+    store.require_client_leases();
+    let now = std::time::Instant::now();
+    // No lease known: nothing executes (the write path asks the leader first).
+    let unknown = apply(&mut store, incr("n", 5, rifl(1, 0)));
+    assert_eq!(unknown.status, Status::Retry);
+    assert_eq!(value_of(&store, "n"), None);
+    store.note_client_lease(CLIENT, now + std::time::Duration::from_secs(30));
+    assert_eq!(apply(&mut store, incr("n", 5, rifl(1, 0))).counter, Some(5));
+    assert_eq!(store.completion_records(), 1);
+    let live = store.log().usage().live_bytes;
+    // Its retry is answered from the record while the client lives.
+    assert_eq!(apply(&mut store, incr("n", 5, rifl(1, 0))).counter, Some(5));
+    // The client expired for good: its record and lease go, the entry is dead...
+    assert_eq!(store.expire_client(CLIENT), 1);
+    assert_eq!(store.completion_records(), 0);
+    assert!(store.log().usage().live_bytes < live);
+    // ... and a late retry, with no record left to answer it, is not executed again.
+    let late = apply(&mut store, incr("n", 5, rifl(1, 0)));
+    assert_eq!(late.status, Status::Retry);
+    assert_eq!(value_of(&store, "n").unwrap().1, 5i64.to_le_bytes());
+}
+
+#[test]
 fn an_untracked_write_applies_every_time_it_arrives() {
     let mut store = store(1);
     let v1 = apply(&mut store, put("k", "a", Rifl::NONE)).version;

@@ -73,6 +73,7 @@ use rampart_common::log::{
 };
 
 use crate::cleaner::{self, CleaningPass, StepEnd};
+use crate::client_leases::ClientLeaseCache;
 use crate::completions::{Completions, Lookup, Record, RECORDS_PER_CLIENT_MAX};
 
 use crate::object_index::{LogRef, ObjectIndex, SlotAt, INDEX_BYTES_PER_OBJECT};
@@ -407,6 +408,8 @@ pub struct ObjectStore {
     /// record lies in an owned tablet, or in a range a recovery replayed into and not
     /// yet abandoned (as objects do).
     completions: Completions,
+    /// What this master knows of its clients' leases (`crate::client_leases`).
+    client_leases: ClientLeaseCache,
 }
 
 impl ObjectStore {
@@ -459,6 +462,7 @@ impl ObjectStore {
             partition_limits: limits,
             replayed_untracked: Vec::new(),
             completions: Completions::new(),
+            client_leases: ClientLeaseCache::default(),
         }
     }
 
@@ -565,6 +569,16 @@ impl ObjectStore {
                 }
                 Lookup::Stale => return OpOutcome::failed(Status::StaleRequest, Version(0)),
                 Lookup::New => {}
+            }
+            // Executed only while its client's lease is known to hold: once its expiry
+            // is committed its records go, and a retry must not run again
+            // (`crate::client_leases`). The write path asked just before; this
+            // catches a lease that ran out in between.
+            if !self
+                .client_leases
+                .valid(rifl.client, std::time::Instant::now())
+            {
+                return OpOutcome::failed(Status::Retry, Version(0));
             }
             // Cheap first (every record held), exact only near the limit (those the
             // batch's acknowledgement leaves).
@@ -1452,6 +1466,49 @@ impl ObjectStore {
     /// The version a new object would get now.
     pub fn safe_version(&self) -> Version {
         self.safe_version
+    }
+
+    /// Completion records held (over every client).
+    pub fn completion_records(&self) -> usize {
+        self.completions.len()
+    }
+
+    /// Makes this master execute a client's tracked operations only while it knows the
+    /// client's lease holds (`crate::client_leases`): call before it serves anything.
+    pub fn require_client_leases(&mut self) {
+        self.client_leases.require();
+    }
+
+    /// Whether `client`'s lease is known to hold at `now`.
+    pub fn client_lease_valid(&self, client: ClientId, now: std::time::Instant) -> bool {
+        self.client_leases.valid(client, now)
+    }
+
+    /// The leader said `client`'s lease holds until `until`.
+    pub fn note_client_lease(&mut self, client: ClientId, until: std::time::Instant) {
+        self.client_leases.note(client, until);
+    }
+
+    /// `client` expired for good: its completion records and acknowledgement go (their
+    /// log entries are dead), and so does its lease. Returns how many records went.
+    pub fn expire_client(&mut self, client: ClientId) -> usize {
+        self.client_leases.forget(client);
+        let dropped = self.completions.forget_client(client);
+        for record in &dropped {
+            self.log.note_dead(record.at, COMPLETION_ENTRY_BYTES as u64);
+        }
+        dropped.len()
+    }
+
+    /// The clients with completion records or an acknowledgement here whose lease is
+    /// not known to hold at `now` (leases that ran out are forgotten meanwhile).
+    pub fn clients_to_check(&mut self, now: std::time::Instant) -> Vec<ClientId> {
+        self.client_leases.forget_lapsed(now);
+        let leases = &self.client_leases;
+        self.completions
+            .clients()
+            .filter(|&client| !leases.valid(client, now))
+            .collect()
     }
 
     /// Makes this master hand out only versions below a ceiling reserved at the

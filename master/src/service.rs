@@ -51,6 +51,7 @@ use rampart_common::tablet::Tablet;
 use std::sync::Arc;
 
 use crate::appender::{Appender, AppenderStatus, TabletChange};
+use crate::client_leases::ClientLeaseChecker;
 use crate::lease::{Lease, LEASE_LAPSED_DETAIL};
 use crate::object_store::{EnumeratePage, Object, ObjectStore, OpOutcome, WriteOp};
 use crate::profiler::PartitionLimits;
@@ -87,6 +88,9 @@ pub struct MasterService {
     /// Reserves versions at the coordinators; `None` without coordinators (the store's
     /// ceiling is then not enforced).
     version_reserver: Option<Arc<VersionReserver>>,
+    /// Checks client leases at the coordinators; `None` without coordinators (every
+    /// client then counts as holding one).
+    client_leases: Option<Arc<ClientLeaseChecker>>,
 }
 
 impl MasterService {
@@ -171,11 +175,14 @@ impl MasterService {
                 addrs,
             ))
         });
+        let client_leases = coordinators
+            .map(|addrs| Arc::new(ClientLeaseChecker::new(id, Arc::clone(&store), addrs)));
         MasterService {
             id,
             recovery,
             tablet_sync,
             version_reserver,
+            client_leases,
             store,
             appender,
             status,
@@ -207,6 +214,12 @@ impl MasterService {
     /// [`VersionReserver::run`] task must run), if it has coordinators.
     pub fn version_reserver(&self) -> Option<&Arc<VersionReserver>> {
         self.version_reserver.as_ref()
+    }
+
+    /// What checks client leases at the coordinators and frees the records of expired
+    /// clients (its [`ClientLeaseChecker::run`] task must run), if it has coordinators.
+    pub fn client_leases(&self) -> Option<&Arc<ClientLeaseChecker>> {
+        self.client_leases.as_ref()
     }
 
     /// What keeps this master's tablets equal to the committed map: lease renewals
@@ -529,7 +542,27 @@ impl MasterService {
         Ok(Reply::ok(&()))
     }
 
+    /// Makes sure the leases of the clients of `ops` (one, from the client library)
+    /// are known to hold before they are staged (`crate::client_leases`).
+    async fn ensure_client_lease(&self, ops: &[WriteOp]) -> Result<(), Reply> {
+        let Some(checker) = &self.client_leases else {
+            return Ok(());
+        };
+        let mut clients: Vec<_> = ops
+            .iter()
+            .map(WriteOp::rifl)
+            .filter(|rifl| rifl.is_tracked())
+            .map(|rifl| rifl.client)
+            .collect();
+        clients.dedup();
+        for client in clients {
+            checker.ensure(client).await?;
+        }
+        Ok(())
+    }
+
     async fn write_one(&self, op: WriteOp) -> Result<OpOutcome, Reply> {
+        self.ensure_client_lease(std::slice::from_ref(&op)).await?;
         let outcomes = self.write_ops(vec![op]).await?;
         Ok(outcomes
             .into_iter()
@@ -538,6 +571,7 @@ impl MasterService {
     }
 
     async fn write_many(&self, ops: Vec<WriteOp>) -> Result<Reply, Reply> {
+        self.ensure_client_lease(&ops).await?;
         let outcomes = self.write_ops(ops).await?;
         Ok(Reply::ok(&MultiWriteReply {
             objects: outcomes.into_iter().map(write_reply).collect(),

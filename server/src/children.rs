@@ -83,6 +83,9 @@ impl ServerChildren {
         if let Some(reserver) = reserver {
             tasks.spawn(reserver.run(stopped()));
         }
+        if let Some(checker) = master.client_leases().cloned() {
+            tasks.spawn(checker.run(stopped()));
+        }
         let detector = FailureDetectorTask::new(
             id,
             addr.to_string(),

@@ -39,6 +39,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start(servers: usize, replicas: usize) -> Cluster {
+        Cluster::start_with(servers, replicas, rampart_common::rifl::CLIENT_LEASE).await
+    }
+
+    /// A cluster whose clients' leases last `client_lease`.
+    async fn start_with(servers: usize, replicas: usize, client_lease: Duration) -> Cluster {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
@@ -59,7 +64,10 @@ impl Cluster {
             lease: Duration::from_millis(750),
             ..RecoveryConfig::default()
         };
-        let service = Arc::new(CoordinatorService::with_recovery(node.clone(), recovery));
+        let service = Arc::new(
+            CoordinatorService::with_recovery(node.clone(), recovery)
+                .with_client_lease(client_lease),
+        );
         let (coordinator_stop, stopped) = oneshot::channel::<()>();
         let coordinator_task = tokio::spawn(RpcServer::run(listener, service, async {
             let _ = stopped.await;
@@ -195,6 +203,59 @@ async fn a_server_stopped_in_an_in_process_cluster_is_recovered_by_the_others() 
     write_all(&client, table).await;
     assert_eq!(cluster.stop_server(0).await, Stopped::Shutdown);
     read_all(&client, table, Instant::now() + Duration::from_secs(60)).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_renewing_its_lease_expires_and_its_writes_are_refused() {
+    let lease = Duration::from_millis(600);
+    let cluster = Cluster::start_with(1, 0, lease).await;
+    let live = Client::connect(std::slice::from_ref(&cluster.coordinator))
+        .await
+        .unwrap();
+    let table = live.create_table("t", 1).await.unwrap();
+    live.increment(table, b"n", 1).await.unwrap();
+    // A second client with the same identity as one that went away: no renewals.
+    let gone = Client::connect(std::slice::from_ref(&cluster.coordinator))
+        .await
+        .unwrap();
+    gone.increment(table, b"n", 1).await.unwrap();
+    let gone_id = gone.id();
+    let open = |id| cluster.node.with_state(|s| s.client_open(id));
+    assert!(open(live.id()) && open(gone_id));
+    drop(gone);
+    // Five leases later: the live client renewed throughout, the one dropped expired.
+    tokio::time::sleep(lease * 5).await;
+    assert!(open(live.id()), "a client that renews keeps its lease");
+    assert!(!open(gone_id), "a client that stopped renewing expired");
+    // Its id is refused by the master, which learns the expiry from the leader.
+    let zombie = rampart_common::rpc::RpcPool::new();
+    let master = live.locate(table, b"n").unwrap();
+    let request = rampart_common::protocol::master::IncrementRequest {
+        table,
+        key: bytes::Bytes::from_static(b"n"),
+        delta: 1,
+        rules: Default::default(),
+        rifl: rampart_common::rifl::Rifl {
+            client: gone_id,
+            seq: 2,
+            ack: 1,
+        },
+    };
+    let refused = zombie
+        .call::<rampart_common::protocol::master::Increment>(
+            &master,
+            &request,
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .expect_err("an expired client's write");
+    assert_eq!(
+        refused.status(),
+        Some(rampart_common::status::Status::ClientLeaseExpired),
+        "{refused}"
+    );
+    assert_eq!(live.increment(table, b"n", 1).await.unwrap().0, 3);
     cluster.stop().await;
 }
 

@@ -224,6 +224,57 @@ pub struct OpenClientRequest {}
 pub struct OpenClientReply {
     /// The id.
     pub client: ClientId,
+    /// The client's lease, counted from when it sent the request: it renews it
+    /// (`RenewClientLease`) well within this.
+    pub lease_ms: u32,
+}
+
+/// A client renews its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewClientLeaseRequest {
+    /// The client.
+    pub client: ClientId,
+}
+
+/// A renewed client lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewClientLeaseReply {
+    /// How long the lease lasts, counted from when the client sent the request.
+    pub lease_ms: u32,
+}
+
+/// A master asks whether clients' leases hold (before it executes their writes, and
+/// to drop the completion records of clients that are gone). At most
+/// [`CLIENT_LEASE_CHECKS_MAX`] clients.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckClientLeasesRequest {
+    /// The clients.
+    pub clients: Vec<ClientId>,
+}
+
+/// Most clients one [`CheckClientLeasesRequest`] asks about.
+pub const CLIENT_LEASE_CHECKS_MAX: usize = 4096;
+
+/// What the leader knows of each client asked about, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckClientLeasesReply {
+    /// One per client asked about, in order.
+    pub leases: Vec<ClientLeaseState>,
+}
+
+/// What the leader knows of one client's lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientLeaseState {
+    /// It holds for at least this long, counted from when the master sent the request.
+    Valid {
+        /// Milliseconds.
+        ms: u32,
+    },
+    /// It ran out, and its expiry is not committed yet: execute nothing of it, keep its
+    /// records.
+    Lapsed,
+    /// Expired for good (committed), or never opened: its records may be dropped.
+    Expired,
 }
 
 /// The version ceiling a master now holds.
@@ -335,6 +386,10 @@ pub struct RecoveryStatusReply {
 bincode_message!(
     OpenClientRequest,
     OpenClientReply,
+    RenewClientLeaseRequest,
+    RenewClientLeaseReply,
+    CheckClientLeasesRequest,
+    CheckClientLeasesReply,
     ReserveVersionsRequest,
     ReserveVersionsReply,
     DropTableRequest,
@@ -395,8 +450,12 @@ rpcs! {
     GetOwnedTablets = 113: ServerIdRequest => OwnedTabletsReply;
     /// Raise a master's version ceiling (`ServerCrashed` once it was declared crashed).
     ReserveVersions = 114: ReserveVersionsRequest => ReserveVersionsReply;
-    /// Open a client: its id for exactly-once writes (the index of a committed entry).
+    /// Open a client: its id for exactly-once writes, and its lease.
     OpenClient = 115: OpenClientRequest => OpenClientReply;
+    /// Renew a client's lease (`ClientLeaseExpired` once it expired).
+    RenewClientLease = 116: RenewClientLeaseRequest => RenewClientLeaseReply;
+    /// How long clients' leases hold (linearizable).
+    CheckClientLeases = 117: CheckClientLeasesRequest => CheckClientLeasesReply;
 }
 
 #[cfg(test)]

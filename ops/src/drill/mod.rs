@@ -10,16 +10,17 @@
 //! partition ([`plan::Cut`]). With partitions, every process runs on a host of its own
 //! (a network namespace with its own address, `crate::netns`; replication over `tcp`,
 //! which a cut stops) and the clients on the drill's, which reaches them all; without
-//! them (or without root), on loopback. Every operation is recorded (call and return times, what was
-//! asked, what came back or that the outcome is unknown). When the time is up the drill
-//! lets the cluster settle, reads every key once more (the final reads that a lost write
-//! cannot hide from), and checks:
+//! them (or without root), on loopback. Every operation is recorded (call and return
+//! times, what was asked, what came back or that the outcome is unknown). When the
+//! time is up the drill lets the cluster settle, reads every key once more (the final
+//! reads that a lost write cannot hide from), and checks:
 //!
 //! * the history of every key is linearizable (`rampart_check`), violations named
 //!   (lost write, stale read, resurrected, version backwards, never written);
 //! * every key is served again (its final read succeeds);
 //! * every server killed or paused was recovered (`Removed` in the server list);
-//! * the cluster healed after every fault, and a paused master exited once resumed.
+//! * the cluster healed after every fault, and a master paused or cut off exited once
+//!   resumed or reconnected.
 //!
 //! It prints a line per fault and a progress line every few seconds, then a verdict
 //! table; `--json FILE` writes the figures. The exit status is 1 on any violation, with
