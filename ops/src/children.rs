@@ -5,7 +5,9 @@
 //! bound address; [`Children::spawn`] waits for that line (with a timeout) and returns
 //! the address. Orphans are prevented twice: children ask the kernel for SIGTERM when
 //! the parent dies (`PR_SET_PDEATHSIG`, which covers a SIGKILLed parent), and dropping
-//! `Children` terminates them (SIGTERM, then SIGKILL after a grace period).
+//! `Children` terminates them (SIGTERM, then SIGKILL after a grace period). Each child
+//! has a process group of its own, so that Ctrl-C on a terminal reaches the parent
+//! alone, which then stops them in order.
 //!
 //! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not only the
 //! process: start children from a thread that lives as long as they should (the main
@@ -121,7 +123,7 @@ impl Children {
         for (key, value) in env {
             command.env(key, value);
         }
-        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit, setns) between fork
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit, setpgid, setns) between fork
         // and exec, as `pre_exec` requires; `netns_fd` stays open until after the spawn.
         unsafe {
             command.pre_exec(move || {
@@ -130,6 +132,10 @@ impl Children {
                 if libc::getppid() as u32 != parent {
                     libc::_exit(1);
                 }
+                // A process group of its own: Ctrl-C on a terminal reaches only this
+                // process, which stops its children itself (after a drill's final
+                // reads, for one), rather than every child at once.
+                libc::setpgid(0, 0);
                 if let Some(fd) = netns_fd {
                     if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
                         return Err(std::io::Error::last_os_error());

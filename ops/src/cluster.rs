@@ -445,7 +445,7 @@ fn up(args: UpArgs) -> Result<ExitCode> {
 }
 
 /// Sets `flag` when `signal` arrives.
-fn signal_flag(signal: libc::c_int, flag: &Arc<AtomicBool>) -> Result<()> {
+pub(crate) fn signal_flag(signal: libc::c_int, flag: &Arc<AtomicBool>) -> Result<()> {
     use std::sync::OnceLock;
     static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
     extern "C" fn handler(_: libc::c_int) {
