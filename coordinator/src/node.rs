@@ -637,6 +637,12 @@ impl RaftNode {
         read(&self.shared.state.read())
     }
 
+    /// The term this member leads in, if it believes it is the leader.
+    pub fn leader_term(&self) -> Option<u64> {
+        let status = self.shared.status.lock();
+        (status.role == "leader").then_some(status.term)
+    }
+
     /// Whether this member believes it is the leader.
     pub fn is_leader(&self) -> bool {
         self.shared.status.lock().role == "leader"

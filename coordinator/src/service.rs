@@ -170,6 +170,21 @@ impl CoordinatorService {
         self
     }
 
+    /// Renews open client `client`'s lease as of `received` (read before the barrier or
+    /// commit that confirmed leadership), in the term this member leads in now; `None`
+    /// if it no longer leads or the lease ran out.
+    fn renew_client(
+        &self,
+        client: rampart_common::ids::ClientId,
+        received: tokio::time::Instant,
+    ) -> Option<Duration> {
+        let term = self.node.leader_term()?;
+        let now = tokio::time::Instant::now();
+        let mut leases = self.client_leases.lock();
+        leases.observe_leadership(Some(term), now);
+        leases.renew(client, received, now)
+    }
+
     /// The recovery manager (reports of past recoveries).
     pub fn recovery(&self) -> &Arc<RecoveryManager> {
         &self.recovery
@@ -539,11 +554,11 @@ impl CoordinatorService {
                 let received = tokio::time::Instant::now();
                 match self.apply(Command::OpenClient).await {
                     Ok(CommandResult::ClientOpened { id }) => {
-                        let lease = {
+                        let lease = self.node.leader_term().and_then(|term| {
                             let mut leases = self.client_leases.lock();
-                            leases.observe_leadership(true, tokio::time::Instant::now());
-                            leases.renew(id, received)
-                        };
+                            leases.observe_leadership(Some(term), tokio::time::Instant::now());
+                            leases.open(id, received)
+                        });
                         match lease {
                             Some(lease) => Reply::ok(&OpenClientReply {
                                 client: id,
@@ -570,12 +585,10 @@ impl CoordinatorService {
                 let open = self
                     .node
                     .with_state(|state| state.client_open(request.client));
-                let lease = open.then(|| {
-                    let mut leases = self.client_leases.lock();
-                    leases.observe_leadership(true, tokio::time::Instant::now());
-                    leases.renew(request.client, received)
-                });
-                match lease.flatten() {
+                let lease = open
+                    .then(|| self.renew_client(request.client, received))
+                    .flatten();
+                match lease {
                     Some(lease) => Reply::ok(&RenewClientLeaseReply {
                         lease_ms: millis(lease),
                     }),
@@ -614,8 +627,11 @@ impl CoordinatorService {
                         .map(|&c| state.client_open(c))
                         .collect()
                 });
+                let Some(term) = self.node.leader_term() else {
+                    return Reply::error(Status::Retry, "no longer the coordinators' leader");
+                };
                 let mut leases = self.client_leases.lock();
-                leases.observe_leadership(true, tokio::time::Instant::now());
+                leases.observe_leadership(Some(term), tokio::time::Instant::now());
                 let states = request
                     .clients
                     .iter()
@@ -732,7 +748,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::AllowLoss { .. } => "allow-loss",
         Command::SetOpenEpoch { .. } => "open segment epoch",
         Command::ReserveVersions { .. } => "version reservation",
-        Command::OpenClient => "client opening",
+        Command::OpenClient | Command::OpenClientWithoutLease => "client opening",
         Command::ExpireClients { .. } => "client expiry",
     }
 }

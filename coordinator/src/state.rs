@@ -113,10 +113,9 @@ pub const WILL_RANGES_MAX: usize = 65_536;
 pub const CLIENTS_MAX: usize = 1 << 20;
 
 /// The first client id. Releases before client leases gave clients the Raft index of
-/// their `OpenClient` entry as id, and masters may still hold completion records under
-/// such ids; replaying those entries now opens clients from a counter, which starts
-/// above every index a group can reach so that no new client inherits an old one's
-/// records.
+/// their `OpenClientWithoutLease` entry as id, and masters may still hold completion
+/// records under such ids: ids from the counter start above every index a group can
+/// reach, so that no new client inherits an old one's records.
 pub const CLIENT_IDS_START: u64 = 1 << 48;
 
 /// Most clients one [`Command::ExpireClients`] expires (the rest of a longer list is
@@ -206,11 +205,11 @@ pub enum Command {
         /// The ceiling it asks for.
         ceiling: u64,
     },
-    /// A client connects and needs an id for its writes' completion records
-    /// (`rampart_common::rifl`): the next of a counter, never reused. It joins the
-    /// clients whose leases the leader keeps. Refused beyond [`CLIENTS_MAX`] clients.
-    /// Clients are not configuration: the version does not change.
-    OpenClient,
+    /// A client opened by a release before client leases, whose id was this entry's
+    /// Raft index (its reply went out long ago). Applying it changes nothing: members
+    /// replay such entries from different snapshots after an upgrade, so anything it
+    /// changed would differ between them.
+    OpenClientWithoutLease,
     /// Master `server` re-created replicas of its open segment `segment` and moved them
     /// all to `epoch`: a copy of that segment at an older epoch without its footer was
     /// replaced while open and may lack writes acknowledged from now on, so recovery
@@ -227,6 +226,11 @@ pub enum Command {
     },
     // New variants go last: a command's encoding (its variant's index) is in the Raft
     // log on disk.
+    /// A client connects and needs an id for its writes' completion records
+    /// (`rampart_common::rifl`): the next of a counter, never reused. It joins the
+    /// clients whose leases the leader keeps. Refused beyond [`CLIENTS_MAX`] clients.
+    /// Clients are not configuration: the version does not change.
+    OpenClient,
     /// The leader found that these clients stopped renewing their leases: they are
     /// expired for good, and masters may drop their completion records. Clients not
     /// open (expired already) are passed over. The version does not change.
@@ -289,7 +293,7 @@ pub enum CommandResult {
     },
     /// A client was opened.
     ClientOpened {
-        /// Its id.
+        /// Its id; 0 for [`Command::OpenClientWithoutLease`], which opens nothing.
         id: ClientId,
     },
     /// Clients expired.
@@ -598,6 +602,11 @@ impl CoordinatorState {
                 self.reserve_versions(*server, *ceiling)
             }
             Command::OpenClient => self.open_client(),
+            Command::OpenClientWithoutLease => {
+                Ok(Outcome::Unchanged(CommandResult::ClientOpened {
+                    id: ClientId(0),
+                }))
+            }
             Command::ExpireClients { clients } => Ok(self.expire_clients(clients)),
         };
         match outcome {
@@ -767,8 +776,15 @@ impl CoordinatorState {
     /// Decodes a state encoded (bincode) by this release, or by one before open clients
     /// existed (see [`StateWithoutClients`]).
     pub fn decode(bytes: &[u8]) -> Result<CoordinatorState, bincode::Error> {
+        use bincode::Options;
         bincode::deserialize(bytes).or_else(|error| {
-            bincode::deserialize::<StateWithoutClients>(bytes)
+            // Only an encoding that the old fields use up whole: a damaged tail of
+            // today's encoding must not pass for an old one (bincode's default ignores
+            // trailing bytes).
+            bincode::DefaultOptions::new()
+                .with_fixint_encoding()
+                .reject_trailing_bytes()
+                .deserialize::<StateWithoutClients>(bytes)
                 .map(CoordinatorState::from)
                 .map_err(|_| error)
         })
@@ -2065,6 +2081,11 @@ mod tests {
             "an expiry is final and repeats change nothing"
         );
         assert!(opened(&mut state).0 > b.0, "ids are never reused");
+        assert_eq!(
+            state.apply(&Command::OpenClientWithoutLease),
+            CommandResult::ClientOpened { id: ClientId(0) },
+            "an entry of the release before leases opens nothing"
+        );
         assert_eq!(state.version(), 0);
         assert_eq!(state.open_clients().count(), 2);
     }
@@ -2084,6 +2105,10 @@ mod tests {
         assert_eq!(CoordinatorState::decode(old).unwrap(), state);
         assert_eq!(CoordinatorState::decode(&bytes).unwrap(), state);
         assert!(CoordinatorState::decode(&bytes[..bytes.len() - 20]).is_err());
+        assert!(
+            CoordinatorState::decode(&bytes[..bytes.len() - 8]).is_err(),
+            "a damaged tail of today's encoding is not taken for an old one"
+        );
         state.apply(&Command::OpenClient);
         let bytes = bincode::serialize(&state).unwrap();
         assert_eq!(CoordinatorState::decode(&bytes).unwrap(), state);
@@ -2293,6 +2318,7 @@ mod tests {
             4 => (name.clone(), 0u32..=20).prop_map(|(name, span)| Command::CreateTable { name, span }),
             2 => (1u64..6).prop_map(|id| Command::DropTable { id: TableId(id) }),
             1 => Just(Command::OpenClient),
+            1 => Just(Command::OpenClientWithoutLease),
             1 => proptest::collection::vec(0u64..8, 0..4).prop_map(|ids| Command::ExpireClients {
                 clients: ids.into_iter().map(ClientId).collect(),
             }),

@@ -12,7 +12,9 @@
 //! less [`CLIENT_LEASE_MARGIN`]. The leader commits no expiry before the lease it
 //! answered ends (`coordinator::client_leases`), and this master drops records only for
 //! an expiry committed — and drops the cached lease with them, so a retry that comes
-//! later asks again and is refused.
+//! later asks again and is refused. An answer that the lease holds, to a question asked
+//! before the expiry was learned and handled after, is ignored ([`ClientLeaseCache`]
+//! remembers expiries for a lease's length).
 //!
 //! The write path asks before it stages ([`ClientLeaseChecker::ensure`]), so the check
 //! under the lock almost always passes; when it does not (the lease ran out in
@@ -65,6 +67,10 @@ pub struct ClientLeaseCache {
     required: bool,
     /// Until when each client's lease holds, as the leader answered.
     valid_until: HashMap<ClientId, Instant>,
+    /// Clients whose expiry this master learned, and when: an answer that their lease
+    /// holds, to a question asked before and handled after, is ignored. Kept for
+    /// [`CLIENT_LEASE`], far longer than any question is in flight ([`CHECK_TIMEOUT`]).
+    expired: HashMap<ClientId, Instant>,
 }
 
 impl ClientLeaseCache {
@@ -83,20 +89,28 @@ impl ClientLeaseCache {
     }
 
     /// The leader said `client`'s lease holds until `until` (an earlier end than known
-    /// changes nothing).
+    /// changes nothing; so does any answer about a client known to have expired).
     pub fn note(&mut self, client: ClientId, until: Instant) {
+        if self.expired.contains_key(&client) {
+            return;
+        }
         let known = self.valid_until.entry(client).or_insert(until);
         *known = (*known).max(until);
     }
 
-    /// Forgets `client`'s lease (it expired): it is asked about again.
-    pub fn forget(&mut self, client: ClientId) {
+    /// `client` expired for good (learned at `now`): its lease is gone and no late
+    /// answer brings it back.
+    pub fn expire(&mut self, client: ClientId, now: Instant) {
         self.valid_until.remove(&client);
+        self.expired.insert(client, now);
     }
 
-    /// Forgets the leases that ran out by `now` (they are asked about again anyway).
+    /// Forgets the leases that ran out by `now` (they are asked about again anyway) and
+    /// expiries older than [`CLIENT_LEASE`].
     pub fn forget_lapsed(&mut self, now: Instant) {
         self.valid_until.retain(|_, until| now < *until);
+        self.expired
+            .retain(|_, at| now.saturating_duration_since(*at) < CLIENT_LEASE);
     }
 }
 
@@ -364,7 +378,19 @@ mod tests {
         assert!(!cache.valid(A, now + Duration::from_secs(2)));
         cache.forget_lapsed(now + Duration::from_secs(1));
         assert!(cache.valid(A, now + Duration::from_secs(1)));
-        cache.forget(A);
+        cache.expire(A, now);
         assert!(!cache.valid(A, now), "forgotten with its expiry");
+        // An answer to a question asked before the expiry, handled after it.
+        cache.note(A, now + Duration::from_secs(30));
+        assert!(
+            !cache.valid(A, now),
+            "an expired client's lease never comes back"
+        );
+        cache.forget_lapsed(now + CLIENT_LEASE);
+        cache.note(A, now + CLIENT_LEASE + Duration::from_secs(30));
+        assert!(
+            cache.valid(A, now + CLIENT_LEASE),
+            "the expiry is forgotten in time"
+        );
     }
 }

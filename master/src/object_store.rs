@@ -1492,7 +1492,7 @@ impl ObjectStore {
     /// `client` expired for good: its completion records and acknowledgement go (their
     /// log entries are dead), and so does its lease. Returns how many records went.
     pub fn expire_client(&mut self, client: ClientId) -> usize {
-        self.client_leases.forget(client);
+        self.client_leases.expire(client, std::time::Instant::now());
         let dropped = self.completions.forget_client(client);
         for record in &dropped {
             self.log.note_dead(record.at, COMPLETION_ENTRY_BYTES as u64);

@@ -16,7 +16,11 @@
 //! with them) and the bridge.
 //!
 //! Needs root (namespaces, `setns`), `ip` (iproute2) and `iptables`: [`Network::create`]
-//! says plainly which is missing.
+//! says plainly which is missing. Networks are built one at a time on a machine (a lock
+//! on `/run/rampart-netns.lock`). Leftovers are told by their creator's pid, which is
+//! only meaningful in one pid namespace: drills in separate containers must not share
+//! `/run/netns`. With `br_netfilter` loaded and a FORWARD policy of DROP (Docker sets
+//! one), the bridge's traffic is dropped too and the drill fails to start its cluster.
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::net::Ipv4Addr;
@@ -115,6 +119,9 @@ impl Network {
     /// Builds what `create` promises into this empty network; what it built is removed
     /// when it is dropped, also after a failure half-way.
     fn build(&mut self, names: &[&str]) -> Result<()> {
+        // One builder at a time on this machine: two drills starting together would
+        // otherwise pick the same free subnet.
+        let _lock = BuildLock::take()?;
         remove_leftovers();
         let tag = format!("{:x}", std::process::id());
         let subnet = free_subnet()?;
@@ -197,6 +204,36 @@ impl Drop for Network {
 
 /// Whether this process has a [`Network`] now.
 static CREATED: AtomicBool = AtomicBool::new(false);
+
+/// An exclusive lock on [`BUILD_LOCK`] while a network is built; released when dropped
+/// (or when the process dies).
+struct BuildLock {
+    /// Holds the lock while open.
+    _file: std::fs::File,
+}
+
+/// The file whose lock serialises the building of networks on this machine.
+const BUILD_LOCK: &str = "/run/rampart-netns.lock";
+
+impl BuildLock {
+    fn take() -> Result<BuildLock> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(BUILD_LOCK)
+            .with_context(|| format!("cannot open {BUILD_LOCK}"))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!(
+                "cannot lock {BUILD_LOCK}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(BuildLock { _file: file })
+    }
+}
 
 /// Runs `ip ARGS`; its error output on failure.
 fn ip(args: &[&str]) -> Result<()> {
