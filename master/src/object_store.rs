@@ -1468,6 +1468,15 @@ impl ObjectStore {
         self.safe_version
     }
 
+    /// The version that tracked operation `rifl` produced (or removed), if it completed
+    /// here and its record is held: a retry of it is answered with that.
+    pub fn completed(&self, rifl: Rifl) -> Option<Version> {
+        match self.completions.lookup(rifl.client, rifl.seq) {
+            Lookup::Done(record) => Some(record.version),
+            Lookup::New | Lookup::Stale => None,
+        }
+    }
+
     /// Completion records held (over every client).
     pub fn completion_records(&self) -> usize {
         self.completions.len()

@@ -38,6 +38,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut recoveries, mut partitions, mut reads, mut cleaned) = (0u64, 0u64, 0u64, 0u64);
     let (mut linearizable, mut unknown) = (0u64, 0u64);
+    let (mut retried, mut from_record) = (0u64, 0u64);
     for seed in seeds {
         match rampart_sim::run(seed) {
             Ok(report) => {
@@ -55,6 +56,8 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
                 cleaned += report.segments_cleaned as u64;
                 linearizable += report.linearizable_ops as u64;
                 unknown += report.unknown_ops as u64;
+                retried += report.retries_answered as u64;
+                from_record += report.retries_from_record as u64;
                 if args.seed.is_some() {
                     if args.trace {
                         for line in &report.trace {
@@ -93,7 +96,7 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
         }
     }
     println!(
-        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {reads} reads checked, {recoveries} crashes recovered ({zombies} of zombie masters) in {partitions} partitions, {late} late requests delivered, {cleaned} segments cleaned; {linearizable} operations checked for linearizability, {unknown} of unknown outcome) in {:.1} s",
+        "{passed} passed, {failed} failed ({acknowledged} writes acknowledged, {reads} reads checked, {recoveries} crashes recovered ({zombies} of zombie masters) in {partitions} partitions, {late} late requests delivered, {cleaned} segments cleaned; {linearizable} operations checked for linearizability, {unknown} of unknown outcome; {retried} retried writes answered, {from_record} of them from their completion records) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 {

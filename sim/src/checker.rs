@@ -67,9 +67,19 @@ impl History {
         self.last_stamp_us
     }
 
-    /// Records a client operation for the linearizability check.
-    pub fn record(&mut self, op: rampart_check::Operation) {
+    /// Records a client operation for the linearizability check; its index, to
+    /// [`resolve`](Self::resolve) it later.
+    pub fn record(&mut self, op: rampart_check::Operation) -> usize {
         self.client_ops.push(op);
+        self.client_ops.len() - 1
+    }
+
+    /// Operation `index`, recorded of unknown outcome, was retried and answered
+    /// `output` at `return_us`: one operation, from its first call to this return.
+    pub fn resolve(&mut self, index: usize, output: rampart_check::Output, return_us: u64) {
+        let op = &mut self.client_ops[index];
+        op.output = output;
+        op.return_us = return_us;
     }
 
     /// Records a read of `key` that returned `got`, now.

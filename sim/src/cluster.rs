@@ -27,15 +27,17 @@
 //! (a recovery master that fails mid-partition, retried elsewhere, is not simulated
 //! yet).
 
-use rampart_common::ids::{key_hash, ServerId, TableId};
+use rampart_common::ids::{key_hash, ClientId, ServerId, TableId};
+use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
 use rampart_common::tablet::ServerStatus;
 use rampart_coordinator::recovery::LEASE_MARGIN;
 use rampart_coordinator::recovery_plan::partitions_for;
 use rampart_coordinator::state::{Command, CommandResult};
+use std::collections::BTreeMap;
 
 use crate::checker::{key_bytes, History};
-use crate::master::SimMaster;
+use crate::master::{ClientWrite, Pending, SimMaster};
 use crate::recovery::Recovery;
 use crate::world::{Crash, Stop, World, LEASE_US};
 
@@ -55,7 +57,18 @@ pub struct Cluster {
     pub crashes: Vec<Crash>,
     /// Partitions replayed by recovery masters.
     pub partitions_recovered: usize,
+    /// Client writes of unknown outcome, retried with their identities.
+    pending: Vec<Pending>,
+    /// The number of the client's next write (its writes' `Rifl::seq`).
+    next_seq: u64,
+    /// Retries answered (from a completion record or by applying then).
+    pub retries_answered: usize,
+    /// Of them, those answered from a completion record.
+    pub retries_from_record: usize,
 }
+
+/// The client id of every write of the run (one client: its numbers order its writes).
+pub const WRITER: ClientId = ClientId(1);
 
 impl Cluster {
     /// The world's masters, serving one table of `SimConfig::tablets` tablets spread
@@ -90,6 +103,10 @@ impl Cluster {
             table,
             crashes: Vec::new(),
             partitions_recovered: 0,
+            pending: Vec::new(),
+            next_seq: 1,
+            retries_answered: 0,
+            retries_from_record: 0,
         })
     }
 
@@ -114,6 +131,7 @@ impl Cluster {
                 continue;
             };
             let ops = self.draw_ops(world, target, batch);
+            let ops = self.identify(ops);
             if !ops.is_empty() {
                 let clean = world.config.clean_p > 0.0 && world.chance(world.config.clean_p);
                 // Small passes too (one survivor), so that a tombstone's segment is
@@ -124,13 +142,17 @@ impl Cluster {
                 } else {
                     (0, 0, 0)
                 };
-                self.act(world, target, |master, world, history| {
-                    master.write_batch(world, &ops, history)?;
+                let mut pending = Vec::new();
+                let done = self.act(world, target, |master, world, history| {
+                    master.write_batch(world, &ops, history, &mut pending)?;
                     master.clean(world, cleaning)?;
                     master.tick(world)
-                })?;
+                });
+                self.pending.extend(pending);
+                done?;
             }
             self.recover_stopped(world)?;
+            self.retry_pending(world)?;
             for _ in 0..world.config.reads_per_batch {
                 let key = world.draw(0..world.config.keys);
                 self.client_read(world, key)?;
@@ -148,8 +170,67 @@ impl Cluster {
             None => {}
         }
         self.recover_stopped(world)?;
+        self.retry_pending(world)?;
         self.check_every_key(world)?;
         self.history.check_linearizable()
+    }
+
+    /// Gives the client's writes their exactly-once identities: the next numbers, and
+    /// the acknowledgement of every number below the oldest whose outcome it has not
+    /// learned.
+    fn identify(&mut self, ops: Vec<(u64, Option<Vec<u8>>)>) -> Vec<ClientWrite> {
+        let ack = self
+            .pending
+            .iter()
+            .map(|p| p.write.rifl.seq - 1)
+            .min()
+            .unwrap_or(self.next_seq - 1);
+        ops.into_iter()
+            .map(|(key, value)| {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                ClientWrite {
+                    key,
+                    value,
+                    rifl: Rifl {
+                        client: WRITER,
+                        seq,
+                        ack,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Retries the writes of unknown outcome, each on the master that serves its key
+    /// now (when it takes writes), as a client does once the tablet map names it: a
+    /// write that applied before — on the crashed master, replayed here with its
+    /// completion record — must be answered from the record, not applied again.
+    fn retry_pending(&mut self, world: &mut World) -> Result<(), String> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut by_owner: BTreeMap<usize, Vec<Pending>> = BTreeMap::new();
+        for op in std::mem::take(&mut self.pending) {
+            match self.owner(world, op.write.key) {
+                Some(i) if self.masters[i].takes_writes() => {
+                    by_owner.entry(i).or_default().push(op)
+                }
+                _ => self.pending.push(op),
+            }
+        }
+        for (i, ops) in by_owner {
+            let (mut again, mut from_record) = (Vec::new(), 0);
+            let done = self.act(world, i, |master, world, history| {
+                master.retry_batch(world, &ops, history, &mut again, &mut from_record)
+            });
+            self.retries_answered += ops.len() - again.len();
+            self.retries_from_record += from_record;
+            self.pending.extend(again);
+            done?;
+            self.recover_stopped(world)?;
+        }
+        Ok(())
     }
 
     /// Objects the live masters serve.

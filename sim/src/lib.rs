@@ -11,7 +11,12 @@
 //! which replicate what they replayed and serve the tablets once the crashed master's
 //! lease ran out; clients read between batches (some with a stale tablet map, from a
 //! zombie), and after every recovery every key is read from its owner and checked
-//! against what clients were told and read before ([`checker`]). At the end, every
+//! against what clients were told and read before ([`checker`]). Every write carries
+//! the client's exactly-once identity (`rampart_common::rifl`): one whose batch stopped
+//! after staging it is retried, with that identity, on whichever master serves its key
+//! next, and must be answered from its completion record if it applied before (on the
+//! crashed master, the record replayed with the object) rather than applied again —
+//! retried with fresh identities instead, a quarter of the seeds fail. At the end, every
 //! client operation of the run is checked for linearizability with `rampart_check`, the
 //! drill's checker (real-time order, reject rules, versions that increase across removes
 //! and recoveries). A failing seed prints itself and replays exactly:
@@ -211,6 +216,11 @@ pub struct Report {
     pub crashes: Vec<Crash>,
     /// Partitions replayed by recovery masters.
     pub partitions: usize,
+    /// Writes of unknown outcome that the client retried with their identities and
+    /// was answered, and of them those answered from a completion record (they had
+    /// applied before, on the crashed master or here) rather than applied then.
+    pub retries_answered: usize,
+    pub retries_from_record: usize,
     /// Objects the live masters serve at the end.
     pub objects: usize,
     /// Simulated time at the end, µs.
@@ -275,6 +285,8 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
         unknown_ops: cluster.history.recorded().1,
         crashes: cluster.crashes.clone(),
         partitions: cluster.partitions_recovered,
+        retries_answered: cluster.retries_answered,
+        retries_from_record: cluster.retries_from_record,
         objects: cluster.objects(&world),
         time_us: world.now_us,
         events: world.trace.len(),

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backup::Refusal;
-use crate::checker::{key_bytes, tag, History, KeyState, Op};
+use crate::checker::{key_bytes, tag, History, KeyState, Op, OpIndex};
 use crate::world::{CoordinatorAnswer, Delivery, Request, Stop, World, LEASE_US};
 use rampart_check::{Input, Operation, Output};
 
@@ -55,6 +55,68 @@ enum Failure {
     Fenced,
     /// This master was killed during the call.
     Killed,
+}
+
+/// One client write (`value: Some`) or remove (`None`) of a key, with its exactly-once
+/// identity (`rampart_common::rifl`), kept by every retry.
+#[derive(Clone, Debug)]
+pub struct ClientWrite {
+    pub key: u64,
+    pub value: Option<Vec<u8>>,
+    pub rifl: Rifl,
+}
+
+/// A client write whose outcome its client did not learn (the batch stopped after
+/// staging it), to retry with the same identity on whoever serves its key next.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    pub write: ClientWrite,
+    /// Its operation in the recorded client history.
+    pub recorded: usize,
+    /// Its append in the history of appends, if an attempt appended it.
+    pub appended: Option<OpIndex>,
+}
+
+/// What one op of a batch came to.
+#[derive(Clone, Debug)]
+struct Done {
+    /// What its client is answered once the batch is acknowledged.
+    output: Output,
+    /// Staged (appended) in this batch.
+    staged: bool,
+    /// Answered from its completion record.
+    from_record: bool,
+    /// Its append, by this attempt or an earlier one.
+    appended: Option<OpIndex>,
+}
+
+impl Default for Done {
+    fn default() -> Done {
+        Done {
+            output: Output::Failed("not staged".into()),
+            staged: false,
+            from_record: false,
+            appended: None,
+        }
+    }
+}
+
+impl Done {
+    /// The op to retry if the batch stopped (`result`) once it was staged or answered:
+    /// its client never heard.
+    fn unknown(
+        &self,
+        result: &Result<(), Stop>,
+        write: &ClientWrite,
+        recorded: usize,
+    ) -> Option<Pending> {
+        let answered = matches!(self.output, Output::Written(_) | Output::Removed(_));
+        (result.is_err() && answered).then(|| Pending {
+            write: write.clone(),
+            recorded,
+            appended: self.appended,
+        })
+    }
 }
 
 /// A simulated master: the real `ObjectStore` (its log, index, tablets, versions and
@@ -212,32 +274,28 @@ impl SimMaster {
     /// is in `history` from the moment it was appended: it may surface in a recovery
     /// whether acknowledged or not. Ops the store refuses (a key it does not own) are
     /// not appended. Every op is also recorded for the linearizability check, as its
-    /// client would see it: answered when the batch is acknowledged, of unknown outcome
-    /// when the batch stops after staging it, failed when it was never staged.
+    /// client would see it: answered when the batch is acknowledged, failed when it was
+    /// never staged, and of unknown outcome when the batch stopped after staging it —
+    /// those go to `pending`, for the client to retry with the same identity
+    /// ([`retry_batch`](Self::retry_batch)).
     pub fn write_batch(
         &mut self,
         world: &mut World,
-        ops: &[(u64, Option<Vec<u8>>)],
+        ops: &[ClientWrite],
         history: &mut History,
+        pending: &mut Vec<Pending>,
     ) -> Result<(), Stop> {
         let call_us = history.stamp(world.now_us);
-        let mut outputs: Vec<Output> = vec![Output::Failed("not staged".into()); ops.len()];
-        let result = self.stage_and_replicate(world, ops, history, &mut outputs);
+        let mut done = vec![Done::default(); ops.len()];
+        let result = self.stage_and_replicate(world, ops, history, &mut done);
         let return_us = history.stamp(world.now_us);
-        for ((key, value), output) in ops.iter().zip(outputs) {
-            let output = match (&result, output) {
-                // Staged, then the batch stopped: it may surface in a recovery or not.
-                (Err(stop), Output::Written(_) | Output::Removed(_)) => {
-                    Output::Unknown(format!("{stop:?}"))
-                }
-                (_, output) => output,
-            };
-            history.record(Operation {
+        for (op, done) in ops.iter().zip(done) {
+            let recorded = history.record(Operation {
                 client: self.id.0 as u32,
-                key: key_bytes(*key),
+                key: key_bytes(op.key),
                 call_us,
                 return_us,
-                input: match value {
+                input: match &op.value {
                     Some(value) => Input::Write {
                         value: tag(value),
                         rules: RejectRules::default(),
@@ -246,79 +304,141 @@ impl SimMaster {
                         rules: RejectRules::default(),
                     },
                 },
-                output,
+                output: done.output.clone(),
             });
+            if let Some(pending_op) = done.unknown(&result, op, recorded) {
+                history.resolve(recorded, Output::Unknown(format!("{result:?}")), return_us);
+                pending.push(pending_op);
+            }
         }
         result
     }
 
-    /// [`write_batch`](Self::write_batch)'s work; `outputs` says what each staged op
-    /// answers once the batch is acknowledged.
+    /// Retries `ops` (each of unknown outcome, keys this master serves) as one batch
+    /// with their identities: one that completed here or on the master this one
+    /// recovered from is answered from its completion record, without applying again;
+    /// the others apply now. Answered ones resolve their recorded operation; those
+    /// whose outcome is still unknown (this master stopped too) go back to `pending`.
+    /// `from_record` counts those answered from a record.
+    pub fn retry_batch(
+        &mut self,
+        world: &mut World,
+        ops: &[Pending],
+        history: &mut History,
+        pending: &mut Vec<Pending>,
+        from_record: &mut usize,
+    ) -> Result<(), Stop> {
+        let writes: Vec<ClientWrite> = ops.iter().map(|p| p.write.clone()).collect();
+        let mut done: Vec<Done> = ops
+            .iter()
+            .map(|p| Done {
+                appended: p.appended,
+                ..Done::default()
+            })
+            .collect();
+        let result = self.stage_and_replicate(world, &writes, history, &mut done);
+        let return_us = history.stamp(world.now_us);
+        for (op, done) in ops.iter().zip(done) {
+            match (&result, &done.output) {
+                (Ok(()), Output::Written(_) | Output::Removed(_)) => {
+                    *from_record += usize::from(done.from_record);
+                    history.resolve(op.recorded, done.output, return_us);
+                }
+                // Stopped, or refused this time (an earlier attempt may still have
+                // applied): unknown yet, tried again later.
+                _ => pending.push(Pending {
+                    write: op.write.clone(),
+                    recorded: op.recorded,
+                    appended: done.appended,
+                }),
+            }
+        }
+        result
+    }
+
+    /// [`write_batch`](Self::write_batch)'s work; `done` says what each op answers once
+    /// the batch is acknowledged, and which append it is.
     fn stage_and_replicate(
         &mut self,
         world: &mut World,
-        ops: &[(u64, Option<Vec<u8>>)],
+        ops: &[ClientWrite],
         history: &mut History,
-        outputs: &mut [Output],
+        done: &mut [Done],
     ) -> Result<(), Stop> {
         self.reserve_versions(world)?;
         let mut batch = Batch::new();
-        let mut appended = Vec::new();
-        for ((key, value), output) in ops.iter().zip(outputs.iter_mut()) {
-            let (table, key_bytes) = (self.table, Bytes::from(key_bytes(*key)));
-            let op = match value {
+        let mut answered = false;
+        for (write, done) in ops.iter().zip(done.iter_mut()) {
+            let key = write.key;
+            let (table, key_bytes) = (self.table, Bytes::from(key_bytes(key)));
+            if let Some(version) = self.store.completed(write.rifl) {
+                // A retry of an operation that completed: answered from its record,
+                // appending nothing (its append, if any, is the first attempt's).
+                done.output = match write.value {
+                    Some(_) => Output::Written(version.0),
+                    None => Output::Removed(Some(version.0)),
+                };
+                done.from_record = true;
+                answered = true;
+                continue;
+            }
+            let op = match &write.value {
                 Some(value) => WriteOp::Write {
                     table,
                     key: key_bytes,
                     value: Bytes::from(value.clone()),
                     rules: RejectRules::default(),
-                    rifl: Rifl::NONE,
+                    rifl: write.rifl,
                 },
                 None => WriteOp::Remove {
                     table,
                     key: key_bytes,
                     rules: RejectRules::default(),
-                    rifl: Rifl::NONE,
+                    rifl: write.rifl,
                 },
             };
             let outcome = self.store.stage(&mut batch, &op);
             match outcome.status {
                 // A remove of nothing appends nothing.
-                Status::Ok if value.is_none() && outcome.version == Version(0) => {
-                    *output = Output::Removed(None);
+                Status::Ok if write.value.is_none() && outcome.version == Version(0) => {
+                    done.output = Output::Removed(None);
+                    answered = true;
                 }
                 Status::Ok => {
-                    *output = match value {
+                    done.output = match write.value {
                         Some(_) => Output::Written(outcome.version.0),
                         None => Output::Removed(Some(outcome.version.0)),
                     };
-                    appended.push(history.append(Op {
-                        key: *key,
+                    done.appended = Some(history.append(Op {
+                        key,
                         version: outcome.version,
-                        value: value.clone(),
+                        value: write.value.clone(),
                     }));
+                    done.staged = true;
                 }
                 Status::NoSpace => return Err(Stop::LogFull),
                 status => {
-                    *output = Output::Failed(format!("{status:?}"));
+                    done.output = Output::Failed(format!("{status:?}"));
                     world.note(format!("{}: key {key} refused: {status:?}", self.id));
                 }
             }
         }
-        if appended.is_empty() {
+        if !done.iter().any(|d| d.staged) && !answered {
             return Ok(());
         }
         for range in self.store.seal() {
             self.replicate(world, &range.range)?;
         }
         self.store.publish(batch);
-        for op in &appended {
-            history.acknowledge(*op);
+        for d in done.iter().filter(|d| d.staged || d.from_record) {
+            if let Some(op) = d.appended {
+                history.acknowledge(op);
+            }
         }
         world.note(format!(
             "{}: batch of {} acknowledged",
             self.id,
-            appended.len()
+            done.iter().filter(|d| d.staged).count()
         ));
         Ok(())
     }
