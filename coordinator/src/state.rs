@@ -774,7 +774,7 @@ impl CoordinatorState {
     }
 
     /// Decodes a state encoded (bincode) by this release, or by one before open clients
-    /// existed (see [`StateWithoutClients`]).
+    /// existed (see `StateWithoutClients`).
     pub fn decode(bytes: &[u8]) -> Result<CoordinatorState, bincode::Error> {
         use bincode::Options;
         bincode::deserialize(bytes).or_else(|error| {
