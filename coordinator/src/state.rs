@@ -2100,18 +2100,27 @@ mod tests {
         ));
         // The encoding before open clients is today's without the last two fields: an
         // empty set (its length, a u64) and the counter (a u64).
-        let bytes = bincode::serialize(&state).unwrap();
+        let bytes = bincode::serialize(&state).expect("a state encodes");
         let old = &bytes[..bytes.len() - 16];
-        assert_eq!(CoordinatorState::decode(old).unwrap(), state);
-        assert_eq!(CoordinatorState::decode(&bytes).unwrap(), state);
+        assert_eq!(
+            CoordinatorState::decode(old).expect("the older encoding decodes"),
+            state
+        );
+        assert_eq!(
+            CoordinatorState::decode(&bytes).expect("today's encoding decodes"),
+            state
+        );
         assert!(CoordinatorState::decode(&bytes[..bytes.len() - 20]).is_err());
         assert!(
             CoordinatorState::decode(&bytes[..bytes.len() - 8]).is_err(),
             "a damaged tail of today's encoding is not taken for an old one"
         );
         state.apply(&Command::OpenClient);
-        let bytes = bincode::serialize(&state).unwrap();
-        assert_eq!(CoordinatorState::decode(&bytes).unwrap(), state);
+        let bytes = bincode::serialize(&state).expect("a state encodes");
+        assert_eq!(
+            CoordinatorState::decode(&bytes).expect("today's encoding decodes"),
+            state
+        );
     }
 
     #[test]

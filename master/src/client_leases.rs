@@ -1,6 +1,7 @@
-//! Client leases on a master (`rampart_common::rifl`, "Leases"): [`ClientLeaseCache`],
-//! what this master knows of its clients' leases (kept in the `ObjectStore`, checked
-//! under its lock when a tracked operation executes), and [`ClientLeaseChecker`], which
+//! Client leases on a master (`rampart_common::rifl`, "Leases"): [`ClientLeaseChecker`],
+//! the driver around `crate::client_lease_cache` (what this master knows of its clients'
+//! leases, kept in the `ObjectStore` and checked under its lock when a tracked operation
+//! executes), which
 //! asks the coordinators' leader (`CheckClientLeases`) and drops the completion records of
 //! clients whose expiry is committed.
 //!
@@ -13,7 +14,7 @@
 //! answered ends (`coordinator::client_leases`), and this master drops records only for
 //! an expiry committed — and drops the cached lease with them, so a retry that comes
 //! later asks again and is refused. An answer that the lease holds, to a question asked
-//! before the expiry was learned and handled after, is ignored ([`ClientLeaseCache`]
+//! before the expiry was learned and handled after, is ignored (`ClientLeaseCache`
 //! remembers expiries for a lease's length).
 //!
 //! The write path asks before it stages ([`ClientLeaseChecker::ensure`]), so the check
@@ -42,7 +43,6 @@ use rampart_common::protocol::coordinator::{
 use rampart_common::rifl::CLIENT_LEASE;
 use rampart_common::rpc::{Reply, RpcPool};
 use rampart_common::status::Status;
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,61 +58,6 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(CLIENT_LEASE.as_secs() 
 
 /// Deadline of one question to the coordinators.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// What this master knows of its clients' leases. Pure.
-#[derive(Debug, Default)]
-pub struct ClientLeaseCache {
-    /// Whether leases are checked at all (a master with coordinators); without, every
-    /// client counts as holding one (masters driven directly by tests and benchmarks).
-    required: bool,
-    /// Until when each client's lease holds, as the leader answered.
-    valid_until: HashMap<ClientId, Instant>,
-    /// Clients whose expiry this master learned, and when: an answer that their lease
-    /// holds, to a question asked before and handled after, is ignored. Kept for
-    /// [`CLIENT_LEASE`], far longer than any question is in flight ([`CHECK_TIMEOUT`]).
-    expired: HashMap<ClientId, Instant>,
-}
-
-impl ClientLeaseCache {
-    /// From now on, a client's lease holds only as the leader said.
-    pub fn require(&mut self) {
-        self.required = true;
-    }
-
-    /// Whether `client`'s lease is known to hold at `now`.
-    pub fn valid(&self, client: ClientId, now: Instant) -> bool {
-        !self.required
-            || self
-                .valid_until
-                .get(&client)
-                .is_some_and(|&until| now < until)
-    }
-
-    /// The leader said `client`'s lease holds until `until` (an earlier end than known
-    /// changes nothing; so does any answer about a client known to have expired).
-    pub fn note(&mut self, client: ClientId, until: Instant) {
-        if self.expired.contains_key(&client) {
-            return;
-        }
-        let known = self.valid_until.entry(client).or_insert(until);
-        *known = (*known).max(until);
-    }
-
-    /// `client` expired for good (learned at `now`): its lease is gone and no late
-    /// answer brings it back.
-    pub fn expire(&mut self, client: ClientId, now: Instant) {
-        self.valid_until.remove(&client);
-        self.expired.insert(client, now);
-    }
-
-    /// Forgets the leases that ran out by `now` (they are asked about again anyway) and
-    /// expiries older than [`CLIENT_LEASE`].
-    pub fn forget_lapsed(&mut self, now: Instant) {
-        self.valid_until.retain(|_, until| now < *until);
-        self.expired
-            .retain(|_, at| now.saturating_duration_since(*at) < CLIENT_LEASE);
-    }
-}
 
 /// Asks the coordinators about client leases for one master; see the module doc.
 #[derive(Debug)]
@@ -247,6 +192,7 @@ mod tests {
     use rampart_common::rpc::server::HandleFuture;
     use rampart_common::rpc::{Opcode, Rpc, RpcServer, Service};
     use rampart_common::tablet::Tablet;
+    use std::collections::HashMap;
 
     const A: ClientId = ClientId(1);
     const B: ClientId = ClientId(2);
@@ -358,39 +304,5 @@ mod tests {
         assert_eq!(store.lock().completion_records(), 1, "B's record is freed");
         let refused = checker.ensure(B).await.expect_err("expired");
         assert_eq!(refused.status(), Status::ClientLeaseExpired);
-    }
-
-    #[test]
-    fn without_coordinators_every_client_holds_a_lease() {
-        let cache = ClientLeaseCache::default();
-        assert!(cache.valid(A, Instant::now()));
-    }
-
-    #[test]
-    fn a_lease_holds_until_the_end_the_leader_answered_and_only_grows() {
-        let mut cache = ClientLeaseCache::default();
-        cache.require();
-        let now = Instant::now();
-        assert!(!cache.valid(A, now), "unknown until asked");
-        cache.note(A, now + Duration::from_secs(2));
-        cache.note(A, now + Duration::from_secs(1));
-        assert!(cache.valid(A, now + Duration::from_millis(1999)));
-        assert!(!cache.valid(A, now + Duration::from_secs(2)));
-        cache.forget_lapsed(now + Duration::from_secs(1));
-        assert!(cache.valid(A, now + Duration::from_secs(1)));
-        cache.expire(A, now);
-        assert!(!cache.valid(A, now), "forgotten with its expiry");
-        // An answer to a question asked before the expiry, handled after it.
-        cache.note(A, now + Duration::from_secs(30));
-        assert!(
-            !cache.valid(A, now),
-            "an expired client's lease never comes back"
-        );
-        cache.forget_lapsed(now + CLIENT_LEASE);
-        cache.note(A, now + CLIENT_LEASE + Duration::from_secs(30));
-        assert!(
-            cache.valid(A, now + CLIENT_LEASE),
-            "the expiry is forgotten in time"
-        );
     }
 }

@@ -4,9 +4,6 @@
 //! the log, and after the cleaner moved the record; acknowledged records go and their
 //! numbers are stale.
 
-// A failed unwrap is a failed test, with its location: exactly what a test wants.
-#![allow(clippy::unwrap_used)]
-
 use bytes::Bytes;
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{key_hash, ClientId, ServerId, TableId, Version};
@@ -111,10 +108,12 @@ fn recover(crashed: &ObjectStore) -> ObjectStore {
     let log = crashed.log();
     let ids: Vec<_> = log.segment_ids().collect();
     for id in ids {
-        let bytes = log.segment_bytes(id).unwrap();
+        let bytes = log.segment_bytes(id).expect("a segment of the log");
         let mut entries = Vec::new();
         let mut offset = 0;
-        while let Some((entry, next)) = decode_entry(bytes, offset).unwrap() {
+        while let Some((entry, next)) =
+            decode_entry(bytes, offset).expect("the log's entries decode")
+        {
             match entry {
                 Entry::Object(o) => entries.push(PieceEntry::Object {
                     table: o.table,
@@ -138,7 +137,7 @@ fn recover(crashed: &ObjectStore) -> ObjectStore {
         let mut batch = Batch::new();
         recovery
             .stage_replay(&mut batch, &mut state, &piece)
-            .unwrap();
+            .expect("the replay fits the recovery master");
         recovery.seal();
         recovery.publish_recovered(batch);
     }
@@ -152,12 +151,12 @@ fn a_retried_write_is_answered_from_its_record_and_applies_once() {
     let first = apply(&mut store, put("k", "a", rifl(1, 0)));
     assert_eq!(first.status, Status::Ok);
     apply(&mut store, put("k", "b", rifl(2, 1)));
-    let version = value_of(&store, "k").unwrap().0;
+    let version = value_of(&store, "k").expect("the key is live").0;
     // A late retry of operation 2 (its answer was lost): answered, not applied again.
     let retry = apply(&mut store, put("k", "b", rifl(2, 1)));
     assert_eq!((retry.status, retry.version), (Status::Ok, version));
     assert_eq!(
-        value_of(&store, "k").unwrap().0,
+        value_of(&store, "k").expect("the key is live").0,
         version,
         "not applied again"
     );
@@ -166,7 +165,7 @@ fn a_retried_write_is_answered_from_its_record_and_applies_once() {
         apply(&mut store, put("k", "a", rifl(1, 0))).status,
         Status::StaleRequest
     );
-    assert_eq!(value_of(&store, "k").unwrap().1, b"b");
+    assert_eq!(value_of(&store, "k").expect("the key is live").1, b"b");
 }
 
 #[test]
@@ -191,7 +190,10 @@ fn a_client_executes_only_under_a_known_lease_and_an_expired_ones_retry_never_ap
     // ... and a late retry, with no record left to answer it, is not executed again.
     let late = apply(&mut store, incr("n", 5, rifl(1, 0)));
     assert_eq!(late.status, Status::Retry);
-    assert_eq!(value_of(&store, "n").unwrap().1, 5i64.to_le_bytes());
+    assert_eq!(
+        value_of(&store, "n").expect("the key is live").1,
+        5i64.to_le_bytes()
+    );
 }
 
 #[test]
@@ -217,7 +219,7 @@ fn a_retry_in_the_same_batch_is_answered_from_the_staged_record() {
     assert_eq!(outcomes[0].counter, Some(5));
     assert_eq!(outcomes[2].counter, Some(6));
     assert_eq!(
-        value_of(&store, "n").unwrap().1,
+        value_of(&store, "n").expect("the key is live").1,
         6i64.to_le_bytes().to_vec()
     );
 }
@@ -238,7 +240,7 @@ fn an_increment_retried_after_a_recovery_is_counted_once() {
     let retry = apply(&mut recovered, incr("n", 7, rifl(1, 0)));
     assert_eq!((retry.status, retry.counter), (Status::Ok, Some(7)));
     assert_eq!(
-        value_of(&recovered, "n").unwrap().1,
+        value_of(&recovered, "n").expect("the key is live").1,
         7i64.to_le_bytes().to_vec()
     );
     let retry = apply(&mut recovered, del("gone", rifl(4, 0)));
@@ -270,7 +272,7 @@ fn acknowledged_records_leave_the_recovered_master_too() {
     );
     assert_eq!(
         apply(&mut recovered, put("c", "3", rifl(3, 2))).version,
-        value_of(&recovered, "c").unwrap().0
+        value_of(&recovered, "c").expect("the key is live").0
     );
 }
 
@@ -299,7 +301,7 @@ fn the_cleaner_keeps_unacknowledged_records_and_drops_acknowledged_ones() {
             let end = store.clean_step(&mut pass, 1 << 20);
             store.seal();
             if end != StepEnd::Budget {
-                store.commit_cleaning(&mut pass).unwrap();
+                store.commit_cleaning(&mut pass).expect("the pass commits");
                 store.seal();
                 freed += store.free_cleaned().len();
             }
@@ -339,7 +341,11 @@ fn records_leave_with_their_tablet() {
         apply(&mut store, put("k", "a", rifl(1, 0))).status,
         Status::Ok
     );
-    assert_eq!(value_of(&store, "k").unwrap().1, b"a", "applied again");
+    assert_eq!(
+        value_of(&store, "k").expect("the key is live").1,
+        b"a",
+        "applied again"
+    );
 }
 
 #[test]

@@ -88,6 +88,7 @@
 
 pub mod appender;
 pub mod cleaner;
+pub mod client_lease_cache;
 pub mod client_leases;
 pub mod completions;
 pub mod failure_detector;

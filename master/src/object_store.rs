@@ -73,7 +73,7 @@ use rampart_common::log::{
 };
 
 use crate::cleaner::{self, CleaningPass, StepEnd};
-use crate::client_leases::ClientLeaseCache;
+use crate::client_lease_cache::ClientLeaseCache;
 use crate::completions::{Completions, Lookup, Record, RECORDS_PER_CLIENT_MAX};
 
 use crate::object_index::{LogRef, ObjectIndex, SlotAt, INDEX_BYTES_PER_OBJECT};
