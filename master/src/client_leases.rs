@@ -305,4 +305,28 @@ mod tests {
         let refused = checker.ensure(B).await.expect_err("expired");
         assert_eq!(refused.status(), Status::ClientLeaseExpired);
     }
+
+    #[tokio::test]
+    async fn with_no_coordinator_answering_a_write_is_told_to_retry_not_refused() {
+        // A port with nothing listening: the coordinators are unreachable.
+        let gone = {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            listener.local_addr().expect("addr").to_string()
+        };
+        let store = Arc::new(Mutex::new(ObjectStore::new(
+            ServerId(1),
+            MasterConfig::default(),
+        )));
+        let checker = ClientLeaseChecker::new(ServerId(1), Arc::clone(&store), &[gone]);
+        let reply = checker.ensure(A).await.expect_err("no lease known");
+        assert_eq!(
+            reply.status(),
+            Status::Retry,
+            "the client retries; nothing is lost"
+        );
+        assert!(checker.sweep().await.is_ok(), "nothing to ask about yet");
+        assert!(!store.lock().client_lease_valid(A, Instant::now()));
+    }
 }
