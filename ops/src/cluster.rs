@@ -3,8 +3,10 @@
 //! Starts a Raft group of coordinators (3 by default) and N storage servers, prints one
 //! line per process (`coordinator ID at ADDR (pid P)`, `server ID at ADDR (pid P)`) and then
 //! a line starting with `ready`.
-//! Scripts and tests rely on these lines. It then waits; Ctrl-C or SIGTERM stops every
-//! child, and children die with it even if it is killed (see `children`).
+//! Scripts and tests rely on these lines. While the servers start, their progress goes
+//! to stderr (`progress`: a bar on a terminal, plain lines otherwise), never between
+//! these lines on stdout. It then waits; Ctrl-C or SIGTERM stops every child, and
+//! children die with it even if it is killed (see `children`).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use crate::children::Children;
 use crate::netns::Network;
+use crate::progress::Progress;
 
 /// Replicas per segment when `--replicas` is not given (clamped to servers − 1).
 pub const REPLICAS_DEFAULT: u32 = 3;
@@ -347,14 +350,23 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         server_args_all.push(server_args);
     }
     // Side by side: each server spends most of its start touching its memory.
+    let progress = if print {
+        Progress::new("servers ready", u64::from(args.servers), "servers")
+    } else {
+        Progress::hidden()
+    };
     for started in starting {
         let running = children.wait_ready(started)?;
         let id = announced_id(&running.announce);
         if print {
-            println!("server {id} at {} (pid {})", running.addr, running.pid());
+            progress.suspend(|| {
+                println!("server {id} at {} (pid {})", running.addr, running.pid());
+            });
         }
+        progress.inc(1);
         servers.push((id, running.addr.clone()));
     }
+    progress.finish();
     if print {
         println!(
             "servers started in {:.1} s: each allocates and touches its {} log and its {} \

@@ -1,14 +1,16 @@
 //! `rampart kv`: table operations from the shell, script-friendly.
 //!
 //! Output is meant for pipes: `get` prints the value alone (raw bytes, no newline
-//! added); a missing key prints `not found` on stderr and exits 1; errors print on
-//! stderr and exit 2. Values come from the argument, or from stdin when it is omitted.
-//! `scan` prints one line per object with non-printable bytes escaped.
+//! added) into a pipe or a file, or with `--raw`; on a terminal it adds a newline, so
+//! the prompt starts on a line of its own. A missing key prints `not found` on stderr
+//! and exits 1; errors print on stderr and exit 2. Values come from the argument, or
+//! from stdin when it is omitted. `scan` prints one line per object with non-printable
+//! bytes escaped.
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use rampart_client::{Client, ClientError};
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 
 /// `rampart kv`
@@ -54,7 +56,7 @@ pub enum KvCommand {
         /// Value; read from stdin when omitted.
         value: Option<String>,
     },
-    /// Print a value (raw bytes, nothing added).
+    /// Print a value: the bytes as stored, and a newline after them on a terminal.
     Get {
         /// Table name.
         table: String,
@@ -63,6 +65,10 @@ pub enum KvCommand {
         /// Print `VERSION<TAB>VALUE` instead.
         #[arg(long)]
         with_version: bool,
+        /// Print the bytes as stored even on a terminal (no newline added); into a pipe or
+        /// a file they always are.
+        #[arg(long)]
+        raw: bool,
     },
     /// Remove a key (succeeds if it is already gone).
     Del {
@@ -139,14 +145,14 @@ async fn execute(client: &Client, command: KvCommand) -> Result<ExitCode, Client
             table,
             key,
             with_version,
+            raw,
         } => {
             let id = client.get_table_id(&table).await?;
             match client.read(id, key.as_bytes()).await? {
                 Some(object) => {
-                    if with_version {
-                        write!(out, "{}\t", object.version.0).map_err(io)?;
-                    }
-                    out.write_all(&object.value).map_err(io)?;
+                    let version = with_version.then_some(object.version.0);
+                    let newline = !raw && std::io::stdout().is_terminal();
+                    write_value(&mut out, version, &object.value, newline).map_err(io)?;
                 }
                 None => {
                     eprintln!("not found");
@@ -178,6 +184,24 @@ async fn execute(client: &Client, command: KvCommand) -> Result<ExitCode, Client
     Ok(ExitCode::SUCCESS)
 }
 
+/// Writes what `get` prints: `VERSION<TAB>` when asked, the value's bytes as stored, and
+/// a newline when `newline` (stdout is a terminal and `--raw` was not given).
+fn write_value(
+    out: &mut impl Write,
+    version: Option<u64>,
+    value: &[u8],
+    newline: bool,
+) -> std::io::Result<()> {
+    if let Some(version) = version {
+        write!(out, "{version}\t")?;
+    }
+    out.write_all(value)?;
+    if newline {
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
 /// Escapes what would break a `KEY<TAB>VALUE` line; printable ASCII stays as it is.
 fn escape(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
@@ -199,7 +223,27 @@ fn escape(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::escape;
+    use super::{escape, write_value};
+
+    fn written(version: Option<u64>, value: &[u8], newline: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_value(&mut out, version, value, newline).expect("writing to a Vec cannot fail");
+        out
+    }
+
+    #[test]
+    fn write_value_gives_the_bytes_as_stored_without_newline() {
+        let binary: Vec<u8> = (0..=255u8).collect();
+        assert_eq!(written(None, &binary, false), binary);
+        assert_eq!(written(None, b"", false), b"");
+        assert_eq!(written(Some(7), b"v\n", false), b"7\tv\n");
+    }
+
+    #[test]
+    fn write_value_on_a_terminal_ends_with_a_newline() {
+        assert_eq!(written(None, b"engineer", true), b"engineer\n");
+        assert_eq!(written(Some(3), b"manager", true), b"3\tmanager\n");
+    }
 
     #[test]
     fn escape_keeps_printable_ascii_and_escapes_line_breakers() {

@@ -20,6 +20,7 @@ mod drill;
 mod kv;
 mod netns;
 mod process;
+mod progress;
 mod recovery;
 mod simulate;
 mod status;

@@ -47,7 +47,15 @@ fn kv_cli_session_reads_writes_and_reports_missing_keys() {
 
     let get = kv(&["get", "demo", "alice"], None);
     assert!(get.status.success());
-    assert_eq!(get.stdout, b"engineer", "get prints the value alone");
+    assert_eq!(
+        get.stdout, b"engineer",
+        "into a pipe, get prints the value alone (no newline)"
+    );
+    assert_eq!(
+        kv(&["get", "demo", "alice", "--raw"], None).stdout,
+        b"engineer",
+        "--raw: the bytes as stored"
+    );
 
     let binary: Vec<u8> = (0..=255u8).collect();
     assert!(kv(&["put", "demo", "blob"], Some(&binary)).status.success());

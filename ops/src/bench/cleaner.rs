@@ -16,6 +16,7 @@
 //! segments × segment size − relocated)`, LFS's cost less its one — and where memory
 //! ends: live bytes over the memory, and segments in use. A curve of throughput over the
 //! run goes to `--svg FILE`, one line per run. Figures are medians over `--rounds`.
+//! The fills and the overwrites show their progress on stderr (`progress`).
 //!
 //! With replication, every byte the cleaner copies is also sent to R backups: the write
 //! cost says how much more the network carries for cleaning.
@@ -32,6 +33,7 @@
 
 use super::median;
 use super::ycsb::KeyChooser;
+use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::Args;
@@ -332,15 +334,21 @@ fn run_one(
         let appender =
             Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
         let value = Bytes::from(vec![b'v'; args.value_bytes]);
+        let run_name = match keys {
+            Keys::Uniform => format!("{utilization}% uniform"),
+            Keys::Zipf(theta) => format!("{utilization}% zipf {theta}"),
+        };
         // The fill: every object once, in key order.
+        let filling = Progress::new(&format!("fill {run_name}"), objects, "objects");
         let next = Arc::new(AtomicU64::new(0));
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..args.clients {
-            let (appender, next, value, batch) = (
+            let (appender, next, value, batch, filling) = (
                 appender.clone(),
                 Arc::clone(&next),
                 value.clone(),
                 args.batch as u64,
+                filling.clone(),
             );
             tasks.spawn(async move {
                 let mut retries = 0;
@@ -349,16 +357,17 @@ fn run_one(
                     if start >= objects {
                         return Ok::<u64, anyhow::Error>(retries);
                     }
-                    let ops = (start..(start + batch).min(objects))
-                        .map(|i| write(i, &value))
-                        .collect();
+                    let end = (start + batch).min(objects);
+                    let ops = (start..end).map(|i| write(i, &value)).collect();
                     retries += submit_all(&appender, ops).await?;
+                    filling.inc(end - start);
                 }
             });
         }
         while let Some(done) = tasks.join_next().await {
             done??;
         }
+        filling.finish();
         let before = *status.cleaner.lock();
         // The overwrites.
         let done = Arc::new(AtomicU64::new(0));
@@ -369,6 +378,8 @@ fn run_one(
                 Keys::Zipf(theta) => theta,
             },
         )?);
+        // Advanced at each sample of the curve, so the writers pay nothing for it.
+        let overwriting = Progress::new(&format!("overwrite {run_name}"), overwrites, "writes");
         let started = Instant::now();
         for client in 0..args.clients {
             let (appender, done, value, chooser, batch) = (
@@ -407,6 +418,7 @@ fn run_one(
                     let rate = (count - last_done) as f64 / (now - last_at).as_secs_f64();
                     curve.push(((now - started).as_secs_f64(), rate));
                     (last_at, last_done) = (now, count);
+                    overwriting.set_position(count);
                     if half.is_none() && count >= overwrites / 2 {
                         half = Some((now, count));
                     }
@@ -414,6 +426,7 @@ fn run_one(
             }
         }
         let ended = Instant::now();
+        overwriting.finish();
         let all_ops_s = overwrites as f64 / (ended - started).as_secs_f64();
         let steady_ops_s = match half {
             Some((at, count)) if ended > at && overwrites > count => {

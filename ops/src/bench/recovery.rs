@@ -21,6 +21,7 @@
 //!   K, it shows how the work per byte grows with the recovery masters.
 //!
 //! Then it verifies every object (count and checksum, by enumerating the table).
+//! Loading shows its progress on stderr (`progress`).
 //!
 //! **The floor** is the least work any recovery of this data does on this machine,
 //! with nothing else in the way: one thread of this process, the crashed master's
@@ -59,6 +60,7 @@ use tokio::time::Instant;
 use super::ycsb::RemoveOnDrop;
 use crate::children::Children;
 use crate::cluster::{self, UpArgs};
+use crate::progress::Progress;
 
 /// Pause between loading and the kill: two will-upload checks
 /// (`rampart_master::will_upload::WILL_CHECK_INTERVAL`).
@@ -356,13 +358,16 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     })
 }
 
-/// Writes `objects` objects with multi-writes from 8 tasks; returns (count, checksum).
+/// Writes `objects` objects with multi-writes from 8 tasks, showing its progress;
+/// returns (count, checksum).
 async fn load(client: &Client, table: TableId, objects: u64, bytes: usize) -> Result<(u64, u64)> {
     const WRITERS: u64 = 8;
     let batch = (256 * 1024 / (bytes as u64 + 16)).clamp(1, 1000);
+    let progress = Progress::new("loading", objects, "objects");
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..WRITERS {
         let client = client.clone();
+        let progress = progress.clone();
         tasks.spawn(async move {
             let mut i = w * batch;
             while i < objects {
@@ -375,6 +380,7 @@ async fn load(client: &Client, table: TableId, objects: u64, bytes: usize) -> Re
                     })
                     .collect();
                 client.multi_write(&items).await?;
+                progress.inc(items.len() as u64);
                 i += batch * WRITERS;
             }
             Ok::<(), rampart_client::ClientError>(())
@@ -383,6 +389,7 @@ async fn load(client: &Client, table: TableId, objects: u64, bytes: usize) -> Re
     while let Some(done) = tasks.join_next().await {
         done??;
     }
+    progress.finish();
     let sum = (0..objects).fold(0u64, |s, i| {
         s.wrapping_add(checksum(&key(i), &value(i, bytes)))
     });

@@ -8,6 +8,10 @@
 //! slices of the floor measurement, so that on a noisy shared machine both see the same
 //! conditions and their ratio is fair.
 //!
+//! Loading and the run show their progress on stderr (`progress`). `--json FILE` writes
+//! the figures; `--svg FILE` plots latency against percentile per operation type from
+//! the same histograms, beside the floor (both axes logarithmic, latency in µs).
+//!
 //! | workload   | mix                                   |
 //! |------------|---------------------------------------|
 //! | a          | 50% read, 50% update                  |
@@ -31,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::children::Children;
 use crate::cluster::{self, UpArgs};
+use crate::progress::Progress;
 
 /// The YCSB workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -120,6 +125,10 @@ pub struct YcsbArgs {
     /// Write the figures as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Plot latency against percentile per operation type, beside the floor, as SVG to
+    /// this file.
+    #[arg(long)]
+    pub svg: Option<std::path::PathBuf>,
 }
 
 /// Rounds the run is split into, alternating with slices of the floor measurement.
@@ -259,6 +268,10 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
         )
         .with_context(|| format!("cannot write {}", path.display()))?;
     }
+    if let Some(path) = &args.svg {
+        write_svg(path, &args, &report)?;
+        println!("latency plot: {}", path.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -361,6 +374,8 @@ async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Res
     let mut rngs: Vec<SmallRng> = (0..args.clients)
         .map(|c| SmallRng::seed_from_u64(seed ^ u64::from(c).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
         .collect();
+    let running = Progress::new("running", per_client * u64::from(args.clients), "ops");
+    let running = &running;
     for round in 0..BENCH_ROUNDS {
         let warmup = if round == 0 { 1000 } else { 0 };
         // The echo protocol's 8-byte size prefix counts toward the request's bytes.
@@ -414,6 +429,7 @@ async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Res
                         .entry(name)
                         .or_insert_with(histogram)
                         .record(nanos.max(1))?;
+                    running.inc(1);
                 }
                 Ok::<Latencies, anyhow::Error>(latencies)
             }
@@ -425,6 +441,7 @@ async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Res
         }
         run_s += start.elapsed().as_secs_f64();
     }
+    running.finish();
     Ok(Report {
         raw_rpc,
         load_s,
@@ -437,13 +454,15 @@ async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Res
 }
 
 /// Loads records `0..records` into `table`: client `c` of `clients` writes the records
-/// `i` with `i % clients.len() == c`, in multi-write batches.
+/// `i` with `i % clients.len() == c`, in multi-write batches. Shows its progress.
 pub(crate) async fn load(
     clients: &[Client],
     table: rampart_client::TableId,
     records: u64,
     value: &Bytes,
 ) -> Result<()> {
+    let progress = Progress::new("loading", records, "records");
+    let progress = &progress;
     let count = clients.len() as u64;
     let loads = clients.iter().enumerate().map(|(c, client)| {
         let value = value.clone();
@@ -462,6 +481,7 @@ pub(crate) async fn load(
                 for result in client.multi_write(&items).await? {
                     result?;
                 }
+                progress.inc(chunk.len() as u64);
             }
             Ok::<(), anyhow::Error>(())
         }
@@ -469,6 +489,7 @@ pub(crate) async fn load(
     for result in futures::future::join_all(loads).await {
         result?;
     }
+    progress.finish();
     Ok(())
 }
 
@@ -556,5 +577,178 @@ fn print_report(args: &YcsbArgs, seed: u64, report: &Report) {
             "read p50 / floor p50 = {:.2}",
             us(read, 0.5) / us(&report.floor, 0.5)
         );
+    }
+}
+
+/// Largest x of the latency plot: the 99.999th percentile (1 / (1 − q) = 10⁵); past it
+/// even the default run (about 10⁵ operations of each type) has no sample left to draw.
+const PLOT_X_MAX: f64 = 1e5;
+
+/// Points per halving of the distance to 100 % in the latency plot.
+const PLOT_TICKS_PER_HALF_DISTANCE: u32 = 5;
+
+/// A histogram's percentile distribution as (1 / (1 − q), latency µs) points, as
+/// HdrHistogram plots it: equal distances on a log axis for 90 %, 99 %, 99.9 %, ... The
+/// last quantile (q = 1, the maximum) has no finite x and is left out.
+fn percentile_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+    h.iter_quantiles(PLOT_TICKS_PER_HALF_DISTANCE)
+        .filter(|v| v.quantile_iterated_to() < 1.0)
+        .map(|v| {
+            let x = 1.0 / (1.0 - v.quantile_iterated_to());
+            (x, v.value_iterated_to() as f64 / 1000.0)
+        })
+        .filter(|(x, _)| *x < PLOT_X_MAX)
+        .collect()
+}
+
+/// The percentile an x of the latency plot stands for: 1 → `0%`, 10 → `90%`, 1000 →
+/// `99.9%`.
+fn percentile_label(x: f64) -> String {
+    let percent = 100.0 * (1.0 - 1.0 / x.max(1.0));
+    let text = format!("{percent:.4}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}%")
+}
+
+/// Writes the latency plot (module doc) to `path`.
+fn write_svg(path: &std::path::Path, args: &YcsbArgs, report: &Report) -> Result<()> {
+    use plotters::prelude::{
+        ChartBuilder, Color, DashedLineSeries, IntoDrawingArea, IntoLogRange, LineSeries,
+        PathElement, RGBColor, SVGBackend, SeriesLabelPosition, BLACK, WHITE,
+    };
+    /// Colours of the operation types, in the order of the report.
+    const COLOURS: [RGBColor; 4] = [
+        RGBColor(0x1f, 0x77, 0xb4),
+        RGBColor(0xd6, 0x27, 0x28),
+        RGBColor(0x2c, 0xa0, 0x2c),
+        RGBColor(0x94, 0x67, 0xbd),
+    ];
+    const GREY: RGBColor = RGBColor(0x70, 0x70, 0x70);
+    /// One line of the plot.
+    struct Line {
+        name: String,
+        points: Vec<(f64, f64)>,
+        colour: RGBColor,
+        dashed: bool,
+    }
+    let mut series: Vec<Line> = report
+        .ops
+        .iter()
+        .zip(COLOURS.iter().cycle())
+        .map(|((name, h), colour)| Line {
+            name: name.to_string(),
+            points: percentile_points(h),
+            colour: *colour,
+            dashed: false,
+        })
+        .collect();
+    series.push(Line {
+        name: format!(
+            "floor (TCP ping-pong, {} B -> {} B)",
+            report.floor_request_bytes, report.floor_reply_bytes
+        ),
+        points: percentile_points(&report.floor),
+        colour: GREY,
+        dashed: true,
+    });
+    let points = || series.iter().flat_map(|line| line.points.iter());
+    let x_end = points().map(|p| p.0).fold(100.0_f64, f64::max);
+    let x_max = 10f64.powf(x_end.log10().ceil()).min(PLOT_X_MAX);
+    let y_min = points().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let y_max = points().map(|p| p.1).fold(0.0_f64, f64::max);
+    if !y_min.is_finite() || y_max <= 0.0 {
+        bail!("no latencies to plot");
+    }
+    let (y_min, y_max) = (
+        10f64.powf(y_min.max(0.001).log10().floor()),
+        10f64.powf(y_max.log10().ceil()),
+    );
+    let draw = || -> Result<()> {
+        let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let caption = format!(
+            "bench ycsb, workload {}: {} records, {} ops, {} client(s), {}-byte values, zipf {}, {:.0} ops/s",
+            args.workload.name(),
+            args.records,
+            report.total_ops(),
+            args.clients,
+            args.value_bytes,
+            args.zipf,
+            report.throughput()
+        );
+        let mut chart = ChartBuilder::on(&root)
+            .caption(caption, ("sans-serif", 16))
+            .margin(16)
+            // Room for the last percentile label, centred on the right edge.
+            .margin_right(40)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d((1.0..x_max).log_scale(), (y_min..y_max).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("percentile")
+            .y_desc("latency (µs)")
+            .x_label_formatter(&|x| percentile_label(*x))
+            .y_label_formatter(&|y| format!("{y}"))
+            .draw()?;
+        for line in &series {
+            let colour = line.colour;
+            let style = colour.stroke_width(2);
+            let points = line.points.iter().copied();
+            let drawn = if line.dashed {
+                chart.draw_series(DashedLineSeries::new(points, 6, 4, style))?
+            } else {
+                chart.draw_series(LineSeries::new(points, style))?
+            };
+            drawn
+                .label(line.name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_label_names_the_nines() {
+        assert_eq!(percentile_label(1.0), "0%");
+        assert_eq!(percentile_label(2.0), "50%");
+        assert_eq!(percentile_label(10.0), "90%");
+        assert_eq!(percentile_label(1000.0), "99.9%");
+        assert_eq!(percentile_label(1e4), "99.99%");
+    }
+
+    #[test]
+    fn percentile_points_rise_with_the_percentile_and_stay_finite() {
+        let mut h = histogram();
+        for nanos in 1..=10_000u64 {
+            h.record(nanos * 1000)
+                .expect("within the histogram's bounds");
+        }
+        let points = percentile_points(&h);
+        assert!(points.len() > 10, "{points:?}");
+        assert!(points
+            .iter()
+            .all(|(x, y)| x.is_finite() && *x >= 1.0 && *y > 0.0));
+        assert!(points
+            .windows(2)
+            .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        // The median of 1..=10 000 µs, within the histogram's three significant digits.
+        let median = points
+            .iter()
+            .find(|(x, _)| *x >= 2.0)
+            .expect("a point at or past 50 %");
+        assert!((median.1 - 5000.0).abs() < 100.0, "{median:?}");
     }
 }
