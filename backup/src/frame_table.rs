@@ -239,6 +239,26 @@ pub struct Ended {
     pub releases: Vec<usize>,
 }
 
+/// Frames and stored replicas of a backup: [`FrameTable::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameStats {
+    /// Frames open for writes (one per open replica).
+    pub frames_open: usize,
+    /// Frames whose bytes are only in the frame file, not yet in the store (open, or
+    /// closing).
+    pub frames_unflushed: usize,
+    /// Frames being written to the store.
+    pub frames_closing: usize,
+    /// Frame file slots free.
+    pub slots_free: usize,
+    /// Replicas in the store (closed, or open ones flushed at a stop).
+    pub replicas_stored: usize,
+    /// Their bytes.
+    pub bytes_stored: u64,
+    /// Masters with a replica here.
+    pub masters: usize,
+}
+
 /// The frame table. See the module doc.
 #[derive(Debug)]
 pub struct FrameTable {
@@ -731,6 +751,34 @@ impl FrameTable {
             .filter_map(|(key, _)| self.visible(*key))
             .collect();
         (stored, frames)
+    }
+
+    /// Counts of frames and stored replicas (for metrics and status reports).
+    pub fn stats(&self) -> FrameStats {
+        let closing = self
+            .frames
+            .values()
+            .filter(|frame| frame.closes_in_flight > 0)
+            .count();
+        FrameStats {
+            frames_open: self.open.len(),
+            frames_unflushed: self.frames.len() + self.retiring.len(),
+            frames_closing: closing + self.retiring.len(),
+            slots_free: self.free_slots.len(),
+            replicas_stored: self.stored.len(),
+            bytes_stored: self
+                .stored
+                .values()
+                .map(|meta| u64::from(meta.length))
+                .sum(),
+            masters: self
+                .stored
+                .keys()
+                .map(|(master, _)| *master)
+                .chain(self.open.keys().map(|(master, _)| *master))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+        }
     }
 
     /// Every open frame (a graceful stop flushes them).

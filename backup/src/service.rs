@@ -845,6 +845,12 @@ impl BackupService {
         })
     }
 
+    /// Counts of this backup's frames and stored replicas, and its slot total.
+    pub fn stats(&self) -> (crate::frame_table::FrameStats, usize) {
+        let stats = self.frames.table.lock().stats();
+        (stats, self.config.frames_max + self.config.extra_slots)
+    }
+
     /// At a graceful stop: writes every open frame's valid prefix to the segment store
     /// as an *open* (not closed) replica, so that a backup restarted on the same data
     /// directory still reports it even if the frame file is lost meanwhile (a reboot:

@@ -15,7 +15,11 @@
 //! completion record it logged with the object — also after a crash moved the object to
 //! another master — so the operation applies once and the caller gets its one outcome.
 //! Only an operation whose deadline passes ends without an outcome:
-//! [`ClientError::Timeout`], which may or may not have applied.
+//! [`ClientError::Timeout`], which may or may not have applied. Its message says what
+//! the last attempt met and, asked briefly after the deadline, what the cluster says of
+//! the key's owner: crashed and being recovered, its recovery waiting (and why), or up
+//! but unable to replicate writes (too few backups for R, with the fix). A tablet whose
+//! owner is merely being recovered times out as such, never as a coordinator failure.
 //!
 //! # Coordinators
 //! Table operations and map refreshes go to the leader of the coordinators' Raft group
@@ -49,19 +53,21 @@ use rampart_common::ids::{key_hash, ClientId, ServerId, TableId, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_WRITE_REQUEST_BYTES_MAX};
 use rampart_common::protocol::coordinator::{
     CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, GetTabletMap,
-    OpenClient, OpenClientRequest, RenewClientLease, RenewClientLeaseRequest, ReportFailure,
-    ReportFailureRequest, TableNameRequest, TabletMapRequest,
+    OpenClient, OpenClientRequest, RecoveryStatus, RecoveryStatusRequest, RenewClientLease,
+    RenewClientLeaseRequest, ReportFailure, ReportFailureRequest, TableNameRequest,
+    TabletMapRequest,
 };
 use rampart_common::protocol::master::{
     Enumerate, EnumerateRequest, EnumeratedObject, Increment, IncrementRequest, MultiRead,
     MultiReadRequest, MultiRemove, MultiRemoveRequest, MultiWrite, MultiWriteReply,
-    MultiWriteRequest, ObjectKey, Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply,
-    WriteRequest,
+    MultiWriteRequest, ObjectKey, PingRequest, Read, ReadRequest, Remove, RemoveRequest,
+    ServerStats, Write, WriteReply, WriteRequest,
 };
 use rampart_common::reject::RejectRules;
 use rampart_common::rifl::Rifl;
 use rampart_common::rpc::{Rpc, RpcError, RpcPool};
 use rampart_common::status::Status;
+use rampart_common::tablet::ServerStatus;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -454,60 +460,125 @@ impl Client {
     {
         let hash = rampart_common::ids::KeyHash(hash);
         let mut retry = self.retry();
-        loop {
-            let map = self.map();
-            let Some((tablet, addr)) = map.route(table, hash) else {
-                self.refresh_map(map.version, retry.deadline).await?;
+        // The owner last tried: a timeout says what the cluster knows of it.
+        let mut owner = None;
+        let result = async {
+            loop {
                 let map = self.map();
-                if !map.has_table(table) {
-                    return Err(ClientError::TableDoesntExist(table.to_string()));
-                }
-                if map.route(table, hash).is_none() {
-                    retry
-                        .pause(format!("no owner for {table} hash {hash}"))
-                        .await?;
-                }
-                continue;
-            };
-            let why = match attempt(addr.clone(), tablet.end_hash, retry.deadline).await {
-                Ok(Attempt::Done(result)) => return result,
-                Ok(Attempt::Reroute(why)) => {
+                let Some((tablet, addr)) = map.route(table, hash) else {
+                    // Should the deadline pass while the map is fetched, the operation timed
+                    // out for want of an owner — not for want of a coordinator.
+                    let why = map.why_unrouted(table, hash);
                     self.refresh_after(map.version, &retry, &why).await?;
-                    why
-                }
-                Ok(Attempt::Later(why)) => why,
-                // Never reached the master whole, or reached it and lost its answer: a
-                // read changes nothing, a write is answered from its completion record.
-                Err(e) if e.is_transport() => {
-                    self.report_unreachable(tablet.owner, &e);
-                    let why = e.to_string();
-                    self.refresh_after(map.version, &retry, &why).await?;
-                    why
-                }
-                // The master may be losing its tablets (a lapsed lease): look again, and
-                // report it, for a master cut off from the coordinators alone is still
-                // reachable here and nobody else would (the coordinator's ping decides).
-                Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
-                    if e.status() == Some(Status::Retry) {
-                        self.report_unreachable(tablet.owner, &e);
+                    let map = self.map();
+                    if !map.has_table(table) {
+                        return Err(ClientError::TableDoesntExist(table.to_string()));
                     }
-                    let why = e.to_string();
-                    self.refresh_after(map.version, &retry, &why).await?;
-                    why
+                    if map.route(table, hash).is_none() {
+                        retry.pause(map.why_unrouted(table, hash)).await?;
+                    }
+                    continue;
+                };
+                owner = Some(tablet.owner);
+                let why = match attempt(addr.clone(), tablet.end_hash, retry.deadline).await {
+                    Ok(Attempt::Done(result)) => return result,
+                    Ok(Attempt::Reroute(why)) => {
+                        self.refresh_after(map.version, &retry, &why).await?;
+                        why
+                    }
+                    Ok(Attempt::Later(why)) => why,
+                    // Never reached the master whole, or reached it and lost its answer: a
+                    // read changes nothing, a write is answered from its completion record.
+                    Err(e) if e.is_transport() => {
+                        self.report_unreachable(tablet.owner, &e);
+                        let why = e.to_string();
+                        self.refresh_after(map.version, &retry, &why).await?;
+                        why
+                    }
+                    // The master may be losing its tablets (a lapsed lease): look again, and
+                    // report it, for a master cut off from the coordinators alone is still
+                    // reachable here and nobody else would (the coordinator's ping decides).
+                    Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
+                        if e.status() == Some(Status::Retry) {
+                            self.report_unreachable(tablet.owner, &e);
+                        }
+                        let why = e.to_string();
+                        self.refresh_after(map.version, &retry, &why).await?;
+                        why
+                    }
+                    Err(e) => return Err(ClientError::from_rpc(e)),
+                };
+                // The refreshed map names another owner (a recovered tablet went live):
+                // try it at once rather than after the backoff.
+                let moved = self
+                    .map()
+                    .route(table, hash)
+                    .is_some_and(|(_, owner)| owner != addr);
+                if moved && Instant::now() < retry.deadline {
+                    continue;
                 }
-                Err(e) => return Err(ClientError::from_rpc(e)),
-            };
-            // The refreshed map names another owner (a recovered tablet went live):
-            // try it at once rather than after the backoff.
-            let moved = self
-                .map()
-                .route(table, hash)
-                .is_some_and(|(_, owner)| owner != addr);
-            if moved && Instant::now() < retry.deadline {
-                continue;
+                retry.pause(why).await?;
             }
-            retry.pause(why).await?;
         }
+        .await;
+        match (result, owner) {
+            (Err(ClientError::Timeout { attempts, last }), Some(owner)) => {
+                Err(self.explain_timeout(attempts, last, owner).await)
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// The `Timeout` of an operation whose key `owner` serves, with what the cluster
+    /// says of that owner: crashed and being recovered (or why its recovery waits), or
+    /// up but unable to replicate writes (too few backups for R). Asks for it briefly
+    /// ([`EXPLAIN_TIMEOUT`]), after the deadline; says nothing more if nobody answers.
+    async fn explain_timeout(&self, attempts: u32, last: String, owner: ServerId) -> ClientError {
+        let map = self.map();
+        let deadline = Instant::now() + EXPLAIN_TIMEOUT;
+        let status = map.server(owner).map(|s| (s.status, s.addr.clone()));
+        let cause = match status {
+            Some((ServerStatus::Crashed, _)) => {
+                let reports = self
+                    .inner
+                    .coordinators
+                    .call::<RecoveryStatus>(&self.inner.pool, &RecoveryStatusRequest {}, deadline)
+                    .await
+                    .map(|reply| reply.recoveries)
+                    .unwrap_or_default();
+                match reports.iter().rev().find(|r| r.crashed == owner) {
+                    Some(report) => match &report.waiting {
+                        Some(why) => Some(format!(
+                            "its owner {owner} crashed and its recovery waits: {why}"
+                        )),
+                        None => Some(format!(
+                            "its owner {owner} crashed and is being recovered ({} of {} \
+                             partitions live)",
+                            report.partitions.iter().filter(|p| p.live_ms > 0).count(),
+                            report.partitions.len()
+                        )),
+                    },
+                    None => Some(format!(
+                        "its owner {owner} crashed; its recovery has not started"
+                    )),
+                }
+            }
+            Some((ServerStatus::Up, addr)) => self
+                .inner
+                .pool
+                .call::<ServerStats>(&addr, &PingRequest {}, deadline)
+                .await
+                .ok()
+                .and_then(|stats| stats.backup_shortage)
+                .map(|why| format!("its owner {owner} is up, but {why}")),
+            _ => None,
+        };
+        let last = match (cause, last.is_empty()) {
+            (Some(cause), true) => cause,
+            (Some(cause), false) => format!("{last}; {cause}"),
+            (None, _) => last,
+        };
+        ClientError::Timeout { attempts, last }
     }
 
     /// Sends single-object RPC `R` to the owner of `key` (with the retry rules of
@@ -970,6 +1041,10 @@ async fn renew_lease(inner: std::sync::Weak<Inner>, lease: Duration) {
 
 /// Deadline of one lease renewal.
 const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a timed-out operation asks the cluster why (`explain_timeout`), after its
+/// deadline.
+pub const EXPLAIN_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The retry loop's next step for a single-object reply: `ok` builds the success value.
 fn outcome<T>(addr: &str, status: Status, version: Version, ok: impl FnOnce() -> T) -> Attempt<T> {

@@ -60,6 +60,23 @@ impl TabletMapCache {
     }
 
     /// The address of server `id`.
+    /// The server `id` as listed.
+    pub fn server(&self, id: ServerId) -> Option<&ServerInfo> {
+        self.servers.get(&id)
+    }
+
+    /// Why [`route`](Self::route) finds no owner to send a request for `hash` to.
+    pub fn why_unrouted(&self, table: TableId, hash: KeyHash) -> String {
+        match self.tablet(table, hash) {
+            None => format!("no tablet of {table} covers key hash {:016x}", hash.0),
+            Some(tablet) => format!(
+                "the tablet of {table} holding key hash {:016x} is on {}, which is not in \
+                 the server list",
+                hash.0, tablet.owner
+            ),
+        }
+    }
+
     pub fn addr(&self, id: ServerId) -> Option<&str> {
         self.servers.get(&id).map(|s| s.addr.as_str())
     }

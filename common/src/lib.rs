@@ -11,22 +11,28 @@
 //!   Tailwind checksums, and the valid-prefix scanner.
 //! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (DESIGN.md §8).
 //! * [`protocol`] — every RPC's request and reply messages, by service.
+//! * [`recovery_timeline`] — one recovery's phases as an SVG timeline.
 //! * [`coordinator_set`] — calls that must reach the leader of the coordinators' Raft
 //!   group, following `NotLeader` hints until a deadline.
 //! * [`will`] — a master's will: how its tablets are cut into recovery partitions.
 //! * [`onesided`] — one-sided writes into backup frames: `shm`, the `tcp` soft-NIC,
 //!   and `rdma` (DESIGN.md §5).
+//! * [`http`] — a small GET-only HTTP server (metrics, the status page).
+//! * [`metrics`] — Prometheus metrics: the RPC layer's, and serving them at `/metrics`.
 //! * [`failpoints`] — deliberate misbehaviour for process tests, compiled in only for
 //!   them.
 
 pub mod config;
 pub mod coordinator_set;
 pub mod failpoints;
+pub mod http;
 pub mod ids;
 pub mod limits;
 pub mod log;
+pub mod metrics;
 pub mod onesided;
 pub mod protocol;
+pub mod recovery_timeline;
 pub mod reject;
 pub mod rifl;
 pub mod rpc;

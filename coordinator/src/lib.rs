@@ -21,6 +21,13 @@
 //!   renewed its lease (kept in memory), and `ClientExpirer`, which commits the expiry
 //!   of clients that stopped (`ExpireClients`), so masters may free their completion
 //!   records.
+//! * [`metrics`] — `CoordinatorMetrics`: Raft, configuration and recovery metrics for
+//!   Prometheus, read when scraped.
+//! * [`cluster_view`] — `ClusterView`: how the cluster stands (servers, tables,
+//!   recoveries, and the problems an operator must fix), gathered over RPC from any
+//!   coordinator or from outside.
+//! * [`status_page`] — the HTML status page, its JSON (`/api/status`) and `/metrics`,
+//!   served over HTTP by every coordinator.
 //! * [`push`] — the coordinator's best-effort messages to masters about a committed
 //!   change (server-list version, tablet changes), with a bounded retry.
 //! * [`service`] — `CoordinatorService`: RPC handlers that propose commands through the
@@ -52,7 +59,9 @@
 //! to one member id for good (see the README on replacing a coordinator).
 
 pub mod client_leases;
+pub mod cluster_view;
 pub mod failure_verifier;
+pub mod metrics;
 pub mod node;
 pub mod push;
 pub mod raft_storage;
@@ -61,6 +70,7 @@ mod recovery_phases;
 pub mod recovery_plan;
 pub mod service;
 pub mod state;
+pub mod status_page;
 
 pub use service::CoordinatorService;
 pub use state::{Command, CommandResult, CoordinatorState};

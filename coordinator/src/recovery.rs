@@ -345,7 +345,13 @@ impl RecoveryManager {
                     phases.finished(confirmed)
                 }
                 Next::Wait(why) => {
-                    tracing::warn!(%crashed, %why, "recovery waits");
+                    // Said once per reason, not at every retry.
+                    let said = self.reports().iter().any(|r| {
+                        r.crashed == crashed && r.waiting.as_deref() == Some(why.as_str())
+                    });
+                    if !said {
+                        tracing::warn!(%crashed, %why, "recovery waits");
+                    }
                     self.report(crashed, |r| r.waiting = Some(why));
                     tokio::time::sleep(SETUP_RETRY_PAUSE).await;
                     Next::ReadMap
@@ -522,7 +528,17 @@ impl RecoveryManager {
                     replica,
                 })),
                 Err(error) => {
-                    tracing::warn!(%crashed, backup = %backups[index].id, %error, "backup did not answer StartRecovery")
+                    // Said once per recovery: a waiting recovery asks again every
+                    // SETUP_RETRY_PAUSE (its report says why it waits).
+                    let waiting = self
+                        .reports()
+                        .iter()
+                        .any(|r| r.crashed == crashed && r.waiting.is_some());
+                    if waiting {
+                        tracing::debug!(%crashed, backup = %backups[index].id, %error, "backup did not answer StartRecovery");
+                    } else {
+                        tracing::warn!(%crashed, backup = %backups[index].id, %error, "backup did not answer StartRecovery");
+                    }
                 }
             }
         }

@@ -194,6 +194,17 @@ enum Done {
     Reported,
 }
 
+/// What a failure detector did since it started (for metrics).
+#[derive(Debug, Default)]
+pub struct DetectorCounts {
+    /// Pings sent.
+    pub pings: std::sync::atomic::AtomicU64,
+    /// Pings that got no answer in time (refused, broken, late).
+    pub pings_unanswered: std::sync::atomic::AtomicU64,
+    /// Servers reported to the coordinators as suspected crashed.
+    pub suspicions_reported: std::sync::atomic::AtomicU64,
+}
+
 /// The async driver of a [`FailureDetector`]; see the module doc.
 #[derive(Debug)]
 pub struct FailureDetectorTask {
@@ -208,6 +219,8 @@ pub struct FailureDetectorTask {
     pings: RpcPool,
     /// Server-list versions pushed to this master, if it has one.
     watch: Option<Arc<ServerListWatch>>,
+    /// What it did, shared with metrics.
+    counts: Arc<DetectorCounts>,
 }
 
 impl FailureDetectorTask {
@@ -228,7 +241,13 @@ impl FailureDetectorTask {
             coordinator_pool,
             pings: RpcPool::new(),
             watch: None,
+            counts: Arc::default(),
         }
+    }
+
+    /// What this detector did so far, updated as it runs.
+    pub fn counts(&self) -> Arc<DetectorCounts> {
+        Arc::clone(&self.counts)
     }
 
     /// The same task, also pulling the list as soon as `watch` records a newer version
@@ -301,6 +320,10 @@ impl FailureDetectorTask {
                 _ = &mut shutdown => break,
                 outcome = ping => outcome,
             };
+            let counted = |counter: &std::sync::atomic::AtomicU64| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            };
+            counted(&self.counts.pings);
             let error = match outcome {
                 Ok(_) => continue,
                 // It answered: alive, whatever it said.
@@ -308,9 +331,11 @@ impl FailureDetectorTask {
                 Err(error) => error,
             };
             self.pings.forget(&target.addr);
+            counted(&self.counts.pings_unanswered);
             if !self.detector.ping_failed(target.id) {
                 continue;
             }
+            counted(&self.counts.suspicions_reported);
             tracing::info!(suspect = %target.id, addr = %target.addr, %error, "ping failed; reporting");
             let request = ReportFailureRequest {
                 server: target.id,

@@ -114,4 +114,4 @@ mod exactly_once_tests;
 mod service_tests;
 
 pub use object_store::{EnumeratePage, Object, ObjectStore, OpOutcome, WriteOp};
-pub use service::MasterService;
+pub use service::{MasterService, MasterStats};

@@ -558,6 +558,25 @@ pub struct RecoveryMaster {
     turns: tokio::sync::Semaphore,
     /// Attempts seen and recoveries running here.
     attempts: Mutex<Attempts>,
+    /// What this master replayed so far (for metrics).
+    totals: Mutex<RecoveryTotals>,
+}
+
+/// What a recovery master replayed since it started, over every partition it took.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RecoveryTotals {
+    /// Partitions replayed to the end.
+    pub partitions: u64,
+    /// Partitions that failed or were abandoned here.
+    pub partitions_failed: u64,
+    /// Live objects they held.
+    pub objects: u64,
+    /// Bytes appended to this log for them.
+    pub bytes: u64,
+    /// Entries received from backups.
+    pub entries: u64,
+    /// Seconds from the request to the end of replay, summed.
+    pub replay_seconds: f64,
 }
 
 impl RecoveryMaster {
@@ -576,7 +595,13 @@ impl RecoveryMaster {
             turns: tokio::sync::Semaphore::new(config.partitions_at_once.max(1)),
             config,
             attempts: Mutex::new(Attempts::default()),
+            totals: Mutex::new(RecoveryTotals::default()),
         }
+    }
+
+    /// What this master replayed so far.
+    pub fn totals(&self) -> RecoveryTotals {
+        *self.totals.lock()
     }
 
     fn register(
@@ -665,12 +690,21 @@ impl RecoveryMaster {
                     partition = request.partition, %error, forgotten, "recovery failed"
                 );
                 drop(registration);
+                self.totals.lock().partitions_failed += 1;
                 return Err(error);
             }
         };
         drop(registration);
         let counts = state.lock().counts();
         let elapsed = started.elapsed();
+        {
+            let mut totals = self.totals.lock();
+            totals.partitions += 1;
+            totals.objects += counts.objects_live;
+            totals.bytes += counts.bytes_appended;
+            totals.entries += counts.entries_received;
+            totals.replay_seconds += elapsed.as_secs_f64();
+        }
         let fallbacks = pieces.iter().filter(|p| p.fallback).count();
         let fetch: Duration = pieces.iter().map(|p| p.fetch).sum();
         let replay: Duration = pieces.iter().map(|p| p.replay).sum();

@@ -55,7 +55,8 @@ use crate::client_leases::ClientLeaseChecker;
 use crate::lease::{Lease, LEASE_LAPSED_DETAIL};
 use crate::object_store::{EnumeratePage, Object, ObjectStore, OpOutcome, WriteOp};
 use crate::profiler::PartitionLimits;
-use crate::recovery::{RecoveryConfig, RecoveryMaster};
+use crate::recovery::{RecoveryConfig, RecoveryMaster, RecoveryTotals};
+use crate::replica_manager::backup_selector::{BackupShortage, NotEnoughBackups};
 use crate::replica_manager::{
     ReplicationConfig, ReplicationStats, Replicator, ServerListWatch, ServerSource,
 };
@@ -76,6 +77,10 @@ pub struct MasterService {
     /// Where `ServerListChanged` pushes go; the replicator (on the appender's task)
     /// reads them.
     server_list: Arc<ServerListWatch>,
+    /// Whether writes wait for backups now (the replicator publishes it).
+    shortage: Arc<BackupShortage>,
+    /// Replicas kept of each segment (R).
+    replicas: usize,
     /// Whether client reads and writes may be served now ([`Lease::always`] unless
     /// [`with_lease`](Self::with_lease) gave one). Its revocation ends the master
     /// ([`failed`](Self::failed)).
@@ -91,6 +96,41 @@ pub struct MasterService {
     /// Checks client leases at the coordinators; `None` without coordinators (every
     /// client then counts as holding one).
     client_leases: Option<Arc<ClientLeaseChecker>>,
+}
+
+/// How a master stands: [`MasterService::stats`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct MasterStats {
+    /// Live objects.
+    pub objects: u64,
+    /// Log memory held by segments.
+    pub log_bytes_used: u64,
+    /// Log memory in all (`--memory`).
+    pub log_bytes_max: u64,
+    /// Bytes of live entries in the log.
+    pub log_bytes_live: u64,
+    /// Completion records kept for clients' retries.
+    pub completion_records: u64,
+    /// Replicas kept of each segment (R).
+    pub replicas: usize,
+    /// Segments with fewer than R replicas now.
+    pub segments_under_replicated: u64,
+    /// Replicas re-created after a backup was lost.
+    pub replicas_recreated: u64,
+    /// Backups found failed.
+    pub backups_failed: u64,
+    /// Why writes wait for backups, when they do.
+    pub backup_shortage: Option<NotEnoughBackups>,
+    /// Segments the cleaner freed.
+    pub segments_cleaned: u64,
+    /// Bytes the cleaner copied into survivor segments.
+    pub cleaner_bytes_relocated: u64,
+    /// Cleaner passes.
+    pub cleaner_passes: u64,
+    /// How long the coordinator lease still runs (`None`: not enforced).
+    pub lease_remaining: Option<std::time::Duration>,
+    /// What this master replayed as a recovery master.
+    pub recoveries: RecoveryTotals,
 }
 
 impl MasterService {
@@ -148,6 +188,7 @@ impl MasterService {
         let status = Arc::new(AppenderStatus::default());
         let replicator = Replicator::new(id, replication.clone());
         let server_list = replicator.server_list_watch();
+        let shortage = replicator.backup_shortage();
         let appender =
             Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
         let recovery = RecoveryMaster::new(
@@ -187,7 +228,42 @@ impl MasterService {
             appender,
             status,
             server_list,
+            shortage,
+            replicas: replication.replicas,
             lease: Arc::new(Lease::always()),
+        }
+    }
+
+    /// How this master stands now: memory, replication, cleaner, lease, recoveries (for
+    /// metrics and status reports; takes the store lock briefly).
+    pub fn stats(&self) -> MasterStats {
+        let (objects, (log_bytes_used, log_bytes_max), log_bytes_live, completion_records) = {
+            let store = self.store.lock();
+            (
+                store.object_count(),
+                store.log_bytes(),
+                store.log().usage().live_bytes,
+                store.completion_records() as u64,
+            )
+        };
+        let replication = *self.status.replication.lock();
+        let cleaner = *self.status.cleaner.lock();
+        MasterStats {
+            objects,
+            log_bytes_used,
+            log_bytes_max,
+            log_bytes_live,
+            completion_records,
+            replicas: self.replicas,
+            segments_under_replicated: replication.under_replicated,
+            replicas_recreated: replication.replicas_recreated,
+            backups_failed: replication.backups_failed,
+            backup_shortage: self.shortage.current(),
+            segments_cleaned: cleaner.totals.segments_cleaned,
+            cleaner_bytes_relocated: cleaner.totals.bytes_relocated,
+            cleaner_passes: cleaner.passes,
+            lease_remaining: self.lease.remaining(),
+            recoveries: self.recovery.totals(),
         }
     }
 

@@ -17,7 +17,9 @@
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::ServerId;
 use rampart_common::rpc::RpcPool;
-use rampart_master::failure_detector::{FailureDetectorConfig, FailureDetectorTask};
+use rampart_master::failure_detector::{
+    DetectorCounts, FailureDetectorConfig, FailureDetectorTask,
+};
 use rampart_master::lease::{GrantHook, Lease, LeaseRenewer};
 use rampart_master::will_upload::WillUploader;
 use rampart_master::MasterService;
@@ -41,6 +43,8 @@ pub struct ServerChildren {
     tasks: JoinSet<()>,
     /// On the backup runtime.
     nic: JoinHandle<()>,
+    /// What the failure detector did (for metrics).
+    detector_counts: Arc<DetectorCounts>,
 }
 
 impl ServerChildren {
@@ -98,10 +102,21 @@ impl ServerChildren {
             Arc::clone(&pool),
         )
         .with_server_list_watch(master.server_list_watch());
+        let detector_counts = detector.counts();
         tasks.spawn(detector.run(stopped()));
         let uploader = WillUploader::new(id, master.will_source(), set, pool);
         tasks.spawn(uploader.run(stopped()));
-        ServerChildren { stop, tasks, nic }
+        ServerChildren {
+            stop,
+            tasks,
+            nic,
+            detector_counts,
+        }
+    }
+
+    /// What the failure detector did so far.
+    pub fn detector_counts(&self) -> Arc<DetectorCounts> {
+        Arc::clone(&self.detector_counts)
     }
 
     /// Stops every task (see the module doc); returns whether all ended in time.
@@ -110,6 +125,7 @@ impl ServerChildren {
             stop,
             mut tasks,
             nic,
+            ..
         } = self;
         nic.abort();
         drop(stop);

@@ -11,6 +11,8 @@
 //! * [`storage_server`]: [`StorageServer`], start-up order, serving and the stop order.
 //! * [`children`]: the background tasks (lease renewer, tablet sync, version reserver,
 //!   failure detector, will uploader, soft-NIC), started and stopped together.
+//! * [`metrics`]: [`metrics::StorageMetrics`], the server's Prometheus metrics, read
+//!   from its master, backup and failure detector when scraped.
 //! * [`enlistment`]: how a starting server gets its id from the coordinators.
 //! * [`storage_service`]: the RPC router, masters' opcodes to the master, backups' to
 //!   the backup's own runtime.
@@ -25,6 +27,7 @@
 pub mod children;
 pub mod config;
 pub mod enlistment;
+pub mod metrics;
 pub mod storage_server;
 pub mod storage_service;
 

@@ -52,6 +52,7 @@ use tokio::runtime::{Handle, Runtime};
 use crate::children::ServerChildren;
 use crate::config::{frames_for_disk, ConfigError, StorageServerConfig, BACKUP_THREADS};
 use crate::enlistment::{enlist, EnlistError};
+use crate::metrics::StorageMetrics;
 use crate::storage_service::{StorageService, BACKUP_THREAD_NAME};
 
 /// Why a storage server did not start.
@@ -365,6 +366,15 @@ impl StorageServer {
     /// Where this server serves RPCs.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// A registry of this server's metrics (its master, backup and failure detector),
+    /// read when scraped: serve it with `rampart_common::metrics::handler`.
+    pub fn metrics(&self) -> prometheus::Registry {
+        rampart_common::metrics::registry_of(vec![Box::new(StorageMetrics::new(
+            Arc::clone(&self.service),
+            self.children.detector_counts(),
+        ))])
     }
 
     /// Serves until `shutdown` completes or the master cannot go on, then stops (see the

@@ -13,8 +13,9 @@
 
 use bytes::Bytes;
 use rampart_backup::service::BackupService;
+use rampart_common::protocol::master::{ServerStats, ServerStatsReply};
 use rampart_common::rpc::server::HandleFuture;
-use rampart_common::rpc::{Opcode, Reply, Service};
+use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
 use rampart_common::status::Status;
 use rampart_master::MasterService;
 use std::sync::Arc;
@@ -31,6 +32,35 @@ pub struct StorageService {
     pub backup: Arc<BackupService>,
     /// Where backup requests run.
     pub backup_runtime: tokio::runtime::Handle,
+}
+
+impl StorageService {
+    /// How this server stands (the `ServerStats` reply).
+    pub fn stats(&self) -> ServerStatsReply {
+        let master = self.master.stats();
+        let (frames, slots) = self.backup.stats();
+        ServerStatsReply {
+            objects: master.objects,
+            log_bytes_used: master.log_bytes_used,
+            log_bytes_max: master.log_bytes_max,
+            log_bytes_live: master.log_bytes_live,
+            replicas: u32::try_from(master.replicas).unwrap_or(u32::MAX),
+            segments_under_replicated: master.segments_under_replicated,
+            backup_shortage: master.backup_shortage.map(|shortage| shortage.explain()),
+            segments_cleaned: master.segments_cleaned,
+            lease_remaining_ms: master
+                .lease_remaining
+                .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+            recovered_partitions: master.recoveries.partitions,
+            recovered_objects: master.recoveries.objects,
+            recovered_bytes: master.recoveries.bytes,
+            backup_replicas: frames.replicas_stored as u64,
+            backup_bytes: frames.bytes_stored,
+            frames_open: frames.frames_open as u64,
+            frames_unflushed: frames.frames_unflushed as u64,
+            frame_slots: slots as u64,
+        }
+    }
 }
 
 fn is_master(opcode: Opcode) -> bool {
@@ -62,6 +92,9 @@ impl Service for StorageService {
     }
 
     fn handle_now(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
+        if opcode == ServerStats::OPCODE {
+            return Some(Reply::ok(&self.stats()));
+        }
         if is_master(opcode) {
             self.master.handle_now(opcode, payload)
         } else {

@@ -34,6 +34,10 @@ struct Cluster {
     node: RaftNode,
     /// (stop, the server's task) of each storage server.
     servers: Vec<(Option<oneshot::Sender<()>>, JoinHandle<Stopped>)>,
+    /// Each server's metrics, rendered as Prometheus text.
+    metrics: Vec<Box<dyn Fn() -> String + Send>>,
+    /// Each server's address.
+    addrs: Vec<String>,
     dir: TempDir,
 }
 
@@ -78,6 +82,8 @@ impl Cluster {
             coordinator_task: Some(coordinator_task),
             node,
             servers: Vec::new(),
+            metrics: Vec::new(),
+            addrs: Vec::new(),
             dir,
         };
         for index in 0..servers {
@@ -103,6 +109,11 @@ impl Cluster {
             )
         };
         let server = StorageServer::start(config, "127.0.0.1:0").await.unwrap();
+        self.addrs.push(server.addr().to_string());
+        let registry = server.metrics();
+        self.metrics.push(Box::new(move || {
+            rampart_common::metrics::render(std::slice::from_ref(&registry))
+        }));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async {
             let _ = stopped.await;
@@ -312,4 +323,105 @@ async fn a_starting_server_refuses_connections_until_its_slow_steps_are_done() {
         }
         other => panic!("expected a listen error, got {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_short_of_backups_for_r_says_so_to_the_client_the_status_and_the_metrics() {
+    // R = 2 on three servers; once one is gone, each master left has one other server
+    // for its two replicas.
+    let mut cluster = Cluster::start(3, 2).await;
+    let options = rampart_client::ClientOptions {
+        deadline: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let client = Client::connect_with(std::slice::from_ref(&cluster.coordinator), options)
+        .await
+        .unwrap();
+    let table = client.create_table("short", 1).await.unwrap();
+    client.write(table, b"k", b"v").await.unwrap();
+    let owner = client.locate(table, b"k").unwrap();
+    let other = (0..3).find(|&i| cluster.addrs[i] != owner).unwrap();
+    assert_eq!(cluster.stop_server(other).await, Stopped::Shutdown);
+    let owner_index = (0..3).find(|&i| cluster.addrs[i] == owner).unwrap();
+    // Writes go on into the open segment's replicas (shm frames outlive their backup)
+    // until the next segment needs two backups other than its master: one is left.
+    let mut failed = None;
+    for i in 0..64u32 {
+        if let Err(error) = client.write(table, &i.to_be_bytes(), &[7u8; 10_000]).await {
+            failed = Some(error);
+            break;
+        }
+    }
+    let error = failed.expect("a write that cannot reach R replicas");
+    let said = error.to_string();
+    assert!(
+        matches!(error, rampart_client::ClientError::Timeout { .. }),
+        "{said}"
+    );
+    assert!(said.contains("writes wait for backups"), "{said}");
+    assert!(said.contains("start more servers"), "{said}");
+    assert!(said.contains("--replicas"), "{said}");
+    assert!(!said.contains("no coordinator reachable"), "{said}");
+    let pool = rampart_common::rpc::RpcPool::new();
+    let view = rampart_coordinator::cluster_view::ClusterView::gather(
+        std::slice::from_ref(&cluster.coordinator),
+        &pool,
+    )
+    .await;
+    assert_eq!(view.problems.len(), 1, "{:?}", view.problems);
+    assert!(
+        view.problems[0].contains("cannot meet R = 2"),
+        "{:?}",
+        view.problems
+    );
+    let page = rampart_coordinator::status_page::render_page(&view);
+    assert!(page.contains("cannot meet R = 2"));
+    let metrics = (cluster.metrics[owner_index])();
+    assert!(
+        metrics.contains("rampart_master_writes_waiting_for_backups 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("rampart_master_replicas 2"), "{metrics}");
+    assert!(
+        metrics.contains("rampart_backup_frame_slots 8"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rampart_rpc_requests_total{operation=\"Write\""),
+        "the process's RPC metrics are served beside the server's: {metrics}"
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_a_crashed_masters_key_times_out_naming_the_crash_not_the_coordinators() {
+    let mut cluster = Cluster::start(2, 1).await;
+    let options = rampart_client::ClientOptions {
+        deadline: Duration::from_secs(6),
+        ..Default::default()
+    };
+    let client = Client::connect_with(std::slice::from_ref(&cluster.coordinator), options)
+        .await
+        .unwrap();
+    let table = client.create_table("gone", 1).await.unwrap();
+    client.write(table, b"k", b"v").await.unwrap();
+    // Both servers go: the owner crashes, and the only replicas of its log go with the
+    // other, so its recovery cannot finish.
+    assert_eq!(cluster.stop_server(0).await, Stopped::Shutdown);
+    assert_eq!(cluster.stop_server(1).await, Stopped::Shutdown);
+    let error = client
+        .read(table, b"k")
+        .await
+        .expect_err("the key's owner and its replicas are gone");
+    let said = error.to_string();
+    assert!(
+        matches!(error, rampart_client::ClientError::Timeout { .. }),
+        "{said}"
+    );
+    assert!(!said.contains("no coordinator reachable"), "{said}");
+    assert!(
+        said.contains("crashed and"),
+        "the owner's crash and its recovery are named: {said}"
+    );
+    cluster.stop().await;
 }

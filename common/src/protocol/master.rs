@@ -343,7 +343,48 @@ pub struct FinishRecoveryRequest {
     pub tablet_epoch: TabletEpoch,
 }
 
+/// Everything `rampart status` and the status page show of one storage server: its
+/// master and its backup (answered by the server, not the master alone).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatsReply {
+    /// Live objects.
+    pub objects: u64,
+    /// Log memory held by segments.
+    pub log_bytes_used: u64,
+    /// Log memory in all.
+    pub log_bytes_max: u64,
+    /// Bytes of live entries in the log.
+    pub log_bytes_live: u64,
+    /// Replicas the master keeps of each segment (R).
+    pub replicas: u32,
+    /// Segments with fewer than R replicas now.
+    pub segments_under_replicated: u64,
+    /// Why writes wait for backups, and what to do, when they do.
+    pub backup_shortage: Option<String>,
+    /// Segments the cleaner freed.
+    pub segments_cleaned: u64,
+    /// Milliseconds the master's lease still runs (`None`: not enforced).
+    pub lease_remaining_ms: Option<u64>,
+    /// Partitions this master replayed as a recovery master.
+    pub recovered_partitions: u64,
+    /// Objects and bytes they held.
+    pub recovered_objects: u64,
+    /// Bytes appended for them.
+    pub recovered_bytes: u64,
+    /// Replicas the backup stores.
+    pub backup_replicas: u64,
+    /// Their bytes.
+    pub backup_bytes: u64,
+    /// Frames open for writes.
+    pub frames_open: u64,
+    /// Frames whose bytes are not yet in the store.
+    pub frames_unflushed: u64,
+    /// Frame slots in all.
+    pub frame_slots: u64,
+}
+
 bincode_message!(
+    ServerStatsReply,
     RecoverySource,
     RecoverRequest,
     RecoverReply,
@@ -404,6 +445,9 @@ rpcs! {
     /// Forget what a finished recovery left here unowned (coordinator → master, once the
     /// crashed master owns nothing; `WrongServer` when meant for another server).
     FinishRecovery = 16: FinishRecoveryRequest => ();
+    /// How the server stands: its master's memory, replication, lease and recoveries,
+    /// and its backup's replicas and frames (for `rampart status` and the status page).
+    ServerStats = 17: PingRequest => ServerStatsReply;
 }
 
 const RULE_DOESNT_EXIST: u8 = 1;

@@ -17,6 +17,8 @@
 //!   TCP keepalive ends connections whose peer vanished without a word.
 //! * Services answer unknown opcodes and undecodable payloads with `UnknownOpcode` and
 //!   `MalformedRequest` replies; the connection stays open.
+//! * Every request is counted and timed, by operation and status, in the process's
+//!   metrics ([`crate::metrics::rpc`]).
 //! * A peer that disconnects with requests in flight: they run to completion (a write
 //!   is applied or not, atomically) and their replies are discarded.
 
@@ -282,7 +284,9 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
             tracing::debug!(opcode = %header.opcode, "reply frame on a server connection; closing");
             break;
         }
+        let arrived = std::time::Instant::now();
         if let Some(reply) = service.handle_now(header.opcode, &payload) {
+            crate::metrics::rpc().observe(header.opcode, reply.status, arrived.elapsed());
             answer(&writer, reply, &header, &broken).await;
             continue;
         }
@@ -294,6 +298,7 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
         let broken = Arc::clone(&broken);
         requests.spawn(async move {
             let reply = service.handle(header.opcode, payload).await;
+            crate::metrics::rpc().observe(header.opcode, reply.status, arrived.elapsed());
             answer(&writer, reply, &header, &broken).await;
             drop(permit);
         });

@@ -138,6 +138,39 @@ pub struct NotEnoughBackups {
     pub domains: usize,
 }
 
+impl NotEnoughBackups {
+    /// What an operator reads: the cause and the two ways out.
+    pub fn explain(&self) -> String {
+        format!(
+            "writes wait for backups: {self}; start more servers (in distinct failure \
+             domains), or run the cluster with fewer replicas (--replicas, now {})",
+            self.wanted
+        )
+    }
+}
+
+/// Whether this master's writes wait because too few backups are eligible, published
+/// by the replicator for status reports (the write path itself waits inside it).
+#[derive(Debug, Default)]
+pub struct BackupShortage {
+    current: parking_lot::Mutex<Option<NotEnoughBackups>>,
+}
+
+impl BackupShortage {
+    /// The shortage writes wait on now, if any.
+    pub fn current(&self) -> Option<NotEnoughBackups> {
+        self.current.lock().clone()
+    }
+
+    /// Records the state; true when it changed (so the caller logs the change once).
+    pub fn set(&self, shortage: Option<NotEnoughBackups>) -> bool {
+        let mut current = self.current.lock();
+        let changed = *current != shortage;
+        *current = shortage;
+        changed
+    }
+}
+
 /// Index of an interned failure-domain name; only compared for equality.
 type DomainIdx = u32;
 

@@ -67,8 +67,11 @@
 //!
 //! # Failure handling
 //! * Not enough backups (fewer eligible failure domains than R): the write path waits,
-//!   refreshing the server list, and warns every [`WAIT_WARN_INTERVAL`]. Clients see
-//!   their deadline pass; the batch is acknowledged once the backups exist.
+//!   refreshing the server list. It says so once (a warning naming the cause and the
+//!   fix, [`NotEnoughBackups::explain`]) and once more when backups are enough again,
+//!   and publishes the state in its [`BackupShortage`] for `rampart status`, the status
+//!   page and clients. Clients see their deadline pass; the batch is acknowledged once
+//!   the backups exist.
 //! * `Fenced` from any replica: this master is being recovered elsewhere. The batch must
 //!   never be acknowledged: [`replicate`](Replicator::replicate) returns
 //!   [`Fatal::Fenced`] and the master stops. Backups that fenced a master also refuse
@@ -111,7 +114,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::backup_selector::{BackupInfo, BackupSelector};
+use super::backup_selector::{BackupInfo, BackupSelector, BackupShortage, NotEnoughBackups};
 use super::segment_replicas::{Abandoned, Lost, Replica, SegmentReplicas, Step};
 use super::server_list_watch::ServerListWatch;
 use super::transport::{classify_rpc, Failure, ReplicaTransport, Transports};
@@ -284,6 +287,8 @@ pub struct Replicator {
     /// Versions announced by `ServerListChanged` pushes; a newer one than `list_version`
     /// makes the next refresh pull at once.
     server_list: Arc<ServerListWatch>,
+    /// Whether writes wait for backups now (published for status reports).
+    shortage: Arc<BackupShortage>,
     /// Backups marked failed, and when.
     failed: HashMap<ServerId, Instant>,
     /// Backups that refused a replica (full frames or disk), and until when they are
@@ -396,6 +401,7 @@ impl Replicator {
             list_fetched: None,
             list_version: 0,
             server_list: Arc::new(ServerListWatch::new()),
+            shortage: Arc::default(),
             failed: HashMap::new(),
             refused: HashMap::new(),
             segments: BTreeMap::new(),
@@ -419,6 +425,11 @@ impl Replicator {
     /// (and the appender looks for a poke to run upkeep at once).
     pub fn server_list_watch(&self) -> Arc<ServerListWatch> {
         Arc::clone(&self.server_list)
+    }
+
+    /// Where the replicator publishes whether writes wait for backups.
+    pub fn backup_shortage(&self) -> Arc<BackupShortage> {
+        Arc::clone(&self.shortage)
     }
 
     /// `TabletMap::version` of the server list held (0: none fetched yet).
@@ -730,16 +741,23 @@ impl Replicator {
                     match self.place(id, &slots, fresh, &exclude) {
                         Ok(targets) => {
                             placed_once = true;
+                            if self.shortage.set(None) {
+                                tracing::info!(segment = %id, "backups are enough again: writes go on");
+                            }
                             self.create_replicas(id, targets, fresh, &mut refused, log_bytes)
                                 .await?;
                         }
-                        Err(detail) => {
+                        Err(shortage) => {
                             let now = Instant::now();
                             let waited = for_backups.waited(now);
                             // The first failure is often a list fetched while servers
-                            // were still enlisting: refresh before warning.
-                            if waited >= WAIT_BACKOFF_MAX && for_backups.warn_due(now) {
-                                tracing::warn!(segment = %id, ?waited, %detail, "writes wait for backups");
+                            // were still enlisting: refresh before saying so. Said once
+                            // per change, not per attempt.
+                            if waited >= WAIT_BACKOFF_MAX {
+                                let explained = shortage.explain();
+                                if self.shortage.set(Some(shortage)) {
+                                    tracing::warn!(segment = %id, ?waited, "{explained}");
+                                }
                             }
                             if !refused.is_empty() && waited > WAIT_WARN_INTERVAL {
                                 // Backups that refused may have room again.
@@ -889,12 +907,9 @@ impl Replicator {
         slots: &[usize],
         fresh: bool,
         exclude: &HashSet<ServerId>,
-    ) -> Result<Vec<(usize, ServerId)>, String> {
+    ) -> Result<Vec<(usize, ServerId)>, NotEnoughBackups> {
         if fresh {
-            let chosen = self
-                .selector
-                .select(self.config.replicas, exclude)
-                .map_err(|e| e.to_string())?;
+            let chosen = self.selector.select(self.config.replicas, exclude)?;
             return Ok(chosen.into_iter().enumerate().collect());
         }
         let mut others: Vec<ServerId> = self
@@ -906,8 +921,7 @@ impl Replicator {
         for &slot in slots {
             let backup = self
                 .selector
-                .select_replacement(&others, slot == 0, exclude)
-                .map_err(|e| e.to_string())?;
+                .select_replacement(&others, slot == 0, exclude)?;
             others.push(backup);
             targets.push((slot, backup));
         }

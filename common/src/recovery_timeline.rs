@@ -1,0 +1,118 @@
+//! The timeline of one recovery as an SVG picture: a row for the coordinator
+//! (detection, setup) and one per partition (its recovery master's replay, then the
+//! wait for the lease, the commit and the handover). Drawn by `rampart bench recovery`
+//! and by the coordinators' status page from the same `RecoveryReport`.
+
+use crate::protocol::coordinator::RecoveryReport;
+
+/// The SVG of `report`. Times are drawn from 0 = the crash; `shift` is added to the
+/// report's times (which count from the declared crash) and `detection` is the length
+/// of the first bar (the bench knows when it killed the server; the coordinator knows
+/// how long the server was silent before it was declared crashed).
+pub fn svg(report: &RecoveryReport, shift: u64, detection: u64) -> String {
+    let end = report
+        .partitions
+        .iter()
+        .map(|p| p.live_ms + shift)
+        .chain([report.setup_ms + shift, detection])
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let width = 1000.0;
+    let x = |ms: u64| 150.0 + (ms as f64 / end) * (width - 170.0);
+    let row = 26.0;
+    let mut svg = String::new();
+    let height = 80.0 + row * (report.partitions.len() as f64 + 1.0);
+    svg.push_str(&format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n"
+    ));
+    svg.push_str(&format!(
+        "<text x='10' y='20'>Recovery of {} (crash at 0 ms, last partition live at {end:.0} ms)</text>\n",
+        report.crashed
+    ));
+    let bar = |svg: &mut String, y: f64, from: u64, to: u64, colour: &str| {
+        let (a, b) = (x(from), x(to.max(from)));
+        svg.push_str(&format!(
+            "<rect x='{a:.1}' y='{y:.1}' width='{:.1}' height='18' fill='{colour}'/>\n",
+            (b - a).max(1.0)
+        ));
+    };
+    let mut y = 40.0;
+    svg.push_str(&format!(
+        "<text x='10' y='{:.1}'>coordinator</text>\n",
+        y + 13.0
+    ));
+    bar(&mut svg, y, 0, detection, "#d62728");
+    bar(&mut svg, y, detection, report.setup_ms + shift, "#ff7f0e");
+    for p in &report.partitions {
+        y += row;
+        svg.push_str(&format!(
+            "<text x='10' y='{:.1}'>p{} on {}</text>\n",
+            y + 13.0,
+            p.partition,
+            p.master
+        ));
+        let start = p.replay_start_ms + shift;
+        let replayed = start + p.replay_ms;
+        bar(&mut svg, y, start, replayed, "#1f77b4");
+        if p.live_ms > 0 {
+            bar(&mut svg, y, replayed, p.live_ms + shift, "#2ca02c");
+        }
+    }
+    y += row + 10.0;
+    let mut lx = 10.0;
+    for (name, colour) in [
+        ("detection", "#d62728"),
+        ("setup", "#ff7f0e"),
+        ("turn wait + fetch + replay + re-replication", "#1f77b4"),
+        ("lease wait, commit, take tablets", "#2ca02c"),
+    ] {
+        // About 7 px per character at 12 px: each label clear of the next.
+        let next = lx + 40.0 + 7.0 * name.len() as f64;
+        svg.push_str(&format!(
+            "<rect x='{lx}' y='{y:.1}' width='12' height='12' fill='{colour}'/><text x='{:.1}' y='{:.1}'>{name}</text>\n",
+            lx + 16.0,
+            y + 11.0
+        ));
+        lx = next;
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::ServerId;
+    use crate::protocol::coordinator::PartitionReport;
+
+    #[test]
+    fn every_partition_gets_a_row_and_unfinished_ones_no_live_bar() {
+        let partition = |partition, live_ms| PartitionReport {
+            partition,
+            master: ServerId(2),
+            live_ms,
+            replay_ms: 100,
+            replay_start_ms: 20,
+            bytes: 1,
+            objects: 1,
+            attempts: 1,
+        };
+        let report = RecoveryReport {
+            crashed: ServerId(1),
+            declared_unix_ms: 0,
+            detection_ms: 300,
+            setup_ms: 10,
+            done_ms: 0,
+            segments: 2,
+            waiting: None,
+            partitions: vec![partition(0, 400), partition(1, 0)],
+        };
+        let svg = svg(&report, 300, 300);
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains(">p0 on "));
+        assert!(svg.contains(">p1 on "));
+        // Bars: detection, setup, two replays, one live.
+        assert_eq!(svg.matches("height='18'").count(), 5);
+    }
+}
