@@ -37,6 +37,9 @@ pub struct Running {
     pub addr: String,
     /// The announce line's words (e.g. `["server", "3", "listening", "on", ADDR]`).
     pub announce: Vec<String>,
+    /// The HTTP URLs it announced before that line (`... metrics at http://...`), in
+    /// order: a server's metrics; a coordinator's status page, then its metrics.
+    pub urls: Vec<String>,
     child: Child,
     exited: Option<ExitStatus>,
     /// Its CPU ticks when [`Children::cpu_seconds`] last read them: what it counts for
@@ -178,13 +181,21 @@ impl Children {
         };
         let lines_rx = &starting.lines_rx;
         let deadline = Instant::now() + CHILD_START_TIMEOUT;
+        let mut urls = Vec::new();
         let line = loop {
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(100));
             match lines_rx.recv_timeout(wait) {
                 Ok(line) if line.contains(" listening on ") => break line,
-                Ok(_) => continue,
+                Ok(line) => {
+                    urls.extend(
+                        line.split_whitespace()
+                            .filter(|word| word.starts_with("http://"))
+                            .map(str::to_string),
+                    );
+                    continue;
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = child.wait().ok();
                     bail!("{name} exited before it was ready ({status:?}); see its messages above");
@@ -210,6 +221,7 @@ impl Children {
             name,
             addr,
             announce,
+            urls,
             child,
             exited: None,
             cpu_ticks_seen: Default::default(),
@@ -386,6 +398,7 @@ mod tests {
             name: "busy".into(),
             addr: String::new(),
             announce: Vec::new(),
+            urls: Vec::new(),
             child,
             exited: None,
             cpu_ticks_seen: Default::default(),

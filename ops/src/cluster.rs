@@ -1,8 +1,9 @@
 //! `rampart cluster up`: a whole local cluster as child processes on loopback.
 //!
 //! Starts a Raft group of coordinators (3 by default) and N storage servers, prints one
-//! line per process (`coordinator ID at ADDR (pid P)`, `server ID at ADDR (pid P)`) and then
-//! a line starting with `ready`.
+//! line per process (`coordinator ID at ADDR (pid P)`, `server ID at ADDR (pid P)`), each
+//! followed by its URLs (`coordinator ID status page URL metrics URL`, `server ID
+//! metrics URL`; none with `--no-metrics`), and then a line starting with `ready`.
 //! Scripts and tests rely on these lines. While the servers start, their progress goes
 //! to stderr (`progress`: a bar on a terminal, plain lines otherwise), never between
 //! these lines on stdout. It then waits; Ctrl-C or SIGTERM stops every child, and
@@ -80,6 +81,43 @@ pub struct UpArgs {
     /// --recovery-masters-max`); 0: all.
     #[arg(long, default_value_t = 0)]
     pub recovery_masters_max: usize,
+    /// HTTP address of the first coordinator's status page and metrics; the others take
+    /// the next ports. Default: the coordinator's host, its port + 100 (7100 for 7000;
+    /// free ports when the coordinators' port is 0). Servers serve their metrics on a
+    /// free port of their host. Every URL is printed at start.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Serve no status page and no metrics.
+    #[arg(long, conflicts_with = "metrics_addr")]
+    pub no_metrics: bool,
+}
+
+/// How far above a coordinator's port its status page and metrics are by default.
+pub const HTTP_PORT_OFFSET: u16 = 100;
+
+/// The HTTP address of coordinator `index` (0-based) listening at `addr`, under `args`.
+fn coordinator_http_addr(args: &UpArgs, index: usize, addr: &str) -> Result<Option<String>> {
+    if args.no_metrics {
+        return Ok(None);
+    }
+    let (base, offset) = match &args.metrics_addr {
+        Some(first) => (first.as_str(), index),
+        None => (addr, 0),
+    };
+    let mut parsed: std::net::SocketAddr = base
+        .parse()
+        .with_context(|| format!("--metrics-addr: `{base}` is not IP:PORT"))?;
+    if parsed.port() != 0 {
+        let step = if args.metrics_addr.is_some() {
+            0
+        } else {
+            HTTP_PORT_OFFSET
+        };
+        let port = u16::try_from(usize::from(parsed.port()) + usize::from(step) + offset)
+            .map_err(|_| anyhow::anyhow!("no HTTP port above {base}"))?;
+        parsed.set_port(port);
+    }
+    Ok(Some(parsed.to_string()))
 }
 
 /// A started local cluster.
@@ -269,6 +307,9 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
                 args.recovery_masters_max.to_string(),
             ]);
         }
+        if let Some(http) = coordinator_http_addr(args, i, addr)? {
+            command.extend(["--metrics-addr".into(), http]);
+        }
         let netns = netns_of(network.as_ref(), &coordinator_host(id))?;
         let running = children.spawn(&coordinator_name(id), &command, &env, netns.as_deref())?;
         coordinator_args.push((id, command));
@@ -278,6 +319,9 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
                 running.addr,
                 running.pid()
             );
+            if let [page, metrics, ..] = running.urls.as_slice() {
+                println!("coordinator {id} status page {page} metrics {metrics}");
+            }
         }
         coordinators.push((id, running.addr.clone()));
     }
@@ -309,6 +353,7 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
             Some(network) => format!("{}:0", network.host(&server_host(slot))?.ip),
             None => "127.0.0.1:0".into(),
         };
+        let metrics_addr = listen.clone();
         let server_args: Vec<String> = [
             "server".into(),
             "--coordinator".into(),
@@ -339,6 +384,12 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
                 .iter()
                 .flat_map(|t| ["--replication".to_string(), t.clone()]),
         )
+        .chain(
+            (!args.no_metrics)
+                .then(|| ["--metrics-addr".to_string(), metrics_addr])
+                .into_iter()
+                .flatten(),
+        )
         .collect();
         let netns = netns_of(network.as_ref(), &server_host(slot))?;
         starting.push(Children::start(
@@ -361,6 +412,9 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         if print {
             progress.suspend(|| {
                 println!("server {id} at {} (pid {})", running.addr, running.pid());
+                if let Some(metrics) = running.urls.first() {
+                    println!("server {id} metrics {metrics}");
+                }
             });
         }
         progress.inc(1);

@@ -3,7 +3,9 @@
 //! Each binds its listener, then prints one line to stdout naming the bound address
 //! (`coordinator listening on ADDR`, `server N listening on ADDR`) — so a parent that
 //! asked for port 0 learns the port — and serves until SIGINT or SIGTERM. A server
-//! listens only once its slow start-up steps are done (`StorageServer::start`).
+//! listens only once its slow start-up steps are done (`StorageServer::start`). With
+//! `--metrics-addr`, a line before it names the metrics URL (`... metrics at
+//! http://ADDR/metrics`); a coordinator serves its status page there too.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -42,6 +44,11 @@ pub struct CoordinatorArgs {
     /// 127.0.0.1:7000 alone (port 0 picks a free port, printed at start; alone only).
     #[arg(long)]
     pub listen: Option<String>,
+    /// Address to serve HTTP on: the status page at `/`, its JSON at `/api/status`, and
+    /// Prometheus metrics at `/metrics` (port 0 picks a free port; the URL is printed at
+    /// start). None by default.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
     /// Directory of this coordinator's Raft log and snapshots (created if missing). It
     /// belongs to this id for good: never wipe it to restart a member (see the README).
     #[arg(long)]
@@ -141,6 +148,10 @@ pub struct ServerArgs {
     /// Address to listen on (port 0 picks a free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: String,
+    /// Address to serve Prometheus metrics on, at `http://ADDR/metrics` (port 0 picks a
+    /// free port; the URL is printed at start). None by default.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
     /// DRAM for the master's log, e.g. 4GiB.
     #[arg(long, default_value = "1GiB")]
     pub memory: ByteSize,
@@ -306,9 +317,9 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             snapshot_entries: args.snapshot_entries,
             seed,
         };
+        let members: Vec<String> = config.peers.values().cloned().collect();
         let node = RaftNode::start(config, tokio::runtime::Handle::current())
             .with_context(|| format!("cannot start coordinator {}", args.id))?;
-        announce(&format!("coordinator {} listening on {addr}", args.id))?;
         tracing::info!(id = args.id, %addr, data_dir = %args.data_dir.display(), "coordinator serving");
         let recovery = rampart_coordinator::recovery::RecoveryConfig {
             lease: Duration::from_millis(args.lease_ms.max(1)),
@@ -317,6 +328,20 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             masters_max: (args.recovery_masters_max > 0).then_some(args.recovery_masters_max),
         };
         let service = Arc::new(CoordinatorService::with_recovery(node.clone(), recovery));
+        if let Some(http) = &args.metrics_addr {
+            let metrics = rampart_common::metrics::registry_of(vec![Box::new(
+                rampart_coordinator::metrics::CoordinatorMetrics::new(Arc::clone(&service)),
+            )]);
+            let handler = rampart_coordinator::status_page::handler(members, vec![metrics]);
+            let bound = rampart_common::http::spawn(http, handler)
+                .await
+                .with_context(|| format!("cannot serve HTTP on {http}"))?;
+            announce(&format!(
+                "coordinator {} status at http://{bound}/ metrics at http://{bound}/metrics",
+                args.id
+            ))?;
+        }
+        announce(&format!("coordinator {} listening on {addr}", args.id))?;
         let failed = {
             let node = node.clone();
             async move {
@@ -438,6 +463,16 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
                     }
                     error => anyhow!(error),
                 })?;
+        if let Some(addr) = &args.metrics_addr {
+            let handler = rampart_common::metrics::handler(vec![server.metrics()]);
+            let bound = rampart_common::http::spawn(addr, handler)
+                .await
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            announce(&format!(
+                "server {} metrics at http://{bound}/metrics",
+                server.id().0
+            ))?;
+        }
         announce(&format!(
             "server {} listening on {}",
             server.id().0,

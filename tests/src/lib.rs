@@ -55,6 +55,10 @@ pub struct LocalCluster {
     pub coordinators: Vec<(u64, String, u32)>,
     /// (server id, address, pid) of each storage server.
     pub servers: Vec<(u64, String, u32)>,
+    /// The status page URL of each coordinator (`coordinator N status page URL ...`).
+    pub status_pages: Vec<String>,
+    /// The metrics URL of each process, coordinators first.
+    pub metrics: Vec<String>,
     child: Child,
     /// Lines the cluster printed after `ready` (e.g. "server 2 exited ...").
     _lines: mpsc::Receiver<String>,
@@ -103,6 +107,8 @@ impl LocalCluster {
         });
         let mut coordinators = Vec::new();
         let mut announced = Vec::new();
+        let mut status_pages = Vec::new();
+        let mut metrics = Vec::new();
         let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
         loop {
             let wait = deadline.saturating_duration_since(Instant::now());
@@ -124,6 +130,11 @@ impl LocalCluster {
                     let pid = pid.trim_end_matches(')').parse()?;
                     announced.push((id.parse()?, addr.to_string(), pid));
                 }
+                ["coordinator", _, "status", "page", page, "metrics", url] => {
+                    status_pages.push(page.to_string());
+                    metrics.push(url.to_string());
+                }
+                ["server", _, "metrics", url] => metrics.push(url.to_string()),
                 [first, ..] if first.starts_with("ready") => break,
                 _ => {}
             }
@@ -140,6 +151,8 @@ impl LocalCluster {
             coordinator,
             coordinators,
             servers: announced,
+            status_pages,
+            metrics,
             child,
             _lines: lines,
             _data_dir: data_dir,
@@ -184,6 +197,36 @@ impl Drop for LocalCluster {
         // The servers keep their frame files (in /dev/shm) for a restart; there is none.
         remove_default_frame_files_under(self._data_dir.path());
     }
+}
+
+/// A plain HTTP GET of `url` (`http://HOST:PORT/PATH`): the status code and the body.
+pub fn http_get(url: &str, timeout: Duration) -> Result<(u16, String)> {
+    use std::io::Read;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("not an http:// URL: {url}"))?;
+    let (host, path) = match rest.find('/') {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, "/"),
+    };
+    let addr: std::net::SocketAddr = host.parse().with_context(|| format!("address {host}"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("no complete response head from {url}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow!("no status code from {url}"))?;
+    Ok((status, body.to_string()))
 }
 
 /// Runs `rampart ARGS...` with `env`, feeding `stdin`, and captures its output.

@@ -87,6 +87,8 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
     // Dropped after the cluster (locals drop in reverse), so processes stop first.
     let _data = RemoveOnDrop(data_dir.clone());
     let up = UpArgs {
+        metrics_addr: None,
+        no_metrics: true,
         data_dir,
         servers: 1,
         coordinators: args.coordinators,

@@ -146,6 +146,8 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     // master takes more than about a quarter of it from 5 servers up.
     let memory_mb = args.data_mb + args.data_mb / 4 + 256;
     let up = UpArgs {
+        metrics_addr: None,
+        no_metrics: true,
         data_dir: data_dir.clone(),
         servers: args.servers,
         coordinators: 3,
@@ -644,69 +646,6 @@ impl Floor {
 
 /// The timeline: a bar per partition (on its recovery master), phases coloured.
 fn write_svg(path: &Path, report: &RecoveryReport, shift: u64, detection: u64) -> Result<()> {
-    let end = report
-        .partitions
-        .iter()
-        .map(|p| p.live_ms + shift)
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let width = 900.0;
-    let x = |ms: u64| 150.0 + (ms as f64 / end) * (width - 170.0);
-    let row = 26.0;
-    let mut svg = String::new();
-    let height = 80.0 + row * (report.partitions.len() as f64 + 1.0);
-    svg.push_str(&format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n"
-    ));
-    svg.push_str(&format!(
-        "<text x='10' y='20'>Recovery of {} (kill at 0 ms, last partition live at {end:.0} ms)</text>\n",
-        report.crashed
-    ));
-    let bar = |svg: &mut String, y: f64, from: u64, to: u64, colour: &str| {
-        let (a, b) = (x(from), x(to.max(from)));
-        svg.push_str(&format!(
-            "<rect x='{a:.1}' y='{y:.1}' width='{:.1}' height='18' fill='{colour}'/>\n",
-            (b - a).max(1.0)
-        ));
-    };
-    let mut y = 40.0;
-    svg.push_str(&format!(
-        "<text x='10' y='{:.1}'>coordinator</text>\n",
-        y + 13.0
-    ));
-    bar(&mut svg, y, 0, detection, "#d62728");
-    bar(&mut svg, y, detection, report.setup_ms + shift, "#ff7f0e");
-    for p in &report.partitions {
-        y += row;
-        svg.push_str(&format!(
-            "<text x='10' y='{:.1}'>p{} on {}</text>\n",
-            y + 13.0,
-            p.partition,
-            p.master
-        ));
-        let start = p.replay_start_ms + shift;
-        let replayed = start + p.replay_ms;
-        bar(&mut svg, y, start, replayed, "#1f77b4");
-        bar(&mut svg, y, replayed, p.live_ms + shift, "#2ca02c");
-    }
-    y += row + 10.0;
-    for (i, (name, colour)) in [
-        ("detection", "#d62728"),
-        ("setup", "#ff7f0e"),
-        ("turn wait + fetch + replay + re-replication", "#1f77b4"),
-        ("lease wait, commit, take tablets", "#2ca02c"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let lx = 10.0 + i as f64 * 220.0;
-        svg.push_str(&format!(
-            "<rect x='{lx}' y='{y:.1}' width='12' height='12' fill='{colour}'/><text x='{:.1}' y='{:.1}'>{name}</text>\n",
-            lx + 16.0,
-            y + 11.0
-        ));
-    }
-    svg.push_str("</svg>\n");
+    let svg = rampart_common::recovery_timeline::svg(report, shift, detection);
     std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
 }

@@ -312,6 +312,8 @@ impl ModeCluster {
     fn start(args: &ReplicationArgs, mode: TransportKind, root: &Path) -> Result<ModeCluster> {
         let data_dir = root.join(mode.name());
         let up = UpArgs {
+            metrics_addr: None,
+            no_metrics: true,
             data_dir: data_dir.clone(),
             servers: args.servers,
             // The data path is measured; one coordinator leaves the cores to it.

@@ -213,6 +213,8 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
         let data_dir = std::env::temp_dir().join(format!("rampart-bench-{}", std::process::id()));
         _data = Some(RemoveOnDrop(data_dir.clone()));
         let up = UpArgs {
+            metrics_addr: None,
+            no_metrics: true,
             data_dir,
             servers: args.servers,
             // The data path is measured; one coordinator leaves the cores to it.

@@ -209,6 +209,8 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
 
     let with_network = kinds.contains(&FaultKind::Partition);
     let up = UpArgs {
+        metrics_addr: None,
+        no_metrics: true,
         servers: args.servers,
         replicas: Some(args.replicas),
         // Hosts of their own replicate over the network they can be cut from (`shm`
