@@ -318,22 +318,28 @@ impl Client {
         deadline: Instant,
     ) -> Result<R::Reply, ClientError> {
         let inner = &self.inner;
-        match inner
+        let result = inner
             .coordinators
             .call::<R>(&inner.pool, request, deadline)
-            .await
-        {
-            Ok(reply) => Ok(reply),
-            Err(CoordinatorCallError::NoLeader { last, .. }) => {
-                Err(ClientError::NoCoordinator(last))
-            }
-            Err(CoordinatorCallError::Rpc(RpcError::Status {
-                status: Status::TableDoesntExist,
-                detail,
-                ..
-            })) => Err(ClientError::TableDoesntExist(detail)),
-            Err(CoordinatorCallError::Rpc(error)) => Err(ClientError::from_rpc(error)),
-        }
+            .await;
+        coordinator_outcome(result)
+    }
+
+    /// [`coordinator_call`](Self::coordinator_call) of a table change, whose leader
+    /// answers once the masters took their tablets, or after its own wait for them why
+    /// they did not: each attempt waits up to [`TABLE_CHANGE_ATTEMPT_TIMEOUT`] for that
+    /// answer rather than time out first.
+    async fn coordinator_call_patient<R: Rpc>(
+        &self,
+        request: &R::Request,
+        deadline: Instant,
+    ) -> Result<R::Reply, ClientError> {
+        let inner = &self.inner;
+        let result = inner
+            .coordinators
+            .call_with_attempts::<R>(&inner.pool, request, deadline, TABLE_CHANGE_ATTEMPT_TIMEOUT)
+            .await;
+        coordinator_outcome(result)
     }
 
     /// Reports `server` (found unreachable) to the coordinators in the background,
@@ -378,7 +384,7 @@ impl Client {
         };
         let deadline = self.retry().deadline;
         let id = self
-            .coordinator_call::<CreateTable>(&request, deadline)
+            .coordinator_call_patient::<CreateTable>(&request, deadline)
             .await?
             .id;
         self.refresh_map(self.map().version, deadline).await?;
@@ -409,7 +415,7 @@ impl Client {
     /// Drops the table with id `id` and all its objects; succeeds if it no longer exists.
     pub async fn drop_table_id(&self, id: TableId) -> Result<(), ClientError> {
         let deadline = self.retry().deadline;
-        self.coordinator_call::<DropTable>(&DropTableRequest { id }, deadline)
+        self.coordinator_call_patient::<DropTable>(&DropTableRequest { id }, deadline)
             .await?;
         self.refresh_map(self.map().version, deadline).await
     }
@@ -1041,6 +1047,25 @@ async fn renew_lease(inner: std::sync::Weak<Inner>, lease: Duration) {
 
 /// Deadline of one lease renewal.
 const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The client's error for the outcome of a coordinator call.
+fn coordinator_outcome<T>(result: Result<T, CoordinatorCallError>) -> Result<T, ClientError> {
+    match result {
+        Ok(reply) => Ok(reply),
+        Err(CoordinatorCallError::NoLeader { last, .. }) => Err(ClientError::NoCoordinator(last)),
+        Err(CoordinatorCallError::Rpc(RpcError::Status {
+            status: Status::TableDoesntExist,
+            detail,
+            ..
+        })) => Err(ClientError::TableDoesntExist(detail)),
+        Err(CoordinatorCallError::Rpc(error)) => Err(ClientError::from_rpc(error)),
+    }
+}
+
+/// Longest one attempt of a table change may take: the leader's commit
+/// (`PROPOSAL_TIMEOUT`, 2 s) and its wait for the masters to take or drop their tablets
+/// (3 s), then its answer.
+pub const TABLE_CHANGE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// How long a timed-out operation asks the cluster why (`explain_timeout`), after its
 /// deadline.

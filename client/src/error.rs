@@ -44,7 +44,7 @@ pub enum ClientError {
     },
     /// No coordinator served the call as the Raft leader before the deadline (all
     /// unreachable, or no leader elected); carries the last reason seen.
-    #[error("no coordinator reachable: {0}")]
+    #[error("the coordinators did not complete the call in time: {0}")]
     NoCoordinator(String),
     /// A server answered something the client does not expect.
     #[error("server error: {0}")]

@@ -234,10 +234,31 @@ impl CoordinatorSet {
         request: &R::Request,
         deadline: Instant,
     ) -> Result<R::Reply, CoordinatorCallError> {
+        self.call_with_attempts::<R>(pool, request, deadline, self.attempt_timeout)
+            .await
+    }
+
+    /// Like [`call`](Self::call), each attempt given up to `attempt_timeout` (for a call
+    /// the leader answers only after slow work of its own, such as a table change that
+    /// waits for its masters, so that the caller gets the leader's answer, not a
+    /// timeout of its own).
+    ///
+    /// # Errors
+    /// As for [`call`](Self::call).
+    pub async fn call_with_attempts<R: Rpc>(
+        &self,
+        pool: &RpcPool,
+        request: &R::Request,
+        deadline: Instant,
+        attempt_timeout: Duration,
+    ) -> Result<R::Reply, CoordinatorCallError> {
         let mut state = CallState::default();
         let mut pause = COORDINATOR_ROUND_PAUSE_MIN;
         loop {
-            if let Some(reply) = self.round::<R>(pool, request, deadline, &mut state).await? {
+            if let Some(reply) = self
+                .round::<R>(pool, request, deadline, attempt_timeout, &mut state)
+                .await?
+            {
                 return Ok(reply);
             }
             let now = Instant::now();
@@ -263,7 +284,10 @@ impl CoordinatorSet {
         deadline: Instant,
     ) -> Result<R::Reply, CoordinatorCallError> {
         let mut state = CallState::default();
-        match self.round::<R>(pool, request, deadline, &mut state).await? {
+        match self
+            .round::<R>(pool, request, deadline, self.attempt_timeout, &mut state)
+            .await?
+        {
             Some(reply) => Ok(reply),
             None => Err(state.gave_up()),
         }
@@ -276,6 +300,7 @@ impl CoordinatorSet {
         pool: &RpcPool,
         request: &R::Request,
         deadline: Instant,
+        attempt_timeout: Duration,
         state: &mut CallState,
     ) -> Result<Option<R::Reply>, CoordinatorCallError> {
         if self.addrs.is_empty() {
@@ -296,7 +321,7 @@ impl CoordinatorSet {
             if now >= deadline {
                 return Ok(None);
             }
-            let attempt_deadline = deadline.min(now + self.attempt_timeout);
+            let attempt_deadline = deadline.min(now + attempt_timeout);
             state.attempts += 1;
             let error = match pool.call::<R>(&addr, request, attempt_deadline).await {
                 Ok(reply) => {

@@ -49,7 +49,8 @@ use rampart_common::protocol::coordinator::{
     RaftMessagesRequest, TableIdReply, TableNameRequest,
 };
 use rampart_common::protocol::master::{
-    DropTablets, SyncTablets, SyncTabletsRequest, TabletsRequest, TakeTablets,
+    DropTablets, PingRequest, ServerStats, SyncTablets, SyncTabletsRequest, TabletsRequest,
+    TakeTablets,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Reply, Rpc, RpcPool, Service};
@@ -80,6 +81,9 @@ use rampart_common::tablet::ServerStatus;
 
 /// How long a create or drop waits for the masters to take or drop their tablets.
 pub const TABLET_PUSH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long the leader asks a master that did not take its tablets why.
+const EXPLAIN_TIMEOUT: Duration = Duration::from_millis(500);
 
 // How long a handler waits for its proposal to commit, or for a read barrier. Part of
 // the protocol (clients size their attempts by it), so it lives with the messages.
@@ -311,6 +315,34 @@ impl CoordinatorService {
         self.tell_owners::<R>(epochs, request_for, deadline).await
     }
 
+    /// Why masters did not take (or drop) their tablets: each one's failure, and what
+    /// its server says of itself when that explains it (writes waiting for backups:
+    /// a master short of backups for R cannot serve new tablets either).
+    async fn explain_failed_pushes(&self, failed: &[FailedPush]) -> String {
+        let asks = failed.iter().map(|f| {
+            let addr = self
+                .node
+                .with_state(|state| state.server(f.owner).map(|s| s.addr.clone()));
+            async move {
+                let deadline = Instant::now() + EXPLAIN_TIMEOUT;
+                let shortage = match addr {
+                    Some(addr) => self
+                        .pool
+                        .call::<ServerStats>(&addr, &PingRequest {}, deadline)
+                        .await
+                        .ok()
+                        .and_then(|stats| stats.backup_shortage),
+                    None => None,
+                };
+                match shortage {
+                    Some(shortage) => format!("{}: {}; {shortage}", f.owner, f.error),
+                    None => format!("{}: {}", f.owner, f.error),
+                }
+            }
+        });
+        futures::future::join_all(asks).await.join("; ")
+    }
+
     async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
         match opcode {
             proto::Enlist::OPCODE => {
@@ -365,11 +397,7 @@ impl CoordinatorService {
                         if failed.is_empty() {
                             Reply::ok(&TableIdReply { id })
                         } else {
-                            let why: Vec<String> = failed
-                                .iter()
-                                .map(|f| format!("{}: {}", f.owner, f.error))
-                                .collect();
-                            let why = why.join("; ");
+                            let why = self.explain_failed_pushes(&failed).await;
                             tracing::warn!(%id, %why, "masters did not take their tablets");
                             let detail = format!(
                                 "table {id} created, but its masters did not take it: {why}"

@@ -69,9 +69,6 @@ pub const LEASE_RENEW_INTERVAL: Duration = Duration::from_millis(150);
 /// the last lease granted when that is shorter.
 pub const LEASE_RENEW_CALL_TIMEOUT_MAX: Duration = Duration::from_millis(500);
 
-/// While renewals fail, at most one warning per this long.
-pub const LEASE_WARN_INTERVAL: Duration = Duration::from_secs(2);
-
 /// The detail of the `Retry` a master answers to reads and writes without a lease.
 pub const LEASE_LAPSED_DETAIL: &str = "lease lapsed: this master cannot reach the coordinators";
 
@@ -300,8 +297,9 @@ impl Default for Lease {
 /// # Failure handling
 /// * No coordinator answers (or the call outlives its deadline): the lease is left to
 ///   run out; the next renewal is due [`LEASE_RENEW_INTERVAL`] after the failed one was
-///   sent. A warning at most every [`LEASE_WARN_INTERVAL`], and one when the lease
-///   lapses.
+///   sent. One warning when renewals start failing (later failures are debug lines), one
+///   when the lease lapses, and one line when a renewal succeeds again, saying for how
+///   long and how often they failed.
 /// * `ServerCrashed`: the lease is revoked with the coordinator's reason and the task
 ///   ends; `MasterService::failed` completes and the process exits.
 /// * Any other refusal (a coordinator that does not know the RPC): as a failed renewal.
@@ -373,7 +371,8 @@ impl LeaseRenewer {
         };
         // The length of the last grant: a reply later than that grants nothing.
         let mut granted: Option<Duration> = None;
-        let mut warned: Option<Instant> = None;
+        // Since when renewals fail, and how many did.
+        let mut failing: Option<(Instant, u64)> = None;
         let mut was_valid = false;
         let mut next = Instant::now();
         loop {
@@ -405,7 +404,9 @@ impl LeaseRenewer {
                     if !was_valid {
                         tracing::info!(server = %self.server, lease = ?length, "lease granted");
                     }
-                    warned = None;
+                    if let Some((since, failures)) = failing.take() {
+                        tracing::info!(server = %self.server, failures, after = ?since.elapsed(), "lease renewed again");
+                    }
                 }
                 Err(CoordinatorCallError::Rpc(
                     error @ RpcError::Status {
@@ -418,12 +419,16 @@ impl LeaseRenewer {
                     self.lease.revoke(reason);
                     return;
                 }
-                Err(error) => {
-                    if warned.map_or(true, |at| at.elapsed() >= LEASE_WARN_INTERVAL) {
-                        tracing::warn!(server = %self.server, %error, remaining = ?self.lease.remaining(), "lease renewal failed");
-                        warned = Some(Instant::now());
+                Err(error) => match &mut failing {
+                    None => {
+                        tracing::warn!(server = %self.server, %error, remaining = ?self.lease.remaining(), "lease renewal failed; said once until a renewal succeeds");
+                        failing = Some((Instant::now(), 1));
                     }
-                }
+                    Some((_, failures)) => {
+                        *failures += 1;
+                        tracing::debug!(server = %self.server, %error, remaining = ?self.lease.remaining(), "lease renewal failed again");
+                    }
+                },
             }
             let valid = self.lease.valid();
             if was_valid && !valid {
