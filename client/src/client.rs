@@ -15,11 +15,12 @@
 //! completion record it logged with the object — also after a crash moved the object to
 //! another master — so the operation applies once and the caller gets its one outcome.
 //! Only an operation whose deadline passes ends without an outcome:
-//! [`ClientError::Timeout`], which may or may not have applied. Its message says what
-//! the last attempt met and, asked briefly after the deadline, what the cluster says of
-//! the key's owner: crashed and being recovered, its recovery waiting (and why), or up
-//! but unable to replicate writes (too few backups for R, with the fix). A tablet whose
-//! owner is merely being recovered times out as such, never as a coordinator failure.
+//! [`ClientError::Timeout`], which may or may not have applied. A single-key
+//! operation's says what the last attempt met and, asked briefly after the deadline
+//! (once a second per owner at most), what the cluster says of the key's owner: crashed
+//! and being recovered, its recovery waiting (and why), or up but unable to replicate
+//! writes (too few backups for R, with the fix). A tablet whose owner is merely being
+//! recovered times out as such, never as a coordinator failure.
 //!
 //! # Coordinators
 //! Table operations and map refreshes go to the leader of the coordinators' Raft group
@@ -48,7 +49,9 @@
 
 use bytes::Bytes;
 use parking_lot::RwLock;
-use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
+use rampart_common::coordinator_set::{
+    CoordinatorCallError, CoordinatorSet, COORDINATOR_ATTEMPT_TIMEOUT_MAX,
+};
 use rampart_common::ids::{key_hash, ClientId, ServerId, TableId, Version};
 use rampart_common::limits::{MULTI_OPS_MAX, MULTI_WRITE_REQUEST_BYTES_MAX};
 use rampart_common::protocol::coordinator::{
@@ -68,7 +71,7 @@ use rampart_common::rifl::Rifl;
 use rampart_common::rpc::{Rpc, RpcError, RpcPool};
 use rampart_common::status::Status;
 use rampart_common::tablet::ServerStatus;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -148,6 +151,9 @@ struct Inner {
     reports_in_flight: Arc<tokio::sync::Semaphore>,
     /// This client's id and the numbers of its writes (exactly-once retries).
     tracker: Arc<Tracker>,
+    /// What the cluster last said of an owner whose operations timed out, and when
+    /// (reused for [`EXPLANATION_REUSE`], so that a burst of timeouts asks once).
+    explained: parking_lot::Mutex<HashMap<ServerId, (Instant, Option<String>)>>,
 }
 
 /// The outcome of one attempt, for the retry loop.
@@ -232,6 +238,7 @@ impl Client {
                     FAILURE_REPORTS_IN_FLIGHT_MAX,
                 )),
                 tracker: Tracker::new(opened.client),
+                explained: parking_lot::Mutex::new(HashMap::new()),
             }),
         };
         tokio::spawn(renew_lease(
@@ -317,12 +324,8 @@ impl Client {
         request: &R::Request,
         deadline: Instant,
     ) -> Result<R::Reply, ClientError> {
-        let inner = &self.inner;
-        let result = inner
-            .coordinators
-            .call::<R>(&inner.pool, request, deadline)
-            .await;
-        coordinator_outcome(result)
+        self.coordinator_call_within::<R>(request, deadline, COORDINATOR_ATTEMPT_TIMEOUT_MAX)
+            .await
     }
 
     /// [`coordinator_call`](Self::coordinator_call) of a table change, whose leader
@@ -334,12 +337,34 @@ impl Client {
         request: &R::Request,
         deadline: Instant,
     ) -> Result<R::Reply, ClientError> {
+        self.coordinator_call_within::<R>(request, deadline, TABLE_CHANGE_ATTEMPT_TIMEOUT)
+            .await
+    }
+
+    /// A coordinator call whose every attempt may take up to `attempt_timeout`.
+    async fn coordinator_call_within<R: Rpc>(
+        &self,
+        request: &R::Request,
+        deadline: Instant,
+        attempt_timeout: Duration,
+    ) -> Result<R::Reply, ClientError> {
         let inner = &self.inner;
         let result = inner
             .coordinators
-            .call_with_attempts::<R>(&inner.pool, request, deadline, TABLE_CHANGE_ATTEMPT_TIMEOUT)
+            .call_with_attempts::<R>(&inner.pool, request, deadline, attempt_timeout)
             .await;
-        coordinator_outcome(result)
+        match result {
+            Ok(reply) => Ok(reply),
+            Err(CoordinatorCallError::NoLeader { last, .. }) => {
+                Err(ClientError::NoCoordinator(last))
+            }
+            Err(CoordinatorCallError::Rpc(RpcError::Status {
+                status: Status::TableDoesntExist,
+                detail,
+                ..
+            })) => Err(ClientError::TableDoesntExist(detail)),
+            Err(CoordinatorCallError::Rpc(error)) => Err(ClientError::from_rpc(error)),
+        }
     }
 
     /// Reports `server` (found unreachable) to the coordinators in the background,
@@ -540,44 +565,24 @@ impl Client {
     /// up but unable to replicate writes (too few backups for R). Asks for it briefly
     /// ([`EXPLAIN_TIMEOUT`]), after the deadline; says nothing more if nobody answers.
     async fn explain_timeout(&self, attempts: u32, last: String, owner: ServerId) -> ClientError {
-        let map = self.map();
-        let deadline = Instant::now() + EXPLAIN_TIMEOUT;
-        let status = map.server(owner).map(|s| (s.status, s.addr.clone()));
-        let cause = match status {
-            Some((ServerStatus::Crashed, _)) => {
-                let reports = self
-                    .inner
-                    .coordinators
-                    .call::<RecoveryStatus>(&self.inner.pool, &RecoveryStatusRequest {}, deadline)
-                    .await
-                    .map(|reply| reply.recoveries)
-                    .unwrap_or_default();
-                match reports.iter().rev().find(|r| r.crashed == owner) {
-                    Some(report) => match &report.waiting {
-                        Some(why) => Some(format!(
-                            "its owner {owner} crashed and its recovery waits: {why}"
-                        )),
-                        None => Some(format!(
-                            "its owner {owner} crashed and is being recovered ({} of {} \
-                             partitions live)",
-                            report.partitions.iter().filter(|p| p.live_ms > 0).count(),
-                            report.partitions.len()
-                        )),
-                    },
-                    None => Some(format!(
-                        "its owner {owner} crashed; its recovery has not started"
-                    )),
+        let cached = {
+            let explained = self.inner.explained.lock();
+            explained
+                .get(&owner)
+                .filter(|(at, _)| at.elapsed() < EXPLANATION_REUSE)
+                .map(|(_, cause)| cause.clone())
+        };
+        let cause = match cached {
+            Some(cause) => cause,
+            None => {
+                let cause = self.ask_why(owner).await;
+                let mut explained = self.inner.explained.lock();
+                if explained.len() >= EXPLANATIONS_MAX {
+                    explained.clear();
                 }
+                explained.insert(owner, (Instant::now(), cause.clone()));
+                cause
             }
-            Some((ServerStatus::Up, addr)) => self
-                .inner
-                .pool
-                .call::<ServerStats>(&addr, &PingRequest {}, deadline)
-                .await
-                .ok()
-                .and_then(|stats| stats.backup_shortage)
-                .map(|why| format!("its owner {owner} is up, but {why}")),
-            _ => None,
         };
         let last = match (cause, last.is_empty()) {
             (Some(cause), true) => cause,
@@ -585,6 +590,48 @@ impl Client {
             (None, _) => last,
         };
         ClientError::Timeout { attempts, last }
+    }
+
+    /// What the cluster says of `owner`, asked within [`EXPLAIN_TIMEOUT`]; `None` when
+    /// nobody answered or there is nothing to say.
+    async fn ask_why(&self, owner: ServerId) -> Option<String> {
+        let map = self.map();
+        let deadline = Instant::now() + EXPLAIN_TIMEOUT;
+        let status = map.server(owner).map(|s| (s.status, s.addr.clone()));
+        match status? {
+            (ServerStatus::Crashed, _) => {
+                let reports = self
+                    .inner
+                    .coordinators
+                    .call::<RecoveryStatus>(&self.inner.pool, &RecoveryStatusRequest {}, deadline)
+                    .await
+                    .ok()?
+                    .recoveries;
+                Some(match reports.iter().rev().find(|r| r.crashed == owner) {
+                    Some(report) => match &report.waiting {
+                        Some(why) => {
+                            format!("its owner {owner} crashed and its recovery waits: {why}")
+                        }
+                        None => format!(
+                            "its owner {owner} crashed and is being recovered ({} of {} \
+                             partitions live)",
+                            report.partitions.iter().filter(|p| p.live_ms > 0).count(),
+                            report.partitions.len()
+                        ),
+                    },
+                    None => format!("its owner {owner} crashed; its recovery has not started"),
+                })
+            }
+            (ServerStatus::Up, addr) => self
+                .inner
+                .pool
+                .call::<ServerStats>(&addr, &PingRequest {}, deadline)
+                .await
+                .ok()?
+                .backup_shortage
+                .map(|why| format!("its owner {owner} is up, but {why}")),
+            (ServerStatus::Removed, _) => None,
+        }
     }
 
     /// Sends single-object RPC `R` to the owner of `key` (with the retry rules of
@@ -1048,20 +1095,6 @@ async fn renew_lease(inner: std::sync::Weak<Inner>, lease: Duration) {
 /// Deadline of one lease renewal.
 const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The client's error for the outcome of a coordinator call.
-fn coordinator_outcome<T>(result: Result<T, CoordinatorCallError>) -> Result<T, ClientError> {
-    match result {
-        Ok(reply) => Ok(reply),
-        Err(CoordinatorCallError::NoLeader { last, .. }) => Err(ClientError::NoCoordinator(last)),
-        Err(CoordinatorCallError::Rpc(RpcError::Status {
-            status: Status::TableDoesntExist,
-            detail,
-            ..
-        })) => Err(ClientError::TableDoesntExist(detail)),
-        Err(CoordinatorCallError::Rpc(error)) => Err(ClientError::from_rpc(error)),
-    }
-}
-
 /// Longest one attempt of a table change may take: the leader's commit
 /// (`PROPOSAL_TIMEOUT`, 2 s) and its wait for the masters to take or drop their tablets
 /// (3 s), then its answer.
@@ -1070,6 +1103,12 @@ pub const TABLE_CHANGE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
 /// How long a timed-out operation asks the cluster why (`explain_timeout`), after its
 /// deadline.
 pub const EXPLAIN_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long what the cluster said of an owner is reused for the next timeouts.
+pub const EXPLANATION_REUSE: Duration = Duration::from_secs(1);
+
+/// Owners whose explanation is kept at once (cleared when full).
+const EXPLANATIONS_MAX: usize = 1024;
 
 /// The retry loop's next step for a single-object reply: `ok` builds the success value.
 fn outcome<T>(addr: &str, status: Status, version: Version, ok: impl FnOnce() -> T) -> Attempt<T> {

@@ -59,7 +59,6 @@ impl TabletMapCache {
             .filter(|tablet| tablet.contains(table, hash))
     }
 
-    /// The address of server `id`.
     /// The server `id` as listed.
     pub fn server(&self, id: ServerId) -> Option<&ServerInfo> {
         self.servers.get(&id)
@@ -77,6 +76,7 @@ impl TabletMapCache {
         }
     }
 
+    /// The address of server `id`.
     pub fn addr(&self, id: ServerId) -> Option<&str> {
         self.servers.get(&id).map(|s| s.addr.as_str())
     }

@@ -4,9 +4,11 @@
 //! It serves `GET` (and `HEAD`) only, one request per connection (`Connection: close`),
 //! which is all a scraper or a page refreshing every two seconds needs, and keeps every
 //! limit explicit: [`HTTP_CONNECTIONS_MAX`] connections at once, a request head of at
-//! most [`HTTP_HEAD_BYTES_MAX`] read within [`HTTP_READ_TIMEOUT`], a response written
-//! within [`HTTP_WRITE_TIMEOUT`]. Anything else gets a plain error status and the
-//! connection is closed; the server keeps serving.
+//! most [`HTTP_HEAD_BYTES_MAX`] read within [`HTTP_READ_TIMEOUT`], a handler answering
+//! within [`HTTP_HANDLER_TIMEOUT`] (else 503), a response written within
+//! [`HTTP_WRITE_TIMEOUT`]. Anything else gets a plain error status and the connection is
+//! closed; the server keeps serving. A client that connects and sends nothing holds one
+//! of the connections for up to the read timeout: an operator's port, not a public one.
 //!
 //! The request head is parsed by [`parse_request_head`], a pure function tested alone;
 //! [`serve`] is the thin async driver around it and the caller's [`Handler`].
@@ -24,6 +26,8 @@ pub const HTTP_CONNECTIONS_MAX: usize = 64;
 pub const HTTP_HEAD_BYTES_MAX: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 pub const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a handler may take to answer.
+pub const HTTP_HANDLER_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a response may take to be written.
 pub const HTTP_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -202,7 +206,10 @@ async fn serve_connection(mut stream: TcpStream, handler: Handler) {
             Err(refused) => (Response::error(refused.status, refused.why), false),
             Ok(request) => {
                 let head_only = request.method == "HEAD";
-                (handler(request).await, head_only)
+                let response = tokio::time::timeout(HTTP_HANDLER_TIMEOUT, handler(request))
+                    .await
+                    .unwrap_or_else(|_| Response::error(503, "the answer was not ready in time"));
+                (response, head_only)
             }
         },
     };

@@ -27,8 +27,11 @@ pub struct RpcMetrics {
     requests: IntCounterVec,
     duration: HistogramVec,
     /// Per opcode, its histogram and its `Ok` counter, looked up once: the label lookup
-    /// of a vector takes a lock and a hash per request.
+    /// of a vector takes a lock, a hash and the label strings per request.
     cached: Box<[OnceLock<(Histogram, prometheus::IntCounter)>]>,
+    /// The counters of other statuses by (opcode, status code), looked up once each
+    /// (a read miss answers `ObjectDoesntExist`, as often as reads hit).
+    other: parking_lot::RwLock<std::collections::HashMap<(u16, u16), prometheus::IntCounter>>,
 }
 
 /// Latency buckets: 10 µs to about 16 s, ×3 apart.
@@ -64,6 +67,7 @@ impl RpcMetrics {
             requests,
             duration,
             cached: (0..OPCODES_CACHED).map(|_| OnceLock::new()).collect(),
+            other: parking_lot::RwLock::new(std::collections::HashMap::new()),
         }
     }
 
@@ -86,9 +90,20 @@ impl RpcMetrics {
         } else {
             self.duration.with_label_values(&[name()]).observe(seconds);
         }
-        self.requests
-            .with_label_values(&[name(), &format!("{status:?}")])
-            .inc();
+        let key = (opcode.0, status.code());
+        if let Some(counter) = self.other.read().get(&key) {
+            counter.inc();
+            return;
+        }
+        let counter = self
+            .requests
+            .with_label_values(&[name(), &format!("{status:?}")]);
+        counter.inc();
+        // Bounded: opcodes × statuses, both small fixed sets (unknown opcodes share one
+        // name but not one key, so they are counted without being cached).
+        if crate::protocol::opcode_name(opcode).is_some() {
+            self.other.write().insert(key, counter);
+        }
     }
 }
 
@@ -175,7 +190,8 @@ pub fn counter(name: &str, help: &str) -> prometheus::Counter {
 }
 
 /// Sets a counter read from a component to `total` (counters only go up; a total that
-/// is lower — the component restarted its count — is left as is).
+/// is lower — the component restarted its count — is left as is). Not atomic: the
+/// collector calling it must run one scrape at a time.
 pub fn set_counter(counter: &prometheus::Counter, total: f64) {
     let now = counter.get();
     if total > now {

@@ -176,13 +176,18 @@ impl ClusterView {
         let map = set
             .call::<GetTabletMap>(pool, &TabletMapRequest {}, deadline)
             .await;
-        let recoveries = match &map {
-            Ok(_) => set
-                .call::<RecoveryStatus>(pool, &RecoveryStatusRequest {}, deadline)
-                .await
-                .map(|reply| reply.recoveries)
-                .unwrap_or_default(),
-            Err(_) => Vec::new(),
+        let (recoveries, recoveries_error) = match &map {
+            Ok(_) => {
+                let deadline = Instant::now() + leader_timeout;
+                match set
+                    .call::<RecoveryStatus>(pool, &RecoveryStatusRequest {}, deadline)
+                    .await
+                {
+                    Ok(reply) => (reply.recoveries, None),
+                    Err(error) => (Vec::new(), Some(error.to_string())),
+                }
+            }
+            Err(_) => (Vec::new(), None),
         };
         let (map, config_error) = match map {
             Ok(map) => (map, None),
@@ -210,7 +215,7 @@ impl ClusterView {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_millis() as u64);
         let leader = config_error.is_none().then(|| set.leader()).flatten();
-        ClusterView::assemble(
+        let mut view = ClusterView::assemble(
             gathered_unix_ms,
             asked,
             leader,
@@ -218,7 +223,14 @@ impl ClusterView {
             &map,
             stats,
             recoveries,
-        )
+        );
+        if let Some(error) = recoveries_error {
+            view.problems.push(format!(
+                "the leader's recovery reports are unavailable ({error}): crashed servers \
+                 may be shown as crashed while they are being recovered"
+            ));
+        }
+        view
     }
 
     /// Builds the view from what was gathered (pure): server states from the map and

@@ -96,7 +96,7 @@ impl CoordinatorMetrics {
             ),
             recoveries: gauge_vec(
                 "rampart_recoveries",
-                "Recoveries this leader reports (the last 32), by state.",
+                "Recoveries the leader reports (the last 32), by state; 0 on followers.",
                 &["state"],
             ),
             phases,
@@ -118,13 +118,12 @@ impl CoordinatorMetrics {
             let count = |wanted: ServerStatus| {
                 state.servers().filter(|s| s.status == wanted).count() as f64
             };
-            let map = state.tablet_map();
             (
                 count(ServerStatus::Up),
                 count(ServerStatus::Crashed),
                 count(ServerStatus::Removed),
-                map.tables.len() as f64,
-                map.tables.iter().map(|t| t.tablets.len()).sum::<usize>() as f64,
+                state.table_count() as f64,
+                state.tablet_count() as f64,
                 state.open_clients().count() as f64,
             )
         });
@@ -134,7 +133,12 @@ impl CoordinatorMetrics {
         self.tables.set(tables);
         self.tablets.set(tablets);
         self.clients.set(clients);
-        let reports = self.service.recovery().reports();
+        // Only the leader's reports are current: a former leader keeps its own.
+        let reports = if node.is_leader() {
+            self.service.recovery().reports()
+        } else {
+            Vec::new()
+        };
         let mut counts = [0.0f64; 3];
         let mut observed = self.observed.lock();
         for report in &reports {

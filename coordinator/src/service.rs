@@ -315,8 +315,8 @@ impl CoordinatorService {
         self.tell_owners::<R>(epochs, request_for, deadline).await
     }
 
-    /// Why masters did not take (or drop) their tablets: each one's failure, and what
-    /// its server says of itself when that explains it (writes waiting for backups:
+    /// Why masters did not take their tablets: each one's failure, and what its server
+    /// says of itself when that explains it (writes waiting for backups:
     /// a master short of backups for R cannot serve new tablets either).
     async fn explain_failed_pushes(&self, failed: &[FailedPush]) -> String {
         let asks = failed.iter().map(|f| {

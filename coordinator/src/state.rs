@@ -790,6 +790,16 @@ impl CoordinatorState {
         })
     }
 
+    /// Tables.
+    pub fn table_count(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// Tablets over all tables.
+    pub fn tablet_count(&self) -> usize {
+        self.tablet_count
+    }
+
     /// Whether `client` is open (not expired).
     pub fn client_open(&self, client: ClientId) -> bool {
         self.clients.contains(&client)

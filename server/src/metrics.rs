@@ -19,6 +19,9 @@ pub struct StorageMetrics {
     detector: Arc<DetectorCounts>,
     gauges: Vec<(Gauge, Reader)>,
     counters: Vec<(Counter, Reader)>,
+    /// One scrape at a time: a counter is brought up to its component's total by adding
+    /// the difference, which two scrapes at once would both add.
+    scraping: parking_lot::Mutex<()>,
 }
 
 impl std::fmt::Debug for StorageMetrics {
@@ -221,6 +224,7 @@ impl StorageMetrics {
                 .into_iter()
                 .map(|(name, help, read)| (counter(name, help), read))
                 .collect(),
+            scraping: parking_lot::Mutex::new(()),
         }
     }
 
@@ -245,6 +249,7 @@ impl Collector for StorageMetrics {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
+        let _one_at_a_time = self.scraping.lock();
         let snapshot = self.snapshot();
         let mut families = Vec::with_capacity(self.gauges.len() + self.counters.len());
         for (gauge, read) in &self.gauges {

@@ -159,10 +159,6 @@ fn the_status_page_shows_the_servers_and_a_finished_recovery_in_a_browser() {
     assert!(dom.contains(&format!("id=\"recovery-{victim}\"")), "{dom}");
     assert!(dom.contains("done in"), "{dom}");
     assert!(dom.contains("id=\"replica-chart\""), "{dom}");
-    assert!(
-        dom.contains("&lt;") || !dom.contains("<users>"),
-        "names are escaped"
-    );
     let shot = target_dir().join("status-page.png");
     let _ = std::fs::remove_file(&shot);
     browse(

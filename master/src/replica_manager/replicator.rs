@@ -741,11 +741,14 @@ impl Replicator {
                     match self.place(id, &slots, fresh, &exclude) {
                         Ok(targets) => {
                             placed_once = true;
-                            if self.shortage.set(None) {
-                                tracing::info!(segment = %id, "backups are enough again: writes go on");
-                            }
+                            let refusals = refused.len();
                             self.create_replicas(id, targets, fresh, &mut refused, log_bytes)
                                 .await?;
+                            // Over once the replicas exist: a placement whose backups then
+                            // refused (full) is not the end of it.
+                            if refused.len() == refusals && self.shortage.set(None) {
+                                tracing::info!(segment = %id, "backups are enough again: writes go on");
+                            }
                         }
                         Err(shortage) => {
                             let now = Instant::now();
