@@ -15,12 +15,14 @@
 //! completion record it logged with the object — also after a crash moved the object to
 //! another master — so the operation applies once and the caller gets its one outcome.
 //! Only an operation whose deadline passes ends without an outcome:
-//! [`ClientError::Timeout`], which may or may not have applied. A single-key
-//! operation's says what the last attempt met and, asked briefly after the deadline
-//! (once a second per owner at most), what the cluster says of the key's owner: crashed
-//! and being recovered, its recovery waiting (and why), or up but unable to replicate
-//! writes (too few backups for R, with the fix). A tablet whose owner is merely being
-//! recovered times out as such, never as a coordinator failure.
+//! [`ClientError::Timeout`], which may or may not have applied. Its message says what
+//! the last attempt met and, asked briefly after the deadline (once a second per owner
+//! at most), what the cluster says of the key's owner (for a multi-object operation, of
+//! the owner whose objects were tried again last): crashed and being recovered, its
+//! recovery waiting (and why), up but unable to replicate writes (too few backups for
+//! R), or up with its memory nearly full of live data — each with the fix. A tablet
+//! whose owner is merely being recovered times out as such, never as a coordinator
+//! failure.
 //!
 //! # Coordinators
 //! Table operations and map refreshes go to the leader of the coordinators' Raft group
@@ -49,6 +51,7 @@
 
 use bytes::Bytes;
 use parking_lot::RwLock;
+use rampart_common::config::ByteSize;
 use rampart_common::coordinator_set::{
     CoordinatorCallError, CoordinatorSet, COORDINATOR_ATTEMPT_TIMEOUT_MAX,
 };
@@ -64,7 +67,7 @@ use rampart_common::protocol::master::{
     Enumerate, EnumerateRequest, EnumeratedObject, Increment, IncrementRequest, MultiRead,
     MultiReadRequest, MultiRemove, MultiRemoveRequest, MultiWrite, MultiWriteReply,
     MultiWriteRequest, ObjectKey, PingRequest, Read, ReadRequest, Remove, RemoveRequest,
-    ServerStats, Write, WriteReply, WriteRequest,
+    ServerStats, ServerStatsReply, Write, WriteReply, WriteRequest,
 };
 use rampart_common::reject::RejectRules;
 use rampart_common::rifl::Rifl;
@@ -622,14 +625,15 @@ impl Client {
                     None => format!("its owner {owner} crashed; its recovery has not started"),
                 })
             }
-            (ServerStatus::Up, addr) => self
-                .inner
-                .pool
-                .call::<ServerStats>(&addr, &PingRequest {}, deadline)
-                .await
-                .ok()?
-                .backup_shortage
-                .map(|why| format!("its owner {owner} is up, but {why}")),
+            (ServerStatus::Up, addr) => {
+                let stats = self
+                    .inner
+                    .pool
+                    .call::<ServerStats>(&addr, &PingRequest {}, deadline)
+                    .await
+                    .ok()?;
+                explain_stats(owner, &stats)
+            }
             (ServerStatus::Removed, _) => None,
         }
     }
@@ -957,80 +961,109 @@ impl Client {
             keys.iter().map(|_| None).collect();
         let mut retry = self.retry();
         let mut pending: Vec<usize> = (0..keys.len()).collect();
-        while !pending.is_empty() {
-            let version = self.map().version;
-            let groups = self.group_by_owner(keys, &pending, &mut retry).await?;
-            let mut chunks = Vec::new();
-            for (addr, indices) in groups {
-                let (mut chunk, mut bytes) = (Vec::new(), 0);
-                for i in indices {
-                    let full = chunk.len() == MULTI_OPS_MAX
-                        || (!chunk.is_empty() && bytes + weight(i) > MULTI_WRITE_REQUEST_BYTES_MAX);
-                    if full {
-                        chunks.push((addr.clone(), std::mem::take(&mut chunk)));
-                        bytes = 0;
-                    }
-                    bytes += weight(i);
-                    chunk.push(i);
-                }
-                chunks.push((addr, chunk));
-            }
-            let calls = chunks.into_iter().map(|(addr, indices)| {
-                let future = call(addr.clone(), indices.clone(), retry.deadline);
-                async move { (addr, indices, future.await) }
-            });
-            let mut again = Vec::new();
-            let mut why = String::new();
-            for (addr, indices, outcome) in futures::future::join_all(calls).await {
-                if let Err(e) = &outcome {
-                    if e.is_transport() || e.status() == Some(Status::Retry) {
-                        if let Some(owner) = self.map().server_at(&addr) {
-                            self.report_unreachable(owner, e);
+        // The owner of the last objects that had to be tried again: a timeout says what
+        // the cluster knows of it.
+        let mut stuck: Option<ServerId> = None;
+        let finished = async {
+            while !pending.is_empty() {
+                let version = self.map().version;
+                let groups = self.group_by_owner(keys, &pending, &mut retry).await?;
+                let mut chunks = Vec::new();
+                for (addr, indices) in groups {
+                    let (mut chunk, mut bytes) = (Vec::new(), 0);
+                    for i in indices {
+                        let full = chunk.len() == MULTI_OPS_MAX
+                            || (!chunk.is_empty()
+                                && bytes + weight(i) > MULTI_WRITE_REQUEST_BYTES_MAX);
+                        if full {
+                            chunks.push((addr.clone(), std::mem::take(&mut chunk)));
+                            bytes = 0;
                         }
+                        bytes += weight(i);
+                        chunk.push(i);
                     }
+                    chunks.push((addr, chunk));
                 }
-                match outcome {
-                    Ok(replies) if replies.len() == indices.len() => {
-                        for (i, (status, version, value)) in indices.into_iter().zip(replies) {
-                            if matches!(status, Status::UnknownTablet | Status::Retry) {
-                                why = format!("{status} for some objects");
-                                again.push(i);
-                            } else {
-                                results[i] = Some(Ok((status, version, value)));
+                let calls = chunks.into_iter().map(|(addr, indices)| {
+                    let future = call(addr.clone(), indices.clone(), retry.deadline);
+                    async move { (addr, indices, future.await) }
+                });
+                let mut again = Vec::new();
+                let mut why = String::new();
+                for (addr, indices, outcome) in futures::future::join_all(calls).await {
+                    if let Err(e) = &outcome {
+                        if e.is_transport() || e.status() == Some(Status::Retry) {
+                            if let Some(owner) = self.map().server_at(&addr) {
+                                self.report_unreachable(owner, e);
                             }
                         }
                     }
-                    Ok(replies) => {
-                        let error = ClientError::Server(format!(
-                            "{} replies for {} objects",
-                            replies.len(),
-                            indices.len()
-                        ));
-                        for i in indices {
-                            results[i] = Some(Err(error.clone()));
+                    let failed = match &outcome {
+                        Ok(replies) => replies.iter().any(|(status, _, _)| {
+                            matches!(status, Status::UnknownTablet | Status::Retry)
+                        }),
+                        Err(e) => {
+                            e.is_transport()
+                                || matches!(e.status(), Some(Status::Retry | Status::ShuttingDown))
                         }
+                    };
+                    if failed {
+                        stuck = self.map().server_at(&addr).or(stuck);
                     }
-                    Err(e) if e.is_transport() => {
-                        why = e.to_string();
-                        again.extend(indices);
-                    }
-                    Err(e) if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) => {
-                        why = e.to_string();
-                        again.extend(indices);
-                    }
-                    Err(e) => {
-                        let error = ClientError::from_rpc(e);
-                        for i in indices {
-                            results[i] = Some(Err(error.clone()));
+                    match outcome {
+                        Ok(replies) if replies.len() == indices.len() => {
+                            for (i, (status, version, value)) in indices.into_iter().zip(replies) {
+                                if matches!(status, Status::UnknownTablet | Status::Retry) {
+                                    why = format!("{addr} answered {status} for some objects");
+                                    again.push(i);
+                                } else {
+                                    results[i] = Some(Ok((status, version, value)));
+                                }
+                            }
+                        }
+                        Ok(replies) => {
+                            let error = ClientError::Server(format!(
+                                "{} replies for {} objects",
+                                replies.len(),
+                                indices.len()
+                            ));
+                            for i in indices {
+                                results[i] = Some(Err(error.clone()));
+                            }
+                        }
+                        Err(e) if e.is_transport() => {
+                            why = e.to_string();
+                            again.extend(indices);
+                        }
+                        Err(e)
+                            if matches!(e.status(), Some(Status::Retry | Status::ShuttingDown)) =>
+                        {
+                            why = e.to_string();
+                            again.extend(indices);
+                        }
+                        Err(e) => {
+                            let error = ClientError::from_rpc(e);
+                            for i in indices {
+                                results[i] = Some(Err(error.clone()));
+                            }
                         }
                     }
                 }
+                pending = again;
+                if !pending.is_empty() {
+                    self.refresh_after(version, &retry, &why).await?;
+                    retry.pause(why).await?;
+                }
             }
-            pending = again;
-            if !pending.is_empty() {
-                self.refresh_after(version, &retry, &why).await?;
-                retry.pause(why).await?;
+            Ok(())
+        }
+        .await;
+        match (finished, stuck) {
+            (Err(ClientError::Timeout { attempts, last }), Some(owner)) => {
+                return Err(self.explain_timeout(attempts, last, owner).await)
             }
+            (Err(error), _) => return Err(error),
+            (Ok(()), _) => {}
         }
         Ok(results
             .into_iter()
@@ -1106,6 +1139,29 @@ pub const EXPLAIN_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How long what the cluster said of an owner is reused for the next timeouts.
 pub const EXPLANATION_REUSE: Duration = Duration::from_secs(1);
+
+/// What a master's own figures say of why its operations time out: writes waiting for
+/// backups, or memory nearly full of live data; `None` when neither.
+fn explain_stats(owner: ServerId, stats: &ServerStatsReply) -> Option<String> {
+    if let Some(why) = &stats.backup_shortage {
+        return Some(format!("its owner {owner} is up, but {why}"));
+    }
+    let live = stats.log_bytes_live as f64 / stats.log_bytes_max.max(1) as f64;
+    (live >= MEMORY_NEARLY_FULL).then(|| {
+        format!(
+            "its owner {owner} is up, but its log memory is nearly full of live data ({} of \
+             {} live): its cleaner frees little room per pass, so writes wait; spread the \
+             table over more masters (create it with a larger span), remove data, or give \
+             the servers more --memory",
+            ByteSize(stats.log_bytes_live).readable(),
+            ByteSize(stats.log_bytes_max).readable()
+        )
+    })
+}
+
+/// The share of its log memory holding live data from which a master's timeouts are
+/// explained by its memory (its cleaner frees little per pass).
+const MEMORY_NEARLY_FULL: f64 = 0.85;
 
 /// Owners whose explanation is kept at once (cleared when full).
 const EXPLANATIONS_MAX: usize = 1024;
@@ -1204,6 +1260,37 @@ mod tests {
         ServerInfo, ServerStatus, Services, TableInfo, Tablet, TabletMap,
     };
     use tokio::net::TcpListener;
+
+    #[test]
+    fn a_masters_figures_explain_its_timeouts_with_the_fix() {
+        let owner = ServerId(4);
+        let calm = ServerStatsReply {
+            log_bytes_live: 80,
+            log_bytes_max: 100,
+            ..ServerStatsReply::default()
+        };
+        assert_eq!(explain_stats(owner, &calm), None);
+        let full = ServerStatsReply {
+            log_bytes_live: 90 << 20,
+            log_bytes_max: 100 << 20,
+            ..ServerStatsReply::default()
+        };
+        let said = explain_stats(owner, &full).expect("a full master explains");
+        assert!(
+            said.contains("nearly full of live data (90MiB of 100MiB live)"),
+            "{said}"
+        );
+        assert!(said.contains("--memory"), "{said}");
+        let short = ServerStatsReply {
+            backup_shortage: Some("writes wait for backups: need 3".into()),
+            ..full
+        };
+        let said = explain_stats(owner, &short).expect("a master short of backups explains");
+        assert!(
+            said.ends_with("is up, but writes wait for backups: need 3"),
+            "{said}"
+        );
+    }
 
     /// Serves a fixed tablet map and a client id, and records `ReportFailure`s.
     #[derive(Debug)]

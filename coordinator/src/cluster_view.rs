@@ -10,7 +10,8 @@
 //!
 //! [`ClusterView::problems`] is the pure core: from the view, what an operator must
 //! know and do — writes that wait because fewer backups exist than replicas wanted, a
-//! recovery that waits for missing replicas, crashed servers, coordinators that do not
+//! master whose memory is nearly full of live data, a recovery that waits for missing
+//! replicas, crashed servers, coordinators that do not
 //! answer, no leader — each said once, with its fix.
 
 use futures::future::join_all;
@@ -28,6 +29,9 @@ use tokio::time::Instant;
 
 /// How long one coordinator or server may take to answer for the view.
 pub const VIEW_ANSWER_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// The share of a master's log memory holding live data from which it is a problem.
+pub const MEMORY_NEARLY_FULL: f64 = 0.85;
 
 /// How long the leader may take to be found and answer.
 pub const VIEW_LEADER_TIMEOUT: Duration = Duration::from_millis(2000);
@@ -370,6 +374,21 @@ impl ClusterView {
             problems.push(format!("writes of server(s) {waiting:?} wait: {why}"));
         }
         for server in &self.servers {
+            if let Some(stats) = &server.stats {
+                let live = stats.log_bytes_live as f64 / stats.log_bytes_max.max(1) as f64;
+                if live >= MEMORY_NEARLY_FULL {
+                    problems.push(format!(
+                        "server {}'s log memory is {:.0} % full of live data ({} of {} \
+                         bytes): its cleaner frees little room per pass, so writes slow \
+                         down and then fail with NoSpace; spread tables over more masters \
+                         (a larger span), remove data, or give the servers more --memory",
+                        server.id,
+                        live * 100.0,
+                        stats.log_bytes_live,
+                        stats.log_bytes_max
+                    ));
+                }
+            }
             if server.state == ServerState::Up {
                 if let Some(error) = &server.error {
                     problems.push(format!(
@@ -525,6 +544,26 @@ mod tests {
         assert_eq!(view.problems.len(), 1, "{:?}", view.problems);
         assert!(view.problems[0].contains("server(s) [1]"));
         assert!(view.problems[0].contains(why));
+    }
+
+    #[test]
+    fn a_master_nearly_full_of_live_data_is_a_problem() {
+        let servers = (1..=4).map(|id| server(id, ServerStatus::Up)).collect();
+        let full = ServerStatsReply {
+            log_bytes_live: 900,
+            log_bytes_max: 1000,
+            ..stats(3, None)
+        };
+        let roomy = ServerStatsReply {
+            log_bytes_live: 800,
+            log_bytes_max: 1000,
+            ..stats(3, None)
+        };
+        let answers = vec![Some(Ok(full)), Some(Ok(roomy)), None, None];
+        let view = ClusterView::assemble(0, vec![], None, None, &map(servers), answers, vec![]);
+        assert_eq!(view.problems.len(), 1, "{:?}", view.problems);
+        assert!(view.problems[0].starts_with("server 1's log memory is 90 % full"));
+        assert!(view.problems[0].contains("--memory"));
     }
 
     #[test]

@@ -153,6 +153,10 @@ pub const REFUSED_BACKUP_EXCLUSION: Duration = Duration::from_secs(2);
 /// While the write path waits for backups, it warns this often.
 pub const WAIT_WARN_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How long writes wait for backups before the shortage is said (logged, published):
+/// servers of a cluster that starts enlist within it.
+pub const SHORTAGE_SAID_AFTER: Duration = Duration::from_secs(1);
+
 /// Longest pause between attempts while waiting for backups.
 const WAIT_BACKOFF_MAX: Duration = Duration::from_millis(200);
 
@@ -753,10 +757,10 @@ impl Replicator {
                         Err(shortage) => {
                             let now = Instant::now();
                             let waited = for_backups.waited(now);
-                            // The first failure is often a list fetched while servers
-                            // were still enlisting: refresh before saying so. Said once
-                            // per change, not per attempt.
-                            if waited >= WAIT_BACKOFF_MAX {
+                            // The first failures are often a list fetched while servers
+                            // were still enlisting (a cluster starting): said only once
+                            // it lasts, and once per change, not per attempt.
+                            if waited >= SHORTAGE_SAID_AFTER {
                                 let explained = shortage.explain();
                                 if self.shortage.set(Some(shortage)) {
                                     tracing::warn!(segment = %id, ?waited, "{explained}");
