@@ -8,13 +8,19 @@ use crate::protocol::coordinator::RecoveryReport;
 /// The SVG of `report`. Times are drawn from 0 = the crash; `shift` is added to the
 /// report's times (which count from the declared crash) and `detection` is the length
 /// of the first bar (the bench knows when it killed the server; the coordinator knows
-/// how long the server was silent before it was declared crashed).
-pub fn svg(report: &RecoveryReport, shift: u64, detection: u64) -> String {
+/// how long the server was silent before it was declared crashed). `now`, in the
+/// report's time, draws a recovery still under way: each partition not live yet runs
+/// to it, in a lighter shade.
+pub fn svg(report: &RecoveryReport, shift: u64, detection: u64, now: Option<u64>) -> String {
+    let live = report.partitions.iter().filter(|p| p.live_ms > 0).count();
+    let under_way = live < report.partitions.len();
+    let now = now.filter(|_| under_way).map(|now| now + shift);
     let end = report
         .partitions
         .iter()
         .map(|p| p.live_ms + shift)
         .chain([report.setup_ms + shift, detection])
+        .chain(now)
         .max()
         .unwrap_or(1)
         .max(1) as f64;
@@ -26,8 +32,16 @@ pub fn svg(report: &RecoveryReport, shift: u64, detection: u64) -> String {
     svg.push_str(&format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n"
     ));
+    let title = if under_way {
+        format!(
+            "{live} of {} partitions live, {end:.0} ms after the crash",
+            report.partitions.len()
+        )
+    } else {
+        format!("crash at 0 ms, last partition live at {end:.0} ms")
+    };
     svg.push_str(&format!(
-        "<text x='10' y='20'>Recovery of {} (crash at 0 ms, last partition live at {end:.0} ms)</text>\n",
+        "<text x='10' y='20'>Recovery of {} ({title})</text>\n",
         report.crashed
     ));
     let bar = |svg: &mut String, y: f64, from: u64, to: u64, colour: &str| {
@@ -54,9 +68,19 @@ pub fn svg(report: &RecoveryReport, shift: u64, detection: u64) -> String {
         ));
         let start = p.replay_start_ms + shift;
         let replayed = start + p.replay_ms;
-        bar(&mut svg, y, start, replayed, "#1f77b4");
-        if p.live_ms > 0 {
-            bar(&mut svg, y, replayed, p.live_ms + shift, "#2ca02c");
+        match (p.live_ms > 0, p.replay_ms > 0, now) {
+            (true, _, _) => {
+                bar(&mut svg, y, start, replayed, "#1f77b4");
+                bar(&mut svg, y, replayed, p.live_ms + shift, "#2ca02c");
+            }
+            // Replayed, not live yet: waiting for the lease or the commit.
+            (false, true, Some(now)) => {
+                bar(&mut svg, y, start, replayed, "#1f77b4");
+                bar(&mut svg, y, replayed, now, "#98df8a");
+            }
+            // Replaying.
+            (false, false, Some(now)) => bar(&mut svg, y, start, now, "#aec7e8"),
+            (false, _, None) => bar(&mut svg, y, start, replayed, "#1f77b4"),
         }
     }
     y += row + 10.0;
@@ -108,11 +132,17 @@ mod tests {
             waiting: None,
             partitions: vec![partition(0, 400), partition(1, 0)],
         };
-        let svg = svg(&report, 300, 300);
-        assert!(svg.starts_with("<svg"));
-        assert!(svg.contains(">p0 on "));
-        assert!(svg.contains(">p1 on "));
+        let drawn = svg(&report, 300, 300, None);
+        assert!(drawn.starts_with("<svg"));
+        assert!(drawn.contains(">p0 on "));
+        assert!(drawn.contains(">p1 on "));
         // Bars: detection, setup, two replays, one live.
-        assert_eq!(svg.matches("height='18'").count(), 5);
+        assert_eq!(drawn.matches("height='18'").count(), 5);
+        assert!(drawn.contains("1 of 2 partitions live"));
+        // Under way: the partition replayed but not live waits until now, lighter.
+        let drawn = svg(&report, 300, 300, Some(900));
+        assert_eq!(drawn.matches("height='18'").count(), 6);
+        assert!(drawn.contains("#98df8a"));
+        assert!(drawn.contains("1200 ms after the crash"), "{drawn}");
     }
 }

@@ -169,7 +169,7 @@ fn render_into(html: &mut String, view: &ClusterView) -> std::fmt::Result {
     servers(html, view)?;
     replica_chart(html, view)?;
     tables(html, view)?;
-    recoveries(html, &view.recoveries)
+    recoveries(html, &view.recoveries, view.gathered_unix_ms)
 }
 
 fn coordinators(html: &mut String, view: &ClusterView) -> std::fmt::Result {
@@ -310,7 +310,11 @@ fn tables(html: &mut String, view: &ClusterView) -> std::fmt::Result {
     writeln!(html, "</table>")
 }
 
-fn recoveries(html: &mut String, reports: &[RecoveryReport]) -> std::fmt::Result {
+fn recoveries(
+    html: &mut String,
+    reports: &[RecoveryReport],
+    gathered_unix_ms: u64,
+) -> std::fmt::Result {
     writeln!(html, "<h2>Recoveries</h2>")?;
     if reports.is_empty() {
         return writeln!(
@@ -341,10 +345,12 @@ fn recoveries(html: &mut String, reports: &[RecoveryReport]) -> std::fmt::Result
             mib(bytes),
             state
         )?;
+        let now = gathered_unix_ms.saturating_sub(report.declared_unix_ms);
         html.push_str(&rampart_common::recovery_timeline::svg(
             report,
             report.detection_ms,
             report.detection_ms,
+            Some(now),
         ));
         writeln!(html, "</div>")?;
     }

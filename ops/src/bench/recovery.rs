@@ -646,6 +646,6 @@ impl Floor {
 
 /// The timeline: a bar per partition (on its recovery master), phases coloured.
 fn write_svg(path: &Path, report: &RecoveryReport, shift: u64, detection: u64) -> Result<()> {
-    let svg = rampart_common::recovery_timeline::svg(report, shift, detection);
+    let svg = rampart_common::recovery_timeline::svg(report, shift, detection, None);
     std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
 }
