@@ -1079,10 +1079,16 @@ impl Client {
 
     /// Streams every object of `table`, in key-hash order, a page at a time.
     pub fn enumerate(&self, table: TableId) -> Enumeration {
+        self.enumerate_from(table, 0)
+    }
+
+    /// Like [`enumerate`](Self::enumerate), from key hash `hash` on: an enumeration
+    /// resumed where [`Enumeration::resume_hash`] said (a cursor kept between calls).
+    pub fn enumerate_from(&self, table: TableId, hash: u64) -> Enumeration {
         Enumeration {
             client: self.clone(),
             table,
-            next_hash: Some(0),
+            next_hash: Some(hash),
         }
     }
 }
@@ -1197,6 +1203,12 @@ pub struct Enumeration {
 pub const ENUMERATE_PAGE_BYTES: u32 = 1024 * 1024;
 
 impl Enumeration {
+    /// The key hash the next page starts from (to resume later with
+    /// [`Client::enumerate_from`]); `None` once the table is exhausted.
+    pub fn resume_hash(&self) -> Option<u64> {
+        self.next_hash
+    }
+
     /// The next non-empty page of objects, or `None` when the table is exhausted.
     pub async fn next_page(&mut self) -> Result<Option<Vec<EnumeratedObject>>, ClientError> {
         while let Some(resume) = self.next_hash {

@@ -3,7 +3,9 @@
 //! Starts a Raft group of coordinators (3 by default) and N storage servers, prints one
 //! line per process (`coordinator ID at ADDR (pid P)`, `server ID at ADDR (pid P)`), each
 //! followed by its URLs (`coordinator ID status page URL metrics URL`, `server ID
-//! metrics URL`; none with `--no-metrics`), and then a line starting with `ready`.
+//! metrics URL`; none with `--no-metrics`), a line for the Redis-protocol gateway
+//! (`gateway at ADDR (pid P) speaks RESP ...`; none with `--no-resp`), and then a line
+//! starting with `ready`.
 //! Scripts and tests rely on these lines. While the servers start, their progress goes
 //! to stderr (`progress`: a bar on a terminal, plain lines otherwise), never between
 //! these lines on stdout. It then waits; Ctrl-C or SIGTERM stops every child, and
@@ -90,6 +92,13 @@ pub struct UpArgs {
     /// Serve no status page and no metrics.
     #[arg(long, conflicts_with = "metrics_addr")]
     pub no_metrics: bool,
+    /// Address of the Redis-protocol gateway `cluster up` starts (`rampart gateway`).
+    /// Default: 127.0.0.1:6379, or a free port when the coordinators' port is 0.
+    #[arg(long)]
+    pub resp_addr: Option<String>,
+    /// Start no Redis-protocol gateway.
+    #[arg(long, conflicts_with = "resp_addr")]
+    pub no_resp: bool,
 }
 
 /// How far above a coordinator's port its status page and metrics are by default.
@@ -430,6 +439,31 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
             args.memory,
             args.backup_frames
         );
+    }
+    if !args.no_resp {
+        let listen = match &args.resp_addr {
+            Some(addr) => addr.clone(),
+            None if args.coordinator_addr.ends_with(":0") || network.is_some() => {
+                "127.0.0.1:0".into()
+            }
+            None => "127.0.0.1:6379".into(),
+        };
+        let command: Vec<String> = vec![
+            "gateway".into(),
+            "--coordinator".into(),
+            coordinator.clone(),
+            "--listen".into(),
+            listen,
+        ];
+        let running = children.spawn("gateway", &command, &env, None)?;
+        if print {
+            let port = running.addr.rsplit(':').next().unwrap_or_default();
+            println!(
+                "gateway at {} (pid {}) speaks RESP (Redis): redis-cli -p {port}",
+                running.addr,
+                running.pid()
+            );
+        }
     }
     Ok(LocalCluster {
         coordinator,

@@ -2,6 +2,7 @@
 //!
 //! * `rampart coordinator` / `rampart server` — the two long-running processes.
 //! * `rampart cluster up` — a whole local cluster as child processes.
+//! * `rampart gateway` — a Redis-protocol front door to one table (`rampart_gateway`).
 //! * `rampart kv ...` — table operations from the shell.
 //! * `rampart status` — the coordinators' Raft state and the server list.
 //! * `rampart recovery status|allow-loss` — crash recoveries, and letting one proceed
@@ -17,6 +18,7 @@ mod bench;
 mod children;
 mod cluster;
 mod drill;
+mod gateway;
 mod kv;
 mod netns;
 mod process;
@@ -47,6 +49,8 @@ enum Command {
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },
+    /// A Redis-protocol (RESP2) front door to one table, for redis-cli and Redis clients.
+    Gateway(gateway::GatewayArgs),
     /// Table operations: create-table, drop-table, put, get, del, incr, scan.
     Kv(kv::KvArgs),
     /// The coordinators' Raft state and the server list.
@@ -71,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::Coordinator(args) => process::run_coordinator(args),
         Command::Server(args) => process::run_server(args),
         Command::Cluster { command } => cluster::run(command),
+        Command::Gateway(args) => gateway::run(args),
         Command::Kv(args) => kv::run(args),
         Command::Status(args) => status::run(args),
         Command::Recovery(args) => recovery::run(args),

@@ -225,7 +225,7 @@ pub(crate) fn remove_scratch_data(root: &std::path::Path) {
     };
 }
 
-fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if threads > 0 {
         builder.worker_threads(threads);
@@ -250,7 +250,7 @@ pub async fn shutdown_signal() {
     }
 }
 
-fn announce(line: &str) -> Result<()> {
+pub(crate) fn announce(line: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{line}")?;
     stdout.flush()?;

@@ -59,6 +59,8 @@ pub struct LocalCluster {
     pub status_pages: Vec<String>,
     /// The metrics URL of each process, coordinators first.
     pub metrics: Vec<String>,
+    /// The Redis-protocol gateway's address and pid (`gateway at ADDR (pid P) ...`).
+    pub gateway: Option<(String, u32)>,
     child: Child,
     /// Lines the cluster printed after `ready` (e.g. "server 2 exited ...").
     _lines: mpsc::Receiver<String>,
@@ -109,6 +111,7 @@ impl LocalCluster {
         let mut announced = Vec::new();
         let mut status_pages = Vec::new();
         let mut metrics = Vec::new();
+        let mut gateway = None;
         let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
         loop {
             let wait = deadline.saturating_duration_since(Instant::now());
@@ -135,6 +138,10 @@ impl LocalCluster {
                     metrics.push(url.to_string());
                 }
                 ["server", _, "metrics", url] => metrics.push(url.to_string()),
+                ["gateway", "at", addr, "(pid", pid, ..] => {
+                    let pid = pid.trim_end_matches(')').parse()?;
+                    gateway = Some((addr.to_string(), pid));
+                }
                 [first, ..] if first.starts_with("ready") => break,
                 _ => {}
             }
@@ -153,6 +160,7 @@ impl LocalCluster {
             servers: announced,
             status_pages,
             metrics,
+            gateway,
             child,
             _lines: lines,
             _data_dir: data_dir,

@@ -4,7 +4,7 @@
 //! server is killed with SIGKILL and recovered.
 //!
 //! The browser is Debian's `chromium` (`.ci/run` installs it). Without it the browser
-//! part is skipped with a message — unless `RAMPART_REQUIRE_BROWSER=1` (set by
+//! part is skipped with a message — unless `RAMPART_REQUIRE_TOOLS=1` (set by
 //! `.ci/run`), when its absence fails the test. The screenshot is saved as
 //! `target/status-page.png` (the README shows one).
 
@@ -140,8 +140,8 @@ fn the_status_page_shows_the_servers_and_a_finished_recovery_in_a_browser() {
 
     let Some(browser) = chromium() else {
         assert!(
-            std::env::var("RAMPART_REQUIRE_BROWSER").as_deref() != Ok("1"),
-            "RAMPART_REQUIRE_BROWSER=1 but no chromium is installed"
+            std::env::var("RAMPART_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "RAMPART_REQUIRE_TOOLS=1 but no chromium is installed"
         );
         eprintln!("skipping the browser part: no chromium (apt-get install chromium)");
         return;

@@ -89,6 +89,8 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
     let up = UpArgs {
         metrics_addr: None,
         no_metrics: true,
+        resp_addr: None,
+        no_resp: true,
         data_dir,
         servers: 1,
         coordinators: args.coordinators,

@@ -148,6 +148,8 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let up = UpArgs {
         metrics_addr: None,
         no_metrics: true,
+        resp_addr: None,
+        no_resp: true,
         data_dir: data_dir.clone(),
         servers: args.servers,
         coordinators: 3,

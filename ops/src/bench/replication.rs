@@ -314,6 +314,8 @@ impl ModeCluster {
         let up = UpArgs {
             metrics_addr: None,
             no_metrics: true,
+            resp_addr: None,
+            no_resp: true,
             data_dir: data_dir.clone(),
             servers: args.servers,
             // The data path is measured; one coordinator leaves the cores to it.

@@ -215,6 +215,8 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
         let up = UpArgs {
             metrics_addr: None,
             no_metrics: true,
+            resp_addr: None,
+            no_resp: true,
             data_dir,
             servers: args.servers,
             // The data path is measured; one coordinator leaves the cores to it.

@@ -211,6 +211,8 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
     let up = UpArgs {
         metrics_addr: None,
         no_metrics: true,
+        resp_addr: None,
+        no_resp: true,
         servers: args.servers,
         replicas: Some(args.replicas),
         // Hosts of their own replicate over the network they can be cut from (`shm`
