@@ -152,6 +152,12 @@ pub struct ServerArgs {
     /// free port; the URL is printed at start). None by default.
     #[arg(long)]
     pub metrics_addr: Option<String>,
+    /// The address other servers and clients reach this one at, when it is not
+    /// `--listen` (e.g. `--listen 0.0.0.0:7100 --advertise h1.rack1`): HOST (the
+    /// listening port is added) or HOST:PORT. It is what the server enlists with and
+    /// announces.
+    #[arg(long)]
+    pub advertise: Option<String>,
     /// DRAM for the master's log, e.g. 4GiB.
     #[arg(long, default_value = "1GiB")]
     pub memory: ByteSize,
@@ -476,7 +482,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         announce(&format!(
             "server {} listening on {}",
             server.id().0,
-            server.addr()
+            server.advertised()
         ))?;
         let id = server.id();
         match server.run(shutdown_signal()).await {
@@ -508,6 +514,7 @@ fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
         replicas: usize::try_from(args.replicas).context("--replicas is too large")?,
         replication: args.replication,
         failure_domain: args.failure_domain.clone(),
+        advertise: args.advertise.clone(),
         partition_limits: rampart_master::profiler::PartitionLimits {
             bytes_max: args.partition_mb.saturating_mul(1024 * 1024),
             records_max: args.partition_records,
@@ -536,6 +543,7 @@ fn flags_of(field: &str) -> &str {
         "ping_timeout" => "--ping-timeout-ms",
         "lease_renew_interval" => "--lease-renew-ms",
         "replication" => "--replication rdma",
+        "advertise" => "--advertise",
         other => other,
     }
 }

@@ -70,6 +70,12 @@ pub struct StorageServerConfig {
     /// Failure domain (rack) of this server: no two replicas of a segment are placed in
     /// one domain. `None`: the server's own address, its own domain.
     pub failure_domain: Option<String>,
+    /// The address other servers and clients reach this server at, when it is not the
+    /// one it listens on (a wildcard listener such as `0.0.0.0:7100`, a NAT): `HOST` (the
+    /// listening port is added) or `HOST:PORT` (IPv6 hosts in brackets). It is what the
+    /// server enlists with, and its soft-NIC is advertised on the same host. `None`:
+    /// the bound address.
+    pub advertise: Option<String>,
     /// The largest recovery partition of this master's will.
     pub partition_limits: PartitionLimits,
     /// Time between two pings of the failure detector, each of a random other server.
@@ -105,6 +111,7 @@ impl StorageServerConfig {
             replicas: REPLICAS_DEFAULT,
             replication: None,
             failure_domain: None,
+            advertise: None,
             partition_limits: PartitionLimits::default(),
             ping_interval: rampart_master::failure_detector::PING_INTERVAL,
             ping_timeout: rampart_master::failure_detector::PING_TIMEOUT,
@@ -126,6 +133,11 @@ impl StorageServerConfig {
         })?;
         if self.coordinators.is_empty() {
             return invalid("coordinators", "at least one address is needed");
+        }
+        if let Some(advertise) = &self.advertise {
+            if let Err(reason) = parse_advertise(advertise) {
+                return invalid("advertise", &reason);
+            }
         }
         if self.backup_frames == 0 {
             return invalid("backup_frames", "a backup needs at least one frame");
@@ -216,5 +228,66 @@ mod tests {
             3,
             "FRAMES_MIN only when configured"
         );
+    }
+}
+
+/// An advertised address: its host, and its port if it names one.
+pub fn parse_advertise(text: &str) -> Result<(&str, Option<u16>), String> {
+    if text.is_empty() || text.chars().any(char::is_whitespace) {
+        return Err(format!("`{text}` is not HOST or HOST:PORT"));
+    }
+    let (host, port) = match text.rsplit_once(':') {
+        // A bracketed IPv6 host alone ends with ']'.
+        Some((host, port)) if !text.ends_with(']') => (host, Some(port)),
+        _ => (text, None),
+    };
+    if host.is_empty() || (host.contains(':') && !host.starts_with('[')) {
+        return Err(format!(
+            "`{text}` is not HOST or HOST:PORT (IPv6 hosts in brackets)"
+        ));
+    }
+    let port = match port {
+        None => None,
+        Some(port) => match port.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(format!("`{text}`: the port must be 1 to 65535")),
+            Ok(port) => Some(port),
+        },
+    };
+    Ok((host, port))
+}
+
+/// The address a server listening at `bound` enlists with under `advertise`.
+pub fn advertised_addr(advertise: Option<&str>, bound: std::net::SocketAddr) -> String {
+    match advertise.map(parse_advertise) {
+        Some(Ok((host, Some(port)))) => format!("{host}:{port}"),
+        Some(Ok((host, None))) => format!("{host}:{}", bound.port()),
+        None | Some(Err(_)) => bound.to_string(),
+    }
+}
+
+/// The host part of an address `HOST:PORT`.
+pub fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(host, _)| host)
+}
+
+#[cfg(test)]
+mod advertise_tests {
+    use super::*;
+
+    #[test]
+    fn advertised_addresses_take_the_listening_port_unless_they_name_one() {
+        let bound: std::net::SocketAddr = "0.0.0.0:7100".parse().expect("an address");
+        assert_eq!(advertised_addr(None, bound), "0.0.0.0:7100");
+        assert_eq!(advertised_addr(Some("h1.rack1"), bound), "h1.rack1:7100");
+        assert_eq!(
+            advertised_addr(Some("10.0.0.5:9000"), bound),
+            "10.0.0.5:9000"
+        );
+        assert_eq!(advertised_addr(Some("[fd00::5]"), bound), "[fd00::5]:7100");
+        assert_eq!(advertised_addr(Some("[fd00::5]:9"), bound), "[fd00::5]:9");
+        assert_eq!(host_of("h1.rack1:7100"), "h1.rack1");
+        for bad in ["", "h 1", "h:0", "h:x", "fd00::5", ":7100"] {
+            assert!(parse_advertise(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -50,7 +50,9 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::{Handle, Runtime};
 
 use crate::children::ServerChildren;
-use crate::config::{frames_for_disk, ConfigError, StorageServerConfig, BACKUP_THREADS};
+use crate::config::{
+    advertised_addr, frames_for_disk, host_of, ConfigError, StorageServerConfig, BACKUP_THREADS,
+};
 use crate::enlistment::{enlist, EnlistError};
 use crate::metrics::StorageMetrics;
 use crate::storage_service::{StorageService, BACKUP_THREAD_NAME};
@@ -169,6 +171,8 @@ impl Drop for BackupRuntime {
 pub struct StorageServer {
     id: ServerId,
     addr: SocketAddr,
+    /// The address it enlisted with (`StorageServerConfig::advertise`, or `addr`).
+    advertised: String,
     listener: TcpListener,
     service: Arc<StorageService>,
     children: ServerChildren,
@@ -291,9 +295,14 @@ impl StorageServer {
             what: "the soft-NIC listener",
             source,
         })?;
-        backup.set_nic_addr(nic_addr.to_string());
+        // What other servers and clients are told: the advertised host, if any.
+        let advertised = advertised_addr(config.advertise.as_deref(), addr);
+        backup.set_nic_addr(match &config.advertise {
+            Some(_) => format!("{}:{}", host_of(&advertised), nic_addr.port()),
+            None => nic_addr.to_string(),
+        });
         let request = EnlistRequest {
-            addr: addr.to_string(),
+            addr: advertised.clone(),
             services: Services {
                 master: true,
                 backup: true,
@@ -301,7 +310,7 @@ impl StorageServer {
             failure_domain: config
                 .failure_domain
                 .clone()
-                .unwrap_or_else(|| addr.to_string()),
+                .unwrap_or_else(|| advertised.clone()),
             disk_read_mbps: disk_mbps,
         };
         let id = enlist(&config.coordinators, &request).await?;
@@ -338,19 +347,20 @@ impl StorageServer {
                 }
             })
         };
-        let children = ServerChildren::start(id, &addr.to_string(), &config, &master, lease, nic);
+        let children = ServerChildren::start(id, &advertised, &config, &master, lease, nic);
         let service = Arc::new(StorageService {
             master,
             backup,
             backup_runtime: backup_runtime.handle.clone(),
         });
         tracing::info!(
-            %id, %addr, memory = %ByteSize(config.master.memory_bytes),
+            %id, %addr, %advertised, memory = %ByteSize(config.master.memory_bytes),
             replicas = config.replicas, "server enlisted"
         );
         Ok(StorageServer {
             id,
             addr,
+            advertised,
             listener,
             service,
             children,
@@ -368,6 +378,11 @@ impl StorageServer {
         self.addr
     }
 
+    /// The address it enlisted with: what other servers and clients reach it at.
+    pub fn advertised(&self) -> &str {
+        &self.advertised
+    }
+
     /// A registry of this server's metrics (its master, backup and failure detector),
     /// read when scraped: serve it with `rampart_common::metrics::handler`.
     pub fn metrics(&self) -> prometheus::Registry {
@@ -383,6 +398,7 @@ impl StorageServer {
         let StorageServer {
             id,
             addr,
+            advertised: _,
             listener,
             service,
             children,

@@ -94,7 +94,20 @@ impl Cluster {
     }
 
     async fn start_server(&mut self, index: usize, replicas: usize) {
+        self.start_server_at(index, replicas, "127.0.0.1:0", None)
+            .await;
+    }
+
+    /// Starts server `index` listening on `listen`, enlisting with `advertise`.
+    async fn start_server_at(
+        &mut self,
+        index: usize,
+        replicas: usize,
+        listen: &str,
+        advertise: Option<&str>,
+    ) {
         let config = StorageServerConfig {
+            advertise: advertise.map(str::to_string),
             backup_frames: 8,
             disk_mbps: Some(500),
             master: MasterConfig {
@@ -109,8 +122,8 @@ impl Cluster {
                 self.dir.path().join(format!("server-{index}")),
             )
         };
-        let server = StorageServer::start(config, "127.0.0.1:0").await.unwrap();
-        self.addrs.push(server.addr().to_string());
+        let server = StorageServer::start(config, listen).await.unwrap();
+        self.addrs.push(server.advertised().to_string());
         let registry = server.metrics();
         self.metrics.push(Box::new(move || {
             rampart_common::metrics::render(std::slice::from_ref(&registry))
@@ -464,5 +477,39 @@ async fn a_table_created_where_masters_cannot_meet_r_is_refused_naming_the_cause
         !said.contains("timed out after"),
         "the leader's answer, not a client timeout: {said}"
     );
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_on_a_wildcard_listener_enlists_with_its_advertised_address() {
+    let mut cluster = Cluster::start(2, 1).await;
+    cluster
+        .start_server_at(2, 1, "0.0.0.0:0", Some("127.0.0.1"))
+        .await;
+    let advertised = cluster.addrs[2].clone();
+    assert!(advertised.starts_with("127.0.0.1:"), "{advertised}");
+    assert!(
+        !advertised.ends_with(":0"),
+        "the listening port is added: {advertised}"
+    );
+    let enlisted: Vec<String> = cluster
+        .node
+        .with_state(|state| state.servers().map(|s| s.addr.clone()).collect());
+    assert!(enlisted.contains(&advertised), "{enlisted:?}");
+    assert!(
+        !enlisted.iter().any(|addr| addr.starts_with("0.0.0.0")),
+        "a wildcard address is never enlisted: {enlisted:?}"
+    );
+    let client = Client::connect(std::slice::from_ref(&cluster.coordinator))
+        .await
+        .unwrap();
+    // A table over all three: some keys live on the wildcard-bound server, reached (and
+    // replicated to) at its advertised address.
+    let table = client.create_table("everywhere", 3).await.unwrap();
+    write_all(&client, table).await;
+    let on_it = (0..OBJECTS)
+        .filter(|&i| client.locate(table, &key(i)).as_deref() == Some(advertised.as_str()));
+    assert!(on_it.count() > 0, "the advertised server owns a tablet");
+    read_all(&client, table, Instant::now()).await;
     cluster.stop().await;
 }
