@@ -84,35 +84,17 @@ impl Gateway {
         listener: TcpListener,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let permits = Arc::new(tokio::sync::Semaphore::new(GATEWAY_CONNECTIONS_MAX));
-        let mut connections = tokio::task::JoinSet::new();
-        tokio::pin!(shutdown);
-        loop {
-            let permit = tokio::select! {
-                _ = &mut shutdown => break,
-                permit = Arc::clone(&permits).acquire_owned() => permit,
-            };
-            let Ok(permit) = permit else { break };
-            let accepted = tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((stream, _)) => {
-                    let gateway = Arc::clone(&self);
-                    connections.spawn(async move {
-                        gateway.connection(stream).await;
-                        drop(permit);
-                    });
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "RESP accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-            while connections.try_join_next().is_some() {}
-        }
-        connections.shutdown().await;
+        rampart_common::rpc::server::accept_connections(
+            listener,
+            GATEWAY_CONNECTIONS_MAX,
+            "resp",
+            shutdown,
+            move |stream| {
+                let gateway = Arc::clone(&self);
+                async move { gateway.connection(stream).await }
+            },
+        )
+        .await;
     }
 
     async fn connection(&self, mut stream: TcpStream) {

@@ -190,9 +190,9 @@ impl RpcServer {
 /// Accepts connections on `listener` until `shutdown` completes, at most
 /// `connections_max` open at once (past it, accepting waits for one to close), each
 /// served by its own task running `serve`; then stops accepting and drops every
-/// connection. `what` names the server in logs. Shared by the RPC server and the
-/// soft-NIC (`onesided::nic`).
-pub(crate) async fn accept_connections<F, Fut>(
+/// connection. `what` names the server in logs. Shared by the RPC server, the
+/// soft-NIC (`onesided::nic`), the HTTP server and the RESP gateway.
+pub async fn accept_connections<F, Fut>(
     listener: TcpListener,
     connections_max: usize,
     what: &'static str,
