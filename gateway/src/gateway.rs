@@ -11,7 +11,8 @@
 //! `MSET` writes each key once, but not all at once (keys on different masters).
 //!
 //! Limits: [`GATEWAY_CONNECTIONS_MAX`] connections (further ones wait in the listen
-//! backlog), requests bounded by [`RequestLimits`], replies written within
+//! backlog), requests bounded by [`RequestLimits`] (so is what a connection buffers:
+//! one request, 64 MiB at most), replies written within
 //! [`REPLY_WRITE_TIMEOUT`]. A protocol error is answered and its connection closed; any
 //! other error (an unknown command, a bad argument, a timed-out write) is answered and
 //! the connection goes on.

@@ -19,6 +19,8 @@ pub struct RequestLimits {
     pub arg_bytes_max: usize,
     /// Longest inline command line.
     pub inline_bytes_max: usize,
+    /// Most bytes of one request (all its arguments): what a connection may buffer.
+    pub request_bytes_max: usize,
 }
 
 impl Default for RequestLimits {
@@ -29,6 +31,8 @@ impl Default for RequestLimits {
             // A value up to the cluster's largest (16 MiB) with room to spare.
             arg_bytes_max: 17 * 1024 * 1024,
             inline_bytes_max: 64 * 1024,
+            // An MSET of 64 MiB; a client's query buffer is bounded by it.
+            request_bytes_max: 64 * 1024 * 1024,
         }
     }
 }
@@ -41,6 +45,20 @@ pub struct ProtocolError(pub String);
 /// Takes one whole request off the front of `buf`: `Ok(None)` while it is incomplete
 /// (read more), `Ok(Some(args))` once whole (its bytes are consumed).
 pub fn take_request(
+    buf: &mut BytesMut,
+    limits: &RequestLimits,
+) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    let taken = take_request_unbounded(buf, limits)?;
+    if taken.is_none() && buf.len() > limits.request_bytes_max {
+        return Err(ProtocolError(format!(
+            "request larger than {} bytes",
+            limits.request_bytes_max
+        )));
+    }
+    Ok(taken)
+}
+
+fn take_request_unbounded(
     buf: &mut BytesMut,
     limits: &RequestLimits,
 ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
@@ -285,6 +303,16 @@ mod tests {
         };
         let mut long = BytesMut::from(&b"GET aaaaaaaaaaaaaaa"[..]);
         assert!(take_request(&mut long, &limits).is_err());
+        // Many arguments, each within bounds, but more bytes than a request may hold.
+        let limits = RequestLimits {
+            request_bytes_max: 64,
+            ..RequestLimits::default()
+        };
+        let mut big = BytesMut::from(&b"*100\r\n"[..]);
+        for _ in 0..10 {
+            big.extend_from_slice(b"$10\r\n0123456789\r\n");
+        }
+        assert!(take_request(&mut big, &limits).is_err());
     }
 
     #[test]
