@@ -4,8 +4,8 @@
 //! * `rampart cluster up` — a whole local cluster as child processes.
 //! * `rampart gateway` — a Redis-protocol front door to one table (`rampart_gateway`).
 //! * `rampart kv ...` — table operations from the shell.
-//! * `rampart status` — the coordinators' Raft state and the server list.
-//! * `rampart recovery status|allow-loss` — crash recoveries, and letting one proceed
+//! * `rampart status` — how the cluster stands (the status page's view, in a terminal).
+//! * `rampart recovery list|show|status|allow-loss` — crash recoveries, and letting one proceed
 //!   with an incomplete log.
 //! * `rampart bench ycsb` — the YCSB benchmark; `rampart bench replication` — the
 //!   replication transports side by side (throughput, write latency, backup CPU).
@@ -53,9 +53,10 @@ enum Command {
     Gateway(gateway::GatewayArgs),
     /// Table operations: create-table, drop-table, put, get, del, incr, scan.
     Kv(kv::KvArgs),
-    /// The coordinators' Raft state and the server list.
+    /// How the cluster stands: problems and their fixes, coordinators, servers, tables,
+    /// recoveries.
     Status(status::StatusArgs),
-    /// Crash recoveries: their status, and allow-loss for an incomplete log.
+    /// Crash recoveries: list, show, status, and allow-loss for an incomplete log.
     Recovery(recovery::RecoveryArgs),
     /// Benchmarks.
     Bench {
