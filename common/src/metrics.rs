@@ -1,119 +1,104 @@
 //! Prometheus metrics: the RPC layer's own, and how a process serves them.
 //!
-//! Every process keeps its metrics in Prometheus registries (the `prometheus` crate):
-//! the RPC server's request counts and latency histograms per operation live in the
-//! process's default registry ([`rpc`]); each component (a master, a backup, a
+//! The RPC server counts requests per opcode and status in plain atomics
+//! (`crate::rpc::stats`, which knows nothing of metrics); [`rpc_families`] names them
+//! as Prometheus families at each scrape. Each component (a master, a backup, a
 //! coordinator) registers a collector that reads its state when scraped, in a registry
-//! of its own so that an in-process cluster can hold several. [`handler`] serves all of
-//! them as text at `/metrics` ([`crate::http`]).
+//! of its own so that an in-process cluster can hold several (the `prometheus` crate).
+//! [`handler`] serves all of them as text at `/metrics` ([`crate::http`]).
 //!
 //! Names follow Prometheus conventions: a `rampart_` prefix, the unit in the name
 //! (`_seconds`, `_bytes`), `_total` on counters.
 
 use crate::http::{Handler, Request, Response};
-use crate::rpc::Opcode;
-use crate::status::Status;
+use crate::rpc::stats::{rpc_stats, OpcodeCounts, LATENCY_BOUNDS_SECONDS};
 use prometheus::core::Collector;
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
-use std::sync::{Arc, LazyLock, OnceLock};
-use std::time::Duration;
+use prometheus::proto::{
+    Bucket, Counter as CounterSample, Histogram as HistogramSample, LabelPair, Metric,
+    MetricFamily, MetricType,
+};
+use prometheus::{Encoder, Opts, Registry};
+use std::sync::Arc;
 
-/// Opcodes below this get a cached histogram (every opcode of every service does).
-const OPCODES_CACHED: usize = 300;
-
-/// The RPC server's metrics of this process.
-#[derive(Debug)]
-pub struct RpcMetrics {
-    requests: IntCounterVec,
-    duration: HistogramVec,
-    /// Per opcode, its histogram and its `Ok` counter, looked up once: the label lookup
-    /// of a vector takes a lock, a hash and the label strings per request.
-    cached: Box<[OnceLock<(Histogram, prometheus::IntCounter)>]>,
-    /// The counters of other statuses by (opcode, status code), looked up once each
-    /// (a read miss answers `ObjectDoesntExist`, as often as reads hit).
-    other: parking_lot::RwLock<std::collections::HashMap<(u16, u16), prometheus::IntCounter>>,
-}
-
-/// Latency buckets: 10 µs to 10 s, about ×3 apart (written out: computed ones print as
-/// 0.000030000000000000004).
-fn latency_buckets() -> Vec<f64> {
+/// The RPC server's counts of this process (`crate::rpc::stats`) as two families:
+/// `rampart_rpc_requests_total{operation,status}` and
+/// `rampart_rpc_duration_seconds{operation}`; none before the first request.
+pub fn rpc_families() -> Vec<MetricFamily> {
+    let counts = rpc_stats().snapshot();
+    if counts.is_empty() {
+        return Vec::new();
+    }
+    let mut requests = Vec::new();
+    let mut durations = Vec::new();
+    for opcode in &counts {
+        let operation = operation_name(opcode);
+        for (status, n) in &opcode.statuses {
+            let status = status.map_or("Unrecognized".to_string(), |s| format!("{s:?}"));
+            let mut counter = CounterSample::default();
+            counter.set_value(*n as f64);
+            let mut metric = Metric::default();
+            metric.set_label(vec![label("operation", operation), label("status", &status)].into());
+            metric.set_counter(counter);
+            requests.push(metric);
+        }
+        let mut cumulative = 0;
+        let buckets: Vec<Bucket> = LATENCY_BOUNDS_SECONDS
+            .iter()
+            .zip(&opcode.buckets)
+            .map(|(bound, n)| {
+                cumulative += n;
+                let mut bucket = Bucket::default();
+                bucket.set_upper_bound(*bound);
+                bucket.set_cumulative_count(cumulative);
+                bucket
+            })
+            .collect();
+        let mut histogram = HistogramSample::default();
+        histogram.set_sample_count(opcode.count());
+        histogram.set_sample_sum(opcode.sum_seconds);
+        histogram.set_bucket(buckets.into());
+        let mut metric = Metric::default();
+        metric.set_label(vec![label("operation", operation)].into());
+        metric.set_histogram(histogram);
+        durations.push(metric);
+    }
     vec![
-        0.000_01, 0.000_03, 0.000_1, 0.000_3, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0,
+        family(
+            "rampart_rpc_requests_total",
+            "RPC requests served, by operation and reply status.",
+            MetricType::COUNTER,
+            requests,
+        ),
+        family(
+            "rampart_rpc_duration_seconds",
+            "Time from a request's arrival to its reply, by operation.",
+            MetricType::HISTOGRAM,
+            durations,
+        ),
     ]
 }
 
-impl RpcMetrics {
-    fn new() -> RpcMetrics {
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "rampart_rpc_requests_total",
-                "RPC requests served, by operation and reply status.",
-            ),
-            &["operation", "status"],
-        );
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                "rampart_rpc_duration_seconds",
-                "Time from a request's arrival to its reply, by operation.",
-            )
-            .buckets(latency_buckets()),
-            &["operation"],
-        );
-        let (Ok(requests), Ok(duration)) = (requests, duration) else {
-            unreachable!("the metric names and labels are valid");
-        };
-        let registry = prometheus::default_registry();
-        // Registered once per process (this runs inside a LazyLock).
-        let _ = registry.register(Box::new(requests.clone()));
-        let _ = registry.register(Box::new(duration.clone()));
-        RpcMetrics {
-            requests,
-            duration,
-            cached: (0..OPCODES_CACHED).map(|_| OnceLock::new()).collect(),
-            other: parking_lot::RwLock::new(std::collections::HashMap::new()),
-        }
-    }
-
-    /// Counts one request of `opcode` answered `status` after `elapsed`.
-    pub fn observe(&self, opcode: Opcode, status: Status, elapsed: Duration) {
-        let seconds = elapsed.as_secs_f64();
-        let name = || crate::protocol::opcode_name(opcode).unwrap_or("unknown");
-        if let Some(slot) = self.cached.get(opcode.0 as usize) {
-            let (histogram, ok) = slot.get_or_init(|| {
-                (
-                    self.duration.with_label_values(&[name()]),
-                    self.requests.with_label_values(&[name(), "Ok"]),
-                )
-            });
-            histogram.observe(seconds);
-            if status == Status::Ok {
-                ok.inc();
-                return;
-            }
-        } else {
-            self.duration.with_label_values(&[name()]).observe(seconds);
-        }
-        let key = (opcode.0, status.code());
-        if let Some(counter) = self.other.read().get(&key) {
-            counter.inc();
-            return;
-        }
-        let counter = self
-            .requests
-            .with_label_values(&[name(), &format!("{status:?}")]);
-        counter.inc();
-        // Bounded: opcodes × statuses, both small fixed sets (unknown opcodes share one
-        // name but not one key, so they are counted without being cached).
-        if crate::protocol::opcode_name(opcode).is_some() {
-            self.other.write().insert(key, counter);
-        }
-    }
+fn operation_name(counts: &OpcodeCounts) -> &'static str {
+    counts
+        .opcode
+        .and_then(crate::protocol::opcode_name)
+        .unwrap_or("unknown")
 }
 
-/// This process's RPC metrics.
-pub fn rpc() -> &'static RpcMetrics {
-    static METRICS: LazyLock<RpcMetrics> = LazyLock::new(RpcMetrics::new);
-    &METRICS
+fn label(name: &str, value: &str) -> LabelPair {
+    let mut pair = LabelPair::default();
+    pair.set_name(name.to_string());
+    pair.set_value(value.to_string());
+    pair
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut family = MetricFamily::default();
+    family.set_name(name.to_string());
+    family.set_help(help.to_string());
+    family.set_field_type(kind);
+    family.set_metric(metrics.into());
+    family
 }
 
 /// A registry holding `collectors` (a component's own).
@@ -130,6 +115,7 @@ pub fn registry_of(collectors: Vec<Box<dyn Collector>>) -> Registry {
 /// The text exposition of the default registry and `registries`.
 pub fn render(registries: &[Registry]) -> String {
     let mut families = prometheus::default_registry().gather();
+    families.extend(rpc_families());
     for registry in registries {
         families.extend(registry.gather());
     }
@@ -205,14 +191,17 @@ pub fn set_counter(counter: &prometheus::Counter, total: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::Rpc;
+    use crate::rpc::{Opcode, Rpc};
+    use crate::status::Status;
+    use std::time::Duration;
 
     #[test]
-    fn rpc_requests_are_counted_by_operation_and_status() {
+    fn rpc_requests_are_rendered_by_operation_and_status() {
+        let stats = crate::rpc::stats::rpc_stats();
         let ping = crate::protocol::master::Ping::OPCODE;
-        rpc().observe(ping, Status::Ok, Duration::from_micros(30));
-        rpc().observe(ping, Status::Retry, Duration::from_micros(50));
-        rpc().observe(
+        stats.observe(ping, Status::Ok, Duration::from_micros(30));
+        stats.observe(ping, Status::Retry, Duration::from_micros(50));
+        stats.observe(
             Opcode(4000),
             Status::UnknownOpcode,
             Duration::from_micros(5),
@@ -225,6 +214,7 @@ mod tests {
         assert!(
             text.contains(r#"rampart_rpc_duration_seconds_bucket{operation="Ping",le="0.00001"}"#)
         );
+        assert!(text.contains(r#"rampart_rpc_duration_seconds_bucket{operation="Ping",le="+Inf"}"#));
         assert!(text.contains("# TYPE rampart_rpc_duration_seconds histogram"));
     }
 

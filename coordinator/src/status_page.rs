@@ -361,8 +361,9 @@ fn mib(bytes: u64) -> String {
     rampart_common::config::ByteSize(bytes).readable()
 }
 
-/// `HH:MM:SS UTC` of a Unix time in milliseconds.
-fn utc_time(unix_ms: u64) -> String {
+/// `HH:MM:SS UTC` of a Unix time in milliseconds (the status page's and `rampart
+/// recovery`'s times).
+pub fn utc_time(unix_ms: u64) -> String {
     let seconds = unix_ms / 1000 % 86_400;
     format!(
         "{:02}:{:02}:{:02} UTC",

@@ -23,6 +23,7 @@ use rampart_common::protocol::coordinator::{
     AllowLoss, RecoveryReport, RecoveryStatus, RecoveryStatusRequest, ServerIdRequest,
 };
 use rampart_common::rpc::RpcPool;
+use rampart_coordinator::status_page::utc_time;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -167,12 +168,6 @@ fn state(report: &RecoveryReport) -> String {
     }
 }
 
-/// `HH:MM:SS UTC` of a Unix time in milliseconds.
-fn utc(unix_ms: u64) -> String {
-    let s = unix_ms / 1000 % 86_400;
-    format!("{:02}:{:02}:{:02} UTC", s / 3600, s / 60 % 60, s % 60)
-}
-
 /// One line of `recovery list`.
 fn list_line(r: &RecoveryReport) -> String {
     let total = if r.done_ms == 0 {
@@ -184,7 +179,7 @@ fn list_line(r: &RecoveryReport) -> String {
         "{:>4}  {:<12} {:<13} {:>6} ms {:>5} ms {:>6} ms {:>9} {:>10}  {}",
         r.crashed.0,
         r.crashed.to_string(),
-        utc(r.declared_unix_ms),
+        utc_time(r.declared_unix_ms),
         r.detection_ms,
         r.setup_ms,
         replay_ms(r),
@@ -205,7 +200,7 @@ fn show(r: &RecoveryReport) -> String {
         "recovery {} of {}: declared crashed at {}, {}",
         r.crashed.0,
         r.crashed,
-        utc(r.declared_unix_ms),
+        utc_time(r.declared_unix_ms),
         state(r)
     );
     let _ = writeln!(

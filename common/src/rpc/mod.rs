@@ -8,6 +8,8 @@
 //!   deadlines, and [`RpcPool`] that reuses one connection per peer.
 //! * [`server`] — the server side: accepts connections, reads frames, runs a
 //!   [`Service`] per request and writes replies.
+//! * [`stats`] — what the server counts of each request (opcode, status, latency), in
+//!   plain atomics; `crate::metrics` names and serves them.
 //!
 //! The layer knows no RPC of its own: the messages are the `protocol` module's, which
 //! builds on this module (never the other way round), and calls that must find the
@@ -26,6 +28,7 @@ pub mod connection;
 pub mod frame;
 pub mod message;
 pub mod server;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 

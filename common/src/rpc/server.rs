@@ -17,8 +17,8 @@
 //!   TCP keepalive ends connections whose peer vanished without a word.
 //! * Services answer unknown opcodes and undecodable payloads with `UnknownOpcode` and
 //!   `MalformedRequest` replies; the connection stays open.
-//! * Every request is counted and timed, by operation and status, in the process's
-//!   metrics ([`crate::metrics::rpc`]).
+//! * Every request is counted and timed, by opcode and status, in the process's
+//!   [`super::stats::rpc_stats`] (which `crate::metrics` serves).
 //! * A peer that disconnects with requests in flight: they run to completion (a write
 //!   is applied or not, atomically) and their replies are discarded.
 
@@ -286,7 +286,7 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
         }
         let arrived = std::time::Instant::now();
         if let Some(reply) = service.handle_now(header.opcode, &payload) {
-            crate::metrics::rpc().observe(header.opcode, reply.status, arrived.elapsed());
+            super::stats::rpc_stats().observe(header.opcode, reply.status, arrived.elapsed());
             answer(&writer, reply, &header, &broken).await;
             continue;
         }
@@ -298,7 +298,7 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
         let broken = Arc::clone(&broken);
         requests.spawn(async move {
             let reply = service.handle(header.opcode, payload).await;
-            crate::metrics::rpc().observe(header.opcode, reply.status, arrived.elapsed());
+            super::stats::rpc_stats().observe(header.opcode, reply.status, arrived.elapsed());
             answer(&writer, reply, &header, &broken).await;
             drop(permit);
         });
