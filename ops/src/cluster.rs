@@ -85,7 +85,7 @@ pub struct UpArgs {
     pub recovery_masters_max: usize,
     /// HTTP address of the first coordinator's status page and metrics; the others take
     /// the next ports. Default: the coordinator's host, its port + 100 (7100 for 7000;
-    /// free ports when the coordinators' port is 0). Servers serve their metrics on a
+    /// free ports when `--coordinator-addr` asks for free ports, port 0). Servers serve their metrics on a
     /// free port of their host. Every URL is printed at start.
     #[arg(long)]
     pub metrics_addr: Option<String>,
@@ -105,12 +105,24 @@ pub struct UpArgs {
 pub const HTTP_PORT_OFFSET: u16 = 100;
 
 /// The HTTP address of coordinator `index` (0-based) listening at `addr`, under `args`.
-fn coordinator_http_addr(args: &UpArgs, index: usize, addr: &str) -> Result<Option<String>> {
+/// `free_ports`: the coordinators' ports were picked free (`--coordinator-addr
+/// HOST:0`); the port 100 above one of those may well be taken, so a free one is picked
+/// for the HTTP server too.
+fn coordinator_http_addr(
+    args: &UpArgs,
+    index: usize,
+    addr: &str,
+    free_ports: bool,
+) -> Result<Option<String>> {
     if args.no_metrics {
         return Ok(None);
     }
     let (base, offset) = match &args.metrics_addr {
         Some(first) => (first.as_str(), index),
+        None if free_ports => {
+            let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+            return Ok(Some(format!("{host}:0")));
+        }
         None => (addr, 0),
     };
     let mut parsed: std::net::SocketAddr = base
@@ -316,7 +328,8 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
                 args.recovery_masters_max.to_string(),
             ]);
         }
-        if let Some(http) = coordinator_http_addr(args, i, addr)? {
+        let free_ports = network.is_none() && args.coordinator_addr.ends_with(":0");
+        if let Some(http) = coordinator_http_addr(args, i, addr, free_ports)? {
             command.extend(["--metrics-addr".into(), http]);
         }
         let netns = netns_of(network.as_ref(), &coordinator_host(id))?;
@@ -560,4 +573,43 @@ pub(crate) fn signal_flag(signal: libc::c_int, flag: &Arc<AtomicBool>) -> Result
         bail!("cannot install a handler for signal {signal}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coordinator_http_ports_follow_fixed_ports_and_are_free_with_free_ports() {
+        #[derive(clap::Parser)]
+        struct Up {
+            #[command(flatten)]
+            up: UpArgs,
+        }
+        let parse = |args: &[&str]| {
+            <Up as clap::Parser>::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
+                .expect("valid flags")
+                .up
+        };
+        let http = |args: &UpArgs, index, addr, free| {
+            coordinator_http_addr(args, index, addr, free).expect("an address")
+        };
+        let fixed = parse(&[]);
+        assert_eq!(
+            http(&fixed, 1, "127.0.0.1:7001", false).as_deref(),
+            Some("127.0.0.1:7101")
+        );
+        let free = parse(&["--coordinator-addr", "127.0.0.1:0"]);
+        assert_eq!(
+            http(&free, 0, "127.0.0.1:40671", true).as_deref(),
+            Some("127.0.0.1:0")
+        );
+        let given = parse(&["--metrics-addr", "127.0.0.1:9100"]);
+        assert_eq!(
+            http(&given, 2, "127.0.0.1:7002", false).as_deref(),
+            Some("127.0.0.1:9102")
+        );
+        let none = parse(&["--no-metrics"]);
+        assert_eq!(http(&none, 0, "127.0.0.1:7000", false), None);
+    }
 }
