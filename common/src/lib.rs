@@ -10,6 +10,9 @@
 //! * [`log`] — the log format of DESIGN.md §4: entries, the segment writer with
 //!   Tailwind checksums, and the valid-prefix scanner.
 //! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (DESIGN.md §8).
+//! * [`auth`] — the cluster token every connection proves (HMAC handshake), and the
+//!   process's security settings; [`tls`] — optional TLS for client connections;
+//!   [`secure`] — both applied to a connection as it is dialled or accepted.
 //! * [`protocol`] — every RPC's request and reply messages, by service.
 //! * [`recovery_timeline`] — one recovery's phases as an SVG timeline.
 //! * [`coordinator_set`] — calls that must reach the leader of the coordinators' Raft
@@ -22,6 +25,7 @@
 //! * [`failpoints`] — deliberate misbehaviour for process tests, compiled in only for
 //!   them.
 
+pub mod auth;
 pub mod config;
 pub mod coordinator_set;
 pub mod failpoints;
@@ -36,6 +40,8 @@ pub mod recovery_timeline;
 pub mod reject;
 pub mod rifl;
 pub mod rpc;
+pub mod secure;
 pub mod status;
 pub mod tablet;
+pub mod tls;
 pub mod will;

@@ -84,6 +84,9 @@ pub enum Status {
     /// `rifl::CLIENT_LEASE`): its completion records may be gone, so none of its writes
     /// is executed any more. The client must open a new identity.
     ClientLeaseExpired,
+    /// The connection presented no cluster token where the cluster requires one
+    /// (`crate::auth`); it is closed after this answer.
+    Unauthenticated,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -121,6 +124,7 @@ impl Status {
             Status::WrongServer => 26,
             Status::StaleRequest => 27,
             Status::ClientLeaseExpired => 28,
+            Status::Unauthenticated => 29,
             Status::Unrecognized(code) => code,
         }
     }
@@ -157,6 +161,7 @@ impl Status {
             26 => Status::WrongServer,
             27 => Status::StaleRequest,
             28 => Status::ClientLeaseExpired,
+            29 => Status::Unauthenticated,
             other => Status::Unrecognized(other),
         }
     }
@@ -202,6 +207,7 @@ impl fmt::Display for Status {
             Status::WrongServer => "request meant for another server at this address",
             Status::StaleRequest => "retried write that its client had acknowledged",
             Status::ClientLeaseExpired => "client lease expired",
+            Status::Unauthenticated => "no cluster token presented",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

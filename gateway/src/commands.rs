@@ -26,6 +26,13 @@ pub enum Command {
     Echo(Bytes),
     /// `QUIT`: answer OK and close.
     Quit,
+    /// `AUTH [username] password`: the cluster token (the only user is `default`).
+    Auth {
+        /// The user named, if any.
+        username: Option<Bytes>,
+        /// The password.
+        password: Bytes,
+    },
     /// `SELECT 0` (the gateway's one table).
     Select,
     /// `CLIENT SETNAME name`.
@@ -77,8 +84,8 @@ pub enum Command {
 
 /// Commands [`CommandCount`](Command::CommandCount) counts.
 pub const COMMANDS: &[&str] = &[
-    "PING", "ECHO", "QUIT", "SELECT", "CLIENT", "COMMAND", "INFO", "GET", "SET", "DEL", "EXISTS",
-    "INCR", "INCRBY", "DECR", "DECRBY", "MGET", "MSET", "SCAN",
+    "PING", "ECHO", "QUIT", "AUTH", "SELECT", "CLIENT", "COMMAND", "INFO", "GET", "SET", "DEL",
+    "EXISTS", "INCR", "INCRBY", "DECR", "DECRBY", "MGET", "MSET", "SCAN",
 ];
 
 /// Keys a `SCAN` returns per call unless `COUNT` says otherwise.
@@ -121,6 +128,17 @@ pub fn parse(args: &[Bytes]) -> Result<Command, Reply> {
             Ok(Command::Echo(rest[0].clone()))
         }
         "QUIT" => Ok(Command::Quit),
+        "AUTH" => match rest {
+            [password] => Ok(Command::Auth {
+                username: None,
+                password: password.clone(),
+            }),
+            [username, password] => Ok(Command::Auth {
+                username: Some(username.clone()),
+                password: password.clone(),
+            }),
+            _ => Err(Reply::Error("ERR syntax error".to_string())),
+        },
         "SELECT" => {
             arity(rest.len() == 1)?;
             match integer(&rest[0]) {
@@ -345,6 +363,20 @@ mod tests {
             })
         );
         assert_eq!(parse(&args(&["SELECT", "0"])), Ok(Command::Select));
+        assert_eq!(
+            parse(&args(&["auth", "secret"])),
+            Ok(Command::Auth {
+                username: None,
+                password: "secret".into()
+            })
+        );
+        assert_eq!(
+            parse(&args(&["AUTH", "default", "secret"])),
+            Ok(Command::Auth {
+                username: Some("default".into()),
+                password: "secret".into()
+            })
+        );
     }
 
     #[test]
@@ -374,6 +406,7 @@ mod tests {
             "ERR wrong number of arguments for 'mset' command"
         );
         assert_eq!(error(&["SCAN", "x"]), "ERR invalid cursor");
+        assert_eq!(error(&["AUTH"]), "ERR syntax error");
     }
 
     #[test]

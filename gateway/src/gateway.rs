@@ -10,6 +10,13 @@
 //! that the version did not change (trying again if it did); `SET ... GET` likewise.
 //! `MSET` writes each key once, but not all at once (keys on different masters).
 //!
+//! Access: a gateway given the cluster token ([`Gateway::with_password`]) answers every
+//! command but `AUTH`, `HELLO` and `QUIT` with `NOAUTH` until the connection presents the
+//! token with `AUTH` (user `default` or none), as Redis does with `requirepass`; a wrong
+//! one is answered `WRONGPASS` and logged with the peer's address, never the password.
+//! Given a certificate ([`Gateway::with_tls`]) it also accepts TLS on the same port
+//! (`redis-cli --tls`), told apart from plain RESP by the first byte.
+//!
 //! Limits: [`GATEWAY_CONNECTIONS_MAX`] connections (further ones wait in the listen
 //! backlog), requests bounded by [`RequestLimits`] (so is what a connection buffers:
 //! one request, 64 MiB at most), replies written within
@@ -19,7 +26,11 @@
 
 use bytes::{Bytes, BytesMut};
 use rampart_client::{Client, ClientError, TableId, WriteItem};
+use rampart_common::auth::{ClusterToken, Security};
 use rampart_common::reject::RejectRules;
+use rampart_common::secure::SecureStream;
+use rampart_common::tls::TlsAcceptor;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +57,13 @@ pub struct Gateway {
     table: TableId,
     table_name: String,
     limits: RequestLimits,
+    /// What `AUTH` must present; `None`: connections need none.
+    password: Option<ClusterToken>,
+    /// TLS offered beside plain RESP (token unused: RESP clients do not speak the
+    /// cluster handshake).
+    tls: Arc<Security>,
+    /// Wrong passwords, logged once per interval.
+    refusals: rampart_common::secure::RefusalLog,
     next_client_id: AtomicU64,
     connected: AtomicU64,
     commands: AtomicU64,
@@ -56,6 +74,10 @@ pub struct Gateway {
 struct Session {
     id: u64,
     name: Option<Bytes>,
+    /// Whether `AUTH` succeeded (or none is needed).
+    authenticated: bool,
+    /// Who connected, for the log.
+    peer: Option<SocketAddr>,
 }
 
 impl Gateway {
@@ -68,10 +90,28 @@ impl Gateway {
             table,
             table_name: table_name.to_string(),
             limits: RequestLimits::default(),
+            password: None,
+            tls: Arc::new(Security::open()),
+            refusals: rampart_common::secure::RefusalLog::new(),
             next_client_id: AtomicU64::new(1),
             connected: AtomicU64::new(0),
             commands: AtomicU64::new(0),
         })
+    }
+
+    /// Demands `AUTH` with `token` on every connection.
+    pub fn with_password(mut self, token: Option<ClusterToken>) -> Gateway {
+        self.password = token;
+        self
+    }
+
+    /// Accepts TLS with `acceptor`'s certificate besides plain RESP.
+    pub fn with_tls(mut self, acceptor: Option<TlsAcceptor>) -> Gateway {
+        self.tls = Arc::new(Security {
+            tls_server: acceptor,
+            ..Security::open()
+        });
+        self
     }
 
     /// The table it serves.
@@ -98,12 +138,21 @@ impl Gateway {
         .await;
     }
 
-    async fn connection(&self, mut stream: TcpStream) {
+    async fn connection(&self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
+        let Ok(peer) = stream.peer_addr() else {
+            return;
+        };
+        let Ok(mut stream) = rampart_common::secure::accept(stream, peer, &self.tls, "resp").await
+        else {
+            return;
+        };
         self.connected.fetch_add(1, Ordering::Relaxed);
         let mut session = Session {
             id: self.next_client_id.fetch_add(1, Ordering::Relaxed),
             name: None,
+            authenticated: self.password.is_none(),
+            peer: Some(peer),
         };
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut output = BytesMut::with_capacity(16 * 1024);
@@ -139,7 +188,7 @@ impl Gateway {
         self.connected.fetch_sub(1, Ordering::Relaxed);
     }
 
-    async fn flush(&self, stream: &mut TcpStream, output: &mut BytesMut) -> Result<(), ()> {
+    async fn flush(&self, stream: &mut SecureStream, output: &mut BytesMut) -> Result<(), ()> {
         if output.is_empty() {
             return Ok(());
         }
@@ -154,21 +203,54 @@ impl Gateway {
     /// Runs one request; the reply, and whether to close the connection after it.
     async fn run(&self, args: &[Bytes], session: &mut Session) -> (Reply, bool) {
         self.commands.fetch_add(1, Ordering::Relaxed);
+        if !session.authenticated && !may_run_unauthenticated(&args[0]) {
+            return (
+                Reply::Error("NOAUTH Authentication required.".into()),
+                false,
+            );
+        }
         let command = match commands::parse(args) {
             Ok(command) => command,
             Err(reply) => return (reply, false),
         };
         let reply = match command {
             Command::Quit => return (Reply::OK, true),
+            Command::Auth { username, password } => {
+                return (self.auth(username, &password, session), false)
+            }
             other => self.execute(other, session).await,
         };
         (reply.unwrap_or_else(client_error), false)
     }
 
+    /// `AUTH`: checks the password against the cluster token (constant time).
+    fn auth(&self, username: Option<Bytes>, password: &[u8], session: &mut Session) -> Reply {
+        let Some(token) = &self.password else {
+            return Reply::err(
+                "AUTH <password> called without any password configured for the default user. \
+                 Are you sure your configuration is correct?",
+            );
+        };
+        let user_ok = username.as_ref().map_or(true, |u| &u[..] == b"default");
+        if user_ok && token.matches(password) {
+            session.authenticated = true;
+            return Reply::OK;
+        }
+        if let Some(also) = self.refusals.report() {
+            tracing::warn!(
+                peer = %session.peer.map_or_else(String::new, |p| p.to_string()),
+                also_refused = also,
+                "RESP connection presented a wrong password (AUTH); the password is the \
+                 cluster token"
+            );
+        }
+        Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".to_string())
+    }
+
     async fn execute(&self, command: Command, session: &mut Session) -> Result<Reply, ClientError> {
         let (client, table) = (&self.client, self.table);
         Ok(match command {
-            Command::Quit => Reply::OK,
+            Command::Quit | Command::Auth { .. } => Reply::OK,
             Command::Ping(None) => Reply::Simple("PONG"),
             Command::Ping(Some(message)) | Command::Echo(message) => Reply::bulk(message),
             Command::Select => Reply::OK,
@@ -361,6 +443,13 @@ fn contended() -> Reply {
 }
 
 /// The error reply for a client library error (its message names what failed).
+/// Commands a connection may send before `AUTH` (as Redis allows them).
+fn may_run_unauthenticated(name: &[u8]) -> bool {
+    [&b"AUTH"[..], b"HELLO", b"QUIT"]
+        .iter()
+        .any(|allowed| name.eq_ignore_ascii_case(allowed))
+}
+
 fn client_error(error: ClientError) -> Reply {
     match error {
         ClientError::Timeout { .. } => Reply::Error(format!("TIMEOUT {error}")),

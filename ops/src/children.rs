@@ -123,6 +123,10 @@ impl Children {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        // Security is passed as flags; an inherited variable would secure a private
+        // cluster (a benchmark's) that its parent cannot reach.
+        command.env_remove(crate::security::TOKEN_FILE_ENV);
+        command.env_remove(crate::security::TLS_CA_ENV);
         for (key, value) in env {
             command.env(key, value);
         }

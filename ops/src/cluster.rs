@@ -99,6 +99,12 @@ pub struct UpArgs {
     /// Start no Redis-protocol gateway.
     #[arg(long, conflicts_with = "resp_addr")]
     pub no_resp: bool,
+    /// The cluster token and TLS certificate of every process: `--auth-token-file` is
+    /// given to every coordinator, server and the gateway (whose RESP clients then
+    /// `AUTH` with the token); `--tls-cert`/`--tls-key` let clients of the coordinators,
+    /// the servers and the gateway connect over TLS.
+    #[command(flatten)]
+    pub security: crate::security::ServerSecurityArgs,
 }
 
 /// How far above a coordinator's port its status page and metrics are by default.
@@ -286,6 +292,7 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         None => REPLICAS_DEFAULT.min(args.servers - 1),
     };
     let mut children = Children::new();
+    let security_args = args.security.to_args()?;
     let log = std::env::var("RAMPART_LOG").unwrap_or_else(|_| args.log_level.clone());
     let env = [("RAMPART_LOG", log)];
     let addrs = match &network {
@@ -322,6 +329,7 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         } else {
             command.extend(["--peers".into(), peers.clone()]);
         }
+        command.extend(security_args.iter().cloned());
         if args.recovery_masters_max > 0 {
             command.extend([
                 "--recovery-masters-max".into(),
@@ -412,6 +420,7 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
                 .into_iter()
                 .flatten(),
         )
+        .chain(security_args.iter().cloned())
         .collect();
         let netns = netns_of(network.as_ref(), &server_host(slot))?;
         starting.push(Children::start(
@@ -461,18 +470,31 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
             }
             None => "127.0.0.1:6379".into(),
         };
-        let command: Vec<String> = vec![
+        let mut command: Vec<String> = vec![
             "gateway".into(),
             "--coordinator".into(),
             coordinator.clone(),
             "--listen".into(),
             listen,
         ];
+        // The gateway takes the token (its connections, and its clients' AUTH) and the
+        // certificate (its RESP clients' TLS), as the servers do.
+        command.extend(security_args.iter().cloned());
         let running = children.spawn("gateway", &command, &env, None)?;
         if print {
             let port = running.addr.rsplit(':').next().unwrap_or_default();
+            let auth = if args.security.auth_token_file.is_some() {
+                " --askpass (the password: the token)"
+            } else {
+                ""
+            };
+            let tls = if args.security.tls_cert.is_some() {
+                " [--tls --cacert CA]"
+            } else {
+                ""
+            };
             println!(
-                "gateway at {} (pid {}) speaks RESP (Redis): redis-cli -p {port}",
+                "gateway at {} (pid {}) speaks RESP (Redis): redis-cli -p {port}{auth}{tls}",
                 running.addr,
                 running.pid()
             );
@@ -537,8 +559,16 @@ fn up(args: UpArgs) -> Result<ExitCode> {
         signal_flag(signal, &stop)?;
     }
     let mut cluster = start(&args, true)?;
+    let token = match &args.security.auth_token_file {
+        Some(file) => format!(
+            "{}={} ",
+            crate::security::TOKEN_FILE_ENV,
+            std::path::absolute(file)?.display()
+        ),
+        None => String::new(),
+    };
     println!(
-        "ready: {} server(s); try `RAMPART_COORDINATOR={} rampart kv create-table demo`; Ctrl-C stops the cluster",
+        "ready: {} server(s); try `{token}RAMPART_COORDINATOR={} rampart kv create-table demo`; Ctrl-C stops the cluster",
         cluster.servers.len(),
         cluster.coordinator
     );

@@ -28,11 +28,32 @@ pub struct GatewayArgs {
     /// Worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// The cluster token for the gateway's own connections, and the password RESP
+    /// clients must give with `AUTH` (`redis-cli -a` / `--askpass`); `--tls-ca` to dial
+    /// the cluster over TLS.
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
+    /// Certificate chain (PEM) to offer TLS to RESP clients with (`redis-cli --tls`),
+    /// beside plain RESP on the same port; needs --tls-key.
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 /// Runs `rampart gateway`.
 pub fn run(args: GatewayArgs) -> Result<ExitCode> {
     crate::init_logging("info");
+    let security = args.security.security()?;
+    let password = security.token.clone();
+    if !rampart_common::auth::install(security) {
+        anyhow::bail!("this process's security was set twice");
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(rampart_common::tls::TlsAcceptor::from_files(cert, key)?),
+        _ => None,
+    };
     crate::process::runtime(args.threads)?.block_on(async {
         let coordinators = crate::coordinator_list(&args.coordinator);
         let client = rampart_client::Client::connect(&coordinators)
@@ -40,7 +61,9 @@ pub fn run(args: GatewayArgs) -> Result<ExitCode> {
             .with_context(|| format!("cannot reach the cluster at {}", args.coordinator))?;
         let gateway = rampart_gateway::Gateway::new(client, &args.table, args.span)
             .await
-            .with_context(|| format!("cannot create or find table {}", args.table))?;
+            .with_context(|| format!("cannot create or find table {}", args.table))?
+            .with_password(password)
+            .with_tls(tls);
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;

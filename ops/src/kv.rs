@@ -27,6 +27,8 @@ pub struct KvArgs {
     /// Seconds an operation may take, retries included.
     #[arg(long, global = true, default_value_t = 10.0)]
     pub timeout: f64,
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
     #[command(subcommand)]
     pub command: KvCommand,
 }
@@ -98,7 +100,7 @@ pub enum KvCommand {
 
 /// Runs `rampart kv ...`.
 pub fn run(args: KvArgs) -> Result<ExitCode> {
-    crate::run_client(async {
+    crate::run_client(&args.security, async {
         let coordinators = crate::coordinator_list(&args.coordinator);
         let options = rampart_client::ClientOptions {
             deadline: std::time::Duration::from_secs_f64(args.timeout.max(0.001)),

@@ -24,6 +24,7 @@ mod netns;
 mod process;
 mod progress;
 mod recovery;
+mod security;
 mod simulate;
 mod status;
 
@@ -103,9 +104,14 @@ pub(crate) fn coordinator_list(text: &str) -> Vec<String> {
 }
 
 /// Runs a short-lived client command (`kv`, `status`, `recovery`) on a current-thread
-/// runtime, with warnings-only logging unless `RAMPART_LOG` says otherwise.
-pub(crate) fn run_client<F: std::future::Future>(command: F) -> Result<F::Output> {
+/// runtime with its security flags installed, with warnings-only logging unless
+/// `RAMPART_LOG` says otherwise.
+pub(crate) fn run_client<F: std::future::Future>(
+    security: &security::ClientSecurityArgs,
+    command: F,
+) -> Result<F::Output> {
     init_logging("warn");
+    security.install()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

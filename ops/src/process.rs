@@ -53,6 +53,8 @@ pub struct CoordinatorArgs {
     /// belongs to this id for good: never wipe it to restart a member (see the README).
     #[arg(long)]
     pub data_dir: std::path::PathBuf,
+    #[command(flatten)]
+    pub security: crate::security::ServerSecurityArgs,
     /// Raft tick, in milliseconds.
     #[arg(long, default_value_t = rampart_coordinator::node::TICK_DEFAULT.as_millis() as u64)]
     pub raft_tick_ms: u64,
@@ -158,6 +160,8 @@ pub struct ServerArgs {
     /// announces.
     #[arg(long)]
     pub advertise: Option<String>,
+    #[command(flatten)]
+    pub security: crate::security::ServerSecurityArgs,
     /// DRAM for the master's log, e.g. 4GiB.
     #[arg(long, default_value = "1GiB")]
     pub memory: ByteSize,
@@ -266,6 +270,7 @@ pub(crate) fn announce(line: &str) -> Result<()> {
 /// Runs a coordinator until a signal, or until its Raft node fails.
 pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
     crate::init_logging("info");
+    args.security.install()?;
     if let Some(file) = &args.export {
         return export_seed(&args.data_dir, file);
     }
@@ -455,6 +460,7 @@ fn export_seed(data_dir: &std::path::Path, file: &std::path::Path) -> Result<Exi
 /// declared crashed by the coordinator: its lease renewal was refused).
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     crate::init_logging("info");
+    args.security.install()?;
     let config = server_config(&args)?;
     runtime(args.threads)?.block_on(async {
         let server =

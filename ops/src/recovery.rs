@@ -42,6 +42,8 @@ pub struct RecoveryArgs {
     /// Seconds to wait for the coordinators' leader.
     #[arg(long, default_value_t = 5.0, global = true)]
     pub timeout: f64,
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
     #[command(subcommand)]
     pub command: RecoveryCommand,
 }
@@ -68,7 +70,8 @@ pub enum RecoveryCommand {
 
 /// Runs `rampart recovery`.
 pub fn run(args: RecoveryArgs) -> Result<ExitCode> {
-    crate::run_client(recovery(args))?
+    let security = args.security.clone();
+    crate::run_client(&security, recovery(args))?
 }
 
 async fn recovery(args: RecoveryArgs) -> Result<ExitCode> {

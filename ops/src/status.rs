@@ -31,11 +31,14 @@ pub struct StatusArgs {
     /// Print the status as JSON (the status page's `/api/status`) instead.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
 }
 
 /// Runs `rampart status`.
 pub fn run(args: StatusArgs) -> Result<ExitCode> {
-    crate::run_client(status(args))?
+    let security = args.security.clone();
+    crate::run_client(&security, status(args))?
 }
 
 async fn status(args: StatusArgs) -> Result<ExitCode> {

@@ -13,6 +13,10 @@
 //! `length` bytes. Reply: a `u16` status code ([`Status::code`]); `Ok` (0) means the
 //! bytes are in the frame and may be acknowledged.
 //!
+//! Where the process holds a cluster token (`crate::auth`), a connection starts with the
+//! token handshake, and a backup answers a master without the token `Unauthenticated`
+//! and closes. No TLS: the soft-NIC runs between servers inside the cluster.
+//!
 //! Requests on one connection are answered in order, one at a time: the server reads a
 //! request, places it and answers before it reads the next, and the client holds the
 //! connection (an async mutex) from sending a request to reading its reply. A master
@@ -153,6 +157,21 @@ pub async fn serve<T: NicTarget>(
     target: Arc<T>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_with(listener, target, shutdown, &crate::auth::process_security()).await;
+}
+
+/// [`serve`], demanding `security`'s token instead of the process's (never TLS: the
+/// soft-NIC runs between servers).
+pub async fn serve_with<T: NicTarget>(
+    listener: TcpListener,
+    target: Arc<T>,
+    shutdown: impl Future<Output = ()>,
+    security: &crate::auth::Security,
+) {
+    let internal = Arc::new(crate::auth::Security {
+        token: security.token.clone(),
+        ..crate::auth::Security::open()
+    });
     crate::rpc::server::accept_connections(
         listener,
         NIC_CONNECTIONS_MAX,
@@ -160,8 +179,9 @@ pub async fn serve<T: NicTarget>(
         shutdown,
         move |stream| {
             let target = Arc::clone(&target);
+            let security = Arc::clone(&internal);
             async move {
-                if let Err(reason) = serve_connection(stream, target).await {
+                if let Err(reason) = serve_connection(stream, target, &security).await {
                     tracing::debug!(%reason, "soft-NIC connection closed");
                 }
             }
@@ -170,10 +190,24 @@ pub async fn serve<T: NicTarget>(
     .await;
 }
 
-async fn serve_connection<T: NicTarget>(stream: TcpStream, target: Arc<T>) -> Result<(), String> {
+async fn serve_connection<T: NicTarget>(
+    stream: TcpStream,
+    target: Arc<T>,
+    security: &crate::auth::Security,
+) -> Result<(), String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     crate::rpc::connection::set_keepalive(&stream);
-    let (read_half, mut stream) = stream.into_split();
+    let peer = stream.peer_addr().map_err(|e| e.to_string())?;
+    let (read_half, mut stream) =
+        match crate::secure::accept(stream, peer, security, "soft-NIC").await {
+            Ok(secured) => secured.split(),
+            Err(crate::secure::Refused::NoToken { mut stream, .. }) => {
+                // The peer's request is refused as any other: a status, then the close.
+                let _ = reply(&mut stream, Status::Unauthenticated).await;
+                return Err("the peer presented no cluster token".to_string());
+            }
+            Err(crate::secure::Refused::Failed) => return Err("handshake failed".to_string()),
+        };
     // Buffered: one `read` syscall usually brings a whole request (header and bytes).
     let mut reader = tokio::io::BufReader::with_capacity(NIC_READ_BUFFER_BYTES, read_half);
     let mut buf: Vec<u8> = Vec::new();
@@ -187,6 +221,15 @@ async fn serve_connection<T: NicTarget>(stream: TcpStream, target: Arc<T>) -> Re
         }
         read_stalling(&mut reader, &mut header[1..]).await?;
         let Some(request) = RequestHeader::decode(&header) else {
+            if header[..4] == crate::auth::AUTH_MAGIC {
+                // A master holding a token, and this backup none: say so before closing.
+                let _ = tokio::time::timeout(
+                    NIC_STALL_TIMEOUT,
+                    stream.write_all(&crate::auth::no_token_challenge()),
+                )
+                .await;
+                return Err("the peer presents a cluster token and this backup holds none".into());
+            }
             return Err("bad magic".to_string());
         };
         if request.len > NIC_WRITE_BYTES_MAX {
@@ -263,18 +306,34 @@ type ConnectionSlot = Arc<tokio::sync::Mutex<Option<TcpStream>>>;
 
 /// The master's soft-NIC client: one connection per backup address, re-dialled after
 /// any failure. See the [module doc](self).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct NicClient {
     /// Connection slots by address. An entry is removed when its connection fails, so
     /// the map holds only backups this master talks to. A `parking_lot` mutex: held only
     /// to look up or insert, never across `.await`.
     connections: parking_lot::Mutex<HashMap<String, ConnectionSlot>>,
+    /// The token it proves to backups.
+    token: Option<crate::auth::ClusterToken>,
+}
+
+impl Default for NicClient {
+    fn default() -> NicClient {
+        NicClient::with_token(crate::auth::process_security().token.clone())
+    }
 }
 
 impl NicClient {
-    /// A client with no connections.
+    /// A client with no connections, proving the process's token.
     pub fn new() -> NicClient {
         NicClient::default()
+    }
+
+    /// A client with no connections, proving `token` (or none).
+    pub fn with_token(token: Option<crate::auth::ClusterToken>) -> NicClient {
+        NicClient {
+            connections: parking_lot::Mutex::new(HashMap::new()),
+            token,
+        }
     }
 
     /// Writes `bytes` into frame `handle` (at `epoch`) at `offset` on the backup whose
@@ -312,7 +371,7 @@ impl NicClient {
             // half-written stream is dropped with it, never reused.
             let mut stream = match guard.take() {
                 Some(stream) => stream,
-                None => dial(addr).await?,
+                None => dial(addr, self.token.as_ref()).await?,
             };
             let status = exchange(&mut stream, &header, bytes).await?;
             *guard = Some(stream);
@@ -354,12 +413,18 @@ impl NicClient {
     }
 }
 
-async fn dial(addr: &str) -> Result<TcpStream, String> {
-    let stream = TcpStream::connect(addr)
+/// Dials a backup's soft-NIC and proves `token`, if any.
+async fn dial(addr: &str, token: Option<&crate::auth::ClusterToken>) -> Result<TcpStream, String> {
+    let mut stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("cannot connect: {e}"))?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     crate::rpc::connection::set_keepalive(&stream);
+    if let Some(token) = token {
+        crate::auth::client_handshake(&mut stream, token)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
     Ok(stream)
 }
 
@@ -445,15 +510,23 @@ mod tests {
     }
 
     async fn start() -> Server {
+        start_with(crate::auth::Security::open()).await
+    }
+
+    async fn start_with(security: crate::auth::Security) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let target = Arc::new(VecTarget {
             frame: Mutex::new(vec![0; FRAME_BYTES]),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, Arc::clone(&target), async move {
-            let _ = stopped.await;
-        }));
+        let served = Arc::clone(&target);
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            serve_with(listener, served, shutdown, &security).await;
+        });
         Server {
             addr,
             target,
@@ -508,6 +581,57 @@ mod tests {
             .await
             .expect("full frame");
         assert!(server.target.frame.lock().iter().all(|&b| b == 7));
+    }
+
+    #[tokio::test]
+    async fn a_backup_with_a_token_takes_writes_only_from_masters_that_prove_it() {
+        let token = |text: &str| crate::auth::ClusterToken::new(text.as_bytes()).expect("token");
+        let server = start_with(crate::auth::Security::with_token(token(
+            "the cluster's token",
+        )))
+        .await;
+        let tokenless = NicClient::with_token(None);
+        let refused = tokenless
+            .write(&server.addr, FRAME, EPOCH, 0, b"intruder", TIMEOUT)
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(FrameWriteError::Refused(Status::Unauthenticated))
+            ),
+            "{refused:?}"
+        );
+        let wrong = NicClient::with_token(Some(token("another cluster's")));
+        let refused = wrong
+            .write(&server.addr, FRAME, EPOCH, 0, b"intruder", TIMEOUT)
+            .await;
+        assert!(
+            matches!(&refused, Err(FrameWriteError::Transport(reason)) if reason.contains("different cluster token")),
+            "{refused:?}"
+        );
+        assert!(
+            server.target.frame.lock().iter().all(|&b| b == 0),
+            "nothing landed"
+        );
+        let member = NicClient::with_token(Some(token("the cluster's token")));
+        member
+            .write(&server.addr, FRAME, EPOCH, 0, b"member", TIMEOUT)
+            .await
+            .expect("the token admits the write");
+        member
+            .write(&server.addr, FRAME, EPOCH, 6, b"again", TIMEOUT)
+            .await
+            .expect("on the same connection");
+        assert_eq!(&server.target.frame.lock()[..11], b"memberagain");
+        // A master with a token and a backup without: refused, and told why.
+        let open = start().await;
+        let refused = member
+            .write(&open.addr, FRAME, EPOCH, 0, b"x", TIMEOUT)
+            .await;
+        assert!(
+            matches!(&refused, Err(FrameWriteError::Transport(reason)) if reason.contains("holds no cluster token")),
+            "{refused:?}"
+        );
     }
 
     #[tokio::test]

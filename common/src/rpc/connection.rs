@@ -27,15 +27,16 @@
 use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
 use super::message::{Rpc, WireMessage};
 use super::{RpcError, CONNECT_TIMEOUT};
+use crate::auth::Security;
 use crate::limits::RPC_PAYLOAD_BYTES_MAX;
+use crate::secure::{ReadHalf, WriteHalf};
 use crate::status::Status;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -62,16 +63,24 @@ impl Shared {
 }
 
 /// One multiplexed connection to a peer.
-#[derive(Debug)]
 pub struct Connection {
     addr: String,
     /// Serialises whole frames onto the socket; never held across anything but the
     /// write of one frame.
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<WriteHalf>,
     shared: Arc<Shared>,
     next_rpc_id: AtomicU64,
     /// Aborted when the connection is dropped, so no reader outlives its connection.
     reader: tokio::task::AbortHandle,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("addr", &self.addr)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
 }
 
 impl Drop for Connection {
@@ -115,8 +124,15 @@ impl Drop for PendingGuard<'_> {
 }
 
 impl Connection {
-    /// Dials `addr` (with [`CONNECT_TIMEOUT`]).
+    /// Dials `addr` (with [`CONNECT_TIMEOUT`]) with the process's security
+    /// (`crate::auth::process_security`).
     pub async fn connect(addr: &str) -> Result<Connection, RpcError> {
+        Connection::connect_with(addr, &crate::auth::process_security()).await
+    }
+
+    /// Dials `addr` (with [`CONNECT_TIMEOUT`]), then secures the connection as
+    /// `security` says (TLS, the cluster-token handshake: `crate::secure::dial`).
+    pub async fn connect_with(addr: &str, security: &Security) -> Result<Connection, RpcError> {
         let connect_error = |reason: String| RpcError::Connect {
             addr: addr.to_string(),
             reason,
@@ -128,7 +144,10 @@ impl Connection {
         stream
             .set_nodelay(true)
             .map_err(|e| connect_error(e.to_string()))?;
-        let (read_half, write_half) = stream.into_split();
+        let (read_half, write_half) = crate::secure::dial(addr, stream, security)
+            .await
+            .map_err(connect_error)?
+            .split();
         let shared = Arc::new(Shared::default());
         let reader = tokio::spawn(read_replies(
             read_half,
@@ -290,7 +309,7 @@ impl Connection {
 }
 
 /// Reads reply frames until the stream ends or misbehaves, completing pending calls.
-async fn read_replies(mut socket: OwnedReadHalf, shared: Arc<Shared>, addr: String) {
+async fn read_replies(mut socket: ReadHalf, shared: Arc<Shared>, addr: String) {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     loop {
         match next_frame(&mut socket, &mut buf).await {
@@ -353,8 +372,8 @@ pub(crate) fn set_keepalive(stream: &TcpStream) {
 
 /// Reads the next whole frame from `socket`, buffering in `buf`. `Ok(None)` at a clean
 /// end of stream between frames.
-pub(crate) async fn next_frame(
-    socket: &mut OwnedReadHalf,
+pub(crate) async fn next_frame<R: AsyncRead + Unpin>(
+    socket: &mut R,
     buf: &mut BytesMut,
 ) -> Result<Option<(FrameHeader, Bytes)>, ReadFrameError> {
     loop {
@@ -391,15 +410,31 @@ pub(crate) async fn next_frame(
 }
 
 /// Reuses one [`Connection`] per peer address, dialling anew when one breaks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RpcPool {
     connections: Mutex<HashMap<String, Arc<Connection>>>,
+    /// How connections are secured: the process's, unless a test says otherwise.
+    security: Arc<Security>,
+}
+
+impl Default for RpcPool {
+    fn default() -> RpcPool {
+        RpcPool::with_security(crate::auth::process_security())
+    }
 }
 
 impl RpcPool {
-    /// An empty pool.
+    /// An empty pool that dials with the process's security.
     pub fn new() -> RpcPool {
         RpcPool::default()
+    }
+
+    /// An empty pool that dials with `security` (tests of refusals and TLS).
+    pub fn with_security(security: Arc<Security>) -> RpcPool {
+        RpcPool {
+            connections: Mutex::new(HashMap::new()),
+            security,
+        }
     }
 
     /// The open connection to `addr`, dialling one if there is none.
@@ -409,7 +444,7 @@ impl RpcPool {
                 return Ok(Arc::clone(connection));
             }
         }
-        let connection = Arc::new(Connection::connect(addr).await?);
+        let connection = Arc::new(Connection::connect_with(addr, &self.security).await?);
         let mut connections = self.connections.lock();
         // Two callers may have dialled at once; keep the first live one.
         match connections.get(addr) {

@@ -25,15 +25,16 @@
 use super::connection::{next_frame, ReadFrameError};
 use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
 use super::message::WireMessage;
+use crate::auth::Security;
 use crate::limits::{RPC_CONNECTIONS_MAX, RPC_IN_FLIGHT_PER_CONNECTION_MAX, RPC_PAYLOAD_BYTES_MAX};
+use crate::secure::{Refused, WriteHalf};
 use crate::status::Status;
 use bytes::{Bytes, BytesMut};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Semaphore};
 use tokio::task::JoinSet;
@@ -170,18 +171,30 @@ pub struct RpcServer;
 
 impl RpcServer {
     /// Serves `service` on `listener` until `shutdown` completes, then stops accepting
-    /// and drops every connection.
+    /// and drops every connection. Connections are secured as the process's security
+    /// says (`crate::auth::process_security`).
     pub async fn run<S: Service>(
         listener: TcpListener,
         service: Arc<S>,
         shutdown: impl Future<Output = ()>,
+    ) {
+        RpcServer::run_with(listener, service, shutdown, crate::auth::process_security()).await;
+    }
+
+    /// [`run`](Self::run), securing connections with `security` instead (TLS offered
+    /// beside plain TCP, the cluster-token handshake demanded: `crate::secure::accept`).
+    pub async fn run_with<S: Service>(
+        listener: TcpListener,
+        service: Arc<S>,
+        shutdown: impl Future<Output = ()>,
+        security: Arc<Security>,
     ) {
         accept_connections(
             listener,
             RPC_CONNECTIONS_MAX,
             "rpc",
             shutdown,
-            move |stream| serve_connection(stream, Arc::clone(&service)),
+            move |stream| serve_connection(stream, Arc::clone(&service), Arc::clone(&security)),
         )
         .await;
     }
@@ -236,12 +249,23 @@ pub async fn accept_connections<F, Fut>(
     connections.shutdown().await;
 }
 
-async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
+async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>, security: Arc<Security>) {
     if stream.set_nodelay(true).is_err() {
         return;
     }
     super::connection::set_keepalive(&stream);
-    let (mut reader, writer) = stream.into_split();
+    let Ok(peer) = stream.peer_addr() else {
+        return;
+    };
+    let secured = match crate::secure::accept(stream, peer, &security, "rpc").await {
+        Ok(secured) => secured,
+        Err(Refused::NoToken { stream, first }) => {
+            refuse_tokenless(stream, first).await;
+            return;
+        }
+        Err(Refused::Failed) => return,
+    };
+    let (mut reader, writer) = secured.split();
     let writer = Arc::new(Mutex::new(ReplyWriter {
         half: writer,
         poisoned: false,
@@ -271,6 +295,19 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
                     &writer,
                     reply.into_frame(header.opcode, header.rpc_id),
                     &broken,
+                )
+                .await;
+                break;
+            }
+            Err(ReadFrameError::Frame(super::frame::FrameError::BadMagic(magic)))
+                if magic.to_le_bytes() == crate::auth::AUTH_MAGIC =>
+            {
+                // A client holding a token, and this server none: say so before closing.
+                tracing::warn!(%peer, "connection refused: the peer presents a cluster token and this server holds none (start it with --auth-token-file)");
+                let mut writer = writer.lock().await;
+                let _ = tokio::time::timeout(
+                    REPLY_WRITE_TIMEOUT,
+                    writer.half.write_all(&crate::auth::no_token_challenge()),
                 )
                 .await;
                 break;
@@ -309,9 +346,32 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>) {
     while requests.join_next().await.is_some() {}
 }
 
+/// Answers the first request of a peer that presented no cluster token with an
+/// `Unauthenticated` error (so its caller learns why), then closes. `first` holds the
+/// first four bytes, already read.
+async fn refuse_tokenless(mut stream: crate::secure::SecureStream, first: [u8; 4]) {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    header[..4].copy_from_slice(&first);
+    let answered = async {
+        stream.read_exact(&mut header[4..]).await.ok()?;
+        let request = FrameHeader::read_from(&header).ok()?;
+        let reply = Reply::error(
+            Status::Unauthenticated,
+            "this cluster requires its token: start the client with --auth-token-file \
+             (or RAMPART_AUTH_TOKEN_FILE)",
+        );
+        stream
+            .write_all(&reply.into_frame(request.opcode, request.rpc_id))
+            .await
+            .ok()?;
+        stream.shutdown().await.ok()
+    };
+    let _ = tokio::time::timeout(crate::auth::HANDSHAKE_TIMEOUT, answered).await;
+}
+
 /// The write half of a server connection.
 struct ReplyWriter {
-    half: OwnedWriteHalf,
+    half: WriteHalf,
     /// Set when a reply write was abandoned part-way (timeout, error). The stream is no
     /// longer framed: a later reply written after the half frame would be read as the
     /// rest of it, handing a caller another call's bytes. Nothing is written after it.

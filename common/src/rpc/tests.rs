@@ -13,6 +13,7 @@ use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
 use super::message::{DecodeError, Rpc, WireMessage};
 use super::server::{HandleFuture, Reply, RpcServer, Service};
 use super::{Connection, RpcError, RpcPool};
+use crate::auth::{ClusterToken, Security};
 use crate::limits::RPC_PAYLOAD_BYTES_MAX;
 use crate::status::Status;
 use bytes::{Bytes, BytesMut};
@@ -149,14 +150,31 @@ impl TestServer {
     }
 
     fn serve(listener: TcpListener) -> TestServer {
+        TestServer::serve_with(listener, Arc::new(Security::open()))
+    }
+
+    /// A server that secures its connections with `security`.
+    async fn start_with(security: Security) -> TestServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        TestServer::serve_with(listener, Arc::new(security))
+    }
+
+    fn serve_with(listener: TcpListener, security: Arc<Security>) -> TestServer {
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
         let service = Arc::new(TestService::default());
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(RpcServer::run(listener, Arc::clone(&service), async move {
-            let _ = shutdown_rx.await;
-        }));
+        let task = tokio::spawn(RpcServer::run_with(
+            listener,
+            Arc::clone(&service),
+            async move {
+                let _ = shutdown_rx.await;
+            },
+            security,
+        ));
         TestServer {
             addr,
             service,
@@ -1169,4 +1187,160 @@ async fn an_oversized_reply_fails_only_its_call_and_the_connection_stays_usable(
         .expect("the bystander call succeeds");
     assert!(!connection.is_closed());
     assert_eq!(connection.pending_len(), 0);
+}
+
+// Access control and TLS (`crate::auth`, `crate::tls`, `crate::secure`).
+
+fn test_token(text: &str) -> ClusterToken {
+    ClusterToken::new(text.as_bytes()).expect("a token of valid length")
+}
+
+/// Calls OP_ECHO with `security` on a fresh connection.
+async fn echo_with(addr: &str, security: &Security) -> Result<Bytes, RpcError> {
+    let connection = timeout(STEP_TIMEOUT, Connection::connect_with(addr, security))
+        .await
+        .expect("connecting does not hang")?;
+    let (_, payload) = connection
+        .call_raw(OP_ECHO, frame(b"hello"), deadline_in(STEP_TIMEOUT))
+        .await?;
+    Ok(payload)
+}
+
+#[tokio::test]
+async fn a_server_with_a_token_refuses_a_client_without_it_and_says_why() {
+    let server =
+        TestServer::start_with(Security::with_token(test_token("the cluster's token"))).await;
+    let connection = Connection::connect_with(&server.addr(), &Security::open())
+        .await
+        .expect("TCP connects");
+    let call = connection
+        .call::<Echo>(
+            &Blob(Bytes::from_static(b"hello")),
+            deadline_in(STEP_TIMEOUT),
+        )
+        .await;
+    match call {
+        Err(RpcError::Status { status, detail, .. }) => {
+            assert_eq!(status, Status::Unauthenticated);
+            assert!(detail.contains("--auth-token-file"), "{detail}");
+        }
+        other => panic!("a tokenless call must be refused: {other:?}"),
+    }
+    assert!(
+        timeout(CLOSE_TIMEOUT, async {
+            while !connection.is_closed() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .is_ok(),
+        "the refused connection is closed"
+    );
+    assert_eq!(server.service.recorded.lock().len(), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_token_admits_a_client_and_another_token_is_refused() {
+    let token = test_token("the cluster's token");
+    let server = TestServer::start_with(Security::with_token(token.clone())).await;
+    let echoed = echo_with(&server.addr(), &Security::with_token(token))
+        .await
+        .expect("the right token is admitted");
+    assert_eq!(&echoed[..], b"hello");
+    let refused = echo_with(
+        &server.addr(),
+        &Security::with_token(test_token("another cluster's")),
+    )
+    .await
+    .expect_err("another token is refused");
+    assert!(
+        matches!(&refused, RpcError::Connect { reason, .. } if reason.contains("different cluster token")),
+        "{refused}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_with_a_token_is_told_the_server_holds_none_and_the_server_serves_on() {
+    let server = TestServer::start().await;
+    let refused = echo_with(
+        &server.addr(),
+        &Security::with_token(test_token("the cluster's token")),
+    )
+    .await
+    .expect_err("a server without the token is not trusted");
+    assert!(
+        matches!(&refused, RpcError::Connect { reason, .. } if reason.contains("holds no cluster token")),
+        "{refused}"
+    );
+    let echoed = echo_with(&server.addr(), &Security::open())
+        .await
+        .expect("an open server goes on serving");
+    assert_eq!(&echoed[..], b"hello");
+    server.stop().await;
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost, and its key, as PEM files.
+fn self_signed(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .expect("a certificate");
+    let cert = dir.join(format!("{name}.pem"));
+    let key = dir.join(format!("{name}.key"));
+    std::fs::write(&cert, certified.cert.pem()).expect("write the certificate");
+    std::fs::write(&key, certified.key_pair.serialize_pem()).expect("write the key");
+    (cert, key)
+}
+
+#[tokio::test]
+async fn tls_round_trip_beside_plain_connections_with_the_token_inside() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = self_signed(dir.path(), "server");
+    let (other_ca, _) = self_signed(dir.path(), "other");
+    let token = test_token("the cluster's token");
+    let server = TestServer::start_with(Security {
+        token: Some(token.clone()),
+        tls_client: None,
+        tls_server: Some(crate::tls::TlsAcceptor::from_files(&cert, &key).expect("acceptor")),
+    })
+    .await;
+    let tls_client = Security {
+        token: Some(token.clone()),
+        tls_client: Some(crate::tls::TlsConnector::from_ca_file(&cert).expect("connector")),
+        tls_server: None,
+    };
+    let echoed = echo_with(&server.addr(), &tls_client)
+        .await
+        .expect("a TLS client with the token");
+    assert_eq!(&echoed[..], b"hello");
+    // Large frames cross TLS records whole.
+    let connection = Connection::connect_with(&server.addr(), &tls_client)
+        .await
+        .expect("connects");
+    let big = vec![0x5a; 1 << 20];
+    let (_, payload) = connection
+        .call_raw(OP_ECHO, frame(&big), deadline_in(STEP_TIMEOUT))
+        .await
+        .expect("a 1 MiB echo over TLS");
+    assert_eq!(&payload[..], &big[..]);
+    // Servers among themselves: plain TCP on the same port, still with the token.
+    let plain = echo_with(&server.addr(), &Security::with_token(token.clone()))
+        .await
+        .expect("plain TCP with the token");
+    assert_eq!(&plain[..], b"hello");
+    // A client that trusts another certificate does not talk to this server.
+    let distrusting = Security {
+        token: Some(token),
+        tls_client: Some(crate::tls::TlsConnector::from_ca_file(&other_ca).expect("connector")),
+        tls_server: None,
+    };
+    let refused = echo_with(&server.addr(), &distrusting)
+        .await
+        .expect_err("an unknown issuer is refused");
+    assert!(
+        matches!(&refused, RpcError::Connect { reason, .. } if reason.contains("TLS handshake failed")),
+        "{refused}"
+    );
+    server.stop().await;
 }

@@ -87,6 +87,7 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
     // Dropped after the cluster (locals drop in reverse), so processes stop first.
     let _data = RemoveOnDrop(data_dir.clone());
     let up = UpArgs {
+        security: Default::default(),
         metrics_addr: None,
         no_metrics: true,
         resp_addr: None,

@@ -146,6 +146,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     // master takes more than about a quarter of it from 5 servers up.
     let memory_mb = args.data_mb + args.data_mb / 4 + 256;
     let up = UpArgs {
+        security: Default::default(),
         metrics_addr: None,
         no_metrics: true,
         resp_addr: None,

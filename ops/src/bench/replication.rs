@@ -312,6 +312,7 @@ impl ModeCluster {
     fn start(args: &ReplicationArgs, mode: TransportKind, root: &Path) -> Result<ModeCluster> {
         let data_dir = root.join(mode.name());
         let up = UpArgs {
+            security: Default::default(),
             metrics_addr: None,
             no_metrics: true,
             resp_addr: None,

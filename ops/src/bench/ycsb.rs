@@ -213,6 +213,7 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
         let data_dir = std::env::temp_dir().join(format!("rampart-bench-{}", std::process::id()));
         _data = Some(RemoveOnDrop(data_dir.clone()));
         let up = UpArgs {
+            security: Default::default(),
             metrics_addr: None,
             no_metrics: true,
             resp_addr: None,

@@ -209,6 +209,7 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
 
     let with_network = kinds.contains(&FaultKind::Partition);
     let up = UpArgs {
+        security: Default::default(),
         metrics_addr: None,
         no_metrics: true,
         resp_addr: None,
