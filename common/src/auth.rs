@@ -1,6 +1,7 @@
 //! The cluster secret: every connection between Rampart processes, and from clients to
-//! them, proves that both ends hold it before anything else is said (DESIGN.md §8,
-//! "Access control").
+//! them, proves that both ends hold it before anything else is said. (DESIGN.md §8
+//! assumes a trusted network; this is what stands between the cluster and anything else
+//! that can reach its ports.)
 //!
 //! An operator writes a random token into a file (`head -c 32 /dev/urandom | base64 >
 //! F`) and starts every coordinator, server, gateway and client command with
