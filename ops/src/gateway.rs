@@ -13,6 +13,10 @@ use std::sync::Arc;
 /// `rampart gateway`
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
+    /// This gateway's name in the cluster file (`--cluster-file`), whose `[[gateway]]`
+    /// entry gives its flags (coordinators, listen, table, token, certificate).
+    #[arg(long, requires = "cluster_file")]
+    pub name: Option<String>,
     /// Coordinator address(es), comma-separated.
     #[arg(long, env = "RAMPART_COORDINATOR", default_value = "127.0.0.1:7000")]
     pub coordinator: String,

@@ -1,6 +1,7 @@
 //! `rampart`: the one binary of a Rampart deployment (DESIGN.md §9).
 //!
-//! * `rampart coordinator` / `rampart server` — the two long-running processes.
+//! * `rampart coordinator` / `rampart server` — the two long-running processes, from
+//!   flags or from their entry in a cluster file (`--cluster-file`, `cluster_file`).
 //! * `rampart cluster up` — a whole local cluster as child processes.
 //! * `rampart gateway` — a Redis-protocol front door to one table (`rampart_gateway`).
 //! * `rampart kv ...` — table operations from the shell.
@@ -20,7 +21,6 @@ mod cluster;
 mod drill;
 mod gateway;
 mod kv;
-mod netns;
 mod process;
 mod progress;
 mod recovery;
@@ -30,6 +30,7 @@ mod status;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use rampart_ops::{cluster_file, netns};
 
 /// Rampart: a RAM-resident key-value storage cluster with fast crash recovery.
 #[derive(Parser, Debug)]
@@ -72,7 +73,15 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    // A cluster file stands for flags: they are put on the command line before parsing.
+    let args = match cluster_file::expand(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let result: Result<std::process::ExitCode> = match cli.command {
         Command::Coordinator(args) => process::run_coordinator(args),
         Command::Server(args) => process::run_server(args),

@@ -35,6 +35,10 @@ pub struct CoordinatorArgs {
     /// This coordinator's Raft id, a key of `--peers`.
     #[arg(long, default_value_t = 1)]
     pub id: u64,
+    /// A cluster file (TOML) whose `[[coordinator]]` entry with `--id` gives this
+    /// coordinator's flags (peers, listen, data dir, metrics, token, certificate).
+    #[arg(long, value_name = "FILE")]
+    pub cluster_file: Option<std::path::PathBuf>,
     /// Every coordinator of the Raft group, this one included: `1=HOST:PORT,2=...`.
     /// Static membership: give every member the same list. Without it the coordinator
     /// runs alone, as a group of one at `--listen`.
@@ -134,6 +138,14 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
 /// `rampart server`
 #[derive(Args, Debug)]
 pub struct ServerArgs {
+    /// A cluster file (TOML) whose `[[server]]` entry named `--name` gives this server's
+    /// flags (coordinators, listen, advertise, rack, data dir, memory, R, transport,
+    /// token, certificate).
+    #[arg(long, value_name = "FILE", requires = "name")]
+    pub cluster_file: Option<std::path::PathBuf>,
+    /// This server's name in the cluster file.
+    #[arg(long, requires = "cluster_file")]
+    pub name: Option<String>,
     /// Directory of the backup's segment replicas (created if missing). A restarted
     /// server given the same directory reports the replicas it holds.
     #[arg(long)]
@@ -162,6 +174,11 @@ pub struct ServerArgs {
     pub advertise: Option<String>,
     #[command(flatten)]
     pub security: crate::security::ServerSecurityArgs,
+    /// Port of the backup's soft-NIC (the `tcp` replication transport), on --listen's
+    /// IP and advertised on --advertise's host (0: a free port, printed nowhere; give one
+    /// where a firewall must name it).
+    #[arg(long, default_value_t = 0)]
+    pub nic_port: u16,
     /// DRAM for the master's log, e.g. 4GiB.
     #[arg(long, default_value = "1GiB")]
     pub memory: ByteSize,
@@ -521,6 +538,7 @@ fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
         replication: args.replication,
         failure_domain: args.failure_domain.clone(),
         advertise: args.advertise.clone(),
+        nic_port: args.nic_port,
         partition_limits: rampart_master::profiler::PartitionLimits {
             bytes_max: args.partition_mb.saturating_mul(1024 * 1024),
             records_max: args.partition_records,

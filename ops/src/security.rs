@@ -27,6 +27,10 @@ pub const TLS_CA_ENV: &str = "RAMPART_TLS_CA";
 /// Security flags of a client command.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ClientSecurityArgs {
+    /// A cluster file (TOML): the coordinators, the token and the TLS CA it names stand
+    /// for --coordinator, --auth-token-file and --tls-ca.
+    #[arg(long, env = crate::cluster_file::CLUSTER_FILE_ENV, global = true, value_name = "FILE")]
+    pub cluster_file: Option<PathBuf>,
     /// File holding the cluster token, for a cluster started with one (make one with
     /// `head -c 32 /dev/urandom | base64 > FILE`).
     #[arg(long, env = TOKEN_FILE_ENV, global = true, value_name = "FILE")]

@@ -76,6 +76,10 @@ pub struct StorageServerConfig {
     /// server enlists with, and its soft-NIC is advertised on the same host. `None`:
     /// the bound address.
     pub advertise: Option<String>,
+    /// Port of the backup's soft-NIC (the `tcp` transport's listener), on the listening
+    /// address's IP; 0 picks a free one. Fixed ports let firewalls between hosts name
+    /// it.
+    pub nic_port: u16,
     /// The largest recovery partition of this master's will.
     pub partition_limits: PartitionLimits,
     /// Time between two pings of the failure detector, each of a random other server.
@@ -112,6 +116,7 @@ impl StorageServerConfig {
             replication: None,
             failure_domain: None,
             advertise: None,
+            nic_port: 0,
             partition_limits: PartitionLimits::default(),
             ping_interval: rampart_master::failure_detector::PING_INTERVAL,
             ping_timeout: rampart_master::failure_detector::PING_TIMEOUT,

@@ -285,7 +285,7 @@ impl StorageServer {
             })?;
         // The soft-NIC of the `tcp` transport listens beside the RPC port, and runs on
         // the backup runtime: its CPU is the backup's.
-        let nic_listener = std::net::TcpListener::bind((addr.ip(), 0))
+        let nic_listener = std::net::TcpListener::bind((addr.ip(), config.nic_port))
             .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
             .map_err(|source| StartError::Io {
                 what: "the soft-NIC listener",

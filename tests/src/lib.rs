@@ -304,9 +304,31 @@ impl RampartProcess {
 
     /// [`RampartProcess::start`] with more environment variables (failpoints, say).
     pub fn start_with_env(args: &[&str], env: &[(String, String)]) -> Result<RampartProcess> {
-        let mut child = Command::new(rampart_bin()?)
+        let mut command = Command::new(rampart_bin()?);
+        command
             .args(args)
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        RampartProcess::spawn(command, args)
+    }
+
+    /// [`RampartProcess::start`] inside network namespace `netns` (`ip netns exec`,
+    /// which replaces itself with `rampart`: the pid is rampart's), logging warnings
+    /// only unless `RAMPART_LOG` says otherwise.
+    pub fn start_in_netns(netns: &str, args: &[&str]) -> Result<RampartProcess> {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", netns])
+            .arg(rampart_bin()?)
+            .args(args)
+            .env(
+                "RAMPART_LOG",
+                std::env::var("RAMPART_LOG").unwrap_or_else(|_| "warn".to_string()),
+            );
+        RampartProcess::spawn(command, args)
+    }
+
+    fn spawn(mut command: Command, args: &[&str]) -> Result<RampartProcess> {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
