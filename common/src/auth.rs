@@ -62,8 +62,10 @@ pub const HELLO_BYTES: usize = 4 + 1 + NONCE_BYTES;
 /// Bytes of CHALLENGE: magic, code, server nonce, server proof.
 pub const CHALLENGE_BYTES: usize = 4 + 1 + NONCE_BYTES + PROOF_BYTES;
 
-/// The shortest token accepted: 16 bytes (128 bits if random).
-pub const TOKEN_BYTES_MIN: usize = 16;
+/// The shortest token accepted: 32 bytes. The token must be random (`head -c 32
+/// /dev/urandom | base64` gives 44 characters): a server sends its proof to any client
+/// that says HELLO, and a guessable token could be found offline from one.
+pub const TOKEN_BYTES_MIN: usize = 32;
 /// The longest token file read.
 pub const TOKEN_BYTES_MAX: usize = 4096;
 
@@ -80,8 +82,6 @@ const CODE_WRONG_TOKEN: u8 = 3;
 #[derive(Clone)]
 pub struct ClusterToken {
     key: hmac::Key,
-    /// The token's own HMAC under itself, to check a password (`AUTH`) in constant time.
-    self_tag: hmac::Tag,
     fingerprint: String,
 }
 
@@ -123,17 +123,12 @@ impl ClusterToken {
             return None;
         }
         let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
-        let self_tag = hmac::sign(&key, secret);
         let digest = ring::digest::digest(&ring::digest::SHA256, secret);
         let fingerprint = digest.as_ref()[..4]
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        Some(ClusterToken {
-            key,
-            self_tag,
-            fingerprint,
-        })
+        Some(ClusterToken { key, fingerprint })
     }
 
     /// Reads a token file: its contents without surrounding whitespace (a trailing
@@ -157,10 +152,22 @@ impl ClusterToken {
         &self.fingerprint
     }
 
-    /// Whether `password` is this token (constant time), for protocols that carry the
-    /// secret itself inside TLS or on loopback (the gateway's `AUTH`).
-    pub fn matches(&self, password: &[u8]) -> bool {
-        hmac::verify(&self.key, password, self.self_tag.as_ref()).is_ok()
+    /// The password RESP clients give the gateway (`AUTH`): derived from the token
+    /// (48 hex digits of an HMAC of a fixed label), never the token itself. RESP's `AUTH`
+    /// crosses the network in clear unless TLS is used, and the password opens only the
+    /// gateway: seeing it does not give away the token that servers prove to each other.
+    pub fn resp_password(&self) -> String {
+        hmac::sign(&self.key, RESP_PASSWORD_LABEL).as_ref()[..24]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// Whether `password` is [`resp_password`](Self::resp_password) (compared in
+    /// constant time).
+    pub fn matches_resp_password(&self, password: &[u8]) -> bool {
+        let expected = hmac::sign(&self.key, self.resp_password().as_bytes());
+        hmac::verify(&self.key, password, expected.as_ref()).is_ok()
     }
 
     fn proof(&self, role: &[u8], client_nonce: &[u8], server_nonce: &[u8]) -> hmac::Tag {
@@ -180,7 +187,8 @@ impl ClusterToken {
     }
 }
 
-/// Reads at most [`TOKEN_BYTES_MAX`] + 1 bytes (more than that is refused by length).
+/// Reads at most [`TOKEN_BYTES_MAX`] + 64 bytes (room for surrounding whitespace; a
+/// longer token is refused by length).
 fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut bytes = Vec::new();
@@ -191,6 +199,7 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
 }
 
 const SERVER_ROLE: &[u8] = b"rampart server";
+const RESP_PASSWORD_LABEL: &[u8] = b"rampart resp password v1";
 const CLIENT_ROLE: &[u8] = b"rampart client";
 
 /// Why a handshake failed. Messages name the fix and never the secret.
@@ -226,9 +235,15 @@ pub enum HandshakeError {
     /// The peer presented a wrong proof (server side).
     #[error("the peer presented a wrong cluster token")]
     PeerWrongToken,
-    /// The two ends speak different handshake versions.
+    /// The client speaks another handshake version than this server (server side).
     #[error("the peer speaks handshake version {0}, this build {AUTH_VERSION}")]
     UnsupportedVersion(u8),
+    /// The server does not speak this build's handshake version (client side).
+    #[error(
+        "the server does not speak handshake version {AUTH_VERSION}: it runs an older or \
+         newer build"
+    )]
+    ServerRefusedVersion,
     /// The peer's message was not a handshake message.
     #[error("the peer's handshake message is malformed")]
     Malformed,
@@ -274,9 +289,7 @@ impl ClientHandshake {
         match challenge[4] {
             CODE_OK => {}
             CODE_SERVER_HAS_NO_TOKEN => return Err(HandshakeError::ServerHasNoToken),
-            CODE_UNSUPPORTED_VERSION => {
-                return Err(HandshakeError::UnsupportedVersion(AUTH_VERSION))
-            }
+            CODE_UNSUPPORTED_VERSION => return Err(HandshakeError::ServerRefusedVersion),
             _ => return Err(HandshakeError::Malformed),
         }
         let server_nonce = &challenge[5..5 + NONCE_BYTES];
@@ -390,6 +403,13 @@ fn io_error(error: std::io::Error) -> HandshakeError {
     HandshakeError::Io(error.to_string())
 }
 
+/// Writes `bytes` and flushes them: over TLS, rustls may otherwise hold them until the
+/// stream is written again, and the peer, waiting for them, never answers.
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> Result<(), HandshakeError> {
+    stream.write_all(bytes).await.map_err(io_error)?;
+    stream.flush().await.map_err(io_error)
+}
+
 /// Proves `token` to the server at the other end of `stream`, and checks the server
 /// holds it too, within [`HANDSHAKE_TIMEOUT`].
 pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
@@ -398,11 +418,11 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<(), HandshakeError> {
     let exchange = async {
         let (state, hello) = ClientHandshake::start(token, fresh_nonce()?);
-        stream.write_all(&hello).await.map_err(io_error)?;
+        send(stream, &hello).await?;
         let mut challenge = [0; CHALLENGE_BYTES];
         stream.read_exact(&mut challenge).await.map_err(io_error)?;
         let (proof, server_proven) = state.on_challenge(&challenge)?;
-        stream.write_all(&proof).await.map_err(io_error)?;
+        send(stream, &proof).await?;
         let verdict = stream.read_u8().await.map_err(io_error)?;
         state.on_verdict(verdict, server_proven)
     };
@@ -433,17 +453,16 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(accepted) => accepted,
             Err((error, answer)) => {
                 if let Some(answer) = answer {
-                    let _ = stream.write_all(&answer).await;
+                    let _ = send(stream, &answer).await;
                 }
                 return Err(error);
             }
         };
-        stream.write_all(&challenge).await.map_err(io_error)?;
+        send(stream, &challenge).await?;
         let mut proof = [0; PROOF_BYTES];
         stream.read_exact(&mut proof).await.map_err(io_error)?;
         let (verdict, outcome) = state.on_proof(&proof);
-        stream.write_u8(verdict).await.map_err(io_error)?;
-        stream.flush().await.map_err(io_error)?;
+        send(stream, &[verdict]).await?;
         outcome
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, exchange)
@@ -496,8 +515,10 @@ pub fn process_security() -> Arc<Security> {
 mod tests {
     use super::*;
 
+    /// A token of `text`, padded to the minimum length.
     fn token(text: &str) -> ClusterToken {
-        ClusterToken::new(text.as_bytes()).expect("token length")
+        let padded = format!("{text:.<width$}", width = TOKEN_BYTES_MIN);
+        ClusterToken::new(padded.as_bytes()).expect("token length")
     }
 
     /// Runs the state machines against each other; returns what each side concluded.
@@ -598,10 +619,10 @@ mod tests {
             panic!("a wrong version must be answered");
         };
         assert_eq!(error, HandshakeError::UnsupportedVersion(9));
-        assert!(matches!(
+        assert_eq!(
             client.on_challenge(&answer),
-            Err(HandshakeError::UnsupportedVersion(_))
-        ));
+            Err(HandshakeError::ServerRefusedVersion)
+        );
         let mut frame = [0; HELLO_BYTES];
         frame[..4].copy_from_slice(b"RAMP");
         assert!(matches!(
@@ -614,13 +635,24 @@ mod tests {
     fn tokens_are_read_trimmed_and_bounded_and_never_shown() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("token");
-        std::fs::write(&path, "correct horse battery staple\n").expect("write");
+        std::fs::write(&path, "correct horse battery staple, 32+ bytes\n").expect("write");
         let read = ClusterToken::from_file(&path).expect("token");
-        assert!(read.matches(b"correct horse battery staple"));
-        assert!(!read.matches(b"correct horse battery staple\n"));
+        let same = ClusterToken::new(b"correct horse battery staple, 32+ bytes").expect("token");
+        assert_eq!(
+            read.fingerprint(),
+            same.fingerprint(),
+            "the newline is not part of it"
+        );
         assert!(!format!("{read:?}").contains("horse"));
+        let password = read.resp_password();
+        assert_eq!(password.len(), 48);
+        assert!(!password.contains("horse"));
+        assert!(read.matches_resp_password(password.as_bytes()));
+        assert!(!read.matches_resp_password(b"correct horse battery staple, 32+ bytes"));
+        assert!(!token("another token of at least thirty-two bytes")
+            .matches_resp_password(password.as_bytes()));
         assert_eq!(read.fingerprint().len(), 8);
-        std::fs::write(&path, "short\n").expect("write");
+        std::fs::write(&path, "sixteen bytes ok\n").expect("write");
         let error = ClusterToken::from_file(&path).expect_err("too short");
         assert!(error.to_string().contains("/dev/urandom"), "{error}");
         let missing = ClusterToken::from_file(&dir.path().join("absent")).expect_err("missing");

@@ -163,13 +163,25 @@ pub async fn accept(
         Ok(()) => Ok(secured),
         Err(HandshakeError::NoToken { first }) => {
             if let Some(also) = REFUSALS.report() {
-                tracing::warn!(
-                    %peer,
-                    server = what,
-                    also_refused = also,
-                    "connection refused: the peer presented no cluster token (start it with \
-                     --auth-token-file)"
-                );
+                if first[0] == crate::tls::TLS_HANDSHAKE_BYTE {
+                    tracing::warn!(
+                        %peer,
+                        server = what,
+                        also_refused = also,
+                        token = token.fingerprint(),
+                        "connection refused: the peer starts TLS, but this process has no \
+                         certificate (--tls-cert, --tls-key)"
+                    );
+                } else {
+                    tracing::warn!(
+                        %peer,
+                        server = what,
+                        also_refused = also,
+                        token = token.fingerprint(),
+                        "connection refused: the peer presented no cluster token (start it \
+                         with --auth-token-file)"
+                    );
+                }
             }
             Err(Refused::NoToken {
                 stream: secured,
@@ -245,5 +257,84 @@ impl RefusalLog {
                 Some(0)
             }
         }
+    }
+}
+
+/// Bounds the connections of one server that are in their TLS or token handshake: at
+/// most `total_max` at once, and at most `per_peer_max` from one IP address. Until a
+/// peer has proven the token it holds a connection slot; without a bound, peers that
+/// never finish the handshake could take every slot and lock out the cluster's own pings
+/// and calls. The per-address bound keeps one misbehaving host from using up the total:
+/// the cluster's servers and clients, at other addresses, still get in.
+#[derive(Debug)]
+pub struct HandshakeGate {
+    total_max: usize,
+    per_peer_max: usize,
+    /// Handshakes in flight, by peer address; an address is removed at zero.
+    in_flight: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// A handshake let through a [`HandshakeGate`]; leaves it when dropped.
+#[derive(Debug)]
+pub struct HandshakeTicket<'a> {
+    gate: &'a HandshakeGate,
+    peer: std::net::IpAddr,
+}
+
+impl Drop for HandshakeTicket<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.gate.in_flight.lock();
+        if let Some(count) = in_flight.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                in_flight.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl HandshakeGate {
+    /// A gate of these bounds.
+    pub fn new(total_max: usize, per_peer_max: usize) -> HandshakeGate {
+        HandshakeGate {
+            total_max,
+            per_peer_max,
+            in_flight: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Lets a handshake from `peer` in, unless a bound is reached.
+    pub fn try_enter(&self, peer: std::net::IpAddr) -> Option<HandshakeTicket<'_>> {
+        let mut in_flight = self.in_flight.lock();
+        let total: usize = in_flight.values().sum();
+        let from_peer = in_flight.get(&peer).copied().unwrap_or(0);
+        if total >= self.total_max || from_peer >= self.per_peer_max {
+            return None;
+        }
+        in_flight.insert(peer, from_peer + 1);
+        Some(HandshakeTicket { gate: self, peer })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    #[test]
+    fn the_gate_bounds_handshakes_per_peer_and_in_all_and_frees_them() {
+        let gate = HandshakeGate::new(3, 2);
+        let a = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let b = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        let c = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 3));
+        let first = gate.try_enter(a).expect("a's first");
+        let second = gate.try_enter(a).expect("a's second");
+        assert!(gate.try_enter(a).is_none(), "a is at its bound");
+        let from_b = gate.try_enter(b).expect("b gets in while a is stuck");
+        assert!(gate.try_enter(c).is_none(), "the total is reached");
+        drop(first);
+        let from_c = gate.try_enter(c).expect("room again");
+        drop((second, from_b, from_c));
+        assert!(gate.in_flight.lock().is_empty());
     }
 }

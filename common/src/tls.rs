@@ -172,13 +172,15 @@ impl TlsAcceptor {
 }
 
 /// Whether the connection on `stream` starts with a TLS record (its first byte,
-/// peeked, not consumed), waiting at most [`TLS_HANDSHAKE_TIMEOUT`] for it. `None` if the
-/// peer sent nothing in time or closed.
+/// peeked, not consumed). A peer that sends nothing for [`TLS_HANDSHAKE_TIMEOUT`] is
+/// taken as plain (a TLS client speaks first at once; a pooled plain connection may
+/// idle). `None` if the peer closed or the socket failed.
 pub async fn starts_with_tls(stream: &TcpStream) -> Option<bool> {
     let mut first = [0u8; 1];
     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await {
         Ok(Ok(1)) => Some(first[0] == TLS_HANDSHAKE_BYTE),
-        _ => None,
+        Ok(_) => None,
+        Err(_) => Some(false),
     }
 }
 

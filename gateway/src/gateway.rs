@@ -11,9 +11,13 @@
 //! `MSET` writes each key once, but not all at once (keys on different masters).
 //!
 //! Access: a gateway given the cluster token ([`Gateway::with_password`]) answers every
-//! command but `AUTH`, `HELLO` and `QUIT` with `NOAUTH` until the connection presents the
-//! token with `AUTH` (user `default` or none), as Redis does with `requirepass`; a wrong
-//! one is answered `WRONGPASS` and logged with the peer's address, never the password.
+//! command but `AUTH` and `QUIT` with `NOAUTH` until the connection presents the RESP
+//! password with `AUTH` (user `default` or none), as Redis does with `requirepass`; a
+//! wrong one is answered `WRONGPASS` and logged with the peer's address (once per 10 s),
+//! never the password. The password is derived from the token
+//! (`ClusterToken::resp_password`), not the token itself: `AUTH` crosses the network in
+//! clear without TLS. Until `AUTH` succeeds a connection may send only small requests
+//! ([`RequestLimits::UNAUTHENTICATED`]).
 //! Given a certificate ([`Gateway::with_tls`]) it also accepts TLS on the same port
 //! (`redis-cli --tls`), told apart from plain RESP by the first byte.
 //!
@@ -99,7 +103,7 @@ impl Gateway {
         })
     }
 
-    /// Demands `AUTH` with `token` on every connection.
+    /// Demands `AUTH` with `token`'s RESP password on every connection.
     pub fn with_password(mut self, token: Option<ClusterToken>) -> Gateway {
         self.password = token;
         self
@@ -159,7 +163,12 @@ impl Gateway {
         'serve: loop {
             // Every whole request read so far, in order (pipelining).
             loop {
-                match take_request(&mut input, &self.limits) {
+                let limits = if session.authenticated {
+                    &self.limits
+                } else {
+                    &RequestLimits::UNAUTHENTICATED
+                };
+                match take_request(&mut input, limits) {
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
                         let (reply, close) = self.run(&args, &mut session).await;
@@ -192,7 +201,12 @@ impl Gateway {
         if output.is_empty() {
             return Ok(());
         }
-        let written = tokio::time::timeout(REPLY_WRITE_TIMEOUT, stream.write_all(output)).await;
+        // Flushed: TLS may hold the reply's tail inside rustls until polled again.
+        let write = async {
+            stream.write_all(output).await?;
+            stream.flush().await
+        };
+        let written = tokio::time::timeout(REPLY_WRITE_TIMEOUT, write).await;
         output.clear();
         match written {
             Ok(Ok(())) => Ok(()),
@@ -232,7 +246,7 @@ impl Gateway {
             );
         };
         let user_ok = username.as_ref().map_or(true, |u| &u[..] == b"default");
-        if user_ok && token.matches(password) {
+        if user_ok && token.matches_resp_password(password) {
             session.authenticated = true;
             return Reply::OK;
         }
@@ -240,8 +254,8 @@ impl Gateway {
             tracing::warn!(
                 peer = %session.peer.map_or_else(String::new, |p| p.to_string()),
                 also_refused = also,
-                "RESP connection presented a wrong password (AUTH); the password is the \
-                 cluster token"
+                "RESP connection presented a wrong password (AUTH); the password is \
+                 `rampart token resp-password`'s, derived from the cluster token"
             );
         }
         Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".to_string())
@@ -442,14 +456,15 @@ fn contended() -> Reply {
     ))
 }
 
-/// The error reply for a client library error (its message names what failed).
-/// Commands a connection may send before `AUTH` (as Redis allows them).
+/// Commands a connection may send before `AUTH`.
 fn may_run_unauthenticated(name: &[u8]) -> bool {
-    [&b"AUTH"[..], b"HELLO", b"QUIT"]
+    [&b"AUTH"[..], b"QUIT"]
         .iter()
         .any(|allowed| name.eq_ignore_ascii_case(allowed))
 }
 
+/// The error reply for a client library error (its message names what failed;
+/// timeouts and a full log get Redis's kinds).
 fn client_error(error: ClientError) -> Reply {
     match error {
         ClientError::Timeout { .. } => Reply::Error(format!("TIMEOUT {error}")),

@@ -37,6 +37,18 @@ impl Default for RequestLimits {
     }
 }
 
+impl RequestLimits {
+    /// What a connection may send before `AUTH` succeeds: an `AUTH` (with a user name)
+    /// or a `QUIT`, nothing the size of data, so that unauthenticated connections cannot
+    /// make the gateway buffer much (as Redis bounds them).
+    pub const UNAUTHENTICATED: RequestLimits = RequestLimits {
+        args_max: 3,
+        arg_bytes_max: 1024,
+        inline_bytes_max: 4096,
+        request_bytes_max: 4096,
+    };
+}
+
 /// Bytes that are not a RESP request, or one past a bound.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("Protocol error: {0}")]

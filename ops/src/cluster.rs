@@ -483,10 +483,12 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         let running = children.spawn("gateway", &command, &env, None)?;
         if print {
             let port = running.addr.rsplit(':').next().unwrap_or_default();
-            let auth = if args.security.auth_token_file.is_some() {
-                " --askpass (the password: the token)"
-            } else {
-                ""
+            let auth = match &args.security.auth_token_file {
+                Some(file) => format!(
+                    " --askpass (the password: `rampart token resp-password --auth-token-file {}`)",
+                    file.display()
+                ),
+                None => String::new(),
             };
             let tls = if args.security.tls_cert.is_some() {
                 " [--tls --cacert CA]"

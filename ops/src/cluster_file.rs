@@ -151,8 +151,9 @@ impl ClusterFile {
             .with_context(|| format!("cannot read the cluster file {}", path.display()))?;
         let mut file = ClusterFile::parse(&text)
             .map_err(|e| anyhow!("cluster file {}: {e}", path.display()))?;
-        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        file.resolve_paths(&std::path::absolute(&base)?);
+        let base = std::path::absolute(directory_of(path))
+            .with_context(|| format!("cannot resolve the directory of {}", path.display()))?;
+        file.resolve_paths(&base);
         Ok(file)
     }
 
@@ -431,9 +432,12 @@ fn check_advertised(address: &str, who: &str, problems: &mut Vec<String>) {
     }
 }
 
-/// The value of `--flag VALUE` or `--flag=VALUE` in `args`.
+/// The value of `--flag VALUE` or `--flag=VALUE` in `args`, before any `--` (after
+/// it, words are values: a key named `--name` is not the flag).
 fn flag_value(args: &[OsString], flag: &str) -> Option<String> {
     let with_eq = format!("{flag}=");
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let args = &args[..end];
     args.iter().enumerate().find_map(|(i, arg)| {
         let arg = arg.to_str()?;
         if arg == flag {
@@ -444,17 +448,57 @@ fn flag_value(args: &[OsString], flag: &str) -> Option<String> {
     })
 }
 
+/// Whether `args` (before any `--`) give `flag`, as `--flag VALUE` or `--flag=VALUE`.
+fn has_flag(args: &[OsString], flag: &str) -> bool {
+    let with_eq = format!("{flag}=");
+    args.iter()
+        .take_while(|a| *a != "--")
+        .filter_map(|a| a.to_str())
+        .any(|a| a == flag || a.starts_with(&with_eq))
+}
+
+/// The directory of the file at `path`: a bare file name's is the current one (its
+/// parent is empty, which `std::path::absolute` refuses).
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+/// `flags` (pairs of flag and value) without those `args` give already.
+fn drop_given(flags: Vec<String>, args: &[OsString]) -> Vec<String> {
+    flags
+        .chunks(2)
+        .filter(|pair| !has_flag(args, &pair[0]))
+        .flatten()
+        .cloned()
+        .collect()
+}
+
 /// The command line with a cluster file's flags inserted after the subcommand, when it
-/// names one (`--cluster-file F`, or `RAMPART_CLUSTER_FILE` for client commands);
-/// otherwise `args` unchanged. `args[0]` is the program, `args[1]` the subcommand.
+/// names one (`--cluster-file F`, or `RAMPART_CLUSTER_FILE` for client commands and a
+/// gateway given `--name`); otherwise `args` unchanged. `args[0]` is the program,
+/// `args[1]` the subcommand (the binary has no flags of its own before it). A flag the
+/// file stands for, given on the command line too, is refused by clap as given twice —
+/// unless the file came from the environment: a flag typed on the command line then
+/// wins over the file's.
 pub fn expand(args: Vec<OsString>) -> Result<Vec<OsString>> {
+    expand_with(args, std::env::var(CLUSTER_FILE_ENV).ok())
+}
+
+fn expand_with(args: Vec<OsString>, env_file: Option<String>) -> Result<Vec<OsString>> {
     let Some(command) = args.get(1).and_then(|c| c.to_str()).map(str::to_string) else {
         return Ok(args);
     };
     let client = matches!(command.as_str(), "kv" | "status" | "recovery");
-    let from_env = || std::env::var(CLUSTER_FILE_ENV).ok().filter(|_| client);
-    let Some(path) = flag_value(&args, "--cluster-file").or_else(from_env) else {
-        return Ok(args);
+    let named_gateway = command == "gateway" && has_flag(&args, "--name");
+    let (path, from_env) = match flag_value(&args, "--cluster-file") {
+        Some(path) => (path, false),
+        None => match env_file.filter(|_| client || named_gateway) {
+            Some(path) => (path, true),
+            None => return Ok(args),
+        },
     };
     let file = ClusterFile::load(Path::new(&path))?;
     let flags = match command.as_str() {
@@ -478,6 +522,11 @@ pub fn expand(args: Vec<OsString>) -> Result<Vec<OsString>> {
         }
         _ if client => file.client_flags(),
         other => bail!("`rampart {other}` does not take --cluster-file"),
+    };
+    let flags = if from_env {
+        drop_given(flags, &args)
+    } else {
+        flags
     };
     let mut expanded = args[..2].to_vec();
     expanded.extend(flags.into_iter().map(OsString::from));
@@ -662,15 +711,18 @@ mod tests {
         std::fs::write(&path, THREE_RACKS).expect("write");
         let args = |words: &[&str]| -> Vec<OsString> { words.iter().map(OsString::from).collect() };
         let path_text = path.display().to_string();
-        let expanded = expand(args(&[
-            "rampart",
-            "server",
-            "--cluster-file",
-            &path_text,
-            "--name=c",
-            "--threads",
-            "2",
-        ]))
+        let expanded = expand_with(
+            args(&[
+                "rampart",
+                "server",
+                "--cluster-file",
+                &path_text,
+                "--name=c",
+                "--threads",
+                "2",
+            ]),
+            None,
+        )
         .expect("expands");
         let expanded: Vec<String> = expanded
             .into_iter()
@@ -694,9 +746,46 @@ mod tests {
         ])));
         let token = dir.path().join("token").display().to_string();
         assert!(expanded.contains(&token), "{expanded:?}");
-        let missing = expand(args(&["rampart", "server", "--cluster-file", &path_text]));
+        let missing = expand_with(
+            args(&["rampart", "server", "--cluster-file", &path_text]),
+            None,
+        );
         assert!(missing.expect_err("no name").to_string().contains("--name"));
         let untouched = args(&["rampart", "server", "--data-dir", "d"]);
-        assert_eq!(expand(untouched.clone()).expect("no file"), untouched);
+        assert_eq!(
+            expand_with(untouched.clone(), None).expect("no file"),
+            untouched
+        );
+        // After `--`, words are values, not flags.
+        let key = args(&["rampart", "kv", "get", "t", "--", "--cluster-file"]);
+        assert_eq!(expand_with(key.clone(), None).expect("no file"), key);
+        // From the environment, a flag on the command line wins over the file's.
+        let kv = args(&[
+            "rampart",
+            "kv",
+            "--coordinator",
+            "10.9.9.9:7000",
+            "get",
+            "t",
+            "k",
+        ]);
+        let expanded = expand_with(kv, Some(path_text.clone())).expect("expands");
+        let coordinators = expanded.iter().filter(|a| *a == "--coordinator").count();
+        assert_eq!(coordinators, 1, "{expanded:?}");
+        assert!(expanded.iter().any(|a| a == "--auth-token-file"));
+        // A gateway named on the command line finds its entry through the environment.
+        let gateway = args(&["rampart", "gateway", "--name", "resp"]);
+        let expanded = expand_with(gateway, Some(path_text.clone())).expect("expands");
+        assert!(expanded.iter().any(|a| a == "0.0.0.0:6379"), "{expanded:?}");
+    }
+
+    #[test]
+    fn a_file_named_without_a_directory_is_in_the_current_one() {
+        assert_eq!(directory_of(Path::new("cluster.toml")), Path::new("."));
+        assert_eq!(
+            directory_of(Path::new("/etc/rampart/cluster.toml")),
+            Path::new("/etc/rampart")
+        );
+        assert!(std::path::absolute(directory_of(Path::new("cluster.toml"))).is_ok());
     }
 }

@@ -10,6 +10,8 @@
 //!   with an incomplete log.
 //! * `rampart bench ycsb` — the YCSB benchmark; `rampart bench replication` — the
 //!   replication transports side by side (throughput, write latency, backup CPU).
+//! * `rampart token new|resp-password` — a cluster token, and the gateway's RESP password
+//!   derived from it.
 //! * `rampart simulate` — deterministic simulated runs of replication and crash
 //!   recovery, one per seed (`rampart_sim`).
 //! * `rampart drill` — faults injected into a local cluster under load, every client
@@ -27,6 +29,7 @@ mod recovery;
 mod security;
 mod simulate;
 mod status;
+mod token;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -67,6 +70,11 @@ enum Command {
     },
     /// Deterministic simulated runs of replication and crash recovery, one per seed.
     Simulate(simulate::SimulateArgs),
+    /// Cluster tokens: make one, and print the gateway's RESP password derived from it.
+    Token {
+        #[command(subcommand)]
+        command: token::TokenCommand,
+    },
     /// A crash-injection drill: faults on a local cluster under load, every operation
     /// recorded and checked for linearizability.
     Drill(drill::DrillArgs),
@@ -92,6 +100,7 @@ fn main() -> std::process::ExitCode {
         Command::Recovery(args) => recovery::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Simulate(args) => simulate::run(args),
+        Command::Token { command } => token::run(command),
         Command::Drill(args) => drill::run(args),
     };
     match result {

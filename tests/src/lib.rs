@@ -244,6 +244,14 @@ pub fn rampart(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Res
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // A developer's shell may set these; a test says what it wants through `env`.
+    for inherited in [
+        "RAMPART_AUTH_TOKEN_FILE",
+        "RAMPART_CLUSTER_FILE",
+        "RAMPART_TLS_CA",
+    ] {
+        command.env_remove(inherited);
+    }
     command.stdin(if stdin.is_some() {
         Stdio::piped()
     } else {

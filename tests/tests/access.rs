@@ -77,9 +77,13 @@ fn redis_cli_installed() -> bool {
 #[test]
 fn a_cluster_with_a_token_serves_only_those_who_hold_it_over_tcp_and_tls() {
     let dir = tempfile::tempdir().unwrap();
-    let secret = "k6N0o3vY2mM1b8xQ5rT7wZ4sE9uH2jL0";
+    let secret = "k6N0o3vY2mM1b8xQ5rT7wZ4sE9uH2jL0k6N0o3vY2mM=";
     let token = token_file(dir.path(), "token", secret);
-    let wrong = token_file(dir.path(), "wrong", "another cluster's token entirely");
+    let wrong = token_file(
+        dir.path(),
+        "wrong",
+        "another cluster's token, entirely: 32+ bytes",
+    );
     let (cert, key) = certificate(dir.path(), "server");
     let (other_cert, _) = certificate(dir.path(), "other");
     let cluster = LocalCluster::start(
@@ -105,7 +109,7 @@ fn a_cluster_with_a_token_serves_only_those_who_hold_it_over_tcp_and_tls() {
         if let Some(token) = token {
             env.push(("RAMPART_AUTH_TOKEN_FILE", token));
         }
-        let mut all = vec!["kv", "--timeout", "5"];
+        let mut all = vec!["kv", "--timeout", "20"];
         all.extend_from_slice(args);
         rampart(&all, None, &env).unwrap()
     };
@@ -120,11 +124,20 @@ fn a_cluster_with_a_token_serves_only_those_who_hold_it_over_tcp_and_tls() {
         text(&refused)
     );
     assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "a refusal is not retried until the timeout"
+        started.elapsed() < Duration::from_secs(15),
+        "a refusal is not retried until the timeout (20 s)"
     );
-    // With another cluster's token: refused.
-    let refused = kv(Some(&wrong), &["create-table", "t"]);
+    // With another cluster's token: refused (after retrying: the client cannot tell a
+    // wrong token from a server being replaced).
+    let refused = rampart(
+        &["kv", "--timeout", "3", "create-table", "t"],
+        None,
+        &[
+            ("RAMPART_COORDINATOR", &cluster.coordinator),
+            ("RAMPART_AUTH_TOKEN_FILE", &wrong),
+        ],
+    )
+    .unwrap();
     assert!(!refused.status.success(), "{}", text(&refused));
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("different cluster token"),
@@ -163,7 +176,17 @@ fn a_cluster_with_a_token_serves_only_those_who_hold_it_over_tcp_and_tls() {
     .unwrap();
     assert!(status.status.success(), "{}", text(&status));
 
-    // The gateway: nothing before AUTH, a wrong password refused, the token admitted.
+    // The gateway: nothing before AUTH; the token itself is not the password; the
+    // password derived from it (`rampart token resp-password`) is.
+    let password = rampart(
+        &["token", "resp-password", "--auth-token-file", &token],
+        None,
+        &[],
+    )
+    .unwrap();
+    assert!(password.status.success(), "{}", text(&password));
+    let password = String::from_utf8_lossy(&password.stdout).trim().to_string();
+    assert_eq!(password.len(), 48, "{password}");
     let (gateway, _) = cluster
         .gateway
         .clone()
@@ -172,14 +195,17 @@ fn a_cluster_with_a_token_serves_only_those_who_hold_it_over_tcp_and_tls() {
     assert_eq!(resp(&gateway, b"GET key7\r\n", expected.len()), expected);
     let expected = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
     assert_eq!(resp(&gateway, b"AUTH guess\r\n", expected.len()), expected);
-    let request = format!("AUTH default {secret}\r\nSET via-resp 1\r\nINCR via-resp\r\n");
+    let request = format!("AUTH {secret}\r\n");
+    assert_eq!(resp(&gateway, request.as_bytes(), expected.len()), expected);
+    let request = format!("AUTH default {password}\r\nSET via-resp 1\r\nINCR via-resp\r\n");
     let expected = "+OK\r\n+OK\r\n:2\r\n";
     assert_eq!(resp(&gateway, request.as_bytes(), expected.len()), expected);
     if redis_cli_installed() {
         let (host, port) = gateway.rsplit_once(':').unwrap();
         let output = Command::new("redis-cli")
             .args(["-h", host, "-p", port, "--tls", "--cacert", &cert])
-            .args(["-a", secret, "--no-auth-warning", "GET", "via-resp"])
+            .env("REDISCLI_AUTH", &password)
+            .args(["GET", "via-resp"])
             .output()
             .unwrap();
         assert!(output.status.success(), "{}", text(&output));

@@ -106,7 +106,7 @@ fn the_example_three_rack_deployment_recovers_a_server_with_replicas_across_rack
     }
     let network = Network::create(&HOSTS).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let secret = "deployment-test-token-of-32-bytes";
+    let secret = "deployment-test-token-of-more-than-32-bytes";
     std::fs::write(dir.path().join("token"), secret).unwrap();
     let file = dir.path().join("cluster.toml");
     std::fs::write(&file, cluster_file(&network, dir.path())).unwrap();
@@ -189,8 +189,13 @@ fn the_example_three_rack_deployment_recovers_a_server_with_replicas_across_rack
     let mut resp = std::net::TcpStream::connect((h1, port.parse::<u16>().unwrap())).unwrap();
     resp.set_read_timeout(Some(Duration::from_secs(15)))
         .unwrap();
-    resp.write_all(format!("AUTH {secret}\r\nSET from-resp hello\r\nGET from-resp\r\n").as_bytes())
-        .unwrap();
+    let password = ClusterToken::new(secret.as_bytes())
+        .unwrap()
+        .resp_password();
+    resp.write_all(
+        format!("AUTH {password}\r\nSET from-resp hello\r\nGET from-resp\r\n").as_bytes(),
+    )
+    .unwrap();
     let expected = "+OK\r\n+OK\r\n$5\r\nhello\r\n";
     let mut reply = vec![0u8; expected.len()];
     resp.read_exact(&mut reply).unwrap();

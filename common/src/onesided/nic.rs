@@ -80,6 +80,9 @@ pub const NIC_CONNECTIONS_MAX: usize = 1024;
 /// connection is closed.
 pub const NIC_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a refused (tokenless) peer's request is read and dropped before the close.
+const NIC_REFUSAL_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Read buffer of one soft-NIC connection: many small requests arrive in one `read`.
 pub const NIC_READ_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -203,7 +206,21 @@ async fn serve_connection<T: NicTarget>(
             Ok(secured) => secured.split(),
             Err(crate::secure::Refused::NoToken { mut stream, .. }) => {
                 // The peer's request is refused as any other: a status, then the close.
+                // What it still sends is read and dropped (up to a request's bound, for a
+                // moment), so that it reads the answer rather than a reset.
                 let _ = reply(&mut stream, Status::Unauthenticated).await;
+                let _ = stream.shutdown().await;
+                let mut sink = vec![0u8; 64 * 1024];
+                let _ = tokio::time::timeout(NIC_REFUSAL_DRAIN_TIMEOUT, async {
+                    let mut drained = 0usize;
+                    while drained <= NIC_WRITE_BYTES_MAX as usize {
+                        match stream.read(&mut sink).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => drained += n,
+                        }
+                    }
+                })
+                .await;
                 return Err("the peer presented no cluster token".to_string());
             }
             Err(crate::secure::Refused::Failed) => return Err("handshake failed".to_string()),
@@ -374,7 +391,10 @@ impl NicClient {
                 None => dial(addr, self.token.as_ref()).await?,
             };
             let status = exchange(&mut stream, &header, bytes).await?;
-            *guard = Some(stream);
+            // A backup that refused the connection (no token) has closed it.
+            if status != Status::Unauthenticated {
+                *guard = Some(stream);
+            }
             Ok(status)
         })
         .await;
@@ -585,22 +605,29 @@ mod tests {
 
     #[tokio::test]
     async fn a_backup_with_a_token_takes_writes_only_from_masters_that_prove_it() {
-        let token = |text: &str| crate::auth::ClusterToken::new(text.as_bytes()).expect("token");
+        let token = |text: &str| {
+            let padded = format!("{text:.<width$}", width = crate::auth::TOKEN_BYTES_MIN);
+            crate::auth::ClusterToken::new(padded.as_bytes()).expect("token")
+        };
         let server = start_with(crate::auth::Security::with_token(token(
             "the cluster's token",
         )))
         .await;
         let tokenless = NicClient::with_token(None);
-        let refused = tokenless
-            .write(&server.addr, FRAME, EPOCH, 0, b"intruder", TIMEOUT)
-            .await;
-        assert!(
-            matches!(
-                refused,
-                Err(FrameWriteError::Refused(Status::Unauthenticated))
-            ),
-            "{refused:?}"
-        );
+        // A small write and a whole frame: both read the refusal, not a reset.
+        for bytes in [&b"intruder"[..], &[9u8; FRAME_BYTES][..]] {
+            let refused = tokenless
+                .write(&server.addr, FRAME, EPOCH, 0, bytes, TIMEOUT)
+                .await;
+            assert!(
+                matches!(
+                    refused,
+                    Err(FrameWriteError::Refused(Status::Unauthenticated))
+                ),
+                "{} bytes: {refused:?}",
+                bytes.len()
+            );
+        }
         let wrong = NicClient::with_token(Some(token("another cluster's")));
         let refused = wrong
             .write(&server.addr, FRAME, EPOCH, 0, b"intruder", TIMEOUT)

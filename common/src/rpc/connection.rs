@@ -280,7 +280,12 @@ impl Connection {
                     shared: &self.shared,
                     armed: true,
                 };
-                let result = writer.write_all(&frame).await;
+                // The flush matters for TLS: rustls may hold the frame's tail until the
+                // writer is polled again (plain TCP's flush does nothing).
+                let result = match writer.write_all(&frame).await {
+                    Ok(()) => writer.flush().await,
+                    Err(error) => Err(error),
+                };
                 guard.armed = result.is_err();
                 if let Err(error) = result {
                     return Err(not_sent(&error.to_string()));

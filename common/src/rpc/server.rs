@@ -189,12 +189,23 @@ impl RpcServer {
         shutdown: impl Future<Output = ()>,
         security: Arc<Security>,
     ) {
+        let handshakes = Arc::new(crate::secure::HandshakeGate::new(
+            HANDSHAKES_IN_FLIGHT_MAX,
+            HANDSHAKES_PER_PEER_MAX,
+        ));
         accept_connections(
             listener,
             RPC_CONNECTIONS_MAX,
             "rpc",
             shutdown,
-            move |stream| serve_connection(stream, Arc::clone(&service), Arc::clone(&security)),
+            move |stream| {
+                serve_connection(
+                    stream,
+                    Arc::clone(&service),
+                    Arc::clone(&security),
+                    Arc::clone(&handshakes),
+                )
+            },
         )
         .await;
     }
@@ -249,7 +260,28 @@ pub async fn accept_connections<F, Fut>(
     connections.shutdown().await;
 }
 
-async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>, security: Arc<Security>) {
+/// Connections of one server in their TLS or token handshake at once
+/// (`crate::secure::HandshakeGate`); past it, new connections are closed at once. A
+/// quarter of [`RPC_CONNECTIONS_MAX`]: peers that never finish a handshake cannot hold
+/// more slots than that.
+pub const HANDSHAKES_IN_FLIGHT_MAX: usize = RPC_CONNECTIONS_MAX / 4;
+
+/// Of those, from one IP address: one host that opens connections and never proves the
+/// token cannot shut the others out. Generous, since a host running several servers and
+/// clients dials many connections at once when it starts.
+pub const HANDSHAKES_PER_PEER_MAX: usize = 128;
+
+/// Logs handshakes turned away for [`HANDSHAKES_IN_FLIGHT_MAX`] and tokens offered to a
+/// server without one, once per interval each.
+static BUSY_REFUSALS: crate::secure::RefusalLog = crate::secure::RefusalLog::new();
+static UNEXPECTED_TOKENS: crate::secure::RefusalLog = crate::secure::RefusalLog::new();
+
+async fn serve_connection<S: Service>(
+    stream: TcpStream,
+    service: Arc<S>,
+    security: Arc<Security>,
+    handshakes: Arc<crate::secure::HandshakeGate>,
+) {
     if stream.set_nodelay(true).is_err() {
         return;
     }
@@ -257,7 +289,23 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>, securi
     let Ok(peer) = stream.peer_addr() else {
         return;
     };
-    let secured = match crate::secure::accept(stream, peer, &security, "rpc").await {
+    let handshake = security.token.is_some() || security.tls_server.is_some();
+    let permit = if handshake {
+        match handshakes.try_enter(peer.ip()) {
+            Some(permit) => Some(permit),
+            None => {
+                if let Some(also) = BUSY_REFUSALS.report() {
+                    tracing::warn!(%peer, also_refused = also, "connection closed: too many connections in their handshake (this peer's, or all)");
+                }
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let accepted = crate::secure::accept(stream, peer, &security, "rpc").await;
+    drop(permit);
+    let secured = match accepted {
         Ok(secured) => secured,
         Err(Refused::NoToken { stream, first }) => {
             refuse_tokenless(stream, first).await;
@@ -303,12 +351,17 @@ async fn serve_connection<S: Service>(stream: TcpStream, service: Arc<S>, securi
                 if magic.to_le_bytes() == crate::auth::AUTH_MAGIC =>
             {
                 // A client holding a token, and this server none: say so before closing.
-                tracing::warn!(%peer, "connection refused: the peer presents a cluster token and this server holds none (start it with --auth-token-file)");
+                if let Some(also) = UNEXPECTED_TOKENS.report() {
+                    tracing::warn!(%peer, also_refused = also, "connection refused: the peer presents a cluster token and this server holds none (start it with --auth-token-file)");
+                }
                 let mut writer = writer.lock().await;
-                let _ = tokio::time::timeout(
-                    REPLY_WRITE_TIMEOUT,
-                    writer.half.write_all(&crate::auth::no_token_challenge()),
-                )
+                let _ = tokio::time::timeout(REPLY_WRITE_TIMEOUT, async {
+                    writer
+                        .half
+                        .write_all(&crate::auth::no_token_challenge())
+                        .await?;
+                    writer.half.flush().await
+                })
                 .await;
                 break;
             }
@@ -364,6 +417,7 @@ async fn refuse_tokenless(mut stream: crate::secure::SecureStream, first: [u8; 4
             .write_all(&reply.into_frame(request.opcode, request.rpc_id))
             .await
             .ok()?;
+        stream.flush().await.ok()?;
         stream.shutdown().await.ok()
     };
     let _ = tokio::time::timeout(crate::auth::HANDSHAKE_TIMEOUT, answered).await;
@@ -408,7 +462,12 @@ async fn send_reply(writer: &Mutex<ReplyWriter>, frame: BytesMut, broken: &tokio
     if writer.poisoned {
         return;
     }
-    let written = tokio::time::timeout(REPLY_WRITE_TIMEOUT, writer.half.write_all(&frame)).await;
+    // Flushed: TLS may hold the reply's tail inside rustls until the writer is polled again.
+    let write = async {
+        writer.half.write_all(&frame).await?;
+        writer.half.flush().await
+    };
+    let written = tokio::time::timeout(REPLY_WRITE_TIMEOUT, write).await;
     if !matches!(written, Ok(Ok(()))) {
         writer.poisoned = true;
         let _ = writer.half.shutdown().await;

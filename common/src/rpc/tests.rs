@@ -1191,8 +1191,10 @@ async fn an_oversized_reply_fails_only_its_call_and_the_connection_stays_usable(
 
 // Access control and TLS (`crate::auth`, `crate::tls`, `crate::secure`).
 
+/// A token of `text`, padded to the minimum length.
 fn test_token(text: &str) -> ClusterToken {
-    ClusterToken::new(text.as_bytes()).expect("a token of valid length")
+    let padded = format!("{text:.<width$}", width = crate::auth::TOKEN_BYTES_MIN);
+    ClusterToken::new(padded.as_bytes()).expect("a token of valid length")
 }
 
 /// Calls OP_ECHO with `security` on a fresh connection.
@@ -1329,6 +1331,20 @@ async fn tls_round_trip_beside_plain_connections_with_the_token_inside() {
         .await
         .expect("plain TCP with the token");
     assert_eq!(&plain[..], b"hello");
+    // Over TLS too, a client without the token is refused and told why.
+    let tokenless = Security {
+        token: None,
+        tls_client: Some(crate::tls::TlsConnector::from_ca_file(&cert).expect("connector")),
+        tls_server: None,
+    };
+    let connection = Connection::connect_with(&server.addr(), &tokenless)
+        .await
+        .expect("TLS connects");
+    let (header, _) = connection
+        .call_raw(OP_ECHO, frame(b"hello"), deadline_in(STEP_TIMEOUT))
+        .await
+        .expect("an answer");
+    assert_eq!(header.status, Status::Unauthenticated);
     // A client that trusts another certificate does not talk to this server.
     let distrusting = Security {
         token: Some(token),
