@@ -10,14 +10,19 @@
 //! * [`recovery`] — crash recovery of one master: detection, setup, replay per recovery
 //!   master, client-observed unavailability, beside the machine's floor; every object
 //!   verified.
+//! * [`compare`] — Rampart against Redis on the same machine, alternating (YCSB with
+//!   R copies acknowledged against Redis `WAIT R` and without replicas); [`resp`] — the
+//!   small RESP client it drives Redis with.
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
 
 pub mod cleaner;
+pub mod compare;
 pub mod coordinator;
 pub mod echo;
 pub mod recovery;
 pub mod replication;
+pub mod resp;
 pub mod ycsb;
 
 use anyhow::Result;
@@ -37,6 +42,8 @@ pub enum BenchCommand {
     Recovery(recovery::RecoveryBenchArgs),
     /// The log cleaner: overwrite throughput and write cost at low and high memory use.
     Cleaner(cleaner::CleanerBenchArgs),
+    /// Rampart against Redis on this machine, alternating: YCSB throughput and latency.
+    Compare(compare::CompareArgs),
     /// The floor's echo server (used by `bench ycsb`).
     #[command(hide = true)]
     Echo(echo::EchoArgs),
@@ -50,6 +57,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Coordinator(args) => coordinator::run(args),
         BenchCommand::Recovery(args) => recovery::run(args),
         BenchCommand::Cleaner(args) => cleaner::run(args),
+        BenchCommand::Compare(args) => compare::run(args),
         BenchCommand::Echo(args) => echo::run(args),
     }
 }

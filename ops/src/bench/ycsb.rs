@@ -38,7 +38,7 @@ use crate::cluster::{self, UpArgs};
 use crate::progress::Progress;
 
 /// The YCSB workloads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum Workload {
     /// 50% read, 50% update.
     A,

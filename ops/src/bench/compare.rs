@@ -1,0 +1,748 @@
+//! `rampart bench compare --peer redis`: Rampart and Redis on the same machine, in one
+//! run, alternating, with the same workloads (issue 18).
+//!
+//! Three systems, started by the benchmark on loopback and stopped (by PID) afterwards:
+//!
+//! * `rampart` — a local cluster of `--servers` servers with R = `--replicas` (every
+//!   acknowledged write is in R backups), one coordinator;
+//! * `redis_wait` — Redis with `--replicas` replicas, every write followed by `WAIT R`
+//!   (the closest Redis comes to a write acknowledged on R copies);
+//! * `redis_async` — one Redis, no replication.
+//!
+//! Both Redis set-ups keep nothing on disk (`--save '' --appendonly no`): the comparison is
+//! of acknowledged copies in memory, which is what Rampart acknowledges. The YCSB
+//! workloads (`--workloads`, default write-only, A, B, C) run with the same records, value
+//! size, Zipfian skew and closed-loop clients on each system. The run is cut into
+//! `--rounds`; in each round every workload runs a slice on every system, the systems'
+//! order rotating, so that a noisy machine's slow moments fall on all of them.
+//!
+//! Prints a table (throughput, read and write p50/p99 per system, and Rampart's
+//! throughput over each Redis's), and with `--json FILE` writes the figures there and one
+//! plot per comparison beside it (`FILE` without its extension, `-ycsb.svg`).
+//! `--quick` runs a reduced version (10,000 records and operations, 2 rounds, 8 clients)
+//! in well under two minutes. Redis must be installed (`redis-server`, Debian's
+//! `redis-server` package); the benchmark says so plainly if it is not.
+//!
+//! Not yet measured (issue 18, item 1, second half): the loss of a server (Rampart's
+//! unavailability through recovery against Redis restarted from RDB and AOF, and
+//! Sentinel failover).
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use rampart_client::{Client, ClientOptions, TableId};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::resp::{RespConnection, Value};
+use super::ycsb::{histogram, key, KeyChooser, RemoveOnDrop, Workload};
+use crate::cluster::{self, UpArgs};
+
+/// The systems compared with Rampart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    /// Redis (`redis-server`).
+    Redis,
+}
+
+/// `rampart bench compare`
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// The system to compare with.
+    #[arg(long, value_enum, default_value = "redis")]
+    pub peer: Peer,
+    /// YCSB workloads to run, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "write-only,a,b,c"
+    )]
+    pub workloads: Vec<Workload>,
+    /// Objects loaded into each system before the runs.
+    #[arg(long, default_value_t = 50_000)]
+    pub records: u64,
+    /// Operations per workload and system (all clients together, all rounds).
+    #[arg(long, default_value_t = 50_000)]
+    pub ops: u64,
+    /// Closed-loop clients, each with its own connections.
+    #[arg(long, default_value_t = 16)]
+    pub clients: u32,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Zipfian skew (YCSB's default 0.99; 0 for uniform).
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf: f64,
+    /// Rampart's servers.
+    #[arg(long, default_value_t = 4)]
+    pub servers: u32,
+    /// Copies beside the primary: Rampart's R, and Redis's replicas (`WAIT R`).
+    #[arg(long, default_value_t = 3)]
+    pub replicas: u32,
+    /// Rounds the runs are cut into, alternating the systems.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// A reduced run: 10,000 records and operations, 2 rounds, 8 clients.
+    #[arg(long)]
+    pub quick: bool,
+    /// Seed of the key and operation choices (printed; reuse to replay a run).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Write the figures as JSON to FILE, and the plots beside it.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// The systems of one comparison, in their first round's order.
+const SYSTEMS: [System; 3] = [System::Rampart, System::RedisWait, System::RedisAsync];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum System {
+    Rampart,
+    RedisWait,
+    RedisAsync,
+}
+
+impl System {
+    /// The name in the JSON's keys.
+    fn key(self) -> &'static str {
+        match self {
+            System::Rampart => "rampart",
+            System::RedisWait => "redis_wait",
+            System::RedisAsync => "redis_async",
+        }
+    }
+
+    fn label(self, replicas: u32) -> String {
+        match self {
+            System::Rampart => format!("rampart R={replicas}"),
+            System::RedisWait => format!("redis WAIT {replicas}"),
+            System::RedisAsync => "redis, no replicas".to_string(),
+        }
+    }
+}
+
+/// How long one Redis command may take before the benchmark fails.
+const REDIS_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long `WAIT` may wait for the replicas, in milliseconds.
+const WAIT_TIMEOUT_MS: &str = "5000";
+
+/// Pairs per `MSET` while loading Redis.
+const LOAD_BATCH_PAIRS: usize = 256;
+
+/// A `redis-server` child; killed (SIGKILL) and reaped when dropped.
+struct RedisProcess {
+    port: u16,
+    child: Child,
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RedisProcess {
+    /// Starts `redis-server` on a free loopback port, in memory only, with `extra`
+    /// arguments; waits until it answers PING.
+    fn start(dir: &std::path::Path, extra: &[String]) -> Result<RedisProcess> {
+        let port = free_port()?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .args(["--logfile", &format!("redis-{port}.log")])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start redis-server")?;
+        let process = RedisProcess { port, child };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        loop {
+            let ping = runtime.block_on(async {
+                let mut connection = RespConnection::connect(&process.addr()).await?;
+                connection.call_ok(&[b"PING"], REDIS_CALL_TIMEOUT).await
+            });
+            if ping.is_ok() {
+                return Ok(process);
+            }
+            if Instant::now() > deadline {
+                bail!("redis-server on port {port} did not answer PING: {ping:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// What one workload measured on one system.
+#[derive(Default)]
+struct Measured {
+    ops: BTreeMap<&'static str, Histogram<u64>>,
+    run_s: f64,
+}
+
+impl Measured {
+    fn total(&self) -> u64 {
+        self.ops.values().map(Histogram::len).sum()
+    }
+
+    fn throughput(&self) -> f64 {
+        if self.run_s > 0.0 {
+            self.total() as f64 / self.run_s
+        } else {
+            0.0
+        }
+    }
+
+    /// p-quantile of operation `name`, in µs.
+    fn us(&self, name: &str, q: f64) -> Option<f64> {
+        self.ops
+            .get(name)
+            .map(|h| h.value_at_quantile(q) as f64 / 1000.0)
+    }
+}
+
+/// One closed-loop client's connection to one system.
+enum Store<'a> {
+    Rampart(&'a Client, TableId),
+    Redis {
+        connection: &'a mut RespConnection,
+        /// Replicas every write waits for (`WAIT n`), if any.
+        wait: Option<u32>,
+    },
+}
+
+impl Store<'_> {
+    async fn read(&mut self, key: &[u8]) -> Result<()> {
+        match self {
+            Store::Rampart(client, table) => {
+                client.read(*table, key).await?;
+            }
+            Store::Redis { connection, .. } => {
+                connection
+                    .call_ok(&[b"GET", key], REDIS_CALL_TIMEOUT)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn update(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        match self {
+            Store::Rampart(client, table) => {
+                client.write(*table, key, value).await?;
+            }
+            Store::Redis { connection, wait } => {
+                connection
+                    .call_ok(&[b"SET", key, value], REDIS_CALL_TIMEOUT)
+                    .await?;
+                if let Some(replicas) = *wait {
+                    let wanted = replicas.to_string();
+                    let reply = connection
+                        .call_ok(
+                            &[b"WAIT", wanted.as_bytes(), WAIT_TIMEOUT_MS.as_bytes()],
+                            REDIS_CALL_TIMEOUT,
+                        )
+                        .await?;
+                    match reply {
+                        Value::Integer(n) if n >= i64::from(replicas) => {}
+                        other => bail!("WAIT {replicas} answered {other:?}"),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
+    crate::init_logging("warn");
+    if args.quick {
+        args.records = args.records.min(10_000);
+        args.ops = args.ops.min(10_000);
+        args.rounds = args.rounds.min(2);
+        args.clients = args.clients.min(8);
+    }
+    if args.records == 0 || args.clients == 0 || args.rounds == 0 || args.workloads.is_empty() {
+        bail!("--records, --clients, --rounds and --workloads must not be zero or empty");
+    }
+    if args.replicas == 0 || args.replicas >= args.servers {
+        bail!(
+            "--replicas must be 1 to --servers - 1 (a master never keeps a replica on its own \
+             server); {} servers allow at most {}",
+            args.servers,
+            args.servers.saturating_sub(1)
+        );
+    }
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        bail!(
+            "redis-server is not installed: `bench compare --peer redis` starts its own Redis \
+             (Debian: apt-get install redis-server)"
+        );
+    }
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let scratch = std::env::temp_dir().join(format!("rampart-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    // Declared first, dropped last: the processes stop before their directory goes.
+    let _scratch = RemoveOnDrop(scratch.clone());
+    let up = UpArgs {
+        security: Default::default(),
+        metrics_addr: None,
+        no_metrics: true,
+        resp_addr: None,
+        no_resp: true,
+        data_dir: scratch.join("rampart"),
+        servers: args.servers,
+        coordinators: 1,
+        coordinator_addr: "127.0.0.1:0".into(),
+        memory: "512MiB".into(),
+        segment_bytes: "8MiB".into(),
+        value_bytes_max: "1MiB".into(),
+        cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
+        backup_frames: 16,
+        log_level: "warn".into(),
+        recovery_masters_max: 0,
+        replicas: Some(args.replicas),
+        replication: None,
+    };
+    let rampart = cluster::start(&up, false)?;
+    let redis_dir = scratch.join("redis");
+    std::fs::create_dir_all(&redis_dir)?;
+    let primary = RedisProcess::start(&redis_dir, &[])?;
+    let mut redis_replicas = Vec::new();
+    for _ in 0..args.replicas {
+        redis_replicas.push(RedisProcess::start(
+            &redis_dir,
+            &[
+                "--replicaof".to_string(),
+                "127.0.0.1".to_string(),
+                primary.port.to_string(),
+            ],
+        )?);
+    }
+    let standalone = RedisProcess::start(&redis_dir, &[])?;
+    println!(
+        "bench compare: rampart ({} servers, R = {}, 1 coordinator) against redis {} \
+         ({} replicas, WAIT {}) and redis {} (no replicas); nothing on disk in Redis",
+        args.servers,
+        args.replicas,
+        redis_server_version(),
+        args.replicas,
+        args.replicas,
+        standalone.addr()
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let task_args = args.clone();
+    let coordinator = rampart.coordinator.clone();
+    let (primary_addr, standalone_addr) = (primary.addr(), standalone.addr());
+    let results = runtime.block_on(async move {
+        tokio::spawn(async move {
+            compare(
+                &task_args,
+                &coordinator,
+                &primary_addr,
+                &standalone_addr,
+                seed,
+            )
+            .await
+        })
+        .await
+        .context("benchmark task panicked")?
+    })?;
+    drop((primary, redis_replicas, standalone, rampart));
+    print_table(&args, seed, &results);
+    if let Some(path) = &args.json {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json(&args, seed, &results))?,
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
+        let plot = plot_path(path, "ycsb");
+        write_svg(&plot, &args, &results)?;
+        println!("figures: {}; plot: {}", path.display(), plot.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn redis_server_version() -> String {
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|text| {
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(str::to_string))
+        })
+        .unwrap_or_else(|| "(unknown version)".to_string())
+}
+
+/// `json` with its extension replaced by `-NAME.svg`.
+fn plot_path(json: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let stem = json
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "compare".to_string());
+    json.with_file_name(format!("{stem}-{name}.svg"))
+}
+
+type Results = BTreeMap<(Workload, System), Measured>;
+
+async fn compare(
+    args: &CompareArgs,
+    coordinator: &str,
+    primary: &str,
+    standalone: &str,
+    seed: u64,
+) -> Result<Results> {
+    let options = ClientOptions {
+        deadline: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let coordinators: Vec<&str> = coordinator.split(',').collect();
+    let admin = Client::connect_with(&coordinators, options.clone()).await?;
+    let table = admin.create_table("compare", args.servers).await?;
+    let mut clients = Vec::new();
+    for _ in 0..args.clients {
+        clients.push(Client::connect_with(&coordinators, options.clone()).await?);
+    }
+    let mut waiting = Vec::new();
+    let mut asynchronous = Vec::new();
+    for _ in 0..args.clients {
+        waiting.push(RespConnection::connect(primary).await?);
+        asynchronous.push(RespConnection::connect(standalone).await?);
+    }
+    let value = Bytes::from(vec![b'x'; args.value_bytes]);
+    super::ycsb::load(&clients, table, args.records, &value).await?;
+    load_redis(&mut waiting, args.records, &value).await?;
+    load_redis(&mut asynchronous, args.records, &value).await?;
+    // Every replica has the loaded data before the runs.
+    let wanted = args.replicas.to_string();
+    let synced = waiting[0]
+        .call_ok(
+            &[b"WAIT", wanted.as_bytes(), b"60000"],
+            Duration::from_secs(70),
+        )
+        .await?;
+    if synced != Value::Integer(i64::from(args.replicas)) {
+        bail!("Redis replicas did not take the load: WAIT answered {synced:?}");
+    }
+
+    let chooser = Arc::new(KeyChooser::new(args.records, args.zipf)?);
+    let per_slice = args.ops / u64::from(args.rounds) / u64::from(args.clients);
+    let mut results: Results = BTreeMap::new();
+    let mut rngs: Vec<SmallRng> = (0..args.clients)
+        .map(|c| SmallRng::seed_from_u64(seed ^ u64::from(c).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        .collect();
+    let progress = crate::progress::Progress::new(
+        "comparing",
+        per_slice
+            * u64::from(args.clients)
+            * u64::from(args.rounds)
+            * args.workloads.len() as u64
+            * SYSTEMS.len() as u64,
+        "ops",
+    );
+    for round in 0..args.rounds {
+        for &workload in &args.workloads {
+            for i in 0..SYSTEMS.len() {
+                let system = SYSTEMS[(i + round as usize) % SYSTEMS.len()];
+                let stores: Vec<Store<'_>> = match system {
+                    System::Rampart => clients.iter().map(|c| Store::Rampart(c, table)).collect(),
+                    System::RedisWait => waiting
+                        .iter_mut()
+                        .map(|connection| Store::Redis {
+                            connection,
+                            wait: Some(args.replicas),
+                        })
+                        .collect(),
+                    System::RedisAsync => asynchronous
+                        .iter_mut()
+                        .map(|connection| Store::Redis {
+                            connection,
+                            wait: None,
+                        })
+                        .collect(),
+                };
+                let started = Instant::now();
+                let runs = stores
+                    .into_iter()
+                    .zip(rngs.iter_mut())
+                    .map(|(mut store, rng)| {
+                        let chooser = Arc::clone(&chooser);
+                        let value = value.clone();
+                        let progress = &progress;
+                        async move {
+                            let mut ops: BTreeMap<&'static str, Histogram<u64>> = BTreeMap::new();
+                            for _ in 0..per_slice {
+                                let k = key(chooser.next(rng));
+                                let start = Instant::now();
+                                let name = if rng.gen_bool(workload.read_fraction()) {
+                                    store.read(&k).await?;
+                                    "read"
+                                } else {
+                                    store.update(&k, &value).await?;
+                                    "update"
+                                };
+                                let nanos = start.elapsed().as_nanos() as u64;
+                                ops.entry(name)
+                                    .or_insert_with(histogram)
+                                    .record(nanos.max(1))?;
+                                progress.inc(1);
+                            }
+                            Ok::<_, anyhow::Error>(ops)
+                        }
+                    });
+                let outcomes = futures::future::join_all(runs).await;
+                let elapsed = started.elapsed().as_secs_f64();
+                let measured = results.entry((workload, system)).or_default();
+                measured.run_s += elapsed;
+                for outcome in outcomes {
+                    for (name, h) in outcome.with_context(|| system.label(args.replicas))? {
+                        measured.ops.entry(name).or_insert_with(histogram).add(&h)?;
+                    }
+                }
+            }
+        }
+    }
+    progress.finish();
+    Ok(results)
+}
+
+/// Loads records `0..records` through `connections` (each its share) with `MSET`.
+async fn load_redis(connections: &mut [RespConnection], records: u64, value: &Bytes) -> Result<()> {
+    let count = connections.len() as u64;
+    let loads = connections.iter_mut().enumerate().map(|(c, connection)| {
+        let share: Vec<u64> = (0..records).filter(|i| i % count == c as u64).collect();
+        async move {
+            for chunk in share.chunks(LOAD_BATCH_PAIRS) {
+                let keys: Vec<Vec<u8>> = chunk.iter().map(|i| key(*i)).collect();
+                let mut request: Vec<&[u8]> = vec![b"MSET"];
+                for k in &keys {
+                    request.push(k);
+                    request.push(value);
+                }
+                connection.call_ok(&request, REDIS_CALL_TIMEOUT).await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+    });
+    for outcome in futures::future::join_all(loads).await {
+        outcome?;
+    }
+    Ok(())
+}
+
+fn print_table(args: &CompareArgs, seed: u64, results: &Results) {
+    println!(
+        "{} records, {} ops per workload and system, {} clients, {}-byte values, zipf {}, \
+         {} rounds, seed {seed}",
+        args.records, args.ops, args.clients, args.value_bytes, args.zipf, args.rounds
+    );
+    println!(
+        "{:<11} {:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>14}",
+        "workload",
+        "system",
+        "ops/s",
+        "read_p50",
+        "read_p99",
+        "write_p50",
+        "write_p99",
+        "rampart/this"
+    );
+    let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    for &workload in &args.workloads {
+        let rampart = results
+            .get(&(workload, System::Rampart))
+            .map_or(0.0, Measured::throughput);
+        for system in SYSTEMS {
+            let Some(m) = results.get(&(workload, system)) else {
+                continue;
+            };
+            let ratio = if system == System::Rampart || m.throughput() == 0.0 {
+                String::new()
+            } else {
+                format!("{:.2}x", rampart / m.throughput())
+            };
+            println!(
+                "{:<11} {:<20} {:>9.0} {:>9} {:>9} {:>9} {:>9} {:>14}",
+                workload.name(),
+                system.label(args.replicas),
+                m.throughput(),
+                us(m.us("read", 0.5)),
+                us(m.us("read", 0.99)),
+                us(m.us("update", 0.5)),
+                us(m.us("update", 0.99)),
+                ratio
+            );
+        }
+    }
+    println!("latencies in µs; Redis keeps nothing on disk; every Rampart write is in R backups");
+}
+
+fn json(args: &CompareArgs, seed: u64, results: &Results) -> serde_json::Value {
+    let mut ycsb = serde_json::Map::new();
+    for &workload in &args.workloads {
+        let mut figures = serde_json::Map::new();
+        for system in SYSTEMS {
+            let Some(m) = results.get(&(workload, system)) else {
+                continue;
+            };
+            let name = system.key();
+            figures.insert(format!("{name}_ops_s"), m.throughput().into());
+            for (op, field) in [("update", "write"), ("read", "read")] {
+                for (q, label) in [(0.5, "p50"), (0.99, "p99")] {
+                    if let Some(v) = m.us(op, q) {
+                        figures.insert(format!("{name}_{field}_{label}_us"), v.into());
+                    }
+                }
+            }
+        }
+        ycsb.insert(workload.name().to_string(), figures.into());
+    }
+    serde_json::json!({
+        "conditions": {
+            "records": args.records,
+            "ops": args.ops,
+            "clients": args.clients,
+            "value_bytes": args.value_bytes,
+            "zipf": args.zipf,
+            "rounds": args.rounds,
+            "servers": args.servers,
+            "replicas": args.replicas,
+            "seed": seed,
+            "redis": redis_server_version(),
+        },
+        "ycsb": ycsb,
+    })
+}
+
+/// Throughput per workload, a bar per system.
+fn write_svg(path: &std::path::Path, args: &CompareArgs, results: &Results) -> Result<()> {
+    use plotters::prelude::{
+        ChartBuilder, Color, IntoDrawingArea, IntoSegmentedCoord, RGBColor, Rectangle, SVGBackend,
+        SegmentValue, BLACK, WHITE,
+    };
+    const COLOURS: [RGBColor; 3] = [
+        RGBColor(0x1f, 0x77, 0xb4),
+        RGBColor(0xd6, 0x27, 0x28),
+        RGBColor(0xff, 0x7f, 0x0e),
+    ];
+    let workloads = &args.workloads;
+    let y_max = results
+        .values()
+        .map(Measured::throughput)
+        .fold(0.0_f64, f64::max)
+        * 1.35;
+    if y_max <= 0.0 {
+        bail!("nothing to plot");
+    }
+    let slots = workloads.len() * (SYSTEMS.len() + 1);
+    let draw = || -> Result<()> {
+        let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let caption = format!(
+            "bench compare: ops/s, {} clients, {} records, {}-byte values, zipf {}",
+            args.clients, args.records, args.value_bytes, args.zipf
+        );
+        let mut chart = ChartBuilder::on(&root)
+            .caption(caption, ("sans-serif", 16))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(72)
+            .build_cartesian_2d((0..slots as i32).into_segmented(), 0.0..y_max)?;
+        let names: Vec<&str> = workloads.iter().map(|w| w.name()).collect();
+        let per = SYSTEMS.len() + 1;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(slots)
+            .x_label_formatter(&|v| match v {
+                SegmentValue::Exact(i) | SegmentValue::CenterOf(i) => {
+                    let i = *i as usize;
+                    if i % per == 1 {
+                        names.get(i / per).map_or(String::new(), |n| n.to_string())
+                    } else {
+                        String::new()
+                    }
+                }
+                SegmentValue::Last => String::new(),
+            })
+            .y_desc("operations/s")
+            .y_label_formatter(&|y| format!("{:.0}k", y / 1000.0))
+            .draw()?;
+        for (w, workload) in workloads.iter().enumerate() {
+            for (s, system) in SYSTEMS.iter().enumerate() {
+                let Some(m) = results.get(&(*workload, *system)) else {
+                    continue;
+                };
+                let x = (w * per + s) as i32;
+                let bar = chart.draw_series(std::iter::once(Rectangle::new(
+                    [
+                        (SegmentValue::Exact(x), 0.0),
+                        (SegmentValue::Exact(x + 1), m.throughput()),
+                    ],
+                    COLOURS[s].filled(),
+                )))?;
+                // One legend entry per system.
+                if w == 0 {
+                    bar.label(system.label(args.replicas))
+                        .legend(move |(x, y)| {
+                            Rectangle::new([(x, y - 5), (x + 10, y + 5)], COLOURS[s].filled())
+                        });
+                }
+            }
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.9))
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plots_go_beside_the_json() {
+        assert_eq!(
+            plot_path(std::path::Path::new("out/compare.json"), "ycsb"),
+            std::path::Path::new("out/compare-ycsb.svg")
+        );
+    }
+}
