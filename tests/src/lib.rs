@@ -207,6 +207,25 @@ impl Drop for LocalCluster {
     }
 }
 
+/// Sends `request` over a fresh TCP connection to `addr` and reads until `expected`
+/// bytes of reply came, the peer closed, or 15 s passed without a byte (a raw RESP
+/// exchange with the gateway, say).
+pub fn raw_exchange(addr: &str, request: &[u8], expected: usize) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(15)))?;
+    stream.write_all(request)?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while reply.len() < expected {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+        }
+    }
+    Ok(reply)
+}
+
 /// A plain HTTP GET of `url` (`http://HOST:PORT/PATH`): the status code and the body.
 pub fn http_get(url: &str, timeout: Duration) -> Result<(u16, String)> {
     use std::io::Read;

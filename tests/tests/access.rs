@@ -10,8 +10,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use rampart_tests::{rampart, LocalCluster};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -46,19 +44,7 @@ fn text(output: &Output) -> String {
 
 /// Sends `request` over a fresh connection and reads `expected` bytes of reply.
 fn resp(addr: &str, request: &[u8], expected: usize) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(15)))
-        .unwrap();
-    stream.write_all(request).unwrap();
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while reply.len() < expected {
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => reply.extend_from_slice(&chunk[..n]),
-        }
-    }
+    let reply = rampart_tests::raw_exchange(addr, request, expected).unwrap();
     String::from_utf8_lossy(&reply).into_owned()
 }
 

@@ -9,8 +9,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use rampart_tests::LocalCluster;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -18,23 +16,10 @@ fn cluster() -> LocalCluster {
     LocalCluster::start(3, &["--replicas", "1", "--memory", "64MiB"]).unwrap()
 }
 
-/// Sends `request` raw and reads until `expected` bytes of reply came (or the peer
-/// closed).
+/// Sends `request` raw over a fresh connection and reads until `expected` bytes of reply
+/// came (or the peer closed).
 fn exchange(addr: &str, request: &[u8], expected: usize) -> Vec<u8> {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(15)))
-        .unwrap();
-    stream.write_all(request).unwrap();
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while reply.len() < expected {
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => reply.extend_from_slice(&chunk[..n]),
-        }
-    }
-    reply
+    rampart_tests::raw_exchange(addr, request, expected).unwrap()
 }
 
 #[test]
