@@ -23,9 +23,14 @@
 //! in well under two minutes. Redis must be installed (`redis-server`, Debian's
 //! `redis-server` package); the benchmark says so plainly if it is not.
 //!
-//! Not yet measured (issue 18, item 1, second half): the loss of a server (Rampart's
-//! unavailability through recovery against Redis restarted from RDB and AOF, and
-//! Sentinel failover).
+//! **The loss of a server holding `--loss-gib`** (1 KB objects; `--no-loss` skips it):
+//! Rampart's client-observed unavailability through the crash recovery of a master
+//! holding that much (`rampart bench recovery` as a child, R = `--replicas`, R + 2
+//! servers), against a Redis holding as much, persisted as an RDB snapshot (`SAVE`) or as
+//! its append-only file (`everysec`, after its rewrites settled and the next fsync),
+//! killed with SIGKILL and restarted at once on its files: kill → the last object written
+//! is served again. Plotted beside the JSON as `-loss.svg`. Not measured yet (issue 18):
+//! Redis Sentinel failover (`redis_sentinel_failover_ms` is null).
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -97,6 +102,12 @@ pub struct CompareArgs {
     /// Write the figures as JSON to FILE, and the plots beside it.
     #[arg(long, value_name = "FILE")]
     pub json: Option<std::path::PathBuf>,
+    /// GiB held by the server that is lost in the loss comparison (1 KB objects).
+    #[arg(long, default_value_t = 1.0)]
+    pub loss_gib: f64,
+    /// Skip the loss comparison.
+    #[arg(long)]
+    pub no_loss: bool,
 }
 
 /// The systems of one comparison, in their first round's order.
@@ -154,20 +165,43 @@ impl RedisProcess {
     /// Starts `redis-server` on a free loopback port, in memory only, with `extra`
     /// arguments; waits until it answers PING.
     fn start(dir: &std::path::Path, extra: &[String]) -> Result<RedisProcess> {
-        let port = free_port()?;
+        let mut args: Vec<String> = ["--save", "", "--appendonly", "no"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        args.extend_from_slice(extra);
+        RedisProcess::start_at(dir, free_port()?, &args)
+    }
+
+    /// Starts `redis-server` on `port` with its files in `dir` and `args` (persistence
+    /// included); waits until it answers PING (a server loading its data answers
+    /// `LOADING`, which is not yet an answer).
+    fn start_at(dir: &std::path::Path, port: u16, args: &[String]) -> Result<RedisProcess> {
+        let process = RedisProcess::spawn_at(dir, port, args)?;
+        process.wait_ready()?;
+        Ok(process)
+    }
+
+    /// Starts `redis-server` as [`start_at`](Self::start_at) does, without waiting.
+    fn spawn_at(dir: &std::path::Path, port: u16, args: &[String]) -> Result<RedisProcess> {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(["--protected-mode", "no"])
             .arg("--dir")
             .arg(dir)
             .args(["--logfile", &format!("redis-{port}.log")])
-            .args(extra)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .context("cannot start redis-server")?;
-        let process = RedisProcess { port, child };
+        Ok(RedisProcess { port, child })
+    }
+
+    /// Waits (10 s at most) until it answers PING.
+    fn wait_ready(&self) -> Result<()> {
+        let (process, port) = (self, self.port);
         let deadline = Instant::now() + Duration::from_secs(10);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -178,7 +212,7 @@ impl RedisProcess {
                 connection.call_ok(&[b"PING"], REDIS_CALL_TIMEOUT).await
             });
             if ping.is_ok() {
-                return Ok(process);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 bail!("redis-server on port {port} did not answer PING: {ping:?}");
@@ -286,6 +320,10 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
         args.ops = args.ops.min(10_000);
         args.rounds = args.rounds.min(2);
         args.clients = args.clients.min(8);
+        args.loss_gib = args.loss_gib.min(0.05);
+    }
+    if !(args.loss_gib > 0.0 && args.loss_gib <= 64.0) {
+        bail!("--loss-gib must be above 0 and at most 64");
     }
     if args.records == 0 || args.clients == 0 || args.rounds == 0 || args.workloads.is_empty() {
         bail!("--records, --clients, --rounds and --workloads must not be zero or empty");
@@ -381,17 +419,236 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
     })?;
     drop((primary, redis_replicas, standalone, rampart));
     print_table(&args, seed, &results);
+    let loss = if args.no_loss {
+        None
+    } else {
+        let loss = measure_loss(&args, &scratch)?;
+        println!(
+            "loss of a server holding {} GiB: rampart recovery {:.0} ms (client-observed); \
+             redis restarted from its RDB {:.0} ms, from its AOF {:.0} ms (kill to data \
+             served); rampart's time over RDB's {:.2}x, over AOF's {:.2}x",
+            loss.gib,
+            loss.rampart_ms,
+            loss.rdb_ms,
+            loss.aof_ms,
+            loss.rampart_ms / loss.rdb_ms,
+            loss.rampart_ms / loss.aof_ms
+        );
+        Some(loss)
+    };
     if let Some(path) = &args.json {
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&json(&args, seed, &results))?,
-        )
-        .with_context(|| format!("cannot write {}", path.display()))?;
+        let mut figures = json(&args, seed, &results);
+        if let Some(loss) = &loss {
+            figures["loss"] = serde_json::json!({
+                "gib": loss.gib,
+                "object_bytes": LOSS_OBJECT_BYTES,
+                "rampart_unavailability_ms": loss.rampart_ms.round(),
+                "redis_rdb_reload_ms": loss.rdb_ms.round(),
+                "redis_aof_reload_ms": loss.aof_ms.round(),
+                // Not measured yet (issue 18): Sentinel failover.
+                "redis_sentinel_failover_ms": serde_json::Value::Null,
+            });
+        }
+        std::fs::write(path, serde_json::to_string_pretty(&figures)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
         let plot = plot_path(path, "ycsb");
         write_svg(&plot, &args, &results)?;
         println!("figures: {}; plot: {}", path.display(), plot.display());
+        if let Some(loss) = &loss {
+            let plot = plot_path(path, "loss");
+            write_loss_svg(&plot, loss)?;
+            println!("plot: {}", plot.display());
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes of each object in the loss comparison.
+const LOSS_OBJECT_BYTES: usize = 1024;
+
+/// Pairs per `MSET` while filling a Redis for the loss comparison.
+const LOSS_BATCH_PAIRS: usize = 256;
+
+/// Connections filling a Redis at once.
+const LOSS_LOADERS: usize = 4;
+
+/// How long a reload or a recovery may take before the benchmark gives up.
+const LOSS_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What losing a server holding `gib` costs each system: milliseconds from the kill
+/// until its data is served again.
+#[derive(Debug)]
+struct Loss {
+    gib: f64,
+    rampart_ms: f64,
+    rdb_ms: f64,
+    aof_ms: f64,
+}
+
+/// How a Redis keeps its data on disk.
+#[derive(Clone, Copy, Debug)]
+enum Persistence {
+    /// An RDB snapshot (`SAVE`) taken after the load.
+    Rdb,
+    /// The append-only file, `appendfsync everysec` (Redis rewrites it as it grows).
+    Aof,
+}
+
+fn measure_loss(args: &CompareArgs, scratch: &std::path::Path) -> Result<Loss> {
+    let rampart_ms = rampart_loss(args, scratch)?;
+    let rdb_ms = redis_reload(args.loss_gib, scratch, Persistence::Rdb)?;
+    let aof_ms = redis_reload(args.loss_gib, scratch, Persistence::Aof)?;
+    Ok(Loss {
+        gib: args.loss_gib,
+        rampart_ms,
+        rdb_ms,
+        aof_ms,
+    })
+}
+
+/// Rampart's client-observed unavailability through the crash recovery of a master
+/// holding `--loss-gib`: `rampart bench recovery` (R = `--replicas`, R + 2 servers so the
+/// survivors still find R backups), run as a child, its JSON read back.
+fn rampart_loss(args: &CompareArgs, scratch: &std::path::Path) -> Result<f64> {
+    let json = scratch.join("recovery.json");
+    let servers = args.servers.max(args.replicas + 2);
+    let data_mb = ((args.loss_gib * 1024.0).round() as u64).max(1);
+    println!(
+        "loss: rampart bench recovery, {servers} servers, R = {}, {data_mb} MB",
+        args.replicas
+    );
+    let status = Command::new(std::env::current_exe()?)
+        .args(["bench", "recovery", "--servers", &servers.to_string()])
+        .args(["--replicas", &args.replicas.to_string()])
+        .args(["--data-mb", &data_mb.to_string()])
+        .args(["--object-bytes", &LOSS_OBJECT_BYTES.to_string()])
+        .arg("--json")
+        .arg(&json)
+        .arg("--svg")
+        .arg(scratch.join("recovery.svg"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .status()
+        .context("cannot run rampart bench recovery")?;
+    if !status.success() {
+        bail!("rampart bench recovery failed ({status})");
+    }
+    let figures: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    figures["unavailability_ms"]
+        .as_f64()
+        .context("bench recovery wrote no unavailability_ms")
+}
+
+/// A Redis holding `gib` of 1 KB objects, persisted as `persistence` says, killed with
+/// SIGKILL and restarted at once on its files (as a supervisor would): milliseconds from
+/// the kill until a GET of the last object written is answered.
+fn redis_reload(gib: f64, scratch: &std::path::Path, persistence: Persistence) -> Result<f64> {
+    let dir = scratch.join(format!("redis-{persistence:?}").to_lowercase());
+    std::fs::create_dir_all(&dir)?;
+    let config: Vec<String> = match persistence {
+        Persistence::Rdb => vec!["--save", "", "--appendonly", "no"],
+        Persistence::Aof => vec![
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+        ],
+    }
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    let port = free_port()?;
+    let redis = RedisProcess::start_at(&dir, port, &config)?;
+    let addr = redis.addr();
+    let objects = ((gib * (1u64 << 30) as f64) / LOSS_OBJECT_BYTES as f64)
+        .round()
+        .max(1.0) as u64;
+    println!("loss: redis {persistence:?}, {objects} objects of {LOSS_OBJECT_BYTES} B");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(fill_redis(&addr, objects, persistence))?;
+    let last = key(objects - 1);
+    let killed = Instant::now();
+    drop(redis);
+    let restarted = RedisProcess::spawn_at(&dir, port, &config)?;
+    let served = runtime.block_on(async {
+        loop {
+            if killed.elapsed() > LOSS_TIMEOUT {
+                bail!("redis did not serve its data again within {LOSS_TIMEOUT:?}");
+            }
+            if let Ok(mut connection) = RespConnection::connect(&addr).await {
+                if let Ok(Value::Bulk(Some(_))) =
+                    connection.call(&[b"GET", &last], REDIS_CALL_TIMEOUT).await
+                {
+                    return Ok(killed.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })?;
+    drop(restarted);
+    Ok(served.as_secs_f64() * 1e3)
+}
+
+/// Fills the Redis at `addr` with `objects` 1 KB objects, then makes them durable:
+/// `SAVE` for an RDB; for the AOF, waits for any rewrite to end and for the next
+/// once-a-second fsync.
+async fn fill_redis(addr: &str, objects: u64, persistence: Persistence) -> Result<()> {
+    let value = vec![b'v'; LOSS_OBJECT_BYTES];
+    let loaders = (0..LOSS_LOADERS as u64).map(|loader| {
+        let value = &value;
+        async move {
+            let mut connection = RespConnection::connect(addr).await?;
+            let share: Vec<u64> = (loader..objects).step_by(LOSS_LOADERS).collect();
+            for chunk in share.chunks(LOSS_BATCH_PAIRS) {
+                let keys: Vec<Vec<u8>> = chunk.iter().map(|i| key(*i)).collect();
+                let mut request: Vec<&[u8]> = vec![b"MSET"];
+                for k in &keys {
+                    request.push(k);
+                    request.push(value);
+                }
+                connection.call_ok(&request, REDIS_CALL_TIMEOUT).await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+    });
+    for outcome in futures::future::join_all(loaders).await {
+        outcome?;
+    }
+    let mut connection = RespConnection::connect(addr).await?;
+    match persistence {
+        Persistence::Rdb => {
+            connection.call_ok(&[b"SAVE"], LOSS_TIMEOUT).await?;
+        }
+        Persistence::Aof => {
+            let deadline = Instant::now() + LOSS_TIMEOUT;
+            loop {
+                let info = connection
+                    .call_ok(&[b"INFO", b"persistence"], REDIS_CALL_TIMEOUT)
+                    .await?;
+                let text = match info {
+                    Value::Bulk(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+                    other => bail!("INFO answered {other:?}"),
+                };
+                if text.contains("aof_rewrite_in_progress:0")
+                    && text.contains("aof_rewrite_scheduled:0")
+                {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("the AOF rewrite did not end within {LOSS_TIMEOUT:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // `everysec`: what was written is on disk a second later at the latest.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+    }
+    Ok(())
 }
 
 fn redis_server_version() -> String {
@@ -728,6 +985,74 @@ fn write_svg(path: &std::path::Path, args: &CompareArgs, results: &Results) -> R
             .border_style(BLACK)
             .background_style(WHITE.mix(0.9))
             .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The loss comparison: milliseconds until the data is served again, a bar per system.
+fn write_loss_svg(path: &std::path::Path, loss: &Loss) -> Result<()> {
+    use plotters::prelude::{
+        ChartBuilder, Color, IntoDrawingArea, IntoSegmentedCoord, RGBColor, Rectangle, SVGBackend,
+        SegmentValue, WHITE,
+    };
+    let bars = [
+        (
+            "rampart: crash recovery",
+            loss.rampart_ms,
+            RGBColor(0x1f, 0x77, 0xb4),
+        ),
+        (
+            "redis: restart from RDB",
+            loss.rdb_ms,
+            RGBColor(0xd6, 0x27, 0x28),
+        ),
+        (
+            "redis: restart from AOF",
+            loss.aof_ms,
+            RGBColor(0xff, 0x7f, 0x0e),
+        ),
+    ];
+    let y_max = bars.iter().map(|b| b.1).fold(0.0_f64, f64::max) * 1.2;
+    if y_max <= 0.0 {
+        bail!("nothing to plot");
+    }
+    let draw = || -> Result<()> {
+        let root = SVGBackend::new(path, (700, 460)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let caption = format!(
+            "bench compare: loss of a server holding {} GiB, kill to data served again",
+            loss.gib
+        );
+        let mut chart = ChartBuilder::on(&root)
+            .caption(caption, ("sans-serif", 15))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d((0..bars.len() as i32).into_segmented(), 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => bars
+                    .get(*i as usize)
+                    .map_or(String::new(), |b| b.0.to_string()),
+                SegmentValue::Last => String::new(),
+            })
+            .y_desc("milliseconds")
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()?;
+        for (i, (_, ms, colour)) in bars.iter().enumerate() {
+            let i = i as i32;
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i + 1), *ms),
+                ],
+                colour.filled(),
+            )))?;
+        }
         root.present()?;
         Ok(())
     };
