@@ -29,8 +29,10 @@
 //! servers), against a Redis holding as much, persisted as an RDB snapshot (`SAVE`) or as
 //! its append-only file (`everysec`, after its rewrites settled and the next fsync),
 //! killed with SIGKILL and restarted at once on its files: kill → the last object written
-//! is served again. Plotted beside the JSON as `-loss.svg`. Not measured yet (issue 18):
-//! Redis Sentinel failover (`redis_sentinel_failover_ms` is null).
+//! is served again; and against Redis Sentinel failover (a primary holding as much, 2
+//! replicas, 3 sentinels with `--sentinel-down-after-ms`, the primary killed: until the
+//! address the sentinels give takes a write and serves the last object). Plotted beside
+//! the JSON as `-loss.svg`.
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -108,6 +110,12 @@ pub struct CompareArgs {
     /// Skip the loss comparison.
     #[arg(long)]
     pub no_loss: bool,
+    /// Sentinel's `down-after-milliseconds` in the failover measurement: how long the
+    /// primary must be unreachable before a sentinel deems it down. Lower fails over
+    /// sooner and risks failing over a primary that was only busy (a long command, a
+    /// fork for a snapshot, a loaded host).
+    #[arg(long, default_value_t = 1000)]
+    pub sentinel_down_after_ms: u64,
 }
 
 /// The systems of one comparison, in their first round's order.
@@ -425,14 +433,18 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
         let loss = measure_loss(&args, &scratch)?;
         println!(
             "loss of a server holding {} GiB: rampart recovery {:.0} ms (client-observed); \
-             redis restarted from its RDB {:.0} ms, from its AOF {:.0} ms (kill to data \
-             served); rampart's time over RDB's {:.2}x, over AOF's {:.2}x",
+             redis restarted from its RDB {:.0} ms, from its AOF {:.0} ms, sentinel failover \
+             {:.0} ms (down-after {} ms) (kill to data served); rampart's time over RDB's \
+             {:.2}x, over AOF's {:.2}x, over sentinel's {:.2}x",
             loss.gib,
             loss.rampart_ms,
             loss.rdb_ms,
             loss.aof_ms,
+            loss.sentinel_ms,
+            args.sentinel_down_after_ms,
             loss.rampart_ms / loss.rdb_ms,
-            loss.rampart_ms / loss.aof_ms
+            loss.rampart_ms / loss.aof_ms,
+            loss.rampart_ms / loss.sentinel_ms
         );
         Some(loss)
     };
@@ -445,8 +457,8 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
                 "rampart_unavailability_ms": loss.rampart_ms.round(),
                 "redis_rdb_reload_ms": loss.rdb_ms.round(),
                 "redis_aof_reload_ms": loss.aof_ms.round(),
-                // Not measured yet (issue 18): Sentinel failover.
-                "redis_sentinel_failover_ms": serde_json::Value::Null,
+            "redis_sentinel_failover_ms": loss.sentinel_ms.round(),
+                "sentinel_down_after_ms": args.sentinel_down_after_ms,
             });
         }
         std::fs::write(path, serde_json::to_string_pretty(&figures)?)
@@ -483,6 +495,7 @@ struct Loss {
     rampart_ms: f64,
     rdb_ms: f64,
     aof_ms: f64,
+    sentinel_ms: f64,
 }
 
 /// How a Redis keeps its data on disk.
@@ -498,12 +511,202 @@ fn measure_loss(args: &CompareArgs, scratch: &std::path::Path) -> Result<Loss> {
     let rampart_ms = rampart_loss(args, scratch)?;
     let rdb_ms = redis_reload(args.loss_gib, scratch, Persistence::Rdb)?;
     let aof_ms = redis_reload(args.loss_gib, scratch, Persistence::Aof)?;
+    let sentinel_ms = sentinel_failover(args, scratch)?;
     Ok(Loss {
         gib: args.loss_gib,
         rampart_ms,
         rdb_ms,
         aof_ms,
+        sentinel_ms,
     })
+}
+
+/// Sentinels watching the primary of the failover measurement (a quorum of 2).
+const SENTINELS: usize = 3;
+
+/// The name the sentinels know the primary by.
+const SENTINEL_MASTER: &str = "compare";
+
+/// Redis Sentinel failover: a primary holding `--loss-gib` with 2 replicas and 3
+/// sentinels (`down-after-milliseconds` of `--sentinel-down-after-ms`), the primary killed
+/// with SIGKILL: milliseconds until the address the sentinels give takes a write and
+/// serves the last object written. In memory only (the replicas hold the data).
+fn sentinel_failover(args: &CompareArgs, scratch: &std::path::Path) -> Result<f64> {
+    let dir = scratch.join("redis-sentinel");
+    std::fs::create_dir_all(&dir)?;
+    let primary = RedisProcess::start(&dir, &[])?;
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        replicas.push(RedisProcess::start(
+            &dir,
+            &[
+                "--replicaof".to_string(),
+                "127.0.0.1".to_string(),
+                primary.port.to_string(),
+            ],
+        )?);
+    }
+    let mut sentinels = Vec::new();
+    for i in 0..SENTINELS {
+        let port = free_port()?;
+        let config = dir.join(format!("sentinel-{i}.conf"));
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\nlogfile sentinel-{i}.log\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} {}\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 10000\n\
+                 sentinel parallel-syncs {SENTINEL_MASTER} 2\n",
+                dir.display(),
+                primary.port,
+                args.sentinel_down_after_ms
+            ),
+        )?;
+        let child = Command::new("redis-server")
+            .arg(&config)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start redis-server --sentinel")?;
+        let sentinel = RedisProcess { port, child };
+        sentinel.wait_ready()?;
+        sentinels.push(sentinel);
+    }
+    let objects = ((args.loss_gib * (1u64 << 30) as f64) / LOSS_OBJECT_BYTES as f64)
+        .round()
+        .max(1.0) as u64;
+    println!("loss: redis sentinel failover, {objects} objects of {LOSS_OBJECT_BYTES} B");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let sentinel_addr = sentinels[0].addr();
+    let primary_addr = primary.addr();
+    let replica_addrs: Vec<String> = replicas.iter().map(RedisProcess::addr).collect();
+    runtime.block_on(async {
+        fill_redis(&primary_addr, objects, None).await?;
+        let mut connection = RespConnection::connect(&primary_addr).await?;
+        let synced = connection
+            .call_ok(&[b"WAIT", b"2", b"120000"], Duration::from_secs(130))
+            .await?;
+        if synced != Value::Integer(2) {
+            bail!("the replicas did not take the load: WAIT answered {synced:?}");
+        }
+        // WAIT counts a replica once its full sync's transfer ended, before it has loaded
+        // what it received; a replica still loading cannot be promoted (the sentinels'
+        // first attempt would time out). Wait until both serve.
+        for addr in &replica_addrs {
+            let mut replica = RespConnection::connect(addr).await?;
+            let deadline = Instant::now() + LOSS_TIMEOUT;
+            loop {
+                let info = replica.call(&[b"INFO"], REDIS_CALL_TIMEOUT).await?;
+                let ready = matches!(&info, Value::Bulk(Some(bytes)) if {
+                    let text = String::from_utf8_lossy(bytes);
+                    text.contains("loading:0") && text.contains("master_link_status:up")
+                });
+                if ready {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("replica {addr} did not load the primary's data in time");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        // The sentinels have found the replicas and each other (hello messages every 2 s).
+        let mut sentinel = RespConnection::connect(&sentinel_addr).await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let known = |reply: Value| match reply {
+                Value::Array(Some(items)) => items.len(),
+                _ => 0,
+            };
+            let replicas = known(
+                sentinel
+                    .call_ok(
+                        &[b"SENTINEL", b"replicas", SENTINEL_MASTER.as_bytes()],
+                        REDIS_CALL_TIMEOUT,
+                    )
+                    .await?,
+            );
+            let peers = known(
+                sentinel
+                    .call_ok(
+                        &[b"SENTINEL", b"sentinels", SENTINEL_MASTER.as_bytes()],
+                        REDIS_CALL_TIMEOUT,
+                    )
+                    .await?,
+            );
+            if replicas == 2 && peers == SENTINELS - 1 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the sentinels did not find the replicas and each other within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })?;
+    let last = key(objects - 1);
+    let old_port = primary.port.to_string();
+    let killed = Instant::now();
+    drop(primary);
+    let served = runtime.block_on(async {
+        loop {
+            if killed.elapsed() > LOSS_TIMEOUT {
+                bail!("no failover within {LOSS_TIMEOUT:?}");
+            }
+            if let Some(addr) = failed_over_to(&sentinel_addr, &old_port).await {
+                if let Ok(mut connection) = RespConnection::connect(&addr).await {
+                    let wrote = connection
+                        .call(&[b"SET", b"failover-probe", b"1"], REDIS_CALL_TIMEOUT)
+                        .await;
+                    let read = connection.call(&[b"GET", &last], REDIS_CALL_TIMEOUT).await;
+                    if matches!(wrote, Ok(Value::Simple(_)))
+                        && matches!(read, Ok(Value::Bulk(Some(_))))
+                    {
+                        return Ok(killed.elapsed());
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })?;
+    drop((replicas, sentinels));
+    Ok(served.as_secs_f64() * 1e3)
+}
+
+/// The primary's address the sentinel at `sentinel` gives, if it is no longer the one
+/// on `old_port`.
+async fn failed_over_to(sentinel: &str, old_port: &str) -> Option<String> {
+    let mut connection = RespConnection::connect(sentinel).await.ok()?;
+    let reply = connection
+        .call(
+            &[
+                b"SENTINEL",
+                b"get-master-addr-by-name",
+                SENTINEL_MASTER.as_bytes(),
+            ],
+            REDIS_CALL_TIMEOUT,
+        )
+        .await
+        .ok()?;
+    let Value::Array(Some(items)) = reply else {
+        return None;
+    };
+    match items.as_slice() {
+        [Value::Bulk(Some(host)), Value::Bulk(Some(port))]
+            if port.as_slice() != old_port.as_bytes() =>
+        {
+            Some(format!(
+                "{}:{}",
+                String::from_utf8_lossy(host),
+                String::from_utf8_lossy(port)
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// Rampart's client-observed unavailability through the crash recovery of a master
@@ -570,7 +773,7 @@ fn redis_reload(gib: f64, scratch: &std::path::Path, persistence: Persistence) -
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(fill_redis(&addr, objects, persistence))?;
+    runtime.block_on(fill_redis(&addr, objects, Some(persistence)))?;
     let last = key(objects - 1);
     let killed = Instant::now();
     drop(redis);
@@ -597,7 +800,7 @@ fn redis_reload(gib: f64, scratch: &std::path::Path, persistence: Persistence) -
 /// Fills the Redis at `addr` with `objects` 1 KB objects, then makes them durable:
 /// `SAVE` for an RDB; for the AOF, waits for any rewrite to end and for the next
 /// once-a-second fsync.
-async fn fill_redis(addr: &str, objects: u64, persistence: Persistence) -> Result<()> {
+async fn fill_redis(addr: &str, objects: u64, persistence: Option<Persistence>) -> Result<()> {
     let value = vec![b'v'; LOSS_OBJECT_BYTES];
     let loaders = (0..LOSS_LOADERS as u64).map(|loader| {
         let value = &value;
@@ -621,10 +824,11 @@ async fn fill_redis(addr: &str, objects: u64, persistence: Persistence) -> Resul
     }
     let mut connection = RespConnection::connect(addr).await?;
     match persistence {
-        Persistence::Rdb => {
+        None => {}
+        Some(Persistence::Rdb) => {
             connection.call_ok(&[b"SAVE"], LOSS_TIMEOUT).await?;
         }
-        Persistence::Aof => {
+        Some(Persistence::Aof) => {
             let deadline = Instant::now() + LOSS_TIMEOUT;
             loop {
                 let info = connection
@@ -1013,13 +1217,18 @@ fn write_loss_svg(path: &std::path::Path, loss: &Loss) -> Result<()> {
             loss.aof_ms,
             RGBColor(0xff, 0x7f, 0x0e),
         ),
+        (
+            "redis: sentinel failover",
+            loss.sentinel_ms,
+            RGBColor(0x2c, 0xa0, 0x2c),
+        ),
     ];
     let y_max = bars.iter().map(|b| b.1).fold(0.0_f64, f64::max) * 1.2;
     if y_max <= 0.0 {
         bail!("nothing to plot");
     }
     let draw = || -> Result<()> {
-        let root = SVGBackend::new(path, (700, 460)).into_drawing_area();
+        let root = SVGBackend::new(path, (820, 460)).into_drawing_area();
         root.fill(&WHITE)?;
         let caption = format!(
             "bench compare: loss of a server holding {} GiB, kill to data served again",
