@@ -107,6 +107,35 @@ pub struct UpArgs {
     pub security: crate::security::ServerSecurityArgs,
 }
 
+impl UpArgs {
+    /// A program's private cluster (a benchmark's, a drill's): `servers` servers keeping
+    /// their data under `data_dir`, one coordinator, free loopback ports, no status page,
+    /// metrics or gateway, no token, warnings only; the rest as `cluster up`'s defaults.
+    /// Callers change what they measure with struct-update syntax.
+    pub fn private(data_dir: std::path::PathBuf, servers: u32) -> UpArgs {
+        UpArgs {
+            servers,
+            replicas: None,
+            replication: None,
+            coordinators: 1,
+            coordinator_addr: "127.0.0.1:0".into(),
+            memory: "1GiB".into(),
+            segment_bytes: "8MiB".into(),
+            data_dir,
+            value_bytes_max: "1MiB".into(),
+            cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
+            backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
+            log_level: "warn".into(),
+            recovery_masters_max: 0,
+            metrics_addr: None,
+            no_metrics: true,
+            resp_addr: None,
+            no_resp: true,
+            security: Default::default(),
+        }
+    }
+}
+
 /// How far above a coordinator's port its status page and metrics are by default.
 pub const HTTP_PORT_OFFSET: u16 = 100;
 

@@ -360,24 +360,10 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
     // Declared first, dropped last: the processes stop before their directory goes.
     let _scratch = RemoveOnDrop(scratch.clone());
     let up = UpArgs {
-        security: Default::default(),
-        metrics_addr: None,
-        no_metrics: true,
-        resp_addr: None,
-        no_resp: true,
-        data_dir: scratch.join("rampart"),
-        servers: args.servers,
-        coordinators: 1,
-        coordinator_addr: "127.0.0.1:0".into(),
         memory: "512MiB".into(),
-        segment_bytes: "8MiB".into(),
-        value_bytes_max: "1MiB".into(),
-        cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
         backup_frames: 16,
-        log_level: "warn".into(),
-        recovery_masters_max: 0,
         replicas: Some(args.replicas),
-        replication: None,
+        ..UpArgs::private(scratch.join("rampart"), args.servers)
     };
     let rampart = cluster::start(&up, false)?;
     let redis_dir = scratch.join("redis");
@@ -478,8 +464,12 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
 /// Bytes of each object in the loss comparison.
 const LOSS_OBJECT_BYTES: usize = 1024;
 
-/// Pairs per `MSET` while filling a Redis for the loss comparison.
-const LOSS_BATCH_PAIRS: usize = 256;
+/// Objects of [`LOSS_OBJECT_BYTES`] that make up `gib`.
+fn loss_objects(gib: f64) -> u64 {
+    ((gib * (1u64 << 30) as f64) / LOSS_OBJECT_BYTES as f64)
+        .round()
+        .max(1.0) as u64
+}
 
 /// Connections filling a Redis at once.
 const LOSS_LOADERS: usize = 4;
@@ -575,9 +565,7 @@ fn sentinel_failover(args: &CompareArgs, scratch: &std::path::Path) -> Result<f6
         sentinel.wait_ready()?;
         sentinels.push(sentinel);
     }
-    let objects = ((args.loss_gib * (1u64 << 30) as f64) / LOSS_OBJECT_BYTES as f64)
-        .round()
-        .max(1.0) as u64;
+    let objects = loss_objects(args.loss_gib);
     println!("loss: redis sentinel failover, {objects} objects of {LOSS_OBJECT_BYTES} B");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -766,9 +754,7 @@ fn redis_reload(gib: f64, scratch: &std::path::Path, persistence: Persistence) -
     let port = free_port()?;
     let redis = RedisProcess::start_at(&dir, port, &config)?;
     let addr = redis.addr();
-    let objects = ((gib * (1u64 << 30) as f64) / LOSS_OBJECT_BYTES as f64)
-        .round()
-        .max(1.0) as u64;
+    let objects = loss_objects(gib);
     println!("loss: redis {persistence:?}, {objects} objects of {LOSS_OBJECT_BYTES} B");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -801,27 +787,12 @@ fn redis_reload(gib: f64, scratch: &std::path::Path, persistence: Persistence) -
 /// `SAVE` for an RDB; for the AOF, waits for any rewrite to end and for the next
 /// once-a-second fsync.
 async fn fill_redis(addr: &str, objects: u64, persistence: Option<Persistence>) -> Result<()> {
-    let value = vec![b'v'; LOSS_OBJECT_BYTES];
-    let loaders = (0..LOSS_LOADERS as u64).map(|loader| {
-        let value = &value;
-        async move {
-            let mut connection = RespConnection::connect(addr).await?;
-            let share: Vec<u64> = (loader..objects).step_by(LOSS_LOADERS).collect();
-            for chunk in share.chunks(LOSS_BATCH_PAIRS) {
-                let keys: Vec<Vec<u8>> = chunk.iter().map(|i| key(*i)).collect();
-                let mut request: Vec<&[u8]> = vec![b"MSET"];
-                for k in &keys {
-                    request.push(k);
-                    request.push(value);
-                }
-                connection.call_ok(&request, REDIS_CALL_TIMEOUT).await?;
-            }
-            Ok::<(), anyhow::Error>(())
-        }
-    });
-    for outcome in futures::future::join_all(loaders).await {
-        outcome?;
+    let mut loaders = Vec::with_capacity(LOSS_LOADERS);
+    for _ in 0..LOSS_LOADERS {
+        loaders.push(RespConnection::connect(addr).await?);
     }
+    let value = Bytes::from(vec![b'v'; LOSS_OBJECT_BYTES]);
+    load_redis(&mut loaders, objects, &value).await?;
     let mut connection = RespConnection::connect(addr).await?;
     match persistence {
         None => {}

@@ -87,24 +87,10 @@ pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
     // Dropped after the cluster (locals drop in reverse), so processes stop first.
     let _data = RemoveOnDrop(data_dir.clone());
     let up = UpArgs {
-        security: Default::default(),
-        metrics_addr: None,
-        no_metrics: true,
-        resp_addr: None,
-        no_resp: true,
-        data_dir,
-        servers: 1,
         coordinators: args.coordinators,
-        coordinator_addr: "127.0.0.1:0".into(),
         replicas: Some(0),
-        replication: None,
         memory: "256MiB".into(),
-        segment_bytes: "8MiB".into(),
-        value_bytes_max: "1MiB".into(),
-        cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
-        backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
-        log_level: "warn".into(),
-        recovery_masters_max: 0,
+        ..UpArgs::private(data_dir, 1)
     };
     let mut local = cluster::start(&up, false)?;
     let addrs: Vec<String> = local.coordinators.iter().map(|(_, a)| a.clone()).collect();

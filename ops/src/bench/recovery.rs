@@ -146,24 +146,12 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     // master takes more than about a quarter of it from 5 servers up.
     let memory_mb = args.data_mb + args.data_mb / 4 + 256;
     let up = UpArgs {
-        security: Default::default(),
-        metrics_addr: None,
-        no_metrics: true,
-        resp_addr: None,
-        no_resp: true,
-        data_dir: data_dir.clone(),
-        servers: args.servers,
         coordinators: 3,
-        coordinator_addr: "127.0.0.1:0".into(),
         replicas: Some(args.replicas),
-        replication: None,
         memory: format!("{memory_mb}MiB"),
         segment_bytes: args.segment_bytes.clone(),
-        value_bytes_max: "1MiB".into(),
-        cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
-        backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
-        log_level: "warn".into(),
         recovery_masters_max: args.recovery_masters,
+        ..UpArgs::private(data_dir.clone(), args.servers)
     };
     let mut local = cluster::start(&up, false)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -312,25 +312,12 @@ impl ModeCluster {
     fn start(args: &ReplicationArgs, mode: TransportKind, root: &Path) -> Result<ModeCluster> {
         let data_dir = root.join(mode.name());
         let up = UpArgs {
-            security: Default::default(),
-            metrics_addr: None,
-            no_metrics: true,
-            resp_addr: None,
-            no_resp: true,
-            data_dir: data_dir.clone(),
-            servers: args.servers,
-            // The data path is measured; one coordinator leaves the cores to it.
-            coordinators: 1,
-            coordinator_addr: "127.0.0.1:0".into(),
             memory: args.memory.clone(),
-            segment_bytes: "8MiB".into(),
-            value_bytes_max: "1MiB".into(),
-            cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
-            backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
-            log_level: "warn".into(),
-            recovery_masters_max: 0,
             replicas: Some(args.replicas),
             replication: Some(mode.name().to_string()),
+            // The data path is measured; one coordinator (the default here) leaves the
+            // cores to it.
+            ..UpArgs::private(data_dir.clone(), args.servers)
         };
         let cluster = cluster::start(&up, false)?;
         let pids = server_pids(&data_dir, args.servers)?;

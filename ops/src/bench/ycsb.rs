@@ -213,25 +213,12 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
         let data_dir = std::env::temp_dir().join(format!("rampart-bench-{}", std::process::id()));
         _data = Some(RemoveOnDrop(data_dir.clone()));
         let up = UpArgs {
-            security: Default::default(),
-            metrics_addr: None,
-            no_metrics: true,
-            resp_addr: None,
-            no_resp: true,
-            data_dir,
-            servers: args.servers,
-            // The data path is measured; one coordinator leaves the cores to it.
-            coordinators: 1,
-            coordinator_addr: "127.0.0.1:0".into(),
             memory: "2GiB".into(),
-            segment_bytes: "8MiB".into(),
-            value_bytes_max: "1MiB".into(),
-            cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
-            backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
-            log_level: "warn".into(),
-            recovery_masters_max: 0,
             replicas: args.replicas,
             replication: args.replication.clone(),
+            // The data path is measured; one coordinator (the default here) leaves the
+            // cores to it.
+            ..UpArgs::private(data_dir, args.servers)
         };
         let started = cluster::start(&up, false)?;
         let addr = started.coordinator.clone();

@@ -209,26 +209,17 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
 
     let with_network = kinds.contains(&FaultKind::Partition);
     let up = UpArgs {
-        security: Default::default(),
-        metrics_addr: None,
-        no_metrics: true,
-        resp_addr: None,
-        no_resp: true,
-        servers: args.servers,
         replicas: Some(args.replicas),
         // Hosts of their own replicate over the network they can be cut from (`shm`
         // would carry a cut-off master's writes to its backups all the same).
         replication: with_network.then(|| "tcp".to_string()),
         coordinators: args.coordinators,
-        coordinator_addr: "127.0.0.1:0".into(),
         memory: args.memory.clone(),
         segment_bytes: args.segment_bytes.clone(),
-        data_dir: data_dir.clone(),
         value_bytes_max: "64KiB".into(),
-        cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
         backup_frames: 16,
         log_level: args.log_level.clone(),
-        recovery_masters_max: 0,
+        ..UpArgs::private(data_dir.clone(), args.servers)
     };
     let started = std::time::Instant::now();
     let network = if with_network {
