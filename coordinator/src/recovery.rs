@@ -24,8 +24,8 @@
 //!    which segments are missing in the log and in `RecoveryStatus`, and asks again every
 //!    [`SETUP_RETRY_PAUSE`] — until the missing replicas come back (a backup restarted on
 //!    its disk) or the operator runs `rampart recovery allow-loss`. Otherwise
-//!    [`choose_sources`] picks one replica per segment, spreading the reads evenly over the
-//!    backups, and each backup is told to read its share in order and split it by
+//!    [`choose_sources_by_speed`] picks one replica per segment, spreading the reads over
+//!    the backups by their disks' speed, and each backup is told to read its share in order and split it by
 //!    partition (`RecoveryRead`). The partitions are the crashed master's will cut to the
 //!    tablets it still owns ([`partitions_for`]); [`assign_partitions`] spreads them over
 //!    the `Up` masters by free memory.
@@ -116,7 +116,7 @@ use crate::recovery_phases::{
     Attempted, Commit, FinishAnswer, FinishRound, Next, PartitionNext, PartitionTries, Phases,
 };
 use crate::recovery_plan::{
-    assign_partitions, check_log, choose_sources, most_free, partitions_for, FoundReplica,
+    assign_partitions, check_log, choose_sources_by_speed, most_free, partitions_for, FoundReplica,
 };
 use crate::state::{Command, CommandResult};
 
@@ -560,7 +560,8 @@ impl RecoveryManager {
                     crashed.0
                 ))
             })?;
-        let plan = choose_sources(&segments, &found, &floors);
+        let speeds: Vec<u32> = backups.iter().map(|b| b.disk_read_mbps).collect();
+        let plan = choose_sources_by_speed(&segments, &found, &floors, &speeds);
         let will = self.node.with_state(|state| state.will(crashed).cloned());
         let partitions = partitions_for(will.as_ref(), owned);
 

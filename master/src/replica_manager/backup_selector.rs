@@ -2,8 +2,12 @@
 //! master (DESIGN.md §5, "Replica placement — randomized with refinement").
 //!
 //! The replica manager asks for R backups per new segment with [`BackupSelector::select`];
-//! the first one returned holds the *primary* replica, the only one read during a
-//! recovery of this master unless it is unavailable. When a backup is lost, it asks for
+//! the first one returned holds the *primary* replica. (A recovery of this master need
+//! not read the primaries: of each segment's complete copies, the coordinator reads the
+//! one that balances the backups' reads by disk speed,
+//! `recovery_plan::choose_sources_by_speed`, so refining the primaries matters little
+//! while two or more copies of each segment are up; `rampart simulate --report` shows
+//! both.) When a backup is lost, it asks for
 //! one replacement with [`BackupSelector::select_replacement`]. It feeds the selector
 //! the server list with [`BackupSelector::update_backups`] and tells it when a segment
 //! is freed with [`BackupSelector::primary_freed`]. The selector does no I/O: it keeps
