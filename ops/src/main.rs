@@ -13,7 +13,9 @@
 //! * `rampart token new|resp-password` — a cluster token, and the gateway's RESP password
 //!   derived from it.
 //! * `rampart simulate` — deterministic simulated runs of replication and crash
-//!   recovery, one per seed (`rampart_sim`).
+//!   recovery, one per seed (`rampart_sim`); with `--servers N`, one crash recovery of
+//!   a cluster of N servers, simulated with Rampart's own placement and recovery plan
+//!   (`rampart_sim::scale`).
 //! * `rampart drill` — faults injected into a local cluster under load, every client
 //!   operation recorded and checked for linearizability (`rampart_check`).
 
@@ -28,6 +30,7 @@ mod progress;
 mod recovery;
 mod security;
 mod simulate;
+mod simulate_scale;
 mod status;
 mod token;
 
@@ -68,7 +71,8 @@ enum Command {
         #[command(subcommand)]
         command: bench::BenchCommand,
     },
-    /// Deterministic simulated runs of replication and crash recovery, one per seed.
+    /// Deterministic simulated runs of replication and crash recovery, one per seed; with
+    /// --servers N, one crash recovery at the scale of N servers.
     Simulate(simulate::SimulateArgs),
     /// Cluster tokens: make one, and print the gateway's RESP password derived from it.
     Token {

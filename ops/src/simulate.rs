@@ -1,6 +1,9 @@
 //! `rampart simulate`: deterministic simulated runs of clusters through replication,
 //! crashes and recoveries (`rampart_sim`). Each seed is one run; a failing seed prints itself, and
 //! `rampart simulate --seed N --trace` replays it exactly, event by event.
+//!
+//! With `--servers N` (or `--calibrate`, `--check`) it simulates one crash recovery at
+//! scale instead: see [`crate::simulate_scale`].
 
 use anyhow::Result;
 use clap::Args;
@@ -25,10 +28,16 @@ pub struct SimulateArgs {
     /// Stop at the first failing seed.
     #[arg(long)]
     pub stop_at_first: bool,
+    /// One recovery at scale instead (`--servers N`, `--calibrate`, `--check`).
+    #[command(flatten)]
+    pub scale: crate::simulate_scale::ScaleArgs,
 }
 
 /// Runs `rampart simulate`: exit 0 when every seed passed, 1 when one failed.
 pub fn run(args: SimulateArgs) -> Result<ExitCode> {
+    if args.scale.wanted() {
+        return crate::simulate_scale::run(&args.scale, args.seed.unwrap_or(1));
+    }
     let seeds = match args.seed {
         Some(seed) => seed..seed + 1,
         None => args.from..args.from.saturating_add(args.seeds),

@@ -68,6 +68,13 @@
 //! layer over an injected network and time from an injected clock first (STYLE.md
 //! habit 10); that is the next layer, not this one.
 //!
+//! # Recovery at scale
+//! [`scale`] is another kind of simulation: not of correctness but of time. It simulates
+//! one crash recovery of a cluster of up to thousands of servers — the placement, will and
+//! recovery plan made by the same real code, disks, NICs and cores modelled, costs
+//! calibrated from `rampart bench recovery` — to predict how long the data is unavailable
+//! (`rampart simulate --servers N`).
+//!
 //! # Not simulated yet
 //! One table; the end of a recovery freeing the crashed master's replicas on the backups
 //! (`EndRecovery`: its fenced frames stay); backups that restart under a new id; several
@@ -82,6 +89,7 @@ pub mod checker;
 pub mod cluster;
 pub mod master;
 pub mod recovery;
+pub mod scale;
 pub mod trace;
 pub mod world;
 
