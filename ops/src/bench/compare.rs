@@ -30,9 +30,10 @@
 //! its append-only file (`everysec`, after its rewrites settled and the next fsync),
 //! killed with SIGKILL and restarted at once on its files: kill → the last object written
 //! is served again; and against Redis Sentinel failover (a primary holding as much, 2
-//! replicas, 3 sentinels with `--sentinel-down-after-ms`, the primary killed: until the
-//! address the sentinels give takes a write and serves the last object). Plotted beside
-//! the JSON as `-loss.svg`.
+//! replicas, 3 sentinels with the lowest of `--sentinel-down-after-ms` that held
+//! `--sentinel-stable-s` under a write load without a sentinel deeming the primary down,
+//! the primary killed: until the address the sentinels give takes a write and serves the
+//! last object). Plotted beside the JSON as `-loss.svg`.
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -95,7 +96,8 @@ pub struct CompareArgs {
     /// Rounds the runs are cut into, alternating the systems.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
-    /// A reduced run: 10,000 records and operations, 2 rounds, 8 clients.
+    /// A reduced run (about 40 s): 10,000 records and operations, 2 rounds, 8 clients,
+    /// 0.05 GiB lost, each Sentinel `down-after` held 2 s.
     #[arg(long)]
     pub quick: bool,
     /// Seed of the key and operation choices (printed; reuse to replay a run).
@@ -110,12 +112,18 @@ pub struct CompareArgs {
     /// Skip the loss comparison.
     #[arg(long)]
     pub no_loss: bool,
-    /// Sentinel's `down-after-milliseconds` in the failover measurement: how long the
+    /// Sentinel's `down-after-milliseconds` values to try, largest first: how long the
     /// primary must be unreachable before a sentinel deems it down. Lower fails over
     /// sooner and risks failing over a primary that was only busy (a long command, a
-    /// fork for a snapshot, a loaded host).
-    #[arg(long, default_value_t = 1000)]
-    pub sentinel_down_after_ms: u64,
+    /// fork for a snapshot, a loaded host). Each is held for `--sentinel-stable-s` under
+    /// a write load; the failover is measured with the lowest one under which no
+    /// sentinel deemed the live primary down.
+    #[arg(long, value_delimiter = ',', default_value = "1000,500,200,100")]
+    pub sentinel_down_after_ms: Vec<u64>,
+    /// Seconds each `--sentinel-down-after-ms` value is held under load (2 with
+    /// `--quick`).
+    #[arg(long, default_value_t = 10)]
+    pub sentinel_stable_s: u64,
 }
 
 /// The systems of one comparison, in their first round's order.
@@ -329,6 +337,13 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
         args.rounds = args.rounds.min(2);
         args.clients = args.clients.min(8);
         args.loss_gib = args.loss_gib.min(0.05);
+        args.sentinel_stable_s = args.sentinel_stable_s.min(2);
+    }
+    args.sentinel_down_after_ms
+        .sort_unstable_by(|a, b| b.cmp(a));
+    args.sentinel_down_after_ms.dedup();
+    if args.sentinel_down_after_ms.is_empty() || args.sentinel_down_after_ms.contains(&0) {
+        bail!("--sentinel-down-after-ms takes one or more values above 0");
     }
     if !(args.loss_gib > 0.0 && args.loss_gib <= 64.0) {
         bail!("--loss-gib must be above 0 and at most 64");
@@ -420,14 +435,14 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
         println!(
             "loss of a server holding {} GiB: rampart recovery {:.0} ms (client-observed); \
              redis restarted from its RDB {:.0} ms, from its AOF {:.0} ms, sentinel failover \
-             {:.0} ms (down-after {} ms) (kill to data served); rampart's time over RDB's \
-             {:.2}x, over AOF's {:.2}x, over sentinel's {:.2}x",
+             {:.0} ms (down-after {} ms, the lowest stable under load) (kill to data served); \
+             rampart's time over RDB's {:.2}x, over AOF's {:.2}x, over sentinel's {:.2}x",
             loss.gib,
             loss.rampart_ms,
             loss.rdb_ms,
             loss.aof_ms,
             loss.sentinel_ms,
-            args.sentinel_down_after_ms,
+            loss.sentinel_down_after_ms,
             loss.rampart_ms / loss.rdb_ms,
             loss.rampart_ms / loss.aof_ms,
             loss.rampart_ms / loss.sentinel_ms
@@ -444,7 +459,11 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
                 "redis_rdb_reload_ms": loss.rdb_ms.round(),
                 "redis_aof_reload_ms": loss.aof_ms.round(),
             "redis_sentinel_failover_ms": loss.sentinel_ms.round(),
-                "sentinel_down_after_ms": args.sentinel_down_after_ms,
+                "sentinel_down_after_ms": loss.sentinel_down_after_ms,
+                "sentinel_stable_s": args.sentinel_stable_s,
+                "sentinel_sweep": loss.sentinel_sweep.iter().map(|(ms, stable)| {
+                    serde_json::json!({"down_after_ms": ms, "stable": stable})
+                }).collect::<Vec<_>>(),
             });
         }
         std::fs::write(path, serde_json::to_string_pretty(&figures)?)
@@ -486,6 +505,10 @@ struct Loss {
     rdb_ms: f64,
     aof_ms: f64,
     sentinel_ms: f64,
+    /// The `down-after-milliseconds` the failover was measured with.
+    sentinel_down_after_ms: u64,
+    /// Each value tried, and whether it held under load.
+    sentinel_sweep: Vec<(u64, bool)>,
 }
 
 /// How a Redis keeps its data on disk.
@@ -501,13 +524,15 @@ fn measure_loss(args: &CompareArgs, scratch: &std::path::Path) -> Result<Loss> {
     let rampart_ms = rampart_loss(args, scratch)?;
     let rdb_ms = redis_reload(args.loss_gib, scratch, Persistence::Rdb)?;
     let aof_ms = redis_reload(args.loss_gib, scratch, Persistence::Aof)?;
-    let sentinel_ms = sentinel_failover(args, scratch)?;
+    let sentinel = sentinel_failover(args, scratch)?;
     Ok(Loss {
         gib: args.loss_gib,
         rampart_ms,
         rdb_ms,
         aof_ms,
-        sentinel_ms,
+        sentinel_ms: sentinel.failover_ms,
+        sentinel_down_after_ms: sentinel.down_after_ms,
+        sentinel_sweep: sentinel.sweep,
     })
 }
 
@@ -517,11 +542,31 @@ const SENTINELS: usize = 3;
 /// The name the sentinels know the primary by.
 const SENTINEL_MASTER: &str = "compare";
 
+/// Writers of the stability probe.
+const PROBE_WRITERS: usize = 16;
+
+/// Keys the stability probe overwrites (bounded, so the probe adds at most this many
+/// objects to the primary).
+const PROBE_KEYS: u64 = 10_000;
+
+/// What the sentinels' logs say when one of them deems the primary down, or fails over.
+const DOWN_EVENTS: [&str; 4] = ["+sdown master", "+odown", "+try-failover", "+switch-master"];
+
+/// The Sentinel failover measured, and with which `down-after-milliseconds`.
+struct SentinelFailover {
+    failover_ms: f64,
+    down_after_ms: u64,
+    sweep: Vec<(u64, bool)>,
+}
+
 /// Redis Sentinel failover: a primary holding `--loss-gib` with 2 replicas and 3
-/// sentinels (`down-after-milliseconds` of `--sentinel-down-after-ms`), the primary killed
-/// with SIGKILL: milliseconds until the address the sentinels give takes a write and
-/// serves the last object written. In memory only (the replicas hold the data).
-fn sentinel_failover(args: &CompareArgs, scratch: &std::path::Path) -> Result<f64> {
+/// sentinels; the most aggressive `down-after-milliseconds` of
+/// `--sentinel-down-after-ms` that holds under load (each value, largest first, set on
+/// every sentinel and held for `--sentinel-stable-s` while 16 writers overwrite keys on
+/// the primary; it holds if no sentinel logged the primary down); then the primary
+/// killed with SIGKILL: milliseconds until the address the sentinels give takes a write
+/// and serves the last object written. In memory only (the replicas hold the data).
+fn sentinel_failover(args: &CompareArgs, scratch: &std::path::Path) -> Result<SentinelFailover> {
     let dir = scratch.join("redis-sentinel");
     std::fs::create_dir_all(&dir)?;
     let primary = RedisProcess::start(&dir, &[])?;
@@ -550,7 +595,7 @@ fn sentinel_failover(args: &CompareArgs, scratch: &std::path::Path) -> Result<f6
                  sentinel parallel-syncs {SENTINEL_MASTER} 2\n",
                 dir.display(),
                 primary.port,
-                args.sentinel_down_after_ms
+                args.sentinel_down_after_ms[0]
             ),
         )?;
         let child = Command::new("redis-server")
@@ -636,6 +681,56 @@ fn sentinel_failover(args: &CompareArgs, scratch: &std::path::Path) -> Result<f6
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     })?;
+    let sentinel_addrs: Vec<String> = sentinels.iter().map(RedisProcess::addr).collect();
+    let logs: Vec<std::path::PathBuf> = (0..SENTINELS)
+        .map(|i| dir.join(format!("sentinel-{i}.log")))
+        .collect();
+    let mut sweep = Vec::new();
+    let mut chosen = None;
+    for &down_after in &args.sentinel_down_after_ms {
+        let events = runtime.block_on(probe_stability(
+            &primary_addr,
+            &sentinel_addrs,
+            &logs,
+            down_after,
+            Duration::from_secs(args.sentinel_stable_s),
+        ))?;
+        let stable = events.is_empty();
+        println!(
+            "loss: sentinel down-after {down_after} ms under load for {} s: {}",
+            args.sentinel_stable_s,
+            if stable {
+                "held".to_string()
+            } else {
+                format!("primary deemed down ({})", events.join("; "))
+            }
+        );
+        sweep.push((down_after, stable));
+        if events.iter().any(|e| e.contains("+switch-master")) {
+            bail!(
+                "down-after {down_after} ms failed the live primary over under load; \
+                 try larger --sentinel-down-after-ms values"
+            );
+        }
+        if !stable {
+            break;
+        }
+        chosen = Some(down_after);
+    }
+    let Some(down_after) = chosen else {
+        bail!(
+            "no --sentinel-down-after-ms value held under load (tried {:?})",
+            args.sentinel_down_after_ms
+        );
+    };
+    runtime.block_on(async {
+        for addr in &sentinel_addrs {
+            set_down_after(addr, down_after).await?;
+        }
+        // Let a sentinel that deemed the primary down see it up again.
+        tokio::time::sleep(Duration::from_millis(down_after.max(1000) * 2)).await;
+        anyhow::Ok(())
+    })?;
     let last = key(objects - 1);
     let old_port = primary.port.to_string();
     let killed = Instant::now();
@@ -662,7 +757,80 @@ fn sentinel_failover(args: &CompareArgs, scratch: &std::path::Path) -> Result<f6
         }
     })?;
     drop((replicas, sentinels));
-    Ok(served.as_secs_f64() * 1e3)
+    Ok(SentinelFailover {
+        failover_ms: served.as_secs_f64() * 1e3,
+        down_after_ms: down_after,
+        sweep,
+    })
+}
+
+/// Sets `down-after-milliseconds` on the sentinel at `addr`.
+async fn set_down_after(addr: &str, ms: u64) -> Result<()> {
+    let mut sentinel = RespConnection::connect(addr).await?;
+    let ms = ms.to_string();
+    sentinel
+        .call_ok(
+            &[
+                b"SENTINEL",
+                b"SET",
+                SENTINEL_MASTER.as_bytes(),
+                b"down-after-milliseconds",
+                ms.as_bytes(),
+            ],
+            REDIS_CALL_TIMEOUT,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Sets `down_after` on every sentinel, then overwrites keys on the primary from
+/// [`PROBE_WRITERS`] connections for `hold`; returns the lines the sentinels logged
+/// meanwhile that deem the primary down or fail it over ([`DOWN_EVENTS`]).
+async fn probe_stability(
+    primary: &str,
+    sentinels: &[String],
+    logs: &[std::path::PathBuf],
+    down_after: u64,
+    hold: Duration,
+) -> Result<Vec<String>> {
+    for addr in sentinels {
+        set_down_after(addr, down_after).await?;
+    }
+    let from: Vec<u64> = logs
+        .iter()
+        .map(|log| std::fs::metadata(log).map_or(0, |m| m.len()))
+        .collect();
+    let value = vec![b'p'; LOSS_OBJECT_BYTES];
+    let until = Instant::now() + hold;
+    let writers = (0..PROBE_WRITERS as u64).map(|w| {
+        let value = &value;
+        async move {
+            let mut connection = RespConnection::connect(primary).await?;
+            let mut i = w;
+            while Instant::now() < until {
+                let key = format!("stability-probe-{}", i % PROBE_KEYS);
+                connection
+                    .call_ok(&[b"SET", key.as_bytes(), value], REDIS_CALL_TIMEOUT)
+                    .await?;
+                i += PROBE_WRITERS as u64;
+            }
+            anyhow::Ok(())
+        }
+    });
+    for result in futures::future::join_all(writers).await {
+        result?;
+    }
+    let mut events = Vec::new();
+    for (log, from) in logs.iter().zip(from) {
+        let text = std::fs::read(log).unwrap_or_default();
+        let new = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
+        events.extend(
+            new.lines()
+                .filter(|line| DOWN_EVENTS.iter().any(|e| line.contains(e)))
+                .map(|line| line.trim().to_string()),
+        );
+    }
+    Ok(events)
 }
 
 /// The primary's address the sentinel at `sentinel` gives, if it is no longer the one
