@@ -13,7 +13,8 @@ use std::time::Instant;
 /// `rampart simulate`
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
-    /// Run this one seed (with `--trace`, print every event of it).
+    /// Run this one seed (with `--trace`, print every event of it). With `--servers`:
+    /// the seed of the placement, the disks' speeds and the keys (default 1).
     #[arg(long, conflicts_with_all = ["seeds", "from"])]
     pub seed: Option<u64>,
     /// How many seeds to run.

@@ -139,3 +139,141 @@ fn coordinator_refuses_bad_peers_plainly() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read"));
 }
+
+#[test]
+fn simulate_at_scale_reports_figures_and_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sim.json");
+    let output = rampart(&[
+        "simulate",
+        "--servers",
+        "40",
+        "--master-gib",
+        "0.5",
+        "--report",
+        "--placements",
+        "3",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let figures: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let unavailable = figures["outcome"]["unavailability_ms"].as_f64().unwrap();
+    let replayed = figures["outcome"]["replayed_ms"].as_f64().unwrap();
+    assert!(unavailable > replayed && replayed > 0.0, "{figures}");
+    let servers: Vec<u64> = figures["report"]["scaling"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["servers"].as_u64().unwrap())
+        .collect();
+    assert_eq!(servers, vec![10, 20, 40]);
+    // Fewer servers, longer recoveries.
+    let times: Vec<f64> = figures["report"]["scaling"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["outcome"]["replayed_ms"].as_f64().unwrap())
+        .collect();
+    assert!(times[0] > times[1] && times[1] > times[2], "{times:?}");
+    for plot in ["scaling", "placements", "loss"] {
+        let svg = std::fs::read_to_string(dir.path().join(format!("sim-{plot}.svg"))).unwrap();
+        assert!(svg.contains("<svg"), "{plot}");
+    }
+}
+
+#[test]
+fn simulate_refuses_a_cluster_that_cannot_recover() {
+    let output = rampart(&[
+        "simulate",
+        "--servers",
+        "3",
+        "--replicas",
+        "3",
+        "--master-gib",
+        "1",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("R = 3 needs 3 servers besides each master"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn simulate_calibrates_from_bench_recovery_runs() {
+    // A `bench recovery --json` run as it writes one (the fields the calibration reads).
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run.json");
+    std::fs::write(
+        &run,
+        serde_json::json!({
+            "servers": 5, "replicas": 3, "object_bytes": 1024, "data_mb": 256,
+            "detection_ms": 4, "setup_ms": 40, "unavailability_ms": 1300.0,
+            "recovery_masters": 1, "cpu_s_per_gb_until_keys_back": 6.0,
+            "partitions": [
+                {"live_ms": 810, "replay_start_ms": 40, "replay_ms": 500, "bytes": 48000000},
+                {"live_ms": 1150, "replay_start_ms": 40, "replay_ms": 1100, "bytes": 48000000}
+            ]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let costs = dir.path().join("costs.json");
+    let output = rampart(&[
+        "simulate",
+        "--calibrate",
+        run.to_str().unwrap(),
+        "--json",
+        costs.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&costs).unwrap()).unwrap();
+    let c = &written["costs"];
+    assert_eq!(c["commit_ms"].as_f64(), Some(10.0), "{written}");
+    assert_eq!(c["detection_ms"].as_f64(), Some(4.0));
+    let total = c["replay_ns_per_byte"].as_f64().unwrap()
+        + c["split_ns_per_byte"].as_f64().unwrap()
+        + 3.0 * c["frame_ns_per_byte"].as_f64().unwrap();
+    assert!(
+        (total - 6.0).abs() < 1e-9 || c["replay_ns_per_byte"] == c["split_ns_per_byte"],
+        "{c}"
+    );
+    // The run itself, simulated beside it.
+    assert!(
+        written["check"][0]["simulated_unavailability_ms"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    // And the costs drive a simulation.
+    let output = rampart(&[
+        "simulate",
+        "--servers",
+        "20",
+        "--master-gib",
+        "1",
+        "--costs",
+        costs.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("calibrated from 1 bench recovery run")
+    );
+}

@@ -218,7 +218,9 @@ pub fn run(scenario: &Scenario, costs: &Costs, plan: &Plan) -> Outcome {
             for &p in &m.active {
                 let part = &partitions[p];
                 let ready = part.available - part.done;
-                if ready > EPS_BYTES {
+                if part.total - part.done <= EPS_BYTES {
+                    dt = 0.0; // an empty partition: done as soon as it starts
+                } else if ready > EPS_BYTES {
                     dt = dt.min(ready.min(part.total - part.done) / replay_rate[p]);
                 }
             }
