@@ -1242,6 +1242,63 @@ async fn a_server_with_a_token_refuses_a_client_without_it_and_says_why() {
     server.stop().await;
 }
 
+/// Whether the server closes `stream` within `within` (a read sees the end, or a reset).
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        timeout(within, stream.read(&mut byte)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test]
+async fn peers_that_never_finish_the_handshake_are_bounded_and_then_dropped() {
+    use super::server::HANDSHAKES_PER_PEER_MAX;
+    let token = test_token("the cluster's token");
+    let server = TestServer::start_with(Security::with_token(token.clone())).await;
+    // One host opens as many connections as it may have in their handshake, and says
+    // nothing on any of them.
+    let mut silent = Vec::new();
+    for _ in 0..HANDSHAKES_PER_PEER_MAX {
+        silent.push(TcpStream::connect(server.addr).await.expect("TCP connects"));
+    }
+    // Until the server has taken them all in, a next one may still be let through.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut one_more = TcpStream::connect(server.addr).await.expect("TCP connects");
+    assert!(
+        closed_within(&mut one_more, CLOSE_TIMEOUT).await,
+        "past the per-address bound, a connection is closed at once"
+    );
+    // Another host (another loopback address) still gets in and proves the token.
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind("127.0.0.2:0".parse().expect("an address"))
+        .expect("bind a second loopback address");
+    let other = socket.connect(server.addr).await.expect("TCP connects");
+    timeout(
+        STEP_TIMEOUT,
+        crate::secure::dial(&server.addr(), other, &Security::with_token(token.clone())),
+    )
+    .await
+    .expect("the handshake does not hang")
+    .expect("another address is admitted while the first is at its bound");
+    // The silent connections are dropped once the handshake's time is up, and the host
+    // gets in again.
+    let waited = crate::auth::HANDSHAKE_TIMEOUT + Duration::from_secs(1);
+    assert!(
+        closed_within(&mut silent[0], waited).await,
+        "a silent connection is closed after the handshake timeout"
+    );
+    for stream in &mut silent[1..] {
+        assert!(closed_within(stream, CLOSE_TIMEOUT).await);
+    }
+    let echoed = echo_with(&server.addr(), &Security::with_token(token))
+        .await
+        .expect("the host is admitted again");
+    assert_eq!(&echoed[..], b"hello");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_token_admits_a_client_and_another_token_is_refused() {
     let token = test_token("the cluster's token");
