@@ -101,6 +101,9 @@ pub struct ScaleArgs {
     /// measured (comma-separated).
     #[arg(long, value_delimiter = ',', conflicts_with = "servers")]
     pub check: Vec<PathBuf>,
+    /// Cores of the machine the `--check` runs were measured on (default: this one's).
+    #[arg(long)]
+    pub host_cores: Option<f64>,
     /// Write the figures (and, with `--report`, plots beside) as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -162,7 +165,8 @@ pub fn run(args: &ScaleArgs, seed: u64) -> Result<ExitCode> {
     }
     if !args.check.is_empty() {
         let costs = args.costs()?;
-        let rows = check(&args.check, &costs)?;
+        let cores = args.host_cores.unwrap_or_else(this_machines_cores);
+        let rows = check(&args.check, &costs, cores)?;
         if let Some(path) = &args.json {
             write_json(path, &json!({ "costs": costs, "check": rows }))?;
         }
@@ -656,7 +660,7 @@ fn local_scenario(m: &Measured, cores: f64) -> Scenario {
     }
 }
 
-fn host_cores() -> f64 {
+fn this_machines_cores() -> f64 {
     std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
 }
 
@@ -709,16 +713,15 @@ fn calibrate(args: &ScaleArgs) -> Result<ExitCode> {
         runs.len()
     );
     println!("{}", serde_json::to_string_pretty(&costs)?);
-    let rows = check(&args.calibrate, &costs)?;
+    let rows = check(&args.calibrate, &costs, this_machines_cores())?;
     if let Some(path) = &args.json {
         write_json(path, &json!({ "costs": costs, "check": rows }))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Simulates each measured run on this machine's cores and prints both.
-fn check(paths: &[PathBuf], costs: &Costs) -> Result<Vec<Value>> {
-    let cores = host_cores();
+/// Simulates each measured run on `cores` shared cores and prints both.
+fn check(paths: &[PathBuf], costs: &Costs, cores: f64) -> Result<Vec<Value>> {
     println!("local runs simulated on {cores} shared cores beside what they measured:");
     println!(
         "  servers  R  MB  recovery masters  measured ms  simulated ms  simulated/measured  run"
