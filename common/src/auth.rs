@@ -511,14 +511,19 @@ pub fn process_security() -> Arc<Security> {
     Arc::clone(PROCESS_SECURITY.get_or_init(|| Arc::new(Security::open())))
 }
 
+/// A token of `text`, padded to the minimum length: for this crate's tests.
+#[cfg(test)]
+pub(crate) fn test_token(text: &str) -> ClusterToken {
+    let padded = format!("{text:.<width$}", width = TOKEN_BYTES_MIN);
+    ClusterToken::new(padded.as_bytes()).expect("token length")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A token of `text`, padded to the minimum length.
     fn token(text: &str) -> ClusterToken {
-        let padded = format!("{text:.<width$}", width = TOKEN_BYTES_MIN);
-        ClusterToken::new(padded.as_bytes()).expect("token length")
+        test_token(text)
     }
 
     /// Runs the state machines against each other; returns what each side concluded.

@@ -406,7 +406,7 @@ pub fn choose_sources(
 /// (`BackupSelector`), but a recovery reads whichever equal copy balances best, so
 /// without the speeds here a disk 30 % slower than the rest would get as many reads as
 /// any and hold up the whole recovery (`rampart simulate`: 1,000 servers with disks
-/// ±30 %, 64 GiB replayed at 1.40 s by count, 1.16 s by speed). Each backup reads its
+/// ±30 %, 64 GiB replayed at 1.40 s by count, 1.14 s by speed). Each backup reads its
 /// share in segment order; the sources are listed in the order the reads should
 /// complete (by each read's expected end, (its position in its backup's list + 1) /
 /// bandwidth), which is the order recovery masters ask.

@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use crate::bench::plot_path;
+
 /// Where a master's primary replicas go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Placement {
@@ -30,6 +32,16 @@ pub enum Placement {
     Refined,
     /// Pure random choice (one candidate).
     Random,
+}
+
+impl Placement {
+    /// Random candidates per primary replica.
+    fn candidates(self) -> usize {
+        match self {
+            Placement::Refined => rampart_master::replica_manager::backup_selector::CANDIDATES_K,
+            Placement::Random => 1,
+        }
+    }
 }
 
 /// The flags of the recovery-at-scale simulation.
@@ -128,12 +140,7 @@ impl ScaleArgs {
             disk_spread: self.disk_spread,
             nic_gbps: self.nic_gbps,
             racks: self.racks,
-            candidates: match self.placement {
-                Placement::Refined => {
-                    rampart_master::replica_manager::backup_selector::CANDIDATES_K
-                }
-                Placement::Random => 1,
-            },
+            candidates: self.placement.candidates(),
             partition_bytes: self.partition_mib << 20,
             partitions_at_once: self.partitions_at_once,
             lease_ms: self.lease_ms as f64,
@@ -253,10 +260,15 @@ fn curve_points(max: usize) -> Vec<usize> {
     points
 }
 
-/// The median of `v` (sorted here).
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+/// The least of `values`: of repeated timings, the one least disturbed by the rest of a
+/// shared machine.
+fn least(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// The median of `values` (0 when there are none).
+fn median(values: &[f64]) -> f64 {
+    crate::bench::median(values.to_vec()).unwrap_or(0.0)
 }
 
 fn report(
@@ -297,17 +309,13 @@ fn report(
         for s in 0..args.placements {
             let mut scenario = args.scenario(servers, seed.wrapping_add(s));
             scenario.disk_spread = spread;
-            scenario.candidates = match placement {
-                Placement::Refined => {
-                    rampart_master::replica_manager::backup_selector::CANDIDATES_K
-                }
-                Placement::Random => 1,
-            };
+            scenario.candidates = placement.candidates();
             let o = scale::simulate(&scenario, costs).map_err(anyhow::Error::msg)?;
             times.push(o.replayed_ms);
         }
-        let mut sorted = times.clone();
-        let mid = median(&mut sorted);
+        let mut sorted = times;
+        sorted.sort_by(f64::total_cmp);
+        let mid = median(&sorted);
         println!(
             "  {placement:?}: replayed at {:.0} ms min, {mid:.0} ms median, {:.0} ms max",
             sorted.first().copied().unwrap_or(0.0),
@@ -372,15 +380,6 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())
-}
-
-/// `json` with its extension replaced by `-NAME.svg`.
-fn plot_path(json: &Path, name: &str) -> PathBuf {
-    let stem = json
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "simulate".to_string());
-    json.with_file_name(format!("{stem}-{name}.svg"))
 }
 
 /// One line per series; `log_x`/`log_y` for logarithmic axes.
@@ -671,15 +670,15 @@ fn calibrate(args: &ScaleArgs) -> Result<ExitCode> {
         .iter()
         .map(|p| read_measured(p))
         .collect::<Result<_>>()?;
-    let mut detection: Vec<f64> = runs.iter().map(|m| m.detection_ms).collect();
-    let mut cpu: Vec<f64> = runs.iter().map(|m| m.cpu_ns_per_byte).collect();
-    let mut commits: Vec<f64> = runs.iter().flat_map(|m| m.commits_ms.clone()).collect();
-    let mut notice: Vec<f64> = runs
+    let detection: Vec<f64> = runs.iter().map(|m| m.detection_ms).collect();
+    let cpu: Vec<f64> = runs.iter().map(|m| m.cpu_ns_per_byte).collect();
+    let commits: Vec<f64> = runs.iter().flat_map(|m| m.commits_ms.clone()).collect();
+    let notice: Vec<f64> = runs
         .iter()
         .map(|m| m.unavailability_ms - m.last_live_ms)
         .collect();
     let per_backup_us = Costs::development_vm().setup_per_backup_us;
-    let mut setup: Vec<f64> = runs
+    let setup: Vec<f64> = runs
         .iter()
         .map(|m| m.setup_ms - m.detection_ms - per_backup_us * m.servers as f64 / 1e3)
         .collect();
@@ -687,17 +686,17 @@ fn calibrate(args: &ScaleArgs) -> Result<ExitCode> {
     let partitions = runs.iter().map(|m| m.partitions).max().unwrap_or(8).max(1);
     let split = time_split(partitions)?;
     let frame = time_frame_flush()?;
-    let cpu_total = median(&mut cpu);
+    let cpu_total = median(&cpu);
     let replay = (cpu_total - split - replicas * frame).max(split);
     let costs = Costs {
-        detection_ms: median(&mut detection),
-        setup_ms: median(&mut setup).max(0.0),
+        detection_ms: median(&detection),
+        setup_ms: median(&setup).max(0.0),
         setup_per_backup_us: per_backup_us,
         replay_ns_per_byte: replay,
         split_ns_per_byte: split,
         frame_ns_per_byte: frame,
-        commit_ms: median(&mut commits).max(0.0),
-        notice_ms: median(&mut notice).max(0.0),
+        commit_ms: median(&commits).max(0.0),
+        notice_ms: median(&notice).max(0.0),
         source: format!(
             "calibrated from {} bench recovery run(s): {}",
             runs.len(),
@@ -815,12 +814,12 @@ fn time_split(partitions: usize) -> Result<f64> {
         times.push(started.elapsed().as_nanos() as f64 / length as f64);
         std::hint::black_box(split);
     }
-    Ok(median(&mut times))
+    Ok(least(&times))
 }
 
 /// ns per byte for a backup taking a replicated segment into a frame (a copy into
 /// touched memory) and flushing it to a file in the temporary directory (a buffered
-/// write, as the backups' flush does before its `fdatasync`): the median of 9 segments.
+/// write, as the backups' flush does before its `fdatasync`): the least of 9 segments.
 fn time_frame_flush() -> Result<f64> {
     use std::io::{Seek, Write};
     let segment = vec![3u8; 8 << 20];
@@ -839,7 +838,7 @@ fn time_frame_flush() -> Result<f64> {
     });
     let _ = std::fs::remove_file(&path);
     timed.with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(median(&mut times))
+    Ok(least(&times))
 }
 
 #[cfg(test)]
@@ -851,13 +850,5 @@ mod tests {
         assert_eq!(curve_points(1000), vec![10, 20, 50, 100, 200, 500, 1000]);
         assert_eq!(curve_points(60), vec![10, 20, 50, 60]);
         assert_eq!(curve_points(10), vec![10]);
-    }
-
-    #[test]
-    fn plots_go_beside_the_json() {
-        assert_eq!(
-            plot_path(Path::new("/x/sim.json"), "loss"),
-            PathBuf::from("/x/sim-loss.svg")
-        );
     }
 }

@@ -605,10 +605,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_backup_with_a_token_takes_writes_only_from_masters_that_prove_it() {
-        let token = |text: &str| {
-            let padded = format!("{text:.<width$}", width = crate::auth::TOKEN_BYTES_MIN);
-            crate::auth::ClusterToken::new(padded.as_bytes()).expect("token")
-        };
+        let token = crate::auth::test_token;
         let server = start_with(crate::auth::Security::with_token(token(
             "the cluster's token",
         )))

@@ -13,7 +13,7 @@ use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
 use super::message::{DecodeError, Rpc, WireMessage};
 use super::server::{HandleFuture, Reply, RpcServer, Service};
 use super::{Connection, RpcError, RpcPool};
-use crate::auth::{ClusterToken, Security};
+use crate::auth::{test_token, Security};
 use crate::limits::RPC_PAYLOAD_BYTES_MAX;
 use crate::status::Status;
 use bytes::{Bytes, BytesMut};
@@ -1190,12 +1190,6 @@ async fn an_oversized_reply_fails_only_its_call_and_the_connection_stays_usable(
 }
 
 // Access control and TLS (`crate::auth`, `crate::tls`, `crate::secure`).
-
-/// A token of `text`, padded to the minimum length.
-fn test_token(text: &str) -> ClusterToken {
-    let padded = format!("{text:.<width$}", width = crate::auth::TOKEN_BYTES_MIN);
-    ClusterToken::new(padded.as_bytes()).expect("a token of valid length")
-}
 
 /// Calls OP_ECHO with `security` on a fresh connection.
 async fn echo_with(addr: &str, security: &Security) -> Result<Bytes, RpcError> {

@@ -47,6 +47,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::plot_path;
 use super::resp::{RespConnection, Value};
 use super::ycsb::{histogram, key, KeyChooser, RemoveOnDrop, Workload};
 use crate::cluster::{self, UpArgs};
@@ -1005,15 +1006,6 @@ fn redis_server_version() -> String {
                 .find_map(|w| w.strip_prefix("v=").map(str::to_string))
         })
         .unwrap_or_else(|| "(unknown version)".to_string())
-}
-
-/// `json` with its extension replaced by `-NAME.svg`.
-fn plot_path(json: &std::path::Path, name: &str) -> std::path::PathBuf {
-    let stem = json
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "compare".to_string());
-    json.with_file_name(format!("{stem}-{name}.svg"))
 }
 
 type Results = BTreeMap<(Workload, System), Measured>;

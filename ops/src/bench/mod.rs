@@ -62,6 +62,16 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
     }
 }
 
+/// `json` with its extension replaced by `-NAME.svg`: where a benchmark (or `rampart
+/// simulate`) writes its plot NAME beside its JSON.
+pub(crate) fn plot_path(json: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let stem = json
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "figures".to_string());
+    json.with_file_name(format!("{stem}-{name}.svg"))
+}
+
 /// The median of `values` (the mean of the middle two for an even count); `None` if empty.
 pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     if values.is_empty() {
