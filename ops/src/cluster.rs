@@ -466,12 +466,20 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
     } else {
         Progress::hidden()
     };
-    for started in starting {
+    for (slot, started) in (1..).zip(starting) {
         let running = children.wait_ready(started)?;
         let id = announced_id(&running.announce);
         if print {
+            // The directory too: ids follow enlistment, not slots, and a server killed by
+            // hand is restarted on its directory.
+            let data = args.data_dir.join(format!("server-{slot}"));
             progress.suspend(|| {
-                println!("server {id} at {} (pid {})", running.addr, running.pid());
+                println!(
+                    "server {id} at {} (pid {}, data {})",
+                    running.addr,
+                    running.pid(),
+                    data.display()
+                );
                 if let Some(metrics) = running.urls.first() {
                     println!("server {id} metrics {metrics}");
                 }

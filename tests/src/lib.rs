@@ -129,8 +129,8 @@ impl LocalCluster {
                     let pid = pid.trim_end_matches(')').parse()?;
                     coordinators.push((id.parse()?, addr.to_string(), pid));
                 }
-                ["server", id, "at", addr, "(pid", pid] => {
-                    let pid = pid.trim_end_matches(')').parse()?;
+                ["server", id, "at", addr, "(pid", pid, ..] => {
+                    let pid = pid.trim_end_matches([')', ',']).parse()?;
                     announced.push((id.parse()?, addr.to_string(), pid));
                 }
                 ["coordinator", _, "status", "page", page, "metrics", url] => {
