@@ -20,11 +20,14 @@
 //! [`ObjectStore::stage_replay`] — the store lock is taken once per piece, so reads
 //! wait at most one piece's staging — then sealed, replicated and published with
 //! [`ObjectStore::publish_recovered`]. Forgetting a failed recovery's objects
-//! ([`Appender::forget_unowned`]) is a store job like a tablet change, so it is
-//! ordered after every replay job queued before it.
+//! ([`Appender::forget_unowned`]) is ordered after every replay job queued before it,
+//! and logged: it cleans every segment holding an entry of that recovery out of the
+//! log, so that none of them comes back should this master own the range later and
+//! crash, and replicates the cleaning before it answers.
 //!
 //! So the queue carries two kinds of work. *Logged* jobs (writes, replays) are batched,
-//! replicated, published and answered as above. *Store jobs* log nothing: each is a
+//! replicated, published and answered as above (a forget runs alone, and is replicated
+//! before its answer). *Store jobs* log nothing: each is a
 //! closure run alone under the store's lock, between batches, in submission order,
 //! that answers its submitter itself (`Appender::on_store`). A new change of the store
 //! that needs ordering with writes (and no replication) is a new method over
@@ -105,7 +108,7 @@ pub const BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
 pub struct AppenderClosed;
 
 /// What the appender is asked to do. Ops and replays are *logged*: batched, replicated,
-/// then published and answered. Anything else is a [`StoreJob`]: it runs alone, between
+/// then published and answered; so is a forget, alone. Anything else is a [`StoreJob`]: it runs alone, between
 /// batches, in submission order; a new kind of it is a new [`Appender`] method, not a
 /// new arm here.
 enum Job {
@@ -118,6 +121,13 @@ enum Job {
         /// The recovery's state. Lock order: the store, then this.
         state: Arc<Mutex<ReplayState>>,
         reply: oneshot::Sender<Result<(), NoSpace>>,
+    },
+    /// Forget what a failed recovery replayed into `ranges` and clean it out of the log
+    /// ([`ObjectStore::forget_unowned`]); logged: the cleaning is replicated before the
+    /// answer.
+    Forget {
+        ranges: Vec<HashRange>,
+        reply: oneshot::Sender<u64>,
     },
     Store(StoreJob),
 }
@@ -170,6 +180,7 @@ impl std::fmt::Debug for Job {
         match self {
             Job::Ops { ops, .. } => write!(f, "Ops({})", ops.len()),
             Job::Replay { piece, .. } => write!(f, "Replay({})", piece.segment()),
+            Job::Forget { ranges, .. } => write!(f, "Forget({})", ranges.len()),
             Job::Store(job) => write!(f, "Store({})", job.name),
         }
     }
@@ -313,14 +324,23 @@ impl Appender {
         .await
     }
 
-    /// Forgets every object in `ranges` this master does not own (see
+    /// Forgets every object in `ranges` this master does not own and cleans the segments
+    /// holding that recovery's entries out of the log (see
     /// [`ObjectStore::forget_unowned`]), ordered after every job submitted before;
-    /// returns how many.
+    /// returns how many objects, once the cleaning is on every replica. Segments not
+    /// cleaned within [`FORGET_CLEAN_STEPS_MAX`] steps are cleaned between later
+    /// batches, and replays are refused until they are.
     pub async fn forget_unowned(&self, ranges: Vec<HashRange>) -> Result<u64, AppenderClosed> {
-        self.on_store("ForgetUnowned", move |store| store.forget_unowned(&ranges))
-            .await
+        self.call(|reply| Job::Forget { ranges, reply }).await
     }
 }
+
+/// Cleaning steps a forget job runs at most to clean the segments holding the entries
+/// it forgot out of the log ([`ObjectStore::forget_unowned`]): 4 GiB walked
+/// ([`STEP_BYTES`] each), far more than one recovery partition and the writes
+/// interleaved with it. Bounded, so that a log that cannot be cleaned does not hold the
+/// queue; the rest is cleaned between later batches.
+pub const FORGET_CLEAN_STEPS_MAX: usize = 4096;
 
 /// How long the queue stays empty before the master counts as idle and the cleaner
 /// runs from its threshold (module doc, "Cleaning").
@@ -376,7 +396,8 @@ impl Cleaning {
     /// finished in the background at least.
     fn urgency(&self, store: &ObjectStore, idle: bool) -> Urgency {
         let urgency = self.policy.urgency(&store.log().usage(), idle);
-        if self.pass.is_some() {
+        // Tainted segments (a failed recovery's leftovers) hold up replays until gone.
+        if self.pass.is_some() || store.tainted_held() > 0 {
             urgency.max(Urgency::Background)
         } else {
             urgency
@@ -661,6 +682,7 @@ async fn run(
                 let parked = match alone {
                     Some(Job::Ops { reply, .. }) => vec![ParkedReply::Ops(reply)],
                     Some(Job::Replay { reply, .. }) => vec![ParkedReply::Replay(reply)],
+                    Some(Job::Forget { reply, .. }) => vec![ParkedReply::Forget(reply)],
                     _ => Vec::new(),
                 };
                 return stop(fatal, &status, queue, parked).await;
@@ -668,6 +690,19 @@ async fn run(
         }
         match alone {
             Some(Job::Store(job)) => (job.run)(&mut store.lock()),
+            Some(Job::Forget { ranges, reply }) => {
+                let result =
+                    forget_batch(&store, &ranges, &mut replicator, &mut cleaning, &status).await;
+                match result {
+                    Ok(forgotten) => {
+                        let _ = reply.send(forgotten);
+                    }
+                    Err(fatal) => {
+                        let parked = vec![ParkedReply::Forget(reply)];
+                        return stop(fatal, &status, queue, parked).await;
+                    }
+                }
+            }
             Some(job @ (Job::Ops { .. } | Job::Replay { .. })) => carried = Some(job),
             None => {}
         }
@@ -680,6 +715,7 @@ async fn run(
 enum ParkedReply {
     Ops(oneshot::Sender<Vec<OpOutcome>>),
     Replay(oneshot::Sender<Result<(), NoSpace>>),
+    Forget(oneshot::Sender<u64>),
 }
 
 /// Replies of a batch that must never be answered.
@@ -759,6 +795,42 @@ async fn write_batch(
         let _ = reply.send(outcome);
     }
     Ok(())
+}
+
+/// Forgets what a failed recovery left in `ranges` ([`ObjectStore::forget_unowned`])
+/// and cleans the segments that hold its entries out of the log, so that none of them
+/// can come back; returns how many objects were forgotten. Steps are bounded
+/// ([`FORGET_CLEAN_STEPS_MAX`]); what is left is cleaned between later batches.
+async fn forget_batch(
+    store: &Mutex<ObjectStore>,
+    ranges: &[HashRange],
+    replicator: &mut Replicator,
+    cleaning: &mut Cleaning,
+    status: &AppenderStatus,
+) -> Result<u64, Fatal> {
+    let forgotten = store.lock().forget_unowned(ranges);
+    for _ in 0..FORGET_CLEAN_STEPS_MAX {
+        let tainted = {
+            let mut store = store.lock();
+            // A head that cannot close now closes at its next rollover.
+            let _ = store.close_tainted_head();
+            store.tainted_held()
+        };
+        if tainted == 0 || !clean_once(store, replicator, cleaning, status).await? {
+            break;
+        }
+    }
+    let tainted = store.lock().tainted_held();
+    if tainted > 0 {
+        tracing::warn!(
+            tainted,
+            "segments with a failed recovery's entries are still in the log; replays wait for the cleaner"
+        );
+    }
+    // A new head opened above, if any, goes to the backups before the answer.
+    let ranges = store.lock().seal();
+    replicator.replicate(&ranges).await?;
+    Ok(forgotten)
 }
 
 /// Stages, replicates and publishes one batch of recovery pieces, then answers them.

@@ -374,3 +374,175 @@ fn the_index_counts_against_the_memory() {
     }
     assert_eq!(apply(&mut store, put("fresh", b"v")), Status::Ok);
 }
+
+// ---- Deleted stays deleted (issue 39, item 1) ----
+
+/// Cleans `segments` in one pass, or one after another when `one_by_one`.
+fn clean(store: &mut ObjectStore, segments: &[SegmentId], one_by_one: bool) {
+    if one_by_one {
+        for &segment in segments {
+            let pass = pass_over(store, vec![segment]);
+            run(store, pass);
+        }
+    } else {
+        let pass = pass_over(store, segments.to_vec());
+        run(store, pass);
+    }
+}
+
+#[test]
+fn a_deleted_key_stays_deleted_when_the_segment_of_its_removed_version_is_cleaned() {
+    // v1 lands beside cold data that keeps its segment in the log; v2 and the removal
+    // land in segments of their own, which the cleaner then takes (together, or v2's
+    // first). The removal's tombstone names v2's segment; v1 must stay masked after it.
+    for one_by_one in [false, true] {
+        let mut store = store();
+        cold(&mut store, 6);
+        assert_eq!(apply(&mut store, put("k", b"v1")), Status::Ok);
+        let cold_segment = store.log().head();
+        roll(&mut store);
+        assert_eq!(apply(&mut store, put("k", b"v2")), Status::Ok);
+        let v2_segment = store.log().head();
+        roll(&mut store);
+        assert_eq!(apply(&mut store, del("k")), Status::Ok);
+        let removal_segment = store.log().head();
+        roll(&mut store);
+        assert!(store.read(TABLE, b"k").is_err());
+        clean(&mut store, &[v2_segment, removal_segment], one_by_one);
+        assert!(store.log().holds(cold_segment), "the cold segment stays");
+        assert!(!store.log().holds(v2_segment) && !store.log().holds(removal_segment));
+        assert!(
+            !recovered(&store).contains_key(&b"k"[..]),
+            "one by one: {one_by_one}: a recovery brings the removed key back"
+        );
+    }
+}
+
+#[test]
+fn a_recovery_masters_log_keeps_a_replayed_removal_after_cleaning() {
+    // Replay appends v1, then v2 (superseding it), then the removal, each in its own
+    // segment of the recovery master's log; cleaning v2's and the removal's segments
+    // must not bring v1 back should the recovery master crash in turn.
+    use crate::replay::{PieceEntry, RecoveryPiece, ReplayState};
+    let recovered_table = TableId(7);
+    let entry = |version: u64, value: Option<&str>| {
+        let key = Bytes::from_static(b"k");
+        let hash = rampart_common::ids::key_hash(b"k");
+        match value {
+            Some(value) => PieceEntry::Object {
+                table: recovered_table,
+                hash,
+                version: Version(version),
+                key,
+                value: Bytes::copy_from_slice(value.as_bytes()),
+            },
+            None => PieceEntry::Tombstone {
+                table: recovered_table,
+                hash,
+                version: Version(version),
+                key,
+            },
+        }
+    };
+    let mut store = store();
+    cold(&mut store, 6);
+    let mut state = ReplayState::new();
+    let mut segments = Vec::new();
+    for entry in [entry(1, Some("v1")), entry(2, Some("v2")), entry(2, None)] {
+        let mut batch = Batch::new();
+        let piece = RecoveryPiece::from_entries(SegmentId(1), Version(0), vec![entry]);
+        store.stage_replay(&mut batch, &mut state, &piece).unwrap();
+        store.seal();
+        store.publish_recovered(batch);
+        segments.push(store.log().head());
+        roll(&mut store);
+    }
+    store.take_tablets(&[Tablet {
+        table: recovered_table,
+        start_hash: 0,
+        end_hash: u64::MAX,
+        owner: ServerId(1),
+    }]);
+    assert!(store.read(recovered_table, b"k").is_err());
+    clean(&mut store, &segments[1..], false);
+    assert!(
+        store.log().holds(segments[0]),
+        "v1's segment stays (cold data)"
+    );
+    assert!(!recovered(&store).contains_key(&b"k"[..]), "v1 came back");
+}
+
+#[test]
+fn keys_deleted_for_good_never_come_back_whatever_the_cleaner_takes() {
+    // The shape that hid the bug: keys written beside cold data, overwritten a few
+    // times, then deleted and never written again, while other keys churn so that the
+    // cost-benefit cleaner keeps choosing segments (the cold ones stay).
+    for seed in 1..=8u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut store = store();
+        let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let mut pass: Option<CleaningPass> = None;
+        let mut freed = 0usize;
+        let mut doomed: Vec<(String, u32)> = Vec::new();
+        let mut next_doomed = 0u32;
+        for op in 0..4000u64 {
+            let roll_dice = rng.below(10);
+            let (key, value) = if roll_dice < 2 {
+                // A new doomed key, beside a cold value that pins its segment.
+                let cold_key = format!("cold-{op}");
+                let cold_value = vec![b'c'; 2 * 1024];
+                if apply(&mut store, put(&cold_key, &cold_value)) == Status::Ok {
+                    model.insert(cold_key.into_bytes(), cold_value);
+                }
+                let key = format!("doomed-{next_doomed}");
+                next_doomed += 1;
+                doomed.push((key.clone(), 1 + rng.below(3) as u32));
+                (key, format!("first@{op}").into_bytes())
+            } else if roll_dice < 6 && !doomed.is_empty() {
+                let at = rng.below(doomed.len() as u64) as usize;
+                let (key, writes_left) = doomed[at].clone();
+                if writes_left == 0 {
+                    doomed.swap_remove(at);
+                    assert_eq!(apply(&mut store, del(&key)), Status::Ok);
+                    model.remove(key.as_bytes());
+                    continue;
+                }
+                doomed[at].1 -= 1;
+                (key, format!("again@{op}").into_bytes())
+            } else {
+                let key = format!("churn-{}", rng.below(20));
+                let mut value = format!("{key}@{op};").into_bytes();
+                value.resize(value.len() + rng.below(6000) as usize, b'.');
+                (key, value)
+            };
+            match apply(&mut store, put(&key, &value)) {
+                Status::Ok => {
+                    model.insert(key.into_bytes(), value);
+                }
+                Status::NoSpace => {}
+                other => panic!("seed {seed} op {op}: {other}"),
+            }
+            // Cleaning as often as there is anything to clean.
+            let Some(mut current) = pass.take().or_else(|| store.plan_cleaning(4)) else {
+                continue;
+            };
+            let end = store.clean_step(&mut current, 4096 + rng.below(64 * 1024) as usize);
+            store.seal();
+            if end != StepEnd::Budget && store.commit_cleaning(&mut current).is_ok() {
+                store.seal();
+                freed += store.free_cleaned().len();
+            }
+            if !current.is_done() {
+                pass = Some(current);
+            }
+            if op % 50 == 0 {
+                check(&store, &model, &format!("seed {seed} op {op}"));
+            }
+        }
+        check(&store, &model, &format!("seed {seed} at the end"));
+        assert!(
+            freed > 20,
+            "seed {seed}: the cleaner freed only {freed} segments"
+        );
+    }
+}

@@ -61,7 +61,7 @@ use rampart_common::reject::RejectRules;
 use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
 use rampart_common::tablet::{HashRange, Tablet};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::ops::RangeInclusive;
 
@@ -80,7 +80,7 @@ use crate::object_index::{LogRef, ObjectIndex, SlotAt, INDEX_BYTES_PER_OBJECT};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig, Will};
 use crate::replay::{PieceEntry, RecoveryPiece, ReplayState};
 use crate::segmented_log::{
-    NoSpace, SealedRange, SegmentPool, SegmentedLog, CLEANER_RESERVE_SEGMENTS,
+    Appended, NoSpace, SealedRange, SegmentPool, SegmentedLog, Superseded, CLEANER_RESERVE_SEGMENTS,
 };
 use crate::tablets::{EpochStep, OwnedTablets};
 
@@ -402,7 +402,14 @@ pub struct ObjectStore {
     /// Entries replayed into ranges not owned yet: (table, hash, entry bytes), tracked
     /// in the profiler when their tablet is taken, dropped when their recovery is
     /// abandoned. Empty outside a recovery.
-    replayed_untracked: Vec<(TableId, KeyHash, u64)>,
+    /// The segment each was appended to: a failed recovery's leftovers are cleaned out
+    /// of them ([`ObjectStore::forget_unowned`]).
+    replayed_untracked: Vec<(TableId, KeyHash, u64, SegmentId)>,
+    /// Segments that hold entries a failed or abandoned recovery left behind
+    /// ([`ObjectStore::forget_unowned`]); the cleaner takes them first
+    /// ([`ObjectStore::plan_cleaning`]). Invariant: a replay stages nothing while any of
+    /// them is still in the log, so no range is taken with leftovers in this log.
+    tainted: BTreeSet<SegmentId>,
     /// Completion records of clients' operations (`rampart_common::rifl`).
     /// Invariants: 1. every record's entry is in `log` and counted live there. 2. every
     /// record lies in an owned tablet, or in a range a recovery replayed into and not
@@ -461,6 +468,7 @@ impl ObjectStore {
             )),
             partition_limits: limits,
             replayed_untracked: Vec::new(),
+            tainted: BTreeSet::new(),
             completions: Completions::new(),
             client_leases: ClientLeaseCache::default(),
         }
@@ -617,7 +625,19 @@ impl ObjectStore {
         self.version_max = self.version_max.max(new_version);
         match op {
             WriteOp::Write { value, .. } => {
-                match self.append_object(batch, table, hash, key, value, new_version, rifl, None) {
+                let superseded = current.map(|(version, at)| Superseded {
+                    version,
+                    segment: at.segment,
+                });
+                match self.append_object(
+                    batch,
+                    (table, hash, key),
+                    value,
+                    new_version,
+                    superseded,
+                    rifl,
+                    None,
+                ) {
                     Ok(at) => {
                         self.supersede_staged(batch, table, hash, key);
                         batch.new_keys += u64::from(creates);
@@ -650,7 +670,7 @@ impl ObjectStore {
                     record.as_ref(),
                     floor,
                 ) {
-                    Ok((_, record_at)) => {
+                    Ok(Appended { record_at, .. }) => {
                         let bytes = tombstone_entry_bytes(key.len());
                         self.profiler.track(table, hash, bytes as u64);
                         self.stage_record(batch, record.as_ref(), record_at);
@@ -675,13 +695,16 @@ impl ObjectStore {
                     return OpOutcome::failed(Status::InvalidArgument, current_version);
                 };
                 let value = new.to_le_bytes();
+                let superseded = current.map(|(version, at)| Superseded {
+                    version,
+                    segment: at.segment,
+                });
                 match self.append_object(
                     batch,
-                    table,
-                    hash,
-                    key,
+                    (table, hash, key),
                     &value,
                     new_version,
+                    superseded,
                     rifl,
                     Some(new),
                 ) {
@@ -708,34 +731,35 @@ impl ObjectStore {
         }
     }
 
-    /// Appends the object `key` = `value` at `version`, with the completion record of
-    /// `rifl` when it is tracked (`counter`: an increment's result), counting both in the
+    /// Appends the object `key` = `value` at `version`, with the tombstone of the
+    /// version it supersedes (module doc, "Removals") and the completion record of
+    /// `rifl` when it is tracked (`counter`: an increment's result), counting them in the
     /// profile and staging the record in `batch`. Returns where the object is.
     #[allow(clippy::too_many_arguments)]
     fn append_object(
         &mut self,
         batch: &mut Batch,
-        table: TableId,
-        hash: KeyHash,
-        key: &[u8],
+        (table, hash, key): (TableId, KeyHash, &[u8]),
         value: &[u8],
         version: Version,
+        superseded: Option<Superseded>,
         rifl: Rifl,
         counter: Option<i64>,
     ) -> Result<LogRef, NoSpace> {
         let record = self.record_entry(table, hash, rifl, version, counter);
-        let (at, record_at) = self.log.append_object_completing(
+        let appended = self.log.append_object_completing(
             table,
             version,
             key,
             value,
+            superseded,
             record.as_ref(),
             self.safe_version,
         )?;
-        let bytes = object_entry_bytes(key.len(), value.len());
-        self.profiler.track(table, hash, bytes as u64);
-        self.stage_record(batch, record.as_ref(), record_at);
-        Ok(at)
+        let bytes = object_entry_bytes(key.len(), value.len()) as u64 + appended.tombstone_bytes;
+        self.profiler.track(table, hash, bytes);
+        self.stage_record(batch, record.as_ref(), appended.record_at);
+        Ok(appended.at)
     }
 
     /// The completion record of `rifl`'s operation with this outcome, if it is tracked.
@@ -869,6 +893,11 @@ impl ObjectStore {
         state: &mut ReplayState,
         piece: &RecoveryPiece,
     ) -> Result<(), NoSpace> {
+        // Leftovers of a failed attempt leave the log before this attempt's entries join
+        // it (`forget_unowned`).
+        if self.tainted_held() > 0 {
+            return Err(NoSpace);
+        }
         state.counts_mut().entries_received += piece.entries().len() as u64;
         for entry in piece.entries() {
             match entry {
@@ -893,11 +922,27 @@ impl ObjectStore {
                         }
                         batch.new_keys += 1;
                     }
-                    let at =
-                        self.log
-                            .append_object(table, version, key, value, self.safe_version)?;
-                    let bytes = object_entry_bytes(key.len(), value.len()) as u64;
-                    self.note_replayed(table, hash, bytes);
+                    // The version this one supersedes in this log (replayed earlier, or
+                    // staged in this batch) stays in its segment: a tombstone masks it.
+                    let superseded = current.map(|(version, at)| Superseded {
+                        version,
+                        segment: at.segment,
+                    });
+                    let Appended {
+                        at,
+                        tombstone_bytes,
+                        ..
+                    } = self.log.append_object_completing(
+                        table,
+                        version,
+                        key,
+                        value,
+                        superseded,
+                        None,
+                        self.safe_version,
+                    )?;
+                    let bytes = object_entry_bytes(key.len(), value.len()) as u64 + tombstone_bytes;
+                    self.note_replayed(table, hash, bytes, at.segment);
                     self.supersede_staged(batch, table, hash, key);
                     batch.insert(table, hash, key, Staged::Live { version, at });
                     let counts = state.counts_mut();
@@ -927,7 +972,7 @@ impl ObjectStore {
                     // The tombstone names the segment of the object it kills here; with
                     // none, the head: no older copy of the key can lie in a later one.
                     let object_segment = current.map_or(self.log.head(), |(_, at)| at.segment);
-                    self.log.append_tombstone(
+                    let at = self.log.append_tombstone(
                         table,
                         version,
                         object_segment,
@@ -935,7 +980,7 @@ impl ObjectStore {
                         self.safe_version,
                     )?;
                     let bytes = tombstone_entry_bytes(key.len()) as u64;
-                    self.note_replayed(table, hash, bytes);
+                    self.note_replayed(table, hash, bytes, at.segment);
                     self.supersede_staged(batch, table, hash, key);
                     batch.insert(table, hash, key, Staged::Removed);
                     let counts = state.counts_mut();
@@ -963,7 +1008,7 @@ impl ObjectStore {
                     }
                     let at = self.log.append_completion(&record, self.safe_version)?;
                     let bytes = COMPLETION_ENTRY_BYTES as u64;
-                    self.note_replayed(record.table, record.key_hash, bytes);
+                    self.note_replayed(record.table, record.key_hash, bytes, at.segment);
                     batch.add_record(record.client, record.seq, Record::of(&record, at));
                     let counts = state.counts_mut();
                     counts.completions_kept += 1;
@@ -984,17 +1029,18 @@ impl ObjectStore {
         Ok(())
     }
 
-    /// Counts a replayed entry in the profiler, or remembers it until its tablet is
-    /// taken.
-    fn note_replayed(&mut self, table: TableId, hash: KeyHash, bytes: u64) {
+    /// Counts a replayed entry (appended to `segment`) in the profiler, or remembers it
+    /// until its tablet is taken.
+    fn note_replayed(&mut self, table: TableId, hash: KeyHash, bytes: u64, segment: SegmentId) {
         if !self.profiler.track(table, hash, bytes) {
-            self.replayed_untracked.push((table, hash, bytes));
+            self.replayed_untracked.push((table, hash, bytes, segment));
         }
     }
 
     /// Removes the objects of `table` with hashes in `range` from the index; their
-    /// entries are dead. Returns how many.
-    fn forget_range(&mut self, table: TableId, range: RangeInclusive<u64>) -> u64 {
+    /// entries are dead. Returns where they are (still in the log: no tombstone masks
+    /// them).
+    fn forget_range(&mut self, table: TableId, range: RangeInclusive<u64>) -> Vec<LogRef> {
         for record in self
             .completions
             .drop_where(|t, hash| t == table && range.contains(&hash.0))
@@ -1006,7 +1052,7 @@ impl ObjectStore {
             self.note_dead(*at);
         }
         self.fit_segments_to_index();
-        refs.len() as u64
+        refs
     }
 
     /// The object entry at `at` is dead: its segment's live bytes drop.
@@ -1028,9 +1074,27 @@ impl ObjectStore {
     /// [`cleaner::select`]) filling at most `survivors_max` survivors
     /// ([`cleaner::PASS_SURVIVORS_MAX`] in the appender); `None` when no choice would
     /// free a segment.
+    ///
+    /// Tainted segments ([`forget_unowned`](Self::forget_unowned)) come first, whatever
+    /// they score: until they are gone, no recovery can be replayed here.
     pub fn plan_cleaning(&self, survivors_max: u64) -> Option<CleaningPass> {
         let closed = self.log.closed_segments();
         let usage = self.log.usage();
+        let tainted: Vec<SegmentId> = closed
+            .iter()
+            .map(|s| s.segment)
+            .filter(|s| self.tainted.contains(s))
+            .take(usize::try_from(survivors_max.max(1)).unwrap_or(usize::MAX))
+            .collect();
+        if !tainted.is_empty() {
+            let stamp = closed
+                .iter()
+                .filter(|s| tainted.contains(&s.segment))
+                .map(|s| s.stamp)
+                .max()
+                .unwrap_or(usage.clock);
+            return Some(CleaningPass::new(tainted, stamp));
+        }
         let segment_bytes = u64::from(usage.segment_bytes);
         // A survivor holds its header, a checksum per step and its footer besides the
         // entries: counted generously.
@@ -1252,20 +1316,58 @@ impl ObjectStore {
     }
 
     /// Forgets every object in `ranges` that this master does not own: what a failed or
-    /// abandoned recovery left in the index. Their log space is reclaimed by the
-    /// cleaner; their pending profile counts are dropped (should the ranges come here
-    /// later, only the entries of that recovery are counted). Returns how many objects
-    /// were forgotten.
+    /// abandoned recovery left in the index. Their pending profile counts are dropped
+    /// (should the ranges come here later, only the entries of that recovery are
+    /// counted). Returns how many objects were forgotten.
+    ///
+    /// Their entries stay in this log, and this master may own those ranges later (a
+    /// later recovery of them, or of their next owner): a crash then would replay them
+    /// beside newer data that may have removed their keys meanwhile, with nothing left
+    /// to mask them. A tombstone cannot mask them: the range's next owner may hand this
+    /// master the very same versions again, which a tombstone would kill too. So every
+    /// segment that holds an entry of the attempt is *tainted*: the cleaner takes those
+    /// first ([`plan_cleaning`](Self::plan_cleaning)), dropping the forgotten entries
+    /// (dead) and moving everything else, and [`stage_replay`](Self::stage_replay)
+    /// refuses while any of them is in the log ([`tainted_held`](Self::tainted_held)).
     pub fn forget_unowned(&mut self, ranges: &[HashRange]) -> u64 {
         let mut removed = 0;
         for &HashRange { table, start, end } in ranges {
             for (from, to) in self.tablets.unowned_parts(table, start, end) {
-                removed += self.forget_range(table, from..=to);
-                self.replayed_untracked
-                    .retain(|&(t, hash, _)| t != table || !(from..=to).contains(&hash.0));
+                let range = from..=to;
+                let refs = self.forget_range(table, range.clone());
+                removed += refs.len() as u64;
+                // Where the live ones are now (the cleaner may have moved them), and
+                // where every entry of the attempt was appended (dead ones never move).
+                self.tainted.extend(refs.iter().map(|at| at.segment));
+                let tainted = &mut self.tainted;
+                self.replayed_untracked.retain(|&(t, hash, _, segment)| {
+                    let inside = t == table && range.contains(&hash.0);
+                    if inside {
+                        tainted.insert(segment);
+                    }
+                    !inside
+                });
             }
         }
+        let log = &self.log;
+        self.tainted.retain(|&segment| log.holds(segment));
         removed
+    }
+
+    /// Tainted segments still in the log ([`forget_unowned`](Self::forget_unowned)).
+    pub fn tainted_held(&self) -> usize {
+        self.tainted.iter().filter(|&&s| self.log.holds(s)).count()
+    }
+
+    /// Closes the head when it is tainted, so that the cleaner can take it; `NoSpace`
+    /// when no buffer is free for a new head (a later rollover closes it).
+    pub fn close_tainted_head(&mut self) -> Result<(), NoSpace> {
+        let log = &self.log;
+        self.tainted.retain(|&segment| log.holds(segment));
+        if self.tainted.contains(&self.log.head()) {
+            self.log.roll_over_now(self.safe_version)?;
+        }
+        Ok(())
     }
 
     /// This master's will: its owned tablets cut into partitions within the partition
@@ -1336,7 +1438,10 @@ impl ObjectStore {
     /// Starts serving `tablets`.
     ///
     /// A tablet that replaces a wider owned range narrows it: objects in the part no
-    /// longer served are forgotten, so they cannot reappear if that range comes back.
+    /// longer served are forgotten. Their entries stay in the log: nothing narrows a
+    /// tablet that may come back here today (a tablet is split only when a table is
+    /// created); moving ranges between masters must clean them out first, as
+    /// [`forget_unowned`](Self::forget_unowned) does.
     /// Objects already indexed in a range not owned before — replayed by a recovery —
     /// are kept: this is how they become visible. Their entries are counted in the
     /// tablet's profile now.
@@ -1354,7 +1459,7 @@ impl ObjectStore {
         self.profiler.take_tablet(tablet);
         let range = tablet.start_hash..=tablet.end_hash;
         let profiler = &mut self.profiler;
-        self.replayed_untracked.retain(|&(table, hash, bytes)| {
+        self.replayed_untracked.retain(|&(table, hash, bytes, _)| {
             let inside = table == tablet.table && range.contains(&hash.0);
             if inside {
                 profiler.track(table, hash, bytes);
@@ -1441,12 +1546,13 @@ impl ObjectStore {
     }
 
     /// Stops serving `tablets` and forgets their objects (their log space is reclaimed
-    /// by the cleaner).
+    /// by the cleaner). They are not masked: a dropped table's id is never used again,
+    /// so no later owner of its ranges can meet them.
     pub fn drop_tablets(&mut self, tablets: &[Tablet]) -> u64 {
         let mut removed = 0;
         for tablet in tablets {
             for (start, end) in self.tablets.drop_overlapping(tablet) {
-                removed += self.forget_range(tablet.table, start..=end);
+                removed += self.forget_range(tablet.table, start..=end).len() as u64;
             }
             self.profiler.drop_tablet(tablet);
         }
@@ -3163,6 +3269,91 @@ mod tests {
         assert!(store.owns_any(&partition()));
     }
 
+    /// Runs the cleaner until no tainted segment is left, as the appender's forget job
+    /// does (a pass, its steps, commits and frees).
+    fn clean_tainted(store: &mut ObjectStore) {
+        for _ in 0..1000 {
+            store.close_tainted_head().unwrap();
+            if store.tainted_held() == 0 {
+                return;
+            }
+            let mut pass = store.plan_cleaning(8).expect("tainted segments to clean");
+            while !pass.is_done() {
+                let end = store.clean_step(&mut pass, usize::MAX);
+                store.seal();
+                if end != crate::cleaner::StepEnd::Budget {
+                    store.commit_cleaning(&mut pass).unwrap();
+                    store.seal();
+                    store.free_cleaned();
+                }
+            }
+        }
+        panic!("tainted segments never left the log");
+    }
+
+    #[test]
+    fn objects_forgotten_after_an_abandoned_replay_never_come_back() {
+        // An attempt replays k into this master and is abandoned. Meanwhile the
+        // partition's real owner removes k, and its cleaner drops the tombstone. Later
+        // this master recovers that owner's range (without k, and with `kept` at the
+        // very version the attempt replayed) and takes it, then crashes: its own log
+        // must not give k back, and must keep `kept`.
+        let mut store = recovery_master();
+        put(&mut store, b"mine", b"v");
+        let mut state = ReplayState::new();
+        replay(
+            &mut store,
+            &mut state,
+            &[piece(vec![obj("k", 5, "old"), obj("kept", 5, "x")])],
+        );
+        assert_eq!(store.forget_unowned(&partition()), 2);
+        assert!(store.tainted_held() > 0);
+        clean_tainted(&mut store);
+        let mut state = ReplayState::new();
+        replay(&mut store, &mut state, &[piece(vec![obj("kept", 5, "x")])]);
+        store.take_tablets(&[whole(RECOVERED)]);
+        let want = vec![
+            (Status::ObjectDoesntExist, Version(0), vec![]),
+            (Status::Ok, Version(5), b"x".to_vec()),
+        ];
+        assert_eq!(reads(&store, &["k", "kept"]), want);
+        assert_eq!(
+            store.read(TABLE, b"mine").status(),
+            Status::Ok,
+            "moved, kept"
+        );
+        let mut own = log_entries(&store);
+        own.retain(|e| e.table_and_hash().0 == RECOVERED);
+        for reversed in [false, true] {
+            if reversed {
+                own.reverse();
+            }
+            let mut again = recovery_master();
+            let mut state = ReplayState::new();
+            replay(&mut again, &mut state, &[piece(own.clone())]);
+            again.take_tablets(&[whole(RECOVERED)]);
+            assert_eq!(reads(&again, &["k", "kept"]), want, "reversed: {reversed}");
+        }
+    }
+
+    #[test]
+    fn a_replay_is_refused_while_a_failed_attempts_segments_are_in_the_log() {
+        let mut store = recovery_master();
+        let mut state = ReplayState::new();
+        replay(&mut store, &mut state, &[piece(vec![obj("k", 5, "old")])]);
+        store.forget_unowned(&partition());
+        let mut batch = Batch::new();
+        let mut state = ReplayState::new();
+        let next = piece(vec![obj("other", 6, "y")]);
+        assert_eq!(
+            store.stage_replay(&mut batch, &mut state, &next),
+            Err(NoSpace),
+            "a replay beside a failed attempt's leftovers must not go on"
+        );
+        clean_tainted(&mut store);
+        assert_eq!(store.stage_replay(&mut batch, &mut state, &next), Ok(()));
+    }
+
     #[test]
     fn the_will_covers_every_tablet_and_counts_what_was_written() {
         let mut store = ObjectStore::with_partition_limits(
@@ -3311,6 +3502,7 @@ mod tests {
                 let mut state = ReplayState::new();
                 replay(&mut store, &mut state, &pieces[..abandoned_prefix.min(pieces.len())]);
                 store.forget_unowned(&partition());
+                clean_tainted(&mut store);
             }
             // The retry gets the pieces in another order (other backups, other timing).
             let mut retry = pieces.clone();

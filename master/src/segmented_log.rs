@@ -63,6 +63,7 @@
 use bytes::Bytes;
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
+use rampart_common::limits::KEY_BYTES_MAX;
 use rampart_common::log::{
     decode_object_trusted, digest_entry_bytes, object_entry_bytes, tombstone_entry_bytes,
     CompletionEntry, LogFull, ObjectEntry, SegmentWriter, COMPLETION_ENTRY_BYTES,
@@ -106,6 +107,28 @@ pub struct SealedRange {
     pub bytes: Bytes,
     /// Bytes every segment of this log (hence every frame of it) holds.
     pub capacity: u32,
+}
+
+/// An older version of a key that an append makes dead, and the segment holding it:
+/// the append writes a tombstone for it (module doc, "Removals").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Superseded {
+    /// The older version.
+    pub version: Version,
+    /// The segment that holds it.
+    pub segment: SegmentId,
+}
+
+/// Where a group append ([`SegmentedLog::append_object_completing`]) put its entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The object (or the removal's tombstone).
+    pub at: LogRef,
+    /// The completion record, when one was given.
+    pub record_at: Option<LogRef>,
+    /// Bytes of the tombstone written for the superseded version; 0 when none was
+    /// needed (no older version, or one in the same segment).
+    pub tombstone_bytes: u64,
 }
 
 /// One segment in memory with its cleaning facts.
@@ -189,6 +212,9 @@ pub struct SegmentedLog {
     /// Segments the memory may hold now: `segments_max` less what the object index
     /// takes (`ObjectStore` sets it, [`SegmentedLog::set_segments_limit`]).
     segments_limit: u64,
+    /// The largest group of entries one append puts in one segment: what
+    /// `MasterConfig::validate` makes sure a fresh segment holds beside its digest.
+    group_bytes_max: usize,
 }
 
 /// Segment buffers allocated and touched ahead of use (module doc, "Memory").
@@ -333,6 +359,8 @@ impl SegmentedLog {
             handed_off: BTreeMap::new(),
             pool,
             segments_limit: config.segments_max(),
+            group_bytes_max: object_entry_bytes(KEY_BYTES_MAX, config.value_bytes_max)
+                + COMPLETION_ENTRY_BYTES,
         };
         let head = log
             .open_segment(first, safe_version)
@@ -396,7 +424,7 @@ impl SegmentedLog {
         safe_version: Version,
     ) -> Result<LogRef, NoSpace> {
         let bytes = object_entry_bytes(key.len(), value.len());
-        let at = self.append_with(safe_version, bytes, |segment| {
+        let at = self.append_with(safe_version, bytes, |_, segment| {
             segment.append_object(table, version, key, value)
         })?;
         self.count_live(at.segment, bytes as u64);
@@ -413,33 +441,43 @@ impl SegmentedLog {
         safe_version: Version,
     ) -> Result<LogRef, NoSpace> {
         let bytes = tombstone_entry_bytes(key.len());
-        let at = self.append_with(safe_version, bytes, |segment| {
+        let at = self.append_with(safe_version, bytes, |_, segment| {
             segment.append_tombstone(table, version, object_segment, key)
         })?;
         self.count_live(at.segment, bytes as u64);
         Ok(at)
     }
 
-    /// Appends an object and, when `record` is given, its completion record right after
-    /// it, in one append: both land in the same segment (a rollover comes before the
-    /// pair, never between), so they are sealed, replicated and recovered together
-    /// (`rampart_common::rifl`). Returns where the object and the record are.
+    /// Appends an object, then — when `superseded` names an older version of the key
+    /// in another segment — a tombstone for that version, then, when `record` is given,
+    /// its completion record, in one append: all land in the same segment (a rollover
+    /// comes before the group, never inside it), so they are sealed, replicated and
+    /// recovered together (`rampart_common::rifl`). The object comes first: a prefix of
+    /// the group that a crash keeps never kills the old version without the new one.
+    /// Returns where the entries are.
+    #[allow(clippy::too_many_arguments)]
     pub fn append_object_completing(
         &mut self,
         table: TableId,
         version: Version,
         key: &[u8],
         value: &[u8],
+        superseded: Option<Superseded>,
         record: Option<&CompletionEntry>,
         safe_version: Version,
-    ) -> Result<(LogRef, Option<LogRef>), NoSpace> {
+    ) -> Result<Appended, NoSpace> {
         let object_bytes = object_entry_bytes(key.len(), value.len());
-        self.append_pair(safe_version, object_bytes, record, |segment| {
-            segment.append_object(table, version, key, value)
-        })
+        self.append_group(
+            safe_version,
+            object_bytes,
+            (table, key, superseded),
+            record,
+            |segment| segment.append_object(table, version, key, value),
+        )
     }
 
-    /// [`append_object_completing`](Self::append_object_completing) for a tombstone.
+    /// [`append_object_completing`](Self::append_object_completing) for a tombstone of
+    /// the version it removes (which needs no second tombstone).
     pub fn append_tombstone_completing(
         &mut self,
         table: TableId,
@@ -448,49 +486,108 @@ impl SegmentedLog {
         key: &[u8],
         record: Option<&CompletionEntry>,
         safe_version: Version,
-    ) -> Result<(LogRef, Option<LogRef>), NoSpace> {
+    ) -> Result<Appended, NoSpace> {
         let tombstone_bytes = tombstone_entry_bytes(key.len());
-        self.append_pair(safe_version, tombstone_bytes, record, |segment| {
-            segment.append_tombstone(table, version, object_segment, key)
-        })
+        self.append_group(
+            safe_version,
+            tombstone_bytes,
+            (table, key, None),
+            record,
+            |segment| segment.append_tombstone(table, version, object_segment, key),
+        )
     }
 
-    /// Appends an entry of `entry_bytes` with `append`, then `record` after it, in one
-    /// segment: the pair is checked against the segment's room before either is written,
-    /// so a segment never holds the entry without its record.
-    fn append_pair(
+    /// Appends an entry of `entry_bytes` with `append`, then the tombstone of
+    /// `superseded` (unless it lies in the segment the entry lands in), then `record`,
+    /// in one segment: the group is checked against the segment's room before any of it
+    /// is written, so a segment never holds the entry without the rest.
+    fn append_group(
         &mut self,
         safe_version: Version,
         entry_bytes: usize,
+        (table, key, superseded): (TableId, &[u8], Option<Superseded>),
         record: Option<&CompletionEntry>,
         append: impl Fn(&mut SegmentWriter) -> Result<u32, LogFull>,
-    ) -> Result<(LogRef, Option<LogRef>), NoSpace> {
+    ) -> Result<Appended, NoSpace> {
         let record_bytes = if record.is_some() {
             COMPLETION_ENTRY_BYTES
         } else {
             0
         };
-        let total = entry_bytes + record_bytes;
-        let at = self.append_with(safe_version, total, |segment| {
-            if segment.free_bytes() < total {
+        let tombstone_bytes = tombstone_entry_bytes(key.len());
+        // Room for the tombstone is asked for even where it turns out not to be needed.
+        let most = entry_bytes + superseded.map_or(0, |_| tombstone_bytes) + record_bytes;
+        if most > self.group_bytes_max {
+            return self.append_split(
+                safe_version,
+                entry_bytes,
+                (table, key, superseded),
+                record,
+                append,
+            );
+        }
+        let at = self.append_with(safe_version, most, |id, segment| {
+            if segment.free_bytes() < most {
                 return Err(LogFull);
             }
             let offset = append(segment)?;
+            if let Some(old) = superseded.filter(|old| old.segment != id) {
+                segment.append_tombstone(table, old.version, old.segment, key)?;
+            }
             if let Some(record) = record {
                 segment.append_completion(record)?;
             }
             Ok(offset)
         })?;
-        self.count_live(at.segment, entry_bytes as u64);
+        let tombstone_bytes = match superseded {
+            Some(old) if old.segment != at.segment => tombstone_bytes,
+            _ => 0,
+        };
+        self.count_live(at.segment, (entry_bytes + tombstone_bytes) as u64);
         let record_at = record.map(|_| {
             let record_at = LogRef {
                 segment: at.segment,
-                offset: at.offset + entry_bytes as u32,
+                offset: at.offset + (entry_bytes + tombstone_bytes) as u32,
             };
             self.count_live(at.segment, record_bytes as u64);
             record_at
         });
-        Ok((at, record_at))
+        Ok(Appended {
+            at,
+            record_at,
+            tombstone_bytes: tombstone_bytes as u64,
+        })
+    }
+
+    /// [`append_group`](Self::append_group) for a group no fresh segment is sure to hold
+    /// (a key and value near their limits, and a tombstone for the older version): the
+    /// entry and its record, then the tombstone in the next segment. A crash between them
+    /// keeps the new version without the tombstone, which is safe (the new version masks
+    /// the old one; it was not acknowledged). Both rollovers are checked first, so the
+    /// tombstone never fails once the entry is in.
+    fn append_split(
+        &mut self,
+        safe_version: Version,
+        entry_bytes: usize,
+        (table, key, superseded): (TableId, &[u8], Option<Superseded>),
+        record: Option<&CompletionEntry>,
+        append: impl Fn(&mut SegmentWriter) -> Result<u32, LogFull>,
+    ) -> Result<Appended, NoSpace> {
+        if self.segments_free() <= CLEANER_RESERVE_SEGMENTS + 1 {
+            return Err(NoSpace);
+        }
+        let mut appended = self.append_group(
+            safe_version,
+            entry_bytes,
+            (table, key, None),
+            record,
+            append,
+        )?;
+        if let Some(old) = superseded.filter(|old| old.segment != appended.at.segment) {
+            self.append_tombstone(table, old.version, old.segment, key, safe_version)?;
+            appended.tombstone_bytes = tombstone_entry_bytes(key.len()) as u64;
+        }
+        Ok(appended)
     }
 
     /// Appends a completion record alone: a recovery replaying one (the object it came
@@ -500,7 +597,7 @@ impl SegmentedLog {
         record: &CompletionEntry,
         safe_version: Version,
     ) -> Result<LogRef, NoSpace> {
-        let at = self.append_with(safe_version, COMPLETION_ENTRY_BYTES, |segment| {
+        let at = self.append_with(safe_version, COMPLETION_ENTRY_BYTES, |_, segment| {
             segment.append_completion(record)
         })?;
         self.count_live(at.segment, COMPLETION_ENTRY_BYTES as u64);
@@ -520,12 +617,13 @@ impl SegmentedLog {
         &mut self,
         safe_version: Version,
         bytes: usize,
-        append: impl Fn(&mut SegmentWriter) -> Result<u32, LogFull>,
+        append: impl Fn(SegmentId, &mut SegmentWriter) -> Result<u32, LogFull>,
     ) -> Result<LogRef, NoSpace> {
         // The head keeps room for a digest (`digest_room`) after every append.
         let room = self.digest_room();
+        let head = self.head;
         if self.head_mut().free_bytes() >= bytes.saturating_add(room) {
-            if let Ok(offset) = append(self.head_mut()) {
+            if let Ok(offset) = append(head, self.head_mut()) {
                 return Ok(LogRef {
                     segment: self.head,
                     offset,
@@ -535,7 +633,8 @@ impl SegmentedLog {
         self.roll_over(safe_version, CLEANER_RESERVE_SEGMENTS)?;
         // A fresh head takes the largest entry (`MasterConfig::validate`), even where
         // the digest room does not fit beside it.
-        let offset = append(self.head_mut()).map_err(|_| NoSpace)?;
+        let head = self.head;
+        let offset = append(head, self.head_mut()).map_err(|_| NoSpace)?;
         Ok(LogRef {
             segment: self.head,
             offset,
@@ -561,11 +660,20 @@ impl SegmentedLog {
         Ok(())
     }
 
+    /// Closes the head and opens a new one now, leaving the cleaner's reserve free
+    /// (for a segment the cleaner must take at once: a closed segment is one it can).
+    ///
+    /// # Errors
+    /// [`NoSpace`] when no buffer beyond the reserve is free.
+    pub fn roll_over_now(&mut self, safe_version: Version) -> Result<(), NoSpace> {
+        self.roll_over(safe_version, CLEANER_RESERVE_SEGMENTS)
+    }
+
     /// Appends a `SafeVersion` floor to the head (rolling over when it is full), so that
     /// the log itself records a floor raised by recovery: replaying this log later must
     /// not hand out versions the crashed master already used.
     pub fn append_safe_version(&mut self, safe_version: Version) -> Result<(), NoSpace> {
-        self.append_with(safe_version, SAFE_VERSION_ENTRY_BYTES, |segment| {
+        self.append_with(safe_version, SAFE_VERSION_ENTRY_BYTES, |_, segment| {
             segment.append_safe_version(safe_version)
         })
         .map(|_| ())
