@@ -29,6 +29,32 @@
 //! what survives above it — versions never repeat. A write that would need a version at
 //! or above the ceiling is answered `Retry` until the next reservation lands.
 //!
+//! # Removals: deleted stays deleted
+//! Recovery replays whatever versions a log holds, and the highest version of a key
+//! wins unless a tombstone of an equal or higher version kills it. Dead versions stay
+//! in their segments until the cleaner takes those, so the rule that keeps a removed
+//! key removed is: *every dead version in the log is masked, for as long as its segment
+//! is in the log, by an entry of its key with a version at least its own.*
+//! * A removal appends a tombstone naming the segment of the version it removes; the
+//!   cleaner keeps the tombstone while that segment is in the log.
+//! * An append that supersedes a version in another segment — an overwrite, an
+//!   increment, a replay superseding what it replayed before — appends a tombstone for
+//!   that version in the same group, after the new object (RAMCloud does the same): a
+//!   crash that keeps the tombstone keeps the object. A version superseded in the same
+//!   segment needs none: the newer object lives in that segment as long as it does, and
+//!   masks it (and when that one dies in turn, its own tombstone, of a higher version,
+//!   masks both).
+//!
+//! By induction every dead version is masked until its segment leaves the log, however
+//! often the key was overwritten and in whatever order segments are cleaned. The cost
+//! is a tombstone (37 bytes and the key) per overwrite that lands in another segment
+//! than the version it replaces, alive until that version's segment is cleaned.
+//!
+//! A recovery that fails leaves entries for ranges this master does not own; a
+//! tombstone cannot mask those (the range's next owner may replay the very same
+//! versions here later), so their segments are cleaned out of the log before any
+//! further replay ([`ObjectStore::forget_unowned`]).
+//!
 //! # Recovery replay
 //! [`ObjectStore::stage_replay`] stages one piece of a crashed master's log (see
 //! [`replay`](crate::replay) for the rules) into a batch like `stage` does, and

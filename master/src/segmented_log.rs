@@ -110,7 +110,7 @@ pub struct SealedRange {
 }
 
 /// An older version of a key that an append makes dead, and the segment holding it:
-/// the append writes a tombstone for it (module doc, "Removals").
+/// the append writes a tombstone for it (`ObjectStore`'s module doc, "Removals").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Superseded {
     /// The older version.

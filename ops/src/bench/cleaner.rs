@@ -7,7 +7,13 @@
 //! their log entries and their index entries, since `--memory` holds both —
 //! then overwrites them `--passes` times over (in operations: passes × objects), keys
 //! drawn uniformly and, in a second run, from YCSB's scrambled Zipfian (`--zipf`). The
-//! same is done at `--low-utilization` percent for the baseline. `--clients` tasks
+//! same is done at `--low-utilization` percent for the baseline. Each mix of
+//! `--remove-pct` runs all of that: with N % removes, an operation on a key is, now and
+//! then, its removal followed by the creation of a fresh key in its place (so N % of the
+//! operations are removes, N % creations of keys never seen, the rest overwrites): the
+//! live data stays the same, and every removed key is never written again — the
+//! workload whose tombstones the cleaner must keep while older versions of their keys
+//! remain. `--clients` tasks
 //! submit batches of `--batch` writes each, closed loop, as the RPC layer would.
 //!
 //! For each run it reports the overwrite throughput (over the second half of the
@@ -40,7 +46,7 @@ use clap::Args;
 use parking_lot::Mutex;
 use rampart_common::config::{ByteSize, MasterConfig};
 use rampart_common::ids::{ServerId, TableId};
-use rampart_common::log::object_entry_bytes;
+use rampart_common::log::{decode_entry, object_entry_bytes, tombstone_entry_bytes, Entry};
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
@@ -52,7 +58,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -94,6 +100,10 @@ pub struct CleanerBenchArgs {
     /// Writes per submission.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
+    /// Mixes to run: the percentage of operations that remove a key (each followed by
+    /// the creation of a fresh one).
+    #[arg(long, value_delimiter = ',', default_value = "0,20")]
+    pub remove_pct: Vec<u64>,
     /// Rounds (figures are medians).
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
@@ -116,6 +126,7 @@ enum Keys {
 #[derive(Clone, Debug)]
 struct Run {
     utilization: u64,
+    remove_pct: u64,
     keys: Keys,
     objects: u64,
     /// Overwrites per second over the second half, and over all of them.
@@ -127,6 +138,8 @@ struct Run {
     live_share: f64,
     segments_used: u64,
     segments_max: u64,
+    /// Bytes of tombstone entries in the log at the end, over the memory.
+    tombstone_share: f64,
     /// Writes answered `Retry` (back-pressure) and submitted again.
     retries: u64,
     /// (seconds since the overwrites began, ops/s over the last interval).
@@ -150,6 +163,9 @@ pub fn run(args: CleanerBenchArgs) -> Result<ExitCode> {
     if args.clients == 0 || args.batch == 0 || args.rounds == 0 || args.passes <= 0.0 {
         bail!("--clients, --batch, --rounds and --passes must be positive");
     }
+    if args.remove_pct.is_empty() || args.remove_pct.iter().any(|&p| p > REMOVE_PCT_MAX) {
+        bail!("--remove-pct takes percentages in 0..={REMOVE_PCT_MAX}");
+    }
     println!(
         "cleaner: one in-process master, R = 0; {} MiB of {} segments, {} B values, {} B keys; \
          {} passes of overwrites; {} clients × {} writes; {} round(s)",
@@ -164,51 +180,79 @@ pub fn run(args: CleanerBenchArgs) -> Result<ExitCode> {
     );
     let mut runs = Vec::new();
     for round in 0..args.rounds {
-        for utilization in [args.low_utilization, args.utilization] {
-            for keys in [Keys::Uniform, Keys::Zipf(args.zipf)] {
-                let run = run_one(&args, &config, utilization, keys, round as u64)?;
-                print_run(&run);
-                runs.push(run);
+        for &remove_pct in &args.remove_pct {
+            for utilization in [args.low_utilization, args.utilization] {
+                for keys in [Keys::Uniform, Keys::Zipf(args.zipf)] {
+                    let mix = Mix {
+                        utilization,
+                        keys,
+                        remove_pct,
+                    };
+                    let run = run_one(&args, &config, mix, round as u64)?;
+                    print_run(&run);
+                    runs.push(run);
+                }
             }
         }
     }
-    let pick = |utilization: u64, keys: Keys, f: fn(&Run) -> f64| {
+    let pick = |remove_pct: u64, utilization: u64, keys: Keys, f: fn(&Run) -> f64| {
         median(
             runs.iter()
-                .filter(|r| r.utilization == utilization && r.keys == keys)
+                .filter(|r| {
+                    r.utilization == utilization && r.keys == keys && r.remove_pct == remove_pct
+                })
                 .map(f)
                 .collect(),
         )
         .unwrap_or(0.0)
     };
     let zipf = Keys::Zipf(args.zipf);
-    let low = pick(args.low_utilization, Keys::Uniform, |r| r.steady_ops_s);
-    let high = pick(args.utilization, Keys::Uniform, |r| r.steady_ops_s);
-    let cost_uniform = pick(args.utilization, Keys::Uniform, |r| r.write_cost);
-    let cost_zipf = pick(args.utilization, zipf, |r| r.write_cost);
-    let ratio = if low > 0.0 { high / low } else { 0.0 };
     let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    let mut summaries = Vec::new();
     println!();
-    println!(
-        "uniform: {high:.0} ops/s at {}% against {low:.0} ops/s at {}%: {:.2}× (target ≥ {THROUGHPUT_RATIO_MIN}×) {}",
-        args.utilization,
-        args.low_utilization,
-        ratio,
-        verdict(ratio >= THROUGHPUT_RATIO_MIN)
-    );
-    println!(
-        "write cost at {}%: zipf {cost_zipf:.2} against uniform {cost_uniform:.2} (target: lower) {}",
-        args.utilization,
-        verdict(cost_zipf < cost_uniform)
-    );
-    write_svg(&args.svg, &runs)?;
-    println!("curves: {}", args.svg.display());
-    if let Some(path) = &args.json {
-        let json = serde_json::json!({
+    for &remove_pct in &args.remove_pct {
+        let low = pick(remove_pct, args.low_utilization, Keys::Uniform, |r| {
+            r.steady_ops_s
+        });
+        let high = pick(remove_pct, args.utilization, Keys::Uniform, |r| {
+            r.steady_ops_s
+        });
+        let cost_uniform = pick(remove_pct, args.utilization, Keys::Uniform, |r| {
+            r.write_cost
+        });
+        let cost_zipf = pick(remove_pct, args.utilization, zipf, |r| r.write_cost);
+        let tombstones = pick(remove_pct, args.utilization, Keys::Uniform, |r| {
+            r.tombstone_share
+        });
+        let ratio = if low > 0.0 { high / low } else { 0.0 };
+        println!(
+            "{remove_pct}% removes, uniform: {high:.0} ops/s at {}% against {low:.0} ops/s at {}%: {:.2}× (target ≥ {THROUGHPUT_RATIO_MIN}×) {}",
+            args.utilization,
+            args.low_utilization,
+            ratio,
+            verdict(ratio >= THROUGHPUT_RATIO_MIN)
+        );
+        println!(
+            "{remove_pct}% removes, write cost at {}%: zipf {cost_zipf:.2} against uniform {cost_uniform:.2} (target: lower) {}; \
+             tombstones {:.2}% of the memory at the end (uniform)",
+            args.utilization,
+            verdict(cost_zipf < cost_uniform),
+            tombstones * 100.0
+        );
+        summaries.push(serde_json::json!({
+            "remove_pct": remove_pct,
             "throughput_low_util_ops_s": low,
             "throughput_high_util_ops_s": high,
             "write_cost_uniform": cost_uniform,
             "write_cost_zipf": cost_zipf,
+            "tombstone_share_high_util_uniform": tombstones,
+        }));
+    }
+    write_svg(&args.svg, &runs)?;
+    println!("curves: {}", args.svg.display());
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "mixes": summaries,
             "conditions": {
                 "memory_mb": args.memory_mb,
                 "segment_bytes": segment_bytes.0,
@@ -226,6 +270,8 @@ pub fn run(args: CleanerBenchArgs) -> Result<ExitCode> {
             },
             "runs": runs.iter().map(|r| serde_json::json!({
                 "utilization_pct": r.utilization,
+                "remove_pct": r.remove_pct,
+                "tombstone_share_end": r.tombstone_share,
                 "keys": match r.keys { Keys::Uniform => "uniform".to_string(), Keys::Zipf(t) => format!("zipf {t}") },
                 "objects": r.objects,
                 "steady_ops_s": r.steady_ops_s,
@@ -252,10 +298,11 @@ fn print_run(run: &Run) {
         Keys::Zipf(theta) => format!("zipf {theta}"),
     };
     println!(
-        "{:>3}% {:<9} {:>9} objects: {:>9.0} ops/s steady ({:>9.0} overall), write cost {:>6.2}, \
-         {} segments cleaned in {} passes, {} retries; at the end {:.1}% live, {}/{} segments",
+        "{:>3}% {:<9} {:>2}% removes {:>9} objects: {:>9.0} ops/s steady ({:>9.0} overall), write cost {:>6.2}, \
+         {} segments cleaned in {} passes, {} retries; at the end {:.1}% live, {:.2}% tombstones, {}/{} segments",
         run.utilization,
         keys,
+        run.remove_pct,
         run.objects,
         run.steady_ops_s,
         run.all_ops_s,
@@ -264,20 +311,43 @@ fn print_run(run: &Run) {
         run.cleaner.passes,
         run.retries,
         run.live_share * 100.0,
+        run.tombstone_share * 100.0,
         run.segments_used,
         run.segments_max,
     );
 }
 
-fn key(i: u64) -> Bytes {
-    Bytes::from(format!("k{i:015}").into_bytes())
+/// Most `--remove-pct`: each removal comes with a creation, so removes are at most half.
+const REMOVE_PCT_MAX: u64 = 50;
+
+/// One run's workload.
+#[derive(Clone, Copy, Debug)]
+struct Mix {
+    utilization: u64,
+    keys: Keys,
+    remove_pct: u64,
 }
 
-fn write(i: u64, value: &Bytes) -> WriteOp {
+/// The key of slot `i` in its generation `generation` (a removal moves the slot to the
+/// next generation: a fresh key), [`KEY_BYTES`] long.
+fn key(i: u64, generation: u32) -> Bytes {
+    Bytes::from(format!("k{i:010}g{:04}", generation % 10_000).into_bytes())
+}
+
+fn write(i: u64, generation: u32, value: &Bytes) -> WriteOp {
     WriteOp::Write {
         table: TABLE,
-        key: key(i),
+        key: key(i, generation),
         value: value.clone(),
+        rules: RejectRules::default(),
+        rifl: rampart_common::rifl::Rifl::NONE,
+    }
+}
+
+fn remove(i: u64, generation: u32) -> WriteOp {
+    WriteOp::Remove {
+        table: TABLE,
+        key: key(i, generation),
         rules: RejectRules::default(),
         rifl: rampart_common::rifl::Rifl::NONE,
     }
@@ -305,13 +375,15 @@ async fn submit_all(appender: &Appender, mut ops: Vec<WriteOp>) -> Result<u64> {
     }
 }
 
-fn run_one(
-    args: &CleanerBenchArgs,
-    config: &MasterConfig,
-    utilization: u64,
-    keys: Keys,
-    round: u64,
-) -> Result<Run> {
+fn run_one(args: &CleanerBenchArgs, config: &MasterConfig, mix: Mix, round: u64) -> Result<Run> {
+    let Mix {
+        utilization,
+        keys,
+        remove_pct,
+    } = mix;
+    // The share of slot choices that remove (and re-create): removes are
+    // r / (1 + r) of the operations.
+    let remove_share = remove_pct as f64 / (100 - remove_pct) as f64;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -335,9 +407,12 @@ fn run_one(
             Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
         let value = Bytes::from(vec![b'v'; args.value_bytes]);
         let run_name = match keys {
-            Keys::Uniform => format!("{utilization}% uniform"),
-            Keys::Zipf(theta) => format!("{utilization}% zipf {theta}"),
+            Keys::Uniform => format!("{utilization}% uniform, {remove_pct}% removes"),
+            Keys::Zipf(theta) => format!("{utilization}% zipf {theta}, {remove_pct}% removes"),
         };
+        // Each slot's current generation (see `key`).
+        let generations: Arc<Vec<AtomicU32>> =
+            Arc::new((0..objects).map(|_| AtomicU32::new(0)).collect());
         // The fill: every object once, in key order.
         let filling = Progress::new(&format!("fill {run_name}"), objects, "objects");
         let next = Arc::new(AtomicU64::new(0));
@@ -358,7 +433,7 @@ fn run_one(
                         return Ok::<u64, anyhow::Error>(retries);
                     }
                     let end = (start + batch).min(objects);
-                    let ops = (start..end).map(|i| write(i, &value)).collect();
+                    let ops = (start..end).map(|i| write(i, 0, &value)).collect();
                     retries += submit_all(&appender, ops).await?;
                     filling.inc(end - start);
                 }
@@ -382,23 +457,35 @@ fn run_one(
         let overwriting = Progress::new(&format!("overwrite {run_name}"), overwrites, "writes");
         let started = Instant::now();
         for client in 0..args.clients {
-            let (appender, done, value, chooser, batch) = (
+            let (appender, done, value, chooser, batch, generations) = (
                 appender.clone(),
                 Arc::clone(&done),
                 value.clone(),
                 Arc::clone(&chooser),
-                args.batch as u64,
+                args.batch,
+                Arc::clone(&generations),
             );
             let mut rng = SmallRng::seed_from_u64(round * 1000 + client as u64 + 1);
             tasks.spawn(async move {
                 let mut retries = 0;
-                while done.fetch_add(batch, Ordering::Relaxed) < overwrites {
-                    let ops = (0..batch)
-                        .map(|_| write(chooser.next(&mut rng), &value))
-                        .collect();
+                loop {
+                    let mut ops = Vec::with_capacity(batch + 1);
+                    while ops.len() < batch {
+                        let slot = chooser.next(&mut rng);
+                        let generation = &generations[slot as usize];
+                        if rand::Rng::gen_bool(&mut rng, remove_share.min(1.0)) {
+                            let old = generation.fetch_add(1, Ordering::Relaxed);
+                            ops.push(remove(slot, old));
+                            ops.push(write(slot, old + 1, &value));
+                        } else {
+                            ops.push(write(slot, generation.load(Ordering::Relaxed), &value));
+                        }
+                    }
+                    if done.fetch_add(ops.len() as u64, Ordering::Relaxed) >= overwrites {
+                        return Ok(retries);
+                    }
                     retries += submit_all(&appender, ops).await?;
                 }
-                Ok(retries)
             });
         }
         let mut curve = Vec::new();
@@ -442,9 +529,14 @@ fn run_one(
         cleaner.totals.segments_cleaned -= before.totals.segments_cleaned;
         cleaner.totals.survivors -= before.totals.survivors;
         let write_cost = cleaner.write_cost(u64::from(config.segment_bytes));
-        let usage = store.lock().log().usage();
+        let (usage, tombstone_bytes) = {
+            let store = store.lock();
+            (store.log().usage(), tombstone_bytes_in(&store))
+        };
         Ok(Run {
             utilization,
+            remove_pct,
+            tombstone_share: tombstone_bytes as f64 / config.memory_bytes as f64,
             keys,
             objects,
             steady_ops_s,
@@ -461,6 +553,25 @@ fn run_one(
     })
 }
 
+/// Bytes of the tombstones in `store`'s log (every segment held).
+fn tombstone_bytes_in(store: &ObjectStore) -> u64 {
+    let log = store.log();
+    let mut bytes = 0;
+    for id in log.segment_ids() {
+        let Some(segment) = log.segment_bytes(id) else {
+            continue;
+        };
+        let mut offset = 0;
+        while let Ok(Some((entry, next))) = decode_entry(segment, offset) {
+            if let Entry::Tombstone(tombstone) = entry {
+                bytes += tombstone_entry_bytes(tombstone.key.len()) as u64;
+            }
+            offset = next;
+        }
+    }
+    bytes
+}
+
 /// Throughput over time, one polyline per run.
 fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
     let (width, height, margin) = (900.0, 420.0, 60.0);
@@ -473,7 +584,7 @@ fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
         .flat_map(|r| r.curve.iter().map(|p| p.1))
         .fold(1.0f64, f64::max);
     let colors = [
-        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     ];
     let mut svg = format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n\
@@ -497,8 +608,10 @@ fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
             })
             .collect();
         let label = match run.keys {
-            Keys::Uniform => format!("{}% uniform", run.utilization),
-            Keys::Zipf(theta) => format!("{}% zipf {theta}", run.utilization),
+            Keys::Uniform => format!("{}% uniform, {}% rm", run.utilization, run.remove_pct),
+            Keys::Zipf(theta) => {
+                format!("{}% zipf {theta}, {}% rm", run.utilization, run.remove_pct)
+            }
         };
         svg.push_str(&format!(
             "<polyline fill='none' stroke='{color}' points='{}'/>\n<text x='{}' y='{}' fill='{color}'>{label}</text>\n",
