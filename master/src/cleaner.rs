@@ -26,6 +26,9 @@
 //! recovery would bring back. The survivors' bytes also need the appender's replicator.
 //! Reads go on during steps except for the lock hold of one step.
 //!
+//! Segments that hold a failed recovery's leftovers (*tainted*,
+//! `ObjectStore::forget_unowned`) are chosen before any other, whatever they score.
+//!
 //! # Cost-benefit
 //! LFS's choice: a segment of utilization `u` (live bytes over capacity) whose youngest
 //! data is `age` old scores `(1 − u) · age / (1 + u)` — what cleaning it frees, times how

@@ -546,3 +546,61 @@ fn keys_deleted_for_good_never_come_back_whatever_the_cleaner_takes() {
         );
     }
 }
+
+fn live_bytes(store: &ObjectStore, segment: SegmentId) -> u64 {
+    store
+        .log()
+        .closed_segments()
+        .iter()
+        .find(|s| s.segment == segment)
+        .map(|s| s.live_bytes)
+        .unwrap_or_else(|| panic!("{segment} is not a closed segment"))
+}
+
+#[test]
+fn an_overwrites_tombstone_stops_counting_as_live_once_the_old_versions_segment_is_freed() {
+    let mut store = store();
+    cold(&mut store, 6);
+    assert_eq!(apply(&mut store, put("k", b"v1")), Status::Ok);
+    let old_segment = store.log().head();
+    roll(&mut store);
+    assert_eq!(apply(&mut store, put("k", b"v2")), Status::Ok);
+    let tombstone_segment = store.log().head();
+    roll(&mut store);
+    let before = live_bytes(&store, tombstone_segment);
+    let pass = pass_over(&store, vec![old_segment]);
+    run(&mut store, pass);
+    assert!(!store.log().holds(old_segment));
+    // Two tombstones there kill versions in the old segment: v1's, and that of the
+    // filler the rollover to the new segment superseded.
+    let tombstone = rampart_common::log::tombstone_entry_bytes(1) as u64;
+    let filler_tombstone = rampart_common::log::tombstone_entry_bytes(b"filler".len()) as u64;
+    assert_eq!(
+        live_bytes(&store, tombstone_segment),
+        before - tombstone - filler_tombstone
+    );
+    // Moved by the cleaner first, it stops counting in the survivor instead.
+    let mut store2 = self::store();
+    cold(&mut store2, 6);
+    assert_eq!(apply(&mut store2, put("k", b"v1")), Status::Ok);
+    let old_segment = store2.log().head();
+    roll(&mut store2);
+    assert_eq!(apply(&mut store2, put("k", b"v2")), Status::Ok);
+    let tombstone_segment = store2.log().head();
+    roll(&mut store2);
+    let pass = pass_over(&store2, vec![tombstone_segment]);
+    run(&mut store2, pass);
+    let survivor = store2
+        .log()
+        .segment_ids()
+        .find(|s| s.is_survivor())
+        .expect("the tombstone and v2 moved to a survivor");
+    let before = live_bytes(&store2, survivor);
+    let pass = pass_over(&store2, vec![old_segment]);
+    run(&mut store2, pass);
+    assert_eq!(
+        live_bytes(&store2, survivor),
+        before - tombstone - filler_tombstone
+    );
+    assert_eq!(store2.read(TABLE, b"k").unwrap().value, &b"v2"[..]);
+}

@@ -73,14 +73,19 @@
 //!    this master pulls its tablets at its next lease renewal, `tablet_sync`), which keeps
 //!    the replayed objects (and counts them in the profiles behind the will), and reads
 //!    see them. If the recovery fails or is abandoned (`AbandonRecovery` of that attempt
-//!    or a newer one), the replayed objects are forgotten.
+//!    or a newer one), the replayed objects are forgotten, and the segments that hold
+//!    the attempt's entries are cleaned out of the log before any further replay
+//!    ([`ObjectStore::forget_unowned`]): none of them may come back in a later recovery
+//!    of this master.
 //!
 //! # The cleaner
 //! Between batches the appender runs the cleaner's bounded steps ([`cleaner`]): live
 //! entries of the chosen segments are copied into survivor segments (the index follows
 //! them), replicated like a batch, and committed by a new digest appended to the head;
 //! once that digest is on every replica the cleaned segments are freed, in memory and on
-//! their backups.
+//! their backups. A removal, and every overwrite of a version in another segment, leave a
+//! tombstone that the cleaner keeps while the segment of the version it kills is in the
+//! log (`object_store`'s module doc, "Removals"): a removed key never comes back.
 //!
 //! # The read path
 //! `MasterService` locks the store, checks ownership, looks the key up in the index and

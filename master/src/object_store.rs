@@ -1221,9 +1221,12 @@ impl ObjectStore {
                     let live =
                         self.log.holds(object_segment) && !pass.walked_before(object_segment);
                     if live {
-                        if let Err(end) = relocate(&mut self.log, pass, segment, range) {
-                            return end;
-                        }
+                        let new = match relocate(&mut self.log, pass, segment, range) {
+                            Ok(new) => new,
+                            Err(end) => return end,
+                        };
+                        self.log
+                            .tombstone_moved(object_segment, segment, new.segment, bytes);
                         self.relocated(pass, here, bytes, found.next);
                         continue;
                     }

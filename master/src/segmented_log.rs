@@ -48,8 +48,10 @@
 //! Each segment counts its *live bytes* — object, tombstone and completion-record entries
 //! appended and not yet known dead ([`SegmentedLog::note_dead`], called by the store when
 //! the index lets go of an object or a record is acknowledged) — and a *stamp*, the log clock (bytes ever appended) at its last
-//! append: the `u` and `age` of the cleaner's cost-benefit choice. Tombstones count as
-//! live until cleaned (only the cleaner decides that they are not).
+//! append: the `u` and `age` of the cleaner's cost-benefit choice. A tombstone counts as
+//! live until the segment of the version it kills is freed: one per overwrite that
+//! lands in another segment (`ObjectStore`'s module doc, "Removals"), so counting them
+//! live until cleaned would make segments look fuller than they are.
 //!
 //! # Memory
 //! The log's memory is allocated and touched once, when the log is created: a
@@ -207,6 +209,11 @@ pub struct SegmentedLog {
     unreplicated: Vec<SegmentRange>,
     /// Where the last handed-off range of each segment ended (its replicated length).
     handed_off: BTreeMap<SegmentId, u32>,
+    /// Bytes of tombstones by (segment of the version they kill, segment holding them):
+    /// once the first is freed they are dead, and the second's live bytes drop
+    /// (module doc, "Accounting"). Invariant: the pairs of every tombstone in the log,
+    /// as far as the first segment is held; a pair goes when its first segment is freed.
+    tombstone_bytes: BTreeMap<(SegmentId, SegmentId), u64>,
     /// Buffers for the segments still to open. A failed opening gives its buffer back.
     pool: SegmentPool,
     /// Segments the memory may hold now: `segments_max` less what the object index
@@ -357,6 +364,7 @@ impl SegmentedLog {
             clock: 0,
             unreplicated: Vec::new(),
             handed_off: BTreeMap::new(),
+            tombstone_bytes: BTreeMap::new(),
             pool,
             segments_limit: config.segments_max(),
             group_bytes_max: object_entry_bytes(KEY_BYTES_MAX, config.value_bytes_max)
@@ -445,6 +453,7 @@ impl SegmentedLog {
             segment.append_tombstone(table, version, object_segment, key)
         })?;
         self.count_live(at.segment, bytes as u64);
+        self.note_tombstone(object_segment, at.segment, bytes as u64);
         Ok(at)
     }
 
@@ -488,13 +497,15 @@ impl SegmentedLog {
         safe_version: Version,
     ) -> Result<Appended, NoSpace> {
         let tombstone_bytes = tombstone_entry_bytes(key.len());
-        self.append_group(
+        let appended = self.append_group(
             safe_version,
             tombstone_bytes,
             (table, key, None),
             record,
             |segment| segment.append_tombstone(table, version, object_segment, key),
-        )
+        )?;
+        self.note_tombstone(object_segment, appended.at.segment, tombstone_bytes as u64);
+        Ok(appended)
     }
 
     /// Appends an entry of `entry_bytes` with `append`, then the tombstone of
@@ -540,7 +551,10 @@ impl SegmentedLog {
             Ok(offset)
         })?;
         let tombstone_bytes = match superseded {
-            Some(old) if old.segment != at.segment => tombstone_bytes,
+            Some(old) if old.segment != at.segment => {
+                self.note_tombstone(old.segment, at.segment, tombstone_bytes as u64);
+                tombstone_bytes
+            }
             _ => 0,
         };
         self.count_live(at.segment, (entry_bytes + tombstone_bytes) as u64);
@@ -602,6 +616,29 @@ impl SegmentedLog {
         })?;
         self.count_live(at.segment, COMPLETION_ENTRY_BYTES as u64);
         Ok(at)
+    }
+
+    /// A tombstone of `bytes` in `holder` kills a version in `target`.
+    fn note_tombstone(&mut self, target: SegmentId, holder: SegmentId, bytes: u64) {
+        *self.tombstone_bytes.entry((target, holder)).or_default() += bytes;
+    }
+
+    /// The cleaner moved a tombstone of `bytes` that kills a version in `target` from
+    /// `from` into `to`.
+    pub fn tombstone_moved(
+        &mut self,
+        target: SegmentId,
+        from: SegmentId,
+        to: SegmentId,
+        bytes: u64,
+    ) {
+        if let Some(held) = self.tombstone_bytes.get_mut(&(target, from)) {
+            *held = held.saturating_sub(bytes);
+            if *held == 0 {
+                self.tombstone_bytes.remove(&(target, from));
+            }
+        }
+        self.note_tombstone(target, to, bytes);
     }
 
     fn count_live(&mut self, segment: SegmentId, bytes: u64) {
@@ -1054,6 +1091,24 @@ impl SegmentedLog {
             self.handed_off.remove(&id);
             self.pool.give_back(segment.writer.into_buffer());
             freed.push(id);
+        }
+        // The tombstones that killed versions in the freed segments are dead now.
+        for &id in &freed {
+            let pairs: Vec<((SegmentId, SegmentId), u64)> = self
+                .tombstone_bytes
+                .range((id, SegmentId(0))..=(id, SegmentId(u64::MAX)))
+                .map(|(&pair, &bytes)| (pair, bytes))
+                .collect();
+            for ((target, holder), bytes) in pairs {
+                self.tombstone_bytes.remove(&(target, holder));
+                if let Some(segment) = self
+                    .segments
+                    .get_mut(&holder)
+                    .or_else(|| self.survivors.get_mut(&holder))
+                {
+                    segment.live_bytes = segment.live_bytes.saturating_sub(bytes);
+                }
+            }
         }
         freed
     }
