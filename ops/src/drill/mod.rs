@@ -348,7 +348,9 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
     let final_client = runtime.block_on(Client::connect_with(&coordinators, final_options));
     // All keys at once: a cluster that does not serve them costs one deadline, not one
     // per key.
-    let reads = OpChooser::all_keys(args.keys).into_iter().map(|key| {
+    let mut final_keys = OpChooser::all_keys(args.keys);
+    final_keys.extend(workload::doomed_keys(&history));
+    let reads = final_keys.into_iter().map(|key| {
         let client = final_client.as_ref();
         async move {
             let call_us = start.elapsed().as_micros() as u64;

@@ -7,6 +7,14 @@
 //! meet integers. Every value written is unique in the run (`w{client}-{sequence}`,
 //! never 8 bytes long), so a value read names its write. [`OpChooser`] draws the
 //! operations from a seed; [`run_client`] calls them and records what came back.
+//!
+//! Besides them each client walks keys that are *deleted for good* (issue 39: the
+//! shape that hid resurrection from the drill): a cold key `k{client}-{n}` written once
+//! with [`COLD_VALUE_BYTES`] (it keeps its segment in the log), beside it `d{client}-{n}`
+//! written, overwritten once or twice, then removed and never written again; removed
+//! ones are read now and then, and every one of them once more at the end
+//! ([`doomed_keys`]), so a key that comes back after cleaning or a crash is a
+//! violation.
 
 use bytes::Bytes;
 use rampart_check::{Input, Operation, Output};
@@ -20,6 +28,13 @@ use tokio::time::Instant;
 
 /// Objects in one multi-read or multi-write of the drill.
 pub const MULTI_OBJECTS_MAX: usize = 4;
+
+/// Bytes of each cold value written beside a doomed key: large enough to keep its
+/// segment in the log (mostly live) while the doomed key's later versions die.
+pub const COLD_VALUE_BYTES: usize = 4096;
+
+/// Removed doomed keys a client remembers to read again (the oldest are forgotten).
+const DEAD_KEYS_MAX: usize = 64;
 
 /// One operation a client calls.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +70,13 @@ pub struct OpChooser {
     sequence: u64,
     /// The version this client last saw of each key, for its compare-and-swaps.
     seen: HashMap<Vec<u8>, Version>,
+    /// The doomed key being walked: its number and the writes it has left (its cold
+    /// key is written when it is 0 writes in, its removal when none are left).
+    doomed: Option<(u64, u32)>,
+    /// Doomed keys started so far.
+    doomed_started: u64,
+    /// Removed doomed keys, most recent last (at most [`DEAD_KEYS_MAX`]).
+    dead: Vec<Vec<u8>>,
     rng: SmallRng,
 }
 
@@ -69,6 +91,9 @@ impl OpChooser {
             counters,
             sequence: 0,
             seen: HashMap::new(),
+            doomed: None,
+            doomed_started: 0,
+            dead: Vec::new(),
             rng: SmallRng::seed_from_u64(seed ^ (u64::from(client) << 32) ^ 0x0064_7269_6c6c),
         }
     }
@@ -97,9 +122,56 @@ impl OpChooser {
         register(self.rng.gen_range(0..self.registers.max(1)))
     }
 
+    /// The next step of the doomed-key walk (module doc): a cold write and the first
+    /// write, overwrites, then the removal.
+    fn doomed_op(&mut self) -> DrillOp {
+        let (n, left) = match self.doomed {
+            Some(walk) => walk,
+            None => {
+                let n = self.doomed_started;
+                self.doomed_started += 1;
+                // The cold neighbour first, then 2–3 writes of the doomed key.
+                self.doomed = Some((n, self.rng.gen_range(2..=3)));
+                let mut value = self.value();
+                value.resize(COLD_VALUE_BYTES, b'.');
+                return DrillOp::Write {
+                    key: cold_key(self.client, n),
+                    value,
+                    rules: RejectRules::default(),
+                };
+            }
+        };
+        let key = doomed_key(self.client, n);
+        if left == 0 {
+            self.doomed = None;
+            if self.dead.len() == DEAD_KEYS_MAX {
+                self.dead.remove(0);
+            }
+            self.dead.push(key.clone());
+            return DrillOp::Remove {
+                key,
+                rules: RejectRules::default(),
+            };
+        }
+        self.doomed = Some((n, left - 1));
+        DrillOp::Write {
+            key,
+            value: self.value(),
+            rules: RejectRules::default(),
+        }
+    }
+
     /// The next operation.
     pub fn next_op(&mut self) -> DrillOp {
         let roll = self.rng.gen_range(0..100);
+        match roll {
+            20..=22 => return self.doomed_op(),
+            23 if !self.dead.is_empty() => {
+                let at = self.rng.gen_range(0..self.dead.len());
+                return DrillOp::Read(self.dead[at].clone());
+            }
+            _ => {}
+        }
         if self.counters > 0 && roll < 20 {
             let key = counter(self.rng.gen_range(0..self.counters));
             return match roll {
@@ -188,6 +260,27 @@ impl OpChooser {
 
 fn register(i: u32) -> Vec<u8> {
     format!("r{i}").into_bytes()
+}
+
+fn doomed_key(client: u32, n: u64) -> Vec<u8> {
+    format!("d{client}-{n}").into_bytes()
+}
+
+fn cold_key(client: u32, n: u64) -> Vec<u8> {
+    format!("k{client}-{n}").into_bytes()
+}
+
+/// The doomed and cold keys (module doc) that `history` touched: read once more at the
+/// end beside every register and counter.
+pub fn doomed_keys(history: &[Operation]) -> Vec<Vec<u8>> {
+    let mut keys: Vec<Vec<u8>> = history
+        .iter()
+        .filter(|o| matches!(o.key.first(), Some(b'd' | b'k')))
+        .map(|o| o.key.clone())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
 }
 
 fn counter(i: u32) -> Vec<u8> {
@@ -388,7 +481,8 @@ mod tests {
         for _ in 0..2_000 {
             match chooser.next_op() {
                 DrillOp::Increment { key, .. } => assert_eq!(key[0], b'c'),
-                DrillOp::Write { key, .. } => assert_eq!(key[0], b'r'),
+                DrillOp::Write { key, .. } => assert!(matches!(key[0], b'r' | b'd' | b'k')),
+                DrillOp::Read(key) | DrillOp::Remove { key, .. } if key[0] == b'd' => {}
                 DrillOp::MultiWrite(items) => {
                     assert!(items.iter().all(|(k, _)| k[0] == b'r'));
                     let distinct: std::collections::HashSet<_> =
@@ -399,6 +493,37 @@ mod tests {
                 DrillOp::MultiRead(read) => assert!(read.iter().all(|k| keys.contains(k))),
             }
         }
+    }
+
+    #[test]
+    fn doomed_keys_are_written_beside_cold_data_then_removed_for_good() {
+        let mut chooser = OpChooser::new(5, 2, 8);
+        // Per doomed key: writes, then whether it was removed; per cold key: writes.
+        let mut doomed: HashMap<Vec<u8>, (u32, bool)> = HashMap::new();
+        let mut cold: HashMap<Vec<u8>, u32> = HashMap::new();
+        for _ in 0..20_000 {
+            match chooser.next_op() {
+                DrillOp::Write { key, value, .. } if key[0] == b'k' => {
+                    assert_eq!(value.len(), COLD_VALUE_BYTES);
+                    *cold.entry(key).or_default() += 1;
+                }
+                DrillOp::Write { key, .. } if key[0] == b'd' => {
+                    let state = doomed.entry(key.clone()).or_default();
+                    assert!(!state.1, "{key:?} written after its removal");
+                    state.0 += 1;
+                }
+                DrillOp::Remove { key, .. } if key[0] == b'd' => {
+                    let state = doomed.get_mut(&key).expect("removed after its writes");
+                    assert!((2..=3).contains(&state.0) && !state.1);
+                    state.1 = true;
+                }
+                _ => {}
+            }
+        }
+        let removed = doomed.values().filter(|(_, removed)| *removed).count();
+        assert!(removed > 50, "only {removed} doomed keys removed");
+        assert!(cold.values().all(|&writes| writes == 1));
+        assert!(cold.len() >= removed);
     }
 
     #[test]
