@@ -397,7 +397,7 @@ impl Cleaning {
     fn urgency(&self, store: &ObjectStore, idle: bool) -> Urgency {
         let urgency = self.policy.urgency(&store.log().usage(), idle);
         // Tainted segments (a failed recovery's leftovers) hold up replays until gone.
-        if self.pass.is_some() || store.tainted_held() > 0 {
+        if self.pass.is_some() || store.tainted_to_clean() {
             urgency.max(Urgency::Background)
         } else {
             urgency
@@ -1164,6 +1164,45 @@ mod tests {
             .await
             .expect("overwrites kept waiting for the cleaner");
         assert!(ok > 2000, "{ok} overwrites applied, {retry} told to retry");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn forgetting_a_failed_replay_cleans_its_segments_out_of_the_log() {
+        use crate::replay::{PieceEntry, RecoveryPiece, ReplayState};
+        use rampart_common::ids::{key_hash, SegmentId};
+        let other = TableId(9);
+        let store = store();
+        let appender = Appender::spawn(Arc::clone(&store));
+        appender.submit(vec![write("mine", "v")]).await.unwrap();
+        let entries = (0..20u64)
+            .map(|i| PieceEntry::Object {
+                table: other,
+                hash: key_hash(format!("k{i}").as_bytes()),
+                version: Version(3),
+                key: Bytes::from(format!("k{i}")),
+                value: Bytes::from(vec![b'x'; 900]),
+            })
+            .collect();
+        let piece = RecoveryPiece::from_entries(SegmentId(1), Version(0), entries);
+        let state = Arc::new(Mutex::new(ReplayState::new()));
+        appender
+            .replay(piece, Arc::clone(&state))
+            .await
+            .unwrap()
+            .unwrap();
+        let replayed_in = store.lock().log().head();
+        let forgotten = appender
+            .forget_unowned(vec![HashRange::whole(other)])
+            .await
+            .unwrap();
+        assert_eq!(forgotten, 20);
+        let store = store.lock();
+        assert_eq!(store.tainted_held(), 0);
+        assert!(
+            !store.log().holds(replayed_in),
+            "the segment that holds the failed replay's entries left the log"
+        );
+        assert_eq!(store.read(TABLE, b"mine").status(), Status::Ok);
     }
 
     #[tokio::test(flavor = "current_thread")]

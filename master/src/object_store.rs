@@ -1388,6 +1388,13 @@ impl ObjectStore {
         self.tainted.iter().filter(|&&s| self.log.holds(s)).count()
     }
 
+    /// Whether a tainted segment other than the head is in the log: the cleaner has one
+    /// to take now.
+    pub fn tainted_to_clean(&self) -> bool {
+        let head = self.log.head();
+        self.tainted.iter().any(|&s| s != head && self.log.holds(s))
+    }
+
     /// Closes the head when it is tainted, so that the cleaner can take it; `NoSpace`
     /// when no buffer is free for a new head (a later rollover closes it).
     pub fn close_tainted_head(&mut self) -> Result<(), NoSpace> {
