@@ -24,6 +24,23 @@
 //! whose owner is merely being recovered times out as such, never as a coordinator
 //! failure.
 //!
+//! A write-type operation waits for its number while one slow operation holds the
+//! client's acknowledgement so far back that masters could not keep the records of the
+//! operations numbered after it (`crate::tracker`, "Limits"); the wait counts against
+//! its deadline, and one that ends there is a `Timeout` of no attempt (never sent).
+//!
+//! # Client lease
+//! The client's id comes with a lease, renewed by a background task every third of its
+//! length (`rampart_common::rifl`, "Leases"). Cut off from the coordinators (or paused)
+//! for longer than the lease, the client loses its id: masters refuse its writes
+//! `ClientLeaseExpired`. The client then opens a new id — as soon as a renewal is told
+//! the lease expired, or an operation is refused — and carries on under it. Operations
+//! numbered under the old id are never sent under the new one (that would make them
+//! second, independent operations): each ends when refused, as
+//! [`ClientError::LeaseExpired`], whose outcome is unknown (it may have applied once
+//! before the lease ran out), or by its deadline. Operations that had no number yet wait
+//! for the new id, until their deadline (then [`ClientError::NoCoordinator`]).
+//!
 //! # Coordinators
 //! Table operations and map refreshes go to the leader of the coordinators' Raft group
 //! through a [`CoordinatorSet`]: it asks the leader it last found first, follows
@@ -77,6 +94,7 @@ use rampart_common::tablet::ServerStatus;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::error::ClientError;
@@ -84,7 +102,7 @@ use crate::failure_reporter::{
     FailureReporter, FAILURE_REPORTS_IN_FLIGHT_MAX, FAILURE_REPORT_TIMEOUT,
 };
 use crate::tablet_map::TabletMapCache;
-use crate::tracker::{Ticket, Tracker, TICKETS_MAX};
+use crate::tracker::{Ticket, TicketsError, Tracker, TICKETS_MAX};
 
 /// Tunables of a [`Client`].
 #[derive(Clone, Debug)]
@@ -152,8 +170,12 @@ struct Inner {
     reporter: parking_lot::Mutex<FailureReporter>,
     /// Bounds the reports in flight ([`FAILURE_REPORTS_IN_FLIGHT_MAX`]).
     reports_in_flight: Arc<tokio::sync::Semaphore>,
-    /// This client's id and the numbers of its writes (exactly-once retries).
-    tracker: Arc<Tracker>,
+    /// This client's id and the numbers of its writes under it (exactly-once retries).
+    /// Replaced by the lease task ([`keep_identity`]) once the id's lease expired; a
+    /// watch, so that operations waiting for the new id wake when it comes.
+    identity: watch::Sender<Arc<Tracker>>,
+    /// Wakes the lease task at once: an operation found the id expired.
+    lease_lost: Arc<Notify>,
     /// What the cluster last said of an owner whose operations timed out, and when
     /// (reused for [`EXPLANATION_REUSE`], so that a burst of timeouts asks once).
     explained: parking_lot::Mutex<HashMap<ServerId, (Instant, Option<String>)>>,
@@ -240,13 +262,15 @@ impl Client {
                 reports_in_flight: Arc::new(tokio::sync::Semaphore::new(
                     FAILURE_REPORTS_IN_FLIGHT_MAX,
                 )),
-                tracker: Tracker::new(opened.client),
+                identity: watch::Sender::new(Tracker::new(opened.client)),
+                lease_lost: Arc::new(Notify::new()),
                 explained: parking_lot::Mutex::new(HashMap::new()),
             }),
         };
-        tokio::spawn(renew_lease(
+        tokio::spawn(keep_identity(
             Arc::downgrade(&client.inner),
             Duration::from_millis(u64::from(opened.lease_ms)),
+            Arc::clone(&client.inner.lease_lost),
         ));
         client.refresh_map(0, deadline).await?;
         Ok(client)
@@ -258,17 +282,85 @@ impl Client {
     }
 
     /// The id the coordinators gave this client (its writes' completion records carry
-    /// it).
+    /// it). A new one once the lease of the last expired (module doc, "Client lease").
     pub fn id(&self) -> ClientId {
-        self.inner.tracker.client()
+        self.inner.identity.borrow().client()
     }
 
     /// A number for one write-type operation, kept by its retries.
-    async fn ticket(&self) -> Ticket {
-        let mut tickets = self.inner.tracker.tickets(1).await;
-        tickets
+    async fn ticket(&self, deadline: Instant) -> Result<Ticket, ClientError> {
+        self.tickets(1, deadline)
+            .await?
             .pop()
-            .expect("a tracker hands out the tickets it is asked for")
+            .ok_or_else(|| ClientError::Server("no number given".into()))
+    }
+
+    /// Numbers for `n` write-type operations (at most [`TICKETS_MAX`]), kept by their
+    /// retries, under the client's current id. Waits until `deadline` while a slow
+    /// operation holds the span of numbers full (`crate::tracker`, "Limits": then a
+    /// `Timeout` of no attempt) or the id expired and no new one came yet (then
+    /// `NoCoordinator`). Nothing was sent when it fails.
+    async fn tickets(&self, n: usize, deadline: Instant) -> Result<Vec<Ticket>, ClientError> {
+        let mut identity = self.inner.identity.subscribe();
+        loop {
+            let tracker = Arc::clone(&identity.borrow_and_update());
+            match tracker.tickets(n, deadline).await {
+                Ok(tickets) => return Ok(tickets),
+                Err(error @ TicketsError::SpanFull { .. }) => {
+                    return Err(ClientError::Timeout {
+                        attempts: 0,
+                        last: error.to_string(),
+                    })
+                }
+                Err(TicketsError::Expired(client)) => {
+                    self.inner.lease_lost.notify_one();
+                    match tokio::time::timeout_at(deadline, identity.changed()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => {
+                            return Err(ClientError::Server("the client is closing".into()))
+                        }
+                        Err(_) => {
+                            return Err(ClientError::NoCoordinator(format!(
+                                "the lease of client {client} expired and no coordinator \
+                                 opened a new client id in time"
+                            )))
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Notes how an operation numbered under `tracker`'s id ended: `LeaseExpired` says
+    /// that id expired, and the lease task opens a new one for the operations after it.
+    /// The operation itself is not sent again (its outcome is unknown).
+    fn settle<T>(&self, tracker: &Tracker, result: &Result<T, ClientError>) {
+        if matches!(result, Err(ClientError::LeaseExpired(_))) {
+            tracker.expire();
+            self.inner.lease_lost.notify_one();
+        }
+    }
+
+    /// [`settle`](Self::settle) for a multi-op whose objects `tickets` numbered.
+    fn settle_all<T>(
+        &self,
+        tickets: &[Ticket],
+        done: Result<Vec<Result<T, ClientError>>, ClientError>,
+    ) -> Result<Vec<Result<T, ClientError>>, ClientError> {
+        if let (Some(ticket), Ok(results)) = (tickets.first(), &done) {
+            if let Some(expired) = results
+                .iter()
+                .find(|result| matches!(result, Err(ClientError::LeaseExpired(_))))
+            {
+                self.settle(ticket.tracker(), expired);
+            }
+        }
+        done
+    }
+
+    /// The deadline of an operation starting now.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.inner.options.deadline
     }
 
     fn retry(&self) -> Retry {
@@ -468,24 +560,27 @@ impl Client {
         &self,
         table: TableId,
         key: &[u8],
+        deadline: Instant,
         attempt: F,
     ) -> Result<T, ClientError>
     where
         F: Fn(String, Instant) -> Fut,
         Fut: std::future::Future<Output = Result<Attempt<T>, RpcError>>,
     {
-        self.on_hash(table, key_hash(key).0, |addr, _, deadline| {
+        self.on_hash(table, key_hash(key).0, deadline, |addr, _, deadline| {
             attempt(addr, deadline)
         })
         .await
     }
 
     /// Runs `attempt(owner address, tablet end hash, deadline)` against the owner of
-    /// key hash `hash` of `table`, with the retry rules of [`on_owner`](Self::on_owner).
+    /// key hash `hash` of `table`, with the retry rules of [`on_owner`](Self::on_owner),
+    /// until `deadline`.
     async fn on_hash<T, F, Fut>(
         &self,
         table: TableId,
         hash: u64,
+        deadline: Instant,
         attempt: F,
     ) -> Result<T, ClientError>
     where
@@ -493,7 +588,7 @@ impl Client {
         Fut: std::future::Future<Output = Result<Attempt<T>, RpcError>>,
     {
         let hash = rampart_common::ids::KeyHash(hash);
-        let mut retry = self.retry();
+        let mut retry = self.retry_until(deadline);
         // The owner last tried: a timeout says what the cluster knows of it.
         let mut owner = None;
         let result = async {
@@ -639,16 +734,18 @@ impl Client {
     }
 
     /// Sends single-object RPC `R` to the owner of `key` (with the retry rules of
-    /// [`on_owner`](Self::on_owner)) and turns its reply into the next step with `step`.
+    /// [`on_owner`](Self::on_owner)) until `deadline` and turns its reply into the next
+    /// step with `step`.
     async fn on_owner_call<R: Rpc, T>(
         &self,
         table: TableId,
         key: &[u8],
+        deadline: Instant,
         request: &R::Request,
         step: impl Fn(&str, R::Reply) -> Attempt<T>,
     ) -> Result<T, ClientError> {
         let step = &step;
-        self.on_owner(table, key, |addr, deadline| async move {
+        self.on_owner(table, key, deadline, |addr, deadline| async move {
             let reply = self.inner.pool.call::<R>(&addr, request, deadline).await?;
             Ok(step(&addr, reply))
         })
@@ -661,14 +758,17 @@ impl Client {
             table,
             key: Bytes::copy_from_slice(key),
         };
-        self.on_owner_call::<Read, _>(table, key, &request, |addr, reply| match reply.status {
-            Status::ObjectDoesntExist => Attempt::Done(Ok(None)),
-            status => outcome(addr, status, reply.version, || {
-                Some(Object {
-                    value: reply.value.clone(),
-                    version: reply.version,
-                })
-            }),
+        let deadline = self.deadline();
+        self.on_owner_call::<Read, _>(table, key, deadline, &request, |addr, reply| {
+            match reply.status {
+                Status::ObjectDoesntExist => Attempt::Done(Ok(None)),
+                status => outcome(addr, status, reply.version, || {
+                    Some(Object {
+                        value: reply.value.clone(),
+                        version: reply.version,
+                    })
+                }),
+            }
         })
         .await
     }
@@ -692,7 +792,8 @@ impl Client {
         value: &[u8],
         rules: RejectRules,
     ) -> Result<Version, ClientError> {
-        let ticket = self.ticket().await;
+        let deadline = self.deadline();
+        let ticket = self.ticket(deadline).await?;
         let request = WriteRequest {
             table,
             key: Bytes::copy_from_slice(key),
@@ -700,8 +801,11 @@ impl Client {
             rules,
             rifl: ticket.rifl(),
         };
-        self.on_owner_call::<Write, _>(table, key, &request, write_attempt)
-            .await
+        let result = self
+            .on_owner_call::<Write, _>(table, key, deadline, &request, write_attempt)
+            .await;
+        self.settle(ticket.tracker(), &result);
+        result
     }
 
     /// Removes `key`; returns the version removed, `None` if there was no object.
@@ -716,17 +820,20 @@ impl Client {
         key: &[u8],
         rules: RejectRules,
     ) -> Result<Option<Version>, ClientError> {
-        let ticket = self.ticket().await;
+        let deadline = self.deadline();
+        let ticket = self.ticket(deadline).await?;
         let request = RemoveRequest {
             table,
             key: Bytes::copy_from_slice(key),
             rules,
             rifl: ticket.rifl(),
         };
-        let version = self
-            .on_owner_call::<Remove, _>(table, key, &request, write_attempt)
-            .await?;
+        let result = self
+            .on_owner_call::<Remove, _>(table, key, deadline, &request, write_attempt)
+            .await;
+        self.settle(ticket.tracker(), &result);
         drop(ticket);
+        let version = result?;
         Ok((version != Version(0)).then_some(version))
     }
 
@@ -750,7 +857,8 @@ impl Client {
         delta: i64,
         rules: RejectRules,
     ) -> Result<(i64, Version), ClientError> {
-        let ticket = self.ticket().await;
+        let deadline = self.deadline();
+        let ticket = self.ticket(deadline).await?;
         let request = IncrementRequest {
             table,
             key: Bytes::copy_from_slice(key),
@@ -758,12 +866,15 @@ impl Client {
             rules,
             rifl: ticket.rifl(),
         };
-        self.on_owner_call::<Increment, _>(table, key, &request, |addr, reply| {
-            outcome(addr, reply.status, reply.version, || {
-                (reply.value, reply.version)
+        let result = self
+            .on_owner_call::<Increment, _>(table, key, deadline, &request, |addr, reply| {
+                outcome(addr, reply.status, reply.version, || {
+                    (reply.value, reply.version)
+                })
             })
-        })
-        .await
+            .await;
+        self.settle(ticket.tracker(), &result);
+        result
     }
 
     /// Groups item indices by the owner of their key; items whose table is unknown
@@ -829,7 +940,9 @@ impl Client {
                     .collect())
             }
         };
-        let results = self.multi_op(keys, |i| keys[i].1.len(), call).await?;
+        let results = self
+            .multi_op(keys, self.deadline(), |i| keys[i].1.len(), call)
+            .await?;
         Ok(results
             .into_iter()
             .map(|result| match result? {
@@ -849,9 +962,10 @@ impl Client {
         items: &[WriteItem],
     ) -> Result<Vec<Result<Version, ClientError>>, ClientError> {
         let mut results = Vec::with_capacity(items.len());
-        // Each object takes a number; at most TICKETS_MAX are out at once.
+        // Each object takes a number, TICKETS_MAX at most at a time.
         for items in items.chunks(TICKETS_MAX) {
-            let tickets = self.inner.tracker.tickets(items.len()).await;
+            let deadline = self.deadline();
+            let tickets = self.tickets(items.len(), deadline).await?;
             let rifls: Vec<Rifl> = tickets.iter().map(Ticket::rifl).collect();
             let keys: Vec<(TableId, &[u8])> = items.iter().map(|w| (w.table, &w.key[..])).collect();
             let request = |indices: &[usize]| MultiWriteRequest {
@@ -867,10 +981,10 @@ impl Client {
                     .collect(),
             };
             let weight = |i: usize| items[i].key.len() + items[i].value.len();
-            results.extend(
-                self.multi_mutate::<MultiWrite, _>(&keys, weight, request, |version| version)
-                    .await?,
-            );
+            let done = self
+                .multi_mutate::<MultiWrite, _>(&keys, deadline, weight, request, |version| version)
+                .await;
+            results.extend(self.settle_all(&tickets, done)?);
         }
         Ok(results)
     }
@@ -883,7 +997,8 @@ impl Client {
     ) -> Result<Vec<Result<Option<Version>, ClientError>>, ClientError> {
         let mut results = Vec::with_capacity(keys.len());
         for keys in keys.chunks(TICKETS_MAX) {
-            let tickets = self.inner.tracker.tickets(keys.len()).await;
+            let deadline = self.deadline();
+            let tickets = self.tickets(keys.len(), deadline).await?;
             let rifls: Vec<Rifl> = tickets.iter().map(Ticket::rifl).collect();
             let request = |indices: &[usize]| MultiRemoveRequest {
                 objects: indices
@@ -897,10 +1012,11 @@ impl Client {
                     .collect(),
             };
             let removed = |version: Version| (version != Version(0)).then_some(version);
-            results.extend(
-                self.multi_mutate::<MultiRemove, _>(keys, |i| keys[i].1.len(), request, removed)
-                    .await?,
-            );
+            let weight = |i: usize| keys[i].1.len();
+            let done = self
+                .multi_mutate::<MultiRemove, _>(keys, deadline, weight, request, removed)
+                .await;
+            results.extend(self.settle_all(&tickets, done)?);
         }
         Ok(results)
     }
@@ -912,6 +1028,7 @@ impl Client {
     async fn multi_mutate<R, T>(
         &self,
         keys: &[(TableId, &[u8])],
+        deadline: Instant,
         weight: impl Fn(usize) -> usize,
         request: impl Fn(&[usize]) -> R::Request,
         done: impl Fn(Version) -> T,
@@ -930,7 +1047,7 @@ impl Client {
                     .collect())
             }
         };
-        let results = self.multi_op(keys, weight, call).await?;
+        let results = self.multi_op(keys, deadline, weight, call).await?;
         Ok(results
             .into_iter()
             .map(|result| match result? {
@@ -950,6 +1067,7 @@ impl Client {
     async fn multi_op<F, Fut>(
         &self,
         keys: &[(TableId, &[u8])],
+        deadline: Instant,
         weight: impl Fn(usize) -> usize,
         call: F,
     ) -> Result<Vec<Result<ObjectReply, ClientError>>, ClientError>
@@ -959,7 +1077,7 @@ impl Client {
     {
         let mut results: Vec<Option<Result<ObjectReply, ClientError>>> =
             keys.iter().map(|_| None).collect();
-        let mut retry = self.retry();
+        let mut retry = self.retry_until(deadline);
         let mut pending: Vec<usize> = (0..keys.len()).collect();
         // The owner of the last objects that had to be tried again: a timeout says what
         // the cluster knows of it.
@@ -1093,43 +1211,85 @@ impl Client {
     }
 }
 
-/// Renews the lease of the client behind `inner` (of length `lease`) every third of it,
-/// until the client is dropped or told its lease expired (then its writes are refused
-/// by the masters, which the operations report as [`ClientError::LeaseExpired`]). A
-/// renewal that fails is tried again a second later.
-async fn renew_lease(inner: std::sync::Weak<Inner>, lease: Duration) {
-    let interval = (lease / 3).max(Duration::from_millis(10));
-    let mut next = interval;
+/// Keeps the client behind `inner` an id with a lease (first `lease` long): renews it
+/// every third of its length, and once it expired — the coordinators say so to a
+/// renewal, or an operation was refused `ClientLeaseExpired` by a master and woke this
+/// task through `lease_lost` — opens a new id and numbers the operations after under it
+/// (module doc, "Client lease"). A renewal or an open that fails is tried again within a
+/// second. Ends when the client is dropped.
+async fn keep_identity(inner: std::sync::Weak<Inner>, lease: Duration, lease_lost: Arc<Notify>) {
+    let mut lease = lease;
+    let mut next = renew_interval(lease);
     loop {
-        tokio::time::sleep(next).await;
+        tokio::select! {
+            () = tokio::time::sleep(next) => {}
+            () = lease_lost.notified() => {}
+        }
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let client = inner.tracker.client();
-        let request = RenewClientLeaseRequest { client };
-        let deadline = Instant::now() + interval.min(LEASE_RENEW_TIMEOUT);
-        next = match inner
+        let tracker = Arc::clone(&inner.identity.borrow());
+        let client = tracker.client();
+        if !tracker.is_expired() {
+            let request = RenewClientLeaseRequest { client };
+            let deadline = Instant::now() + renew_interval(lease).min(LEASE_RENEW_TIMEOUT);
+            match inner
+                .coordinators
+                .call::<RenewClientLease>(&inner.pool, &request, deadline)
+                .await
+            {
+                Ok(reply) => {
+                    lease = Duration::from_millis(u64::from(reply.lease_ms));
+                    next = renew_interval(lease);
+                    continue;
+                }
+                Err(CoordinatorCallError::Rpc(RpcError::Status {
+                    status: Status::ClientLeaseExpired,
+                    detail,
+                    ..
+                })) => {
+                    tracing::warn!(%client, %detail, "client lease expired; opening a new client id");
+                    tracker.expire();
+                }
+                Err(error) => {
+                    tracing::debug!(%client, %error, "client lease not renewed; trying again");
+                    next = renew_interval(lease).min(LEASE_RETRY_PAUSE);
+                    continue;
+                }
+            }
+        }
+        let deadline = Instant::now() + LEASE_RENEW_TIMEOUT;
+        match inner
             .coordinators
-            .call::<RenewClientLease>(&inner.pool, &request, deadline)
+            .call::<OpenClient>(&inner.pool, &OpenClientRequest {}, deadline)
             .await
         {
-            Ok(reply) => (Duration::from_millis(u64::from(reply.lease_ms)) / 3)
-                .max(Duration::from_millis(10)),
-            Err(CoordinatorCallError::Rpc(RpcError::Status {
-                status: Status::ClientLeaseExpired,
-                detail,
-                ..
-            })) => {
-                tracing::warn!(%client, %detail, "client lease expired: writes are refused; connect a new client");
-                return;
+            Ok(opened) => {
+                tracing::warn!(
+                    expired = %client,
+                    new = %opened.client,
+                    "client lease expired; writes go on under a new client id"
+                );
+                inner.identity.send_replace(Tracker::new(opened.client));
+                lease = Duration::from_millis(u64::from(opened.lease_ms));
+                next = renew_interval(lease);
             }
             Err(error) => {
-                tracing::debug!(%client, %error, "client lease not renewed; trying again");
-                interval.min(Duration::from_secs(1))
+                tracing::debug!(expired = %client, %error, "no new client id yet; trying again");
+                next = renew_interval(lease).min(LEASE_RETRY_PAUSE);
             }
-        };
+        }
     }
 }
+
+/// How often a lease of length `lease` is renewed: three times per lease, so that two
+/// renewals may fail before it runs out.
+fn renew_interval(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(10))
+}
+
+/// Pause before a renewal or an open that failed is tried again.
+const LEASE_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// Deadline of one lease renewal.
 const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
@@ -1214,35 +1374,40 @@ impl Enumeration {
         while let Some(resume) = self.next_hash {
             let client = &self.client;
             let (objects, next) = client
-                .on_hash(self.table, resume, |addr, tablet_end, deadline| {
-                    let request = EnumerateRequest {
-                        table: self.table,
-                        resume_hash: resume,
-                        end_hash: tablet_end,
-                        max_bytes: ENUMERATE_PAGE_BYTES,
-                    };
-                    async move {
-                        match client
-                            .inner
-                            .pool
-                            .call::<Enumerate>(&addr, &request, deadline)
-                            .await
-                        {
-                            Ok(page) => {
-                                let next = match page.next_hash {
-                                    Some(next) => Some(next),
-                                    None => tablet_end.checked_add(1),
-                                };
-                                Ok(Attempt::Done(Ok((page.objects, next))))
+                .on_hash(
+                    self.table,
+                    resume,
+                    client.deadline(),
+                    |addr, tablet_end, deadline| {
+                        let request = EnumerateRequest {
+                            table: self.table,
+                            resume_hash: resume,
+                            end_hash: tablet_end,
+                            max_bytes: ENUMERATE_PAGE_BYTES,
+                        };
+                        async move {
+                            match client
+                                .inner
+                                .pool
+                                .call::<Enumerate>(&addr, &request, deadline)
+                                .await
+                            {
+                                Ok(page) => {
+                                    let next = match page.next_hash {
+                                        Some(next) => Some(next),
+                                        None => tablet_end.checked_add(1),
+                                    };
+                                    Ok(Attempt::Done(Ok((page.objects, next))))
+                                }
+                                Err(RpcError::Status {
+                                    status: Status::UnknownTablet,
+                                    ..
+                                }) => Ok(Attempt::Reroute(format!("{addr}: unknown tablet"))),
+                                Err(e) => Err(e),
                             }
-                            Err(RpcError::Status {
-                                status: Status::UnknownTablet,
-                                ..
-                            }) => Ok(Attempt::Reroute(format!("{addr}: unknown tablet"))),
-                            Err(e) => Err(e),
                         }
-                    }
-                })
+                    },
+                )
                 .await?;
             self.next_hash = next;
             if !objects.is_empty() {
@@ -1265,7 +1430,7 @@ impl Enumeration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rampart_common::protocol::coordinator::OpenClientReply;
+    use rampart_common::protocol::coordinator::{OpenClientReply, RenewClientLeaseReply};
     use rampart_common::rpc::server::HandleFuture;
     use rampart_common::rpc::{Opcode, Reply, RpcServer, Service};
     use rampart_common::tablet::{
@@ -1480,4 +1645,195 @@ mod tests {
 
     use crate::failure_reporter::FAILURE_REPORT_INTERVAL;
     const FAILURE_REPORT_INTERVAL_MS: u128 = FAILURE_REPORT_INTERVAL.as_millis();
+
+    /// Client ids whose lease expired, as the coordinators and masters know them.
+    type Expired = Arc<parking_lot::Mutex<std::collections::HashSet<ClientId>>>;
+
+    /// A coordinator that numbers the clients it opens from 1, and renews their leases
+    /// (`lease_ms` long) until they are in `expired`.
+    #[derive(Debug)]
+    struct LeasingCoordinator {
+        map: TabletMap,
+        lease_ms: u32,
+        opened: std::sync::atomic::AtomicU64,
+        expired: Expired,
+    }
+
+    impl Service for LeasingCoordinator {
+        fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
+            let reply = match opcode {
+                GetTabletMap::OPCODE => Reply::ok(&self.map),
+                OpenClient::OPCODE => {
+                    let opened = self
+                        .opened
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Reply::ok(&OpenClientReply {
+                        client: ClientId(opened + 1),
+                        lease_ms: self.lease_ms,
+                    })
+                }
+                RenewClientLease::OPCODE => {
+                    match Reply::decode::<RenewClientLeaseRequest>(payload) {
+                        Ok(request) if self.expired.lock().contains(&request.client) => {
+                            Reply::error(Status::ClientLeaseExpired, "did not renew")
+                        }
+                        Ok(_) => Reply::ok(&RenewClientLeaseReply {
+                            lease_ms: self.lease_ms,
+                        }),
+                        Err(reply) => reply,
+                    }
+                }
+                ReportFailure::OPCODE => Reply::ok(&()),
+                _ => Reply::error(Status::UnknownOpcode, "leasing coordinator"),
+            };
+            Box::pin(async move { reply })
+        }
+    }
+
+    /// A master that refuses the writes of clients in `expired` (`ClientLeaseExpired`),
+    /// answers `Retry` to writes of key `slow` (as when the record of an earlier write
+    /// is being recovered), applies the others, and logs every write it is sent.
+    #[derive(Debug)]
+    struct LeaseCheckingMaster {
+        expired: Expired,
+        sent: parking_lot::Mutex<Vec<(Bytes, Rifl)>>,
+    }
+
+    impl LeaseCheckingMaster {
+        /// The identities of the writes of `key` it was sent, in order.
+        fn sent_of(&self, key: &[u8]) -> Vec<Rifl> {
+            let sent = self.sent.lock();
+            sent.iter()
+                .filter(|(k, _)| &k[..] == key)
+                .map(|(_, rifl)| *rifl)
+                .collect()
+        }
+    }
+
+    impl Service for LeaseCheckingMaster {
+        fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
+            let reply = match opcode {
+                Write::OPCODE => match Reply::decode::<WriteRequest>(payload) {
+                    Ok(request) => {
+                        let mut sent = self.sent.lock();
+                        sent.push((request.key.clone(), request.rifl));
+                        if self.expired.lock().contains(&request.rifl.client) {
+                            Reply::error(Status::ClientLeaseExpired, "open a new client")
+                        } else if &request.key[..] == b"slow" {
+                            Reply::ok(&WriteReply {
+                                status: Status::Retry,
+                                version: Version(0),
+                            })
+                        } else {
+                            Reply::ok(&WriteReply {
+                                status: Status::Ok,
+                                version: Version(sent.len() as u64),
+                            })
+                        }
+                    }
+                    Err(reply) => reply,
+                },
+                _ => Reply::error(Status::UnknownOpcode, "lease-checking master"),
+            };
+            Box::pin(async move { reply })
+        }
+    }
+
+    /// A lease-checking master and a leasing coordinator (leases `lease_ms` long) over
+    /// `expired`, and a client of them whose operations end after 5 s.
+    async fn leased_client(lease_ms: u32) -> (Expired, Arc<LeaseCheckingMaster>, Client) {
+        let expired = Expired::default();
+        let master = Arc::new(LeaseCheckingMaster {
+            expired: Arc::clone(&expired),
+            sent: parking_lot::Mutex::new(Vec::new()),
+        });
+        let coordinator = serve(Arc::new(LeasingCoordinator {
+            map: one_master_map(TableId(1), serve(Arc::clone(&master)).await),
+            lease_ms,
+            opened: std::sync::atomic::AtomicU64::new(0),
+            expired: Arc::clone(&expired),
+        }))
+        .await;
+        let options = ClientOptions {
+            deadline: Duration::from_secs(5),
+            ..ClientOptions::default()
+        };
+        let client = Client::connect_with(&[coordinator], options)
+            .await
+            .expect("connect");
+        (expired, master, client)
+    }
+
+    #[tokio::test]
+    async fn a_write_refused_for_an_expired_lease_ends_unknown_and_later_ones_use_a_new_id() {
+        // Leases far longer than the test: the expiry is learned from the master.
+        let (expired, master, client) = leased_client(60_000).await;
+        let table = TableId(1);
+        assert_eq!(client.id(), ClientId(1));
+        client
+            .write(table, b"before", b"v")
+            .await
+            .expect("under the first id");
+        // A write in flight, tried again and again, when the lease expires.
+        let slow = {
+            let client = client.clone();
+            tokio::spawn(async move { client.write(table, b"slow", b"v").await })
+        };
+        while master.sent_of(b"slow").is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        expired.lock().insert(ClientId(1));
+        let error = slow
+            .await
+            .expect("the task ends")
+            .expect_err("refused under an expired id");
+        assert!(matches!(error, ClientError::LeaseExpired(_)), "{error:?}");
+        assert!(error.outcome_unknown(), "{error}");
+        // The next write goes on under a new id.
+        client
+            .write(table, b"after", b"v")
+            .await
+            .expect("under a new id");
+        assert_eq!(client.id(), ClientId(2));
+        let after = master.sent_of(b"after");
+        assert_eq!(
+            after,
+            [Rifl {
+                client: ClientId(2),
+                seq: 1,
+                ack: 0
+            }]
+        );
+        // The write in flight was sent under its own identity only: never under the new
+        // id, where it would have been a second write.
+        let slow = master.sent_of(b"slow");
+        assert!(slow.len() >= 2, "{slow:?}");
+        assert!(slow.iter().all(|rifl| *rifl == slow[0]), "{slow:?}");
+        assert_eq!(slow[0].client, ClientId(1));
+    }
+
+    #[tokio::test]
+    async fn a_renewal_told_the_lease_expired_opens_a_new_id_for_the_writes_after() {
+        // Renewed every 50 ms; the coordinators expire the first id (the client was cut
+        // off, say) and say so to its next renewal.
+        let (expired, master, client) = leased_client(150).await;
+        let table = TableId(1);
+        client
+            .write(table, b"before", b"v")
+            .await
+            .expect("under the first id");
+        expired.lock().insert(ClientId(1));
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while client.id() == ClientId(1) {
+            assert!(Instant::now() < deadline, "no new id opened");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(client.id(), ClientId(2));
+        client
+            .write(table, b"after", b"v")
+            .await
+            .expect("under the new id");
+        assert_eq!(master.sent_of(b"before")[0].client, ClientId(1));
+        assert_eq!(master.sent_of(b"after")[0].client, ClientId(2));
+    }
 }

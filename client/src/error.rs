@@ -34,7 +34,8 @@ pub enum ClientError {
     /// The deadline passed while the operation was being retried. A write, remove or
     /// increment may or may not have applied (once at most: its retries carry its
     /// exactly-once identity); with [`ClientError::LeaseExpired`], the only errors that
-    /// leave the outcome unknown.
+    /// leave the outcome unknown ([`ClientError::outcome_unknown`]). With `attempts` 0
+    /// it was never sent: it waited for its number (`crate::tracker`, "Limits").
     #[error("timed out after {attempts} attempts: {last}")]
     Timeout {
         /// How often it was tried.
@@ -49,15 +50,28 @@ pub enum ClientError {
     /// A server answered something the client does not expect.
     #[error("server error: {0}")]
     Server(String),
-    /// This client's lease expired: it could not renew it for
-    /// `rampart_common::rifl::CLIENT_LEASE` (cut off from the coordinators, or paused),
-    /// so masters no longer execute its writes. Like [`ClientError::Timeout`], a write
-    /// tried before may or may not have applied (once at most). Connect a new client.
-    #[error("client lease expired: {0}; connect a new client")]
+    /// The client's lease expired while the operation was in flight: it could not renew
+    /// it for `rampart_common::rifl::CLIENT_LEASE` (cut off from the coordinators, or
+    /// paused), so masters no longer execute writes under its id. Like
+    /// [`ClientError::Timeout`], the write may or may not have applied (once at most);
+    /// it is not sent again. The client goes on under a new id: later operations need
+    /// no new client.
+    #[error("client lease expired: {0}; the operation may or may not have applied")]
     LeaseExpired(String),
 }
 
 impl ClientError {
+    /// Whether a write, remove or increment that failed with this may still have
+    /// applied (once at most): [`ClientError::Timeout`] after an attempt, and
+    /// [`ClientError::LeaseExpired`].
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            ClientError::Timeout { attempts, .. } => *attempts > 0,
+            ClientError::LeaseExpired(_) => true,
+            _ => false,
+        }
+    }
+
     pub(crate) fn from_status(status: Status, current: Version, detail: String) -> ClientError {
         match status {
             s if s.is_rejection() => ClientError::Rejected { status: s, current },

@@ -2,13 +2,13 @@
 //!
 //! * [`client`] — [`Client`]: tables, reads, writes, removes, increments, multi-ops
 //!   and enumeration, with retries through tablet moves and coordinator leader changes
-//!   until a deadline.
+//!   until a deadline; a new client id when the lease of the last expired.
 //! * [`error`] — [`ClientError`].
 //! * [`failure_reporter`] — which unreachable masters the client reports to the
 //!   coordinator, at most once per server per 500 ms.
 //! * [`tablet_map`] — the cached tablet map used for routing.
 //! * [`tracker`] — the client's id and the numbers of its writes, which make retries
-//!   exactly-once.
+//!   exactly-once, kept within what masters keep records of.
 //!
 //! # Example
 //! Against a cluster started with `cargo run --release -p rampart-ops -- cluster up`,

@@ -35,6 +35,11 @@
 //!   the answer says), so no retry is executed again after its record was dropped: an
 //!   expired client is answered `ClientLeaseExpired` and must open a new id.
 //!
+//! * **Limit.** A master keeps at most [`RECORDS_PER_CLIENT_MAX`] records of a client
+//!   above its acknowledgement. A client keeps every number it sends within that many of
+//!   the `ack` it sends with it, so one slow operation holding the acknowledgement back
+//!   makes the client wait before it numbers more, rather than every master refuse it.
+//!
 //! A `Rifl` whose client is 0 ([`Rifl::NONE`]) asks for nothing: the operation runs
 //! every time it arrives (masters driven directly by benchmarks and tests).
 
@@ -47,6 +52,14 @@ use std::time::Duration;
 /// collection keeps its identity; short enough that the records of clients that are
 /// gone leave within a minute.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(30);
+
+/// Most completion records one master keeps for one client above the client's
+/// acknowledgement. A client's records there are of operations numbered above its `ack`
+/// and at most its highest number, so a client that never numbers an operation more than
+/// this far above the `ack` it sends with it stays within the limit on every master
+/// (`rampart_client::tracker` waits for that). A master at the limit answers `Retry`:
+/// the records leave as the client's acknowledgement advances.
+pub const RECORDS_PER_CLIENT_MAX: usize = 8192;
 
 /// The exactly-once identity of one write-type operation, and the client's
 /// acknowledgement. See the module doc.

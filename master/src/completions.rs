@@ -17,10 +17,11 @@
 //!
 //! A client may have at most [`RECORDS_PER_CLIENT_MAX`] records here: more means it
 //! sends operations far past its acknowledgements, which the client library never does
-//! (it keeps fewer operations in flight). A client that leaves for good keeps its last
-//! records and acknowledgement until its lease expires ([`Completions::forget_client`],
-//! driven by `crate::client_leases`): at most that many records, and one
-//! acknowledgement, per client seen within a lease and a sweep (about 45 s).
+//! (it numbers no operation that far above the acknowledgement it sends). A client that
+//! leaves for good keeps its last records and acknowledgement until its lease expires
+//! ([`Completions::forget_client`], driven by `crate::client_leases`): at most that
+//! many records, and one acknowledgement, per client seen within a lease and a sweep
+//! (about 45 s).
 
 use rampart_common::ids::{ClientId, KeyHash, TableId, Version};
 use rampart_common::log::CompletionEntry;
@@ -28,10 +29,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::object_index::LogRef;
 
-/// Most completion records one client may have on one master. The client library
-/// keeps fewer of its operations in flight (`rampart_client`), so only a client that
-/// breaks the protocol meets it.
-pub const RECORDS_PER_CLIENT_MAX: usize = 8192;
+/// Most completion records one client may have on one master; shared with the client
+/// library, which never numbers an operation further above its acknowledgement, so only
+/// a client that breaks the protocol meets it (and is answered `Retry`).
+pub use rampart_common::rifl::RECORDS_PER_CLIENT_MAX;
 
 /// One completed operation, as a retry of it is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

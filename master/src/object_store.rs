@@ -624,8 +624,11 @@ impl ObjectStore {
                 && self.completions.records_above(rifl.client, ack) + in_batch
                     >= RECORDS_PER_CLIENT_MAX
             {
-                // Far more operations in flight than any client library keeps.
-                return OpOutcome::failed(Status::InvalidArgument, Version(0));
+                // Numbered further above its acknowledgement than the client library
+                // ever numbers (`rampart_common::rifl::RECORDS_PER_CLIENT_MAX`). Not an
+                // invalid request: the records leave as the acknowledgement advances,
+                // so the client waits and sends it again, with the same identity.
+                return OpOutcome::failed(Status::Retry, Version(0));
             }
         }
         let current = self.current(batch, table, hash, key);
