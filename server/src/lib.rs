@@ -9,6 +9,8 @@
 //! # Modules
 //! * [`config`]: [`StorageServerConfig`], validated once, and the backup's frame bound.
 //! * [`storage_server`]: [`StorageServer`], start-up order, serving and the stop order.
+//! * [`backup_stop`]: what a graceful stop does with the backup's frames: sealed,
+//!   written to the store, and the frame file removed unless a cold start needs it.
 //! * [`children`]: the background tasks (lease renewer, tablet sync, version reserver,
 //!   failure detector, will uploader, soft-NIC), started and stopped together.
 //! * [`metrics`]: [`metrics::StorageMetrics`], the server's Prometheus metrics, read
@@ -22,8 +24,10 @@
 //! touched, port listened on, enlisted, children started → `run(shutdown)`: every RPC goes through
 //! [`StorageService`] to `rampart_master::MasterService` (reads, writes through the
 //! master's appender and replicator to R backups) or `rampart_backup::BackupService` →
-//! at shutdown, children stopped, open frames flushed, backup runtime drained.
+//! at shutdown, listener closed, then children stopped beside the backup: its runtime
+//! drained, its frames sealed and written to its store, its frame file removed.
 
+pub mod backup_stop;
 pub mod children;
 pub mod config;
 pub mod enlistment;

@@ -4,7 +4,8 @@
 //! data directory (the default frame file is named by its canonical path), binds the RPC
 //! port without listening on it, measures the disk unless told its speed, opens the
 //! backup's store and frame file (frames a killed backup left are stored as open
-//! replicas; frame files of vanished data directories are removed), allocates and
+//! replicas; frame files that no live backup holds and no restart will read — their data
+//! directory gone, or no frame held — are removed), allocates and
 //! touches the master's log memory, listens on the RPC port and binds the soft-NIC
 //! beside it, and only then enlists: from its enlistment on, a server must answer pings,
 //! so everything slow comes first. It then builds the master and starts the server's
@@ -19,10 +20,13 @@
 //!
 //! [`StorageServer::run`] serves until the shutdown future completes or the master
 //! cannot go on (fenced, or declared crashed by the coordinator: its lease renewal was
-//! refused), then stops in order: the listener, the children, a flush of the backup's
-//! open frames to its store (the frame file is memory; a restarted backup still reports
-//! what they held even if it is lost meanwhile), and last the backup runtime, waiting for
-//! its close jobs' disk writes.
+//! refused), then stops: first the listener; then, side by side, the children and the
+//! backup — its runtime (waiting for the disk reads and writes of its requests), then
+//! [`backup_stop::stop`]: the frames sealed, the open ones written to the store, and
+//! the frame file removed unless a cold start of the data directory would still read
+//! something back from it. So a server stopped gracefully leaves nothing in `/dev/shm`
+//! (a killed one leaves its file for the restart, or for a start-up sweep once its data
+//! directory is gone).
 //!
 //! Between `start` and `run` the server is enlisted but not serving: call `run` at once
 //! (the failure detectors of other servers report a server that does not answer pings).
@@ -49,6 +53,7 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::{Handle, Runtime};
 
+use crate::backup_stop::{self, BackupStop};
 use crate::children::ServerChildren;
 use crate::config::{
     advertised_addr, frames_for_disk, host_of, ConfigError, StorageServerConfig, BACKUP_THREADS,
@@ -418,15 +423,29 @@ impl StorageServer {
             let _ = stopped_tx.send(stop.await);
         })
         .await;
-        if !children.stop().await {
+        // The soft-NIC is aborted here, the other children drain meanwhile: the backup
+        // needs none of them, and a stop that outlasts its parent's patience (`rampart
+        // cluster up` kills after 3 s) leaves its frame file behind.
+        let children_stopped = children.stop();
+        let backup_stopped = async move {
+            // No backup request runs after this: the runtime and its tasks are gone.
+            backup_runtime.stop().await;
+            tokio::task::spawn_blocking(move || backup_stop::stop(&backup)).await
+        };
+        let (drained, backup_stopped) = tokio::join!(children_stopped, backup_stopped);
+        if !drained {
             tracing::warn!(%id, "background tasks did not stop in time; aborted");
         }
-        // The frame file goes with this process: keep what its open frames hold.
-        match tokio::task::spawn_blocking(move || backup.flush_open_frames()).await {
-            Ok(flushed) => tracing::info!(%id, flushed, "open frames written to the store"),
+        match backup_stopped {
+            Ok(BackupStop::Removed { flushed }) => {
+                tracing::info!(%id, flushed, "open frames written to the store; frame file removed");
+            }
+            Ok(BackupStop::Kept { flushed, reason }) => tracing::warn!(
+                %id, flushed, %reason,
+                "frame file kept for the restart on this data directory"
+            ),
             Err(error) => tracing::warn!(%id, %error, "open frames not written to the store"),
         }
-        backup_runtime.stop().await;
         match stopped_rx.await {
             Ok(Stopped::MasterFailed(reason)) => {
                 tracing::error!(%id, %reason, "server stopped: its master cannot go on");
@@ -465,8 +484,9 @@ async fn open_backup(
         let (data_dir, frame_file) = (data_dir.clone(), frame_file.clone());
         blocking(move || {
             // Frame files of backups killed with SIGKILL stay behind for the backup
-            // restarted on the same data directory; remove those whose data directory
-            // is gone.
+            // restarted on the same data directory; remove those no restart will read
+            // (`remove_stale_frame_files`: data directory gone, no frame held, a
+            // creation cut short).
             if let Some(dir) = frame_file.parent() {
                 let removed = remove_stale_frame_files(
                     dir,

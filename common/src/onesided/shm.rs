@@ -35,7 +35,7 @@
 //! | offset | size | field |
 //! |--------|------|-------|
 //! | 0      | 8    | fence word, `AtomicU64`: 0 open, non-zero fenced |
-//! | 8      | 8    | owner, `AtomicU64`: the handle of the frame the slot holds, 0 free |
+//! | 8      | 8    | owner, `AtomicU64`: the handle of the frame the slot holds, 0 free, [`SEALED_OWNER`] sealed |
 //! | 16     | 8    | the frame's master (server id) |
 //! | 24     | 8    | the frame's segment id |
 //! | 32     | 8    | the frame's epoch |
@@ -116,12 +116,52 @@
 //!   (DESIGN.md §5): dropping a [`FrameFile`] removes it only when no slot is held (else
 //!   it keeps the file, giving the free slots' memory back to the kernel), and a killed
 //!   backup's file stays, all of its memory with it, until the backup restarts on its
-//!   data directory or a start-up sweep finds that directory gone. The backup restarted on the same data directory reads
+//!   data directory or a start-up sweep finds that directory gone (next section). The
+//!   backup restarted on the same data directory reads
 //!   it back ([`FrameFile::read_back`], under the file's lock), stores what the held
 //!   slots hold, and only then replaces the file. A host that loses power loses the
 //!   file (it lives in memory, `/dev/shm`): only what was flushed to the store survives.
 //! * [`FrameFile::create`] takes an exclusive `flock` on its file and refuses a path
 //!   whose file another live backup holds.
+//!
+//! # A file outlives its backup only while a cold start needs it
+//! A frame file is 512 MiB of memory by default, resident in `/dev/shm` until removed,
+//! so every way a backup ends must leave the file only when a backup restarted on the
+//! same data directory would read something back from it — that is, when a slot is
+//! *held* (owner word non-zero: [`FrameFile::read_back`] reads those and nothing else).
+//! * **A graceful stop** ([`SealedFrames`]): once the backup takes no more requests, its
+//!   server *seals* every held slot (owner word := [`SEALED_OWNER`], then a SeqCst
+//!   fence), writes every open frame to its store, and, if all of them were written,
+//!   *releases* the sealed slots (owner 0) and removes the file. Sealing is what makes
+//!   the flush final: a writer — a master in another process, or the backup's own — whose
+//!   check after its copy sees the sealed owner reports [`FrameWriteError::FrameGone`]
+//!   and never acknowledges (the Dekker pair of the write protocol, with the owner word
+//!   in the fence word's place), and one whose check came first wrote before the seal,
+//!   visible to the flush's scan. Without the seal, a master's shared-memory write
+//!   acknowledged between the flush and the process's exit (its check is that the
+//!   backup's process still runs) would be in the frame file only, and lost with it. A
+//!   sealed slot stays held: if anything could not be written, the file stays and the
+//!   restarted backup reads the sealed slots back like any killed backup's. So does a
+//!   file that masters may write into by RDMA: the NIC places and acknowledges those
+//!   writes without looking at the owner word, so no seal stops them.
+//!   A sealed slot is not fenced, so a master writing to it learns only that the backup
+//!   is gone (it asks the backup, which no longer answers) and re-creates the replica
+//!   elsewhere, as after any backup crash; a fence would have stopped that master.
+//! * **A kill** leaves the file with its held slots, for the restart.
+//! * **A start-up sweep** ([`remove_stale_frame_files`], run by every server starting on
+//!   the host) removes a file no live backup holds (its `flock` is free) whose data
+//!   directory is gone, or which holds no frame (a graceful stop killed between its
+//!   release and the removal, a backup killed with no frame open), and the temporary
+//!   file of a [`FrameFile::create`] whose process died. A killed backup's file whose
+//!   data directory still exists and whose slots are held is never removed: the cold
+//!   start of that directory needs it, however long that takes. "Not locked by a live
+//!   backup" alone is not enough to remove a file — a killed backup's is not locked
+//!   either. The file's own header names its owner (the tag: the data directory's
+//!   identity and path, written before the file has its name), so no side file can
+//!   disagree with it. The sweep decides under the file's `flock` and removes only the
+//!   file it locked: a running backup holds that lock from before its file has a name
+//!   (the temporary file, named with its creator's pid) to its exit, so a backup
+//!   starting beside the sweep never loses its file to it.
 //!
 //! Cost: a write is two `memcpy`s and two fences (≈ 100 µs per MiB at memory speed, ≈ 50
 //! ns for a small batch); the backup's CPU does nothing.
@@ -169,6 +209,12 @@ const EPOCH_WORD_OFFSET: u64 = 32;
 const CAPACITY_WORD_OFFSET: u64 = 40;
 /// The fenced length plus one; 0 while none was recorded.
 const FENCED_LENGTH_WORD_OFFSET: u64 = 48;
+
+/// The owner word of a *sealed* slot ([`SealedFrames`]): held, so a backup restarted on
+/// the file reads it back, but by no frame, so every write to it fails its owner check.
+/// No frame has this handle: backups draw their first handle below 2^62 and count up by
+/// one (and [`FrameFile::assign`] refuses it).
+pub const SEALED_OWNER: FrameHandle = FrameHandle(u64::MAX);
 
 /// The unit in which a master's mapping is populated ahead of its writes (module doc).
 pub const POPULATE_CHUNK_BYTES: u64 = 2 << 20;
@@ -755,6 +801,7 @@ impl FrameFile {
     /// only if `zero`.
     fn hand_over(&self, slot: usize, owner: FrameHandle, label: SlotLabel, zero: bool) {
         assert_ne!(owner.0, 0, "owner 0 marks a free slot");
+        assert_ne!(owner, SEALED_OWNER, "SEALED_OWNER marks a sealed slot");
         let _exclusive = self.slot_lock(slot).write();
         self.owner_word(slot).store(0, Ordering::SeqCst);
         if zero {
@@ -910,8 +957,8 @@ impl FrameFile {
         self.fence_word(slot).load(Ordering::SeqCst) != 0
     }
 
-    /// The handle of the frame slot `slot` holds; `None` when free (owner word 0).
-    /// Panics if `slot ≥ slots`.
+    /// The handle of the frame slot `slot` holds; `None` when free (owner word 0),
+    /// [`SEALED_OWNER`] when sealed. Panics if `slot ≥ slots`.
     pub fn owner(&self, slot: usize) -> Option<FrameHandle> {
         match self.owner_word(slot).load(Ordering::SeqCst) {
             0 => None,
@@ -998,9 +1045,137 @@ impl Drop for FrameFile {
             );
             return;
         }
+        // Only while the path still names this file: a graceful stop may have removed it
+        // already ([`SealedFrames::remove`]), and a path removed can be taken again by
+        // another backup's new file.
+        if !same_file(&self.file, &self.path) {
+            return;
+        }
         if let Err(error) = std::fs::remove_file(&self.path) {
             tracing::warn!(path = %self.path.display(), %error, "cannot remove the frame file");
         }
+    }
+}
+
+/// A graceful stop's hold on its backup's own frame file, by path: the file's held slots
+/// sealed, so that nothing written to them after [`SealedFrames::seal`] is ever
+/// acknowledged (module doc, "A file outlives its backup only while a cold start needs
+/// it"). The stopping server writes the open frames to its store, then either
+/// [`releases`](SealedFrames::release) the sealed slots and
+/// [`removes`](SealedFrames::remove) the file, or keeps it as it is for the restart.
+///
+/// It maps the file a second time (as a master does) rather than going through the
+/// backup's [`FrameFile`]: the server that stops holds the backup, not its file, and
+/// touches only the owner words, which every process accesses atomically.
+#[derive(Debug)]
+pub struct SealedFrames {
+    /// As given to [`SealedFrames::seal`].
+    path: PathBuf,
+    /// The file mapped, to tell it from another at the same path before removing it.
+    file: File,
+    map: Mapping,
+    header: FileHeader,
+    page_bytes: u64,
+    /// Slots held when sealed (each now [`SEALED_OWNER`] unless released since).
+    sealed: Vec<usize>,
+}
+
+impl SealedFrames {
+    /// Seals every held slot of the frame file at `path`: its owner word becomes
+    /// [`SEALED_OWNER`], then a SeqCst fence. From then on no write to those slots is
+    /// acknowledged by any writer that checks the owner word (`shm`, `rpc`, `tcp`; not
+    /// `rdma`, whose NIC does not), and every write acknowledged before is visible to a
+    /// read after this returns. Call it on the file of a backup that serves no more
+    /// requests (an open after this would hand out a slot unsealed). Errors are the
+    /// operating system's, or `InvalidData` for a file that is not a frame file of this
+    /// format.
+    pub fn seal(path: &Path) -> io::Result<SealedFrames> {
+        let (file, map) = map_whole_file(path, Populate::No)?;
+        let page = page_bytes();
+        let header = FileHeader::read(&file, page).map_err(|why| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("frame file {}: {why}", path.display()),
+            )
+        })?;
+        let mut frames = SealedFrames {
+            path: path.to_path_buf(),
+            file,
+            map,
+            header,
+            page_bytes: page,
+            sealed: Vec::new(),
+        };
+        let mut held = Vec::new();
+        for slot in 0..frames.header.slots {
+            let word = frames.owner_word(slot);
+            // The swap, not a store: a slot released meanwhile (a close ending) stays free.
+            let mut owner = word.load(Ordering::SeqCst);
+            while owner != 0 {
+                match word.compare_exchange(
+                    owner,
+                    SEALED_OWNER.0,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => {
+                        held.push(slot);
+                        break;
+                    }
+                    Err(now) => owner = now,
+                }
+            }
+        }
+        // Dekker with the writers' final check (module doc, "Write protocol", step 4):
+        // the owner words before this fence, the caller's reads of the data after it.
+        atomic::fence(Ordering::SeqCst);
+        frames.sealed = held;
+        Ok(frames)
+    }
+
+    /// The owner word of `slot`. `FileHeader::read` checked that the file, hence the
+    /// mapping, is as long as its slots.
+    fn owner_word(&self, slot: usize) -> &AtomicU64 {
+        let at = slot_offset(self.page_bytes, self.header.stride, slot) + OWNER_WORD_OFFSET;
+        self.map
+            .word(at)
+            .expect("every slot lies inside the mapping: the header matched the file's length")
+    }
+
+    /// How many slots were held when sealed.
+    pub fn count(&self) -> usize {
+        self.sealed.len()
+    }
+
+    /// Frees the sealed slots (owner word [`SEALED_OWNER`] → 0): call it once every
+    /// frame they held is in the store, and nothing else. A slot whose owner changed
+    /// since it was sealed is left as it is.
+    pub fn release(&self) {
+        for &slot in &self.sealed {
+            let _ = self.owner_word(slot).compare_exchange(
+                SEALED_OWNER.0,
+                0,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+        }
+    }
+
+    /// Whether any slot of the file is held (sealed or not): then a restarted backup
+    /// would read it back, and the file must stay.
+    pub fn holds_frames(&self) -> bool {
+        (0..self.header.slots).any(|slot| self.owner_word(slot).load(Ordering::SeqCst) != 0)
+    }
+
+    /// Removes the file if no slot is held and the path still names the file sealed;
+    /// whether it did. A master that still maps the file keeps its pages until it
+    /// unmaps them; its writes fail their owner check.
+    pub fn remove(self) -> io::Result<bool> {
+        if self.holds_frames() || !same_file(&self.file, &self.path) {
+            return Ok(false);
+        }
+        std::fs::remove_file(&self.path)?;
+        Ok(true)
     }
 }
 
@@ -1115,7 +1290,8 @@ pub struct LeftFrames {
 pub struct LeftSlot {
     /// Which slot.
     pub slot: usize,
-    /// The handle of the frame that held it.
+    /// The handle of the frame that held it, [`SEALED_OWNER`] if a graceful stop that
+    /// could not flush everything sealed it.
     pub owner: FrameHandle,
     /// What the frame was (its capacity clamped to the slot's).
     pub label: SlotLabel,
@@ -1239,15 +1415,23 @@ pub fn remove_default_frame_files_under(root: &Path) -> bool {
     is_dir
 }
 
-/// Removes the frame files in `dir` whose names start with `prefix` (temporary `.new`
-/// files excepted) that no live backup holds and no backup will read back: those whose
-/// tag `keep` refuses (the owner's data directory is gone), and those this format cannot
-/// read. A killed backup's file whose owner is still there is kept for the backup that
-/// restarts on it (module doc, "Frames outlive their backup"). A file is removed only
-/// while this call holds its `flock`, and only if the path still names the file locked
-/// (a backup may have renamed its new file over the path meanwhile), so a file whose
-/// backup runs is never touched. Returns the removed paths; errors on single files are
-/// skipped.
+/// Removes the frame files in `dir` whose names start with `prefix` that no live backup
+/// holds and no backup will read back (module doc, "A file outlives its backup only
+/// while a cold start needs it"):
+/// * those whose tag `keep` refuses (the owner's data directory is gone);
+/// * those that hold no frame (no slot's owner word is set: a restarted backup reads
+///   nothing back from them);
+/// * those this format cannot read;
+/// * the temporary files of [`FrameFile::create`] (`NAME.PID.new`) whose process `PID`
+///   is gone (killed while it created the file: nobody will rename it).
+///
+/// A killed backup's file that holds frames and whose owner is still there is kept for
+/// the backup that restarts on it, however long that takes: a free `flock` says only
+/// that no backup runs on the file, not that its frames are not needed. A file is
+/// removed only while this call holds its `flock`, and only if the path still names the
+/// file locked (a backup may have renamed its new file over the path meanwhile), so a
+/// file whose backup runs — or is being created — is never touched. Returns the removed
+/// paths; errors on single files are skipped (the file stays).
 pub fn remove_stale_frame_files(
     dir: &Path,
     prefix: &str,
@@ -1260,7 +1444,18 @@ pub fn remove_stale_frame_files(
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !name.starts_with(prefix) || name.contains('.') {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        let creator = match rest.split('.').collect::<Vec<_>>().as_slice() {
+            [_] => None,
+            [_, pid, "new"] => match pid.parse::<u32>() {
+                Ok(pid) => Some(pid),
+                Err(_) => continue,
+            },
+            _ => continue,
+        };
+        if creator.is_some_and(process_exists) {
             continue;
         }
         let path = entry.path();
@@ -1270,15 +1465,39 @@ pub fn remove_stale_frame_files(
         if lock_exclusive(&file, &path).is_err() {
             continue;
         }
-        let orphaned = match FileHeader::read(&file, page_bytes()) {
-            Ok(header) => !keep(&header.tag),
-            Err(_) => true,
-        };
+        let page = page_bytes();
+        let orphaned = creator.is_some()
+            || match FileHeader::read(&file, page) {
+                Ok(header) => !keep(&header.tag) || !holds_frames_at(&file, &header, page),
+                Err(_) => true,
+            };
         if orphaned && same_file(&file, &path) && std::fs::remove_file(&path).is_ok() {
             removed.push(path);
         }
     }
     removed
+}
+
+/// Whether any slot of the frame file `file` (of `header`) is held, read from its owner
+/// words without mapping it. Call it with the file's `flock` held and no backup on it: a
+/// master writes data, never owner words. A word that cannot be read counts as held.
+fn holds_frames_at(file: &File, header: &FileHeader, page: u64) -> bool {
+    (0..header.slots).any(|slot| {
+        let at = slot_offset(page, header.stride, slot) + OWNER_WORD_OFFSET;
+        let mut word = [0u8; 8];
+        file.read_exact_at(&mut word, at).is_err() || u64::from_ne_bytes(word) != 0
+    })
+}
+
+/// Whether process `pid` exists (in this PID namespace). A process of another user
+/// exists too (`EPERM`).
+fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let result = unsafe { libc::kill(pid, 0) };
+    result == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Opens the file at `path` read-write and maps all of it (`MAP_SHARED`); errors name
@@ -1933,6 +2152,34 @@ mod tests {
     /// acknowledged yet missed by the scan, and this test fails (checked by removing it).
     #[test]
     fn every_write_acknowledged_around_a_fence_is_seen_by_the_scan_after_it() {
+        writes_acknowledged_around_a_stop_are_seen_by_the_scan_after_it(
+            "fence",
+            |file| file.fence(0),
+            |error| matches!(error, FrameWriteError::Fenced),
+        );
+    }
+
+    #[test]
+    fn every_write_acknowledged_around_a_seal_is_seen_by_the_scan_after_it() {
+        writes_acknowledged_around_a_stop_are_seen_by_the_scan_after_it(
+            "seal",
+            |file| {
+                let sealed = SealedFrames::seal(file.path()).expect("seal");
+                assert_eq!(sealed.count(), 1);
+            },
+            |error| matches!(error, FrameWriteError::FrameGone),
+        );
+    }
+
+    /// Dekker's pattern of the write protocol: a writer fills a slot region by region
+    /// while `stop` (a fence or a seal) lands at a random point of its pass; every region
+    /// acknowledged must be seen by a scan after `stop`, and the writer stops at the first
+    /// refusal (`refused`).
+    fn writes_acknowledged_around_a_stop_are_seen_by_the_scan_after_it(
+        what: &str,
+        stop: impl Fn(&FrameFile) + Sync,
+        refused: impl Fn(&FrameWriteError) -> bool + Sync,
+    ) {
         // Few, large regions: a region's copy takes long against the scan of the tails,
         // so the fence often lands inside a copy and the scan gets there first.
         const REGION_BYTES: usize = 256 * 1024;
@@ -1951,7 +2198,7 @@ mod tests {
                 let offset = (region * REGION_BYTES) as u64;
                 match mapping.write(slot_offset, capacity, FrameHandle(owner), offset, pattern) {
                     Ok(()) => acked.push(region),
-                    Err(FrameWriteError::Fenced) => break,
+                    Err(error) if refused(&error) => break,
                     Err(error) => panic!("unexpected {error:?}"),
                 }
             }
@@ -1960,9 +2207,9 @@ mod tests {
         // fence lands uniformly inside it.
         let pass_nanos = (0..5)
             .map(|_| {
-                file.assign(0, FrameHandle(u64::MAX), label());
+                file.assign(0, FrameHandle(u64::MAX - 1), label());
                 let started = std::time::Instant::now();
-                write_all(u64::MAX, &mut Vec::new());
+                write_all(u64::MAX - 1, &mut Vec::new());
                 started.elapsed().as_nanos().max(1) as u64
             })
             .min()
@@ -1971,7 +2218,7 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos() as u64 | 1)
             .unwrap_or(1);
-        eprintln!("dekker seed {seed}, pass {pass_nanos} ns");
+        eprintln!("dekker ({what}) seed {seed}, pass {pass_nanos} ns");
         let mut rng = seed;
         let mut fenced_mid_pass = 0;
         for owner in 1..=ROUNDS {
@@ -1995,7 +2242,7 @@ mod tests {
                 while start.elapsed() < delay {
                     std::hint::spin_loop();
                 }
-                file.fence(0);
+                stop(&file);
                 // The scan: each region's tail (its commit marker), last region first,
                 // so it reaches a region still being copied as early as possible.
                 let base = slot_offset + SLOT_HEADER_BYTES;
@@ -2021,12 +2268,12 @@ mod tests {
                 assert!(
                     scan[region].iter().all(|&b| b == region as u8 + 1),
                     "round {owner} (seed {seed}): region {region} was acknowledged but \
-                     the scan after the fence saw {:?}",
+                     the scan after the {what} saw {:?}",
                     scan[region]
                 );
             }
         }
-        eprintln!("{fenced_mid_pass} of {ROUNDS} rounds fenced the writer mid-pass");
+        eprintln!("{fenced_mid_pass} of {ROUNDS} rounds stopped the writer mid-pass ({what})");
     }
 
     #[test]
@@ -2039,19 +2286,37 @@ mod tests {
             b"not a frame file of this format",
         )
         .expect("write");
-        // Killed backups' files: one whose data directory is there, one whose is gone.
+        // Files of stopped backups, each holding a frame when its backup went (so the
+        // drop keeps it, as a SIGKILL would): one whose data directory is there, one
+        // whose is gone, one whose frame a graceful stop sealed and could not flush, and
+        // one whose graceful stop released its sealed frame but did not get to remove
+        // the file: it holds no frame.
         let kept_tag = dir.path().to_str().expect("utf-8").to_string();
-        for (name, tag) in [("kept", kept_tag.as_str()), ("orphan", "/no/such/dir")] {
+        for (name, tag) in [
+            ("kept", kept_tag.as_str()),
+            ("orphan", "/no/such/dir"),
+            ("sealed", kept_tag.as_str()),
+            ("released", kept_tag.as_str()),
+        ] {
             let path = dir.path().join(format!("rampart-frames-{name}"));
-            let file = FrameFile::create(&path, 1, 4096, tag).expect("create");
+            let file = FrameFile::create(&path, 2, 4096, tag).expect("create");
             file.assign(0, FrameHandle(1), labelled(1, 1, 1, 4096));
+            let sealed = (name != "kept" && name != "orphan")
+                .then(|| SealedFrames::seal(&path).expect("seal"));
             drop(file);
+            if name == "released" {
+                sealed.expect("sealed").release();
+            }
         }
-        std::fs::write(
-            dir.path().join("rampart-frames-x.123.new"),
-            b"being created",
-        )
-        .expect("write");
+        // Temporary files of `create`: one whose process runs (this one), one whose
+        // process is gone.
+        let creating = format!("rampart-frames-x.{}.new", std::process::id());
+        std::fs::write(dir.path().join(&creating), b"being created").expect("write");
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead_pid = child.id();
+        child.wait().expect("wait");
+        let abandoned = format!("rampart-frames-y.{dead_pid}.new");
+        std::fs::write(dir.path().join(&abandoned), b"never renamed").expect("write");
         std::fs::write(dir.path().join("other"), b"not ours").expect("write");
         let mut removed =
             remove_stale_frame_files(dir.path(), "rampart-frames-", |tag| Path::new(tag).exists());
@@ -2060,12 +2325,90 @@ mod tests {
             removed,
             vec![
                 dir.path().join("rampart-frames-dead"),
-                dir.path().join("rampart-frames-orphan")
+                dir.path().join("rampart-frames-orphan"),
+                dir.path().join("rampart-frames-released"),
+                dir.path().join(&abandoned),
             ]
         );
         assert!(dir.path().join("rampart-frames-kept").exists());
+        assert!(dir.path().join("rampart-frames-sealed").exists());
         assert!(live.path().exists());
-        assert!(dir.path().join("rampart-frames-x.123.new").exists());
+        assert!(dir.path().join(&creating).exists());
         assert!(dir.path().join("other").exists());
+    }
+
+    #[test]
+    fn a_sealed_slot_refuses_every_writer_and_the_released_file_is_removed() {
+        let dir = TempDir::new().expect("tempdir");
+        let file = frame_file(&dir, 3, CAPACITY);
+        file.assign(0, FrameHandle(7), label());
+        file.assign(1, FrameHandle(8), labelled(1, 2, 1, CAPACITY));
+        file.assign(2, FrameHandle(9), labelled(1, 3, 1, CAPACITY));
+        file.release(2);
+        let mapping = ShmMapping::open(file.path()).expect("map");
+        let (at, capacity) = (file.slot_offset(0), file.slot_capacity());
+        mapping
+            .write(at, capacity, FrameHandle(7), 0, b"before")
+            .expect("an open frame takes writes");
+
+        let sealed = SealedFrames::seal(file.path()).expect("seal");
+        assert_eq!(sealed.count(), 2, "the held slots, not the free one");
+        assert!(
+            matches!(
+                mapping.write(at, capacity, FrameHandle(7), 6, b"after"),
+                Err(FrameWriteError::FrameGone)
+            ),
+            "a master's write after the seal"
+        );
+        assert!(
+            matches!(
+                file.write(1, FrameHandle(8), 0, b"after"),
+                Err(FrameWriteError::FrameGone)
+            ),
+            "the backup's own writer after the seal"
+        );
+        assert_eq!(&file.read(0, 6)[..], b"before");
+        assert!(sealed.holds_frames());
+
+        sealed.release();
+        assert!(!sealed.holds_frames());
+        let path = file.path().to_path_buf();
+        assert!(sealed.remove().expect("remove"), "nothing held: removed");
+        assert!(!path.exists());
+        // A new backup's file at the path outlives the old one's drop.
+        let next = FrameFile::create(&path, 1, CAPACITY, TAG).expect("create again");
+        drop(file);
+        assert!(path.exists(), "the old file's drop left the new one alone");
+        drop(next);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_sealed_file_not_released_stays_and_is_read_back_whole() {
+        let dir = TempDir::new().expect("tempdir");
+        let file = frame_file(&dir, 2, CAPACITY);
+        file.assign(1, FrameHandle(11), labelled(3, 4, 2, 1000));
+        file.write(1, FrameHandle(11), 0, b"segment four")
+            .expect("write");
+        let sealed = SealedFrames::seal(file.path()).expect("seal");
+        assert!(!sealed.remove().expect("remove"), "a held slot keeps it");
+        let path = file.path().to_path_buf();
+        drop(file);
+        assert!(path.exists(), "sealed frames are frames: the file stays");
+        let LeftBehind::Frames(left) = FrameFile::read_back(&path, TAG).expect("read") else {
+            panic!("our frames");
+        };
+        let held = left.held();
+        assert_eq!(
+            held,
+            vec![LeftSlot {
+                slot: 1,
+                owner: SEALED_OWNER,
+                label: labelled(3, 4, 2, 1000),
+                fenced: false,
+                fenced_length: None,
+            }]
+        );
+        assert_eq!(&left.read(&held[0])[..12], b"segment four");
     }
 }
