@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 
+use crate::glob::glob_match;
 use crate::resp::Reply;
 
 /// A `SET`'s condition.
@@ -48,6 +49,9 @@ pub enum Command {
     CommandCount,
     /// `INFO [section]`.
     Info,
+    /// `CONFIG GET pattern...`: the settings clients probe (`redis-benchmark` asks for
+    /// `save` and `appendonly`), answered by [`config_get`].
+    ConfigGet(Vec<Bytes>),
     /// `GET key`.
     Get(Bytes),
     /// `SET key value [NX|XX] [GET]`.
@@ -84,8 +88,8 @@ pub enum Command {
 
 /// Commands [`CommandCount`](Command::CommandCount) counts.
 pub const COMMANDS: &[&str] = &[
-    "PING", "ECHO", "QUIT", "AUTH", "SELECT", "CLIENT", "COMMAND", "INFO", "GET", "SET", "DEL",
-    "EXISTS", "INCR", "INCRBY", "DECR", "DECRBY", "MGET", "MSET", "SCAN",
+    "PING", "ECHO", "QUIT", "AUTH", "SELECT", "CLIENT", "COMMAND", "INFO", "CONFIG", "GET", "SET",
+    "DEL", "EXISTS", "INCR", "INCRBY", "DECR", "DECRBY", "MGET", "MSET", "SCAN",
 ];
 
 /// Keys a `SCAN` returns per call unless `COUNT` says otherwise.
@@ -171,6 +175,21 @@ pub fn parse(args: &[Bytes]) -> Result<Command, Reply> {
             _ => Ok(Command::CommandList),
         },
         "INFO" => Ok(Command::Info),
+        "CONFIG" => {
+            arity(!rest.is_empty())?;
+            let sub = String::from_utf8_lossy(&rest[0]).to_ascii_uppercase();
+            match sub.as_str() {
+                "GET" if rest.len() >= 2 => Ok(Command::ConfigGet(rest[1..].to_vec())),
+                "GET" => Err(Reply::err(
+                    "wrong number of arguments for 'config|get' command",
+                )),
+                _ => Err(Reply::err(format!(
+                    "unknown subcommand '{}' of CONFIG: only GET is served (the gateway's \
+                     settings are its command-line flags)",
+                    sub.to_ascii_lowercase()
+                ))),
+            }
+        }
         "GET" => {
             arity(rest.len() == 1)?;
             Ok(Command::Get(rest[0].clone()))
@@ -281,44 +300,19 @@ pub fn parse(args: &[Bytes]) -> Result<Command, Reply> {
     }
 }
 
-/// Whether `text` matches the glob `pattern` (`*`, `?`, `[abc]`, `[a-z]`, `[^a]`, `\x`),
-/// as Redis's `MATCH`.
-pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => text.is_empty(),
-        Some((b'*', rest)) => (0..=text.len()).any(|skip| glob_match(rest, &text[skip..])),
-        Some((b'?', rest)) => !text.is_empty() && glob_match(rest, &text[1..]),
-        Some((b'[', rest)) => {
-            let Some((&c, text_rest)) = text.split_first() else {
-                return false;
-            };
-            let (negate, body) = match rest.split_first() {
-                Some((b'^', body)) => (true, body),
-                _ => (false, rest),
-            };
-            let Some(close) = body.iter().position(|&b| b == b']') else {
-                // No closing bracket: a literal '['.
-                return c == b'[' && glob_match(rest, text_rest);
-            };
-            let class = &body[..close];
-            let mut hit = false;
-            let mut i = 0;
-            while i < class.len() {
-                if i + 2 < class.len() && class[i + 1] == b'-' {
-                    hit |= class[i] <= c && c <= class[i + 2];
-                    i += 3;
-                } else {
-                    hit |= class[i] == c;
-                    i += 1;
-                }
-            }
-            hit != negate && glob_match(&body[close + 1..], text_rest)
+/// `CONFIG GET`'s reply: the name and value of each of `settings` (lower-case names)
+/// that one of `patterns` matches (globs, case-insensitive, as Redis reads them), in
+/// `settings`' order, each once; an empty array when none does.
+pub fn config_get(patterns: &[Bytes], settings: &[(&str, String)]) -> Reply {
+    let patterns: Vec<Vec<u8>> = patterns.iter().map(|p| p.to_ascii_lowercase()).collect();
+    let mut pairs = Vec::new();
+    for (name, value) in settings {
+        if patterns.iter().any(|p| glob_match(p, name.as_bytes())) {
+            pairs.push(Reply::bulk(name.to_string()));
+            pairs.push(Reply::bulk(value.clone()));
         }
-        Some((b'\\', rest)) if !rest.is_empty() => {
-            text.first() == Some(&rest[0]) && glob_match(&rest[1..], &text[1..])
-        }
-        Some((&p, rest)) => text.first() == Some(&p) && glob_match(rest, &text[1..]),
     }
+    Reply::Array(Some(pairs))
 }
 
 #[cfg(test)]
@@ -407,18 +401,33 @@ mod tests {
         );
         assert_eq!(error(&["SCAN", "x"]), "ERR invalid cursor");
         assert_eq!(error(&["AUTH"]), "ERR syntax error");
+        assert!(error(&["CONFIG", "SET", "save", ""]).contains("only GET is served"));
+        assert!(error(&["CONFIG", "GET"]).contains("wrong number of arguments"));
     }
 
     #[test]
-    fn globs_match_as_redis_does() {
-        assert!(glob_match(b"user:*", b"user:42"));
-        assert!(!glob_match(b"user:*", b"users"));
-        assert!(glob_match(b"h?llo", b"hello"));
-        assert!(glob_match(b"h[ae]llo", b"hallo"));
-        assert!(!glob_match(b"h[^e]llo", b"hello"));
-        assert!(glob_match(b"k[0-9]", b"k7"));
-        assert!(glob_match(b"a\\*b", b"a*b"));
-        assert!(!glob_match(b"a\\*b", b"axb"));
-        assert!(glob_match(b"*", b""));
+    fn config_get_answers_pairs_for_known_names_and_nothing_for_others() {
+        let settings = [
+            ("save", String::new()),
+            ("appendonly", "no".to_string()),
+            ("databases", "1".to_string()),
+        ];
+        let config = |words: &[&str]| match parse(&args(words)) {
+            Ok(Command::ConfigGet(patterns)) => config_get(&patterns, &settings),
+            other => panic!("{words:?}: {other:?}"),
+        };
+        let pairs =
+            |p: &[&str]| Reply::Array(Some(p.iter().map(|w| Reply::bulk(w.to_string())).collect()));
+        // What redis-benchmark asks at start.
+        assert_eq!(config(&["CONFIG", "GET", "save"]), pairs(&["save", ""]));
+        assert_eq!(
+            config(&["config", "get", "APPENDONLY"]),
+            pairs(&["appendonly", "no"])
+        );
+        assert_eq!(config(&["CONFIG", "GET", "maxmemory"]), pairs(&[]));
+        assert_eq!(
+            config(&["CONFIG", "GET", "d*", "sav?", "s*"]),
+            pairs(&["save", "", "databases", "1"])
+        );
     }
 }

@@ -3,12 +3,20 @@
 //! Connects to the cluster through `--coordinator`, creates its table if missing
 //! (`--table`, over `--span` tablets), listens on `--listen` and prints `gateway
 //! listening on ADDR` (so a parent that asked for port 0 learns the port), then serves
-//! RESP until SIGINT or SIGTERM.
+//! RESP until SIGINT or SIGTERM. `--first-command-timeout-ms`,
+//! `--connections-per-peer-max`, `--idle-timeout-ms` and `--reply-bytes-pending-max`
+//! bound what one connection may hold (`rampart_gateway::ConnectionLimits`).
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use rampart_common::config::ByteSize;
+use rampart_gateway::gateway::{
+    CONNECTIONS_PER_PEER_MAX, FIRST_COMMAND_TIMEOUT, REPLY_BYTES_PENDING_MAX,
+};
+use rampart_gateway::ConnectionLimits;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// `rampart gateway`
 #[derive(Args, Debug)]
@@ -44,11 +52,54 @@ pub struct GatewayArgs {
     /// Private key (PEM) of --tls-cert.
     #[arg(long, requires = "tls_cert", value_name = "FILE")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Milliseconds a connection may take from its accept to its first command (with a
+    /// token, to a successful AUTH) before it is closed.
+    #[arg(
+        long,
+        default_value_t = FIRST_COMMAND_TIMEOUT.as_millis() as u64,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub first_command_timeout_ms: u64,
+    /// Connections one IP address may hold open; the one past it is answered `-ERR max
+    /// number of clients reached` and closed.
+    #[arg(long, default_value_t = CONNECTIONS_PER_PEER_MAX)]
+    pub connections_per_peer_max: usize,
+    /// Milliseconds an authenticated connection may send nothing before it is closed
+    /// (0: never, as Redis's `timeout 0`).
+    #[arg(long, default_value_t = 0)]
+    pub idle_timeout_ms: u64,
+    /// Reply bytes a connection may have waiting to be written before the gateway stops
+    /// reading its requests until they are written.
+    #[arg(long, default_value_t = ByteSize(REPLY_BYTES_PENDING_MAX as u64))]
+    pub reply_bytes_pending_max: ByteSize,
+}
+
+impl GatewayArgs {
+    /// The connection limits the flags give.
+    fn connection_limits(&self) -> Result<ConnectionLimits> {
+        if self.connections_per_peer_max == 0 {
+            bail!("--connections-per-peer-max must be at least 1");
+        }
+        let Ok(reply_bytes_pending_max) = usize::try_from(self.reply_bytes_pending_max.0) else {
+            bail!("--reply-bytes-pending-max is larger than this machine's memory");
+        };
+        if reply_bytes_pending_max == 0 {
+            bail!("--reply-bytes-pending-max must be at least 1B");
+        }
+        Ok(ConnectionLimits {
+            first_command_timeout: Duration::from_millis(self.first_command_timeout_ms),
+            connections_per_peer_max: self.connections_per_peer_max,
+            idle_timeout: (self.idle_timeout_ms > 0)
+                .then(|| Duration::from_millis(self.idle_timeout_ms)),
+            reply_bytes_pending_max,
+        })
+    }
 }
 
 /// Runs `rampart gateway`.
 pub fn run(args: GatewayArgs) -> Result<ExitCode> {
     crate::init_logging("info");
+    let connection_limits = args.connection_limits()?;
     let security = args.security.security()?;
     let password = security.token.clone();
     if !rampart_common::auth::install(security) {
@@ -67,7 +118,8 @@ pub fn run(args: GatewayArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("cannot create or find table {}", args.table))?
             .with_password(password)
-            .with_tls(tls);
+            .with_tls(tls)
+            .with_connection_limits(connection_limits);
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;

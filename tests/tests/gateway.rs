@@ -3,12 +3,16 @@
 //! error that closes it), and `redis-cli` (Debian's `redis-tools`; skipped with a
 //! message when missing, unless `RAMPART_REQUIRE_TOOLS=1`, which `.ci/run` sets),
 //! including a write acknowledged through the gateway read back after its master was
-//! killed with SIGKILL and recovered.
+//! killed with SIGKILL and recovered; and a `rampart gateway` of its own started with
+//! the flags that bound its connections (first-command deadline, connections per
+//! address, idle timeout), checked over raw sockets.
 
 // A failed unwrap is a failed test, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use rampart_tests::LocalCluster;
+use rampart_tests::{LocalCluster, RampartProcess};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -38,6 +42,18 @@ fn pipelined_requests_are_answered_in_order_and_errors_keep_the_connection() {
     let expected =
         "+OK\r\n$1\r\nv\r\n-ERR unknown command 'FLUSHALL', with args beginning with: \r\n\
                     -ERR value is not an integer or out of range\r\n:1\r\n+PONG\r\n";
+    let reply = exchange(&addr, request, expected.len());
+    assert_eq!(String::from_utf8_lossy(&reply), expected);
+    // Consecutive SETs (of distinct keys) and GETs go to the masters together (one
+    // multi-write, one multi-read): answered in order, each seeing what came before.
+    let request = b"*3\r\n$3\r\nSET\r\n$2\r\np1\r\n$1\r\na\r\n\
+                    *3\r\n$3\r\nSET\r\n$2\r\np2\r\n$1\r\nb\r\n\
+                    *4\r\n$3\r\nSET\r\n$2\r\np1\r\n$1\r\nc\r\n$2\r\nNX\r\n\
+                    *4\r\n$3\r\nSET\r\n$2\r\np3\r\n$1\r\nd\r\n$2\r\nXX\r\n\
+                    *2\r\n$3\r\nGET\r\n$2\r\np1\r\n\
+                    *2\r\n$3\r\nGET\r\n$2\r\np2\r\n\
+                    *2\r\n$3\r\nGET\r\n$2\r\np3\r\n";
+    let expected = "+OK\r\n+OK\r\n$-1\r\n$-1\r\n$1\r\na\r\n$1\r\nb\r\n$-1\r\n";
     let reply = exchange(&addr, request, expected.len());
     assert_eq!(String::from_utf8_lossy(&reply), expected);
     // Bytes that are not RESP: an error, then the connection closes.
@@ -172,4 +188,88 @@ fn a_redis_client_library_works_against_the_gateway() {
     // The connection goes on after an error.
     let pong: String = redis::cmd("PING").query(&mut connection).unwrap();
     assert_eq!(pong, "PONG");
+}
+
+/// Reads until the peer closes the connection (true) or `wait` passes without it
+/// (false); what it sends first is discarded.
+fn closes_within(stream: &mut TcpStream, wait: Duration) -> bool {
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Sends `request` on `stream` and reads `expected` bytes of reply (or less, if the
+/// peer closes).
+fn call(stream: &mut TcpStream, request: &[u8], expected: usize) -> String {
+    stream.write_all(request).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while reply.len() < expected {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+        }
+    }
+    String::from_utf8_lossy(&reply).to_string()
+}
+
+#[test]
+fn gateway_flags_bound_silent_idle_and_crowded_connections() {
+    let cluster = cluster();
+    let gateway = RampartProcess::start(&[
+        "gateway",
+        "--coordinator",
+        &cluster.coordinator,
+        "--listen",
+        "127.0.0.1:0",
+        "--table",
+        "bounded",
+        "--span",
+        "1",
+        "--first-command-timeout-ms",
+        "500",
+        "--connections-per-peer-max",
+        "3",
+        "--idle-timeout-ms",
+        "1500",
+        "--reply-bytes-pending-max",
+        "4KiB",
+    ])
+    .unwrap();
+    let addr = gateway.addr.as_str();
+    eprintln!("gateway with bounded connections at {addr}");
+    // Silent since its accept: closed after the first-command deadline.
+    let mut silent = TcpStream::connect(addr).unwrap();
+    assert!(closes_within(&mut silent, Duration::from_secs(20)));
+    // Three connections from this address are served; the fourth is told and closed.
+    let ping = b"*1\r\n$4\r\nPING\r\n";
+    let mut served: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for connection in &mut served {
+        assert_eq!(call(connection, ping, 7), "+PONG\r\n");
+    }
+    let mut crowded = TcpStream::connect(addr).unwrap();
+    let refused = call(&mut crowded, b"", 1);
+    assert!(
+        refused.starts_with("-ERR max number of clients reached"),
+        "{refused}"
+    );
+    assert!(closes_within(&mut crowded, Duration::from_secs(20)));
+    // What CONFIG GET tells of the idle timeout (1.5 s: 2 in Redis's whole seconds).
+    let timeout = b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$7\r\ntimeout\r\n";
+    let expected = "*2\r\n$7\r\ntimeout\r\n$1\r\n2\r\n";
+    assert_eq!(call(&mut served[0], timeout, expected.len()), expected);
+    // Authenticated and then idle: closed after the idle timeout.
+    for connection in &mut served {
+        assert!(closes_within(connection, Duration::from_secs(20)));
+    }
 }
