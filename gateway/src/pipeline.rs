@@ -20,15 +20,23 @@
 //! `MGET` can). Writes of one run are each exactly once, as alone.
 
 use bytes::Bytes;
+use std::collections::HashSet;
 
 use crate::commands::{Command, SetCondition};
 use crate::resp::Reply;
 
 /// Commands taken together at most: a connection's pipelined requests are taken off
-/// its input this many at a time. 64 `GET`s of the cluster's default largest value
-/// (1 MiB) reply [`REPLY_BYTES_PENDING_MAX`](crate::gateway::REPLY_BYTES_PENDING_MAX);
-/// `redis-benchmark -P 16` and client pipelines of tens fit in one.
-pub const PIPELINE_BATCH_MAX: usize = 64;
+/// its input this many at a time, so that a bulk load (a client pipelining a thousand
+/// `SET`s) costs one multi-write, not sixteen round trips one after the other. What they
+/// take is bounded by the connection's input bound.
+pub const PIPELINE_BATCH_MAX: usize = 1024;
+
+/// `GET`s sent together at most: 64 of the cluster's default largest value (1 MiB)
+/// reply [`REPLY_BYTES_PENDING_MAX`](crate::gateway::REPLY_BYTES_PENDING_MAX), the
+/// most a connection's replies may hold before they are written.
+pub const GET_RUN_MAX: usize = 64;
+
+const _: () = assert!(GET_RUN_MAX <= PIPELINE_BATCH_MAX);
 
 /// Commands that run as one multi-operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,10 +73,12 @@ pub fn together_at_front(commands: &[Result<Command, Reply>]) -> Option<Together
                     Ok(Command::Get(key)) => Some(key.clone()),
                     _ => None,
                 })
+                .take(GET_RUN_MAX)
                 .collect(),
         ),
         Ok(Command::Set { get: false, .. }) => {
             let mut items: Vec<(Bytes, Bytes, SetCondition)> = Vec::new();
+            let mut keys: HashSet<&Bytes> = HashSet::new();
             for command in commands {
                 let Ok(Command::Set {
                     key,
@@ -79,8 +89,7 @@ pub fn together_at_front(commands: &[Result<Command, Reply>]) -> Option<Together
                 else {
                     break;
                 };
-                // A run is at most PIPELINE_BATCH_MAX long: a linear search is cheap.
-                if items.iter().any(|(written, _, _)| written == key) {
+                if !keys.insert(key) {
                     break;
                 }
                 items.push((key.clone(), value.clone(), *condition));
@@ -161,5 +170,20 @@ mod tests {
             None
         );
         assert_eq!(together_at_front(&[]), None);
+    }
+
+    #[test]
+    fn a_bulk_load_goes_as_one_run_and_gets_at_most_get_run_max() {
+        let sets: Vec<_> = (0..PIPELINE_BATCH_MAX)
+            .map(|i| set(&format!("k{i}"), SetCondition::Always))
+            .collect();
+        assert_eq!(
+            together_at_front(&sets).map(|t| t.len()),
+            Some(PIPELINE_BATCH_MAX)
+        );
+        let gets: Vec<_> = (0..GET_RUN_MAX + 10)
+            .map(|i| get(&format!("k{i}")))
+            .collect();
+        assert_eq!(together_at_front(&gets).map(|t| t.len()), Some(GET_RUN_MAX));
     }
 }
