@@ -290,6 +290,32 @@ mod tests {
     }
 
     #[test]
+    fn an_overwritten_version_coming_back_after_an_acknowledged_remove_is_a_violation() {
+        // Issue 39, item 1: the first version, left in a segment kept by cold data,
+        // came back at recovery once the later version's segment and the tombstone's
+        // were cleaned.
+        let mut history = History::default();
+        for version in 1..=3 {
+            let write = history.append(op(1, version, Some(format!("v{version}").as_bytes())));
+            history.acknowledge(write);
+        }
+        let remove = history.append(op(1, 3, None));
+        history.acknowledge(remove);
+        for version in 1..=3 {
+            let old = state(version, format!("v{version}").as_bytes());
+            assert!(history.check_read(1, &old).is_err(), "version {version}");
+        }
+        // Read absent once, it stays absent even if the remove's acknowledgement was
+        // lost.
+        let mut unacknowledged = History::default();
+        let write = unacknowledged.append(op(1, 1, Some(b"v1")));
+        unacknowledged.acknowledge(write);
+        unacknowledged.append(op(1, 1, None));
+        assert_eq!(unacknowledged.check_read(1, &None), Ok(()));
+        assert!(unacknowledged.check_read(1, &state(1, b"v1")).is_err());
+    }
+
+    #[test]
     fn a_value_no_one_wrote_is_a_violation() {
         let mut history = History::default();
         assert!(history.check_read(7, &state(3, b"x")).is_err());

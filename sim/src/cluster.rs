@@ -23,22 +23,38 @@
 //! has read the log, whether the zombie still runs or not. A read the zombie serves
 //! must still never be older than one read or acknowledged elsewhere.
 //!
+//! # Abandoned attempts
+//! A partition goes to recovery masters in turn, as the coordinator's `PartitionTries`
+//! sends it: from one drawn among the masters listed Up, to the next, up to
+//! `PARTITION_ATTEMPTS_MAX` of them, then again from a new draw (the coordinator's next
+//! attempt), so that with one candidate the same master tries again later. A try fails
+//! when the coordinator gives up on it after part of the replay (`SimConfig::abandon_p`:
+//! the answer came too late or was lost, and the master is told to abandon) or when the
+//! master refuses the replay (`stage_replay` answers `NoSpace` while segments of an
+//! earlier abandoned attempt are still in its log); either way the master forgets what
+//! it replayed and cleans it out of its log ([`SimMaster::recover`]). The real
+//! coordinator tells an unanswering master to abandon in the background while the next
+//! one starts; here the forget comes first.
+//!
 //! One crash is handled at a time; the recovery masters do not crash while they replay
-//! (a recovery master that fails mid-partition, retried elsewhere, is not simulated
-//! yet).
+//! (a recovery master that dies mid-partition is not simulated yet: it is a second crash
+//! during a recovery).
 
 use rampart_common::ids::{key_hash, ClientId, ServerId, TableId};
+use rampart_common::protocol::backup::PartitionRanges;
 use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
 use rampart_common::tablet::ServerStatus;
-use rampart_coordinator::recovery::LEASE_MARGIN;
+use rampart_coordinator::recovery::{LEASE_MARGIN, PARTITION_ATTEMPTS_MAX};
 use rampart_coordinator::recovery_plan::partitions_for;
 use rampart_coordinator::state::{Command, CommandResult};
-use std::collections::BTreeMap;
+use rampart_master::replay::RecoveryPiece;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::checker::{key_bytes, History};
-use crate::master::{ClientWrite, Pending, SimMaster};
+use crate::master::{ClientWrite, Pending, Recovered, SimMaster};
 use crate::recovery::Recovery;
+use crate::workload::{Draw, Workload};
 use crate::world::{Crash, Stop, World, LEASE_US};
 
 /// Of client reads, the share sent to a master drawn at random (a stale tablet map).
@@ -46,6 +62,15 @@ const STALE_READ_P: f64 = 0.3;
 
 /// Steps after which a recovery that neither ends nor fails is reported stuck.
 const RECOVERY_STEPS_MAX: usize = 200_000;
+
+/// Tries of one partition that are abandoned, at most: every abandon is a random fault,
+/// and a real recovery retries until one try succeeds.
+const ABANDONS_PER_PARTITION_MAX: usize = 3;
+
+/// Rounds of tries of one partition (each over up to `PARTITION_ATTEMPTS_MAX` masters)
+/// after which a partition never replayed is reported: the abandons are bounded, and a
+/// refusal lasts only until the cleaner took the abandoned attempt's segments.
+const PARTITION_ROUNDS_MAX: usize = 20;
 
 /// The masters of a run and what their clients were told.
 #[derive(Debug)]
@@ -65,6 +90,11 @@ pub struct Cluster {
     pub retries_answered: usize,
     /// Of them, those answered from a completion record.
     pub retries_from_record: usize,
+    /// What the next batches write and remove.
+    workload: Workload,
+    /// Tries of a partition that failed on a recovery master: abandoned by the
+    /// coordinator, or refused by the master.
+    pub partition_tries_failed: usize,
 }
 
 /// The client id of every write of the run (one client: its numbers order its writes).
@@ -107,6 +137,8 @@ impl Cluster {
             next_seq: 1,
             retries_answered: 0,
             retries_from_record: 0,
+            workload: Workload::new(&world.config),
+            partition_tries_failed: 0,
         })
     }
 
@@ -133,15 +165,7 @@ impl Cluster {
             let ops = self.draw_ops(world, target, batch);
             let ops = self.identify(ops);
             if !ops.is_empty() {
-                let clean = world.config.clean_p > 0.0 && world.chance(world.config.clean_p);
-                // Small passes too (one survivor), so that a tombstone's segment is
-                // sometimes cleaned before the segment of the object it deletes.
-                let cleaning = if clean {
-                    let steps = world.draw(1..5) as usize;
-                    (steps, world.draw(4096..65_536) as usize, world.draw(1..5))
-                } else {
-                    (0, 0, 0)
-                };
+                let cleaning = world.draw_cleaning();
                 let mut pending = Vec::new();
                 let done = self.act(world, target, |master, world, history| {
                     master.write_batch(world, &ops, history, &mut pending)?;
@@ -154,7 +178,7 @@ impl Cluster {
             self.recover_stopped(world)?;
             self.retry_pending(world)?;
             for _ in 0..world.config.reads_per_batch {
-                let key = world.draw(0..world.config.keys);
+                let key = world.draw(0..world.config.key_count());
                 self.client_read(world, key)?;
             }
         }
@@ -178,7 +202,7 @@ impl Cluster {
     /// Gives the client's writes their exactly-once identities: the next numbers, and
     /// the acknowledgement of every number below the oldest whose outcome it has not
     /// learned.
-    fn identify(&mut self, ops: Vec<(u64, Option<Vec<u8>>)>) -> Vec<ClientWrite> {
+    fn identify(&mut self, ops: Vec<Draw>) -> Vec<ClientWrite> {
         let ack = self
             .pending
             .iter()
@@ -235,7 +259,7 @@ impl Cluster {
 
     /// Objects the live masters serve.
     pub fn objects(&self, world: &World) -> usize {
-        (0..world.config.keys)
+        (0..world.config.key_count())
             .filter(|&key| {
                 self.owner(world, key)
                     .and_then(|i| self.masters[i].read(key).ok())
@@ -310,32 +334,12 @@ impl Cluster {
         Some(up[world.draw(0..up.len() as u64) as usize])
     }
 
-    /// A batch of writes and removes of keys master `target` serves.
-    fn draw_ops(
-        &mut self,
-        world: &mut World,
-        target: usize,
-        batch: usize,
-    ) -> Vec<(u64, Option<Vec<u8>>)> {
+    /// A batch of writes and removes of keys master `target` serves ([`Workload`]).
+    fn draw_ops(&mut self, world: &mut World, target: usize, batch: usize) -> Vec<Draw> {
         let master = &self.masters[target];
-        let owned: Vec<u64> = (0..world.config.keys).filter(|&k| master.owns(k)).collect();
-        if owned.is_empty() {
-            return Vec::new();
-        }
-        let count = world.draw(1..world.config.batch_ops_max as u64 + 1);
-        (0..count)
-            .map(|i| {
-                let key = owned[world.draw(0..owned.len() as u64) as usize];
-                if world.chance(0.15) {
-                    (key, None)
-                } else {
-                    let len = world.draw(1..world.config.value_bytes_max as u64 + 1) as usize;
-                    let mut value = format!("b{batch}o{i}k{key}:").into_bytes();
-                    value.resize(len.max(value.len()), b'.');
-                    (key, Some(value))
-                }
-            })
-            .collect()
+        let busy: BTreeSet<u64> = self.pending.iter().map(|p| p.write.key).collect();
+        self.workload
+            .draw_batch(world, |key| master.owns(key), &busy, batch)
     }
 
     /// The crashed master, once it stopped, is recovered: its recovery runs to its
@@ -378,17 +382,18 @@ impl Cluster {
         world.crash_allowed = false;
         let owned = world.coordinator.tablets_of(crashed);
         let partitions = partitions_for(world.coordinator.will(crashed), &owned);
+        let mut waiting = VecDeque::new();
         for (ranges, _) in partitions {
             let pieces = recovery.pieces(&ranges)?;
-            let i = self.recovery_master(world, crashed)?;
-            world.active = self.masters[i].id;
-            if let Err(stop) = self.masters[i].replay(world, &pieces) {
-                return Err(format!(
-                    "recovery master {} failed replaying {ranges:?}: {stop:?}",
-                    self.masters[i].id
-                ));
-            }
-            let owner = self.masters[i].id;
+            waiting.push_back(PartitionTries::new(ranges, pieces));
+        }
+        while let Some(mut partition) = waiting.pop_front() {
+            let Some(i) = self.try_partition(world, crashed, &mut partition)? else {
+                // Tried again once the others had their try.
+                waiting.push_back(partition);
+                continue;
+            };
+            let (ranges, owner) = (partition.ranges, self.masters[i].id);
             let result = world.coordinator.apply(&Command::RecoveredPartition {
                 crashed,
                 ranges: ranges.clone(),
@@ -410,9 +415,64 @@ impl Cluster {
         self.check_every_key(world)
     }
 
-    /// A master to replay a partition of `crashed`: one listed Up that takes writes,
-    /// else a spare enlisted and started for it.
-    fn recovery_master(&mut self, world: &mut World, crashed: ServerId) -> Result<usize, String> {
+    /// The next try of `partition` of `crashed` (module doc, "Abandoned attempts"): the
+    /// recovery master that replayed it all, or `None` if this try failed.
+    fn try_partition(
+        &mut self,
+        world: &mut World,
+        crashed: ServerId,
+        partition: &mut PartitionTries,
+    ) -> Result<Option<usize>, String> {
+        let tries = partition
+            .candidates
+            .len()
+            .min(PARTITION_ATTEMPTS_MAX as usize);
+        if partition.tried >= tries {
+            if partition.rounds >= PARTITION_ROUNDS_MAX {
+                return Err(format!(
+                    "partition {:?} of {crashed} never replayed in {PARTITION_ROUNDS_MAX} rounds",
+                    partition.ranges
+                ));
+            }
+            partition.rounds += 1;
+            (partition.candidates, partition.first) = self.recovery_masters(world, crashed)?;
+            partition.tried = 0;
+        }
+        let candidates = &partition.candidates;
+        let i = candidates[(partition.first + partition.tried) % candidates.len()];
+        partition.tried += 1;
+        let pieces = &partition.pieces;
+        let abandon_after = (partition.abandons < ABANDONS_PER_PARTITION_MAX
+            && world.config.abandon_p > 0.0
+            && world.chance(world.config.abandon_p))
+        .then(|| world.draw(0..pieces.len() as u64 + 1) as usize);
+        let (master, ranges) = (&mut self.masters[i], &partition.ranges);
+        world.active = master.id;
+        match master.recover(world, ranges, pieces, abandon_after) {
+            Ok(Recovered::Replayed) => Ok(Some(i)),
+            Ok(Recovered::Failed(why)) => {
+                world.note(format!(
+                    "{}: partition {ranges:?} of {crashed} failed: {why}",
+                    master.id
+                ));
+                partition.abandons += usize::from(abandon_after.is_some());
+                self.partition_tries_failed += 1;
+                Ok(None)
+            }
+            Err(stop) => Err(format!(
+                "recovery master {} failed replaying {ranges:?}: {stop:?}",
+                master.id
+            )),
+        }
+    }
+
+    /// Masters to replay a partition of `crashed` on, and the one to try first: those
+    /// listed Up that take writes, else a spare enlisted and started for it.
+    fn recovery_masters(
+        &mut self,
+        world: &mut World,
+        crashed: ServerId,
+    ) -> Result<(Vec<usize>, usize), String> {
         let up: Vec<usize> = (0..self.masters.len())
             .filter(|&i| {
                 let m = &self.masters[i];
@@ -420,7 +480,8 @@ impl Cluster {
             })
             .collect();
         if !up.is_empty() {
-            return Ok(up[world.draw(0..up.len() as u64) as usize]);
+            let first = world.draw(0..up.len() as u64) as usize;
+            return Ok((up, first));
         }
         let id = world.enlist_master();
         let shape = (world.config.segment_bytes, world.config.replicas);
@@ -430,7 +491,7 @@ impl Cluster {
             .start(world)
             .map_err(|stop| format!("spare master {id} did not start: {stop:?}"))?;
         self.masters.push(spare);
-        Ok(self.masters.len() - 1)
+        Ok((vec![self.masters.len() - 1], 0))
     }
 
     /// The master the coordinators name as the owner of `key`, if it is running (a
@@ -502,7 +563,7 @@ impl Cluster {
         if world.crashed.is_some() {
             return Ok(());
         }
-        for key in 0..world.config.keys {
+        for key in 0..world.config.key_count() {
             let Some(i) = self
                 .owner(world, key)
                 .filter(|&i| is_up(world, self.masters[i].id))
@@ -527,6 +588,38 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+}
+
+/// One partition of a recovery and its tries, as the coordinator's `PartitionTries`
+/// keeps them: rounds over up to `PARTITION_ATTEMPTS_MAX` candidates each.
+#[derive(Debug)]
+struct PartitionTries {
+    ranges: PartitionRanges,
+    /// Its pieces of the copies the recovery read.
+    pieces: Vec<RecoveryPiece>,
+    /// The recovery masters of this round (indexes into `Cluster::masters`), tried from
+    /// `first` on; none before the first round.
+    candidates: Vec<usize>,
+    first: usize,
+    /// Candidates of this round tried so far.
+    tried: usize,
+    rounds: usize,
+    /// Tries abandoned so far.
+    abandons: usize,
+}
+
+impl PartitionTries {
+    fn new(ranges: PartitionRanges, pieces: Vec<RecoveryPiece>) -> PartitionTries {
+        PartitionTries {
+            ranges,
+            pieces,
+            candidates: Vec::new(),
+            first: 0,
+            tried: 0,
+            rounds: 0,
+            abandons: 0,
+        }
     }
 }
 

@@ -1,36 +1,44 @@
 //! # rampart-sim: deterministic simulation of replication and crash recovery
 //!
 //! One seed fixes a whole run: one to three masters serve a table whose tablets the
-//! coordinators spread over them, and take a random workload of writes and removes;
-//! they replicate their logs to simulated backups while the world drops and loses
-//! messages (or holds requests back and delivers them late, after the master gave up
-//! on them), takes backups down for a while or for good, leaves the coordinators
+//! coordinators spread over them, and take a random workload of writes and removes
+//! ([`workload`]: keys written and removed at random, and in some runs keys deleted for
+//! good — written beside cold data, overwritten 1–3 times, removed and never written
+//! again); they replicate their logs to simulated backups while the world drops and
+//! loses messages (or holds requests back and delivers them late, after the master gave
+//! up on them), takes backups down for a while or for good, leaves the coordinators
 //! without a leader, and kills masters — while they write or while idle — or declares
 //! them crashed while they keep running (zombies, cut off from the coordinators, their
 //! lease running on). Every crash is recovered into the surviving masters or a spare,
 //! which replicate what they replayed and serve the tablets once the crashed master's
-//! lease ran out; clients read between batches (some with a stale tablet map, from a
-//! zombie), and after every recovery every key is read from its owner and checked
-//! against what clients were told and read before ([`checker`]). Every write carries
-//! the client's exactly-once identity (`rampart_common::rifl`): one whose batch stopped
-//! after staging it is retried, with that identity, on whichever master serves its key
-//! next, and must be answered from its completion record if it applied before (on the
-//! crashed master, the record replayed with the object) rather than applied again —
-//! retried with fresh identities instead, a quarter of the seeds fail. At the end, every
-//! client operation of the run is checked for linearizability with `rampart_check`, the
-//! drill's checker (real-time order, reject rules, versions that increase across removes
-//! and recoveries). A failing seed prints itself and replays exactly:
+//! lease ran out — a recovery master may be told to abandon a partition halfway through
+//! its replay, forget it and clean it out of its log, and the partition is tried again,
+//! elsewhere or there later; clients read between batches (some with a stale tablet
+//! map, from a zombie), and after every recovery every key is read from its owner and
+//! checked against what clients were told and read before ([`checker`]: a key whose
+//! removal was acknowledged or read must stay absent). Every write carries the client's
+//! exactly-once identity (`rampart_common::rifl`): one whose batch stopped after
+//! staging it is retried, with that identity, on whichever master serves its key next,
+//! and must be answered from its completion record if it applied before (on the crashed
+//! master, the record replayed with the object) rather than applied again — retried
+//! with fresh identities instead, a quarter of the seeds fail. At the end, every client
+//! operation of the run is checked for linearizability with `rampart_check`, the
+//! drill's checker (real-time order, reject rules, versions that increase across
+//! removes and recoveries). A failing seed prints itself and replays exactly:
 //! `rampart simulate --seed N --trace`.
 //!
 //! # What is real and what is simulated
 //! The protocol decisions are Rampart's own code, not models of it:
 //! * each master's store is a real `ObjectStore` (staging with versions below a
 //!   ceiling reserved at the coordinators, tablets, reads, tombstones, the recovery
-//!   replay `stage_replay`, the cleaner's passes: `plan_cleaning`, `clean_step`,
-//!   `commit_cleaning`, `free_cleaned`, run between batches at random points with
-//!   random step sizes and pass lengths, `SimConfig::clean_p`), its log a real
-//!   `SegmentedLog` (entries, Tailwind checksums, digests — later ones too — footers,
-//!   rollovers, survivors);
+//!   replay `stage_replay`, the forgetting of an abandoned attempt `forget_unowned`
+//!   with its tainted segments, `close_tainted_head` and `tainted_held`, the cleaner's
+//!   passes: `plan_cleaning`, `clean_step`, `commit_cleaning`, `free_cleaned`, run
+//!   between batches at random points with random step sizes and pass lengths,
+//!   `SimConfig::clean_p` — in some runs after every batch, in many small steps — and
+//!   after a forget as the appender runs them), its log a real `SegmentedLog`
+//!   (entries, tombstones of removed and of overwritten versions, Tailwind checksums,
+//!   digests — later ones too — footers, rollovers, survivors);
 //! * each segment's replicas are a real `SegmentReplicas` (placement, epochs, bumps,
 //!   the epoch recorded at the coordinator, closes, frees);
 //! * the coordinators' state is the real `CoordinatorState` (enlistment, the table's
@@ -50,8 +58,9 @@
 //!   `split_replica` and checked by the recovery masters' real `RecoveryPiece::parse`.
 //!
 //! Around them, thin synchronous drivers stand in for the async ones ([`master`] for
-//! the appender and `Replicator`, [`recovery`] and [`cluster`] for the coordinator's
-//! recovery driver, [`backup`] for the backup's frames, store and request handlers:
+//! the appender, `Replicator` and the recovery master's `Recover` and abandon,
+//! [`recovery`] and [`cluster`] for the coordinator's recovery driver and its
+//! `PartitionTries`, [`backup`] for the backup's frames, store and request handlers:
 //! frame slots and the disk are bytes in memory, the store's write and free rules
 //! restated). The network, the clock and the faults are the [`world`].
 //!
@@ -77,12 +86,12 @@
 //!
 //! # Not simulated yet
 //! One table; the end of a recovery freeing the crashed master's replicas on the backups
-//! (`EndRecovery`: its fenced frames stay); backups that restart under a new id; several
-//! recoveries at once; a recovery master that fails during its replay (the
-//! coordinator's `PartitionTries` retrying the partition elsewhere); the coordinators'
-//! own crashes beyond windows without a leader (their Raft log is not simulated); the
-//! real async drivers (`Replicator`, the coordinator's recovery task) under an injected
-//! network and clock.
+//! (`EndRecovery`: its fenced frames stay) and its `FinishRecovery` (an abandon always
+//! reaches its master, before the next try starts); backups that restart under a new id;
+//! several recoveries at once, so a recovery master that crashes during its replay (one
+//! that is told to abandon it is simulated); the coordinators' own crashes beyond
+//! windows without a leader (their Raft log is not simulated); the real async drivers
+//! (`Replicator`, the coordinator's recovery task) under an injected network and clock.
 
 pub mod backup;
 pub mod checker;
@@ -91,6 +100,7 @@ pub mod master;
 pub mod recovery;
 pub mod scale;
 pub mod trace;
+pub mod workload;
 pub mod world;
 
 use rand::rngs::SmallRng;
@@ -98,6 +108,7 @@ use rand::{Rng, SeedableRng};
 use std::fmt;
 
 use cluster::Cluster;
+use rampart_master::appender::FORGET_CLEAN_STEPS_MAX;
 use world::{Crash, World};
 
 /// What one run does; drawn from its seed (a "swarm": each seed also picks its own
@@ -150,6 +161,31 @@ pub struct SimConfig {
     pub late_p: f64,
     /// Per batch: the master that wrote it runs a few cleaner steps (0: no cleaning).
     pub clean_p: f64,
+    /// Most cleaner steps run after one batch.
+    pub clean_steps_max: u64,
+    /// Bytes one cleaner step walks at most: drawn per run of steps from this range.
+    pub clean_step_bytes: (u64, u64),
+    /// Keys deleted for good (numbered from `keys`; 0: none): each is written beside
+    /// cold data, overwritten 1–3 times in later batches, then removed and never written
+    /// again ([`workload`]).
+    pub doomed_keys: u64,
+    /// Cold keys (numbered after the doomed keys): large values written once, beside
+    /// doomed keys' first writes, and never touched again; they keep the segment of
+    /// those first versions in the log.
+    pub cold_keys: u64,
+    /// Per try of a partition on a recovery master: the coordinator gives up on it after
+    /// part of the replay (the master answered too late, or its reply was lost) and the
+    /// master forgets what it replayed; the partition is tried again, elsewhere or on
+    /// the same master later.
+    pub abandon_p: f64,
+    /// Per piece of a replay but the last: the recovery master's batch ends there and it
+    /// runs cleaner steps (as `clean_p` draws them) before the next, as the appender
+    /// cleans between its batches (objects just replayed may move into survivors).
+    pub replay_clean_p: f64,
+    /// Cleaner steps a master's forget of an abandoned attempt runs at most before it
+    /// answers (`rampart_master::appender::FORGET_CLEAN_STEPS_MAX`, or a few: the bound
+    /// reached, the rest cleaned later while replays are refused).
+    pub forget_clean_steps_max: usize,
 }
 
 impl SimConfig {
@@ -182,8 +218,20 @@ impl SimConfig {
             crashes: 0,
             reads_per_batch: 0,
             clean_p: 0.0,
+            clean_steps_max: 4,
+            clean_step_bytes: (4096, 65_536),
+            doomed_keys: 0,
+            cold_keys: 0,
+            abandon_p: 0.0,
+            replay_clean_p: 0.0,
+            forget_clean_steps_max: FORGET_CLEAN_STEPS_MAX,
         }
         .with_cluster(seed)
+    }
+
+    /// Keys of the run: the regular ones, then the doomed ones, then the cold ones.
+    pub fn key_count(&self) -> u64 {
+        self.keys + self.doomed_keys + self.cold_keys
     }
 
     /// The cluster's shape, from draws of its own.
@@ -201,6 +249,32 @@ impl SimConfig {
     fn with_cleaning(mut self, seed: u64) -> SimConfig {
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x434c_4541_4e45_5253);
         self.clean_p = [0.0, 0.2, 0.5, 1.0][rng.gen_range(0..4)];
+        self.with_deletes(seed)
+    }
+
+    /// Keys deleted for good, a cleaner that runs after every batch in many small
+    /// steps, and abandoned recovery attempts, each from draws of their own: a seed
+    /// drawn without any of them (one in eight) runs as it did before they were
+    /// simulated.
+    fn with_deletes(mut self, seed: u64) -> SimConfig {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x4445_4c45_5445_4453);
+        if rng.gen_bool(0.5) {
+            self.doomed_keys = rng.gen_range(4..=16);
+            self.cold_keys = rng.gen_range(16..=48);
+        }
+        if rng.gen_bool(0.5) {
+            self.clean_p = 1.0;
+            self.clean_steps_max = rng.gen_range(8..=32);
+            self.clean_step_bytes = (512, rng.gen_range(2048..=16_384));
+        }
+        if rng.gen_bool(0.5) {
+            self.abandon_p = [0.3, 0.7][rng.gen_range(0..2)];
+            self.replay_clean_p = [0.0, 0.5, 1.0][rng.gen_range(0..3)];
+            // Mostly the appender's bound; sometimes one so low that a forget leaves
+            // segments of the attempt in the log and replays are refused for a while.
+            self.forget_clean_steps_max =
+                [FORGET_CLEAN_STEPS_MAX, FORGET_CLEAN_STEPS_MAX, 1, 2][rng.gen_range(0..4)];
+        }
         self
     }
 }
@@ -224,6 +298,9 @@ pub struct Report {
     pub crashes: Vec<Crash>,
     /// Partitions replayed by recovery masters.
     pub partitions: usize,
+    /// Tries of a partition that failed on a recovery master (abandoned by the
+    /// coordinator, or refused by the master) and went to another try.
+    pub partition_tries_failed: usize,
     /// Writes of unknown outcome that the client retried with their identities and
     /// was answered, and of them those answered from a completion record (they had
     /// applied before, on the crashed master or here) rather than applied then.
@@ -293,6 +370,7 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
         unknown_ops: cluster.history.recorded().1,
         crashes: cluster.crashes.clone(),
         partitions: cluster.partitions_recovered,
+        partition_tries_failed: cluster.partition_tries_failed,
         retries_answered: cluster.retries_answered,
         retries_from_record: cluster.retries_from_record,
         objects: cluster.objects(&world),

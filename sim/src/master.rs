@@ -17,8 +17,9 @@ use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId, TableId, Vers
 use rampart_common::reject::RejectRules;
 use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
-use rampart_common::tablet::Tablet;
-use rampart_master::cleaner::{CleaningPass, StepEnd};
+use rampart_common::tablet::{HashRange, Tablet};
+use rampart_master::appender::FORGET_CLEAN_STEPS_MAX;
+use rampart_master::cleaner::{CleaningPass, StepEnd, PASS_SURVIVORS_MAX, STEP_BYTES};
 use rampart_master::lease::{Clock, Lease};
 use rampart_master::object_store::{Batch, ObjectStore, WriteOp};
 use rampart_master::replay::{RecoveryPiece, ReplayState};
@@ -55,6 +56,28 @@ enum Failure {
     Fenced,
     /// This master was killed during the call.
     Killed,
+}
+
+/// What one cleaner step came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cleaned {
+    /// No pass under way and none worth planning.
+    Nothing,
+    /// A step ran, and a commit after it (if any) freed segments or had no reason to.
+    Progress,
+    /// A step ran, but its commit found no room, or no buffer freed nothing: trying
+    /// again at once would find the same.
+    Stuck,
+}
+
+/// How a `Recover` of one partition ended on a recovery master.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recovered {
+    /// Every piece replayed, replicated and published: the partition may be handed over.
+    Replayed,
+    /// Refused or abandoned (why): what it replayed is forgotten, and the partition is
+    /// tried again.
+    Failed(String),
 }
 
 /// One client write (`value: Some`) or remove (`None`) of a key, with its exactly-once
@@ -443,32 +466,126 @@ impl SimMaster {
         Ok(())
     }
 
+    /// Serves a `Recover` of partition `ranges` as `MasterRecovery::recover` does:
+    /// forgets what an earlier attempt left in those ranges, replays `pieces`, and
+    /// forgets what it replayed if the replay is refused or — `abandon_after` — the
+    /// coordinator abandons the try once that many pieces are replayed.
+    pub fn recover(
+        &mut self,
+        world: &mut World,
+        ranges: &[HashRange],
+        pieces: &[RecoveryPiece],
+        abandon_after: Option<usize>,
+    ) -> Result<Recovered, Stop> {
+        self.forget_unowned(world, ranges)?;
+        let replayed = pieces.len().min(abandon_after.unwrap_or(usize::MAX));
+        let refused = !self.replay(world, &pieces[..replayed])?;
+        let why = if refused {
+            "the replay was refused (NoSpace)"
+        } else if abandon_after.is_some() {
+            "abandoned"
+        } else {
+            return Ok(Recovered::Replayed);
+        };
+        let forgotten = self.forget_unowned(world, ranges)?;
+        Ok(Recovered::Failed(format!(
+            "{why} after {replayed} of {} pieces; {forgotten} objects forgotten, {} tainted \
+             segment(s) left",
+            pieces.len(),
+            self.store.tainted_held()
+        )))
+    }
+
     /// Replays `pieces` of a crashed master's partition with the real
     /// `ObjectStore::stage_replay`, replicates what it appended and publishes it (its
     /// keys stay unserved until [`take_tablets`](Self::take_tablets)), as the
-    /// appender's replay batch does.
-    pub fn replay(&mut self, world: &mut World, pieces: &[RecoveryPiece]) -> Result<(), Stop> {
+    /// appender's replay batch does. False when the store refused a piece (`NoSpace`:
+    /// its log is full, or holds segments of an abandoned attempt): what it staged
+    /// until then is replicated and published all the same (its bytes are in the log),
+    /// and the recovery must fail.
+    ///
+    /// Between two pieces its batch may end (`SimConfig::replay_clean_p`) and the
+    /// cleaner run, as the appender cleans between its batches: it may then move
+    /// objects just replayed into a survivor.
+    fn replay(&mut self, world: &mut World, pieces: &[RecoveryPiece]) -> Result<bool, Stop> {
         let mut batch = Batch::new();
         let mut state = ReplayState::new();
-        for piece in pieces {
+        let mut staged = true;
+        for (n, piece) in pieces.iter().enumerate() {
             if self
                 .store
                 .stage_replay(&mut batch, &mut state, piece)
                 .is_err()
             {
-                return Err(Stop::LogFull);
+                staged = false;
+                break;
+            }
+            let last = n + 1 == pieces.len();
+            let p = world.config.replay_clean_p;
+            if !last && p > 0.0 && world.chance(p) {
+                self.publish_replayed(world, std::mem::take(&mut batch))?;
+                let cleaning = world.draw_cleaning();
+                self.clean(world, cleaning)?;
+            }
+        }
+        self.publish_replayed(world, batch)?;
+        let counts = state.counts();
+        world.note(format!(
+            "{} replayed {} pieces{}: {counts:?}",
+            self.id,
+            pieces.len(),
+            if staged { "" } else { ", refused" }
+        ));
+        Ok(staged)
+    }
+
+    /// Replicates what a replay staged in `batch`, then publishes it.
+    fn publish_replayed(&mut self, world: &mut World, batch: Batch) -> Result<(), Stop> {
+        for range in self.store.seal() {
+            self.replicate(world, &range.range)?;
+        }
+        if !batch.is_empty() {
+            self.store.publish_recovered(batch);
+        }
+        Ok(())
+    }
+
+    /// Forgets every object in `ranges` this master does not own (what an abandoned
+    /// attempt replayed) and cleans the segments holding that attempt's entries out of
+    /// the log, as the appender's forget job does (`forget_batch`): the real
+    /// `ObjectStore::forget_unowned` taints them, `close_tainted_head` closes the head
+    /// if it is one of them, and cleaner steps run — tainted segments first — until none
+    /// is left or `SimConfig::forget_clean_steps_max` steps ran (the rest is cleaned
+    /// between later batches, and replays are refused until then). Returns how many
+    /// objects were forgotten.
+    pub fn forget_unowned(&mut self, world: &mut World, ranges: &[HashRange]) -> Result<u64, Stop> {
+        let forgotten = self.store.forget_unowned(ranges);
+        self.clean_tainted(world, world.config.forget_clean_steps_max)?;
+        if forgotten > 0 {
+            world.note(format!(
+                "{}: forgot {forgotten} objects of {ranges:?}, {} tainted segment(s) left",
+                self.id,
+                self.store.tainted_held()
+            ));
+        }
+        Ok(forgotten)
+    }
+
+    /// Cleans tainted segments out of the log, `steps_max` steps at most, and
+    /// replicates what that appended (as `forget_batch`).
+    fn clean_tainted(&mut self, world: &mut World, steps_max: usize) -> Result<(), Stop> {
+        for _ in 0..steps_max {
+            // A head that cannot close now closes at its next rollover.
+            let _ = self.store.close_tainted_head();
+            if self.store.tainted_held() == 0
+                || self.clean_once(world, STEP_BYTES, PASS_SURVIVORS_MAX)? != Cleaned::Progress
+            {
+                break;
             }
         }
         for range in self.store.seal() {
             self.replicate(world, &range.range)?;
         }
-        self.store.publish_recovered(batch);
-        let counts = state.counts();
-        world.note(format!(
-            "{} replayed {} pieces: {counts:?}",
-            self.id,
-            pieces.len()
-        ));
         Ok(())
     }
 
@@ -531,39 +648,64 @@ impl SimMaster {
     /// and a commit whenever a step ends with a survivor closed, the pass done or no
     /// buffer: its digest replicated, then the cleaned segments freed in memory and
     /// their replicas freed on the backups (`Replicator::free_segments`).
+    ///
+    /// While segments of an abandoned recovery attempt are still in the log, they are
+    /// cleaned first, as the appender's cleaner does whatever its threshold says.
     pub fn clean(
         &mut self,
         world: &mut World,
         (steps, step_bytes, survivors_max): (usize, usize, u64),
     ) -> Result<(), Stop> {
+        if self.store.tainted_held() > 0 {
+            self.clean_tainted(world, FORGET_CLEAN_STEPS_MAX)?;
+        }
         for _ in 0..steps {
-            let mut pass = match self.pass.take() {
-                Some(pass) => pass,
-                None => match self.store.plan_cleaning(survivors_max) {
-                    Some(pass) => {
-                        world.note(format!("{}: cleaning pass planned", self.id));
-                        pass
-                    }
-                    None => return Ok(()),
-                },
+            if self.clean_once(world, step_bytes, survivors_max)? == Cleaned::Nothing {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One cleaner step, as the appender's `clean_once`: of the pass under way, or of
+    /// one planned now; replicated, and committed whenever the step ends with a
+    /// survivor closed, the pass done or no buffer (its digest replicated, then the
+    /// cleaned segments freed in memory and their replicas freed on the backups).
+    fn clean_once(
+        &mut self,
+        world: &mut World,
+        step_bytes: usize,
+        survivors_max: u64,
+    ) -> Result<Cleaned, Stop> {
+        let mut pass = match self.pass.take() {
+            Some(pass) => pass,
+            None => match self.store.plan_cleaning(survivors_max) {
+                Some(pass) => {
+                    world.note(format!("{}: cleaning pass planned", self.id));
+                    pass
+                }
+                None => return Ok(Cleaned::Nothing),
+            },
+        };
+        let end = self.store.clean_step(&mut pass, step_bytes);
+        // Kept before any call: a crash inside leaves the pass where a real master's
+        // memory would be (gone with it).
+        self.pass = Some(pass);
+        for range in self.store.seal() {
+            self.replicate(world, &range.range)?;
+        }
+        let mut progress = true;
+        if end != StepEnd::Budget {
+            let Some(mut pass) = self.pass.take() else {
+                return Ok(Cleaned::Nothing);
             };
-            let end = self.store.clean_step(&mut pass, step_bytes);
-            // Kept before any call: a crash inside leaves the pass where a real master's
-            // memory would be (gone with it).
+            let committed = self.store.commit_cleaning(&mut pass);
             self.pass = Some(pass);
             for range in self.store.seal() {
                 self.replicate(world, &range.range)?;
             }
-            if end != StepEnd::Budget {
-                let Some(mut pass) = self.pass.take() else {
-                    return Ok(());
-                };
-                let committed = self.store.commit_cleaning(&mut pass);
-                self.pass = Some(pass);
-                for range in self.store.seal() {
-                    self.replicate(world, &range.range)?;
-                }
-                if committed.is_ok() {
+            progress = match committed {
+                Ok(_) => {
                     let freed = self.store.free_cleaned();
                     world.segments_cleaned += freed.len();
                     world.note(format!(
@@ -571,16 +713,24 @@ impl SimMaster {
                         self.id,
                         freed.len()
                     ));
+                    let any = !freed.is_empty();
                     for id in freed {
                         self.free_segment(id);
                     }
+                    end != StepEnd::NoBuffer || any
                 }
-            }
-            if self.pass.as_ref().is_some_and(CleaningPass::is_done) {
-                self.pass = None;
-            }
+                // No room for the digest: trying again at once would find none either.
+                Err(_) => false,
+            };
         }
-        Ok(())
+        if self.pass.as_ref().is_some_and(CleaningPass::is_done) {
+            self.pass = None;
+        }
+        Ok(if progress {
+            Cleaned::Progress
+        } else {
+            Cleaned::Stuck
+        })
     }
 
     /// The log freed `id`: its replicas are abandoned at every epoch, freed by `tick`.

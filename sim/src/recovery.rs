@@ -2,7 +2,7 @@
 //! (`rampart_coordinator::recovery_plan`: `check_log`, `choose_sources`) over what the
 //! simulated backups list, and the copies read cut into each partition's pieces as the
 //! backups and recovery masters do (the real `split_replica` and `RecoveryPiece::parse`)
-//! for the recovery masters' real replay ([`crate::master::SimMaster::replay`]).
+//! for the recovery masters' real replay ([`crate::master::SimMaster::recover`]).
 //!
 //! It advances one step at a time, so that a zombie master (declared crashed, still
 //! running) can act between any two of them: fence and list one backup; plan; read one

@@ -296,6 +296,19 @@ impl World {
         self.rng.gen_range(range)
     }
 
+    /// The cleaner steps a master runs now (`SimConfig::clean_p`): how many, the bytes
+    /// each walks at most, and the survivors a pass fills at most; none (all 0) when
+    /// it does not clean now. Small passes too (one survivor), so that a tombstone's
+    /// segment is sometimes cleaned before the segment of the object it deletes.
+    pub fn draw_cleaning(&mut self) -> (usize, usize, u64) {
+        if self.config.clean_p == 0.0 || !self.chance(self.config.clean_p) {
+            return (0, 0, 0);
+        }
+        let steps = self.draw(1..self.config.clean_steps_max + 1) as usize;
+        let (least, most) = self.config.clean_step_bytes;
+        (steps, self.draw(least..most) as usize, self.draw(1..5))
+    }
+
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
         self.rng.gen_bool(p.clamp(0.0, 1.0))
