@@ -1164,6 +1164,91 @@ mod tests {
     use super::*;
     use crate::SimConfig;
 
+    /// A master of a quiet world (no faults), started, that owns nothing.
+    fn quiet_master(forget_clean_steps_max: usize) -> (World, SimMaster) {
+        let config = SimConfig {
+            masters: 1,
+            backups: 3,
+            replicas: 2,
+            drop_p: 0.0,
+            backup_down_p: 0.0,
+            backup_lost_p: 0.0,
+            coordinator_silent_p: 0.0,
+            master_crash_p: 0.0,
+            late_p: 0.0,
+            replay_clean_p: 0.0,
+            forget_clean_steps_max,
+            ..SimConfig::for_seed(0)
+        };
+        let mut world = World::new(config.clone(), 0);
+        let mut master = SimMaster::new(
+            world.masters[0],
+            TableId(1),
+            (config.segment_bytes, config.replicas),
+            world.clock.clone(),
+        );
+        master
+            .start(&mut world)
+            .expect("nothing fails in a quiet world");
+        (world, master)
+    }
+
+    /// One piece of a crashed master's segment 1: `key` at version 5.
+    fn piece(key: u64) -> RecoveryPiece {
+        let key = Bytes::from(key_bytes(key));
+        let entry = rampart_master::replay::PieceEntry::Object {
+            table: TableId(1),
+            hash: rampart_common::ids::key_hash(&key),
+            version: Version(5),
+            key,
+            value: Bytes::from_static(b"old"),
+        };
+        RecoveryPiece::from_entries(SegmentId(1), Version(0), vec![entry])
+    }
+
+    #[test]
+    fn a_replay_beside_an_abandoned_attempts_segments_fails_its_try_until_they_are_cleaned() {
+        let (mut world, mut master) = quiet_master(0);
+        let whole = [HashRange {
+            table: TableId(1),
+            start: 0,
+            end: u64::MAX,
+        }];
+        let pieces = [piece(1)];
+        let abandoned = master.recover(&mut world, &whole, &pieces, Some(1));
+        assert!(
+            matches!(abandoned, Ok(Recovered::Failed(_))),
+            "{abandoned:?}"
+        );
+        assert!(
+            master.store.tainted_held() > 0,
+            "its forget may not clean (no steps): the attempt's segment stays"
+        );
+        // The next try is refused by the real `stage_replay`: a failed try, not a
+        // stopped master.
+        let refused = master.recover(&mut world, &whole, &pieces, None);
+        assert!(
+            matches!(&refused, Ok(Recovered::Failed(why)) if why.contains("refused")),
+            "{refused:?}"
+        );
+        // Its forget cleans the attempt's segments out first once it may, as the
+        // appender's does, and the try goes through.
+        world.config.forget_clean_steps_max = FORGET_CLEAN_STEPS_MAX;
+        let replayed = master.recover(&mut world, &whole, &pieces, None);
+        assert_eq!(replayed, Ok(Recovered::Replayed));
+        assert_eq!(master.store.tainted_held(), 0);
+        master.take_tablets(
+            &[Tablet {
+                table: TableId(1),
+                start_hash: 0,
+                end_hash: u64::MAX,
+                owner: master.id,
+            }],
+            0,
+        );
+        assert_eq!(master.read(1), Ok(Some((Version(5), b"old".to_vec()))));
+    }
+
     #[test]
     fn a_replica_whose_open_went_unanswered_is_freed() {
         // Seed 2413: every open whose reply was lost, or whose fill failed, left a

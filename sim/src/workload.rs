@@ -213,3 +213,40 @@ fn value(batch: usize, i: usize, key: u64, len: u64) -> Vec<u8> {
     value.resize((len as usize).max(value.len()), b'.');
     value
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_doomed_key_is_overwritten_one_to_three_times_then_removed_for_good() {
+        let config = SimConfig {
+            doomed_keys: 8,
+            cold_keys: 16,
+            ..SimConfig::for_seed(0)
+        };
+        let mut world = World::new(config.clone(), 0);
+        let mut workload = Workload::new(&config);
+        let mut seen: BTreeMap<u64, Vec<bool>> = BTreeMap::new();
+        for batch in 0..400 {
+            for (key, value) in workload.draw_batch(&mut world, |_| true, &BTreeSet::new(), batch) {
+                seen.entry(key).or_default().push(value.is_some());
+            }
+        }
+        let doomed = config.keys..config.keys + config.doomed_keys;
+        assert_eq!(workload.removed(), doomed.clone().count());
+        for key in doomed {
+            let ops = &seen[&key];
+            assert_eq!(ops.last(), Some(&false), "key {key}: removed last");
+            assert!(ops[..ops.len() - 1].iter().all(|&write| write), "key {key}");
+            assert!((3..=5).contains(&ops.len()), "key {key}: {ops:?}");
+        }
+        for key in config.keys + config.doomed_keys..config.key_count() {
+            assert!(
+                seen.get(&key).map_or(true, |ops| ops == &[true]),
+                "cold {key}"
+            );
+        }
+    }
+}
