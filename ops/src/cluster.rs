@@ -5,7 +5,9 @@
 //! followed by its URLs (`coordinator ID status page URL metrics URL`, `server ID
 //! metrics URL`; none with `--no-metrics`), a line for the Redis-protocol gateway
 //! (`gateway at ADDR (pid P) speaks RESP ...`; none with `--no-resp`), and then a line
-//! starting with `ready`.
+//! starting with `ready`. The gateway's connection limits are `rampart gateway`'s flags
+//! under the same names (`--idle-timeout-ms` and the rest of
+//! [`ConnectionLimitArgs`](crate::gateway::ConnectionLimitArgs)), passed on to it.
 //! Scripts and tests rely on these lines. While the servers start, their progress goes
 //! to stderr (`progress`: a bar on a terminal, plain lines otherwise), never between
 //! these lines on stdout. It then waits; Ctrl-C or SIGTERM stops every child, and
@@ -105,6 +107,10 @@ pub struct UpArgs {
     /// the servers and the gateway connect over TLS.
     #[command(flatten)]
     pub security: crate::security::ServerSecurityArgs,
+    /// The gateway's connection limits: `rampart gateway`'s flags, defaults and checks,
+    /// passed on to it.
+    #[command(flatten)]
+    pub gateway_limits: crate::gateway::ConnectionLimitArgs,
 }
 
 impl UpArgs {
@@ -132,6 +138,7 @@ impl UpArgs {
             resp_addr: None,
             no_resp: true,
             security: Default::default(),
+            gateway_limits: Default::default(),
         }
     }
 }
@@ -320,6 +327,10 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         Some(r) => r,
         None => REPLICAS_DEFAULT.min(args.servers - 1),
     };
+    if !args.no_resp {
+        // Checked before any process starts, not when the gateway, last, refuses them.
+        args.gateway_limits.connection_limits()?;
+    }
     let mut children = Children::new();
     let security_args = args.security.to_args()?;
     let log = std::env::var("RAMPART_LOG").unwrap_or_else(|_| args.log_level.clone());
@@ -500,23 +511,7 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         );
     }
     if !args.no_resp {
-        let listen = match &args.resp_addr {
-            Some(addr) => addr.clone(),
-            None if args.coordinator_addr.ends_with(":0") || network.is_some() => {
-                "127.0.0.1:0".into()
-            }
-            None => "127.0.0.1:6379".into(),
-        };
-        let mut command: Vec<String> = vec![
-            "gateway".into(),
-            "--coordinator".into(),
-            coordinator.clone(),
-            "--listen".into(),
-            listen,
-        ];
-        // The gateway takes the token (its connections, and its clients' AUTH) and the
-        // certificate (its RESP clients' TLS), as the servers do.
-        command.extend(security_args.iter().cloned());
+        let command = gateway_command(args, &coordinator, network.is_some(), &security_args);
         let running = children.spawn("gateway", &command, &env, None)?;
         if print {
             let port = running.addr.rsplit(':').next().unwrap_or_default();
@@ -549,6 +544,33 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         server_args: server_args_all,
         env,
     })
+}
+
+/// The command line of the gateway `args` asks for, reaching the cluster at
+/// `coordinator`; `in_network`: the cluster has a network of its own.
+fn gateway_command(
+    args: &UpArgs,
+    coordinator: &str,
+    in_network: bool,
+    security_args: &[String],
+) -> Vec<String> {
+    let listen = match &args.resp_addr {
+        Some(addr) => addr.clone(),
+        None if args.coordinator_addr.ends_with(":0") || in_network => "127.0.0.1:0".into(),
+        None => "127.0.0.1:6379".into(),
+    };
+    let mut command: Vec<String> = vec![
+        "gateway".into(),
+        "--coordinator".into(),
+        coordinator.to_string(),
+        "--listen".into(),
+        listen,
+    ];
+    command.extend(args.gateway_limits.to_args());
+    // The gateway takes the token (its connections, and its clients' AUTH) and the
+    // certificate (its RESP clients' TLS), as the servers do.
+    command.extend(security_args.iter().cloned());
+    command
 }
 
 /// Most coordinators `cluster up` starts.
@@ -647,19 +669,22 @@ pub(crate) fn signal_flag(signal: libc::c_int, flag: &Arc<AtomicBool>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rampart_gateway::ConnectionLimits;
 
-    #[test]
-    fn coordinator_http_ports_follow_fixed_ports_and_are_free_with_free_ports() {
+    /// `cluster up`'s flags, parsed as the command line's.
+    fn parse(args: &[&str]) -> UpArgs {
         #[derive(clap::Parser)]
         struct Up {
             #[command(flatten)]
             up: UpArgs,
         }
-        let parse = |args: &[&str]| {
-            <Up as clap::Parser>::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
-                .expect("valid flags")
-                .up
-        };
+        <Up as clap::Parser>::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
+            .expect("valid flags")
+            .up
+    }
+
+    #[test]
+    fn coordinator_http_ports_follow_fixed_ports_and_are_free_with_free_ports() {
         let http = |args: &UpArgs, index, addr, free| {
             coordinator_http_addr(args, index, addr, free).expect("an address")
         };
@@ -680,5 +705,78 @@ mod tests {
         );
         let none = parse(&["--no-metrics"]);
         assert_eq!(http(&none, 0, "127.0.0.1:7000", false), None);
+    }
+
+    #[test]
+    fn gateway_command_passes_on_the_connection_limits_given_to_cluster_up() {
+        /// The gateway's command line, parsed as `rampart gateway` parses it.
+        fn gateway(command: &[String]) -> crate::gateway::GatewayArgs {
+            #[derive(clap::Parser)]
+            struct Gateway {
+                #[command(flatten)]
+                gateway: crate::gateway::GatewayArgs,
+            }
+            assert_eq!(command[0], "gateway");
+            <Gateway as clap::Parser>::try_parse_from(command)
+                .expect("flags rampart gateway takes")
+                .gateway
+        }
+        let up = parse(&[
+            "--resp-addr",
+            "127.0.0.1:6380",
+            "--first-command-timeout-ms",
+            "500",
+            "--connections-per-peer-max",
+            "20",
+            "--idle-timeout-ms",
+            "5000",
+            "--reply-bytes-pending-max",
+            "4KiB",
+        ]);
+        let command = gateway_command(&up, "127.0.0.1:7000", false, &[]);
+        assert!(
+            command
+                .windows(2)
+                .any(|w| w == ["--idle-timeout-ms", "5000"]),
+            "{command:?}"
+        );
+        let started = gateway(&command);
+        assert_eq!(started.listen, "127.0.0.1:6380");
+        assert_eq!(
+            started.limits.connection_limits().expect("valid limits"),
+            ConnectionLimits {
+                first_command_timeout: Duration::from_millis(500),
+                connections_per_peer_max: 20,
+                idle_timeout: Some(Duration::from_secs(5)),
+                reply_bytes_pending_max: 4096,
+            }
+        );
+        // None given: the gateway runs with its own defaults.
+        let command = gateway_command(&parse(&[]), "127.0.0.1:7000", false, &[]);
+        let started = gateway(&command);
+        assert_eq!(started.listen, "127.0.0.1:6379");
+        assert_eq!(
+            started.limits.connection_limits().expect("valid limits"),
+            ConnectionLimits::default()
+        );
+    }
+
+    #[test]
+    fn start_refuses_bad_gateway_limits_before_starting_anything() {
+        // Were the limits not checked first, the bad address would be refused next,
+        // still before any process.
+        let up = parse(&[
+            "--connections-per-peer-max",
+            "0",
+            "--coordinator-addr",
+            "not an address",
+        ]);
+        let error = start(&up, false).expect_err("no connection allowed");
+        assert!(
+            error
+                .to_string()
+                .contains("--connections-per-peer-max must be at least 1"),
+            "{error}"
+        );
     }
 }

@@ -30,11 +30,20 @@
 //! listen = "0.0.0.0:7200"
 //! rack = "rack-1"
 //! data_dir = "/var/lib/rampart/h1-a"
+//!
+//! [[gateway]]
+//! name = "h1"
+//! listen = "0.0.0.0:6379"
+//! idle_timeout_ms = 300000           # optional, as `rampart gateway --idle-timeout-ms`;
+//!                                    # so are first_command_timeout_ms,
+//!                                    # connections_per_peer_max, reply_bytes_pending_max
 //! ```
 //!
 //! [`ClusterFile::parse`] checks the file as a whole (unknown keys, duplicate ids, names
 //! and addresses, wildcard or port-less advertised addresses, racks too few for R) and
-//! reports every problem at once, naming the entry.
+//! reports every problem at once, naming the entry. What stands for one process's
+//! flags alone (a size, a gateway's connection limit) is checked by that process as it
+//! checks its flags.
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
@@ -141,6 +150,44 @@ pub struct GatewayEntry {
     pub listen: String,
     /// The table it serves (default: the gateway's default).
     pub table: Option<String>,
+    /// `--first-command-timeout-ms` (default: the gateway's default, as for the three
+    /// below; see `rampart gateway --help`).
+    pub first_command_timeout_ms: Option<u64>,
+    /// `--connections-per-peer-max`.
+    pub connections_per_peer_max: Option<usize>,
+    /// `--idle-timeout-ms` (0: never).
+    pub idle_timeout_ms: Option<u64>,
+    /// `--reply-bytes-pending-max` (e.g. "64MiB").
+    pub reply_bytes_pending_max: Option<String>,
+}
+
+impl GatewayEntry {
+    /// The flags of the connection limits the entry sets (none for those it leaves to
+    /// the gateway's defaults).
+    fn connection_limit_flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        push_some(
+            &mut flags,
+            "--first-command-timeout-ms",
+            self.first_command_timeout_ms.as_ref(),
+        );
+        push_some(
+            &mut flags,
+            "--connections-per-peer-max",
+            self.connections_per_peer_max.as_ref(),
+        );
+        push_some(
+            &mut flags,
+            "--idle-timeout-ms",
+            self.idle_timeout_ms.as_ref(),
+        );
+        push_some(
+            &mut flags,
+            "--reply-bytes-pending-max",
+            self.reply_bytes_pending_max.as_ref(),
+        );
+        flags
+    }
 }
 
 impl ClusterFile {
@@ -373,6 +420,7 @@ impl ClusterFile {
             entry.listen.clone(),
         ];
         push_some(&mut flags, "--table", entry.table.as_ref());
+        flags.extend(entry.connection_limit_flags());
         push_path(
             &mut flags,
             "--auth-token-file",
@@ -642,6 +690,40 @@ mod tests {
         );
         assert!(file.server_flags("z").is_err());
         assert!(file.gateway_flags("resp").is_ok());
+    }
+
+    #[test]
+    fn gateway_flags_carry_the_connection_limits_the_entry_sets() {
+        let limited = THREE_RACKS.replace(
+            "listen = \"0.0.0.0:6379\"",
+            "listen = \"0.0.0.0:6379\"\nidle_timeout_ms = 5000\n\
+             first_command_timeout_ms = 2000\nconnections_per_peer_max = 50\n\
+             reply_bytes_pending_max = \"1MiB\"",
+        );
+        let file = ClusterFile::parse(&limited).expect("a valid file");
+        let flags = file.gateway_flags("resp").expect("gateway resp");
+        for pair in [
+            ["--idle-timeout-ms", "5000"],
+            ["--first-command-timeout-ms", "2000"],
+            ["--connections-per-peer-max", "50"],
+            ["--reply-bytes-pending-max", "1MiB"],
+        ] {
+            assert!(flags.windows(2).any(|w| w == pair), "{pair:?} in {flags:?}");
+        }
+        // An entry without them gives none: the gateway's defaults apply.
+        let plain = ClusterFile::parse(THREE_RACKS).expect("a valid file");
+        let flags = plain.gateway_flags("resp").expect("gateway resp");
+        assert_eq!(
+            flags,
+            strings(&[
+                "--coordinator",
+                "10.0.1.1:7000,10.0.2.1:7000",
+                "--listen",
+                "0.0.0.0:6379",
+                "--auth-token-file",
+                "token",
+            ])
+        );
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! listening on ADDR` (so a parent that asked for port 0 learns the port), then serves
 //! RESP until SIGINT or SIGTERM. `--first-command-timeout-ms`,
 //! `--connections-per-peer-max`, `--idle-timeout-ms` and `--reply-bytes-pending-max`
-//! bound what one connection may hold (`rampart_gateway::ConnectionLimits`).
+//! bound what one connection may hold (`rampart_gateway::ConnectionLimits`). They are
+//! [`ConnectionLimitArgs`], the one place their defaults and checks live: `rampart
+//! cluster up` takes the same flags for the gateway it starts, and a cluster file's
+//! `[[gateway]]` entry stands for them (`idle_timeout_ms = 5000`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -22,7 +25,8 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
     /// This gateway's name in the cluster file (`--cluster-file`), whose `[[gateway]]`
-    /// entry gives its flags (coordinators, listen, table, token, certificate).
+    /// entry gives its flags (coordinators, listen, table, connection limits, token,
+    /// certificate).
     #[arg(long, requires = "cluster_file")]
     pub name: Option<String>,
     /// Coordinator address(es), comma-separated.
@@ -52,31 +56,69 @@ pub struct GatewayArgs {
     /// Private key (PEM) of --tls-cert.
     #[arg(long, requires = "tls_cert", value_name = "FILE")]
     pub tls_key: Option<std::path::PathBuf>,
-    /// Milliseconds a connection may take from its accept to its first command (with a
-    /// token, to a successful AUTH) before it is closed.
+    /// Bounds on each RESP connection.
+    #[command(flatten)]
+    pub limits: ConnectionLimitArgs,
+}
+
+/// The flags that bound what one RESP connection may hold, shared by `rampart gateway`,
+/// `rampart cluster up` (for the gateway it starts, under the same names: none of its
+/// other flags is about connections) and the cluster file's `[[gateway]]` entries
+/// (which become these flags). The defaults are the library's constants.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "RESP connection limits (the gateway's)")]
+pub struct ConnectionLimitArgs {
+    /// Milliseconds a RESP connection may take from its accept to its first command
+    /// (with a token, to a successful AUTH) before the gateway closes it.
     #[arg(
         long,
         default_value_t = FIRST_COMMAND_TIMEOUT.as_millis() as u64,
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub first_command_timeout_ms: u64,
-    /// Connections one IP address may hold open; the one past it is answered `-ERR max
-    /// number of clients reached` and closed.
+    /// RESP connections one IP address may hold open to the gateway; the one past it is
+    /// answered `-ERR max number of clients reached` and closed.
     #[arg(long, default_value_t = CONNECTIONS_PER_PEER_MAX)]
     pub connections_per_peer_max: usize,
-    /// Milliseconds an authenticated connection may send nothing before it is closed
-    /// (0: never, as Redis's `timeout 0`).
+    /// Milliseconds an authenticated RESP connection may send nothing before the gateway
+    /// closes it (0: never, as Redis's `timeout 0`).
     #[arg(long, default_value_t = 0)]
     pub idle_timeout_ms: u64,
-    /// Reply bytes a connection may have waiting to be written before the gateway stops
-    /// reading its requests until they are written.
+    /// Reply bytes a RESP connection may have waiting to be written before the gateway
+    /// stops reading its requests until they are written.
     #[arg(long, default_value_t = ByteSize(REPLY_BYTES_PENDING_MAX as u64))]
     pub reply_bytes_pending_max: ByteSize,
 }
 
-impl GatewayArgs {
-    /// The connection limits the flags give.
-    fn connection_limits(&self) -> Result<ConnectionLimits> {
+impl Default for ConnectionLimitArgs {
+    /// The limits with no flag given: the flags' own defaults.
+    fn default() -> Self {
+        use clap::FromArgMatches;
+        let matches = ConnectionLimitArgs::augment_args(clap::Command::new("gateway"))
+            .try_get_matches_from(["gateway"])
+            .expect("no flags at all are valid flags");
+        ConnectionLimitArgs::from_arg_matches(&matches).expect("defaults of the right types")
+    }
+}
+
+impl ConnectionLimitArgs {
+    /// The flags that give these limits to `rampart gateway`: all four, so the child
+    /// runs with exactly these.
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            "--first-command-timeout-ms".into(),
+            self.first_command_timeout_ms.to_string(),
+            "--connections-per-peer-max".into(),
+            self.connections_per_peer_max.to_string(),
+            "--idle-timeout-ms".into(),
+            self.idle_timeout_ms.to_string(),
+            "--reply-bytes-pending-max".into(),
+            self.reply_bytes_pending_max.to_string(),
+        ]
+    }
+
+    /// The connection limits the flags give, or what is wrong with them.
+    pub fn connection_limits(&self) -> Result<ConnectionLimits> {
         if self.connections_per_peer_max == 0 {
             bail!("--connections-per-peer-max must be at least 1");
         }
@@ -99,7 +141,7 @@ impl GatewayArgs {
 /// Runs `rampart gateway`.
 pub fn run(args: GatewayArgs) -> Result<ExitCode> {
     crate::init_logging("info");
-    let connection_limits = args.connection_limits()?;
+    let connection_limits = args.limits.connection_limits()?;
     let security = args.security.security()?;
     let password = security.token.clone();
     if !rampart_common::auth::install(security) {
@@ -132,4 +174,18 @@ pub fn run(args: GatewayArgs) -> Result<ExitCode> {
         tracing::info!("RESP gateway stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_limit_defaults_are_the_library_s() {
+        let defaults = ConnectionLimitArgs::default();
+        assert_eq!(
+            defaults.connection_limits().expect("valid defaults"),
+            ConnectionLimits::default()
+        );
+    }
 }

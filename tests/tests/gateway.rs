@@ -5,7 +5,8 @@
 //! including a write acknowledged through the gateway read back after its master was
 //! killed with SIGKILL and recovered; and a `rampart gateway` of its own started with
 //! the flags that bound its connections (first-command deadline, connections per
-//! address, idle timeout), checked over raw sockets.
+//! address, idle timeout), checked over raw sockets, beside the gateway of a `cluster up`
+//! given the idle timeout.
 
 // A failed unwrap is a failed test, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -225,7 +226,20 @@ fn call(stream: &mut TcpStream, request: &[u8], expected: usize) -> String {
 
 #[test]
 fn gateway_flags_bound_silent_idle_and_crowded_connections() {
-    let cluster = cluster();
+    // `cluster up` passes the limit on to its gateway (checked alongside the gateway
+    // started here, within the same wait).
+    let cluster = LocalCluster::start(
+        3,
+        &[
+            "--replicas",
+            "1",
+            "--memory",
+            "64MiB",
+            "--idle-timeout-ms",
+            "1500",
+        ],
+    )
+    .unwrap();
     let gateway = RampartProcess::start(&[
         "gateway",
         "--coordinator",
@@ -248,6 +262,11 @@ fn gateway_flags_bound_silent_idle_and_crowded_connections() {
     .unwrap();
     let addr = gateway.addr.as_str();
     eprintln!("gateway with bounded connections at {addr}");
+    let (cluster_addr, _) = cluster
+        .gateway
+        .clone()
+        .expect("cluster up starts a gateway");
+    let mut cluster_idle = TcpStream::connect(&cluster_addr).unwrap();
     // Silent since its accept: closed after the first-command deadline.
     let mut silent = TcpStream::connect(addr).unwrap();
     assert!(closes_within(&mut silent, Duration::from_secs(20)));
@@ -268,8 +287,9 @@ fn gateway_flags_bound_silent_idle_and_crowded_connections() {
     let timeout = b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$7\r\ntimeout\r\n";
     let expected = "*2\r\n$7\r\ntimeout\r\n$1\r\n2\r\n";
     assert_eq!(call(&mut served[0], timeout, expected.len()), expected);
+    assert_eq!(call(&mut cluster_idle, timeout, expected.len()), expected);
     // Authenticated and then idle: closed after the idle timeout.
-    for connection in &mut served {
+    for connection in served.iter_mut().chain([&mut cluster_idle]) {
         assert!(closes_within(connection, Duration::from_secs(20)));
     }
 }
