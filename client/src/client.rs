@@ -887,13 +887,22 @@ impl Client {
     ) -> Result<BTreeMap<String, Vec<usize>>, ClientError> {
         loop {
             let map = self.map();
-            let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+            // By owner first, then by its address: one address looked up (and copied)
+            // per owner, not per object (`TabletMapCache::route` is per object).
+            let mut by_owner: BTreeMap<ServerId, Vec<usize>> = BTreeMap::new();
             let mut unrouted = None;
             for &i in pending {
                 let (table, key) = items[i];
-                match map.route(table, key_hash(key)) {
-                    Some((_, addr)) => groups.entry(addr).or_default().push(i),
+                match map.tablet(table, key_hash(key)) {
+                    Some(tablet) => by_owner.entry(tablet.owner).or_default().push(i),
                     None => unrouted = Some(table),
+                }
+            }
+            let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+            for (owner, indices) in by_owner {
+                match map.addr(owner) {
+                    Some(addr) => groups.entry(addr.to_string()).or_default().extend(indices),
+                    None => unrouted = indices.first().map(|&i| items[i].0).or(unrouted),
                 }
             }
             let Some(table) = unrouted else {

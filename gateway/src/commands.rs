@@ -92,6 +92,18 @@ pub const COMMANDS: &[&str] = &[
     "DEL", "EXISTS", "INCR", "INCRBY", "DECR", "DECRBY", "MGET", "MSET", "SCAN",
 ];
 
+/// Room [`parse`] makes for a command name, more than the longest it serves (checked
+/// below against [`COMMANDS`]; `UNLINK`, served too, is 6): a longer name is unknown.
+const COMMAND_NAME_BYTES_MAX: usize = 16;
+
+const _: () = {
+    let mut i = 0;
+    while i < COMMANDS.len() {
+        assert!(COMMANDS[i].len() <= COMMAND_NAME_BYTES_MAX);
+        i += 1;
+    }
+};
+
 /// Keys a `SCAN` returns per call unless `COUNT` says otherwise.
 pub const SCAN_COUNT_DEFAULT: usize = 10;
 
@@ -119,10 +131,21 @@ pub fn parse(args: &[Bytes]) -> Result<Command, Reply> {
     let Some(name) = args.first() else {
         return Err(Reply::err("empty command"));
     };
-    let name = String::from_utf8_lossy(name).to_ascii_uppercase();
+    // Upper-cased on the stack: a command of a bulk load costs no allocation here. A
+    // name too long for the buffer, or not UTF-8, is no command served (and answered
+    // with its own bytes, below).
+    let mut upper = [0u8; COMMAND_NAME_BYTES_MAX];
+    let name: &str = match upper.get_mut(..name.len()) {
+        Some(upper) => {
+            upper.copy_from_slice(name);
+            upper.make_ascii_uppercase();
+            std::str::from_utf8(upper).unwrap_or("")
+        }
+        None => "",
+    };
     let rest = &args[1..];
-    let arity = |ok: bool| if ok { Ok(()) } else { Err(wrong_arity(&name)) };
-    match name.as_str() {
+    let arity = |ok: bool| if ok { Ok(()) } else { Err(wrong_arity(name)) };
+    match name {
         "PING" => {
             arity(rest.len() <= 1)?;
             Ok(Command::Ping(rest.first().cloned()))

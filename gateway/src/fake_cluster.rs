@@ -106,6 +106,10 @@ impl Service for FakeCoordinator {
     }
 }
 
+/// Largest value the fake master takes (a real master's `--value-bytes-max`, made
+/// small): a longer one is refused `ValueTooLarge`.
+pub const FAKE_VALUE_BYTES_MAX: usize = 1024;
+
 /// Keeps objects in a map and serves reads, writes and enumerations of them.
 #[derive(Debug)]
 pub struct FakeMaster {
@@ -141,6 +145,12 @@ impl FakeMaster {
     }
 
     fn write(&self, request: WriteRequest) -> WriteReply {
+        if request.value.len() > FAKE_VALUE_BYTES_MAX {
+            return WriteReply {
+                status: Status::ValueTooLarge,
+                version: Version(0),
+            };
+        }
         let mut objects = self.objects.lock().expect("not poisoned");
         let at = (key_hash(&request.key).0, request.key);
         let current = objects.get(&at).map(|(version, _)| *version);

@@ -490,8 +490,10 @@ impl Gateway {
                     Err(error) => vec![client_error(error); keys.len()],
                 }
             }
-            Together::Sets(items) => {
-                let items: Vec<WriteItem> = items
+            Together::Sets(run) => {
+                let answers = run.commands_per_item();
+                let items: Vec<WriteItem> = run
+                    .items
                     .into_iter()
                     .map(|(key, value, condition)| WriteItem {
                         table,
@@ -500,17 +502,27 @@ impl Gateway {
                         rules: set_rules(condition),
                     })
                     .collect();
-                match client.multi_write(&items).await {
-                    Ok(outcomes) => outcomes
-                        .into_iter()
-                        .map(|outcome| match outcome {
-                            Ok(_) => Reply::OK,
-                            Err(ClientError::Rejected { .. }) => Reply::Bulk(None),
-                            Err(error) => client_error(error),
-                        })
-                        .collect(),
-                    Err(error) => vec![client_error(error); items.len()],
+                let outcomes = match client.multi_write(&items).await {
+                    Ok(outcomes) => outcomes,
+                    Err(error) => return vec![client_error(error); run.commands.len()],
+                };
+                let mut replies = Vec::with_capacity(run.commands.len());
+                for (item, value) in &run.commands {
+                    let reply = match &outcomes[*item] {
+                        Ok(_) => Reply::OK,
+                        Err(ClientError::Rejected { .. }) => Reply::Bulk(None),
+                        // A refused write that absorbed SETs before it: each of them runs
+                        // alone (`crate::pipeline`: they get the answers they would have
+                        // had alone).
+                        Err(error) if answers[*item] > 1 && !error.outcome_unknown() => self
+                            .set(&items[*item].key, value, SetCondition::Always, false)
+                            .await
+                            .unwrap_or_else(client_error),
+                        Err(error) => client_error(error.clone()),
+                    };
+                    replies.push(reply);
                 }
+                replies
             }
         }
     }
@@ -1152,6 +1164,74 @@ mod tests {
         // SET a 6 and the INCR's conditional write; the INCR's read and the last GET.
         assert_eq!(master.calls::<Write>(), 2);
         assert_eq!(master.calls::<Read>(), 2);
+    }
+
+    #[tokio::test]
+    async fn pipelined_sets_arriving_in_pieces_answer_and_apply_in_order() {
+        let cluster = FakeCluster::start(&[], ConnectionLimits::default(), None).await;
+        let mut connection = Connection::open(&cluster).await;
+        // Pieces sent one after the other without waiting, keys repeating across them
+        // (and, as the pieces are read, within the runs they make).
+        let mut expected = Vec::new();
+        for piece in 0..8 {
+            let mut pipeline = Vec::new();
+            for i in 0..50 {
+                let key = format!("k{}", (piece * 50 + i) % 120);
+                let value = format!("{piece}-{i}");
+                pipeline.extend(request(&[b"SET", key.as_bytes(), value.as_bytes()]));
+                expected.push(Reply::OK);
+            }
+            connection.send(&pipeline).await;
+        }
+        connection.send(&request(&[b"GET", b"k0"])).await;
+        connection.send(&request(&[b"GET", b"k119"])).await;
+        for want in expected {
+            assert_eq!(connection.reply().await, want);
+        }
+        // The last write of each key wins, as one at a time: k0's last is the 360th
+        // SET (piece 7, its 10th), k119's the 359th (piece 7, its 9th).
+        assert_eq!(connection.reply().await, Reply::bulk("7-10"));
+        assert_eq!(connection.reply().await, Reply::bulk("7-9"));
+    }
+
+    #[tokio::test]
+    async fn pipelined_sets_of_one_key_are_one_write_unless_it_is_refused() {
+        use crate::fake_cluster::FAKE_VALUE_BYTES_MAX;
+        use rampart_common::protocol::master::{MultiWrite, Write};
+        let cluster = FakeCluster::start(&[], ConnectionLimits::default(), None).await;
+        let mut connection = Connection::open(&cluster).await;
+        // Sixteen SETs of one key (redis-benchmark -P 16 without -r): one write.
+        let pipeline: Vec<u8> = (0..16)
+            .flat_map(|i| request(&[b"SET", b"k", format!("{i:02}").as_bytes()]))
+            .collect();
+        connection.send(&pipeline).await;
+        for _ in 0..16 {
+            assert_eq!(connection.reply().await, Reply::OK);
+        }
+        assert_eq!(connection.call(&[b"GET", b"k"]).await, Reply::bulk("15"));
+        let master = &cluster.master;
+        assert_eq!(master.calls::<MultiWrite>(), 1);
+        assert_eq!(master.calls::<Write>(), 0);
+        // The last value refused (too large): the SETs run alone, each answered as it
+        // would have been alone, and the value before the refused one stays.
+        let small = vec![b's'; FAKE_VALUE_BYTES_MAX / 2];
+        let large = vec![b'l'; FAKE_VALUE_BYTES_MAX + 1];
+        let pipeline = [
+            request(&[b"SET", b"k", &small]),
+            request(&[b"SET", b"other", b"v"]),
+            request(&[b"SET", b"k", &large]),
+        ]
+        .concat();
+        connection.send(&pipeline).await;
+        assert_eq!(connection.reply().await, Reply::OK);
+        assert_eq!(connection.reply().await, Reply::OK);
+        let Reply::Error(refused) = connection.reply().await else {
+            panic!("a value too large was answered OK");
+        };
+        assert!(refused.contains("value too large"), "{refused}");
+        assert_eq!(connection.call(&[b"GET", b"k"]).await, Reply::bulk(small));
+        assert_eq!(master.calls::<MultiWrite>(), 2);
+        assert_eq!(master.calls::<Write>(), 2, "the key's two SETs, alone");
     }
 
     /// `SCAN`'s cursor and keys.

@@ -14,13 +14,30 @@
 //! multi-operation, whose items are applied in no particular order. Anything else (an
 //! `INCR`, a `DEL`, an error to answer) ends the run and runs alone, after it.
 //!
+//! One exception to "distinct keys": a plain `SET` (no `NX`, `XX` or `GET`) of a key
+//! that an earlier plain `SET` of the run writes is *absorbed* — the run writes the key
+//! once, with the last value, and that one write answers every `SET` of the key
+//! ([`SetRun`]). This is what Redis's own semantics allow: the replies come after the
+//! last value is durable, so each absorbed `SET` can be taken to have happened, in
+//! order, just before it (within the time between its request and its reply), its value
+//! overwritten before anyone could read it. It is what makes a pipeline of writes to
+//! one key (`redis-benchmark -P 16` without `-r` writes one key) one round trip instead
+//! of sixteen. Should the write be refused (the last value too large, no space), the
+//! gateway runs the key's `SET`s again one at a time, so that each gets the answer it
+//! would have had alone; should its outcome be unknown (a timeout), each absorbed `SET`
+//! is answered so, which holds for each of them. A `SET` absorbs only earlier values no
+//! longer than its own, so that an absorbed value that would have been refused alone
+//! (too large for the cluster) cannot be answered `OK` by a write of a shorter one; a
+//! shorter value, or a conditional `SET` of a key the run writes already (its answer
+//! depends on the write before it), ends the run.
+//!
 //! What Redis gives and a run does not: Redis runs one connection's pipeline
 //! sequentially, so two `GET`s in a row cannot see another client's two writes in the
 //! reverse order; the reads of one run are concurrent, and can (as this gateway's
 //! `MGET` can). Writes of one run are each exactly once, as alone.
 
 use bytes::Bytes;
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use crate::commands::{Command, SetCondition};
 use crate::resp::Reply;
@@ -43,8 +60,31 @@ const _: () = assert!(GET_RUN_MAX <= PIPELINE_BATCH_MAX);
 pub enum Together {
     /// `GET` of each key.
     Gets(Vec<Bytes>),
-    /// `SET key value [NX|XX]` of each, keys distinct.
-    Sets(Vec<(Bytes, Bytes, SetCondition)>),
+    /// `SET key value [NX|XX]` commands, one write per key.
+    Sets(SetRun),
+}
+
+/// A run of `SET`s: the writes to send, one per key, and which write answers each
+/// command (module doc, on absorbed `SET`s).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetRun {
+    /// `(key, value, condition)`, keys distinct; a key that plain `SET`s of the run
+    /// write more than once carries the last one's value.
+    pub items: Vec<(Bytes, Bytes, SetCondition)>,
+    /// For each command of the run, in order: the item that answers it, and its own
+    /// value (what it writes should it have to run alone).
+    pub commands: Vec<(usize, Bytes)>,
+}
+
+impl SetRun {
+    /// How many commands each item answers (more than one: it absorbed plain `SET`s).
+    pub fn commands_per_item(&self) -> Vec<usize> {
+        let mut answers = vec![0; self.items.len()];
+        for (item, _) in &self.commands {
+            answers[*item] += 1;
+        }
+        answers
+    }
 }
 
 impl Together {
@@ -52,7 +92,7 @@ impl Together {
     pub fn len(&self) -> usize {
         match self {
             Together::Gets(keys) => keys.len(),
-            Together::Sets(items) => items.len(),
+            Together::Sets(run) => run.commands.len(),
         }
     }
 
@@ -77,8 +117,13 @@ pub fn together_at_front(commands: &[Result<Command, Reply>]) -> Option<Together
                 .collect(),
         ),
         Ok(Command::Set { get: false, .. }) => {
-            let mut items: Vec<(Bytes, Bytes, SetCondition)> = Vec::new();
-            let mut keys: HashSet<&Bytes> = HashSet::new();
+            let mut run = SetRun {
+                items: Vec::new(),
+                commands: Vec::new(),
+            };
+            // Each key's item (room for a bulk load's run at once).
+            let mut item_of: HashMap<&Bytes, usize> =
+                HashMap::with_capacity(commands.len().min(PIPELINE_BATCH_MAX));
             for command in commands {
                 let Ok(Command::Set {
                     key,
@@ -89,12 +134,28 @@ pub fn together_at_front(commands: &[Result<Command, Reply>]) -> Option<Together
                 else {
                     break;
                 };
-                if !keys.insert(key) {
-                    break;
-                }
-                items.push((key.clone(), value.clone(), *condition));
+                let item = match item_of.get(key) {
+                    None => {
+                        item_of.insert(key, run.items.len());
+                        run.items.push((key.clone(), value.clone(), *condition));
+                        run.items.len() - 1
+                    }
+                    // Only by a value no shorter: what refuses the absorbed value on its
+                    // own (too large) refuses the absorbing one, and then they run alone.
+                    Some(&item)
+                        if *condition == SetCondition::Always
+                            && run.items[item].2 == SetCondition::Always
+                            && value.len() >= run.items[item].1.len() =>
+                    {
+                        run.items[item].1 = value.clone();
+                        item
+                    }
+                    // A conditional SET answers after the write before it.
+                    Some(_) => break,
+                };
+                run.commands.push((item, value.clone()));
             }
-            Together::Sets(items)
+            Together::Sets(run)
         }
         _ => return None,
     };
@@ -118,11 +179,16 @@ mod tests {
         })
     }
 
+    /// The keys of the commands covered, in order.
     fn keys(together: Option<Together>) -> Vec<String> {
         let keys: Vec<Bytes> = match together {
             None => return Vec::new(),
             Some(Together::Gets(keys)) => keys,
-            Some(Together::Sets(items)) => items.into_iter().map(|(key, _, _)| key).collect(),
+            Some(Together::Sets(run)) => run
+                .commands
+                .iter()
+                .map(|(item, _)| run.items[*item].0.clone())
+                .collect(),
         };
         keys.iter()
             .map(|k| String::from_utf8_lossy(k).to_string())
@@ -135,16 +201,25 @@ mod tests {
         let commands = [get("a"), get("b"), get("a"), set("c", always), get("d")];
         assert_eq!(keys(together_at_front(&commands)), ["a", "b", "a"]);
         // SETs: NX and XX go along; a key written twice ends the run before its second
-        // write, as does a SET ... GET or anything else.
+        // write where either write is conditional, as does a SET ... GET or anything
+        // else.
         let commands = [
             set("a", always),
             set("b", SetCondition::IfAbsent),
-            set("a", always),
+            set("b", always),
         ];
         assert!(matches!(
             together_at_front(&commands),
-            Some(Together::Sets(items)) if items.len() == 2 && items[1].2 == SetCondition::IfAbsent
+            Some(Together::Sets(run))
+                if run.items.len() == 2 && run.commands.len() == 2
+                    && run.items[1].2 == SetCondition::IfAbsent
         ));
+        let commands = [
+            set("a", always),
+            set("b", always),
+            set("a", SetCondition::IfPresent),
+        ];
+        assert_eq!(keys(together_at_front(&commands)), ["a", "b"]);
         let with_get = Ok(Command::Set {
             key: Bytes::from_static(b"z"),
             value: Bytes::from_static(b"v"),
@@ -170,6 +245,66 @@ mod tests {
             None
         );
         assert_eq!(together_at_front(&[]), None);
+    }
+
+    #[test]
+    fn together_at_front_absorbs_plain_sets_of_a_key_into_its_last_value() {
+        let value = |v: &'static str| Bytes::from_static(v.as_bytes());
+        let plain = |key: &str, v: &'static str| {
+            Ok(Command::Set {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                value: value(v),
+                condition: SetCondition::Always,
+                get: false,
+            })
+        };
+        let commands = [
+            plain("a", "1"),
+            plain("b", "1"),
+            plain("a", "2"),
+            plain("a", "3"),
+            set("c", SetCondition::IfAbsent),
+            // Conditional, of a key written already: ends the run.
+            set("c", SetCondition::Always),
+        ];
+        // A shorter value than the one it would absorb ends the run as well.
+        assert_eq!(
+            keys(together_at_front(&[
+                plain("a", "11"),
+                plain("a", "22"),
+                plain("a", "3")
+            ])),
+            ["a", "a"]
+        );
+        let Some(Together::Sets(run)) = together_at_front(&commands) else {
+            panic!("the SETs went separately");
+        };
+        assert_eq!(
+            run.items,
+            [
+                (value("a"), value("3"), SetCondition::Always),
+                (value("b"), value("1"), SetCondition::Always),
+                (value("c"), value("v"), SetCondition::IfAbsent),
+            ]
+        );
+        // Each command, in order, answered by its key's item, with its own value kept.
+        assert_eq!(
+            run.commands,
+            [
+                (0, value("1")),
+                (1, value("1")),
+                (0, value("2")),
+                (0, value("3")),
+                (2, value("v")),
+            ]
+        );
+        assert_eq!(run.commands_per_item(), [3, 1, 1]);
+        // A pipeline of one key: one write answers all, so they go together.
+        let same: Vec<_> = (0..16).map(|_| set("k", SetCondition::Always)).collect();
+        assert!(matches!(
+            together_at_front(&same),
+            Some(Together::Sets(run)) if run.items.len() == 1 && run.commands.len() == 16
+        ));
     }
 
     #[test]

@@ -50,6 +50,11 @@ pub const BUCKET_SLOTS_MAX: usize = 16;
 /// and merge the same bucket over and over.
 const MERGE_SLOTS_MAX: usize = BUCKET_SLOTS_MAX * 3 / 4;
 
+/// Slots of a bucket that a lookup counts in one pass rather than binary-searches
+/// (`Directory::find`): every bucket that can split (at most [`BUCKET_SLOTS_MAX`] + 1
+/// slots, while it is being split).
+const SCANNED_SLOTS_MAX: usize = BUCKET_SLOTS_MAX + 1;
+
 /// Where an object entry starts in the master's log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LogRef {
@@ -124,8 +129,22 @@ impl Directory {
     fn find(&self, hash: u64) -> (usize, std::ops::Range<usize>) {
         let b = self.entries[prefix(hash, self.depth)] as usize;
         let slots = &self.buckets[b].slots;
-        let start = slots.partition_point(|s| s.hash < hash);
-        let equal = slots[start..].iter().take_while(|s| s.hash == hash).count();
+        // A bucket that may split is counted, not binary-searched: its slots span about
+        // seven cache lines, which a binary search reads one after the other (each
+        // load's address depends on the last compare: three or four misses in a row
+        // when the bucket is cold, as in a write to a random key of a large table),
+        // while a count's loads are independent, so the processor has them all in
+        // flight at once — one miss's wait for the bucket instead of four. A bucket
+        // past the bound (one that cannot split) is searched.
+        let (start, equal) = if slots.len() <= SCANNED_SLOTS_MAX {
+            let below = slots.iter().filter(|s| s.hash < hash).count();
+            let equal = slots.iter().filter(|s| s.hash == hash).count();
+            (below, equal)
+        } else {
+            let start = slots.partition_point(|s| s.hash < hash);
+            let equal = slots[start..].iter().take_while(|s| s.hash == hash).count();
+            (start, equal)
+        };
         (b, start..start + equal)
     }
 

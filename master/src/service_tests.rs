@@ -1231,3 +1231,124 @@ mod recovery {
         assert_three_segments_recovered(&service);
     }
 }
+
+/// A `MultiWrite` payload's objects as `decode_multi_write` should give them.
+fn as_ops(request: &MultiWriteRequest) -> Vec<crate::object_store::WriteOp> {
+    request
+        .objects
+        .iter()
+        .map(|w| crate::object_store::WriteOp::Write {
+            table: w.table,
+            key: w.key.clone(),
+            value: w.value.clone(),
+            rules: w.rules,
+            rifl: w.rifl,
+        })
+        .collect()
+}
+
+mod multi_write_decoding {
+    use super::*;
+    use crate::service::decode_multi_write;
+    use proptest::prelude::*;
+    use rampart_common::ids::ClientId;
+    use rampart_common::rifl::Rifl;
+
+    fn any_write_request() -> impl Strategy<Value = WriteRequest> {
+        (
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 0..24),
+            proptest::collection::vec(any::<u8>(), 0..40),
+            (any::<u64>(), any::<[bool; 4]>()),
+            any::<[u64; 3]>(),
+        )
+            .prop_map(|(table, key, value, (given, flags), rifl)| WriteRequest {
+                table: TableId(table),
+                key: Bytes::from(key),
+                value: Bytes::from(value),
+                rules: RejectRules {
+                    given_version: Version(given),
+                    doesnt_exist: flags[0],
+                    exists: flags[1],
+                    version_le_given: flags[2],
+                    version_ne_given: flags[3],
+                },
+                rifl: Rifl {
+                    client: ClientId(rifl[0]),
+                    seq: rifl[1],
+                    ack: rifl[2],
+                },
+            })
+    }
+
+    proptest! {
+        /// Whatever the client encodes decodes to the same objects as through serde.
+        #[test]
+        fn decode_multi_write_reads_what_serde_writes(
+            objects in proptest::collection::vec(any_write_request(), 0..20),
+        ) {
+            let request = MultiWriteRequest { objects };
+            let ops = decode_multi_write(encode(&request)).unwrap();
+            prop_assert_eq!(ops, as_ops(&request));
+        }
+
+        /// A damaged payload (bytes changed, cut short or added) is refused exactly when
+        /// serde refuses it, and otherwise decodes to what serde decodes.
+        #[test]
+        fn decode_multi_write_accepts_exactly_what_serde_accepts(
+            objects in proptest::collection::vec(any_write_request(), 0..6),
+            // Small bytes as well as any: lengths and flags are where 0, 1 and 2 matter.
+            damage in proptest::collection::vec(
+                (any::<prop::sample::Index>(), prop_oneof![0..3u8, any::<u8>()]),
+                0..4,
+            ),
+            cut in any::<prop::sample::Index>(),
+            extra in proptest::collection::vec(any::<u8>(), 0..3),
+            how in 0..3u8,
+        ) {
+            let request = MultiWriteRequest { objects };
+            let mut payload = encode(&request).to_vec();
+            match how {
+                0 => {
+                    for (at, byte) in damage {
+                        let at = at.index(payload.len());
+                        payload[at] = byte;
+                    }
+                }
+                1 => payload.truncate(cut.index(payload.len() + 1)),
+                _ => payload.extend_from_slice(&extra),
+            }
+            let payload = Bytes::from(payload);
+            let by_hand = decode_multi_write(payload.clone());
+            let by_serde = MultiWriteRequest::decode(payload);
+            match (by_hand, by_serde) {
+                (Ok(ops), Ok(request)) => prop_assert_eq!(ops, as_ops(&request)),
+                (Err(_), Err(_)) => {}
+                (by_hand, by_serde) => prop_assert!(
+                    false,
+                    "by hand: {:?}; serde: {:?}",
+                    by_hand.map(|ops| ops.len()),
+                    by_serde.map(|r| r.objects.len())
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn decode_multi_write_refuses_a_count_the_payload_cannot_hold_without_allocating_it() {
+        let mut payload = BytesMut::new();
+        payload.put_u64_le(u64::MAX);
+        assert!(decode_multi_write(payload.freeze()).is_err());
+        // Keys and values are slices of the payload, not copies.
+        let request = MultiWriteRequest {
+            objects: vec![super::write_request("k", "v")],
+        };
+        let payload = encode(&request);
+        let ops = decode_multi_write(payload.clone()).unwrap();
+        let crate::object_store::WriteOp::Write { key, .. } = &ops[0] else {
+            panic!("not a write");
+        };
+        let inside = payload.as_ptr_range();
+        assert!(inside.contains(&key.as_ptr()), "the key was copied");
+    }
+}
