@@ -34,7 +34,12 @@
 //! earlier abandoned attempt are still in its log); either way the master forgets what
 //! it replayed and cleans it out of its log ([`SimMaster::recover`]). The real
 //! coordinator tells an unanswering master to abandon in the background while the next
-//! one starts; here the forget comes first.
+//! one starts; here the forget comes first. A recovery master keeps serving its own
+//! clients meanwhile: between two pieces of a replay, and after a failed try, a batch
+//! of theirs may come in (`SimConfig::serve_during_replay_p`), so an abandoned attempt's
+//! entries share segments with long-lived data. A master that takes a partition it
+//! failed a try of may be killed soon after (`SimConfig::kill_holder_p`): its recovery
+//! then reads whatever of that try is still in its log.
 //!
 //! One crash is handled at a time; the recovery masters do not crash while they replay
 //! (a recovery master that dies mid-partition is not simulated yet: it is a second crash
@@ -95,6 +100,37 @@ pub struct Cluster {
     /// Tries of a partition that failed on a recovery master: abandoned by the
     /// coordinator, or refused by the master.
     pub partition_tries_failed: usize,
+    /// Batches recovery masters' clients wrote while they recovered
+    /// (`SimConfig::serve_during_replay_p`).
+    batches_served: usize,
+    /// Masters that own a partition they failed a try of before
+    /// (`SimConfig::kill_holder_p`).
+    holders: BTreeSet<ServerId>,
+}
+
+/// Gives `ops` their exactly-once identities ([`Cluster::identify`]): the next numbers
+/// from `next_seq`, acknowledging every number below the oldest of `pending`.
+fn identify(pending: &[Pending], next_seq: &mut u64, ops: Vec<Draw>) -> Vec<ClientWrite> {
+    let ack = pending
+        .iter()
+        .map(|p| p.write.rifl.seq - 1)
+        .min()
+        .unwrap_or(*next_seq - 1);
+    ops.into_iter()
+        .map(|(key, value)| {
+            let seq = *next_seq;
+            *next_seq += 1;
+            ClientWrite {
+                key,
+                value,
+                rifl: Rifl {
+                    client: WRITER,
+                    seq,
+                    ack,
+                },
+            }
+        })
+        .collect()
 }
 
 /// The client id of every write of the run (one client: its numbers order its writes).
@@ -139,6 +175,8 @@ impl Cluster {
             retries_from_record: 0,
             workload: Workload::new(&world.config),
             partition_tries_failed: 0,
+            batches_served: 0,
+            holders: BTreeSet::new(),
         })
     }
 
@@ -203,27 +241,7 @@ impl Cluster {
     /// the acknowledgement of every number below the oldest whose outcome it has not
     /// learned.
     fn identify(&mut self, ops: Vec<Draw>) -> Vec<ClientWrite> {
-        let ack = self
-            .pending
-            .iter()
-            .map(|p| p.write.rifl.seq - 1)
-            .min()
-            .unwrap_or(self.next_seq - 1);
-        ops.into_iter()
-            .map(|(key, value)| {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                ClientWrite {
-                    key,
-                    value,
-                    rifl: Rifl {
-                        client: WRITER,
-                        seq,
-                        ack,
-                    },
-                }
-            })
-            .collect()
+        identify(&self.pending, &mut self.next_seq, ops)
     }
 
     /// Retries the writes of unknown outcome, each on the master that serves its key
@@ -293,8 +311,15 @@ impl Cluster {
         Ok(())
     }
 
-    /// Between batches a master may be killed while idle.
+    /// Between batches a master may be killed while idle: sometimes one that owns a
+    /// partition it had abandoned a try of (`SimConfig::kill_holder_p`), else any.
     fn maybe_kill_idle(&mut self, world: &mut World) {
+        let p = world.config.kill_holder_p;
+        if p > 0.0 && world.may_crash() && !self.holders.is_empty() && world.chance(p) {
+            let holders = std::mem::take(&mut self.holders);
+            self.kill_among(world, |id| holders.contains(&id));
+            return;
+        }
         if world.may_crash() && world.chance(world.config.master_crash_p * 4.0) {
             self.kill_one(world);
         }
@@ -302,8 +327,15 @@ impl Cluster {
 
     /// Kills a running master listed Up, drawn at random, while it is idle.
     fn kill_one(&mut self, world: &mut World) {
+        self.kill_among(world, |_| true);
+    }
+
+    /// Kills a running master listed Up that `among` accepts, drawn at random, while it
+    /// is idle.
+    fn kill_among(&mut self, world: &mut World, among: impl Fn(ServerId) -> bool) {
         let running: Vec<usize> = (0..self.masters.len())
             .filter(|&i| self.masters[i].running() && is_up(world, self.masters[i].id))
+            .filter(|&i| among(self.masters[i].id))
             .collect();
         if running.is_empty() {
             return;
@@ -405,6 +437,10 @@ impl Cluster {
                 ));
             };
             world.note(format!("{owner} took {tablets:?} of {crashed}"));
+            if partition.failed_on.contains(&owner) {
+                // Its log may still hold what it replayed of it before.
+                self.holders.insert(owner);
+            }
             let ceiling = world.coordinator.version_ceiling(owner);
             self.masters[i].take_tablets(&tablets, ceiling);
             self.partitions_recovered += 1;
@@ -448,9 +484,34 @@ impl Cluster {
         .then(|| world.draw(0..pieces.len() as u64 + 1) as usize);
         let (master, ranges) = (&mut self.masters[i], &partition.ranges);
         world.active = master.id;
-        match master.recover(world, ranges, pieces, abandon_after) {
+        // Its own clients' batches, while it recovers: drawn and identified as the
+        // workload's, numbered after the workload's batches.
+        let (workload, history) = (&mut self.workload, &mut self.history);
+        let (pending, next_seq) = (&mut self.pending, &mut self.next_seq);
+        let served = &mut self.batches_served;
+        let mut serve = |master: &mut SimMaster, world: &mut World| -> Result<(), Stop> {
+            let busy: BTreeSet<u64> = pending.iter().map(|p| p.write.key).collect();
+            let batch = world.config.batches + *served;
+            *served += 1;
+            let ops = workload.draw_batch(world, |key| master.owns(key), &busy, batch);
+            let ops = identify(pending, next_seq, ops);
+            if ops.is_empty() {
+                return Ok(());
+            }
+            world.note(format!("{} serves a batch while it recovers", master.id));
+            match master.write_batch(world, &ops, history, pending) {
+                // Its log is full: its later batches are refused, the replay goes on.
+                Err(Stop::LogFull) => {
+                    master.stopped = Some(Stop::LogFull);
+                    Ok(())
+                }
+                done => done,
+            }
+        };
+        match master.recover(world, ranges, pieces, abandon_after, &mut serve) {
             Ok(Recovered::Replayed) => Ok(Some(i)),
             Ok(Recovered::Failed(why)) => {
+                partition.failed_on.insert(master.id);
                 world.note(format!(
                     "{}: partition {ranges:?} of {crashed} failed: {why}",
                     master.id
@@ -607,6 +668,8 @@ struct PartitionTries {
     rounds: usize,
     /// Tries abandoned so far.
     abandons: usize,
+    /// Masters whose try of it failed: they forgot what they replayed of it.
+    failed_on: BTreeSet<ServerId>,
 }
 
 impl PartitionTries {
@@ -619,6 +682,7 @@ impl PartitionTries {
             tried: 0,
             rounds: 0,
             abandons: 0,
+            failed_on: BTreeSet::new(),
         }
     }
 }

@@ -70,6 +70,10 @@ enum Cleaned {
     Stuck,
 }
 
+/// Writes a batch of a recovery master's own clients while it recovers
+/// ([`SimMaster::recover`]): drawn and checked by the cluster.
+pub type Serve<'a> = dyn FnMut(&mut SimMaster, &mut World) -> Result<(), Stop> + 'a;
+
 /// How a `Recover` of one partition ended on a recovery master.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Recovered {
@@ -470,16 +474,21 @@ impl SimMaster {
     /// forgets what an earlier attempt left in those ranges, replays `pieces`, and
     /// forgets what it replayed if the replay is refused or — `abandon_after` — the
     /// coordinator abandons the try once that many pieces are replayed.
+    ///
+    /// `serve` writes a batch of this master's own clients
+    /// (`SimConfig::serve_during_replay_p`): drawn between two pieces, and after a
+    /// failed try.
     pub fn recover(
         &mut self,
         world: &mut World,
         ranges: &[HashRange],
         pieces: &[RecoveryPiece],
         abandon_after: Option<usize>,
+        serve: &mut Serve<'_>,
     ) -> Result<Recovered, Stop> {
         self.forget_unowned(world, ranges)?;
         let replayed = pieces.len().min(abandon_after.unwrap_or(usize::MAX));
-        let refused = !self.replay(world, &pieces[..replayed])?;
+        let refused = !self.replay(world, &pieces[..replayed], serve)?;
         let why = if refused {
             "the replay was refused (NoSpace)"
         } else if abandon_after.is_some() {
@@ -488,6 +497,7 @@ impl SimMaster {
             return Ok(Recovered::Replayed);
         };
         let forgotten = self.forget_unowned(world, ranges)?;
+        self.maybe_serve(world, serve)?;
         Ok(Recovered::Failed(format!(
             "{why} after {replayed} of {} pieces; {forgotten} objects forgotten, {} tainted \
              segment(s) left",
@@ -507,7 +517,14 @@ impl SimMaster {
     /// Between two pieces its batch may end (`SimConfig::replay_clean_p`) and the
     /// cleaner run, as the appender cleans between its batches: it may then move
     /// objects just replayed into a survivor.
-    fn replay(&mut self, world: &mut World, pieces: &[RecoveryPiece]) -> Result<bool, Stop> {
+    ///
+    /// Between two pieces its clients' batches may come in too (`serve`).
+    fn replay(
+        &mut self,
+        world: &mut World,
+        pieces: &[RecoveryPiece],
+        serve: &mut Serve<'_>,
+    ) -> Result<bool, Stop> {
         let mut batch = Batch::new();
         let mut state = ReplayState::new();
         let mut staged = true;
@@ -527,6 +544,11 @@ impl SimMaster {
                 let cleaning = world.draw_cleaning();
                 self.clean(world, cleaning)?;
             }
+            let p = world.config.serve_during_replay_p;
+            if !last && p > 0.0 && world.chance(p) {
+                self.publish_replayed(world, std::mem::take(&mut batch))?;
+                serve(self, world)?;
+            }
         }
         self.publish_replayed(world, batch)?;
         let counts = state.counts();
@@ -537,6 +559,16 @@ impl SimMaster {
             if staged { "" } else { ", refused" }
         ));
         Ok(staged)
+    }
+
+    /// After a failed try: a batch of this master's own clients, drawn as between two
+    /// pieces of a replay.
+    fn maybe_serve(&mut self, world: &mut World, serve: &mut Serve<'_>) -> Result<(), Stop> {
+        let p = world.config.serve_during_replay_p;
+        if p > 0.0 && world.chance(p) {
+            serve(self, world)?;
+        }
+        Ok(())
     }
 
     /// Replicates what a replay staged in `batch`, then publishes it.
@@ -1215,7 +1247,7 @@ mod tests {
             end: u64::MAX,
         }];
         let pieces = [piece(1)];
-        let abandoned = master.recover(&mut world, &whole, &pieces, Some(1));
+        let abandoned = master.recover(&mut world, &whole, &pieces, Some(1), &mut |_, _| Ok(()));
         assert!(
             matches!(abandoned, Ok(Recovered::Failed(_))),
             "{abandoned:?}"
@@ -1226,7 +1258,7 @@ mod tests {
         );
         // The next try is refused by the real `stage_replay`: a failed try, not a
         // stopped master.
-        let refused = master.recover(&mut world, &whole, &pieces, None);
+        let refused = master.recover(&mut world, &whole, &pieces, None, &mut |_, _| Ok(()));
         assert!(
             matches!(&refused, Ok(Recovered::Failed(why)) if why.contains("refused")),
             "{refused:?}"
@@ -1234,7 +1266,7 @@ mod tests {
         // Its forget cleans the attempt's segments out first once it may, as the
         // appender's does, and the try goes through.
         world.config.forget_clean_steps_max = FORGET_CLEAN_STEPS_MAX;
-        let replayed = master.recover(&mut world, &whole, &pieces, None);
+        let replayed = master.recover(&mut world, &whole, &pieces, None, &mut |_, _| Ok(()));
         assert_eq!(replayed, Ok(Recovered::Replayed));
         assert_eq!(master.store.tainted_held(), 0);
         master.take_tablets(

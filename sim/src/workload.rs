@@ -21,6 +21,11 @@
 //! ([`crate::cluster`]). With that fix undone, about one seed in 200 fails
 //! (`sim/tests/seeds.rs`).
 //!
+//! In some runs (`SimConfig::births_spread`) doomed keys are born one at a time, each
+//! with its cold data, throughout the run rather than as soon as batches draw them: cold
+//! data keeps being written into heads that replays are appended to, which keeps an
+//! abandoned replay's segments in the log (issue 39, item 2).
+//!
 //! A step of a doomed key is drawn only while none of its writes is of unknown outcome
 //! (the client retries those, and a retry after the removal would write it again).
 //!
@@ -143,6 +148,15 @@ impl Workload {
             let i = candidates.swap_remove(world.draw(0..candidates.len() as u64) as usize);
             let key = first + i as u64;
             match self.doomed[i] {
+                Doomed::Unborn if world.config.births_spread => {
+                    // One at a time, at a rate that births them all by about two
+                    // thirds of the run.
+                    let config = &world.config;
+                    let p = 1.5 * config.doomed_keys as f64 / config.batches as f64;
+                    if world.chance(p) {
+                        self.birth(world, owns, vec![i], batch, ops);
+                    }
+                }
                 Doomed::Unborn => {
                     // A few more unborn ones with it, and the cold data beside them.
                     let mut born = vec![i];
@@ -154,39 +168,7 @@ impl Workload {
                             .take(DOOMED_PER_BIRTH_MAX - 1),
                     );
                     candidates.retain(|j| !born.contains(j));
-                    // Half of the cold values before them, half after: a rollover
-                    // inside the batch still leaves them in a mostly cold segment.
-                    let cold: Vec<u64> = self
-                        .cold_unwritten
-                        .iter()
-                        .copied()
-                        .filter(|&k| owns(k))
-                        .take(COLD_PER_BIRTH_MAX)
-                        .collect();
-                    let mut births = Vec::new();
-                    for i in born {
-                        let key = first + i as u64;
-                        let len = world.draw(1..world.config.value_bytes_max as u64 + 1);
-                        births.push((key, len));
-                        self.doomed[i] = Doomed::Live {
-                            overwrites_left: world.draw(1..4),
-                        };
-                    }
-                    let (before, after) = cold.split_at(cold.len() / 2);
-                    for &key in before {
-                        self.cold_unwritten.remove(&key);
-                        let len = world.draw(COLD_VALUE_BYTES);
-                        ops.push((key, Some(value(batch, ops.len(), key, len))));
-                    }
-                    for (key, len) in births {
-                        ops.push((key, Some(value(batch, ops.len(), key, len))));
-                    }
-                    for &key in after {
-                        self.cold_unwritten.remove(&key);
-                        let len = world.draw(COLD_VALUE_BYTES);
-                        ops.push((key, Some(value(batch, ops.len(), key, len))));
-                    }
-                    continue;
+                    self.birth(world, owns, born, batch, ops);
                 }
                 Doomed::Live { overwrites_left: 0 } => {
                     ops.push((key, None));
@@ -202,6 +184,53 @@ impl Workload {
                 // Never a candidate.
                 Doomed::Removed => {}
             }
+        }
+    }
+}
+
+impl Workload {
+    /// The first writes of the doomed keys `born` (indices into `doomed`), with the cold
+    /// data beside them, appended to `ops`.
+    fn birth(
+        &mut self,
+        world: &mut World,
+        owns: &impl Fn(u64) -> bool,
+        born: Vec<usize>,
+        batch: usize,
+        ops: &mut Vec<Draw>,
+    ) {
+        let first = world.config.keys;
+        // Half of the cold values before them, half after: a rollover inside the batch
+        // still leaves them in a mostly cold segment.
+        let cold: Vec<u64> = self
+            .cold_unwritten
+            .iter()
+            .copied()
+            .filter(|&k| owns(k))
+            .take(COLD_PER_BIRTH_MAX)
+            .collect();
+        let mut births = Vec::new();
+        for i in born {
+            let key = first + i as u64;
+            let len = world.draw(1..world.config.value_bytes_max as u64 + 1);
+            births.push((key, len));
+            self.doomed[i] = Doomed::Live {
+                overwrites_left: world.draw(1..4),
+            };
+        }
+        let (before, after) = cold.split_at(cold.len() / 2);
+        for &key in before {
+            self.cold_unwritten.remove(&key);
+            let len = world.draw(COLD_VALUE_BYTES);
+            ops.push((key, Some(value(batch, ops.len(), key, len))));
+        }
+        for (key, len) in births {
+            ops.push((key, Some(value(batch, ops.len(), key, len))));
+        }
+        for &key in after {
+            self.cold_unwritten.remove(&key);
+            let len = world.draw(COLD_VALUE_BYTES);
+            ops.push((key, Some(value(batch, ops.len(), key, len))));
         }
     }
 }
@@ -248,5 +277,45 @@ mod tests {
                 "cold {key}"
             );
         }
+    }
+
+    #[test]
+    fn spread_births_come_one_at_a_time_with_cold_data_throughout_the_run() {
+        let config = SimConfig {
+            doomed_keys: 8,
+            cold_keys: 32,
+            births_spread: true,
+            batches: 200,
+            ..SimConfig::for_seed(0)
+        };
+        let mut world = World::new(config.clone(), 0);
+        let mut workload = Workload::new(&config);
+        let doomed = config.keys..config.keys + config.doomed_keys;
+        let cold = config.keys + config.doomed_keys..config.key_count();
+        let mut birth_batches = Vec::new();
+        let mut born = BTreeSet::new();
+        for batch in 0..config.batches {
+            let ops = workload.draw_batch(&mut world, |_| true, &BTreeSet::new(), batch);
+            let births: Vec<u64> = ops
+                .iter()
+                .map(|(key, _)| *key)
+                .filter(|key| doomed.contains(key) && born.insert(*key))
+                .collect();
+            if births.is_empty() {
+                continue;
+            }
+            assert_eq!(births.len(), 1, "batch {batch}: one birth at a time");
+            assert!(
+                ops.iter().any(|(key, _)| cold.contains(key)) || workload.cold_unwritten.is_empty(),
+                "batch {batch}: a birth comes with cold data"
+            );
+            birth_batches.push(batch);
+        }
+        assert_eq!(born.len(), doomed.count(), "every doomed key is born");
+        // Spread: not all in the first few batches, as when births come as drawn.
+        assert!(
+            birth_batches.last().is_some_and(|&b| b >= 20),
+            "{birth_batches:?}"
+        );
     }
 }
