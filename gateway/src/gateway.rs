@@ -50,7 +50,7 @@
 //! command, a bad argument, a timed-out write) is answered and the connection goes on.
 
 use bytes::{Bytes, BytesMut};
-use rampart_client::{Client, ClientError, TableId, WriteItem};
+use rampart_client::{Client, ClientError, TableId, Version, WriteItem};
 use rampart_common::auth::{ClusterToken, Security};
 use rampart_common::reject::RejectRules;
 use rampart_common::secure::SecureStream;
@@ -508,17 +508,12 @@ impl Gateway {
                 };
                 let mut replies = Vec::with_capacity(run.commands.len());
                 for (item, value) in &run.commands {
-                    let reply = match &outcomes[*item] {
-                        Ok(_) => Reply::OK,
-                        Err(ClientError::Rejected { .. }) => Reply::Bulk(None),
-                        // A refused write that absorbed SETs before it: each of them runs
-                        // alone (`crate::pipeline`: they get the answers they would have
-                        // had alone).
-                        Err(error) if answers[*item] > 1 && !error.outcome_unknown() => self
+                    let reply = match set_answer(&outcomes[*item], answers[*item]) {
+                        Some(reply) => reply,
+                        None => self
                             .set(&items[*item].key, value, SetCondition::Always, false)
                             .await
                             .unwrap_or_else(client_error),
-                        Err(error) => client_error(error.clone()),
                     };
                     replies.push(reply);
                 }
@@ -826,6 +821,20 @@ fn may_run_unauthenticated(name: &[u8]) -> bool {
     [&b"AUTH"[..], b"QUIT"]
         .iter()
         .any(|allowed| name.eq_ignore_ascii_case(allowed))
+}
+
+/// The reply to one `SET` of a pipelined run whose write (answering `answers` `SET`s of
+/// its key) ended with `outcome`; `None`: run this `SET` alone — the write was refused
+/// and absorbed `SET`s before it (`crate::pipeline`), so each gets the answer it would
+/// have had alone. A write of unknown outcome answers each `SET` it absorbed so (it may
+/// have applied, and then each of them did): none is run again.
+fn set_answer(outcome: &Result<Version, ClientError>, answers: usize) -> Option<Reply> {
+    match outcome {
+        Ok(_) => Some(Reply::OK),
+        Err(ClientError::Rejected { .. }) => Some(Reply::Bulk(None)),
+        Err(error) if answers > 1 && !error.outcome_unknown() => None,
+        Err(error) => Some(client_error(error.clone())),
+    }
 }
 
 /// The error reply for a client library error (its message names what failed;
@@ -1232,6 +1241,45 @@ mod tests {
         assert_eq!(connection.call(&[b"GET", b"k"]).await, Reply::bulk(small));
         assert_eq!(master.calls::<MultiWrite>(), 2);
         assert_eq!(master.calls::<Write>(), 2, "the key's two SETs, alone");
+    }
+
+    #[test]
+    fn an_absorbing_write_refused_runs_its_sets_alone_and_one_of_unknown_outcome_answers_each() {
+        use rampart_common::status::Status;
+        let timeout = ClientError::Timeout {
+            attempts: 3,
+            last: "no reply".into(),
+        };
+        let invalid = ClientError::Invalid {
+            status: Status::InvalidArgument,
+            detail: "value too large".into(),
+        };
+        // Applied, or its condition refused: the same answer for each SET it answers.
+        for answers in [1, 16] {
+            assert_eq!(set_answer(&Ok(Version(7)), answers), Some(Reply::OK));
+            let rejected = ClientError::Rejected {
+                status: Status::ObjectExists,
+                current: Version(3),
+            };
+            assert_eq!(set_answer(&Err(rejected), answers), Some(Reply::Bulk(None)));
+        }
+        // Unknown outcome: each absorbed SET is answered TIMEOUT, none sent again (it may
+        // have applied, and with it every one it absorbed).
+        for answers in [1, 16] {
+            let Some(Reply::Error(text)) = set_answer(&Err(timeout.clone()), answers) else {
+                panic!("a timeout must be answered");
+            };
+            assert!(text.starts_with("TIMEOUT"), "{text}");
+            let expired = ClientError::LeaseExpired("cut off".into());
+            assert!(set_answer(&Err(expired), answers).is_some());
+        }
+        // Refused: alone, the error; having absorbed others, each of them runs alone.
+        assert!(matches!(
+            set_answer(&Err(invalid.clone()), 1),
+            Some(Reply::Error(_))
+        ));
+        assert_eq!(set_answer(&Err(invalid), 2), None);
+        assert_eq!(set_answer(&Err(ClientError::NoSpace), 2), None);
     }
 
     /// `SCAN`'s cursor and keys.

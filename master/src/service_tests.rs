@@ -1288,7 +1288,7 @@ mod multi_write_decoding {
             objects in proptest::collection::vec(any_write_request(), 0..20),
         ) {
             let request = MultiWriteRequest { objects };
-            let ops = decode_multi_write(encode(&request)).unwrap();
+            let ops = decode_multi_write(encode(&request)).expect("serde accepted this payload");
             prop_assert_eq!(ops, as_ops(&request));
         }
 
@@ -1344,7 +1344,7 @@ mod multi_write_decoding {
             objects: vec![super::write_request("k", "v")],
         };
         let payload = encode(&request);
-        let ops = decode_multi_write(payload.clone()).unwrap();
+        let ops = decode_multi_write(payload.clone()).expect("serde accepted this payload");
         let crate::object_store::WriteOp::Write { key, .. } = &ops[0] else {
             panic!("not a write");
         };
