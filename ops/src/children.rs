@@ -14,11 +14,12 @@
 //! thread), or they are stopped when a short-lived thread that started them ends.
 
 use anyhow::{anyhow, bail, Context, Result};
+use std::io::Write;
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,47 @@ pub struct Starting {
     name: String,
     child: Option<Child>,
     lines_rx: mpsc::Receiver<String>,
+    /// The child's stdin, for [`Starting::send_line`]; closed (end of file) once sent
+    /// or once the child is taken in.
+    stdin: Option<ChildStdin>,
+}
+
+impl Starting {
+    /// Waits (at most [`CHILD_START_TIMEOUT`] from now) for a line of the child's that
+    /// contains `marker`, and returns its last word (an address); the lines before it
+    /// are dropped.
+    pub fn wait_for(&mut self, marker: &str) -> Result<String> {
+        let deadline = Instant::now() + CHILD_START_TIMEOUT;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match self.lines_rx.recv_timeout(wait) {
+                Ok(line) if line.contains(marker) => {
+                    return line
+                        .split_whitespace()
+                        .last()
+                        .map(str::to_string)
+                        .ok_or_else(|| anyhow!("{} printed an empty line", self.name));
+                }
+                Ok(_) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    bail!("{} exited before it printed `{marker}`", self.name)
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => bail!(
+                    "{} did not print `{marker}` within {CHILD_START_TIMEOUT:?}",
+                    self.name
+                ),
+            }
+        }
+    }
+
+    /// Writes `line` to the child's stdin and closes it.
+    pub fn send_line(&mut self, line: &str) -> Result<()> {
+        let mut stdin = self
+            .stdin
+            .take()
+            .ok_or_else(|| anyhow!("{}'s stdin is closed", self.name))?;
+        writeln!(stdin, "{line}").with_context(|| format!("cannot write to {}", self.name))
+    }
 }
 
 impl Drop for Starting {
@@ -120,7 +162,7 @@ impl Children {
         let mut command = Command::new(exe);
         command
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         // Security is passed as flags; an inherited variable would secure a private
@@ -155,6 +197,7 @@ impl Children {
             .spawn()
             .with_context(|| format!("cannot start {name}"))?;
         drop(netns);
+        let stdin = child.stdin.take();
         let stdout = child
             .stdout
             .take()
@@ -173,6 +216,7 @@ impl Children {
             name: name.to_string(),
             child: Some(child),
             lines_rx,
+            stdin,
         })
     }
 
@@ -183,6 +227,8 @@ impl Children {
         let Some(mut child) = starting.child.take() else {
             bail!("{name} was taken in already");
         };
+        // End of file on its stdin: nothing more will be sent.
+        drop(starting.stdin.take());
         let lines_rx = &starting.lines_rx;
         let deadline = Instant::now() + CHILD_START_TIMEOUT;
         let mut urls = Vec::new();

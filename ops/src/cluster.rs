@@ -20,8 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::children::Children;
+use crate::children::{Children, Running};
 use crate::netns::Network;
+use crate::process::PEERS_ON_STDIN;
 use crate::progress::Progress;
 
 /// Replicas per segment when `--replicas` is not given (clamped to servers − 1).
@@ -54,8 +55,8 @@ pub struct UpArgs {
     /// single coordinator (no fault tolerance).
     #[arg(long, default_value_t = 3)]
     pub coordinators: u32,
-    /// Address of the first coordinator; the others listen on the next ports (port 0
-    /// picks free ports).
+    /// Address of the first coordinator; the others listen on the next ports (port 0:
+    /// each binds a free port of its own, and learns the others' once all are bound).
     #[arg(long, default_value = "127.0.0.1:7000")]
     pub coordinator_addr: String,
     /// DRAM per server for its log.
@@ -335,54 +336,14 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
     let security_args = args.security.to_args()?;
     let log = std::env::var("RAMPART_LOG").unwrap_or_else(|_| args.log_level.clone());
     let env = [("RAMPART_LOG", log)];
-    let addrs = match &network {
-        Some(network) => (1..=u64::from(args.coordinators))
-            .map(|id| {
-                let ip = network.host(&coordinator_host(id))?.ip;
-                Ok(format!("{ip}:{COORDINATOR_PORT_IN_NETWORK}"))
-            })
-            .collect::<Result<Vec<_>>>()?,
-        None => coordinator_addrs(&args.coordinator_addr, args.coordinators)?,
+    let free_ports = network.is_none() && args.coordinator_addr.ends_with(":0");
+    let (addrs, learn_peers) = coordinator_listen_addrs(args, network.as_ref())?;
+    let command_of = |i: usize, listen: &str, peers: &str| {
+        coordinator_command(args, i, listen, peers, &security_args, free_ports)
     };
-    let peers: Vec<String> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| format!("{}={addr}", i + 1))
-        .collect();
-    let peers = peers.join(",");
+    // A member that has printed its address line: announced, and counted in.
     let mut coordinators = Vec::new();
-    let mut coordinator_args = Vec::new();
-    for (i, addr) in addrs.iter().enumerate() {
-        let id = i as u64 + 1;
-        let mut command: Vec<String> = vec![
-            "coordinator".into(),
-            "--id".into(),
-            id.to_string(),
-            "--data-dir".into(),
-            args.data_dir
-                .join(format!("coordinator-{id}"))
-                .display()
-                .to_string(),
-        ];
-        if args.coordinators == 1 {
-            command.extend(["--listen".into(), addr.clone()]);
-        } else {
-            command.extend(["--peers".into(), peers.clone()]);
-        }
-        command.extend(security_args.iter().cloned());
-        if args.recovery_masters_max > 0 {
-            command.extend([
-                "--recovery-masters-max".into(),
-                args.recovery_masters_max.to_string(),
-            ]);
-        }
-        let free_ports = network.is_none() && args.coordinator_addr.ends_with(":0");
-        if let Some(http) = coordinator_http_addr(args, i, addr, free_ports)? {
-            command.extend(["--metrics-addr".into(), http]);
-        }
-        let netns = netns_of(network.as_ref(), &coordinator_host(id))?;
-        let running = children.spawn(&coordinator_name(id), &command, &env, netns.as_deref())?;
-        coordinator_args.push((id, command));
+    let mut take_in = |id: u64, running: &Running| {
         if print {
             println!(
                 "coordinator {id} at {} (pid {})",
@@ -394,7 +355,46 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
             }
         }
         coordinators.push((id, running.addr.clone()));
+    };
+    let mut starting = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let id = i as u64 + 1;
+        let peers = if learn_peers {
+            PEERS_ON_STDIN.to_string()
+        } else {
+            peers_of(&addrs)
+        };
+        let command = command_of(i, addr, &peers)?;
+        let netns = netns_of(network.as_ref(), &coordinator_host(id))?;
+        let started = Children::start(&coordinator_name(id), &command, &env, netns.as_deref())?;
+        if learn_peers {
+            starting.push((id, started));
+        } else {
+            // One at a time: a fresh member's check of its peers (are they a group
+            // already?) is answered at once by those up and refused by those not bound.
+            take_in(id, children.wait_ready(started)?);
+        }
     }
+    if learn_peers {
+        let bound = starting
+            .iter_mut()
+            .map(|(_, started)| started.wait_for(" waiting for its peers, bound to "))
+            .collect::<Result<Vec<_>>>()?;
+        let peers = peers_of(&bound);
+        for (_, started) in &mut starting {
+            started.send_line(&peers)?;
+        }
+        for (id, started) in starting {
+            take_in(id, children.wait_ready(started)?);
+        }
+    }
+    // A member restarts on the address it holds now (its peers and servers know it).
+    let bound: Vec<String> = coordinators.iter().map(|(_, addr)| addr.clone()).collect();
+    let coordinator_args = bound
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| Ok((i as u64 + 1, command_of(i, addr, &peers_of(&bound))?)))
+        .collect::<Result<Vec<_>>>()?;
     let coordinator = coordinators
         .iter()
         .map(|(_, addr)| addr.as_str())
@@ -546,6 +546,85 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
     })
 }
 
+/// Where each coordinator `args` asks for listens, and whether they learn their peers'
+/// addresses once bound: on free ports (`--coordinator-addr HOST:0`), each member of a
+/// group binds port 0 itself and is told its peers' addresses on stdin once all are bound
+/// (`--peers -`), so nobody picks a port it does not hold and two clusters started at
+/// once never share one.
+fn coordinator_listen_addrs(
+    args: &UpArgs,
+    network: Option<&Network>,
+) -> Result<(Vec<String>, bool)> {
+    let count = args.coordinators;
+    match network {
+        Some(network) => {
+            let addrs = (1..=u64::from(count))
+                .map(|id| {
+                    let ip = network.host(&coordinator_host(id))?.ip;
+                    Ok(format!("{ip}:{COORDINATOR_PORT_IN_NETWORK}"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((addrs, false))
+        }
+        None => {
+            let addrs = coordinator_addrs(&args.coordinator_addr, count)?;
+            let free_ports = args.coordinator_addr.ends_with(":0");
+            Ok((addrs, free_ports && count > 1))
+        }
+    }
+}
+
+/// `ID=ADDR,...`: the `--peers` list of coordinators at `addrs` (ids from 1).
+fn peers_of(addrs: &[String]) -> String {
+    let peers: Vec<String> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| format!("{}={addr}", i + 1))
+        .collect();
+    peers.join(",")
+}
+
+/// The command line of coordinator `i` (0-based) of `args`, listening on `listen`, with
+/// `peers` (a list, or [`PEERS_ON_STDIN`]) when in a group; `free_ports` as for
+/// [`coordinator_http_addr`].
+fn coordinator_command(
+    args: &UpArgs,
+    i: usize,
+    listen: &str,
+    peers: &str,
+    security_args: &[String],
+    free_ports: bool,
+) -> Result<Vec<String>> {
+    let id = i as u64 + 1;
+    let mut command: Vec<String> = vec![
+        "coordinator".into(),
+        "--id".into(),
+        id.to_string(),
+        "--data-dir".into(),
+        args.data_dir
+            .join(format!("coordinator-{id}"))
+            .display()
+            .to_string(),
+    ];
+    if args.coordinators == 1 || peers == PEERS_ON_STDIN {
+        command.extend(["--listen".into(), listen.to_string()]);
+    }
+    if args.coordinators > 1 {
+        command.extend(["--peers".into(), peers.to_string()]);
+    }
+    command.extend(security_args.iter().cloned());
+    if args.recovery_masters_max > 0 {
+        command.extend([
+            "--recovery-masters-max".into(),
+            args.recovery_masters_max.to_string(),
+        ]);
+    }
+    if let Some(http) = coordinator_http_addr(args, i, listen, free_ports)? {
+        command.extend(["--metrics-addr".into(), http]);
+    }
+    Ok(command)
+}
+
 /// The command line of the gateway `args` asks for, reaching the cluster at
 /// `coordinator`; `in_network`: the cluster has a network of its own.
 fn gateway_command(
@@ -576,25 +655,14 @@ fn gateway_command(
 /// Most coordinators `cluster up` starts.
 pub const COORDINATORS_MAX: u32 = 7;
 
-/// The coordinators' addresses: `first`, then the next ports; with port 0, free ports
-/// chosen by the OS (bound and released here, so another process could take one in
-/// between; `cluster up` then fails to start that coordinator with a clear message).
+/// The coordinators' addresses: `first`, then the next ports. (With port 0 and more
+/// than one coordinator, each binds a port of its own instead: see [`start_in`].)
 fn coordinator_addrs(first: &str, count: u32) -> Result<Vec<String>> {
     let addr: std::net::SocketAddr = first
         .parse()
         .with_context(|| format!("--coordinator-addr `{first}` is not IP:PORT"))?;
     if addr.port() == 0 {
-        if count == 1 {
-            return Ok(vec![first.to_string()]);
-        }
-        let listeners = (0..count)
-            .map(|_| std::net::TcpListener::bind((addr.ip(), 0)))
-            .collect::<std::io::Result<Vec<_>>>()
-            .context("cannot find free ports for the coordinators")?;
-        return listeners
-            .iter()
-            .map(|l| Ok(l.local_addr()?.to_string()))
-            .collect();
+        return Ok(vec![first.to_string(); count as usize]);
     }
     (0..count)
         .map(|i| {
@@ -705,6 +773,44 @@ mod tests {
         );
         let none = parse(&["--no-metrics"]);
         assert_eq!(http(&none, 0, "127.0.0.1:7000", false), None);
+    }
+
+    #[test]
+    fn coordinators_on_free_ports_bind_their_own_and_learn_their_peers_on_stdin() {
+        let group = parse(&["--coordinator-addr", "127.0.0.1:0", "--coordinators", "3"]);
+        let (addrs, learn) = coordinator_listen_addrs(&group, None).expect("addresses");
+        assert!(learn, "a group on free ports learns its peers once bound");
+        for (i, addr) in addrs.iter().enumerate() {
+            let command =
+                coordinator_command(&group, i, addr, PEERS_ON_STDIN, &[], true).expect("a command");
+            let flag = |name: &str| {
+                let at = command.iter().position(|word| word == name);
+                at.map(|at| command[at + 1].as_str())
+            };
+            // No port chosen by cluster up: each member binds port 0 itself.
+            assert_eq!(flag("--listen"), Some("127.0.0.1:0"), "{command:?}");
+            assert_eq!(flag("--peers"), Some(PEERS_ON_STDIN), "{command:?}");
+        }
+        let bound = ["127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003"].map(String::from);
+        let restart = coordinator_command(&group, 1, &bound[1], &peers_of(&bound), &[], true)
+            .expect("a command");
+        assert!(
+            restart
+                .windows(2)
+                .any(|w| w[0] == "--peers" && w[1] == peers_of(&bound)),
+            "a restarted member is given the addresses its group holds: {restart:?}"
+        );
+        let alone = parse(&["--coordinator-addr", "127.0.0.1:0", "--coordinators", "1"]);
+        let (addrs, learn) = coordinator_listen_addrs(&alone, None).expect("addresses");
+        assert!(!learn, "one coordinator binds port 0 and has no peers");
+        assert_eq!(addrs, ["127.0.0.1:0"]);
+        let fixed = parse(&[]);
+        let (addrs, learn) = coordinator_listen_addrs(&fixed, None).expect("addresses");
+        assert!(!learn);
+        assert_eq!(
+            addrs,
+            ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]
+        );
     }
 
     #[test]

@@ -6,6 +6,12 @@
 //! listens only once its slow start-up steps are done (`StorageServer::start`). With
 //! `--metrics-addr`, a line before it names the metrics URL (`... metrics at
 //! http://ADDR/metrics`); a coordinator serves its status page there too.
+//!
+//! A coordinator started with `--peers -` (a parent starting a group on ports the OS
+//! picks) binds `--listen` first, prints `coordinator N waiting for its peers, bound to
+//! ADDR`, and reads the group's `--peers` list, which must name ADDR for it, as one line
+//! on stdin: every member holds its port before any peer learns it, so two groups
+//! started at once can never be handed the same port.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -41,7 +47,9 @@ pub struct CoordinatorArgs {
     pub cluster_file: Option<std::path::PathBuf>,
     /// Every coordinator of the Raft group, this one included: `1=HOST:PORT,2=...`.
     /// Static membership: give every member the same list. Without it the coordinator
-    /// runs alone, as a group of one at `--listen`.
+    /// runs alone, as a group of one at `--listen`. `-`: bind `--listen` (port 0 picks a
+    /// free port), print `coordinator N waiting for its peers, bound to ADDR`, then read
+    /// the list, naming ADDR for this member, as one line on stdin.
     #[arg(long)]
     pub peers: Option<String>,
     /// Address to listen on. Default: this coordinator's address in `--peers`, or
@@ -105,6 +113,31 @@ pub struct CoordinatorArgs {
     /// recovery, at the cost of a longer one.
     #[arg(long, default_value_t = 0)]
     pub recovery_masters_max: usize,
+}
+
+/// The `--peers` value that has a coordinator read the list from stdin once it is bound.
+pub const PEERS_ON_STDIN: &str = "-";
+
+/// The peers of coordinator `id`, bound to `bound`, from the `--peers` line its parent
+/// sent on stdin: refused unless it names `bound` for `id` (a parent that mixed up its
+/// members' addresses would otherwise split the group).
+fn learned_peers(
+    id: u64,
+    bound: std::net::SocketAddr,
+    line: &str,
+) -> Result<BTreeMap<u64, String>> {
+    let line = line.trim();
+    if line.is_empty() {
+        bail!("--peers -: stdin closed before the peers' list arrived");
+    }
+    let peers = parse_peers(line)?;
+    match peers.get(&id) {
+        Some(addr) if addr.parse::<std::net::SocketAddr>().ok() == Some(bound) => Ok(peers),
+        Some(addr) => bail!(
+            "--peers -: the list names {addr} for coordinator {id}, which is bound to {bound}"
+        ),
+        None => bail!("--peers -: coordinator {id} is not in the list `{line}`"),
+    }
 }
 
 /// Parses `--peers`: `ID=ADDR` pairs, comma-separated.
@@ -301,7 +334,14 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
         }
         None => None,
     };
-    let peers = args.peers.as_deref().map(parse_peers).transpose()?;
+    let peers_on_stdin = args.peers.as_deref() == Some(PEERS_ON_STDIN);
+    if peers_on_stdin && args.listen.is_none() {
+        bail!("--peers - needs --listen (port 0 picks a free port)");
+    }
+    let peers = match args.peers.as_deref() {
+        Some(PEERS_ON_STDIN) | None => None,
+        Some(text) => Some(parse_peers(text)?),
+    };
     if let Some(peers) = &peers {
         if !peers.contains_key(&args.id) {
             bail!(
@@ -324,6 +364,19 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
         let addr = listener.local_addr()?;
         let peers = match peers {
             Some(peers) => peers,
+            None if peers_on_stdin => {
+                announce(&format!(
+                    "coordinator {} waiting for its peers, bound to {addr}",
+                    args.id
+                ))?;
+                let line = tokio::task::spawn_blocking(|| {
+                    let mut line = String::new();
+                    std::io::stdin().read_line(&mut line).map(|_| line)
+                })
+                .await?
+                .context("cannot read --peers from stdin")?;
+                learned_peers(args.id, addr, &line)?
+            }
             None => BTreeMap::from([(args.id, addr.to_string())]),
         };
         if rampart_coordinator::node::is_fresh(&args.data_dir)
@@ -569,5 +622,36 @@ fn flags_of(field: &str) -> &str {
         "replication" => "--replication rdma",
         "advertise" => "--advertise",
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_learned_on_stdin_must_name_the_address_this_member_holds() {
+        let bound: std::net::SocketAddr = "127.0.0.1:40001".parse().expect("an address");
+        let peers = learned_peers(2, bound, "1=127.0.0.1:40000,2=127.0.0.1:40001\n")
+            .expect("the list names the bound address");
+        assert_eq!(peers.len(), 2);
+        assert_eq!(peers[&2], "127.0.0.1:40001");
+        let other = learned_peers(2, bound, "1=127.0.0.1:40000,2=127.0.0.1:40002")
+            .expect_err("another port for this member");
+        assert!(
+            other.to_string().contains("bound to 127.0.0.1:40001"),
+            "{other}"
+        );
+        let absent = learned_peers(3, bound, "1=127.0.0.1:40000,2=127.0.0.1:40001")
+            .expect_err("this member is not in the list");
+        assert!(absent.to_string().contains("not in the list"), "{absent}");
+        let closed = learned_peers(2, bound, "").expect_err("stdin closed");
+        assert!(closed.to_string().contains("stdin closed"), "{closed}");
+        let unpicked = learned_peers(2, bound, "1=127.0.0.1:0,2=127.0.0.1:40001")
+            .expect_err("a peer without a port");
+        assert!(
+            unpicked.to_string().contains("fixed HOST:PORT"),
+            "{unpicked}"
+        );
     }
 }

@@ -354,43 +354,8 @@ impl RampartProcess {
         RampartProcess::spawn(command, args)
     }
 
-    fn spawn(mut command: Command, args: &[&str]) -> Result<RampartProcess> {
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start rampart")?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
-        loop {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(wait) {
-                Ok(line) if line.contains(" listening on ") => {
-                    let announce: Vec<String> =
-                        line.split_whitespace().map(str::to_string).collect();
-                    let addr = announce.last().cloned().unwrap_or_default();
-                    return Ok(RampartProcess {
-                        addr,
-                        announce,
-                        child,
-                    });
-                }
-                Ok(_) => continue,
-                Err(_) => {
-                    let _ = child.kill();
-                    let status = child.wait();
-                    bail!("rampart {args:?} did not announce its address ({status:?})");
-                }
-            }
-        }
+    fn spawn(command: Command, args: &[&str]) -> Result<RampartProcess> {
+        PendingProcess::spawn(command, args)?.ready()
     }
 
     /// Its process id.
@@ -451,6 +416,86 @@ impl Drop for RampartProcess {
     }
 }
 
+/// A `rampart` process started but not yet listening: a coordinator waiting on stdin
+/// for its peers (`--peers -`), say. Killed on drop.
+#[derive(Debug)]
+pub struct PendingProcess {
+    child: Option<Child>,
+    stdin: Option<std::process::ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    args: Vec<String>,
+}
+
+impl PendingProcess {
+    /// Starts `command` (`rampart ARGS...`), its stdout read line by line.
+    fn spawn(mut command: Command, args: &[&str]) -> Result<PendingProcess> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start rampart")?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        Ok(PendingProcess {
+            child: Some(child),
+            stdin,
+            lines,
+            args: args.iter().map(|a| a.to_string()).collect(),
+        })
+    }
+
+    /// Waits (up to [`CLUSTER_START_TIMEOUT`]) for a line containing `marker`; its words.
+    fn wait_for(&mut self, marker: &str) -> Result<Vec<String>> {
+        let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(wait) {
+                Ok(line) if line.contains(marker) => {
+                    return Ok(line.split_whitespace().map(str::to_string).collect())
+                }
+                Ok(_) => continue,
+                Err(_) => bail!("rampart {:?} did not print `{marker}`", self.args),
+            }
+        }
+    }
+
+    /// Writes `line` to its stdin and closes it.
+    fn send_line(&mut self, line: &str) -> Result<()> {
+        let mut stdin = self.stdin.take().ok_or_else(|| anyhow!("stdin closed"))?;
+        writeln!(stdin, "{line}")?;
+        Ok(())
+    }
+
+    /// Waits for its `listening on` line: the running process.
+    fn ready(mut self) -> Result<RampartProcess> {
+        drop(self.stdin.take());
+        let announce = self.wait_for(" listening on ")?;
+        let child = self.child.take().ok_or_else(|| anyhow!("no child"))?;
+        Ok(RampartProcess {
+            addr: announce.last().cloned().unwrap_or_default(),
+            announce,
+            child,
+        })
+    }
+}
+
+impl Drop for PendingProcess {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// A Raft group of `rampart coordinator` processes on free loopback ports, started
 /// directly so a test can kill and restart members. Each member keeps its data directory
 /// (under one temporary directory) across restarts.
@@ -480,34 +525,57 @@ impl CoordinatorGroup {
     /// restart.
     pub fn start_with(size: u64, flags: &[&str], env: &[(&str, &str)]) -> Result<CoordinatorGroup> {
         let dir = tempfile::TempDir::new()?;
-        // Ports the OS picked free; released just before the members bind them.
-        let listeners = (0..size)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<std::io::Result<Vec<_>>>()?;
-        let peers = listeners
-            .iter()
-            .enumerate()
-            .map(|(i, l)| Ok((i as u64 + 1, l.local_addr()?.to_string())))
-            .collect::<Result<Vec<_>>>()?;
-        drop(listeners);
-        let dirs = (1..=size)
+        let dirs: std::collections::BTreeMap<u64, PathBuf> = (1..=size)
             .map(|id| (id, dir.path().join(format!("coordinator-{id}"))))
             .collect();
-        let mut group = CoordinatorGroup {
+        // Each member binds a free port itself and is told its peers' on stdin once all
+        // are bound (`--peers -`): no port is picked by anyone who does not hold it.
+        let mut pending = Vec::new();
+        for (id, data_dir) in &dirs {
+            let id = id.to_string();
+            let data_dir = data_dir
+                .to_str()
+                .ok_or_else(|| anyhow!("no UTF-8 data directory for member {id}"))?;
+            let mut args = vec![
+                "coordinator",
+                "--id",
+                &id,
+                "--listen",
+                "127.0.0.1:0",
+                "--peers",
+                "-",
+                "--data-dir",
+                data_dir,
+            ];
+            args.extend(flags);
+            let mut command = Command::new(rampart_bin()?);
+            command.args(&args).envs(env.iter().copied());
+            pending.push(PendingProcess::spawn(command, &args)?);
+        }
+        let mut peers = Vec::new();
+        for (id, process) in (1..=size).zip(&mut pending) {
+            let line = process.wait_for(" waiting for its peers, bound to ")?;
+            peers.push((id, line.last().cloned().unwrap_or_default()));
+        }
+        let list: Vec<String> = peers.iter().map(|(i, a)| format!("{i}={a}")).collect();
+        for process in &mut pending {
+            process.send_line(&list.join(","))?;
+        }
+        let mut processes = std::collections::BTreeMap::new();
+        for (id, process) in (1..=size).zip(pending) {
+            processes.insert(id, process.ready()?);
+        }
+        Ok(CoordinatorGroup {
             peers,
             dirs,
-            processes: std::collections::BTreeMap::new(),
+            processes,
             flags: flags.iter().map(|f| f.to_string()).collect(),
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             _dir: dir,
-        };
-        for id in 1..=size {
-            group.restart(id)?;
-        }
-        Ok(group)
+        })
     }
 
     /// Every member's address, comma-separated (for `--coordinator` and clients).
