@@ -11,7 +11,7 @@
 //! bumps it, and a backup refuses any operation with an epoch older than the replica's
 //! (`StaleEpoch`), so a slow message from before the bump cannot overwrite newer data.
 
-use super::rpcs;
+use super::rpcs::rpcs;
 use crate::bincode_message;
 use crate::ids::{Epoch, FrameHandle, SegmentId, ServerId, Version};
 use crate::onesided::rdma::RdmaEndpoint;

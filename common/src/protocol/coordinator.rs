@@ -1,6 +1,6 @@
 //! RPCs served by the coordinator.
 
-use super::rpcs;
+use super::rpcs::rpcs;
 use crate::bincode_message;
 use crate::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
 use crate::tablet::{Services, TabletMap};

@@ -10,7 +10,7 @@
 //! header: the header status is for failures of the whole request. That keeps single
 //! and multi operations alike, and lets a rejected write report the current version.
 
-use super::rpcs;
+use super::rpcs::rpcs;
 use crate::bincode_message;
 use crate::ids::{ClientId, SegmentId, ServerId, TableId, TabletEpoch, Version};
 use crate::protocol::backup::PartitionRanges;

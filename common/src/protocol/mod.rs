@@ -14,28 +14,10 @@
 pub mod backup;
 pub mod coordinator;
 pub mod master;
+mod rpcs;
 
 use crate::rpc::Opcode;
 
-/// Declares RPC marker types and the opcode-name table.
-macro_rules! rpcs {
-    ($($(#[$doc:meta])* $name:ident = $code:literal: $request:ty => $reply:ty;)*) => {
-        $(
-            $(#[$doc])*
-            #[derive(Debug, Clone, Copy)]
-            pub struct $name;
-            impl $crate::rpc::Rpc for $name {
-                const OPCODE: $crate::rpc::Opcode = $crate::rpc::Opcode($code);
-                const NAME: &'static str = stringify!($name);
-                type Request = $request;
-                type Reply = $reply;
-            }
-        )*
-        /// Names of this service's opcodes, for logs and errors.
-        pub(crate) const OPCODE_NAMES: &[(u16, &str)] = &[$(($code, stringify!($name))),*];
-    };
-}
-pub(crate) use rpcs;
 
 /// The name of an opcode, if it is one of ours.
 pub fn opcode_name(opcode: Opcode) -> Option<&'static str> {

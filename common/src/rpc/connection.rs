@@ -26,7 +26,7 @@
 
 use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
 use super::message::{Rpc, WireMessage};
-use super::{RpcError, CONNECT_TIMEOUT};
+use super::error::{RpcError, CONNECT_TIMEOUT};
 use crate::auth::Security;
 use crate::limits::RPC_PAYLOAD_BYTES_MAX;
 use crate::secure::{ReadHalf, WriteHalf};

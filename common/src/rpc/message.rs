@@ -20,7 +20,7 @@ pub trait WireMessage: Sized + Send + 'static {
 /// the `protocol` module.
 pub trait Rpc {
     /// The wire opcode.
-    const OPCODE: super::Opcode;
+    const OPCODE: super::frame::Opcode;
     /// The RPC's name, for errors and logs.
     const NAME: &'static str;
     /// What the caller sends.
@@ -137,11 +137,11 @@ pub fn decode_bincode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<
 macro_rules! bincode_message {
     ($($ty:ty),* $(,)?) => {
         $(
-            impl $crate::rpc::WireMessage for $ty {
+            impl $crate::rpc::message::WireMessage for $ty {
                 fn encode(&self, out: &mut ::bytes::BytesMut) {
                     $crate::rpc::message::encode_bincode(self, out)
                 }
-                fn decode(payload: ::bytes::Bytes) -> Result<Self, $crate::rpc::DecodeError> {
+                fn decode(payload: ::bytes::Bytes) -> Result<Self, $crate::rpc::message::DecodeError> {
                     $crate::rpc::message::decode_bincode(&payload)
                 }
             }

@@ -10,6 +10,7 @@
 //!   [`Service`] per request and writes replies.
 //! * [`stats`] — what the server counts of each request (opcode, status, latency), in
 //!   plain atomics; `crate::metrics` names and serves them.
+//! * [`error`] — [`RpcError`], why a call produced no reply, and the default deadlines.
 //!
 //! The layer knows no RPC of its own: the messages are the `protocol` module's, which
 //! builds on this module (never the other way round), and calls that must find the
@@ -25,6 +26,7 @@
 //! the next call.
 
 pub mod connection;
+pub mod error;
 pub mod frame;
 pub mod message;
 pub mod server;
@@ -33,102 +35,7 @@ pub mod stats;
 mod tests;
 
 pub use connection::{Connection, RpcPool};
+pub use error::{RpcError, CONNECT_TIMEOUT, RPC_TIMEOUT_DEFAULT};
 pub use frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES, FRAME_MAGIC};
 pub use message::{DecodeError, Rpc, WireMessage};
 pub use server::{Reply, RpcServer, Service};
-
-use crate::status::Status;
-use std::time::Duration;
-
-/// Default deadline of one RPC when the caller sets none.
-pub const RPC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
-
-/// How long dialling a peer may take before the call fails.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Why an RPC did not produce a reply.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum RpcError {
-    /// The peer could not be reached.
-    #[error("cannot connect to {addr}: {reason}")]
-    Connect {
-        /// The peer.
-        addr: String,
-        /// What the OS said.
-        reason: String,
-    },
-    /// The request never reached the peer whole (the connection broke or was found
-    /// broken before the frame was written out); the peer did not execute it.
-    #[error("request to {addr} not sent: {reason}")]
-    NotSent {
-        /// The peer.
-        addr: String,
-        /// Why.
-        reason: String,
-    },
-    /// The connection broke while the call was in flight; the request may or may not
-    /// have been executed.
-    #[error("connection to {addr} lost")]
-    ConnectionLost {
-        /// The peer.
-        addr: String,
-    },
-    /// No reply before the deadline; the request may or may not have been executed.
-    #[error("rpc {} to {addr} timed out", if rpc.is_empty() { opcode.to_string() } else { rpc.to_string() })]
-    Timeout {
-        /// The peer.
-        addr: String,
-        /// The call.
-        opcode: Opcode,
-        /// Its name ([`Rpc::NAME`]); empty for an untyped call.
-        rpc: &'static str,
-    },
-    /// The peer answered with an error status.
-    #[error("{addr} answered {status}{}", if detail.is_empty() { String::new() } else { format!(": {detail}") })]
-    Status {
-        /// The peer.
-        addr: String,
-        /// The status.
-        status: Status,
-        /// The peer's explanation, if any.
-        detail: String,
-    },
-    /// The reply could not be decoded.
-    #[error("undecodable reply from {addr}: {error}")]
-    Decode {
-        /// The peer.
-        addr: String,
-        /// What was wrong.
-        error: DecodeError,
-    },
-}
-
-impl RpcError {
-    /// The status the peer answered, if it answered one.
-    pub fn status(&self) -> Option<Status> {
-        match self {
-            RpcError::Status { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-
-    /// Whether the peer may have executed the request although no reply came (the
-    /// frame was sent whole, then the connection broke or the deadline passed).
-    pub fn may_have_executed(&self) -> bool {
-        matches!(
-            self,
-            RpcError::ConnectionLost { .. } | RpcError::Timeout { .. }
-        )
-    }
-
-    /// Whether the peer is unreachable or broke mid-call (as opposed to answering).
-    pub fn is_transport(&self) -> bool {
-        matches!(
-            self,
-            RpcError::Connect { .. }
-                | RpcError::NotSent { .. }
-                | RpcError::ConnectionLost { .. }
-                | RpcError::Timeout { .. }
-        )
-    }
-}
