@@ -56,7 +56,7 @@
 //!
 //! # Membership
 //! Static: every member is started with the same `--peers`, and a data directory belongs
-//! to one member id for good (see the README on replacing a coordinator).
+//! to one member id for good (see docs/operating.md, "Replacing a coordinator").
 
 pub mod client_leases;
 pub mod cluster_view;

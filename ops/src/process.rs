@@ -62,7 +62,7 @@ pub struct CoordinatorArgs {
     #[arg(long)]
     pub metrics_addr: Option<String>,
     /// Directory of this coordinator's Raft log and snapshots (created if missing). It
-    /// belongs to this id for good: never wipe it to restart a member (see the README).
+    /// belongs to this id for good: never wipe it to restart a member (see docs/operating.md).
     #[arg(long)]
     pub data_dir: std::path::PathBuf,
     #[command(flatten)]
@@ -81,7 +81,7 @@ pub struct CoordinatorArgs {
     #[arg(long, default_value_t = rampart_coordinator::node::SNAPSHOT_ENTRIES_DEFAULT)]
     pub snapshot_entries: u64,
     /// Write the configuration held in `--data-dir` (a stopped member's) to FILE, and
-    /// exit: the seed to re-create a group (see the README, "Replacing a coordinator").
+    /// exit: the seed to re-create a group (see docs/operating.md, "Replacing a coordinator").
     #[arg(long, value_name = "FILE")]
     pub export: Option<std::path::PathBuf>,
     /// Start a fresh `--data-dir` from a configuration written by `--export`. Every member
@@ -499,7 +499,7 @@ async fn refuse_to_rejoin(
             bail!(
                 "coordinator {id} has an empty data directory, but coordinator {peer} already \
                  holds configuration version {}: a member's Raft log cannot be recreated. \
-                 Restore this member's data directory, or re-create the group (README, \
+                 Restore this member's data directory, or re-create the group (docs/operating.md, \
                  \"Replacing a coordinator\"); if this member has truly never run, pass \
                  --first-start",
                 status.config_version

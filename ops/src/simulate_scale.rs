@@ -4,7 +4,7 @@
 //! calibrated from `rampart bench recovery`.
 //!
 //! * `--servers N ...` — one recovery: when its data is back, and what bounds it.
-//! * `--report` — with it, the figures of the README's *Recovery at scale*: the scaling
+//! * `--report` — with it, the figures of docs/benchmarks.md, *Recovery at scale*: the scaling
 //!   curve from 10 servers to N, the spread of recovery times over `--placements`
 //!   placements (random against refined), and the probability of losing data in a year;
 //!   `--json FILE` writes them, with a plot of each beside it.

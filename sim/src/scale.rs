@@ -251,7 +251,7 @@ pub struct Costs {
 }
 
 impl Costs {
-    /// Calibrated on the 2-core development VM (see the README's *Recovery at scale*):
+    /// Calibrated on the 2-core development VM (see docs/benchmarks.md, *Recovery at scale*):
     /// `rampart simulate --calibrate` over three runs of `rampart bench recovery
     /// --servers 5 --replicas 3 --data-mb 256 --recovery-masters 1` (cluster CPU 5.70 ns
     /// per byte recovered; the split and a frame's flush timed in the calibration). The

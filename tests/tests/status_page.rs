@@ -6,7 +6,7 @@
 //! The browser is Debian's `chromium` (`.ci/run` installs it). Without it the browser
 //! part is skipped with a message — unless `RAMPART_REQUIRE_TOOLS=1` (set by
 //! `.ci/run`), when its absence fails the test. The screenshot is saved as
-//! `target/status-page.png` (the README shows one).
+//! `target/status-page.png` (docs/operating.md shows one).
 
 // A failed unwrap is a failed test, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
