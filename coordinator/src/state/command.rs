@@ -1,0 +1,381 @@
+//! The replicated interface of the state: [`Command`], one Raft log entry, and the
+//! [`CommandResult`] applying it produced; the limits that `apply` enforces; and why a
+//! command is refused (`Reject`) or whether it changed the state (`Outcome`). Commands
+//! are in Raft logs on disk: their variants and fields keep their order, new variants go
+//! last.
+
+use rampart_common::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
+use rampart_common::status::Status;
+use rampart_common::tablet::{HashRange, ServerStatus, Services, Tablet};
+use rampart_common::will::Will;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Most live tables. Bounds the memory of the state and the size of a
+/// [`TabletMap`](rampart_common::tablet::TabletMap) that clients fetch.
+pub const TABLES_MAX: usize = 65_536;
+
+/// Most tablets over all live tables. A [`TabletMap`](rampart_common::tablet::TabletMap)
+/// travels in one RPC, so its tablets must fit in half a payload (the other half is left
+/// to the server list).
+pub const TABLETS_MAX: usize = 1 << 20;
+
+/// Bytes of one [`Tablet`] in bincode's fixed-width encoding: four `u64`s.
+const TABLET_WIRE_BYTES: usize = 32;
+
+/// Most entries in the server list. Ids are never reused and the list keeps crashed and
+/// removed servers (their ids must stay known), so this bounds enlistments over the life
+/// of the cluster, restarts included.
+pub const SERVERS_MAX: usize = 100_000;
+
+/// Longest table name, in bytes. Names travel in every `get_table_id` request.
+pub const TABLE_NAME_BYTES_MAX: usize = 256;
+
+/// Most tablets one table is split into. Spreading one table over more masters than this
+/// buys nothing in a cluster of the size Rampart targets.
+pub const TABLE_SPAN_MAX: u32 = 1024;
+
+/// Open segments per master whose recorded epochs are kept ([`Command::SetOpenEpoch`]):
+/// the head and its predecessor, the two whose open copies may still count in a
+/// recovery.
+pub const OPEN_EPOCH_SEGMENTS_MAX: usize = 2;
+
+/// Longest server address (`host:port`) or failure-domain name, in bytes.
+pub const SERVER_FIELD_BYTES_MAX: usize = 256;
+
+/// Most key-hash ranges in one will (over all its partitions), and in one recovered
+/// partition. A will is one Raft entry and travels whole; a master that owns more tablets
+/// than this would be cut coarser by the recovery driver's fallback (one partition per
+/// tablet).
+pub const WILL_RANGES_MAX: usize = 65_536;
+
+/// Most clients open at once ([`Command::OpenClient`]): each costs the state 8 bytes and
+/// the leader a lease entry.
+pub const CLIENTS_MAX: usize = 1 << 20;
+
+/// The first client id. Releases before client leases gave clients the Raft index of
+/// their `OpenClientWithoutLease` entry as id, and masters may still hold completion
+/// records under such ids: ids from the counter start above every index a group can
+/// reach, so that no new client inherits an old one's records.
+pub const CLIENT_IDS_START: u64 = 1 << 48;
+
+/// Most clients one [`Command::ExpireClients`] expires (the rest of a longer list is
+/// ignored).
+pub const EXPIRE_CLIENTS_MAX: usize = 4096;
+
+// A whole `TabletMap` must fit one RPC payload: its tablets in half of it, the table names
+// well within it, and no one table larger than the tablet budget.
+const _: () = assert!(TABLETS_MAX * TABLET_WIRE_BYTES <= RPC_PAYLOAD_BYTES_MAX / 2);
+const _: () = assert!(TABLE_SPAN_MAX as usize <= TABLETS_MAX);
+const _: () = assert!(TABLE_NAME_BYTES_MAX * TABLES_MAX <= RPC_PAYLOAD_BYTES_MAX);
+
+/// One change to the configuration: a Raft log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A server process starts and asks for an id.
+    ///
+    /// If an `Up` server already has `addr`, that server is marked `Crashed`: a process
+    /// restarted at the same address has lost its memory, so it is a new server with a new
+    /// id, and the old one's data must be recovered.
+    EnlistServer {
+        /// Where its RPC listener is (`host:port`).
+        addr: String,
+        /// What it runs.
+        services: Services,
+        /// Its rack; replicas of one segment never share one.
+        failure_domain: String,
+        /// Measured disk read bandwidth of its backup, MB/s.
+        disk_read_mbps: u32,
+    },
+    /// Changes a server's status. Statuses only move forward: `Up` → `Crashed` →
+    /// `Removed` (or `Up` → `Removed`); a crashed server that comes back enlists anew.
+    SetServerStatus {
+        /// The server.
+        id: ServerId,
+        /// Its new status.
+        status: ServerStatus,
+    },
+    /// Creates a table split into `span` tablets spread over the `Up` masters.
+    CreateTable {
+        /// Its name: 1..=[`TABLE_NAME_BYTES_MAX`] bytes, no control characters.
+        name: String,
+        /// Number of tablets, 1..=[`TABLE_SPAN_MAX`]. May exceed the number of masters:
+        /// a master then owns several tablets of the table.
+        span: u32,
+    },
+    /// Drops table `id`; its owners must then drop its tablets. By id: a drop repeated
+    /// after an unknown outcome must not drop a table re-created under the same name.
+    DropTable {
+        /// The table.
+        id: TableId,
+    },
+    /// Records the will a master uploaded (replacing its previous one). Refused for a
+    /// server that is not `Up`: a crashed master's will is what recovery follows.
+    SetWill {
+        /// The master.
+        server: ServerId,
+        /// Its will.
+        will: Will,
+    },
+    /// A recovery master replayed one partition of `crashed`: the ranges become its own.
+    /// Every range must lie in tablets `crashed` still owns (else the partition was
+    /// recovered already, and the command is refused, changing nothing). Tablets are split
+    /// where a range starts or ends inside one.
+    RecoveredPartition {
+        /// The crashed master.
+        crashed: ServerId,
+        /// The partition's key-hash ranges.
+        ranges: Vec<HashRange>,
+        /// The recovery master that holds their objects now.
+        owner: ServerId,
+    },
+    /// The operator lets the recovery of `server` proceed with the replicas found although
+    /// its log is incomplete (`rampart recovery allow-loss`).
+    AllowLoss {
+        /// The crashed server.
+        server: ServerId,
+    },
+    /// Master `server` may hand out versions below `ceiling` from now on (a lower
+    /// ceiling than it holds changes nothing). Refused (`ServerCrashed`) once `server` is
+    /// not `Up`.
+    ReserveVersions {
+        /// The master.
+        server: ServerId,
+        /// The ceiling it asks for.
+        ceiling: u64,
+    },
+    /// A client opened by a release before client leases, whose id was this entry's
+    /// Raft index (its reply went out long ago). Applying it changes nothing: members
+    /// replay such entries from different snapshots after an upgrade, so anything it
+    /// changed would differ between them.
+    OpenClientWithoutLease,
+    /// Master `server` re-created replicas of its open segment `segment` and moved them
+    /// all to `epoch`: a copy of that segment at an older epoch without its footer was
+    /// replaced while open and may lack writes acknowledged from now on, so recovery
+    /// does not count it (`coordinator::recovery_plan`). The master records this before
+    /// it acknowledges another write. Refused (`ServerCrashed`) once `server` is not
+    /// `Up`: a master declared crashed must not move its log.
+    SetOpenEpoch {
+        /// The master.
+        server: ServerId,
+        /// Its open segment.
+        segment: SegmentId,
+        /// The epoch every replica it writes now holds.
+        epoch: Epoch,
+    },
+    // New variants go last: a command's encoding (its variant's index) is in the Raft
+    // log on disk.
+    /// A client connects and needs an id for its writes' completion records
+    /// (`rampart_common::rifl`): the next of a counter, never reused. It joins the
+    /// clients whose leases the leader keeps. Refused beyond [`CLIENTS_MAX`] clients.
+    /// Clients are not configuration: the version does not change.
+    OpenClient,
+    /// The leader found that these clients stopped renewing their leases: they are
+    /// expired for good, and masters may drop their completion records. Clients not
+    /// open (expired already) are passed over. The version does not change.
+    ExpireClients {
+        /// The clients (at most [`EXPIRE_CLIENTS_MAX`]).
+        clients: Vec<ClientId>,
+    },
+}
+
+/// What applying a [`Command`] produced; sent back to the client that proposed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// The server's new id.
+    Enlisted {
+        /// Assigned now; never reused.
+        id: ServerId,
+    },
+    /// The status was set (or already was the requested one).
+    StatusSet,
+    /// The table exists.
+    TableCreated {
+        /// Its id.
+        id: TableId,
+        /// Its tablets, in hash order; the owners must be told to take them.
+        tablets: Vec<Tablet>,
+        /// False if the table existed already: the existing table is returned, so a client
+        /// retry after a lost reply is harmless.
+        created: bool,
+        /// The tablet epoch of each owner, in id order: after this change when
+        /// `created`, else as it stands (the owners then need only catch up to it).
+        epochs: Vec<(ServerId, TabletEpoch)>,
+    },
+    /// The table is gone.
+    TableDropped {
+        /// Its id; `None` if no such table existed (dropping is idempotent).
+        id: Option<TableId>,
+        /// The tablets the owners must drop; empty if no such table existed.
+        tablets: Vec<Tablet>,
+        /// The tablet epoch of each owner after this change, in id order.
+        epochs: Vec<(ServerId, TabletEpoch)>,
+    },
+    /// A will was recorded (or was already the recorded one).
+    WillSet,
+    /// A partition was handed over.
+    PartitionRecovered {
+        /// The new owner's tablets that the partition's ranges became; the owner must be
+        /// told to take them.
+        tablets: Vec<Tablet>,
+        /// The new owner's tablet epoch after this change.
+        epoch: TabletEpoch,
+    },
+    /// The operator's consent to lose data was recorded.
+    LossAllowed,
+    /// An open segment's epoch was recorded (or a newer one already was).
+    EpochRecorded,
+    /// A master's version ceiling, now at least the one asked for.
+    VersionsReserved {
+        /// The ceiling held.
+        ceiling: u64,
+    },
+    /// A client was opened.
+    ClientOpened {
+        /// Its id; 0 for [`Command::OpenClientWithoutLease`], which opens nothing.
+        id: ClientId,
+    },
+    /// Clients expired.
+    ClientsExpired {
+        /// How many of those named were open until now.
+        expired: usize,
+    },
+    /// The command was refused and changed nothing.
+    Rejected {
+        /// Why, as a wire status.
+        status: Status,
+        /// Human-readable detail.
+        detail: String,
+    },
+}
+
+/// Why a command is refused. Each variant maps to a wire [`Status`]; its message is the
+/// detail of [`CommandResult::Rejected`].
+#[derive(Debug, Error)]
+pub(super) enum Reject {
+    #[error("table name is empty")]
+    TableNameEmpty,
+    #[error("table name is {len} bytes, more than {max}", max = TABLE_NAME_BYTES_MAX)]
+    TableNameTooLong { len: usize },
+    #[error("table name contains a control character")]
+    TableNameControl,
+    #[error("span {span} is outside 1..={max}", max = TABLE_SPAN_MAX)]
+    SpanOutOfRange { span: u32 },
+    #[error("too many tables (limit {max})", max = TABLES_MAX)]
+    TooManyTables,
+    #[error("too many tablets: {have} + {span} exceeds {max}", max = TABLETS_MAX)]
+    TooManyTablets { have: usize, span: u32 },
+    #[error("no up server runs a master")]
+    NoMasters,
+    #[error("server address is empty")]
+    AddrEmpty,
+    #[error("{field} is {len} bytes, more than {max}", max = SERVER_FIELD_BYTES_MAX)]
+    ServerFieldTooLong { field: &'static str, len: usize },
+    #[error("too many servers (limit {max})", max = SERVERS_MAX)]
+    TooManyServers,
+    #[error("unknown server {0}")]
+    UnknownServer(ServerId),
+    #[error("will of {server}: {why}")]
+    BadWill { server: ServerId, why: String },
+    #[error("{0} is not up")]
+    NotUp(ServerId),
+    #[error("{0} was declared crashed: its log is being recovered")]
+    Crashed(ServerId),
+    #[error("{0} is not crashed")]
+    NotCrashed(ServerId),
+    #[error("{crashed} no longer owns {table} hashes {start:#x}..={end:#x}: recovered already")]
+    NotOwned {
+        crashed: ServerId,
+        table: TableId,
+        start: u64,
+        end: u64,
+    },
+    #[error("too many clients open (limit {max}): no more until some expire", max = CLIENTS_MAX)]
+    TooManyClients,
+    #[error("server {id} cannot go from {from:?} to {to:?}")]
+    StatusBackwards {
+        id: ServerId,
+        from: ServerStatus,
+        to: ServerStatus,
+    },
+}
+
+impl Reject {
+    pub(super) fn status(&self) -> Status {
+        match self {
+            Reject::NoMasters => Status::NotEnoughServers,
+            Reject::TooManyClients => Status::Retry,
+            Reject::Crashed(_) => Status::ServerCrashed,
+            Reject::NotOwned { .. } | Reject::NotCrashed(_) => Status::RecoveryFailed,
+            _ => Status::InvalidArgument,
+        }
+    }
+}
+
+/// A command that was not rejected: whether it changed the state decides the version bump.
+pub(super) enum Outcome {
+    Changed(CommandResult),
+    Unchanged(CommandResult),
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Random commands, for the property tests of the whole state machine (`core`) and of
+    /// the commands' encoding.
+    pub(crate) fn command_strategy() -> impl Strategy<Value = Command> {
+        let name =
+            prop::sample::select(vec!["a", "b", "c", "d", "", "bad\n"]).prop_map(String::from);
+        let addr =
+            prop::sample::select(vec!["h1:1", "h2:1", "h3:1", "h4:1"]).prop_map(String::from);
+        let status = prop::sample::select(vec![
+            ServerStatus::Up,
+            ServerStatus::Crashed,
+            ServerStatus::Removed,
+        ]);
+        prop_oneof![
+            3 => (addr, any::<bool>(), any::<bool>(), 0u32..1000).prop_map(
+                |(addr, master, backup, disk_read_mbps)| Command::EnlistServer {
+                    addr,
+                    services: Services { master, backup },
+                    failure_domain: "rack".into(),
+                    disk_read_mbps,
+                }
+            ),
+            2 => (0u64..12, status).prop_map(|(id, status)| Command::SetServerStatus {
+                id: ServerId(id),
+                status,
+            }),
+            4 => (name.clone(), 0u32..=20).prop_map(|(name, span)| Command::CreateTable { name, span }),
+            2 => (1u64..6).prop_map(|id| Command::DropTable { id: TableId(id) }),
+            1 => Just(Command::OpenClient),
+            1 => Just(Command::OpenClientWithoutLease),
+            1 => proptest::collection::vec(0u64..8, 0..4).prop_map(|ids| Command::ExpireClients {
+                clients: ids.into_iter().map(ClientId).collect(),
+            }),
+            1 => (0u64..12, 0u64..1000).prop_map(|(id, ceiling)| Command::ReserveVersions {
+                server: ServerId(id),
+                ceiling,
+            }),
+            1 => (0u64..12, 1u64..6, 1u64..4).prop_map(|(id, segment, epoch)| {
+                Command::SetOpenEpoch {
+                    server: ServerId(id),
+                    segment: SegmentId(segment),
+                    epoch: Epoch(epoch),
+                }
+            }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn commands_round_trip_through_bincode(command in command_strategy()) {
+            let bytes = bincode::serialize(&command).expect("serializable");
+            let back: Command = bincode::deserialize(&bytes).expect("deserializable");
+            prop_assert_eq!(back, command);
+        }
+    }
+}

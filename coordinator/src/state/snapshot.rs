@@ -1,0 +1,316 @@
+//! Snapshots: decoding the state (today's encoding, or the shorter one of the release
+//! before open clients) and checking every invariant of one read from disk before it is
+//! installed.
+
+use super::command::{
+    CLIENTS_MAX, CLIENT_IDS_START, OPEN_EPOCH_SEGMENTS_MAX, SERVERS_MAX, TABLES_MAX, TABLETS_MAX,
+    WILL_RANGES_MAX,
+};
+use super::core::CoordinatorState;
+use super::recovery::will_ranges;
+use rampart_common::ids::{Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use rampart_common::tablet::{ServerInfo, ServerStatus, TableInfo};
+use rampart_common::will::Will;
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use thiserror::Error;
+
+/// An invariant of [`CoordinatorState`] that does not hold: a bug, or a corrupt snapshot.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum InvariantViolation {
+    /// A server entry is inconsistent.
+    #[error("{server}: {what}")]
+    Server {
+        /// The server.
+        server: ServerId,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A table entry or its tablets are inconsistent.
+    #[error("{table}: {what}")]
+    Table {
+        /// The table.
+        table: TableId,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The name index disagrees with the tables.
+    #[error("name index: {what}")]
+    NameIndex {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The address index disagrees with the up servers.
+    #[error("address index: {what}")]
+    AddrIndex {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The open clients are inconsistent.
+    #[error("clients: {what}")]
+    Clients {
+        /// What is wrong.
+        what: &'static str,
+    },
+}
+
+/// The state as releases before open clients encoded it: today's fields but the last
+/// ones. Only decoded ([`CoordinatorState::decode`]).
+#[derive(Deserialize)]
+pub(crate) struct StateWithoutClients {
+    next_server_id: u64,
+    next_table_id: u64,
+    servers: BTreeMap<ServerId, ServerInfo>,
+    tables: BTreeMap<TableId, TableInfo>,
+    names: BTreeMap<String, TableId>,
+    up_addrs: BTreeMap<String, ServerId>,
+    tablet_count: usize,
+    last_placed: ServerId,
+    wills: BTreeMap<ServerId, Will>,
+    allow_loss: BTreeSet<ServerId>,
+    open_epochs: BTreeMap<ServerId, BTreeMap<SegmentId, Epoch>>,
+    tablet_epochs: BTreeMap<ServerId, TabletEpoch>,
+    version_ceilings: BTreeMap<ServerId, u64>,
+    version: u64,
+}
+
+impl From<StateWithoutClients> for CoordinatorState {
+    fn from(old: StateWithoutClients) -> CoordinatorState {
+        // Its clients had ids of Raft indexes and no leases: none counts as open, so
+        // their writes are refused (`ClientLeaseExpired`) and they connect again.
+        CoordinatorState {
+            next_server_id: old.next_server_id,
+            next_table_id: old.next_table_id,
+            servers: old.servers,
+            tables: old.tables,
+            names: old.names,
+            up_addrs: old.up_addrs,
+            tablet_count: old.tablet_count,
+            last_placed: old.last_placed,
+            wills: old.wills,
+            allow_loss: old.allow_loss,
+            open_epochs: old.open_epochs,
+            tablet_epochs: old.tablet_epochs,
+            version_ceilings: old.version_ceilings,
+            version: old.version,
+            next_client_id: CLIENT_IDS_START,
+            clients: BTreeSet::new(),
+        }
+    }
+}
+
+impl CoordinatorState {
+    /// Decodes a state encoded (bincode) by this release, or by one before open clients
+    /// existed (see `StateWithoutClients`).
+    pub fn decode(bytes: &[u8]) -> Result<CoordinatorState, bincode::Error> {
+        use bincode::Options;
+        bincode::deserialize(bytes).or_else(|error| {
+            // Only an encoding that the old fields use up whole: a damaged tail of
+            // today's encoding must not pass for an old one (bincode's default ignores
+            // trailing bytes).
+            bincode::DefaultOptions::new()
+                .with_fixint_encoding()
+                .reject_trailing_bytes()
+                .deserialize::<StateWithoutClients>(bytes)
+                .map(CoordinatorState::from)
+                .map_err(|_| error)
+        })
+    }
+
+    /// Checks every invariant written on the fields. `apply` keeps them; this is for tests
+    /// and for a snapshot read from disk before it is installed.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        for (&id, server) in &self.servers {
+            let fail = |what| Err(InvariantViolation::Server { server: id, what });
+            if server.id != id {
+                return fail("keyed under another id");
+            }
+            if id.0 == 0 || id.0 >= self.next_server_id {
+                return fail("id outside 1..next_server_id");
+            }
+            let indexed = self.up_addrs.get(&server.addr) == Some(&id);
+            if (server.status == ServerStatus::Up) != indexed {
+                return fail("up status disagrees with the address index");
+            }
+        }
+        if self.servers.len() > SERVERS_MAX {
+            return Err(InvariantViolation::Server {
+                server: ServerId(self.next_server_id),
+                what: "more than SERVERS_MAX servers",
+            });
+        }
+        for (addr, id) in &self.up_addrs {
+            let up = self
+                .servers
+                .get(id)
+                .is_some_and(|s| s.status == ServerStatus::Up && &s.addr == addr);
+            if !up {
+                return Err(InvariantViolation::AddrIndex {
+                    what: "entry without an up server at that address",
+                });
+            }
+        }
+
+        let mut tablet_count = 0;
+        for (&id, table) in &self.tables {
+            let fail = |what| Err(InvariantViolation::Table { table: id, what });
+            if table.id != id {
+                return fail("keyed under another id");
+            }
+            if id.0 == 0 || id.0 >= self.next_table_id {
+                return fail("id outside 1..next_table_id");
+            }
+            if self.names.get(&table.name) != Some(&id) {
+                return fail("name not indexed");
+            }
+            if table.tablets.first().map(|t| t.start_hash) != Some(0)
+                || table.tablets.last().map(|t| t.end_hash) != Some(u64::MAX)
+            {
+                return fail("tablets do not cover [0, u64::MAX]");
+            }
+            if table.tablets.windows(2).any(|pair| {
+                pair[0].end_hash >= pair[1].start_hash || pair[0].end_hash + 1 != pair[1].start_hash
+            }) {
+                return fail("tablets not contiguous in hash order");
+            }
+            for tablet in &table.tablets {
+                if tablet.table != id {
+                    return fail("tablet of another table");
+                }
+                if tablet.start_hash > tablet.end_hash {
+                    return fail("empty tablet");
+                }
+                if !self.servers.contains_key(&tablet.owner) {
+                    return fail("tablet owner never enlisted");
+                }
+            }
+            tablet_count += table.tablets.len();
+        }
+        if self.tables.len() > TABLES_MAX
+            || tablet_count > TABLETS_MAX
+            || tablet_count != self.tablet_count
+        {
+            return Err(InvariantViolation::Table {
+                table: TableId(self.next_table_id),
+                what: "table or tablet count wrong or over its limit",
+            });
+        }
+        if self.names.len() != self.tables.len() {
+            return Err(InvariantViolation::NameIndex {
+                what: "entries without a table",
+            });
+        }
+        // What is kept per server exists only for servers that are not removed.
+        let kept = |server: ServerId, what: &'static str| {
+            let live = self
+                .servers
+                .get(&server)
+                .is_some_and(|s| s.status != ServerStatus::Removed);
+            if live {
+                Ok(())
+            } else {
+                Err(InvariantViolation::Server { server, what })
+            }
+        };
+        for (&server, will) in &self.wills {
+            kept(server, "will of a server never enlisted or removed")?;
+            if will_ranges(will) > WILL_RANGES_MAX {
+                return Err(InvariantViolation::Server {
+                    server,
+                    what: "will with more than WILL_RANGES_MAX ranges",
+                });
+            }
+        }
+        for (&server, epochs) in &self.open_epochs {
+            kept(server, "open epochs of a server never enlisted or removed")?;
+            if epochs.is_empty() || epochs.len() > OPEN_EPOCH_SEGMENTS_MAX {
+                return Err(InvariantViolation::Server {
+                    server,
+                    what: "open epochs of no or too many segments",
+                });
+            }
+        }
+        for &server in self.tablet_epochs.keys() {
+            kept(server, "tablet epoch of a server never enlisted or removed")?;
+        }
+        for &server in self.version_ceilings.keys() {
+            kept(
+                server,
+                "version ceiling of a server never enlisted or removed",
+            )?;
+        }
+        for &server in &self.allow_loss {
+            kept(server, "loss allowed for a server not crashed or up")?;
+        }
+        let ids = self.clients.first().zip(self.clients.last());
+        if self.clients.len() > CLIENTS_MAX
+            || self.next_client_id < CLIENT_IDS_START
+            || ids.is_some_and(|(first, last)| {
+                first.0 < CLIENT_IDS_START || last.0 >= self.next_client_id
+            })
+        {
+            return Err(InvariantViolation::Clients {
+                what: "more than CLIENTS_MAX, or an id outside CLIENT_IDS_START..next_client_id",
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::command::{Command, CommandResult};
+    use super::super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn a_state_encoded_before_open_clients_decodes_with_none_open() {
+        let mut state = CoordinatorState::new();
+        enlist(&mut state, "a:1", BOTH);
+        assert!(matches!(
+            create(&mut state, "t", 2),
+            CommandResult::TableCreated { .. }
+        ));
+        // The encoding before open clients is today's without the last two fields: an
+        // empty set (its length, a u64) and the counter (a u64).
+        let bytes = bincode::serialize(&state).expect("a state encodes");
+        let old = &bytes[..bytes.len() - 16];
+        assert_eq!(
+            CoordinatorState::decode(old).expect("the older encoding decodes"),
+            state
+        );
+        assert_eq!(
+            CoordinatorState::decode(&bytes).expect("today's encoding decodes"),
+            state
+        );
+        assert!(CoordinatorState::decode(&bytes[..bytes.len() - 20]).is_err());
+        assert!(
+            CoordinatorState::decode(&bytes[..bytes.len() - 8]).is_err(),
+            "a damaged tail of today's encoding is not taken for an old one"
+        );
+        state.apply(&Command::OpenClient);
+        let bytes = bincode::serialize(&state).expect("a state encodes");
+        assert_eq!(
+            CoordinatorState::decode(&bytes).expect("today's encoding decodes"),
+            state
+        );
+    }
+
+    #[test]
+    fn check_invariants_catches_a_corrupt_state() {
+        let (mut state, _) = cluster(1);
+        created(&mut state, "t", 2);
+        let mut gap = state.clone();
+        if let Some(table) = gap.tables.get_mut(&TableId(1)) {
+            table.tablets[1].start_hash += 1;
+        }
+        assert!(gap.check_invariants().is_err());
+        let mut orphan = state.clone();
+        orphan.servers.clear();
+        orphan.up_addrs.clear();
+        assert!(orphan.check_invariants().is_err());
+        let mut unnamed = state;
+        unnamed.names.clear();
+        assert!(unnamed.check_invariants().is_err());
+    }
+}
