@@ -73,7 +73,16 @@ impl LocalCluster {
     /// Starts a cluster with `servers` storage servers and extra `cluster up` flags,
     /// its data in a fresh temporary directory (removed on drop).
     pub fn start(servers: u32, extra: &[&str]) -> Result<LocalCluster> {
-        let data_dir = tempfile::TempDir::new()?;
+        LocalCluster::start_on(tempfile::TempDir::new()?, servers, extra)
+    }
+
+    /// [`LocalCluster::start`] on `data_dir`, which may hold a cluster's data already
+    /// (removed on drop).
+    pub fn start_on(
+        data_dir: tempfile::TempDir,
+        servers: u32,
+        extra: &[&str],
+    ) -> Result<LocalCluster> {
         let mut command = Command::new(rampart_bin()?);
         command
             .args([
