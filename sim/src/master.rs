@@ -1194,7 +1194,7 @@ fn outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SimConfig;
+    use crate::config::SimConfig;
 
     /// A master of a quiet world (no faults), started, that owns nothing.
     fn quiet_master(forget_clean_steps_max: usize) -> (World, SimMaster) {

@@ -34,8 +34,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::config::SimConfig;
 use crate::world::World;
-use crate::SimConfig;
 
 /// Of a batch's regular ops, the share that are removes.
 const REMOVE_P: f64 = 0.15;

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backup::{Liveness, Refusal, SimBackup};
+use crate::config::SimConfig;
 use crate::recovery::{Reach, Recovery};
-use crate::SimConfig;
 
 /// A request to a backup, as it travels (and may arrive late).
 #[derive(Clone, Debug)]

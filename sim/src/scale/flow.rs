@@ -17,8 +17,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
 
+use super::model::{Costs, Host, Outcome, Scenario};
 use super::plan::Plan;
-use super::{Costs, Host, Outcome, Scenario};
 
 /// Below this many bytes a flow counts as done (rates are recomputed in floating point).
 const EPS_BYTES: f64 = 1e-3;

@@ -17,7 +17,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeSet, HashSet};
 
-use super::{Host, Scenario};
+use super::model::{Host, Scenario};
 
 /// The profiler tracks at most this many entries per crashed master; a larger log is
 /// tracked in groups of entries at one hash each (see `will_of`).
