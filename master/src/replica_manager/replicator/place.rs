@@ -1,0 +1,186 @@
+//! `Step::Place`: choosing backups for a segment's empty slots, and opening a replica
+//! on each at a new epoch, filled with the segment's bytes so far (and closed, if the
+//! segment is).
+
+use bytes::Bytes;
+use rampart_common::ids::{Epoch, SegmentId, ServerId};
+use rampart_common::protocol::backup::{OpenReplica, OpenReplicaRequest};
+use std::collections::HashSet;
+use tokio::time::Instant;
+
+use super::close::close_replica;
+use super::state::{Fatal, Link, Replicator, REFUSED_BACKUP_EXCLUSION};
+use crate::replica_manager::backup_selector::NotEnoughBackups;
+use crate::replica_manager::segment_replicas::{Abandoned, Replica};
+use crate::replica_manager::transport::{classify_rpc, Failure, REPLICA_IO_TIMEOUT};
+
+impl Replicator {
+    pub(super) fn excluded(&self) -> HashSet<ServerId> {
+        let now = Instant::now();
+        self.failed
+            .iter()
+            .filter(|(_, since)| now - **since < self.config.failed_backup_exclusion)
+            .map(|(id, _)| *id)
+            .chain(
+                self.refused
+                    .iter()
+                    .filter(|(_, until)| **until > now)
+                    .map(|(id, _)| *id),
+            )
+            .collect()
+    }
+
+    /// Backups for the empty `slots` of `id`: a fresh segment gets all R from `select`
+    /// (primary by refinement); otherwise each empty slot gets a replacement.
+    pub(super) fn place(
+        &mut self,
+        id: SegmentId,
+        slots: &[usize],
+        fresh: bool,
+        exclude: &HashSet<ServerId>,
+    ) -> Result<Vec<(usize, ServerId)>, NotEnoughBackups> {
+        if fresh {
+            let chosen = self.selector.select(self.config.replicas, exclude)?;
+            return Ok(chosen.into_iter().enumerate().collect());
+        }
+        let mut others: Vec<ServerId> = self
+            .segments
+            .get(&id)
+            .map(|s| s.backups().collect())
+            .unwrap_or_default();
+        let mut targets = Vec::new();
+        for &slot in slots {
+            let backup = self
+                .selector
+                .select_replacement(&others, slot == 0, exclude)?;
+            others.push(backup);
+            targets.push((slot, backup));
+        }
+        Ok(targets)
+    }
+
+    /// Opens replicas of `id` on `targets` (slot, backup) at a new epoch, each holding
+    /// the segment's bytes so far (and closed, if the segment is). A backup that fails
+    /// is marked failed; one that refuses is left out (`refused`) for this settle and
+    /// for [`REFUSED_BACKUP_EXCLUSION`].
+    pub(super) async fn create_replicas(
+        &mut self,
+        id: SegmentId,
+        targets: Vec<(usize, ServerId)>,
+        fresh: bool,
+        refused: &mut HashSet<ServerId>,
+        log_bytes: Option<&Bytes>,
+    ) -> Result<(), Fatal> {
+        let segment = self.segment_mut(id)?;
+        let epoch = segment.take_epoch();
+        let (len, closed) = (segment.len(), segment.is_closed());
+        let capacity = self.segment_capacity;
+        let bytes = self.fill(id, len, log_bytes)?;
+        for (slot, backup) in targets {
+            match self
+                .create_replica(id, backup, epoch, capacity, bytes.as_ref(), closed)
+                .await
+            {
+                Ok(replica) => {
+                    if !fresh || len > 0 {
+                        self.stats.replicas_recreated += 1;
+                        tracing::info!(segment = %id, %backup, %epoch, bytes = len, "replica re-created");
+                    }
+                    self.segment_mut(id)?.placed(slot, replica);
+                    self.changed = true;
+                }
+                Err(failure) => {
+                    if slot == 0 && fresh {
+                        // `select` counted a primary there; it holds none.
+                        self.selector.primary_freed(backup);
+                    }
+                    if let Some(detail) = self.failed_beyond_replica(id, backup, failure)? {
+                        tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
+                        refused.insert(backup);
+                        self.refused
+                            .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a replica of `id` on `backup` at `epoch`, writes `bytes` (from offset 0) and,
+    /// for a closed segment, closes it.
+    /// A failure after the open may have reached the backup leaves a frame there: it is
+    /// abandoned (freed later, bounded by `epoch`, which no later copy reuses).
+    async fn create_replica(
+        &mut self,
+        id: SegmentId,
+        backup: ServerId,
+        epoch: Epoch,
+        capacity: u32,
+        bytes: Option<&Bytes>,
+        closed: bool,
+    ) -> Result<Replica<Link>, Failure> {
+        let addr = self
+            .backups
+            .get(&backup)
+            .map(|b| b.addr.clone())
+            .ok_or_else(|| Failure::Replica(format!("{backup} left the server list")))?;
+        let result = self
+            .open_and_fill(id, backup, addr, epoch, capacity, bytes, closed)
+            .await;
+        if result.is_err() {
+            self.abandon(Abandoned {
+                backup,
+                segment: id,
+                epoch_max: epoch,
+            });
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn open_and_fill(
+        &mut self,
+        id: SegmentId,
+        backup: ServerId,
+        addr: String,
+        epoch: Epoch,
+        capacity: u32,
+        bytes: Option<&Bytes>,
+        closed: bool,
+    ) -> Result<Replica<Link>, Failure> {
+        let request = OpenReplicaRequest {
+            master: self.own,
+            segment: id,
+            epoch,
+            capacity,
+        };
+        let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
+        let reply = self
+            .pool
+            .call::<OpenReplica>(&addr, &request, deadline)
+            .await
+            .map_err(|e| classify_rpc(&e))?;
+        self.heard(backup);
+        let transport = self.transports.open(&addr, &reply).await?;
+        tracing::debug!(
+            segment = %id, %backup, %epoch, handle = %reply.handle, transport = %transport.kind(),
+            "replica opened"
+        );
+        let mut replica = Replica::new(backup, reply.handle, epoch, Link { addr, transport });
+        if let Some(bytes) = bytes {
+            replica
+                .link
+                .transport
+                .write(replica.handle, epoch, 0, bytes.clone())
+                .await?;
+        }
+        if closed {
+            let length = bytes.map_or(0, |b| b.len() as u32);
+            close_replica(&self.pool, &replica, length)
+                .await
+                .map_err(|e| classify_rpc(&e))?;
+            replica.closed = true;
+        }
+        Ok(replica)
+    }
+}

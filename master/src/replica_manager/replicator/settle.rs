@@ -1,0 +1,157 @@
+//! `settle`: does what `SegmentReplicas::step` asks (place, bump, record) until every
+//! replica of a segment is live and current, waiting for backups or coordinators as
+//! its [`Patience`] allows.
+
+use bytes::Bytes;
+use rampart_common::ids::{SegmentId, ServerId};
+use std::collections::HashSet;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use super::state::{Fatal, Replicator, SHORTAGE_SAID_AFTER, WAIT_BACKOFF_MAX, WAIT_WARN_INTERVAL};
+use crate::replica_manager::segment_replicas::Step;
+
+/// How long [`Replicator::settle`] keeps trying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Patience {
+    /// Until every replica exists (the write path: nothing is acknowledged before).
+    UntilDone,
+    /// One placement round (upkeep between batches: the next tick tries again).
+    OneAttempt,
+}
+
+/// Progress of a wait in [`Replicator::settle`]: for backups to place replicas on, or
+/// for a coordinator to record an epoch.
+pub(super) struct Waiting {
+    since: Option<Instant>,
+    last_warn: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Waiting {
+    pub(super) fn new() -> Waiting {
+        Waiting {
+            since: None,
+            last_warn: None,
+            backoff: Duration::from_millis(5),
+        }
+    }
+
+    /// How long this wait has lasted, starting it now if it had not started.
+    pub(super) fn waited(&mut self, now: Instant) -> Duration {
+        now - *self.since.get_or_insert(now)
+    }
+
+    /// Whether to warn now (at most every [`WAIT_WARN_INTERVAL`]); records it if so.
+    pub(super) fn warn_due(&mut self, now: Instant) -> bool {
+        let due = self
+            .last_warn
+            .map_or(true, |t| now - t >= WAIT_WARN_INTERVAL);
+        if due {
+            self.last_warn = Some(now);
+        }
+        due
+    }
+
+    /// Sleeps the current backoff, doubling it up to [`WAIT_BACKOFF_MAX`].
+    pub(super) async fn pause(&mut self) {
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(WAIT_BACKOFF_MAX);
+    }
+}
+
+impl Replicator {
+    /// Does what [`SegmentReplicas::step`] asks until every replica of `id` is live and
+    /// current: places replicas in empty slots (holding the segment's bytes so far),
+    /// bumps the survivors of a loss to the new epoch, records it at the coordinator.
+    /// With [`Patience::UntilDone`] waits, refreshing the server list, while not enough
+    /// backups exist, and retries while no coordinator answers; with
+    /// [`Patience::OneAttempt`] returns after one placement round or one failed round.
+    ///
+    /// [`SegmentReplicas::step`]: crate::replica_manager::segment_replicas::SegmentReplicas::step
+    pub(super) async fn settle(
+        &mut self,
+        id: SegmentId,
+        log_bytes: Option<&Bytes>,
+        patience: Patience,
+    ) -> Result<(), Fatal> {
+        let mut refused: HashSet<ServerId> = HashSet::new();
+        let mut for_backups = Waiting::new();
+        let mut for_record = Waiting::new();
+        let mut placed_once = false;
+        loop {
+            let Some(segment) = self.segments.get_mut(&id) else {
+                return Ok(());
+            };
+            match segment.step() {
+                Step::Ready => return Ok(()),
+                Step::Place {
+                    slots,
+                    fresh,
+                    confirm_alive,
+                } => {
+                    if placed_once && patience == Patience::OneAttempt {
+                        return Ok(());
+                    }
+                    if confirm_alive {
+                        self.confirm_alive().await?;
+                    }
+                    self.refresh_servers(false).await;
+                    let mut exclude = self.excluded();
+                    exclude.extend(refused.iter().copied());
+                    match self.place(id, &slots, fresh, &exclude) {
+                        Ok(targets) => {
+                            placed_once = true;
+                            let refusals = refused.len();
+                            self.create_replicas(id, targets, fresh, &mut refused, log_bytes)
+                                .await?;
+                            // Over once the replicas exist: a placement whose backups then
+                            // refused (full) is not the end of it.
+                            if refused.len() == refusals && self.shortage.set(None) {
+                                tracing::info!(segment = %id, "backups are enough again: writes go on");
+                            }
+                        }
+                        Err(shortage) => {
+                            let now = Instant::now();
+                            let waited = for_backups.waited(now);
+                            // The first failures are often a list fetched while servers
+                            // were still enlisting (a cluster starting): said only once
+                            // it lasts, and once per change, not per attempt.
+                            if waited >= SHORTAGE_SAID_AFTER {
+                                let explained = shortage.explain();
+                                if self.shortage.set(Some(shortage)) {
+                                    tracing::warn!(segment = %id, ?waited, "{explained}");
+                                }
+                            }
+                            if !refused.is_empty() && waited > WAIT_WARN_INTERVAL {
+                                // Backups that refused may have room again.
+                                refused.clear();
+                            }
+                            if patience == Patience::OneAttempt {
+                                return Ok(());
+                            }
+                            for_backups.pause().await;
+                            self.refresh_servers(true).await;
+                        }
+                    }
+                }
+                Step::Bump { epoch, survivors } => {
+                    // A survivor whose bump fails is lost: the next step replaces it.
+                    let failures = self.bump_epochs(id, epoch, &survivors).await;
+                    self.apply_failures(id, failures)?;
+                }
+                Step::Record { epoch } => {
+                    if let Err(error) = self.record_open_epoch(id, epoch).await? {
+                        if for_record.warn_due(Instant::now()) {
+                            tracing::warn!(segment = %id, %epoch, %error, "open segment epoch not recorded; writes wait for the coordinators");
+                        }
+                        if patience == Patience::OneAttempt {
+                            return Ok(());
+                        }
+                        for_record.pause().await;
+                    }
+                }
+            }
+        }
+    }
+}

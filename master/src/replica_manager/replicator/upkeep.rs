@@ -1,0 +1,184 @@
+//! Upkeep between batches ([`Replicator::tick`]): finished closes, probes of quiet
+//! backups, frees of abandoned copies, the open segments' lost replicas; and the
+//! closed segments' re-replication from the log ([`Replicator::recreate`]) and their
+//! freeing ([`Replicator::free_segments`]).
+
+use bytes::Bytes;
+use futures::future::join_all;
+use rampart_common::ids::{Epoch, SegmentId, ServerId};
+use rampart_common::protocol::backup::{FreeReplica, FreeReplicaRequest};
+use rampart_common::protocol::master::{Ping, PingRequest};
+use std::collections::HashSet;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use super::settle::Patience;
+use super::state::{Fatal, Replicator, Segment, PROBE_INTERVAL, PROBE_TIMEOUT};
+use crate::replica_manager::segment_replicas::Abandoned;
+
+impl Replicator {
+    /// Background upkeep between batches: finished closes, the server list, probes of
+    /// quiet backups, frees of abandoned copies, and the open segments' lost replicas
+    /// and unrecorded epochs. Returns a closed segment that lost replicas, if any: the
+    /// caller reads its bytes from the log and hands them to
+    /// [`Replicator::recreate`] (one segment per tick, so that writes interleave with
+    /// re-replication).
+    ///
+    /// # Errors
+    /// [`Fatal`] as for [`Replicator::replicate`].
+    pub async fn tick(&mut self) -> Result<Option<SegmentId>, Fatal> {
+        if self.config.replicas == 0 {
+            return Ok(None);
+        }
+        self.drain_closes();
+        if let Some(fatal) = &self.fenced {
+            return Err(fatal.clone());
+        }
+        self.refresh_servers(false).await;
+        self.probe_quiet_backups().await;
+        self.free_abandoned().await;
+        let now = Instant::now();
+        let exclusion = self.config.failed_backup_exclusion;
+        self.failed.retain(|_, since| now - *since < exclusion);
+        self.refused.retain(|_, until| *until > now);
+        // The open segments' lost replicas and unrecorded epochs: without a write they
+        // would wait for one (and the next write waits for them).
+        let open_needing: Vec<SegmentId> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.is_closed() && (s.missing() > 0 || s.unrecorded()))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in open_needing {
+            self.settle(id, None, Patience::OneAttempt).await?;
+        }
+        Ok(self
+            .segments
+            .iter()
+            .find(|(_, s)| s.is_closed() && s.missing() > 0)
+            .map(|(id, _)| *id))
+    }
+
+    /// One placement round for the lost replicas of the closed segment `id` (named by
+    /// [`Replicator::tick`]), filled with `bytes`, the segment as the log holds it.
+    ///
+    /// # Errors
+    /// [`Fatal`] as for [`Replicator::replicate`].
+    pub async fn recreate(&mut self, id: SegmentId, bytes: Bytes) -> Result<(), Fatal> {
+        self.settle(id, Some(&bytes), Patience::OneAttempt).await
+    }
+
+    /// The log no longer holds `segments` (the cleaner freed them, after a digest
+    /// without them reached every replica of the head): forgets them — no more
+    /// re-replication — and frees every copy of them on its backup at the next
+    /// [`Replicator::tick`] (`FreeReplica` at any epoch).
+    pub fn free_segments(&mut self, segments: &[SegmentId]) {
+        for id in segments {
+            self.open_bytes.remove(id);
+            let Some(segment) = self.segments.remove(id) else {
+                continue;
+            };
+            self.changed = true;
+            let held: Vec<(usize, ServerId)> = segment
+                .live()
+                .map(|(slot, replica)| (slot, replica.backup))
+                .collect();
+            for (slot, backup) in held {
+                if slot == 0 {
+                    self.selector.primary_freed(backup);
+                }
+                self.abandon(Abandoned {
+                    backup,
+                    segment: *id,
+                    epoch_max: Epoch::MAX,
+                });
+            }
+        }
+    }
+
+    /// Whether the replicator has upkeep to do soon (lost replicas or closes in flight).
+    pub fn busy(&self) -> bool {
+        !self.closes.is_empty() || self.segments.values().any(|s| s.missing() > 0)
+    }
+
+    /// Frees abandoned copies on backups that are Up and not failed, of segments whole
+    /// again (every replica live, on disk or at a recorded epoch); forgets those
+    /// whose backup left the server list (its replicas went with it).
+    async fn free_abandoned(&mut self) {
+        if self.abandoned.is_empty() {
+            return;
+        }
+        let backups = &self.backups;
+        self.abandoned.retain(|a| backups.contains_key(&a.backup));
+        let (ready, waiting): (Vec<Abandoned>, Vec<Abandoned>) =
+            std::mem::take(&mut self.abandoned)
+                .into_iter()
+                .partition(|a| {
+                    // A copy is kept until its segment is whole again: it may be the
+                    // last complete one outside this master (`SegmentReplicas::whole`).
+                    !self.failed.contains_key(&a.backup)
+                        && self.segments.get(&a.segment).map_or(true, Segment::whole)
+                });
+        self.abandoned = waiting;
+        let own = self.own;
+        let frees = ready.into_iter().filter_map(|a| {
+            let addr = self.backups.get(&a.backup)?.addr.clone();
+            let pool = Arc::clone(&self.pool);
+            Some(async move {
+                let request = FreeReplicaRequest {
+                    master: own,
+                    segment: a.segment,
+                    epoch_max: a.epoch_max,
+                };
+                let deadline = Instant::now() + PROBE_TIMEOUT;
+                let result = pool.call::<FreeReplica>(&addr, &request, deadline).await;
+                (a, result)
+            })
+        });
+        for (a, result) in join_all(frees).await {
+            match result {
+                Ok(_) => {}
+                // Unreachable: the backup counts as failed (so upkeep does not wait on
+                // it every tick); the free is tried again once its exclusion ends.
+                Err(error) if error.is_transport() => {
+                    self.backup_failed(a.backup, &error.to_string());
+                    self.abandoned.push(a);
+                }
+                Err(error) => {
+                    tracing::debug!(backup = %a.backup, segment = %a.segment, %error, "free of an abandoned replica refused");
+                }
+            }
+        }
+    }
+
+    /// Probes backups holding replicas of this master that were quiet for
+    /// [`PROBE_INTERVAL`].
+    async fn probe_quiet_backups(&mut self) {
+        let now = Instant::now();
+        let holding: HashSet<ServerId> = self.segments.values().flat_map(|s| s.backups()).collect();
+        let quiet: Vec<(ServerId, String)> = holding
+            .into_iter()
+            .filter_map(|id| {
+                let known = self.backups.get(&id)?;
+                (now - known.heard >= PROBE_INTERVAL).then(|| (id, known.addr.clone()))
+            })
+            .collect();
+        let probes = quiet.into_iter().map(|(id, addr)| {
+            let pool = Arc::clone(&self.pool);
+            async move {
+                // `Ping` is answered from memory by the storage server's connection
+                // task; `ListReplicas` would make the backup scan our open frames.
+                let deadline = Instant::now() + PROBE_TIMEOUT;
+                let result = pool.call::<Ping>(&addr, &PingRequest {}, deadline).await;
+                (id, result)
+            }
+        });
+        for (id, result) in join_all(probes).await {
+            match result {
+                Ok(_) => self.heard(id),
+                Err(error) if error.is_transport() => self.backup_failed(id, &error.to_string()),
+                Err(_) => self.heard(id),
+            }
+        }
+    }
+}
