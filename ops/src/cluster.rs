@@ -11,7 +11,7 @@
 //! Scripts and tests rely on these lines. While the servers start, their progress goes
 //! to stderr (`progress`: a bar on a terminal, plain lines otherwise), never between
 //! these lines on stdout. It then waits; Ctrl-C or SIGTERM stops every child, and
-//! children die with it even if it is killed (see `children`).
+//! children die with it even if it is killed (see `child_processes`).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::children::{Children, Running};
-use crate::netns::Network;
+use crate::child_processes::{Children, Running};
 use crate::process::PEERS_ON_STDIN;
 use crate::progress::Progress;
+use rampart_ops::netns::Network;
 
 /// Replicas per segment when `--replicas` is not given (clamped to servers − 1).
 pub const REPLICAS_DEFAULT: u32 = 3;

@@ -140,7 +140,7 @@ impl ConnectionLimitArgs {
 
 /// Runs `rampart gateway`.
 pub fn run(args: GatewayArgs) -> Result<ExitCode> {
-    crate::init_logging("info");
+    crate::startup::init_logging("info");
     let connection_limits = args.limits.connection_limits()?;
     let security = args.security.security()?;
     let password = security.token.clone();
@@ -152,7 +152,7 @@ pub fn run(args: GatewayArgs) -> Result<ExitCode> {
         _ => None,
     };
     crate::process::runtime(args.threads)?.block_on(async {
-        let coordinators = crate::coordinator_list(&args.coordinator);
+        let coordinators = crate::startup::coordinator_list(&args.coordinator);
         let client = rampart_client::Client::connect(&coordinators)
             .await
             .with_context(|| format!("cannot reach the cluster at {}", args.coordinator))?;

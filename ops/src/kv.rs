@@ -100,8 +100,8 @@ pub enum KvCommand {
 
 /// Runs `rampart kv ...`.
 pub fn run(args: KvArgs) -> Result<ExitCode> {
-    crate::run_client(&args.security, async {
-        let coordinators = crate::coordinator_list(&args.coordinator);
+    crate::startup::run_client(&args.security, async {
+        let coordinators = crate::startup::coordinator_list(&args.coordinator);
         let options = rampart_client::ClientOptions {
             deadline: std::time::Duration::from_secs_f64(args.timeout.max(0.001)),
             ..Default::default()

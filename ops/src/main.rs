@@ -20,23 +20,26 @@
 //!   operation recorded and checked for linearizability (`rampart_check`).
 
 mod bench;
-mod children;
+mod child_processes;
 mod cluster;
 mod drill;
 mod gateway;
 mod kv;
+mod plots;
 mod process;
 mod progress;
 mod recovery;
 mod security;
 mod simulate;
 mod simulate_scale;
-mod status;
+mod startup;
+mod stats;
+mod status_command;
 mod token;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use rampart_ops::{cluster_file, netns};
+use rampart_ops::cluster_file;
 
 /// Rampart: a RAM-resident key-value storage cluster with fast crash recovery.
 #[derive(Parser, Debug)]
@@ -63,7 +66,7 @@ enum Command {
     Kv(kv::KvArgs),
     /// How the cluster stands: problems and their fixes, coordinators, servers, tables,
     /// recoveries.
-    Status(status::StatusArgs),
+    Status(status_command::StatusArgs),
     /// Crash recoveries: list, show, status, and allow-loss for an incomplete log.
     Recovery(recovery::RecoveryArgs),
     /// Benchmarks.
@@ -100,7 +103,7 @@ fn main() -> std::process::ExitCode {
         Command::Cluster { command } => cluster::run(command),
         Command::Gateway(args) => gateway::run(args),
         Command::Kv(args) => kv::run(args),
-        Command::Status(args) => status::run(args),
+        Command::Status(args) => status_command::run(args),
         Command::Recovery(args) => recovery::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Simulate(args) => simulate::run(args),
@@ -114,40 +117,4 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
-}
-
-/// The addresses of a `--coordinator` list (comma-separated, blanks ignored).
-pub(crate) fn coordinator_list(text: &str) -> Vec<String> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
-/// Runs a short-lived client command (`kv`, `status`, `recovery`) on a current-thread
-/// runtime with its security flags installed, with warnings-only logging unless
-/// `RAMPART_LOG` says otherwise.
-pub(crate) fn run_client<F: std::future::Future>(
-    security: &security::ClientSecurityArgs,
-    command: F,
-) -> Result<F::Output> {
-    init_logging("warn");
-    security.install()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    Ok(runtime.block_on(command))
-}
-
-/// Sets up logging to stderr; `RAMPART_LOG` (same syntax as `RUST_LOG`) overrides
-/// `default_level`.
-pub(crate) fn init_logging(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RAMPART_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }

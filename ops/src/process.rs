@@ -319,7 +319,7 @@ pub(crate) fn announce(line: &str) -> Result<()> {
 
 /// Runs a coordinator until a signal, or until its Raft node fails.
 pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
-    crate::init_logging("info");
+    crate::startup::init_logging("info");
     args.security.install()?;
     if let Some(file) = &args.export {
         return export_seed(&args.data_dir, file);
@@ -529,7 +529,7 @@ fn export_seed(data_dir: &std::path::Path, file: &std::path::Path) -> Result<Exi
 /// Runs a storage server until a signal, or until its master cannot go on (fenced, or
 /// declared crashed by the coordinator: its lease renewal was refused).
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
-    crate::init_logging("info");
+    crate::startup::init_logging("info");
     args.security.install()?;
     let config = server_config(&args)?;
     runtime(args.threads)?.block_on(async {
@@ -600,7 +600,7 @@ fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
         ping_timeout: Duration::from_millis(args.ping_timeout_ms),
         lease_renew_interval: Duration::from_millis(args.lease_renew_ms),
         ..StorageServerConfig::new(
-            crate::coordinator_list(&args.coordinator),
+            crate::startup::coordinator_list(&args.coordinator),
             args.data_dir.clone(),
         )
     };

@@ -71,11 +71,11 @@ pub enum RecoveryCommand {
 /// Runs `rampart recovery`.
 pub fn run(args: RecoveryArgs) -> Result<ExitCode> {
     let security = args.security.clone();
-    crate::run_client(&security, recovery(args))?
+    crate::startup::run_client(&security, recovery(args))?
 }
 
 async fn recovery(args: RecoveryArgs) -> Result<ExitCode> {
-    let addrs = crate::coordinator_list(&args.coordinator);
+    let addrs = crate::startup::coordinator_list(&args.coordinator);
     let set = CoordinatorSet::new(&addrs);
     let pool = RpcPool::new();
     let deadline = Instant::now() + Duration::from_secs_f64(args.timeout.max(0.0));

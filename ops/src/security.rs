@@ -10,13 +10,14 @@
 //! `RAMPART_AUTH_TOKEN_FILE` stands for `--auth-token-file` and `RAMPART_TLS_CA` for
 //! `--tls-ca`, so a shell can set them once. `cluster up` passes its flags to its
 //! children explicitly and clears the variables in their environment
-//! (`children::Children::start`), so a benchmark's private cluster is never secured by
+//! (`child_processes::Children::start`), so a benchmark's private cluster is never secured by
 //! accident.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rampart_common::auth::{ClusterToken, Security};
 use rampart_common::tls::{TlsAcceptor, TlsConnector};
+use rampart_ops::cluster_file::CLUSTER_FILE_ENV;
 use std::path::PathBuf;
 
 /// The environment variable that stands for `--auth-token-file`.
@@ -29,7 +30,7 @@ pub const TLS_CA_ENV: &str = "RAMPART_TLS_CA";
 pub struct ClientSecurityArgs {
     /// A cluster file (TOML): the coordinators, the token and the TLS CA it names stand
     /// for --coordinator, --auth-token-file and --tls-ca.
-    #[arg(long, env = crate::cluster_file::CLUSTER_FILE_ENV, global = true, value_name = "FILE")]
+    #[arg(long, env = CLUSTER_FILE_ENV, global = true, value_name = "FILE")]
     pub cluster_file: Option<PathBuf>,
     /// File holding the cluster token, for a cluster started with one (make one with
     /// `head -c 32 /dev/urandom | base64 > FILE`).

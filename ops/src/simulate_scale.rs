@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::bench::plot_path;
+use crate::plots::plot_path;
 
 /// Where a master's primary replicas go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -268,7 +268,7 @@ fn least(values: &[f64]) -> f64 {
 
 /// The median of `values` (0 when there are none).
 fn median(values: &[f64]) -> f64 {
-    crate::bench::median(values.to_vec()).unwrap_or(0.0)
+    crate::stats::median(values.to_vec()).unwrap_or(0.0)
 }
 
 fn report(

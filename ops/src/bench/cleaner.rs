@@ -37,9 +37,9 @@
 //! `--json FILE` writes `{"throughput_low_util_ops_s", "throughput_high_util_ops_s",
 //! "write_cost_uniform", "write_cost_zipf", "conditions": {...}, "runs": [...]}`.
 
-use super::median;
 use super::ycsb::KeyChooser;
 use crate::progress::Progress;
+use crate::stats::median;
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::Args;
@@ -148,7 +148,7 @@ struct Run {
 
 /// Runs the benchmark.
 pub fn run(args: CleanerBenchArgs) -> Result<ExitCode> {
-    crate::init_logging("warn");
+    crate::startup::init_logging("warn");
     let segment_bytes: ByteSize = args.segment_bytes.parse().context("--segment-bytes")?;
     let config = MasterConfig {
         segment_bytes: u32::try_from(segment_bytes.0).context("--segment-bytes")?,

@@ -33,9 +33,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::median;
 use super::ycsb::RemoveOnDrop;
 use crate::cluster::{self, UpArgs};
+use crate::stats::median;
 
 /// `rampart bench coordinator`
 #[derive(Args, Debug, Clone)]
@@ -75,7 +75,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs the benchmark.
 pub fn run(args: CoordinatorBenchArgs) -> Result<ExitCode> {
-    crate::init_logging("warn");
+    crate::startup::init_logging("warn");
     if args.coordinators < 3 && args.failovers > 0 {
         bail!("failover needs at least 3 coordinators (or --failovers 0)");
     }

@@ -61,27 +61,3 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Echo(args) => echo::run(args),
     }
 }
-
-/// `json` with its extension replaced by `-NAME.svg`: where a benchmark (or `rampart
-/// simulate`) writes its plot NAME beside its JSON.
-pub(crate) fn plot_path(json: &std::path::Path, name: &str) -> std::path::PathBuf {
-    let stem = json
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "figures".to_string());
-    json.with_file_name(format!("{stem}-{name}.svg"))
-}
-
-/// The median of `values` (the mean of the middle two for an even count); `None` if empty.
-pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    Some(if values.len() % 2 == 0 {
-        (values[mid - 1] + values[mid]) / 2.0
-    } else {
-        values[mid]
-    })
-}

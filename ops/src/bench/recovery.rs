@@ -58,7 +58,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use super::ycsb::RemoveOnDrop;
-use crate::children::Children;
+use crate::child_processes::Children;
 use crate::cluster::{self, UpArgs};
 use crate::progress::Progress;
 
@@ -130,7 +130,7 @@ fn unix_ms() -> u64 {
 
 /// Runs the benchmark.
 pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
-    crate::init_logging("warn");
+    crate::startup::init_logging("warn");
     if args.servers < 2 || args.replicas >= args.servers {
         bail!("need at least 2 servers and --replicas below --servers");
     }

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::children::Children;
+use crate::child_processes::Children;
 use crate::cluster::{self, UpArgs};
 use crate::progress::Progress;
 
@@ -199,7 +199,7 @@ impl Drop for RemoveOnDrop {
 
 /// Runs the benchmark.
 pub fn run(args: YcsbArgs) -> Result<ExitCode> {
-    crate::init_logging("warn");
+    crate::startup::init_logging("warn");
     if args.records == 0 || args.clients == 0 {
         bail!("--records and --clients must be at least 1");
     }

@@ -10,7 +10,6 @@
 
 use super::plan::{choose, Cut, FaultKind, FaultPlan, ServerView, Skip};
 use crate::cluster::{coordinator_host, server_host, LocalCluster};
-use crate::netns::Network;
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::{ServerId, TableId};
 use rampart_common::protocol::coordinator::{
@@ -19,6 +18,7 @@ use rampart_common::protocol::coordinator::{
 };
 use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::{ServerStatus, TabletMap};
+use rampart_ops::netns::Network;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -84,7 +84,8 @@ impl Injector {
         plan: FaultPlan,
         start: Instant,
     ) -> Injector {
-        let coordinators = CoordinatorSet::new(&crate::coordinator_list(&cluster.coordinator));
+        let coordinators =
+            CoordinatorSet::new(&crate::startup::coordinator_list(&cluster.coordinator));
         Injector {
             cluster,
             runtime,

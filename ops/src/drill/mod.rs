@@ -8,9 +8,9 @@
 //! killed, a recovery master killed during a recovery, a master paused until declared
 //! dead and then resumed, a master or the coordinator leader cut off by a network
 //! partition ([`plan::Cut`]). With partitions, every process runs on a host of its own
-//! (a network namespace with its own address, `crate::netns`; replication over `tcp`,
-//! which a cut stops) and the clients on the drill's, which reaches them all; without
-//! them (or without root), on loopback. Every operation is recorded (call and return
+//! (a network namespace with its own address, `rampart_ops::netns`; replication over
+//! `tcp`, which a cut stops) and the clients on the drill's, which reaches them all;
+//! without them (or without root), on loopback. Every operation is recorded (call and return
 //! times, what was asked, what came back or that the outcome is unknown). When the
 //! time is up the drill lets the cluster settle, reads every key once more (the final
 //! reads that a lost write cannot hide from), and checks:
@@ -49,8 +49,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cluster::UpArgs;
-use crate::netns::Network;
 use plan::{FaultKind, FaultPlan};
+use rampart_ops::netns::Network;
 use workload::{Counts, OpChooser};
 
 /// The faults a drill injects when `--faults` is not given: every kind it can inject.
@@ -152,7 +152,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Runs `rampart drill`.
 pub fn run(args: DrillArgs) -> Result<ExitCode> {
-    crate::init_logging("warn");
+    crate::startup::init_logging("warn");
     if let Some(file) = &args.recheck {
         return recheck(file);
     }
@@ -240,7 +240,7 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
         started.elapsed().as_secs_f64(),
         cluster.coordinator
     );
-    let coordinators = crate::coordinator_list(&cluster.coordinator);
+    let coordinators = crate::startup::coordinator_list(&cluster.coordinator);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

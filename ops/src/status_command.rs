@@ -38,12 +38,12 @@ pub struct StatusArgs {
 /// Runs `rampart status`.
 pub fn run(args: StatusArgs) -> Result<ExitCode> {
     let security = args.security.clone();
-    crate::run_client(&security, status(args))?
+    crate::startup::run_client(&security, status(args))?
 }
 
 async fn status(args: StatusArgs) -> Result<ExitCode> {
     let pool = RpcPool::new();
-    let addrs = crate::coordinator_list(&args.coordinator);
+    let addrs = crate::startup::coordinator_list(&args.coordinator);
     let leader_timeout = std::time::Duration::from_secs_f64(args.timeout.max(0.001));
     let view = ClusterView::gather_within(&addrs, &pool, leader_timeout).await;
     if args.json {
