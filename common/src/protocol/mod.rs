@@ -18,7 +18,6 @@ mod rpcs;
 
 use crate::rpc::Opcode;
 
-
 /// The name of an opcode, if it is one of ours.
 pub fn opcode_name(opcode: Opcode) -> Option<&'static str> {
     master::OPCODE_NAMES

@@ -24,9 +24,9 @@
 //!   marks the connection closed and fails every call in flight with
 //!   [`RpcError::ConnectionLost`].
 
+use super::error::{RpcError, CONNECT_TIMEOUT};
 use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
 use super::message::{Rpc, WireMessage};
-use super::error::{RpcError, CONNECT_TIMEOUT};
 use crate::auth::Security;
 use crate::limits::RPC_PAYLOAD_BYTES_MAX;
 use crate::secure::{ReadHalf, WriteHalf};
