@@ -17,9 +17,11 @@
 //!    `Retry` (the leader could not commit in time) or `ShuttingDown` (a coordinator
 //!    stopping): the next address. A coordinator that failed this way, or said it is not
 //!    the leader, is no longer remembered as the leader.
-//! 4. After a round with no success, [`call`](CoordinatorSet::call) pauses
-//!    ([`COORDINATOR_ROUND_PAUSE_MIN`], doubling up to [`COORDINATOR_ROUND_PAUSE_MAX`])
-//!    and goes round again, until the caller's deadline.
+//! 4. After a round with no success, [`call`](CoordinatorSet::call) pauses (a
+//!    [`Backoff`] from [`COORDINATOR_ROUND_PAUSE_MIN`] doubling up to
+//!    [`COORDINATOR_ROUND_PAUSE_MAX`], jittered so that callers that lost the leader
+//!    together do not come back together) and goes round again, until the caller's
+//!    deadline.
 //!    [`call_round`](CoordinatorSet::call_round) makes one round only, for callers that
 //!    retry on a schedule of their own.
 //!
@@ -53,6 +55,7 @@
 //!
 //! [`NotLeaderHint`]: crate::protocol::coordinator::NotLeaderHint
 
+use crate::backoff::Backoff;
 use crate::protocol::coordinator::NotLeaderHint;
 use crate::rpc::{Rpc, RpcError, RpcPool};
 use crate::status::Status;
@@ -253,7 +256,7 @@ impl CoordinatorSet {
         attempt_timeout: Duration,
     ) -> Result<R::Reply, CoordinatorCallError> {
         let mut state = CallState::default();
-        let mut pause = COORDINATOR_ROUND_PAUSE_MIN;
+        let mut backoff = Backoff::new(COORDINATOR_ROUND_PAUSE_MIN, COORDINATOR_ROUND_PAUSE_MAX);
         loop {
             if let Some(reply) = self
                 .round::<R>(pool, request, deadline, attempt_timeout, &mut state)
@@ -265,9 +268,9 @@ impl CoordinatorSet {
             if now >= deadline || self.addrs.is_empty() {
                 return Err(state.gave_up());
             }
+            let pause = backoff.next_pause();
             tracing::debug!(attempts = state.attempts, answer = ?state.answer, failure = ?state.failure, ?pause, "no coordinator leader this round");
             tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(COORDINATOR_ROUND_PAUSE_MAX);
         }
     }
 

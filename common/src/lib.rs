@@ -26,6 +26,7 @@
 //!   them.
 
 pub mod auth;
+pub mod backoff;
 pub mod config;
 pub mod coordinator_set;
 pub mod failpoints;

@@ -2,6 +2,7 @@
 //! the owner of a key hash, rerouted through a refreshed tablet map or paused until
 //! the deadline; and what a `Timeout` says the cluster knows of that owner.
 
+use rampart_common::backoff::Backoff;
 use rampart_common::config::ByteSize;
 use rampart_common::ids::{key_hash, ServerId, TableId};
 use rampart_common::protocol::coordinator::{RecoveryStatus, RecoveryStatusRequest};
@@ -28,8 +29,7 @@ pub(super) enum Attempt<T> {
 pub(super) struct Retry {
     pub(super) deadline: Instant,
     pub(super) attempts: u32,
-    pub(super) backoff: Duration,
-    pub(super) backoff_max: Duration,
+    pub(super) backoff: Backoff,
 }
 
 impl Retry {
@@ -44,8 +44,8 @@ impl Retry {
             });
         }
         tracing::debug!(attempt = self.attempts, %why, "retrying");
-        tokio::time::sleep(self.backoff.min(self.deadline - now)).await;
-        self.backoff = (self.backoff * 2).min(self.backoff_max);
+        let pause = self.backoff.next_pause();
+        tokio::time::sleep(pause.min(self.deadline - now)).await;
         Ok(())
     }
 }
@@ -65,8 +65,7 @@ impl Client {
         Retry {
             deadline,
             attempts: 0,
-            backoff: options.backoff_min,
-            backoff_max: options.backoff_max,
+            backoff: Backoff::new(options.backoff_min, options.backoff_max),
         }
     }
 

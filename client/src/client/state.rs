@@ -22,7 +22,8 @@ use crate::tracker::Tracker;
 pub struct ClientOptions {
     /// How long one operation may take, retries included.
     pub deadline: Duration,
-    /// First pause between retries on masters; doubles up to `backoff_max`. (Coordinator
+    /// First pause between retries on masters; doubles up to `backoff_max`, each pause
+    /// drawn from the upper half of its step (`rampart_common::backoff`). (Coordinator
     /// calls pause as `rampart_common::coordinator_set` says.)
     pub backoff_min: Duration,
     /// Longest pause between retries on masters.
