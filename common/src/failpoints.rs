@@ -1,11 +1,15 @@
 //! Failpoints: named places where a process deliberately misbehaves, so that process
-//! tests can show what a lost message or an unknown outcome does (issue 11).
+//! tests can show what a lost message or an unknown outcome does (issue 11), on TiKV's
+//! `fail` crate.
 //!
-//! A failpoint is active when its name is in the comma-separated environment variable
-//! [`FAILPOINTS_ENV`] of the process. The check is compiled in only with the
-//! `failpoints` feature, which the integration tests turn on (a dev-dependency of
-//! `rampart-tests`, so `cargo test` builds the `rampart` binary with it); in every other
-//! build [`active`] is the constant `false` and the misbehaviour is compiled out.
+//! A failpoint is active when the comma-separated environment variable
+//! [`FAILPOINTS_ENV`] of the process names it: `NAME` (always), or `NAME=ACTIONS` with
+//! the `fail` crate's actions (`50%return`, `3*return`, `return->off`, …: see
+//! `fail::cfg`) for a failpoint that fires only some of the times it is reached. The
+//! check is compiled in only with the `failpoints` feature, which the integration tests
+//! turn on (a dev-dependency of `rampart-tests`, so `cargo test` builds the `rampart`
+//! binary with it); in every other build [`active`] is the constant `false` and the
+//! misbehaviour is compiled out.
 
 /// The environment variable naming the active failpoints, comma-separated.
 pub const FAILPOINTS_ENV: &str = "RAMPART_FAILPOINTS";
@@ -29,28 +33,52 @@ pub const LOSE_RECOVER_REPLY_AND_ABANDON: &str = "coordinator-lose-recover-reply
 /// operations that did apply (exactly-once, `crate::rifl`).
 pub const LOSE_WRITE_REPLIES: &str = "master-lose-write-replies";
 
-/// Whether failpoint `name` is active in this process.
+/// Whether failpoint `name` fires here and now (always for a failpoint named alone in
+/// [`FAILPOINTS_ENV`]; as its actions say for `NAME=ACTIONS`).
 #[cfg(feature = "failpoints")]
 pub fn active(name: &str) -> bool {
+    configure_once();
+    fail::fail_point!(name, |_| true);
+    false
+}
+
+/// Configures the `fail` crate from [`FAILPOINTS_ENV`], once per process.
+#[cfg(feature = "failpoints")]
+fn configure_once() {
     use std::sync::OnceLock;
-    static ACTIVE: OnceLock<Vec<String>> = OnceLock::new();
-    let names = ACTIVE.get_or_init(|| {
-        let names: Vec<String> = std::env::var(FAILPOINTS_ENV)
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(String::from)
-            .collect();
+    static CONFIGURED: OnceLock<()> = OnceLock::new();
+    CONFIGURED.get_or_init(|| {
+        let text = std::env::var(FAILPOINTS_ENV).unwrap_or_default();
+        let mut names = Vec::new();
+        for (name, actions) in parse(&text) {
+            match fail::cfg(name, actions) {
+                Ok(()) => names.push(name.to_string()),
+                Err(error) => {
+                    tracing::error!(name, actions, %error, "failpoint not configured")
+                }
+            }
+        }
         if !names.is_empty() {
             tracing::warn!(
                 ?names,
                 "failpoints active: this process misbehaves on purpose"
             );
         }
-        names
     });
-    names.iter().any(|n| n == name)
+}
+
+/// The failpoints `text` (the value of [`FAILPOINTS_ENV`]) names, with their actions:
+/// `return` (always) for a name given alone.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn parse(text: &str) -> Vec<(&str, &str)> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| match entry.split_once('=') {
+            Some((name, actions)) => (name.trim(), actions.trim()),
+            None => (entry, "return"),
+        })
+        .collect()
 }
 
 /// Whether failpoint `name` is active in this process: never, in a build without the
@@ -59,4 +87,27 @@ pub fn active(name: &str) -> bool {
 #[inline(always)]
 pub fn active(_name: &str) -> bool {
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_alone_always_fires_and_actions_pass_through() {
+        assert_eq!(
+            parse(" a , b=50%return ,, c=1*return->off"),
+            [("a", "return"), ("b", "50%return"), ("c", "1*return->off")]
+        );
+        assert!(parse("").is_empty());
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn a_configured_failpoint_fires_as_its_actions_say() {
+        fail::cfg("common-test-twice", "2*return->off").expect("valid actions");
+        let fired: Vec<bool> = (0..4).map(|_| active("common-test-twice")).collect();
+        assert_eq!(fired, [true, true, false, false]);
+        assert!(!active("common-test-never-configured"));
+    }
 }
