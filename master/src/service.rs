@@ -11,7 +11,10 @@
 //! recovery left unowned) must name this server
 //! (`WrongServer` otherwise: the coordinator meant a server that used to listen at this
 //! address) and carry the coordinator's number of the change; a missed change makes the
-//! master pull its whole set first ([`TabletSync`]).
+//! master pull its whole set first ([`TabletSync`]). These and the recovery RPCs
+//! (`Recover`, `AbandonRecovery`, `FinishRecovery`), the rare control requests the
+//! coordinator sends, reach their typed handlers through a table (`CONTROL`, a
+//! [`Router`]); reads and writes, the hot path, keep their hand-written arms.
 //!
 //! `ServerListChanged` (the coordinator leader announcing a new server-list version) is
 //! answered at once: the version goes to the replicator's
@@ -45,10 +48,10 @@ use rampart_common::protocol::master::{
     WriteReply, WriteRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
-use rampart_common::rpc::{Opcode, Reply, Rpc, Service, WireMessage};
+use rampart_common::rpc::{Opcode, Reply, Router, Rpc, Service, WireMessage};
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use crate::appender::{Appender, AppenderStatus, TabletChange};
 use crate::client_leases::ClientLeaseChecker;
@@ -492,83 +495,87 @@ impl MasterService {
                 self.write_many(request.objects.into_iter().map(WriteOp::from).collect())
                     .await
             }
-            proto::TakeTablets::OPCODE => {
-                let request: TabletsRequest = Reply::decode(payload)?;
-                self.check_owner(request.owner, &request.tablets)?;
-                tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = %request.epoch, "taking tablets");
-                let change = TabletChange::Take {
-                    epoch: request.epoch,
-                    tablets: request.tablets,
-                };
-                self.change_tablets(request.epoch, change).await
-            }
-            proto::DropTablets::OPCODE => {
-                let request: TabletsRequest = Reply::decode(payload)?;
-                self.check_owner(request.owner, &request.tablets)?;
-                tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = %request.epoch, "dropping tablets");
-                let change = TabletChange::Drop {
-                    epoch: request.epoch,
-                    tablets: request.tablets,
-                };
-                self.change_tablets(request.epoch, change).await
-            }
-            proto::SyncTablets::OPCODE => {
-                let request: proto::SyncTabletsRequest = Reply::decode(payload)?;
-                self.check_owner(request.owner, &[])?;
-                self.tablet_sync
-                    .catch_up(request.epoch)
-                    .await
-                    .map_err(sync_failed)?;
-                Ok(Reply::ok(&()))
-            }
-            // Long and rare: never in `handle_immediately`.
-            proto::Recover::OPCODE => {
-                let request: proto::RecoverRequest = Reply::decode(payload)?;
-                self.recovery
-                    .recover(request)
-                    .await
-                    .map(|reply| Reply::ok(&reply))
-                    .map_err(|error| Reply::error(error.status(), error))
-            }
-            proto::AbandonRecovery::OPCODE => {
-                let request: proto::AbandonRecoveryRequest = Reply::decode(payload)?;
-                let forgotten = self
-                    .recovery
-                    .abandon(request.crashed, request.recovery, &request.ranges)
-                    .await
-                    .map_err(|error| Reply::error(error.status(), error))?;
-                match forgotten {
-                    Some(forgotten) => {
-                        tracing::info!(master = %self.id, crashed = %request.crashed, recovery = request.recovery, forgotten, "abandoned recovery")
-                    }
-                    None => {
-                        tracing::info!(master = %self.id, crashed = %request.crashed, recovery = request.recovery, "abandon of an older recovery attempt ignored")
-                    }
-                }
-                Ok(Reply::ok(&()))
-            }
-            proto::FinishRecovery::OPCODE => {
-                let request: proto::FinishRecoveryRequest = Reply::decode(payload)?;
-                self.check_owner(request.owner, &[])?;
-                // First serve every tablet the committed map gives this master: what a
-                // recovery committed to it is then owned, and not forgotten below.
-                self.tablet_sync
-                    .catch_up(request.tablet_epoch)
-                    .await
-                    .map_err(sync_failed)?;
-                let forgotten = self
-                    .recovery
-                    .finish(request.crashed)
-                    .await
-                    .map_err(|error| Reply::error(error.status(), error))?;
-                tracing::info!(master = %self.id, crashed = %request.crashed, forgotten, "recovery finished; what it left unowned here is forgotten");
-                Ok(Reply::ok(&()))
-            }
-            other => Err(Reply::error(
-                Status::UnknownOpcode,
-                format!("master does not serve {other}"),
-            )),
+            // Tablet changes and recovery: rare, and typed (`CONTROL`), which also
+            // answers the opcodes no one serves.
+            _ => Ok(CONTROL.handle(self, opcode, payload).await),
         }
+    }
+
+    /// `TakeTablets`: serve the tablets the coordinator gives this master.
+    async fn take_tablets(&self, request: TabletsRequest) -> Result<(), Reply> {
+        self.check_owner(request.owner, &request.tablets)?;
+        tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = %request.epoch, "taking tablets");
+        let change = TabletChange::Take {
+            epoch: request.epoch,
+            tablets: request.tablets,
+        };
+        self.change_tablets(request.epoch, change).await
+    }
+
+    /// `DropTablets`: stop serving tablets, and forget their objects.
+    async fn drop_tablets(&self, request: TabletsRequest) -> Result<(), Reply> {
+        self.check_owner(request.owner, &request.tablets)?;
+        tracing::info!(master = %self.id, tablets = request.tablets.len(), epoch = %request.epoch, "dropping tablets");
+        let change = TabletChange::Drop {
+            epoch: request.epoch,
+            tablets: request.tablets,
+        };
+        self.change_tablets(request.epoch, change).await
+    }
+
+    /// `SyncTablets`: catch up with the committed map's tablets of this master.
+    async fn sync_tablets(&self, request: proto::SyncTabletsRequest) -> Result<(), Reply> {
+        self.check_owner(request.owner, &[])?;
+        self.tablet_sync
+            .catch_up(request.epoch)
+            .await
+            .map_err(sync_failed)?;
+        Ok(())
+    }
+
+    /// `Recover`: replay one partition of a crashed master.
+    async fn recover(&self, request: proto::RecoverRequest) -> Result<proto::RecoverReply, Reply> {
+        self.recovery
+            .recover(request)
+            .await
+            .map_err(|error| Reply::error(error.status(), error))
+    }
+
+    /// `AbandonRecovery`: forget what a failed recovery left in ranges not owned here.
+    async fn abandon_recovery(&self, request: proto::AbandonRecoveryRequest) -> Result<(), Reply> {
+        let forgotten = self
+            .recovery
+            .abandon(request.crashed, request.recovery, &request.ranges)
+            .await
+            .map_err(|error| Reply::error(error.status(), error))?;
+        match forgotten {
+            Some(forgotten) => {
+                tracing::info!(master = %self.id, crashed = %request.crashed, recovery = request.recovery, forgotten, "abandoned recovery")
+            }
+            None => {
+                tracing::info!(master = %self.id, crashed = %request.crashed, recovery = request.recovery, "abandon of an older recovery attempt ignored")
+            }
+        }
+        Ok(())
+    }
+
+    /// `FinishRecovery`: catch up with the tablets, then forget what a finished
+    /// recovery left here unowned.
+    async fn finish_recovery(&self, request: proto::FinishRecoveryRequest) -> Result<(), Reply> {
+        self.check_owner(request.owner, &[])?;
+        // First serve every tablet the committed map gives this master: what a
+        // recovery committed to it is then owned, and not forgotten below.
+        self.tablet_sync
+            .catch_up(request.tablet_epoch)
+            .await
+            .map_err(sync_failed)?;
+        let forgotten = self
+            .recovery
+            .finish(request.crashed)
+            .await
+            .map_err(|error| Reply::error(error.status(), error))?;
+        tracing::info!(master = %self.id, crashed = %request.crashed, forgotten, "recovery finished; what it left unowned here is forgotten");
+        Ok(())
     }
 
     /// Refuses an ownership change meant for another server (`WrongServer`: a server
@@ -598,11 +605,7 @@ impl MasterService {
 
     /// Applies the coordinator's change number `epoch` of this master's tablets; on a
     /// gap (a change before it was missed) pulls the whole set instead.
-    async fn change_tablets(
-        &self,
-        epoch: TabletEpoch,
-        change: TabletChange,
-    ) -> Result<Reply, Reply> {
+    async fn change_tablets(&self, epoch: TabletEpoch, change: TabletChange) -> Result<(), Reply> {
         let step = self
             .appender
             .change_tablets(change)
@@ -615,7 +618,7 @@ impl MasterService {
                 .await
                 .map_err(sync_failed)?;
         }
-        Ok(Reply::ok(&()))
+        Ok(())
     }
 
     /// Makes sure the leases of the clients of `ops` (one, from the client library)
@@ -660,6 +663,20 @@ impl MasterService {
         }))
     }
 }
+
+/// The master's control RPCs by opcode (module doc), built on the first one.
+static CONTROL: LazyLock<Router<MasterService>> = LazyLock::new(|| {
+    Router::<MasterService>::new("master")
+        .route::<proto::TakeTablets>(|master, request| Box::pin(master.take_tablets(request)))
+        .route::<proto::DropTablets>(|master, request| Box::pin(master.drop_tablets(request)))
+        .route::<proto::SyncTablets>(|master, request| Box::pin(master.sync_tablets(request)))
+        // Long and rare: never in `handle_immediately`.
+        .route::<proto::Recover>(|master, request| Box::pin(master.recover(request)))
+        .route::<proto::AbandonRecovery>(|master, request| {
+            Box::pin(master.abandon_recovery(request))
+        })
+        .route::<proto::FinishRecovery>(|master, request| Box::pin(master.finish_recovery(request)))
+});
 
 impl Service for MasterService {
     fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
@@ -918,4 +935,28 @@ fn check_multi(count: usize) -> Result<(), Reply> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod control_tests {
+    use super::*;
+
+    /// The table holds the control RPCs, and none of the hot path's: those keep their
+    /// arms, ahead of it.
+    #[test]
+    fn the_control_table_routes_tablet_changes_and_recovery_only() {
+        let routed: Vec<Opcode> = CONTROL.opcodes().collect();
+        let control = [
+            proto::TakeTablets::OPCODE,
+            proto::DropTablets::OPCODE,
+            proto::Recover::OPCODE,
+            proto::AbandonRecovery::OPCODE,
+            proto::SyncTablets::OPCODE,
+            proto::FinishRecovery::OPCODE,
+        ];
+        assert_eq!(routed, control);
+        for opcode in routed {
+            assert!(!needs_lease(opcode) && !is_write(opcode), "{opcode}");
+        }
+    }
 }

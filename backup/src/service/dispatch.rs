@@ -1,102 +1,106 @@
-//! The dispatch: each request decoded and handed to its handler (the `Service` impl).
-//! Open, write and bump epoch are answered from memory on the connection task
-//! (`handle_now`); the other requests go to the handlers of `replica_rpcs.rs` and
-//! `recovery_rpcs.rs`, which run their slow parts on blocking threads.
+//! The dispatch: the backup's table of handlers ([`Router`]), each RPC routed to its
+//! handler, and the `Service` impl that sends every request through it. Open, write and
+//! bump epoch are answered from memory on the connection task (`handle_now`, their
+//! handlers below); the other requests go to the handlers of `replica_rpcs.rs` and
+//! `recovery_rpcs.rs`, which decode their payloads themselves and run their slow parts
+//! on blocking threads. An opcode routed nowhere is answered `UnknownOpcode` ("backup
+//! does not serve opcode N").
 
 use bytes::Bytes;
 use rampart_common::protocol::backup::{
-    self as proto, BumpEpochRequest, OpenReplicaRequest, WriteReplicaRequest,
+    BumpEpoch, BumpEpochRequest, CloseReplica, EndRecovery, FreeReplica, ListReplicas, OpenReplica,
+    OpenReplicaReply, OpenReplicaRequest, RdmaConnect, ReadReplica, RecoveryData, RecoveryRead,
+    StartRecovery, WriteReplica, WriteReplicaRequest,
 };
 use rampart_common::rpc::server::HandleFuture;
-use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
-use rampart_common::status::Status;
+use rampart_common::rpc::{Opcode, Reply, RouteFuture, Router, Service};
+use std::future::Future;
+use std::sync::LazyLock;
 
 use super::replies::refused;
 use super::state::BackupService;
 
+/// Built once, on the first request.
+static ROUTER: LazyLock<Router<BackupService>> = LazyLock::new(router);
+
+/// Every RPC the backup serves.
+fn router() -> Router<BackupService> {
+    Router::<BackupService>::new("backup")
+        // Answered from memory, on the connection's task.
+        .route_now::<OpenReplica>(BackupService::open_replica)
+        .route_now::<WriteReplica>(BackupService::write_replica)
+        .route_now::<BumpEpoch>(BackupService::bump_epoch)
+        // replica_rpcs.rs
+        .route_payload::<CloseReplica>(|service, payload| answer(service.close(payload)))
+        .route_payload::<FreeReplica>(|service, payload| answer(service.free(payload)))
+        .route_payload::<ListReplicas>(|service, payload| answer(service.list(payload)))
+        .route_payload::<ReadReplica>(|service, payload| answer(service.read(payload)))
+        .route_payload::<RdmaConnect>(|service, payload| answer(service.rdma_connect(payload)))
+        // recovery_rpcs.rs
+        .route_payload::<StartRecovery>(|service, payload| answer(service.start_recovery(payload)))
+        .route_payload::<RecoveryRead>(|service, payload| answer(service.recovery_read(payload)))
+        .route_payload::<RecoveryData>(|service, payload| answer(service.recovery_data(payload)))
+        .route_payload::<EndRecovery>(|service, payload| answer(service.end_recovery(payload)))
+}
+
+/// A handler's answer, error or not, as the reply.
+fn answer<'a>(
+    handled: impl Future<Output = Result<Reply, Reply>> + Send + 'a,
+) -> RouteFuture<'a, Reply> {
+    Box::pin(async move { handled.await.unwrap_or_else(|error| error) })
+}
+
 impl BackupService {
-    /// Requests answered from memory without waiting: open, write, bump epoch.
-    fn handle_immediately(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
-        let reply = match opcode {
-            proto::OpenReplica::OPCODE => Reply::decode::<OpenReplicaRequest>(payload.clone())
-                .and_then(|request| {
-                    let reply = self
-                        .frames
-                        .open(
-                            request.master,
-                            request.segment,
-                            request.epoch,
-                            request.capacity,
-                        )
-                        .map_err(refused)?;
-                    Ok(Reply::ok(&reply))
-                }),
-            proto::WriteReplica::OPCODE => Reply::decode::<WriteReplicaRequest>(payload.clone())
-                .and_then(|request| {
-                    self.frames
-                        .write(
-                            request.handle,
-                            request.epoch,
-                            u64::from(request.offset),
-                            &request.bytes,
-                        )
-                        .map_err(refused)?;
-                    Ok(Reply::ok(&()))
-                }),
-            proto::BumpEpoch::OPCODE => Reply::decode::<BumpEpochRequest>(payload.clone())
-                .and_then(|request| {
-                    self.frames
-                        .bump_epoch(request.handle, request.epoch, request.new_epoch)
-                        .map_err(refused)?;
-                    Ok(Reply::ok(&()))
-                }),
-            _ => return None,
-        };
-        Some(reply.unwrap_or_else(|error| error))
+    /// `OpenReplica`, answered from memory.
+    fn open_replica(&self, request: OpenReplicaRequest) -> Result<OpenReplicaReply, Reply> {
+        self.frames
+            .open(
+                request.master,
+                request.segment,
+                request.epoch,
+                request.capacity,
+            )
+            .map_err(refused)
     }
 
-    async fn handle_request(&self, opcode: Opcode, payload: Bytes) -> Reply {
-        if let Some(reply) = self.handle_immediately(opcode, &payload) {
-            return reply;
-        }
-        let reply = match opcode {
-            proto::CloseReplica::OPCODE => self.close(payload).await,
-            proto::FreeReplica::OPCODE => self.free(payload).await,
-            proto::ListReplicas::OPCODE => self.list(payload).await,
-            proto::ReadReplica::OPCODE => self.read(payload).await,
-            proto::RdmaConnect::OPCODE => self.rdma_connect(payload).await,
-            proto::StartRecovery::OPCODE => self.start_recovery(payload).await,
-            proto::RecoveryRead::OPCODE => self.recovery_read(payload).await,
-            proto::RecoveryData::OPCODE => self.recovery_data(payload).await,
-            proto::EndRecovery::OPCODE => self.end_recovery(payload).await,
-            other => Err(Reply::error(
-                Status::UnknownOpcode,
-                format!("backup does not serve {other}"),
-            )),
-        };
-        reply.unwrap_or_else(|error| error)
+    /// `WriteReplica`, answered from memory.
+    fn write_replica(&self, request: WriteReplicaRequest) -> Result<(), Reply> {
+        self.frames
+            .write(
+                request.handle,
+                request.epoch,
+                u64::from(request.offset),
+                &request.bytes,
+            )
+            .map_err(refused)
+    }
+
+    /// `BumpEpoch`, answered from memory.
+    fn bump_epoch(&self, request: BumpEpochRequest) -> Result<(), Reply> {
+        self.frames
+            .bump_epoch(request.handle, request.epoch, request.new_epoch)
+            .map_err(refused)
     }
 }
 
 impl Service for BackupService {
     fn handle(&self, opcode: Opcode, payload: Bytes) -> HandleFuture<'_> {
-        Box::pin(self.handle_request(opcode, payload))
+        ROUTER.handle(self, opcode, payload)
     }
 
     fn handle_now(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
-        self.handle_immediately(opcode, payload)
+        ROUTER.handle_now(self, opcode, payload)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::test_support::*;
-    use super::*;
     use bytes::Bytes;
     use rampart_common::ids::{FrameHandle, SegmentId, ServerId};
     use rampart_common::onesided::shm::SLOT_HEADER_BYTES;
     use rampart_common::protocol::backup as proto;
-    use rampart_common::rpc::{Opcode, Service};
+    use rampart_common::rpc::{Opcode, Rpc, Service};
     use rampart_common::status::Status;
     use tempfile::TempDir;
 
@@ -360,5 +364,30 @@ mod tests {
         assert!(service
             .handle_now(proto::CloseReplica::OPCODE, &Bytes::new())
             .is_none());
+    }
+
+    #[test]
+    fn every_backup_rpc_is_routed_and_only_open_write_and_bump_answer_now() {
+        let router = super::router();
+        let routed: Vec<u16> = router.opcodes().map(|opcode| opcode.0).collect();
+        let expected: Vec<u16> = (200..300)
+            .filter(|&code| rampart_common::protocol::opcode_name(Opcode(code)).is_some())
+            .collect();
+        assert_eq!(routed, expected);
+        let dir = TempDir::new().expect("tempdir");
+        let service = open_service(&dir, 4);
+        for opcode in router.opcodes() {
+            let now = [
+                proto::OpenReplica::OPCODE,
+                proto::WriteReplica::OPCODE,
+                proto::BumpEpoch::OPCODE,
+            ]
+            .contains(&opcode);
+            assert_eq!(
+                router.handle_now(&service, opcode, &Bytes::new()).is_some(),
+                now,
+                "{opcode}"
+            );
+        }
     }
 }

@@ -8,6 +8,8 @@
 //!   deadlines, and [`RpcPool`] that reuses one connection per peer.
 //! * [`server`] — the server side: accepts connections, reads frames, runs a
 //!   [`Service`] per request and writes replies.
+//! * [`router`] — [`Router`]: a service's table from opcode to typed handler, which
+//!   decodes each request as its [`Rpc`] says and encodes the handler's reply.
 //! * [`stats`] — what the server counts of each request (opcode, status, latency), in
 //!   plain atomics; `crate::metrics` names and serves them.
 //! * [`error`] — [`RpcError`], why a call produced no reply, and the default deadlines.
@@ -29,6 +31,7 @@ pub mod connection;
 pub mod error;
 pub mod frame;
 pub mod message;
+pub mod router;
 pub mod server;
 pub mod stats;
 #[cfg(test)]
@@ -38,4 +41,5 @@ pub use connection::{Connection, RpcPool};
 pub use error::{RpcError, CONNECT_TIMEOUT, RPC_TIMEOUT_DEFAULT};
 pub use frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES, FRAME_MAGIC};
 pub use message::{DecodeError, Rpc, WireMessage};
+pub use router::{RouteFuture, Router};
 pub use server::{Reply, RpcServer, Service};
