@@ -17,12 +17,13 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use rampart_sim::scale::{self, loss, Costs, Host, Outcome, Scenario, GIB};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::plots::plot_path;
+use crate::bench::recovery::RecoveryFigures;
+use crate::plots::{plot_path, LINE_COLOURS};
 
 /// Where a master's primary replicas go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -156,13 +157,121 @@ impl ScaleArgs {
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the costs {}", path.display()))?;
-        let value: Value = serde_json::from_str(&text)
+        serde_json::from_str::<serde::de::IgnoredAny>(&text)
             .with_context(|| format!("{} is not JSON", path.display()))?;
-        let costs: Costs = serde_json::from_value(value.get("costs").cloned().unwrap_or(value))
-            .with_context(|| format!("{} holds no costs", path.display()))?;
+        let holds_no_costs = || format!("{} holds no costs", path.display());
+        let within: WithCosts = serde_json::from_str(&text).with_context(holds_no_costs)?;
+        let costs = match within.costs {
+            Some(costs) => costs,
+            None => serde_json::from_str(&text).with_context(holds_no_costs)?,
+        };
         costs.check().map_err(anyhow::Error::msg)?;
         Ok(costs)
     }
+}
+
+/// What `--servers N --json FILE` writes: the recovery simulated, with what it was
+/// simulated on, and with `--report` the figures of docs/benchmarks.md.
+#[derive(Debug, Serialize, Deserialize)]
+struct SimulationFigures {
+    scenario: Scenario,
+    costs: Costs,
+    outcome: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    report: Option<ScaleReport>,
+}
+
+/// `--report`'s figures: the scaling curve, the placements' spread and the probability
+/// of data loss.
+#[derive(Debug, Serialize, Deserialize)]
+struct ScaleReport {
+    /// The recovery of `--servers N` itself.
+    headline: Headline,
+    scaling: Vec<ScalingPoint>,
+    placements: PlacementSpread,
+    loss: LossFigures,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Headline {
+    servers: usize,
+    master_gib: f64,
+    unavailability_ms: f64,
+    replayed_ms: f64,
+}
+
+/// The same crashed master on a cluster of `servers`.
+#[derive(Debug, Serialize, Deserialize)]
+struct ScalingPoint {
+    servers: usize,
+    outcome: Outcome,
+}
+
+/// Recovery times over placements, disks differing by up to `disk_spread`.
+#[derive(Debug, Serialize, Deserialize)]
+struct PlacementSpread {
+    servers: usize,
+    disk_spread: f64,
+    replayed_ms: PlacementTimes,
+}
+
+/// Each placement's ms until the last partition is replayed, one per seed, ascending.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct PlacementTimes {
+    random: Vec<f64>,
+    refined: Vec<f64>,
+}
+
+/// The probability of losing data in a year, over the scaling curve's cluster sizes.
+#[derive(Debug, Serialize, Deserialize)]
+struct LossFigures {
+    failures_per_year: f64,
+    points: Vec<LossPoint>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct LossPoint {
+    servers: usize,
+    recovery_s: f64,
+    per_year: Vec<LossProbability>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct LossProbability {
+    replicas: usize,
+    probability: f64,
+}
+
+/// What `--calibrate` and `--check` write with `--json FILE`: the costs (fitted, or
+/// those simulated with), and each run simulated beside what it measured.
+#[derive(Debug, Serialize, Deserialize)]
+struct CalibrationFigures {
+    costs: Costs,
+    check: Vec<CheckRow>,
+}
+
+/// One measured run beside its simulation.
+#[derive(Debug, Serialize, Deserialize)]
+struct CheckRow {
+    /// The run's JSON file.
+    run: String,
+    servers: usize,
+    replicas: usize,
+    data_mb: f64,
+    /// 0: every server left.
+    recovery_masters_max: usize,
+    measured_unavailability_ms: f64,
+    simulated_unavailability_ms: f64,
+    /// Simulated over measured.
+    ratio: f64,
+}
+
+/// What `--costs FILE` takes the costs from when the file is not the costs alone: any
+/// of the JSON above ([`CalibrationFigures`], [`SimulationFigures`]) holds them as
+/// `costs`.
+#[derive(Deserialize)]
+struct WithCosts {
+    costs: Option<Costs>,
 }
 
 /// Runs the scale simulation the flags ask for.
@@ -173,9 +282,9 @@ pub fn run(args: &ScaleArgs, seed: u64) -> Result<ExitCode> {
     if !args.check.is_empty() {
         let costs = args.costs()?;
         let cores = args.host_cores.unwrap_or_else(this_machines_cores);
-        let rows = check(&args.check, &costs, cores)?;
+        let check = check(&args.check, &costs, cores)?;
         if let Some(path) = &args.json {
-            write_json(path, &json!({ "costs": costs, "check": rows }))?;
+            write_json(path, &CalibrationFigures { costs, check })?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -193,19 +302,22 @@ pub fn run(args: &ScaleArgs, seed: u64) -> Result<ExitCode> {
         started.elapsed().as_secs_f64(),
         costs.source
     );
-    let mut figures = json!({
-        "scenario": scenario,
-        "costs": costs,
-        "outcome": outcome,
-    });
-    if args.report {
+    let report = if args.report {
         let report = report(args, servers, seed, &costs, &outcome)?;
         if let Some(path) = &args.json {
             write_plots(path, &report)?;
         }
-        figures["report"] = report;
-    }
+        Some(report)
+    } else {
+        None
+    };
     if let Some(path) = &args.json {
+        let figures = SimulationFigures {
+            scenario,
+            costs,
+            outcome,
+            report,
+        };
         write_json(path, &figures)?;
     }
     Ok(ExitCode::SUCCESS)
@@ -277,7 +389,7 @@ fn report(
     seed: u64,
     costs: &Costs,
     headline: &Outcome,
-) -> Result<Value> {
+) -> Result<ScaleReport> {
     // The scaling curve: the same master on 10 to N servers.
     println!("\nscaling ({} GiB crashed master):", args.master_gib);
     println!("  servers  unavailability ms  replayed ms  disks ms  replay ms  copysets");
@@ -298,7 +410,7 @@ fn report(
     } else {
         0.3
     };
-    let mut cdf = serde_json::Map::new();
+    let mut replayed_ms = PlacementTimes::default();
     println!(
         "\nrecovery time over {} placements ({servers} servers, disks ±{:.0} %):",
         args.placements,
@@ -321,7 +433,10 @@ fn report(
             sorted.first().copied().unwrap_or(0.0),
             sorted.last().copied().unwrap_or(0.0)
         );
-        cdf.insert(format!("{placement:?}").to_lowercase(), json!(sorted));
+        match placement {
+            Placement::Random => replayed_ms.random = sorted,
+            Placement::Refined => replayed_ms.refined = sorted,
+        }
     }
 
     // Probability of losing data in a year, over the curve's cluster sizes.
@@ -356,26 +471,42 @@ fn report(
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        losses.push(json!({
-            "servers": n,
-            "recovery_s": recovery_s,
-            "per_year": per_r.iter().map(|(r, p)| json!({"replicas": r, "probability": p})).collect::<Vec<_>>(),
-        }));
+        losses.push(LossPoint {
+            servers: *n,
+            recovery_s,
+            per_year: per_r
+                .into_iter()
+                .map(|(replicas, probability)| LossProbability {
+                    replicas,
+                    probability,
+                })
+                .collect(),
+        });
     }
-    Ok(json!({
-        "headline": {
-            "servers": servers,
-            "master_gib": args.master_gib,
-            "unavailability_ms": headline.unavailability_ms,
-            "replayed_ms": headline.replayed_ms,
+    Ok(ScaleReport {
+        headline: Headline {
+            servers,
+            master_gib: args.master_gib,
+            unavailability_ms: headline.unavailability_ms,
+            replayed_ms: headline.replayed_ms,
         },
-        "scaling": curve.iter().map(|(n, o)| json!({"servers": n, "outcome": o})).collect::<Vec<_>>(),
-        "placements": {"servers": servers, "disk_spread": spread, "replayed_ms": cdf},
-        "loss": {"failures_per_year": args.failures_per_year, "points": losses},
-    }))
+        scaling: curve
+            .into_iter()
+            .map(|(servers, outcome)| ScalingPoint { servers, outcome })
+            .collect(),
+        placements: PlacementSpread {
+            servers,
+            disk_spread: spread,
+            replayed_ms,
+        },
+        loss: LossFigures {
+            failures_per_year: args.failures_per_year,
+            points: losses,
+        },
+    })
 }
 
-fn write_json(path: &Path, value: &Value) -> Result<()> {
+fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     println!("wrote {}", path.display());
@@ -412,12 +543,7 @@ fn draw(path: &Path, chart: &Chart) -> Result<()> {
     };
     let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
     root.fill(&WHITE)?;
-    let colors = [
-        RGBColor(0x1f, 0x77, 0xb4),
-        RGBColor(0xff, 0x7f, 0x0e),
-        RGBColor(0x2c, 0xa0, 0x2c),
-        RGBColor(0xd6, 0x27, 0x28),
-    ];
+    let colors = LINE_COLOURS;
     macro_rules! plot {
         ($x:expr, $y:expr) => {{
             let mut c = ChartBuilder::on(&root)
@@ -477,22 +603,8 @@ fn draw(path: &Path, chart: &Chart) -> Result<()> {
     Ok(())
 }
 
-fn write_plots(json_path: &Path, report: &Value) -> Result<()> {
-    let scaling: Vec<(f64, f64, f64)> = report["scaling"]
-        .as_array()
-        .map(|points| {
-            points
-                .iter()
-                .map(|p| {
-                    (
-                        p["servers"].as_f64().unwrap_or(0.0),
-                        p["outcome"]["unavailability_ms"].as_f64().unwrap_or(0.0),
-                        p["outcome"]["replayed_ms"].as_f64().unwrap_or(0.0),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+fn write_plots(json_path: &Path, report: &ScaleReport) -> Result<()> {
+    let scaling = &report.scaling;
     draw(
         &plot_path(json_path, "scaling"),
         &Chart {
@@ -504,31 +616,34 @@ fn write_plots(json_path: &Path, report: &Value) -> Result<()> {
             series: vec![
                 (
                     "unavailability".into(),
-                    scaling.iter().map(|p| (p.0, p.1)).collect(),
+                    scaling
+                        .iter()
+                        .map(|p| (p.servers as f64, p.outcome.unavailability_ms))
+                        .collect(),
                 ),
                 (
                     "last partition replayed".into(),
-                    scaling.iter().map(|p| (p.0, p.2)).collect(),
+                    scaling
+                        .iter()
+                        .map(|p| (p.servers as f64, p.outcome.replayed_ms))
+                        .collect(),
                 ),
             ],
         },
     )?;
-    let mut cdf = Vec::new();
-    if let Some(kinds) = report["placements"]["replayed_ms"].as_object() {
-        for (kind, times) in kinds {
-            let times: Vec<f64> = times
-                .as_array()
-                .map(|t| t.iter().filter_map(Value::as_f64).collect())
-                .unwrap_or_default();
+    let times = &report.placements.replayed_ms;
+    let cdf = [("random", &times.random), ("refined", &times.refined)]
+        .into_iter()
+        .map(|(kind, times)| {
             let n = times.len().max(1) as f64;
             let line = times
                 .iter()
                 .enumerate()
                 .map(|(i, &t)| (t, (i + 1) as f64 / n))
                 .collect();
-            cdf.push((format!("{kind} placement"), line));
-        }
-    }
+            (format!("{kind} placement"), line)
+        })
+        .collect();
     draw(
         &plot_path(json_path, "placements"),
         &Chart {
@@ -541,24 +656,16 @@ fn write_plots(json_path: &Path, report: &Value) -> Result<()> {
         },
     )?;
     let mut by_r: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for r in 1..=3u64 {
-        let line = report["loss"]["points"]
-            .as_array()
-            .map(|points| {
-                points
-                    .iter()
-                    .filter_map(|p| {
-                        let n = p["servers"].as_f64()?;
-                        let prob = p["per_year"]
-                            .as_array()?
-                            .iter()
-                            .find(|e| e["replicas"].as_u64() == Some(r))?["probability"]
-                            .as_f64()?;
-                        (prob > 0.0).then_some((n, prob))
-                    })
-                    .collect::<Vec<_>>()
+    for r in 1..=3 {
+        let line: Vec<(f64, f64)> = report
+            .loss
+            .points
+            .iter()
+            .filter_map(|p| {
+                let prob = p.per_year.iter().find(|e| e.replicas == r)?.probability;
+                (prob > 0.0).then_some((p.servers as f64, prob))
             })
-            .unwrap_or_default();
+            .collect();
         if !line.is_empty() {
             by_r.push((format!("R = {r}"), line));
         }
@@ -595,52 +702,38 @@ struct Measured {
 }
 
 fn read_measured(path: &Path) -> Result<Measured> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let v: Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-    let num = |key: &str| {
-        v[key].as_f64().with_context(|| {
-            format!(
-                "{} has no {key}: not a `bench recovery --json` run",
-                path.display()
-            )
-        })
-    };
+    let run = RecoveryFigures::read(path)?;
     let lease_ms = rampart_coordinator::recovery::LEASE_DEFAULT.as_secs_f64() * 1e3;
     let mut commits_ms = Vec::new();
     let mut last_live_ms = 0.0f64;
-    let partitions = v["partitions"].as_array().cloned().unwrap_or_default();
-    for p in &partitions {
-        let live = p["live_ms"].as_f64().unwrap_or(0.0);
-        let end =
-            p["replay_start_ms"].as_f64().unwrap_or(0.0) + p["replay_ms"].as_f64().unwrap_or(0.0);
+    for p in &run.partitions {
+        let live = p.live_ms as f64;
+        let end = (p.replay_start_ms + p.replay_ms) as f64;
         last_live_ms = last_live_ms.max(live);
         // Replayed well after any lease ran out: live − replayed is the commit alone.
         if end > lease_ms + 100.0 {
             commits_ms.push(live - end);
         }
     }
-    let recovery_masters = v["recovery_masters"].as_f64().unwrap_or(0.0) as usize;
-    let servers = num("servers")? as usize;
+    let servers = run.servers as usize;
     Ok(Measured {
         path: path.to_path_buf(),
         servers,
-        replicas: num("replicas")? as usize,
-        data_mb: num("data_mb")?,
-        object_bytes: num("object_bytes")? as u64,
-        recovery_masters_max: if recovery_masters + 1 < servers {
-            recovery_masters
+        replicas: run.replicas as usize,
+        data_mb: run.data_mb as f64,
+        object_bytes: run.object_bytes as u64,
+        recovery_masters_max: if run.recovery_masters + 1 < servers {
+            run.recovery_masters
         } else {
             0
         },
-        detection_ms: num("detection_ms")?,
-        setup_ms: num("setup_ms")?,
-        unavailability_ms: num("unavailability_ms")?,
+        detection_ms: run.detection_ms as f64,
+        setup_ms: run.setup_ms as f64,
+        unavailability_ms: run.unavailability_ms,
         last_live_ms,
-        cpu_ns_per_byte: num("cpu_s_per_gb_until_keys_back")?,
+        cpu_ns_per_byte: run.cpu_s_per_gb_until_keys_back,
         commits_ms,
-        partitions: partitions.len(),
+        partitions: run.partitions.len(),
     })
 }
 
@@ -712,15 +805,15 @@ fn calibrate(args: &ScaleArgs) -> Result<ExitCode> {
         runs.len()
     );
     println!("{}", serde_json::to_string_pretty(&costs)?);
-    let rows = check(&args.calibrate, &costs, this_machines_cores())?;
+    let check = check(&args.calibrate, &costs, this_machines_cores())?;
     if let Some(path) = &args.json {
-        write_json(path, &json!({ "costs": costs, "check": rows }))?;
+        write_json(path, &CalibrationFigures { costs, check })?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Simulates each measured run on `cores` shared cores and prints both.
-fn check(paths: &[PathBuf], costs: &Costs, cores: f64) -> Result<Vec<Value>> {
+fn check(paths: &[PathBuf], costs: &Costs, cores: f64) -> Result<Vec<CheckRow>> {
     println!("local runs simulated on {cores} shared cores beside what they measured:");
     println!(
         "  servers  R  MB  recovery masters  measured ms  simulated ms  simulated/measured  run"
@@ -746,16 +839,16 @@ fn check(paths: &[PathBuf], costs: &Costs, cores: f64) -> Result<Vec<Value>> {
             ratio,
             m.path.display()
         );
-        rows.push(json!({
-            "run": m.path.display().to_string(),
-            "servers": m.servers,
-            "replicas": m.replicas,
-            "data_mb": m.data_mb,
-            "recovery_masters_max": m.recovery_masters_max,
-            "measured_unavailability_ms": m.unavailability_ms,
-            "simulated_unavailability_ms": o.unavailability_ms,
-            "ratio": ratio,
-        }));
+        rows.push(CheckRow {
+            run: m.path.display().to_string(),
+            servers: m.servers,
+            replicas: m.replicas,
+            data_mb: m.data_mb,
+            recovery_masters_max: m.recovery_masters_max,
+            measured_unavailability_ms: m.unavailability_ms,
+            simulated_unavailability_ms: o.unavailability_ms,
+            ratio,
+        });
     }
     Ok(rows)
 }

@@ -209,18 +209,24 @@ fn simulate_refuses_a_cluster_that_cannot_recover() {
 
 #[test]
 fn simulate_calibrates_from_bench_recovery_runs() {
-    // A `bench recovery --json` run as it writes one (the fields the calibration reads).
+    // A `bench recovery --json` run as it writes one.
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run.json");
     std::fs::write(
         &run,
         serde_json::json!({
             "servers": 5, "replicas": 3, "object_bytes": 1024, "data_mb": 256,
+            "objects_expected": 248000, "objects_verified": 248000, "checksum_ok": true,
             "detection_ms": 4, "setup_ms": 40, "unavailability_ms": 1300.0,
-            "recovery_masters": 1, "cpu_s_per_gb_until_keys_back": 6.0,
+            "key_unavailability_ms": {"p50": 900.0, "p99": 1290.0, "max": 1300.0},
+            "recovery_masters": 1, "recovery_rate_mb_s": 222.6, "objects_per_s": 215652.2,
+            "floor_rate_mb_s": 400.0, "rate_over_floor": 0.56, "cpu_s_per_gb": 9.0,
+            "cpu_s_per_gb_until_keys_back": 6.0, "quiet_after_ms": 2500,
             "partitions": [
-                {"live_ms": 810, "replay_start_ms": 40, "replay_ms": 500, "bytes": 48000000},
-                {"live_ms": 1150, "replay_start_ms": 40, "replay_ms": 1100, "bytes": 48000000}
+                {"partition": 0, "master": 2, "live_ms": 810, "replay_ms": 500,
+                 "replay_start_ms": 40, "bytes": 48000000, "objects": 124000, "attempts": 1},
+                {"partition": 1, "master": 2, "live_ms": 1150, "replay_ms": 1100,
+                 "replay_start_ms": 40, "bytes": 48000000, "objects": 124000, "attempts": 1}
             ]
         })
         .to_string(),

@@ -34,10 +34,12 @@
 //! cold ones are left to age). The benchmark prints PASS or MISS; it never fails on a
 //! target, only on errors.
 //!
-//! `--json FILE` writes `{"throughput_low_util_ops_s", "throughput_high_util_ops_s",
-//! "write_cost_uniform", "write_cost_zipf", "conditions": {...}, "runs": [...]}`.
+//! `--json FILE` writes `{"mixes": [...], "conditions": {...}, "runs": [...]}`: per
+//! mix `"throughput_low_util_ops_s"`, `"throughput_high_util_ops_s"`,
+//! `"write_cost_uniform"`, `"write_cost_zipf"`, ..., and each run's figures.
 
 use super::ycsb::KeyChooser;
+use crate::plots::LINE_COLOURS;
 use crate::progress::Progress;
 use crate::stats::median;
 use anyhow::{bail, Context, Result};
@@ -56,6 +58,7 @@ use rampart_master::replica_manager::{ReplicationConfig, Replicator};
 use rampart_master::{ObjectStore, WriteOp};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -120,6 +123,16 @@ pub struct CleanerBenchArgs {
 enum Keys {
     Uniform,
     Zipf(f64),
+}
+
+impl Keys {
+    /// `uniform`, or `zipf THETA`.
+    fn name(self) -> String {
+        match self {
+            Keys::Uniform => "uniform".to_string(),
+            Keys::Zipf(theta) => format!("zipf {theta}"),
+        }
+    }
 }
 
 /// One run's figures.
@@ -239,64 +252,129 @@ pub fn run(args: CleanerBenchArgs) -> Result<ExitCode> {
             verdict(cost_zipf < cost_uniform),
             tombstones * 100.0
         );
-        summaries.push(serde_json::json!({
-            "remove_pct": remove_pct,
-            "throughput_low_util_ops_s": low,
-            "throughput_high_util_ops_s": high,
-            "write_cost_uniform": cost_uniform,
-            "write_cost_zipf": cost_zipf,
-            "tombstone_share_high_util_uniform": tombstones,
-        }));
+        summaries.push(MixFigures {
+            remove_pct,
+            throughput_low_util_ops_s: low,
+            throughput_high_util_ops_s: high,
+            write_cost_uniform: cost_uniform,
+            write_cost_zipf: cost_zipf,
+            tombstone_share_high_util_uniform: tombstones,
+        });
     }
     write_svg(&args.svg, &runs)?;
     println!("curves: {}", args.svg.display());
     if let Some(path) = &args.json {
-        let json = serde_json::json!({
-            "mixes": summaries,
-            "conditions": {
-                "memory_mb": args.memory_mb,
-                "segment_bytes": segment_bytes.0,
-                "value_bytes": args.value_bytes,
-                "key_bytes": KEY_BYTES,
-                "utilization_pct": args.utilization,
-                "low_utilization_pct": args.low_utilization,
-                "passes": args.passes,
-                "zipf": args.zipf,
-                "clients": args.clients,
-                "batch": args.batch,
-                "rounds": args.rounds,
-                "replicas": 0,
-                "in_process": true,
+        let figures = CleanerFigures {
+            mixes: summaries,
+            conditions: Conditions {
+                memory_mb: args.memory_mb,
+                segment_bytes: segment_bytes.0,
+                value_bytes: args.value_bytes,
+                key_bytes: KEY_BYTES,
+                utilization_pct: args.utilization,
+                low_utilization_pct: args.low_utilization,
+                passes: args.passes,
+                zipf: args.zipf,
+                clients: args.clients,
+                batch: args.batch,
+                rounds: args.rounds,
+                replicas: 0,
+                in_process: true,
             },
-            "runs": runs.iter().map(|r| serde_json::json!({
-                "utilization_pct": r.utilization,
-                "remove_pct": r.remove_pct,
-                "tombstone_share_end": r.tombstone_share,
-                "keys": match r.keys { Keys::Uniform => "uniform".to_string(), Keys::Zipf(t) => format!("zipf {t}") },
-                "objects": r.objects,
-                "steady_ops_s": r.steady_ops_s,
-                "all_ops_s": r.all_ops_s,
-                "write_cost": r.write_cost,
-                "bytes_relocated": r.cleaner.totals.bytes_relocated,
-                "segments_cleaned": r.cleaner.totals.segments_cleaned,
-                "passes": r.cleaner.passes,
-                "retries": r.retries,
-                "live_share_end": r.live_share,
-                "segments_used_end": r.segments_used,
-                "segments_max": r.segments_max,
-            })).collect::<Vec<_>>(),
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            runs: runs.iter().map(RunFigures::of).collect(),
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&figures)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `--json FILE` holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct CleanerFigures {
+    /// Per `--remove-pct`, medians over rounds.
+    mixes: Vec<MixFigures>,
+    conditions: Conditions,
+    runs: Vec<RunFigures>,
+}
+
+/// One mix's figures: uniform keys' throughput at both utilizations, the write cost of
+/// both key distributions at the high one.
+#[derive(Debug, Serialize, Deserialize)]
+struct MixFigures {
+    remove_pct: u64,
+    throughput_low_util_ops_s: f64,
+    throughput_high_util_ops_s: f64,
+    write_cost_uniform: f64,
+    write_cost_zipf: f64,
+    /// Tombstones' bytes over the memory at the end.
+    tombstone_share_high_util_uniform: f64,
+}
+
+/// What the runs were measured under.
+#[derive(Debug, Serialize, Deserialize)]
+struct Conditions {
+    memory_mb: u64,
+    segment_bytes: u64,
+    value_bytes: usize,
+    key_bytes: usize,
+    utilization_pct: u64,
+    low_utilization_pct: u64,
+    passes: f64,
+    zipf: f64,
+    clients: usize,
+    batch: usize,
+    rounds: usize,
+    replicas: u32,
+    in_process: bool,
+}
+
+/// One run, as [`Run`] holds it less its curve.
+#[derive(Debug, Serialize, Deserialize)]
+struct RunFigures {
+    utilization_pct: u64,
+    remove_pct: u64,
+    tombstone_share_end: f64,
+    /// `uniform`, or `zipf THETA`.
+    keys: String,
+    objects: u64,
+    steady_ops_s: f64,
+    all_ops_s: f64,
+    write_cost: f64,
+    bytes_relocated: u64,
+    segments_cleaned: u64,
+    /// The cleaner's passes.
+    passes: u64,
+    retries: u64,
+    live_share_end: f64,
+    segments_used_end: u64,
+    segments_max: u64,
+}
+
+impl RunFigures {
+    fn of(r: &Run) -> RunFigures {
+        RunFigures {
+            utilization_pct: r.utilization,
+            remove_pct: r.remove_pct,
+            tombstone_share_end: r.tombstone_share,
+            keys: r.keys.name(),
+            objects: r.objects,
+            steady_ops_s: r.steady_ops_s,
+            all_ops_s: r.all_ops_s,
+            write_cost: r.write_cost,
+            bytes_relocated: r.cleaner.totals.bytes_relocated,
+            segments_cleaned: r.cleaner.totals.segments_cleaned,
+            passes: r.cleaner.passes,
+            retries: r.retries,
+            live_share_end: r.live_share,
+            segments_used_end: r.segments_used,
+            segments_max: r.segments_max,
+        }
+    }
+}
+
 fn print_run(run: &Run) {
-    let keys = match run.keys {
-        Keys::Uniform => "uniform".to_string(),
-        Keys::Zipf(theta) => format!("zipf {theta}"),
-    };
+    let keys = run.keys.name();
     println!(
         "{:>3}% {:<9} {:>2}% removes {:>9} objects: {:>9.0} ops/s steady ({:>9.0} overall), write cost {:>6.2}, \
          {} segments cleaned in {} passes, {} retries; at the end {:.1}% live, {:.2}% tombstones, {}/{} segments",
@@ -406,10 +484,7 @@ fn run_one(args: &CleanerBenchArgs, config: &MasterConfig, mix: Mix, round: u64)
         let appender =
             Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
         let value = Bytes::from(vec![b'v'; args.value_bytes]);
-        let run_name = match keys {
-            Keys::Uniform => format!("{utilization}% uniform, {remove_pct}% removes"),
-            Keys::Zipf(theta) => format!("{utilization}% zipf {theta}, {remove_pct}% removes"),
-        };
+        let run_name = format!("{utilization}% {}, {remove_pct}% removes", keys.name());
         // Each slot's current generation (see `key`).
         let generations: Arc<Vec<AtomicU32>> =
             Arc::new((0..objects).map(|_| AtomicU32::new(0)).collect());
@@ -572,9 +647,12 @@ fn tombstone_bytes_in(store: &ObjectStore) -> u64 {
     bytes
 }
 
-/// Throughput over time, one polyline per run.
+/// Throughput over time, one line per run.
 fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
-    let (width, height, margin) = (900.0, 420.0, 60.0);
+    use plotters::prelude::{
+        ChartBuilder, Color, IntoDrawingArea, LineSeries, PathElement, SVGBackend,
+        SeriesLabelPosition, BLACK, WHITE,
+    };
     let t_max = runs
         .iter()
         .flat_map(|r| r.curve.iter().map(|p| p.0))
@@ -583,43 +661,50 @@ fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
         .iter()
         .flat_map(|r| r.curve.iter().map(|p| p.1))
         .fold(1.0f64, f64::max);
-    let colors = [
-        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    ];
-    let mut svg = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n\
-         <text x='{margin}' y='20'>overwrite throughput (ops/s) over time (s); max {y_max:.0} ops/s, {t_max:.1} s</text>\n\
-         <line x1='{margin}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n\
-         <line x1='{margin}' y1='{margin}' x2='{margin}' y2='{}' stroke='black'/>\n",
-        height - margin,
-        width - margin,
-        height - margin,
-        height - margin
-    );
-    for (i, run) in runs.iter().enumerate() {
-        let color = colors[i % colors.len()];
-        let points: Vec<String> = run
-            .curve
-            .iter()
-            .map(|(t, y)| {
-                let x = margin + t / t_max * (width - 2.0 * margin);
-                let y = height - margin - y / y_max * (height - 2.0 * margin);
-                format!("{x:.1},{y:.1}")
-            })
-            .collect();
-        let label = match run.keys {
-            Keys::Uniform => format!("{}% uniform, {}% rm", run.utilization, run.remove_pct),
-            Keys::Zipf(theta) => {
-                format!("{}% zipf {theta}, {}% rm", run.utilization, run.remove_pct)
-            }
-        };
-        svg.push_str(&format!(
-            "<polyline fill='none' stroke='{color}' points='{}'/>\n<text x='{}' y='{}' fill='{color}'>{label}</text>\n",
-            points.join(" "),
-            width - margin - 120.0,
-            margin + 16.0 * i as f64
-        ));
-    }
-    svg.push_str("</svg>\n");
-    std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
+    let draw = || -> Result<()> {
+        let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "bench cleaner: overwrite throughput over time",
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..t_max, 0.0..y_max * 1.1)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds since the overwrites began")
+            .y_desc("overwrites/s")
+            .x_label_formatter(&|t| format!("{t:.1}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()?;
+        for (i, run) in runs.iter().enumerate() {
+            let colour = LINE_COLOURS[i % LINE_COLOURS.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    run.curve.iter().copied(),
+                    colour.stroke_width(2),
+                ))?
+                .label(format!(
+                    "{}% {}, {}% rm",
+                    run.utilization,
+                    run.keys.name(),
+                    run.remove_pct
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().with_context(|| format!("cannot write {}", path.display()))
 }

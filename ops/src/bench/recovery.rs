@@ -51,6 +51,7 @@ use rampart_common::protocol::coordinator::{
 };
 use rampart_common::reject::RejectRules;
 use rampart_common::rpc::RpcPool;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -98,6 +99,72 @@ pub struct RecoveryBenchArgs {
     /// Write the timeline (SVG).
     #[arg(long, default_value = "recovery-timeline.svg")]
     pub svg: PathBuf,
+}
+
+/// What `--json FILE` holds: the run's conditions and figures, times in ms from the
+/// kill. `rampart simulate --calibrate`/`--check` and `bench compare`'s loss comparison
+/// read it back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RecoveryFigures {
+    pub(crate) servers: u32,
+    pub(crate) replicas: u32,
+    pub(crate) object_bytes: usize,
+    pub(crate) data_mb: u64,
+    pub(crate) objects_expected: u64,
+    pub(crate) objects_verified: u64,
+    pub(crate) checksum_ok: bool,
+    pub(crate) detection_ms: u64,
+    pub(crate) setup_ms: u64,
+    /// Client-observed: kill → every probe key read again.
+    pub(crate) unavailability_ms: f64,
+    pub(crate) key_unavailability_ms: KeyUnavailability,
+    pub(crate) recovery_masters: usize,
+    pub(crate) recovery_rate_mb_s: f64,
+    pub(crate) objects_per_s: f64,
+    pub(crate) floor_rate_mb_s: f64,
+    pub(crate) rate_over_floor: f64,
+    /// Kill to quiet.
+    pub(crate) cpu_s_per_gb: f64,
+    pub(crate) cpu_s_per_gb_until_keys_back: f64,
+    pub(crate) quiet_after_ms: u64,
+    pub(crate) partitions: Vec<PartitionFigures>,
+}
+
+/// The probe keys' own unavailability, ms.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct KeyUnavailability {
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) max: f64,
+}
+
+/// One partition as the coordinator reported it, its times shifted to the kill.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct PartitionFigures {
+    pub(crate) partition: u32,
+    /// Its recovery master's server id.
+    pub(crate) master: u64,
+    pub(crate) live_ms: u64,
+    pub(crate) replay_ms: u64,
+    pub(crate) replay_start_ms: u64,
+    pub(crate) bytes: u64,
+    pub(crate) objects: u64,
+    pub(crate) attempts: u32,
+}
+
+impl RecoveryFigures {
+    /// Reads a `--json` file back.
+    pub(crate) fn read(path: &Path) -> Result<RecoveryFigures> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a `bench recovery --json` run", path.display()))
+    }
+
+    fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
 }
 
 /// Keys and values of the loaded data: key `k{i}`, value derived from it.
@@ -298,50 +365,46 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     write_svg(&args.svg, &report, shift, detection_ms)?;
     println!("timeline: {}", args.svg.display());
     if let Some(path) = &args.json {
-        let partitions: Vec<serde_json::Value> = report
-            .partitions
-            .iter()
-            .map(|p| {
-                serde_json::json!({
-                    "partition": p.partition,
-                    "master": p.master.0,
-                    "live_ms": p.live_ms + shift,
-                    "replay_ms": p.replay_ms,
-                    "replay_start_ms": p.replay_start_ms + shift,
-                    "bytes": p.bytes,
-                    "objects": p.objects,
-                    "attempts": p.attempts,
-                })
-            })
-            .collect();
-        let json = serde_json::json!({
-            "servers": args.servers,
-            "replicas": args.replicas,
-            "object_bytes": args.object_bytes,
-            "data_mb": args.data_mb,
-            "objects_expected": expected.0,
-            "objects_verified": verified,
-            "checksum_ok": ok,
-            "detection_ms": detection_ms,
-            "setup_ms": report.setup_ms + shift,
-            "unavailability_ms": (unavailable * 1e3).round(),
-            "key_unavailability_ms": {
-                "p50": key_p50.round(),
-                "p99": key_p99.round(),
-                "max": (unavailable * 1e3).round(),
+        let figures = RecoveryFigures {
+            servers: args.servers,
+            replicas: args.replicas,
+            object_bytes: args.object_bytes,
+            data_mb: args.data_mb,
+            objects_expected: expected.0,
+            objects_verified: verified,
+            checksum_ok: ok,
+            detection_ms,
+            setup_ms: report.setup_ms + shift,
+            unavailability_ms: (unavailable * 1e3).round(),
+            key_unavailability_ms: KeyUnavailability {
+                p50: key_p50.round(),
+                p99: key_p99.round(),
+                max: (unavailable * 1e3).round(),
             },
-            "recovery_masters": masters.len(),
-            "recovery_rate_mb_s": rate,
-            "objects_per_s": objects as f64 / total_s.max(1e-9),
-            "floor_rate_mb_s": floor_rate,
-            "rate_over_floor": rate / floor_rate.max(1e-9),
-            "cpu_s_per_gb": cpu_s_per_gb,
-            "cpu_s_per_gb_until_keys_back": cpu_until_back / gb,
-            "quiet_after_ms": quiet_after.as_millis() as u64,
-            "partitions": partitions,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+            recovery_masters: masters.len(),
+            recovery_rate_mb_s: rate,
+            objects_per_s: objects as f64 / total_s.max(1e-9),
+            floor_rate_mb_s: floor_rate,
+            rate_over_floor: rate / floor_rate.max(1e-9),
+            cpu_s_per_gb,
+            cpu_s_per_gb_until_keys_back: cpu_until_back / gb,
+            quiet_after_ms: quiet_after.as_millis() as u64,
+            partitions: report
+                .partitions
+                .iter()
+                .map(|p| PartitionFigures {
+                    partition: p.partition,
+                    master: p.master.0,
+                    live_ms: p.live_ms + shift,
+                    replay_ms: p.replay_ms,
+                    replay_start_ms: p.replay_start_ms + shift,
+                    bytes: p.bytes,
+                    objects: p.objects,
+                    attempts: p.attempts,
+                })
+                .collect(),
+        };
+        figures.write(path)?;
     }
     local.children.stop_all();
     Ok(if ok {

@@ -29,6 +29,7 @@ use rampart_common::rpc::FRAME_HEADER_BYTES;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -256,7 +257,7 @@ pub fn run(args: YcsbArgs) -> Result<ExitCode> {
     if let Some(path) = &args.json {
         std::fs::write(
             path,
-            serde_json::to_string_pretty(&report.json(&args, seed))?,
+            serde_json::to_string_pretty(&report.figures(&args, seed))?,
         )
         .with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -287,48 +288,79 @@ impl Report {
         self.total_ops() as f64 / self.run_s
     }
 
-    fn json(&self, args: &YcsbArgs, seed: u64) -> serde_json::Value {
+    fn figures(&self, args: &YcsbArgs, seed: u64) -> YcsbFigures {
         let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-        let ops: serde_json::Map<String, serde_json::Value> = self
-            .ops
-            .iter()
-            .map(|(name, h)| {
-                (
-                    name.to_string(),
-                    serde_json::json!({
-                        "count": h.len(),
-                        "p50_us": us(h, 0.5),
-                        "p99_us": us(h, 0.99),
-                        "p999_us": us(h, 0.999),
-                        "mean_us": h.mean() / 1000.0,
-                    }),
-                )
-            })
-            .collect();
-        let read_ratio = self
-            .ops
-            .get("read")
-            .map(|h| us(h, 0.5) / us(&self.floor, 0.5));
-        serde_json::json!({
-            "workload": args.workload.name(),
-            "clients": args.clients,
-            "records": args.records,
-            "value_bytes": args.value_bytes,
-            "zipf": args.zipf,
-            "seed": seed,
-            "throughput_ops_s": self.throughput(),
-            "run_s": self.run_s,
-            "load_s": self.load_s,
-            "ops": ops,
-            "raw_rpc_read_p50_us": us(&self.raw_rpc, 0.5),
-            "raw_rpc_read_p99_us": us(&self.raw_rpc, 0.99),
-            "floor_rtt_p50_us": us(&self.floor, 0.5),
-            "floor_rtt_p99_us": us(&self.floor, 0.99),
-            "floor_request_bytes": self.floor_request_bytes,
-            "floor_reply_bytes": self.floor_reply_bytes,
-            "read_p50_over_floor": read_ratio,
-        })
+        YcsbFigures {
+            workload: args.workload.name().to_string(),
+            clients: args.clients,
+            records: args.records,
+            value_bytes: args.value_bytes,
+            zipf: args.zipf,
+            seed,
+            throughput_ops_s: self.throughput(),
+            run_s: self.run_s,
+            load_s: self.load_s,
+            ops: self
+                .ops
+                .iter()
+                .map(|(name, h)| {
+                    let figures = OpFigures {
+                        count: h.len(),
+                        p50_us: us(h, 0.5),
+                        p99_us: us(h, 0.99),
+                        p999_us: us(h, 0.999),
+                        mean_us: h.mean() / 1000.0,
+                    };
+                    (name.to_string(), figures)
+                })
+                .collect(),
+            raw_rpc_read_p50_us: us(&self.raw_rpc, 0.5),
+            raw_rpc_read_p99_us: us(&self.raw_rpc, 0.99),
+            floor_rtt_p50_us: us(&self.floor, 0.5),
+            floor_rtt_p99_us: us(&self.floor, 0.99),
+            floor_request_bytes: self.floor_request_bytes,
+            floor_reply_bytes: self.floor_reply_bytes,
+            read_p50_over_floor: self
+                .ops
+                .get("read")
+                .map(|h| us(h, 0.5) / us(&self.floor, 0.5)),
+        }
     }
+}
+
+/// What `--json FILE` holds: the conditions, the throughput, and latencies in µs per
+/// operation type (by name) and of the floor.
+#[derive(Debug, Serialize, Deserialize)]
+struct YcsbFigures {
+    workload: String,
+    clients: u32,
+    records: u64,
+    value_bytes: usize,
+    zipf: f64,
+    seed: u64,
+    throughput_ops_s: f64,
+    run_s: f64,
+    load_s: f64,
+    ops: BTreeMap<String, OpFigures>,
+    /// Reads through a bare `Connection`, no client library.
+    raw_rpc_read_p50_us: f64,
+    raw_rpc_read_p99_us: f64,
+    floor_rtt_p50_us: f64,
+    floor_rtt_p99_us: f64,
+    floor_request_bytes: u32,
+    floor_reply_bytes: u32,
+    /// None (null) when the workload has no reads.
+    read_p50_over_floor: Option<f64>,
+}
+
+/// One operation type's count and latencies, µs.
+#[derive(Debug, Serialize, Deserialize)]
+struct OpFigures {
+    count: u64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    mean_us: f64,
 }
 
 async fn bench(args: &YcsbArgs, coordinator: &str, echo: &str, seed: u64) -> Result<Report> {

@@ -41,6 +41,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rampart_check::{Limits, Operation, Report};
 use rampart_client::{Client, ClientOptions};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -413,8 +415,11 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
     };
     verdict.print(&kinds);
     if let Some(file) = &args.json {
-        std::fs::write(file, serde_json::to_string_pretty(&verdict.json(&kinds))?)
-            .with_context(|| format!("cannot write {}", file.display()))?;
+        std::fs::write(
+            file,
+            serde_json::to_string_pretty(&verdict.figures(&kinds))?,
+        )
+        .with_context(|| format!("cannot write {}", file.display()))?;
     }
     if args.history {
         let file = args.out.join(format!("history-{seed}.jsonl"));
@@ -606,46 +611,80 @@ impl Verdict<'_> {
         }
     }
 
-    fn json(&self, kinds: &[FaultKind]) -> serde_json::Value {
-        let faults: serde_json::Map<String, serde_json::Value> = kinds
-            .iter()
-            .map(|k| (k.name().to_string(), self.injected(*k).into()))
-            .collect();
-        let kinds_found: serde_json::Map<String, serde_json::Value> = self
-            .report
-            .violations
-            .iter()
-            .fold(std::collections::BTreeMap::new(), |mut m, v| {
-                *m.entry(v.kind.name().to_string()).or_insert(0u64) += 1;
-                m
-            })
-            .into_iter()
-            .map(|(k, n)| (k, n.into()))
-            .collect();
-        serde_json::json!({
-            "seed": self.seed,
-            "operations": self.report.operations,
-            "unknown_outcomes": self.report.unknown,
-            "faults": faults,
-            "servers_crashed": self.crashed,
-            "recoveries": self.recoveries,
-            "not_injected": self.unavailable.map(|(kind, why)| serde_json::json!({kind.name(): why})),
-            "violations": self.violations(),
-            "violation_kinds": kinds_found,
-            "lost_acknowledged_writes": self.report.count(rampart_check::ViolationKind::LostWrite),
-            "inconclusive_keys": self.report.inconclusive.len(),
-            "unserved_keys": self.unserved.len(),
-            "anomalies": self.anomalies,
-            "check_seconds": self.check_seconds,
-            "fault_log": self.faults.iter().map(|f| serde_json::json!({
-                "at_s": f.at_s,
-                "kind": f.kind.name(),
-                "injected": f.injected,
-                "what": f.what,
-                "healed_after_s": f.healed_after_s,
-            })).collect::<Vec<_>>(),
-        })
+    fn figures(&self, kinds: &[FaultKind]) -> VerdictFigures {
+        let mut violation_kinds = BTreeMap::new();
+        for v in &self.report.violations {
+            *violation_kinds
+                .entry(v.kind.name().to_string())
+                .or_insert(0) += 1;
+        }
+        VerdictFigures {
+            seed: self.seed,
+            operations: self.report.operations,
+            unknown_outcomes: self.report.unknown,
+            faults: kinds
+                .iter()
+                .map(|k| (k.name().to_string(), self.injected(*k)))
+                .collect(),
+            servers_crashed: self.crashed,
+            recoveries: self.recoveries,
+            not_injected: self
+                .unavailable
+                .map(|(kind, why)| BTreeMap::from([(kind.name().to_string(), why.clone())])),
+            violations: self.violations(),
+            violation_kinds,
+            lost_acknowledged_writes: self.report.count(rampart_check::ViolationKind::LostWrite),
+            inconclusive_keys: self.report.inconclusive.len(),
+            unserved_keys: self.unserved.len(),
+            anomalies: self.anomalies.to_vec(),
+            check_seconds: self.check_seconds,
+            fault_log: self
+                .faults
+                .iter()
+                .map(|f| FaultFigures {
+                    at_s: f.at_s,
+                    kind: f.kind.name().to_string(),
+                    injected: f.injected,
+                    what: f.what.clone(),
+                    healed_after_s: f.healed_after_s,
+                })
+                .collect(),
+        }
     }
+}
+
+/// What `--json FILE` holds: the verdict, fault kinds by name.
+#[derive(Debug, Serialize, Deserialize)]
+struct VerdictFigures {
+    seed: u64,
+    operations: usize,
+    unknown_outcomes: usize,
+    /// Faults injected, per kind asked for.
+    faults: BTreeMap<String, usize>,
+    servers_crashed: usize,
+    recoveries: usize,
+    /// A kind asked for that this machine cannot inject, and why; none (null) if none.
+    not_injected: Option<BTreeMap<String, String>>,
+    violations: usize,
+    /// Keys not linearizable, per kind of violation.
+    violation_kinds: BTreeMap<String, u64>,
+    lost_acknowledged_writes: usize,
+    inconclusive_keys: usize,
+    unserved_keys: usize,
+    anomalies: Vec<String>,
+    check_seconds: f64,
+    fault_log: Vec<FaultFigures>,
+}
+
+/// One fault of the plan, carried out or skipped.
+#[derive(Debug, Serialize, Deserialize)]
+struct FaultFigures {
+    at_s: f64,
+    kind: String,
+    injected: bool,
+    /// What was done, or why it was skipped.
+    what: String,
+    healed_after_s: f64,
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::args::CompareArgs;
 use super::redis::{free_port, load_redis, RedisProcess, REDIS_CALL_TIMEOUT};
+use crate::bench::recovery::RecoveryFigures;
 use crate::bench::resp::{RespConnection, Value};
 use crate::bench::ycsb::key;
 
@@ -81,10 +82,7 @@ pub(super) fn rampart_loss(args: &CompareArgs, scratch: &std::path::Path) -> Res
     if !status.success() {
         bail!("rampart bench recovery failed ({status})");
     }
-    let figures: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
-    figures["unavailability_ms"]
-        .as_f64()
-        .context("bench recovery wrote no unavailability_ms")
+    Ok(RecoveryFigures::read(&json)?.unavailability_ms)
 }
 
 /// A Redis holding `gib` of 1 KB objects, persisted as `persistence` says, killed with

@@ -1,10 +1,14 @@
 //! What the comparison prints and writes: the table of the YCSB runs, the line of the
 //! loss comparison, and the figures as JSON.
 
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
 use super::args::CompareArgs;
 use super::loss::{Loss, LOSS_OBJECT_BYTES};
 use super::redis::redis_server_version;
 use super::ycsb_runs::{Measured, Results, System, SYSTEMS};
+use crate::bench::ycsb::Workload;
 
 /// Prints the YCSB runs: a line of conditions, then a row per workload and system.
 pub(super) fn print_table(args: &CompareArgs, seed: u64, results: &Results) {
@@ -54,42 +58,184 @@ pub(super) fn print_table(args: &CompareArgs, seed: u64, results: &Results) {
     println!("latencies in µs; Redis keeps nothing on disk; every Rampart write is in R backups");
 }
 
-/// The YCSB runs' figures and conditions, as JSON.
-pub(super) fn json(args: &CompareArgs, seed: u64, results: &Results) -> serde_json::Value {
-    let mut ycsb = serde_json::Map::new();
-    for &workload in &args.workloads {
-        let mut figures = serde_json::Map::new();
-        for system in SYSTEMS {
-            let Some(m) = results.get(&(workload, system)) else {
-                continue;
-            };
-            let name = system.key();
-            figures.insert(format!("{name}_ops_s"), m.throughput().into());
-            for (op, field) in [("update", "write"), ("read", "read")] {
-                for (q, label) in [(0.5, "p50"), (0.99, "p99")] {
-                    if let Some(v) = m.us(op, q) {
-                        figures.insert(format!("{name}_{field}_{label}_us"), v.into());
-                    }
-                }
-            }
+/// What `--json FILE` holds: the conditions, each workload's figures (by workload
+/// name) and, unless `--no-loss`, the loss comparison.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct CompareFigures {
+    conditions: Conditions,
+    ycsb: BTreeMap<String, WorkloadFigures>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    loss: Option<LossFigures>,
+}
+
+/// The conditions of the YCSB runs.
+#[derive(Debug, Serialize, Deserialize)]
+struct Conditions {
+    records: u64,
+    ops: u64,
+    clients: u32,
+    value_bytes: usize,
+    zipf: f64,
+    rounds: u32,
+    servers: u32,
+    replicas: u32,
+    seed: u64,
+    /// `redis-server --version`.
+    redis: String,
+}
+
+/// One workload on each system, its keys prefixed `rampart_`, `redis_wait_` and
+/// `redis_async_`: throughput, and latencies in µs of the operation types it ran. A
+/// system or an operation type that did not run has no keys.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct WorkloadFigures {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rampart_ops_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rampart_write_p50_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rampart_write_p99_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rampart_read_p50_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rampart_read_p99_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_wait_ops_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_wait_write_p50_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_wait_write_p99_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_wait_read_p50_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_wait_read_p99_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_async_ops_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_async_write_p50_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_async_write_p99_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_async_read_p50_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis_async_read_p99_us: Option<f64>,
+}
+
+/// One system's figures of one workload, before they take their prefixed keys.
+struct SystemFigures {
+    ops_s: Option<f64>,
+    write_p50_us: Option<f64>,
+    write_p99_us: Option<f64>,
+    read_p50_us: Option<f64>,
+    read_p99_us: Option<f64>,
+}
+
+impl SystemFigures {
+    fn of(m: Option<&Measured>) -> SystemFigures {
+        let us = |op: &str, q: f64| m.and_then(|m| m.us(op, q));
+        SystemFigures {
+            ops_s: m.map(Measured::throughput),
+            write_p50_us: us("update", 0.5),
+            write_p99_us: us("update", 0.99),
+            read_p50_us: us("read", 0.5),
+            read_p99_us: us("read", 0.99),
         }
-        ycsb.insert(workload.name().to_string(), figures.into());
     }
-    serde_json::json!({
-        "conditions": {
-            "records": args.records,
-            "ops": args.ops,
-            "clients": args.clients,
-            "value_bytes": args.value_bytes,
-            "zipf": args.zipf,
-            "rounds": args.rounds,
-            "servers": args.servers,
-            "replicas": args.replicas,
-            "seed": seed,
-            "redis": redis_server_version(),
+}
+
+impl WorkloadFigures {
+    fn of(workload: Workload, results: &Results) -> WorkloadFigures {
+        let system = |s: System| SystemFigures::of(results.get(&(workload, s)));
+        let (rampart, wait, asynchronous) = (
+            system(System::Rampart),
+            system(System::RedisWait),
+            system(System::RedisAsync),
+        );
+        WorkloadFigures {
+            rampart_ops_s: rampart.ops_s,
+            rampart_write_p50_us: rampart.write_p50_us,
+            rampart_write_p99_us: rampart.write_p99_us,
+            rampart_read_p50_us: rampart.read_p50_us,
+            rampart_read_p99_us: rampart.read_p99_us,
+            redis_wait_ops_s: wait.ops_s,
+            redis_wait_write_p50_us: wait.write_p50_us,
+            redis_wait_write_p99_us: wait.write_p99_us,
+            redis_wait_read_p50_us: wait.read_p50_us,
+            redis_wait_read_p99_us: wait.read_p99_us,
+            redis_async_ops_s: asynchronous.ops_s,
+            redis_async_write_p50_us: asynchronous.write_p50_us,
+            redis_async_write_p99_us: asynchronous.write_p99_us,
+            redis_async_read_p50_us: asynchronous.read_p50_us,
+            redis_async_read_p99_us: asynchronous.read_p99_us,
+        }
+    }
+}
+
+/// The loss comparison: ms from the kill until the data is served again.
+#[derive(Debug, Serialize, Deserialize)]
+struct LossFigures {
+    gib: f64,
+    object_bytes: usize,
+    rampart_unavailability_ms: f64,
+    redis_rdb_reload_ms: f64,
+    redis_aof_reload_ms: f64,
+    redis_sentinel_failover_ms: f64,
+    sentinel_down_after_ms: u64,
+    sentinel_stable_s: u64,
+    sentinel_sweep: Vec<SentinelTry>,
+}
+
+/// One `down-after-milliseconds` tried, and whether it held under load.
+#[derive(Debug, Serialize, Deserialize)]
+struct SentinelTry {
+    down_after_ms: u64,
+    stable: bool,
+}
+
+/// The YCSB runs' figures and conditions, and the loss comparison's if it ran.
+pub(super) fn figures(
+    args: &CompareArgs,
+    seed: u64,
+    results: &Results,
+    loss: Option<&Loss>,
+) -> CompareFigures {
+    CompareFigures {
+        conditions: Conditions {
+            records: args.records,
+            ops: args.ops,
+            clients: args.clients,
+            value_bytes: args.value_bytes,
+            zipf: args.zipf,
+            rounds: args.rounds,
+            servers: args.servers,
+            replicas: args.replicas,
+            seed,
+            redis: redis_server_version(),
         },
-        "ycsb": ycsb,
-    })
+        ycsb: args
+            .workloads
+            .iter()
+            .map(|&w| (w.name().to_string(), WorkloadFigures::of(w, results)))
+            .collect(),
+        loss: loss.map(|loss| LossFigures {
+            gib: loss.gib,
+            object_bytes: LOSS_OBJECT_BYTES,
+            rampart_unavailability_ms: loss.rampart_ms.round(),
+            redis_rdb_reload_ms: loss.rdb_ms.round(),
+            redis_aof_reload_ms: loss.aof_ms.round(),
+            redis_sentinel_failover_ms: loss.sentinel_ms.round(),
+            sentinel_down_after_ms: loss.sentinel_down_after_ms,
+            sentinel_stable_s: args.sentinel_stable_s,
+            sentinel_sweep: loss
+                .sentinel_sweep
+                .iter()
+                .map(|&(down_after_ms, stable)| SentinelTry {
+                    down_after_ms,
+                    stable,
+                })
+                .collect(),
+        }),
+    }
 }
 
 /// Prints the loss comparison's line: each system's time from the kill to its data
@@ -112,19 +258,17 @@ pub(super) fn print_loss(loss: &Loss) {
     );
 }
 
-/// The loss comparison's figures, as the JSON's `loss` object.
-pub(super) fn loss_json(args: &CompareArgs, loss: &Loss) -> serde_json::Value {
-    serde_json::json!({
-        "gib": loss.gib,
-        "object_bytes": LOSS_OBJECT_BYTES,
-        "rampart_unavailability_ms": loss.rampart_ms.round(),
-        "redis_rdb_reload_ms": loss.rdb_ms.round(),
-        "redis_aof_reload_ms": loss.aof_ms.round(),
-        "redis_sentinel_failover_ms": loss.sentinel_ms.round(),
-        "sentinel_down_after_ms": loss.sentinel_down_after_ms,
-        "sentinel_stable_s": args.sentinel_stable_s,
-        "sentinel_sweep": loss.sentinel_sweep.iter().map(|(ms, stable)| {
-            serde_json::json!({"down_after_ms": ms, "stable": stable})
-        }).collect::<Vec<_>>(),
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_has_keys_only_for_what_ran() {
+        let mut results = Results::new();
+        results.insert((Workload::A, System::Rampart), Measured::default());
+        results.insert((Workload::A, System::RedisAsync), Measured::default());
+        let json = serde_json::to_value(WorkloadFigures::of(Workload::A, &results)).unwrap();
+        let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["rampart_ops_s", "redis_async_ops_s"]);
+    }
 }

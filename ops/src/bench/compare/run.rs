@@ -6,7 +6,7 @@ use std::process::{Command, ExitCode};
 
 use super::args::CompareArgs;
 use super::loss::{rampart_loss, redis_reload, Loss, Persistence};
-use super::output::{json, loss_json, print_loss, print_table};
+use super::output::{figures, print_loss, print_table};
 use super::plots::{write_loss_svg, write_svg};
 use super::redis::{redis_server_version, RedisProcess};
 use super::sentinel::sentinel_failover;
@@ -123,10 +123,7 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
         Some(loss)
     };
     if let Some(path) = &args.json {
-        let mut figures = json(&args, seed, &results);
-        if let Some(loss) = &loss {
-            figures["loss"] = loss_json(&args, loss);
-        }
+        let figures = figures(&args, seed, &results, loss.as_ref());
         std::fs::write(path, serde_json::to_string_pretty(&figures)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
         let plot = plot_path(path, "ycsb");

@@ -29,15 +29,6 @@ pub(super) enum System {
 }
 
 impl System {
-    /// The name in the JSON's keys.
-    pub(super) fn key(self) -> &'static str {
-        match self {
-            System::Rampart => "rampart",
-            System::RedisWait => "redis_wait",
-            System::RedisAsync => "redis_async",
-        }
-    }
-
     pub(super) fn label(self, replicas: u32) -> String {
         match self {
             System::Rampart => format!("rampart R={replicas}"),

@@ -5,6 +5,8 @@
 use hdrhistogram::Histogram;
 use rampart_common::onesided::TransportKind;
 use rampart_server::BACKUP_THREAD_NAME;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use super::conditions::{loadavg, Conditions};
 use super::figures::{cpu_s_per_million, fmt_opt, us};
@@ -20,7 +22,7 @@ pub(super) const WRITE_P50_RATIO_MAX: f64 = 0.6;
 pub(super) const BACKUP_CPU_RATIO_MAX: f64 = 0.05;
 
 /// Medians over rounds of one workload on one mode.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 struct Summary {
     throughput_ops_s: Option<f64>,
     write_p50_us: Option<f64>,
@@ -263,118 +265,196 @@ impl Report {
         (ticks, sched)
     }
 
-    pub(super) fn json(&self) -> serde_json::Value {
-        use serde_json::{json, Map, Value};
+    /// The figures as `--json FILE` holds them.
+    pub(super) fn figures(&self) -> ReplicationFigures {
         let c = &self.conditions;
-        let summaries = |workload: Workload| -> Value {
-            let mut map = Map::new();
-            for mode in &self.modes {
-                let s = self.summary(workload, *mode);
-                let rounds: Vec<Value> = self
-                    .measurements
-                    .iter()
-                    .filter(|m| m.workload == workload && m.mode == *mode)
-                    .map(|m| {
-                        json!({
-                            "round": m.round + 1,
-                            "throughput_ops_s": m.throughput(),
-                            "elapsed_s": m.elapsed_s,
-                            "writes": m.updates.len(),
-                            "reads": m.reads.len(),
-                            "write_p50_us": us(&m.updates, 0.5),
-                            "write_p99_us": us(&m.updates, 0.99),
-                            "backup_cpu_ticks": m.backup.ticks,
-                            "backup_cpu_sched_ns": m.backup.ns,
-                            "errors": m.errors,
-                            "first_error": m.first_error,
+        let by_mode = |workload: Workload| -> BTreeMap<String, ModeFigures> {
+            self.modes
+                .iter()
+                .map(|mode| {
+                    let rounds = self
+                        .measurements
+                        .iter()
+                        .filter(|m| m.workload == workload && m.mode == *mode)
+                        .map(|m| RoundFigures {
+                            round: m.round + 1,
+                            throughput_ops_s: m.throughput(),
+                            elapsed_s: m.elapsed_s,
+                            writes: m.updates.len(),
+                            reads: m.reads.len(),
+                            write_p50_us: us(&m.updates, 0.5),
+                            write_p99_us: us(&m.updates, 0.99),
+                            backup_cpu_ticks: m.backup.ticks,
+                            backup_cpu_sched_ns: m.backup.ns,
+                            errors: m.errors,
+                            first_error: m.first_error.clone(),
                         })
-                    })
-                    .collect();
-                map.insert(
-                    mode.name().to_string(),
-                    json!({
-                        "throughput_ops_s": s.throughput_ops_s,
-                        "write_p50_us": s.write_p50_us,
-                        "write_p99_us": s.write_p99_us,
-                        "read_p50_us": s.read_p50_us,
-                        "read_p99_us": s.read_p99_us,
-                        "backup_cpu_s_per_million_writes": s.backup_cpu_s_per_million_writes,
-                        "backup_cpu_s_per_million_writes_schedstat":
-                            s.backup_cpu_s_per_million_writes_schedstat,
-                        "backup_cpu_s_per_million_writes_pooled":
-                            s.backup_cpu_s_per_million_writes_pooled,
-                        "writes": s.writes,
-                        "errors": s.errors,
-                        "rounds": rounds,
-                    }),
-                );
-            }
-            Value::Object(map)
+                        .collect();
+                    let figures = ModeFigures {
+                        summary: self.summary(workload, *mode),
+                        rounds,
+                    };
+                    (mode.name().to_string(), figures)
+                })
+                .collect()
         };
-        let ratios = |workload: Workload| -> Value {
-            match self.ratios(workload) {
-                None => Value::Null,
-                Some(r) => json!({
-                    "throughput": r.throughput,
-                    "throughput_target_min": THROUGHPUT_RATIO_MIN,
-                    "throughput_pass": r.throughput_pass(),
-                    "write_p50": r.write_p50,
-                    "write_p50_target_max": WRITE_P50_RATIO_MAX,
-                    "write_p50_pass": r.write_p50_pass(),
-                    "backup_cpu": r.backup_cpu,
-                    "backup_cpu_schedstat": r.backup_cpu_schedstat,
-                    "backup_cpu_pooled": r.backup_cpu_pooled,
-                    "backup_cpu_target_max": BACKUP_CPU_RATIO_MAX,
-                    "backup_cpu_pass": r.backup_cpu_pass(),
-                }),
-            }
+        let ratios = |workload: Workload| {
+            self.ratios(workload).map(|r| RatioFigures {
+                throughput: r.throughput,
+                throughput_target_min: THROUGHPUT_RATIO_MIN,
+                throughput_pass: r.throughput_pass(),
+                write_p50: r.write_p50,
+                write_p50_target_max: WRITE_P50_RATIO_MAX,
+                write_p50_pass: r.write_p50_pass(),
+                backup_cpu: r.backup_cpu,
+                backup_cpu_schedstat: r.backup_cpu_schedstat,
+                backup_cpu_pooled: r.backup_cpu_pooled,
+                backup_cpu_target_max: BACKUP_CPU_RATIO_MAX,
+                backup_cpu_pass: r.backup_cpu_pass(),
+            })
         };
-        let whole: Map<String, Value> = self
+        let whole_run = self
             .whole_run
             .iter()
             .map(|w| {
                 let (ticks, sched) = self.whole_run_figures(w);
-                (
-                    w.mode.name().to_string(),
-                    json!({
-                        "backup_cpu_ticks": w.backup.ticks,
-                        "backup_cpu_sched_ns": w.backup.ns,
-                        "writes": w.writes,
-                        "backup_cpu_s_per_million_writes": ticks,
-                        "backup_cpu_s_per_million_writes_schedstat": sched,
-                    }),
-                )
+                let figures = WholeRunFigures {
+                    backup_cpu_ticks: w.backup.ticks,
+                    backup_cpu_sched_ns: w.backup.ns,
+                    writes: w.writes,
+                    backup_cpu_s_per_million_writes: ticks,
+                    backup_cpu_s_per_million_writes_schedstat: sched,
+                };
+                (w.mode.name().to_string(), figures)
             })
             .collect();
-        json!({
-            "conditions": {
-                "servers": c.servers,
-                "replicas": c.replicas,
-                "clients": c.clients,
-                "client_threads": 1,
-                "value_bytes": c.value_bytes,
-                "records": c.records,
-                "zipf": c.zipf,
-                "rounds": c.rounds,
-                "seconds_per_round": c.seconds_per_round,
-                "ops_per_round": c.ops_per_round,
-                "memory_per_server": c.memory,
-                "seed": c.seed,
-                "clk_tck": c.clk_tck,
-                "cores": c.cores,
-                "loadavg_start": c.loadavg_start,
-                "loadavg_end": loadavg(),
-                "figures": "medians over rounds",
-                "note": "rpc's backup CPU is under-counted (its frame is decoded on a \
-                         master-runtime thread), so the shm/rpc CPU ratio is conservative",
+        ReplicationFigures {
+            conditions: ConditionFigures {
+                servers: c.servers,
+                replicas: c.replicas,
+                clients: c.clients,
+                client_threads: 1,
+                value_bytes: c.value_bytes,
+                records: c.records,
+                zipf: c.zipf,
+                rounds: c.rounds,
+                seconds_per_round: c.seconds_per_round,
+                ops_per_round: c.ops_per_round,
+                memory_per_server: c.memory.clone(),
+                seed: c.seed,
+                clk_tck: c.clk_tck,
+                cores: c.cores,
+                loadavg_start: c.loadavg_start.clone(),
+                loadavg_end: loadavg(),
+                figures: "medians over rounds".to_string(),
+                note: "rpc's backup CPU is under-counted (its frame is decoded on a \
+                       master-runtime thread), so the shm/rpc CPU ratio is conservative"
+                    .to_string(),
             },
-            "modes": summaries(Workload::WriteOnly),
-            "ycsb_a": summaries(Workload::A),
-            "ratios_shm_over_rpc": {
-                "write_only": ratios(Workload::WriteOnly),
-                "ycsb_a": ratios(Workload::A),
+            modes: by_mode(Workload::WriteOnly),
+            ycsb_a: by_mode(Workload::A),
+            ratios_shm_over_rpc: RatiosByWorkload {
+                write_only: ratios(Workload::WriteOnly),
+                ycsb_a: ratios(Workload::A),
             },
-            "whole_run": whole,
-        })
+            whole_run,
+        }
     }
+}
+
+/// What `--json FILE` holds: the conditions, per workload and mode the medians over
+/// rounds and each round, shm against rpc, and the whole run's backup CPU per mode.
+/// Modes are keyed by name (`shm`, `tcp`, `rpc`, `rdma`).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct ReplicationFigures {
+    conditions: ConditionFigures,
+    /// The write-only workload.
+    modes: BTreeMap<String, ModeFigures>,
+    /// YCSB A.
+    ycsb_a: BTreeMap<String, ModeFigures>,
+    ratios_shm_over_rpc: RatiosByWorkload,
+    whole_run: BTreeMap<String, WholeRunFigures>,
+}
+
+/// [`Conditions`], with the load at the end.
+#[derive(Debug, Serialize, Deserialize)]
+struct ConditionFigures {
+    servers: u32,
+    replicas: u32,
+    clients: u32,
+    client_threads: u32,
+    value_bytes: usize,
+    records: u64,
+    zipf: f64,
+    rounds: u32,
+    /// None (null) with `--ops-per-round`.
+    seconds_per_round: Option<f64>,
+    ops_per_round: Option<u64>,
+    memory_per_server: String,
+    seed: u64,
+    clk_tck: u64,
+    cores: usize,
+    loadavg_start: String,
+    loadavg_end: String,
+    /// What the figures are.
+    figures: String,
+    note: String,
+}
+
+/// One workload on one mode: the medians over rounds, and each round.
+#[derive(Debug, Serialize, Deserialize)]
+struct ModeFigures {
+    #[serde(flatten)]
+    summary: Summary,
+    rounds: Vec<RoundFigures>,
+}
+
+/// One round's window of one workload on one mode.
+#[derive(Debug, Serialize, Deserialize)]
+struct RoundFigures {
+    /// From 1.
+    round: u32,
+    throughput_ops_s: f64,
+    elapsed_s: f64,
+    writes: u64,
+    reads: u64,
+    write_p50_us: f64,
+    write_p99_us: f64,
+    backup_cpu_ticks: u64,
+    backup_cpu_sched_ns: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// shm against rpc, per workload; none (null) unless both ran.
+#[derive(Debug, Serialize, Deserialize)]
+struct RatiosByWorkload {
+    write_only: Option<RatioFigures>,
+    ycsb_a: Option<RatioFigures>,
+}
+
+/// [`Ratios`] beside their targets.
+#[derive(Debug, Serialize, Deserialize)]
+struct RatioFigures {
+    throughput: Option<f64>,
+    throughput_target_min: f64,
+    throughput_pass: Option<bool>,
+    write_p50: Option<f64>,
+    write_p50_target_max: f64,
+    write_p50_pass: Option<bool>,
+    backup_cpu: Option<f64>,
+    backup_cpu_schedstat: Option<f64>,
+    backup_cpu_pooled: Option<f64>,
+    backup_cpu_target_max: f64,
+    backup_cpu_pass: Option<bool>,
+}
+
+/// One mode's backup CPU from the end of its load to the end of the run.
+#[derive(Debug, Serialize, Deserialize)]
+struct WholeRunFigures {
+    backup_cpu_ticks: u64,
+    backup_cpu_sched_ns: u64,
+    writes: u64,
+    backup_cpu_s_per_million_writes: Option<f64>,
+    backup_cpu_s_per_million_writes_schedstat: Option<f64>,
 }

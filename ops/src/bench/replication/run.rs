@@ -100,7 +100,7 @@ pub fn run(args: ReplicationArgs) -> Result<ExitCode> {
     };
     report.print();
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report.json())?)
+        std::fs::write(path, serde_json::to_string_pretty(&report.figures())?)
             .with_context(|| format!("cannot write {}", path.display()))?;
         println!("figures written to {}", path.display());
     }
