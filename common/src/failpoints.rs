@@ -14,6 +14,10 @@
 /// The environment variable naming the active failpoints, comma-separated.
 pub const FAILPOINTS_ENV: &str = "RAMPART_FAILPOINTS";
 
+/// Whether this build has the failpoints compiled in (the `failpoints` feature): without
+/// them, [`FAILPOINTS_ENV`] is ignored.
+pub const COMPILED_IN: bool = cfg!(feature = "failpoints");
+
 /// Coordinator: the push of a recovered partition's tablets to their new owner is lost,
 /// as when the leader dies right after the commit.
 pub const LOSE_RECOVERED_PUSH: &str = "coordinator-lose-recovered-push";

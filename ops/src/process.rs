@@ -18,6 +18,7 @@ use clap::Args;
 use rampart_common::config::{
     ByteSize, MasterConfig, CLEANER_THRESHOLD_PCT_DEFAULT, SEGMENT_BYTES_DEFAULT,
 };
+use rampart_common::failpoints;
 use rampart_common::limits::VALUE_BYTES_MAX_DEFAULT;
 use rampart_common::onesided::shm::remove_default_frame_files_under;
 use rampart_common::onesided::TransportKind;
@@ -317,9 +318,30 @@ pub(crate) fn announce(line: &str) -> Result<()> {
     Ok(())
 }
 
+/// Says on stdout, when [`failpoints::FAILPOINTS_ENV`] names failpoints, whether this
+/// build honours them, before any other line: a process test that asks for failpoints
+/// must not run a build without them (a plain `cargo build` of the same target
+/// directory) and take the silence of its failpoints for a pass.
+fn announce_failpoints() -> Result<()> {
+    let named = std::env::var(failpoints::FAILPOINTS_ENV).unwrap_or_default();
+    if named.trim().is_empty() {
+        return Ok(());
+    }
+    if failpoints::COMPILED_IN {
+        announce(&format!("failpoints compiled in: {named}"))
+    } else {
+        tracing::warn!(%named, "failpoints compiled out of this build: RAMPART_FAILPOINTS ignored");
+        announce(&format!(
+            "failpoints compiled out of this build: {} ignored",
+            failpoints::FAILPOINTS_ENV
+        ))
+    }
+}
+
 /// Runs a coordinator until a signal, or until its Raft node fails.
 pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
     crate::startup::init_logging("info");
+    announce_failpoints()?;
     args.security.install()?;
     if let Some(file) = &args.export {
         return export_seed(&args.data_dir, file);
@@ -530,6 +552,7 @@ fn export_seed(data_dir: &std::path::Path, file: &std::path::Path) -> Result<Exi
 /// declared crashed by the coordinator: its lease renewal was refused).
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     crate::startup::init_logging("info");
+    announce_failpoints()?;
     args.security.install()?;
     let config = server_config(&args)?;
     runtime(args.threads)?.block_on(async {

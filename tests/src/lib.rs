@@ -9,6 +9,7 @@
 //! crate has integration tests of its own).
 
 use anyhow::{anyhow, bail, Context, Result};
+use rampart_common::failpoints::FAILPOINTS_ENV;
 use rampart_common::onesided::shm::remove_default_frame_files_under;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -433,11 +434,17 @@ pub struct PendingProcess {
     stdin: Option<std::process::ChildStdin>,
     lines: mpsc::Receiver<String>,
     args: Vec<String>,
+    /// Whether its environment names failpoints, and whether it said it honours them.
+    failpoints: Option<bool>,
 }
 
 impl PendingProcess {
     /// Starts `command` (`rampart ARGS...`), its stdout read line by line.
     fn spawn(mut command: Command, args: &[&str]) -> Result<PendingProcess> {
+        let failpoints = command
+            .get_envs()
+            .any(|(key, value)| key == FAILPOINTS_ENV && value.is_some_and(|v| !v.is_empty()))
+            .then_some(false);
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -458,6 +465,7 @@ impl PendingProcess {
             stdin,
             lines,
             args: args.iter().map(|a| a.to_string()).collect(),
+            failpoints,
         })
     }
 
@@ -467,8 +475,28 @@ impl PendingProcess {
         loop {
             let wait = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(wait) {
+                Ok(line) if self.failpoints.is_some() && line.starts_with("failpoints ") => {
+                    if !line.starts_with("failpoints compiled in") {
+                        bail!(
+                            "{}: {line}. This test needs the failpoints: build the binary with \
+                             `cargo test -p rampart-ops -p rampart-tests --no-run` (a plain \
+                             `cargo build` or `cargo test -p rampart-ops` in the same target \
+                             directory replaces it with one without them)",
+                            rampart_bin()?.display()
+                        );
+                    }
+                    self.failpoints = Some(true);
+                }
                 Ok(line) if line.contains(marker) => {
-                    return Ok(line.split_whitespace().map(str::to_string).collect())
+                    if self.failpoints == Some(false) {
+                        bail!(
+                            "rampart {:?} did not say its failpoints are compiled in: {} is \
+                             an older build, or one without them",
+                            self.args,
+                            rampart_bin()?.display()
+                        );
+                    }
+                    return Ok(line.split_whitespace().map(str::to_string).collect());
                 }
                 Ok(_) => continue,
                 Err(_) => bail!("rampart {:?} did not print `{marker}`", self.args),
