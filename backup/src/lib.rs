@@ -22,6 +22,12 @@
 //!   `frames` carries its decisions out on the frame file, `fencing` orders the steps
 //!   of a fence, and `stored` keeps the table's mirror of the store in step with every
 //!   store call (private modules, behind [`service`]).
+//! * [`held_replicas`] — the replicas held here as reads see them: which copy a read
+//!   serves ([`held_replicas::read_held`]: a frame, the slot a close kept, the file, the
+//!   store) and what `StartRecovery` reports ([`held_replicas::recovery_replicas`]), as
+//!   plain functions over what a backup's frames and store give them
+//!   ([`held_replicas::HeldReplicas`]). Public for `rampart-sim` too, which runs them
+//!   over its simulated frames and store; the service runs them over its own.
 //! * [`service`] — `BackupService`: the backup RPCs (open, write, close, bump epoch,
 //!   free, list, read a replica; start, read for, fetch for and end a recovery) over
 //!   frames held in a shared-memory frame file and the segment store; the soft-NIC's
@@ -59,6 +65,7 @@ mod fencing;
 pub mod flush_threads;
 pub mod frame_table;
 mod frames;
+pub mod held_replicas;
 mod rdma;
 pub mod recovery;
 pub mod segment_store;

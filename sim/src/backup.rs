@@ -2,27 +2,35 @@
 //! written in place, closed replicas on "disk", fences — whose every decision about a
 //! frame is the real backup's: each `SimBackup` drives a real [`FrameTable`]
 //! (`rampart-backup`'s frame table) the way the backup's own drivers do, over bytes held
-//! in memory. A regression in the table (which open keeps a slot's bytes, which frame
-//! shadows a stored copy, what a fence refuses, what a free removes, which epoch is
-//! stale) changes what the simulated recoveries find, and fails seeds.
+//! in memory, and lists and reads its replicas back with the real backup's own
+//! functions ([`held_replicas`]). A regression in the table (which open keeps a slot's
+//! bytes, which frame shadows a stored copy, what a fence refuses, what a free removes,
+//! which epoch is stale) or in those functions (which copy a read serves, what
+//! `StartRecovery` reports) changes what the simulated recoveries find, and fails seeds.
 //!
-//! # What is the real table's, and what stands in for the rest
+//! # What is the real backup's, and what stands in for the rest
+//! * Real: the [`FrameTable`], and [`held_replicas::recovery_replicas`] (the
+//!   `StartRecovery` listing) and [`held_replicas::read_held`] (a replica as reads see
+//!   it: the visible frame if it shadows the stored copy, else the slot a stored
+//!   replica was flushed from while it keeps it, else its file, else the store), which
+//!   `SimBackup` runs over itself as their [`HeldReplicas`]: lookups in the table, copies
+//!   of its slots and its store, nothing decided.
 //! * The *frame file* is `slots`: one `Vec<u8>` of the frame capacity per slot, zeroed
 //!   when the table assigns it unless `Opened::keeps_bytes` (as `Frames::open` does
 //!   with `FrameFile::assign` / `assign_keeping_data`), released keeping its bytes.
 //! * The *store* is a map of closed replicas, bytes and [`ReplicaMeta`], whose write
-//!   and free rules are the `SegmentStore`'s (`check_write`, `StoreHandle::free`); the
-//!   table's mirror of it is updated with [`FrameTable::set_stored`] right after each
-//!   change, as `StoreHandle` does under the store's lock.
-//! * Each request follows its handler in `service.rs`: a write checks
+//!   and free rules restate the `SegmentStore`'s (`check_write`, `StoreHandle::free`);
+//!   the table's mirror of it is updated with [`FrameTable::set_stored`] right after
+//!   each change, as `StoreHandle` does under the store's lock. Its files are its
+//!   entries: a read of "the file" finds the stored copy.
+//! * Each request follows its handler in the backup's `service/`: a write checks
 //!   [`FrameTable::writable`] (the checks of `WriteReplica` and the soft-NIC: the frame
 //!   open, at the writer's epoch, not fenced, not closing, in bounds), then copies; a
-//!   close is a `CloseJob` (claim, copy the slot's first `length` bytes, commit to the
-//!   store, [`FrameTable::closed`], [`FrameTable::close_ended`], release); a free is
-//!   [`FrameTable::free`] then the store's free; `StartRecovery` is `fencing::fence`
-//!   then `recovery_replicas`; a recovery read is `fence_before_reading` then
-//!   `read_held` (the visible frame if it shadows the stored copy, else the slot a
-//!   stored replica was flushed from while it keeps it, else the store).
+//!   close restates a `CloseJob` (claim, copy the slot's first `length` bytes, commit to
+//!   the store, [`FrameTable::closed`], [`FrameTable::close_ended`], release); a free
+//!   is [`FrameTable::free`] then the store's free; `StartRecovery` restates
+//!   `fencing::fence`, then runs `recovery_replicas`; a recovery read restates
+//!   `fence_before_reading`, then runs `read_held`.
 //!
 //! The real drivers' concurrency — copies outside the table's lock, closes in flight
 //! on flush threads, slots re-checked with [`FrameTable::still_holds`] after a copy —
@@ -38,11 +46,12 @@
 use rampart_backup::frame_table::{
     FrameLimits, FrameRef, FrameTable, Refusal as TableRefusal, Release, ReplicaKey,
 };
-use rampart_backup::segment_store::ReplicaMeta;
+use rampart_backup::held_replicas::{self, HeldFrame, HeldReplicas};
+use rampart_backup::segment_store::{ReplicaMeta, StoreError};
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::log::scan;
 use rampart_common::onesided::shm::SlotLabel;
-use rampart_common::protocol::backup::{RecoveryReplica, ReplicaInfo};
+use rampart_common::protocol::backup::RecoveryReplica;
 use rampart_common::status::Status;
 use std::collections::BTreeMap;
 
@@ -101,12 +110,6 @@ pub enum Liveness {
 struct StoredReplica {
     meta: ReplicaMeta,
     /// `meta.length` bytes.
-    bytes: Vec<u8>,
-}
-
-/// A replica as a read finds it (`read_held`'s `HeldReplica`).
-struct Held {
-    info: ReplicaInfo,
     bytes: Vec<u8>,
 }
 
@@ -323,43 +326,10 @@ impl SimBackup {
     }
 
     /// `StartRecovery`: fences `master` (`fencing::fence`) and lists every copy of its
-    /// log held here (`recovery_replicas`).
+    /// log held here ([`held_replicas::recovery_replicas`], the real backup's listing).
     pub fn fence_and_list(&mut self, master: ServerId) -> Vec<RecoveryReplica> {
         self.fence(master);
-        let (stored, open) = self.table.list(Some(master));
-        let mut replicas: BTreeMap<ReplicaKey, RecoveryReplica> = stored
-            .iter()
-            .map(|meta| {
-                let replica = RecoveryReplica {
-                    info: ReplicaInfo::from(meta),
-                    digest: None,
-                    successor: None,
-                };
-                ((meta.master, meta.segment), replica)
-            })
-            .collect();
-        for frame in open {
-            let bytes = self.scan_frame(&frame);
-            let scanned = scan(&bytes);
-            if !self
-                .table
-                .shadows_stored(frame.key(), scanned.successor.is_some())
-            {
-                continue;
-            }
-            replicas.insert(
-                frame.key(),
-                RecoveryReplica {
-                    info: frame.info(bytes.len() as u32),
-                    digest: scanned.digest,
-                    successor: scanned.successor,
-                },
-            );
-        }
-        // The store holds closed replicas only (open ones reach it at a graceful stop
-        // or a restart, neither simulated), so no stored copy needs its digest read.
-        debug_assert!(self.store.values().all(|stored| stored.meta.closed));
-        replicas.into_values().collect()
+        held_replicas::recovery_replicas(self, master)
     }
 
     /// `fencing::fence`: the table fences `master` (the slots' fence words are the
@@ -398,7 +368,10 @@ impl SimBackup {
         if self.table.needs_fence(master, key) {
             self.fence(master);
         }
-        let mut held = self.read_held(key)?;
+        // `read_held`, the real backup's read-back. The simulated store never fails a
+        // read.
+        let mut held = held_replicas::read_held(self, key, Vec::new())
+            .unwrap_or_else(|error| unreachable!("a simulated store read failed: {error}"))?;
         let same = held.info.epoch == epoch && held.info.closed == closed;
         if !same || held.bytes.len() < length as usize {
             return None;
@@ -406,39 +379,51 @@ impl SimBackup {
         held.bytes.truncate(length as usize);
         Some(held.bytes)
     }
+}
 
-    /// `read_held`: the visible frame if it shadows the stored copy, else the stored
-    /// copy from the free slot that keeps it (checked against its checksum), else from
-    /// the store.
-    fn read_held(&self, key: ReplicaKey) -> Option<Held> {
-        if let Some(frame) = self.table.visible(key) {
-            let bytes = self.scan_frame(&frame);
-            // `Frames::shadows_stored`: the footer is looked for only when it matters.
-            let shadows = self.table.shadows_stored(key, false)
-                || self
-                    .table
-                    .shadows_stored(key, scan(&bytes).successor.is_some());
-            if shadows {
-                return Some(Held {
-                    info: frame.info(bytes.len() as u32),
-                    bytes,
-                });
-            }
-        }
-        if let Some((slot, meta)) = self.table.kept(key) {
-            let kept = self.slots[slot].get(..meta.length as usize);
-            if let Some(bytes) = kept.filter(|b| crc32fast::hash(b) == meta.content_crc32) {
-                return Some(Held {
-                    info: ReplicaInfo::from(&meta),
-                    bytes: bytes.to_vec(),
-                });
-            }
-        }
-        let stored = self.store.get(&key)?;
-        Some(Held {
-            info: ReplicaInfo::from(&stored.meta),
-            bytes: stored.bytes.clone(),
-        })
+/// What [`held_replicas`]' listing and read-back are given: the real table's answers, the
+/// simulated slots' bytes and the simulated store — lookups and copies, no decision.
+/// Every request runs to its end before the next, so nothing changes between two calls:
+/// no frame leaves the table during a copy, and the table's mirror equals the store.
+impl HeldReplicas for SimBackup {
+    fn with_table<R>(&self, look: impl FnOnce(&FrameTable) -> R) -> R {
+        look(&self.table)
+    }
+
+    /// `Frames::scan`, each frame still in the table.
+    fn scan_frames(&self, frames: Vec<FrameRef>) -> Vec<HeldFrame> {
+        frames
+            .into_iter()
+            .map(|frame| HeldFrame {
+                bytes: self.scan_frame(&frame),
+                frame,
+            })
+            .collect()
+    }
+
+    /// `Frames::read_kept`: the kept slot's bytes, checked against the stored checksum.
+    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
+        let (slot, meta) = self.table.kept(key)?;
+        let kept = self.slots[slot].get(..meta.length as usize)?;
+        bytes.clear();
+        bytes.extend_from_slice(kept);
+        (crc32fast::hash(bytes) == meta.content_crc32).then_some(meta)
+    }
+
+    /// The file the table's mirror names: the store's copy, if it is still that one.
+    fn read_file(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
+        let meta = self.table.stored(key)?;
+        let stored = self.store.get(&key).filter(|stored| stored.meta == meta)?;
+        bytes.clear();
+        bytes.extend_from_slice(&stored.bytes);
+        Some(meta)
+    }
+
+    fn read_stored(&self, key: ReplicaKey) -> Result<Option<(Vec<u8>, ReplicaMeta)>, StoreError> {
+        Ok(self
+            .store
+            .get(&key)
+            .map(|stored| (stored.bytes.clone(), stored.meta)))
     }
 }
 
@@ -447,6 +432,7 @@ mod tests {
     use super::*;
     use rampart_common::ids::{TableId, Version};
     use rampart_common::log::SegmentWriter;
+    use rampart_common::protocol::backup::ReplicaInfo;
 
     const M: ServerId = ServerId(1);
     const S: SegmentId = SegmentId(1);

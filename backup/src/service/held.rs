@@ -1,152 +1,93 @@
-//! The replicas held here as reads see them. [`read_held`] serves one replica — from its
-//! open frame, from the slot its close kept, from its file or from the store — for
-//! `ReadReplica` and recovery; [`recovery_replicas`] lists a master's replicas for
-//! `StartRecovery`, with the log digest and footer of each one not closed. A frame
-//! shadows the stored copy of its replica, unless the frame has no footer and the stored
-//! copy is closed (a re-creation cut short:
-//! [`FrameTable::shadows_stored`](crate::frame_table::FrameTable::shadows_stored)).
+//! The backup's replicas as reads see them, over its frames and store: [`read_held`]
+//! serves one replica for `ReadReplica` and recovery, [`recovery_replicas`] lists a
+//! master's replicas for `StartRecovery`. What they serve and report is decided by the
+//! shared functions of [`crate::held_replicas`] (which the simulation runs too); here is
+//! only what those functions are given — [`HeldReplicas`] over [`Frames`] and
+//! [`StoreHandle`]: the table's answers, each under a brief hold of its lock, the
+//! frames' copies, the kept slots, the replica files read without the store's lock, and
+//! the store's own reads.
 
 use rampart_common::ids::ServerId;
-use rampart_common::log::scan;
-use rampart_common::protocol::backup::{RecoveryReplica, ReplicaInfo};
-use std::collections::{BTreeMap, BTreeSet};
+use rampart_common::protocol::backup::RecoveryReplica;
 
-use crate::frame_table::ReplicaKey;
+use crate::frame_table::{FrameRef, FrameTable, ReplicaKey};
 use crate::frames::Frames;
+use crate::held_replicas::{self, HeldFrame, HeldReplicas};
 use crate::recovery::HeldReplica;
-use crate::segment_store::StoreError;
+use crate::segment_store::{ReplicaMeta, StoreError};
 use crate::stored::StoreHandle;
 
-/// The replica `key` as reads see it: the visible open frame's valid prefix (its fenced
-/// length once fenced) unless it has no footer and the store holds a closed copy
-/// ([`FrameTable::shadows_stored`](crate::frame_table::FrameTable::shadows_stored)),
-/// else the stored copy, verified (a corrupt one is quarantined and reported as
-/// [`StoreError::Corrupt`]); `None` if not held. Blocks: copies and scans frames, reads
-/// the stored copy's file (without the store lock: see
-/// [`ReplicaFiles`](crate::segment_store::ReplicaFiles)), and takes the store lock
+/// A backup's frames and store, as [`held_replicas`] reads them. Lock order as
+/// everywhere: the table's lock is taken alone, briefly, never across a copy, a file
+/// read or the store's lock (which [`StoreHandle::read`] takes before the table's).
+struct Held<'a> {
+    store: &'a StoreHandle,
+    frames: &'a Frames,
+}
+
+impl HeldReplicas for Held<'_> {
+    fn with_table<R>(&self, look: impl FnOnce(&FrameTable) -> R) -> R {
+        look(&self.frames.table.lock())
+    }
+
+    /// [`Frames::scan`]: copies and scans outside the table's lock, then keeps the
+    /// frames still in the table.
+    fn scan_frames(&self, frames: Vec<FrameRef>) -> Vec<HeldFrame> {
+        self.frames
+            .scan(frames)
+            .into_iter()
+            .map(|scanned| {
+                debug_assert_eq!(scanned.bytes.len(), scanned.length as usize);
+                HeldFrame {
+                    frame: scanned.frame,
+                    bytes: scanned.bytes,
+                }
+            })
+            .collect()
+    }
+
+    /// [`Frames::read_kept`].
+    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
+        self.frames.read_kept(key, bytes)
+    }
+
+    /// The file the table's mirror names, read without the store lock (see
+    /// [`ReplicaFiles`](crate::segment_store::ReplicaFiles)).
+    fn read_file(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
+        let stored = self.frames.table.lock().stored(key)?;
+        let file = self.frames.files.file(stored);
+        file.read_into(bytes).then(|| file.meta())
+    }
+
+    /// [`StoreHandle::read`], under the store's lock.
+    fn read_stored(&self, key: ReplicaKey) -> Result<Option<(Vec<u8>, ReplicaMeta)>, StoreError> {
+        self.store.read(key)
+    }
+}
+
+/// [`held_replicas::read_held`] on this backup: the replica `key` as reads see it (the
+/// visible frame if it shadows the stored copy, else the stored copy from its kept
+/// slot, its file or the store); `None` if not held. Blocks: copies and scans frames,
+/// reads the stored copy's file (without the store lock), and takes the store lock
 /// briefly, or for a whole read when the file changed meanwhile.
 pub(super) fn read_held(
     store: &StoreHandle,
     frames: &Frames,
     key: ReplicaKey,
-    mut reuse: Vec<u8>,
+    reuse: Vec<u8>,
 ) -> Result<Option<HeldReplica>, StoreError> {
-    let frame = frames.table.lock().visible(key);
-    if let Some(frame) = frame {
-        if let Some(scanned) = frames.scan(vec![frame]).pop() {
-            if frames.shadows_stored(&scanned) {
-                return Ok(Some(HeldReplica {
-                    info: scanned.info(),
-                    bytes: scanned.bytes,
-                }));
-            }
-            // A re-creation of a closed segment's replica on this backup, which still
-            // holds it closed, cut short by the master's crash: the closed copy below
-            // is the whole segment, the frame only a prefix of it.
-        }
-        // Closed, freed or replaced meanwhile: the store has the answer.
-    }
-    // From memory if the slot it was flushed from is still free.
-    if let Some(meta) = frames.read_kept(key, &mut reuse) {
-        return Ok(Some(HeldReplica {
-            info: ReplicaInfo::from(&meta),
-            bytes: reuse,
-        }));
-    }
-    // Read the file without the store lock: its metadata from the mirror (which may
-    // lag the store, never lead it), and the store's own read below settles what this
-    // one cannot (a replica replaced, freed or corrupt meanwhile).
-    let stored = frames.table.lock().stored(key);
-    if let Some(file) = stored.map(|meta| frames.files.file(meta)) {
-        if file.read_into(&mut reuse) {
-            return Ok(Some(HeldReplica {
-                info: ReplicaInfo::from(&file.meta()),
-                bytes: reuse,
-            }));
-        }
-    }
-    // `None`: freed between the lookup above and the read.
-    Ok(store.read(key)?.map(|(bytes, meta)| HeldReplica {
-        info: ReplicaInfo::from(&meta),
-        bytes,
-    }))
+    held_replicas::read_held(&Held { store, frames }, key, reuse)
 }
 
-/// Every replica of `master` held here, for `StartRecovery`: stored ones and visible
-/// frames (a frame shadows its stored copy, as in lists: not a closed one when the frame
-/// has no footer), sorted by segment, with the log digest and the footer's successor of
-/// each one that is not closed. Blocks: scans frames, reads stored open replicas from
-/// disk.
+/// [`held_replicas::recovery_replicas`] on this backup: every replica of `master` held
+/// here, for `StartRecovery`, with the log digest and the footer's successor of each
+/// one that is not closed. Blocks: scans frames, reads stored open replicas from disk.
 pub(super) fn recovery_replicas(
     store: &StoreHandle,
     frames: &Frames,
     master: ServerId,
 ) -> Vec<RecoveryReplica> {
-    let (stored, open) = frames.table.lock().list(Some(master));
-    let mut replicas: BTreeMap<ReplicaKey, RecoveryReplica> = stored
-        .iter()
-        .map(|meta| {
-            let replica = RecoveryReplica {
-                info: ReplicaInfo::from(meta),
-                digest: None,
-                successor: None,
-            };
-            ((meta.master, meta.segment), replica)
-        })
-        .collect();
-    let mut from_frames = BTreeSet::new();
-    for frame in frames.scan(open) {
-        let key = frame.frame.key();
-        let scanned = scan(&frame.bytes);
-        // A frame without footer beside a closed stored copy is a re-creation of the
-        // closed segment's replica (the master took this backup for dead, lost the
-        // replica, then picked this backup again) that the master's crash cut short.
-        // Reporting it would hide the whole segment: the recovery would find only
-        // copies without footer, and wait for ever or (allowing loss) replay a prefix.
-        if !frames
-            .table
-            .lock()
-            .shadows_stored(key, scanned.successor.is_some())
-        {
-            continue;
-        }
-        from_frames.insert(key);
-        replicas.insert(
-            key,
-            RecoveryReplica {
-                info: frame.info(),
-                digest: scanned.digest,
-                successor: scanned.successor,
-            },
-        );
-    }
-    // Open replicas on disk (flushed at a graceful stop): their digest and footer are in
-    // their bytes.
-    let open_stored: Vec<ReplicaKey> = replicas
-        .iter()
-        .filter(|(key, replica)| !replica.info.closed && !from_frames.contains(*key))
-        .map(|(key, _)| *key)
-        .collect();
-    for key in open_stored {
-        match store.read(key) {
-            Ok(Some((bytes, _))) => {
-                if let Some(replica) = replicas.get_mut(&key) {
-                    let scanned = scan(&bytes);
-                    replica.digest = scanned.digest;
-                    replica.successor = scanned.successor;
-                }
-            }
-            // Freed meanwhile, or corrupt (now quarantined): no longer held.
-            Ok(None) | Err(StoreError::Corrupt { .. }) => {
-                replicas.remove(&key);
-            }
-            // Perhaps readable later: reported, without its digest.
-            Err(error) => {
-                tracing::warn!(master = %key.0, segment = %key.1, %error, "open replica unreadable at recovery start");
-            }
-        }
-    }
-    replicas.into_values().collect()
+    held_replicas::recovery_replicas(&Held { store, frames }, master)
 }
 
 #[cfg(test)]

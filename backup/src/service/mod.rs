@@ -57,7 +57,9 @@
 //!   and `RdmaConnect`.
 //! * `close_job.rs` — `CloseJob`: a close on its way to the store, on a flush thread.
 //! * `held.rs` — a replica as reads see it (frame, kept slot, file or store), and the
-//!   listing of a master's replicas that `StartRecovery` reports.
+//!   listing of a master's replicas that `StartRecovery` reports: the shared functions
+//!   of [`crate::held_replicas`] (which the simulation runs too) over the service's
+//!   frames and store.
 //! * `recovery_rpcs.rs` — the fence and the recovery RPCs (`StartRecovery`,
 //!   `RecoveryRead`, `RecoveryData`, `EndRecovery`).
 //! * `nic.rs` — [`BackupNic`], the soft-NIC's target.
@@ -68,7 +70,8 @@
 //! The crate's private parts do the work: `frame_table.rs` (every decision about
 //! frames), `frames.rs` (the table under its lock, and the frame file), `fencing.rs`
 //! (the fence's steps), `stored.rs` (the store under its lock, and the table's mirror of
-//! it) and `rdma.rs` (the `rdma` transport).
+//! it), `held_replicas.rs` (which copy of a replica reads and `StartRecovery` see) and
+//! `rdma.rs` (the `rdma` transport).
 //!
 //! The design, with its guarantees and their arguments: docs/design.md §5 ("Backups").
 
