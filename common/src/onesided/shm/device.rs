@@ -7,6 +7,7 @@ use super::header::SLOT_HEADER_BYTES;
 use super::mapping::{map_whole_file, populate_advice, Mapping, Populate};
 use crate::ids::FrameHandle;
 use crate::onesided::FrameWriteError;
+use memmap2::Advice;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +46,7 @@ impl DeviceMapping {
 
     /// Start of the mapping (page-aligned).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.map.base.as_ptr()
+        self.map.base()
     }
 
     /// Its length in bytes: the whole file, > 0.
@@ -63,8 +64,8 @@ pub struct ShmMapping {
     map: Mapping,
     /// Per [`POPULATE_CHUNK_BYTES`] of the mapping: whether it was populated already.
     populated: Box<[AtomicBool]>,
-    /// The `madvise` advice that populates it ([`populate_advice`]).
-    advice: libc::c_int,
+    /// The `madvise` advice that populates it ([`populate_advice`]), if any.
+    advice: Option<Advice>,
 }
 
 impl ShmMapping {

@@ -15,7 +15,6 @@ use crate::onesided::FrameWriteError;
 use parking_lot::RwLock;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{self, AtomicU64, Ordering};
@@ -294,22 +293,18 @@ impl FrameFile {
     /// (the range then reads as zeros); whether the file system did.
     #[cfg(target_os = "linux")]
     fn punch_hole(&self, slot: usize) -> bool {
+        use rustix::fs::FallocateFlags;
         let at = self.slot_offset(slot) + self.page_bytes;
         let len = self.stride.saturating_sub(self.page_bytes);
-        let (Ok(at), Ok(len)) = (libc::off_t::try_from(at), libc::off_t::try_from(len)) else {
+        // `fallocate` takes a signed `off_t`.
+        if i64::try_from(at).is_err() || i64::try_from(len).is_err() {
             return false;
-        };
-        // SAFETY: FFI on our own open descriptor; KEEP_SIZE never changes the file's
-        // size, so no mapping of it can lose pages (a hole reads as zeroes).
-        let result = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                at,
-                len,
-            )
-        };
-        len > 0 && result == 0
+        }
+        // KEEP_SIZE never changes the file's size, so no mapping of it can lose pages (a
+        // hole reads as zeroes).
+        let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        let result = rustix::fs::fallocate(&self.file, mode, at, len);
+        len > 0 && result.is_ok()
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -704,11 +699,7 @@ mod tests {
         let old_slot = old.slot_offset(1);
         let mapping = ShmMapping::open(&path).expect("map");
         // A killed backup leaves its file behind, and the kernel drops its lock.
-        // SAFETY: FFI on the frame file's open descriptor.
-        assert_eq!(
-            unsafe { libc::flock(old.file.as_raw_fd(), libc::LOCK_UN) },
-            0
-        );
+        rustix::fs::flock(&old.file, rustix::fs::FlockOperation::Unlock).expect("unlock");
         std::mem::forget(old);
         let new = FrameFile::create(&path, 1, 100, TAG).expect("replace");
         // The master's mapping still holds the old, full-sized file: no SIGBUS.
@@ -833,15 +824,9 @@ mod tests {
                 let mut scan = vec![[0u8; TAIL_BYTES]; REGIONS];
                 for region in (0..REGIONS).rev() {
                     let tail_at = base + ((region + 1) * REGION_BYTES - TAIL_BYTES) as u64;
-                    // SAFETY: inside the slot's data; only this thread reads it, the
-                    // writer's concurrent stores are the race under test.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            file.map.base.as_ptr().add(tail_at as usize),
-                            scan[region].as_mut_ptr(),
-                            TAIL_BYTES,
-                        );
-                    }
+                    // Inside the slot's data; the writer's concurrent stores are the
+                    // race under test.
+                    file.map.copy_out_to(tail_at, &mut scan[region]);
                 }
                 (writer.join().expect("writer"), scan)
             });

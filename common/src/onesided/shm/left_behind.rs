@@ -12,7 +12,6 @@ use super::mapping::Mapping;
 use crate::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -146,12 +145,11 @@ pub(super) fn lock_existing(path: &Path) -> io::Result<Option<File>> {
 
 /// Takes an exclusive, non-blocking `flock` on `file`; `WouldBlock` names the holder.
 pub(super) fn lock_exclusive(file: &File, path: &Path) -> io::Result<()> {
-    // SAFETY: FFI on an open descriptor.
-    let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if result == 0 {
+    let Err(errno) = rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+    else {
         return Ok(());
-    }
-    let error = io::Error::last_os_error();
+    };
+    let error = io::Error::from(errno);
     if error.kind() == io::ErrorKind::WouldBlock {
         return Err(io::Error::new(
             io::ErrorKind::WouldBlock,

@@ -1,16 +1,18 @@
-//! [`Mapping`]: the `mmap` wrapper every side of the frame file goes through, and all
-//! of its `unsafe` — mapping, populating and allocating the file's memory, the atomic
-//! header words, raw copies in and out, and the write protocol's one implementation
-//! ([`Mapping::write_slot`]). "The module doc" below is the `shm` overview (`mod.rs`).
+//! [`Mapping`]: the mapping every side of the frame file goes through, and all of its
+//! `unsafe` — the atomic header words and the raw copies in and out — with the write
+//! protocol's one implementation ([`Mapping::write_slot`]). Mapping, populating and
+//! unmapping are `memmap2`'s ([`MmapRaw`]), allocating and the file-system check
+//! `rustix`'s: no `unsafe` of ours. "The module doc" below is the `shm` overview
+//! (`mod.rs`).
 
 use super::header::{FENCE_WORD_OFFSET, OWNER_WORD_OFFSET, SLOT_HEADER_BYTES, WORD_ALIGN_BYTES};
 use crate::ids::FrameHandle;
 use crate::onesided::{FrameWriteError, TAIL_BYTES};
+use memmap2::{Advice, MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::mem::MaybeUninit;
 use std::path::Path;
-use std::ptr::NonNull;
 use std::sync::atomic::{self, AtomicU64, Ordering};
 
 /// `statfs` type of a memory file system (`tmpfs`, Linux's `TMPFS_MAGIC`).
@@ -18,52 +20,40 @@ use std::sync::atomic::{self, AtomicU64, Ordering};
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// How [`Mapping::populate`] maps pages of `file` in (module doc: "populated as it
-/// goes").
+/// goes"): `MADV_POPULATE_READ` in a memory file system, `MADV_POPULATE_WRITE` on a
+/// disk's; `None` off Linux. A kernel before 5.14 refuses both, and
+/// [`Mapping::populate`] only logs that.
 #[cfg(target_os = "linux")]
-pub(super) fn populate_advice(file: &File) -> libc::c_int {
-    // SAFETY: fstatfs fills the zeroed struct it is given, from our own open descriptor.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let result = unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) };
+pub(super) fn populate_advice(file: &File) -> Option<Advice> {
     // `f_type` is an `i64` on x86-64 but narrower on other targets.
     #[allow(clippy::useless_conversion)]
-    let memory = result == 0 && i64::from(fs.f_type) == TMPFS_MAGIC;
-    if memory {
-        libc::MADV_POPULATE_READ
+    let memory = rustix::fs::fstatfs(file).is_ok_and(|fs| i64::from(fs.f_type) == TMPFS_MAGIC);
+    Some(if memory {
+        Advice::PopulateRead
     } else {
-        libc::MADV_POPULATE_WRITE
-    }
+        Advice::PopulateWrite
+    })
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn populate_advice(_file: &File) -> libc::c_int {
-    0
+pub(super) fn populate_advice(_file: &File) -> Option<Advice> {
+    None
 }
 
-/// `mmap` flag: fault the whole mapping in at once (Linux); elsewhere pages fault in on
-/// first access.
-#[cfg(target_os = "linux")]
-const MAP_POPULATE: libc::c_int = libc::MAP_POPULATE;
-#[cfg(not(target_os = "linux"))]
-const MAP_POPULATE: libc::c_int = 0;
-
-/// A `MAP_SHARED`, read-write mapping of a whole file; unmapped on drop.
+/// A `MAP_SHARED`, read-write mapping of a whole file (`memmap2`'s [`MmapRaw`], from
+/// offset 0); unmapped on drop. `Send` and `Sync` as [`MmapRaw`] is: every holder
+/// accesses the memory only by atomics (header words) or by raw copies whose races are
+/// part of the protocol (module doc "Memory model").
 #[derive(Debug)]
 pub(super) struct Mapping {
-    /// Start of the mapping (page-aligned, as `mmap` returns it).
-    pub(super) base: NonNull<u8>,
-    /// Its length in bytes. Invariant: > 0, fits in `usize`, and the mapped file is at
-    /// least this long for the mapping's life (no one truncates it: module doc).
+    /// The mapping: its start is page-aligned (`mmap`'s result, offset 0), and it stays
+    /// mapped until this drops.
+    raw: MmapRaw,
+    /// Its length in bytes, `raw.len()`. Invariant: > 0, fits in `usize`, and the mapped
+    /// file is at least this long for the mapping's life (no one truncates it: module
+    /// doc).
     pub(super) len: u64,
 }
-
-// SAFETY: `Mapping` is a pointer to shared memory that every holder accesses only by
-// atomics (header words) or by raw copies whose races are part of the protocol (module
-// doc "Memory model"); nothing about it is tied to the thread that created it.
-unsafe impl Send for Mapping {}
-// SAFETY: as above; `&Mapping` gives no access that is not already shared with other
-// processes.
-unsafe impl Sync for Mapping {}
 
 /// Whether a new mapping's pages are faulted in (and, for a file's holes, allocated) by
 /// `mmap` itself, once, rather than one page fault at a time by their first access.
@@ -79,21 +69,24 @@ pub(super) enum Populate {
 /// that cannot allocate ahead (`EOPNOTSUPP`) is left sparse.
 #[cfg(target_os = "linux")]
 pub(super) fn allocate(file: &File, len: u64) -> io::Result<()> {
-    let len = libc::off_t::try_from(len)
-        .map_err(|_| invalid_input(format!("a file of {len} bytes is too large")))?;
-    // SAFETY: FFI on our own open descriptor; mode 0 only allocates (the file is at
-    // least `len` long already, so its size does not change).
-    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
-    if result == 0 {
-        return Ok(());
+    use rustix::fs::FallocateFlags;
+    use rustix::io::Errno;
+    // `fallocate` takes a signed `off_t`.
+    if i64::try_from(len).is_err() {
+        return Err(invalid_input(format!("a file of {len} bytes is too large")));
     }
-    let error = io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EOPNOTSUPP) => Ok(()),
-        _ => Err(io::Error::new(
-            error.kind(),
-            format!("cannot allocate the frame file's {len} bytes: {error}"),
-        )),
+    // Mode 0 only allocates (the file is at least `len` long already, so its size does
+    // not change).
+    match rustix::fs::fallocate(file, FallocateFlags::empty(), 0, len) {
+        Ok(()) => Ok(()),
+        Err(errno) if errno == Errno::OPNOTSUPP => Ok(()),
+        Err(errno) => {
+            let error = io::Error::from(errno);
+            Err(io::Error::new(
+                error.kind(),
+                format!("cannot allocate the frame file's {len} bytes: {error}"),
+            ))
+        }
     }
 }
 
@@ -117,27 +110,21 @@ impl Mapping {
                 "cannot map an empty frame file",
             ));
         }
-        // SAFETY: a fresh mapping chosen by the kernel (null hint), of a valid open file
-        // descriptor; the result is checked against MAP_FAILED before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len_usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                match populate {
-                    Populate::Yes => libc::MAP_SHARED | MAP_POPULATE,
-                    Populate::No => libc::MAP_SHARED,
-                },
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+        // `PROT_READ | PROT_WRITE`, `MAP_SHARED`, plus `MAP_POPULATE` (Linux; elsewhere
+        // pages fault in on first access) when asked, at offset 0 of the file.
+        let mut options = MmapOptions::new();
+        options.len(len_usize);
+        if populate == Populate::Yes {
+            options.populate();
         }
-        let base =
-            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(Mapping { base, len })
+        let raw = options.map_raw(file)?;
+        Ok(Mapping { raw, len })
+    }
+
+    /// Start of the mapping (page-aligned). Valid for `len` bytes while `self` lives.
+    #[inline]
+    pub(super) fn base(&self) -> *mut u8 {
+        self.raw.as_mut_ptr()
     }
 
     /// The atomic word at byte `at`, or `None` if it is not inside the mapping or not
@@ -146,12 +133,13 @@ impl Mapping {
         if at % WORD_ALIGN_BYTES != 0 || at.checked_add(8)? > self.len {
             return None;
         }
-        // SAFETY: `at + 8 ≤ len`, so the 8 bytes lie inside the mapping, which lives as
-        // long as `&self`; `base` is page-aligned and `at` a multiple of 8, so the
-        // pointer is aligned for `AtomicU64`, which has the layout of `u64`. Every
-        // process accesses header words only atomically (module doc), and an
-        // `AtomicU64` may be mutated through a shared reference.
-        Some(unsafe { &*self.base.as_ptr().add(at as usize).cast::<AtomicU64>() })
+        // SAFETY: `at + 8 ≤ len`, so the 8 bytes lie inside the mapping, which stays
+        // mapped as long as `&self` (its `MmapRaw` unmaps it only when dropped); `base`
+        // is page-aligned and `at` a multiple of 8, so the pointer is aligned for
+        // `AtomicU64`, which has the layout of `u64`. Every process accesses header
+        // words only atomically (module doc), and an `AtomicU64` may be mutated through a
+        // shared reference.
+        Some(unsafe { &*self.base().add(at as usize).cast::<AtomicU64>() })
     }
 
     /// Copies `bytes` to byte `at`. Panics if the range is not inside the mapping (a
@@ -171,7 +159,7 @@ impl Mapping {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 bytes.as_ptr(),
-                self.base.as_ptr().add(at as usize),
+                self.base().add(at as usize),
                 bytes.len(),
             );
         }
@@ -187,20 +175,20 @@ impl Mapping {
         );
     }
 
-    /// Copies `len` bytes at byte `at` to `target`. Panics if the range is not inside
-    /// the mapping. Bytes a peer is writing meanwhile may be read torn (module doc
-    /// "Memory model").
-    ///
-    /// # Safety
-    /// `target` must be valid for writes of `len` bytes and must not overlap the
-    /// mapping.
-    unsafe fn copy_out_raw(&self, at: u64, target: *mut u8, len: usize) {
-        self.assert_inside(at, len);
-        // SAFETY: the source lies inside the mapping (checked above); the caller
-        // vouches for the target, memory of its own, which cannot overlap a mapping we
-        // never hand out references into.
+    /// Fills `out` with a copy of the bytes from byte `at`. Panics if the range is not
+    /// inside the mapping. Bytes a peer is writing meanwhile may be read torn (module
+    /// doc "Memory model").
+    fn copy_out_uninit(&self, at: u64, out: &mut [MaybeUninit<u8>]) {
+        self.assert_inside(at, out.len());
+        // SAFETY: the source lies inside the mapping (checked above); the target is
+        // `out`, valid for writes of its length (any bytes are valid `MaybeUninit<u8>`),
+        // and a Rust slice cannot overlap a mapping we never hand out references into.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(at as usize), target, len);
+            std::ptr::copy_nonoverlapping(
+                self.base().add(at as usize),
+                out.as_mut_ptr().cast::<u8>(),
+                out.len(),
+            );
         }
     }
 
@@ -220,19 +208,26 @@ impl Mapping {
         self.assert_inside(at, len);
         out.clear();
         out.reserve(len);
-        // SAFETY: `out` has room for `len` bytes; `set_len` follows the copy that
-        // initialised them (the copy panics before writing if the range is outside).
-        unsafe {
-            self.copy_out_raw(at, out.as_mut_ptr(), len);
-            out.set_len(len);
-        }
+        self.copy_out_uninit(at, &mut out.spare_capacity_mut()[..len]);
+        // SAFETY: `out` has room for `len` bytes (reserved above), all of them
+        // initialised by the copy just made.
+        unsafe { out.set_len(len) };
     }
 
     /// Fills `out` with a copy of the bytes from byte `at`. Panics if the range is not
     /// inside the mapping.
     pub(super) fn copy_out_to(&self, at: u64, out: &mut [u8]) {
-        // SAFETY: `out` is valid for writes of its length.
-        unsafe { self.copy_out_raw(at, out.as_mut_ptr(), out.len()) }
+        self.assert_inside(at, out.len());
+        // SAFETY: the source lies inside the mapping (checked above); `out` is valid for
+        // writes of its length, and a Rust slice cannot overlap a mapping we never hand
+        // out references into.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base().add(at as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
     }
 
     /// Sets `len` bytes at byte `at` to zero. Panics if the range is not inside the
@@ -246,7 +241,7 @@ impl Mapping {
         );
         // SAFETY: inside the mapping (checked above; `len ≤ self.len` fits in usize).
         unsafe {
-            std::ptr::write_bytes(self.base.as_ptr().add(at as usize), 0, len as usize);
+            std::ptr::write_bytes(self.base().add(at as usize), 0, len as usize);
         }
     }
 
@@ -314,51 +309,32 @@ impl Mapping {
 
 impl Mapping {
     /// Maps in the pages of bytes `at..at + len` (`madvise` with `advice`, one of the
-    /// `MADV_POPULATE_*`), ignoring failure: a page not mapped in now faults in at its
-    /// first access.
-    #[cfg(target_os = "linux")]
-    pub(super) fn populate(&self, at: u64, len: u64, advice: libc::c_int) {
+    /// `MADV_POPULATE_*`; nothing without one), ignoring failure: a page not mapped in
+    /// now faults in at its first access.
+    pub(super) fn populate(&self, at: u64, len: u64, advice: Option<Advice>) {
+        let Some(advice) = advice else {
+            return;
+        };
         let page = page_bytes();
         let start = at / page * page;
         let end = at.saturating_add(len).min(self.len);
         if start >= end {
             return;
         }
-        // SAFETY: `start..end` lies inside the mapping (`end ≤ len`, `start` rounded
-        // down to a page from a smaller `at`), which lives as long as `&self`; populating
-        // reads nothing into Rust-visible memory and changes no byte.
-        let result = unsafe {
-            libc::madvise(
-                self.base.as_ptr().add(start as usize).cast(),
-                (end - start) as usize,
-                advice,
-            )
-        };
-        if result != 0 {
-            tracing::debug!(error = %io::Error::last_os_error(), "cannot populate a frame file mapping");
-        }
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub(super) fn populate(&self, _at: u64, _len: u64, _advice: libc::c_int) {}
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len` are exactly what mmap returned and were never unmapped;
-        // no reference into the mapping outlives `&self` borrows, which have ended.
-        let result = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len as usize) };
-        if result != 0 {
-            tracing::warn!(error = %io::Error::last_os_error(), "munmap of a frame file failed");
+        // `start..end` lies inside the mapping (`end ≤ len`, `start` rounded down to a
+        // page from a smaller `at`), and `start` is page-aligned, as `madvise` wants it.
+        if let Err(error) = self
+            .raw
+            .advise_range(advice, start as usize, (end - start) as usize)
+        {
+            tracing::debug!(%error, "cannot populate a frame file mapping");
         }
     }
 }
 
 /// The system's page size.
 pub(super) fn page_bytes() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
+    rustix::param::page_size() as u64
 }
 
 pub(super) fn invalid_input(message: String) -> io::Error {

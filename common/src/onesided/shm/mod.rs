@@ -17,8 +17,9 @@
 //! # Files
 //! * `header.rs` — the format of the layout below: the slot header's words, [`SlotLabel`],
 //!   [`SEALED_OWNER`], the file header and where each slot lies.
-//! * `mapping.rs` — the `mmap` wrapper and all of its `unsafe`: mapping, allocating and
-//!   populating the file's memory, header words, copies, and the write protocol.
+//! * `mapping.rs` — the mapping (`memmap2`'s `MmapRaw`) and all of the transport's
+//!   `unsafe` outside tests: header words and copies; also allocating and populating the
+//!   file's memory (`rustix`, `memmap2`), and the write protocol.
 //! * `frame_file.rs` — [`FrameFile`], the backup's side, and [`FrameFile::read_back`].
 //! * `left_behind.rs` — what a killed backup left ([`LeftBehind`], [`LeftFrames`],
 //!   [`LeftSlot`]) and the `flock` that tells a live backup's file from it.

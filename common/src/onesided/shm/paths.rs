@@ -7,7 +7,6 @@ use super::header::{slot_offset, FileHeader, OWNER_WORD_OFFSET};
 use super::left_behind::{lock_exclusive, same_file};
 use super::mapping::page_bytes;
 use std::fs::File;
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -134,12 +133,18 @@ fn holds_frames_at(file: &File, header: &FileHeader, page: u64) -> bool {
 /// Whether process `pid` exists (in this PID namespace). A process of another user
 /// exists too (`EPERM`).
 fn process_exists(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+    // Pid 0 names no process (`kill(0, 0)` would test our own process group).
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
         return false;
     };
-    // SAFETY: signal 0 only checks that the process exists.
-    let result = unsafe { libc::kill(pid, 0) };
-    result == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    // `kill(pid, 0)`: only checks that the process exists.
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) => true,
+        Err(errno) => errno == rustix::io::Errno::PERM,
+    }
 }
 
 #[cfg(test)]
