@@ -1,5 +1,5 @@
 //! Micro-benchmark of the replica split of recovery
-//! (`rampart_backup::recovery::split_replica`): a backup reading a crashed master's
+//! (`rampart_backup::recovery_reads::split_replica`): a backup reading a crashed master's
 //! replicas splits each into one piece per recovery partition. Measured on a closed
 //! 8 MiB segment (the default size) of objects with 24-byte keys and values of 100 B
 //! and 1 KiB, split over 10 partitions of one table (equal key-hash ranges, so every
@@ -17,7 +17,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rampart_backup::recovery::{split_replica, PartitionIndex};
+use rampart_backup::recovery_reads::{split_replica, PartitionIndex};
 use rampart_common::config::SEGMENT_BYTES_DEFAULT;
 use rampart_common::ids::{Epoch, SegmentId, ServerId, TableId, Version};
 use rampart_common::log::{scan, SegmentWriter};

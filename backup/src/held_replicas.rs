@@ -26,7 +26,7 @@ use rampart_common::protocol::backup::{RecoveryReplica, ReplicaInfo};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::frame_table::{FrameRef, FrameTable, ReplicaKey};
-use crate::recovery::HeldReplica;
+use crate::recovery_reads::HeldReplica;
 use crate::segment_store::{ReplicaMeta, StoreError};
 
 /// An open frame's valid prefix, copied out of its slot: no more than its fenced

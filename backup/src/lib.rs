@@ -8,9 +8,9 @@
 //!   second) that the backup reports at enlistment unless `--disk-mbps` overrides it.
 //! * [`flush_threads`] — `FlushThreads`: the few long-lived threads that write closed
 //!   frames to the store, each keeping its copy and staging buffers touched.
-//! * [`recovery`] — `RecoveryReads`: recovery's reads of a crashed master's replicas
+//! * [`recovery_reads`] — `RecoveryReads`: recovery's reads of a crashed master's replicas
 //!   (`RecoveryRead`), each split once into per-partition pieces
-//!   ([`recovery::split_replica`], a pure function) and kept, within a memory bound, until
+//!   ([`recovery_reads::split_replica`], a pure function) and kept, within a memory bound, until
 //!   recovery masters fetch them (`RecoveryData`); replicas nobody scheduled here are
 //!   read and cut on demand.
 //! * [`segment_store`] — `SegmentStore`: the on-disk store of segment replicas. Atomic,
@@ -54,7 +54,7 @@
 //!    `RecoveryRead` gives — stored ones with
 //!    [`SegmentStore::read_replica`](segment_store::SegmentStore::read_replica), which
 //!    re-verifies their checksums, fenced frames up to their fenced length — and splits
-//!    each into per-partition pieces ([`RecoveryReads`](recovery::RecoveryReads)) that
+//!    each into per-partition pieces ([`RecoveryReads`](recovery_reads::RecoveryReads)) that
 //!    recovery masters fetch with `RecoveryData`. `EndRecovery` frees them all.
 //! 5. After a restart of the backup itself,
 //!    [`SegmentStore::open`](segment_store::SegmentStore::open) scans the disk and
@@ -67,7 +67,7 @@ pub mod frame_table;
 mod frames;
 pub mod held_replicas;
 mod rdma;
-pub mod recovery;
+pub mod recovery_reads;
 pub mod segment_store;
 pub mod service;
 mod stored;

@@ -9,7 +9,7 @@
 //! * [`failure_verifier`] — `FailureVerifier`: on the leader, pings a reported server
 //!   itself and declares it crashed if it stays silent (`Suspects`, its bookkeeping, is
 //!   a plain struct).
-//! * [`recovery`] — `RecoveryManager`: on the leader, recovers crashed masters (setup,
+//! * [`recovery_manager`] — `RecoveryManager`: on the leader, recovers crashed masters (setup,
 //!   partitioned replay on recovery masters, tablets live per partition, cleanup).
 //! * `recovery_phases` — the decisions of a recovery as synchronous state machines: the
 //!   phases of the whole (attempt, finish, clean up, wait, stop), the recovery masters
@@ -52,7 +52,7 @@
 //! has the backups read and split the replicas by partition, and sends each partition of
 //! the master's will to a recovery master. As each one finishes, its tablets are handed
 //! over through Raft (`RecoveredPartition`) and go live, once every lease the crashed
-//! master held has lapsed. See [`recovery`].
+//! master held has lapsed. See [`recovery_manager`].
 //!
 //! # Membership
 //! Static: every member is started with the same `--peers`, and a data directory belongs
@@ -65,7 +65,7 @@ pub mod metrics;
 pub mod node;
 pub mod push;
 pub mod raft_storage;
-pub mod recovery;
+pub mod recovery_manager;
 mod recovery_phases;
 pub mod recovery_plan;
 pub mod service;

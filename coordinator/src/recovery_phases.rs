@@ -13,7 +13,7 @@
 //!   `FinishRecovery`, and what each answer means.
 //!
 //! The `recovery_phases` tests check each rule alone (the driver's end-to-end behaviour
-//! is tested with real processes in `tests/recovery.rs`).
+//! is tested with real processes in `tests/tests/crash_recovery.rs`).
 
 use rampart_common::ids::ServerId;
 use rampart_common::tablet::Tablet;

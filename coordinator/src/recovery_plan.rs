@@ -8,7 +8,7 @@
 //! * [`partitions_for`] — the crashed master's will cut to the tablets it still owns.
 //! * [`assign_partitions`] — which recovery master replays which partition.
 //!
-//! The async driver that calls them is `coordinator::recovery`.
+//! The async driver that calls them is `coordinator::recovery_manager`.
 //!
 //! # Which copy of a segment
 //! A master's log is append-only and never rewritten: every byte of a segment is written

@@ -23,7 +23,7 @@
 //! * [`service`] — `MasterService`: RPC handlers.
 //! * [`replay`] — `RecoveryPiece` and `ReplayState`: a backup's piece of a crashed
 //!   master's log, decoded and checked, and the replay rules' state (no I/O).
-//! * [`recovery`] — `RecoveryMaster`: replays a partition of a crashed master's log
+//! * [`recovery_master`] — `RecoveryMaster`: replays a partition of a crashed master's log
 //!   (fetch pipeline from backups, replay rules, abandoning a failed attempt).
 //! * [`lease`] — `Lease`: whether this master may serve reads and writes (it holds a
 //!   lease from the coordinator), and `LeaseRenewer`, the task that renews it.
@@ -101,7 +101,7 @@ pub mod lease;
 pub mod object_index;
 pub mod object_store;
 pub mod profiler;
-pub mod recovery;
+pub mod recovery_master;
 pub mod replay;
 pub mod replica_manager;
 pub mod segmented_log;

@@ -1,7 +1,7 @@
 //! Replay of a crashed master's log, the pure part: a backup's piece of one segment
 //! decoded and checked ([`RecoveryPiece`]), and the state one recovery keeps across its
 //! pieces ([`ReplayState`]). `ObjectStore::stage_replay` applies a piece under these rules;
-//! `recovery` (the driver) fetches the pieces, and the appender orders them with the
+//! `recovery_master` (the driver) fetches the pieces, and the appender orders them with the
 //! writes. Nothing here does I/O.
 //!
 //! # Replay rules

@@ -58,7 +58,7 @@ use crate::client_leases::ClientLeaseChecker;
 use crate::lease::{Lease, LEASE_LAPSED_DETAIL};
 use crate::object_store::{EnumeratePage, Object, ObjectStore, OpOutcome, WriteOp};
 use crate::profiler::PartitionLimits;
-use crate::recovery::{RecoveryConfig, RecoveryMaster, RecoveryTotals};
+use crate::recovery_master::{RecoveryConfig, RecoveryMaster, RecoveryTotals};
 use crate::replica_manager::backup_selector::{BackupShortage, NotEnoughBackups};
 use crate::replica_manager::{
     ReplicationConfig, ReplicationStats, Replicator, ServerListWatch, ServerSource,

@@ -1162,9 +1162,9 @@ mod recovery {
     async fn a_recover_its_caller_gave_up_on_is_cancelled_and_frees_its_turn() {
         // The coordinator waits `answer_within` for a `Recover`, then gives the partition
         // to another master; this one must not go on holding its only turn.
-        let config = crate::recovery::RecoveryConfig {
+        let config = crate::recovery_master::RecoveryConfig {
             answer_within: std::time::Duration::from_millis(300),
-            ..crate::recovery::RecoveryConfig::default()
+            ..crate::recovery_master::RecoveryConfig::default()
         };
         let service = Arc::new(service().with_recovery_config(config));
         let addr = stuck_backup(&[]).await;

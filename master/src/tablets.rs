@@ -150,7 +150,7 @@ impl OwnedTablets {
     }
 
     /// The parts of `[start, end]` of `table` that no owned tablet covers, in order.
-    /// A recovery replays into exactly such parts (see `recovery`).
+    /// A recovery replays into exactly such parts (see `recovery_master`).
     pub fn unowned_parts(&self, table: TableId, start: u64, end: u64) -> Vec<(u64, u64)> {
         let mut parts = Vec::new();
         // `next` is the first hash not yet classified; `None` once past u64::MAX.

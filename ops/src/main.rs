@@ -28,7 +28,7 @@ mod kv;
 mod plots;
 mod process;
 mod progress;
-mod recovery;
+mod recovery_command;
 mod security;
 mod simulate;
 mod simulate_scale;
@@ -68,7 +68,7 @@ enum Command {
     /// recoveries.
     Status(status_command::StatusArgs),
     /// Crash recoveries: list, show, status, and allow-loss for an incomplete log.
-    Recovery(recovery::RecoveryArgs),
+    Recovery(recovery_command::RecoveryArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -104,7 +104,7 @@ fn main() -> std::process::ExitCode {
         Command::Gateway(args) => gateway::run(args),
         Command::Kv(args) => kv::run(args),
         Command::Status(args) => status_command::run(args),
-        Command::Recovery(args) => recovery::run(args),
+        Command::Recovery(args) => recovery_command::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Simulate(args) => simulate::run(args),
         Command::Token { command } => token::run(command),

@@ -98,15 +98,15 @@ pub struct CoordinatorArgs {
     /// stops serving this long after its last granted renewal, and recovered tablets go
     /// live no sooner after a crash. Longer rides out longer coordinator outages;
     /// shorter puts recovered data back sooner when replay is quick.
-    #[arg(long, default_value_t = rampart_coordinator::recovery::LEASE_DEFAULT.as_millis() as u64)]
+    #[arg(long, default_value_t = rampart_coordinator::recovery_manager::LEASE_DEFAULT.as_millis() as u64)]
     pub lease_ms: u64,
     /// Deadline of each of the leader's own pings of a server reported silent, in
     /// milliseconds. Shorter declares a hung server dead sooner; too short declares a
     /// merely slow one dead (it then exits and its data is recovered).
-    #[arg(long, default_value_t = rampart_coordinator::recovery::VERIFY_TIMEOUT_DEFAULT.as_millis() as u64)]
+    #[arg(long, default_value_t = rampart_coordinator::recovery_manager::VERIFY_TIMEOUT_DEFAULT.as_millis() as u64)]
     pub verify_timeout_ms: u64,
     /// Pings of a reported server that must all fail before it is declared crashed.
-    #[arg(long, default_value_t = rampart_coordinator::recovery::VERIFY_ATTEMPTS_DEFAULT)]
+    #[arg(long, default_value_t = rampart_coordinator::recovery_manager::VERIFY_ATTEMPTS_DEFAULT)]
     pub verify_attempts: u32,
     /// Recovery masters one recovery gives partitions to at most, those with the most
     /// free log memory (the others only take over a partition whose master failed); 0:
@@ -424,7 +424,7 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
         let node = RaftNode::start(config, tokio::runtime::Handle::current())
             .with_context(|| format!("cannot start coordinator {}", args.id))?;
         tracing::info!(id = args.id, %addr, data_dir = %args.data_dir.display(), "coordinator serving");
-        let recovery = rampart_coordinator::recovery::RecoveryConfig {
+        let recovery = rampart_coordinator::recovery_manager::RecoveryConfig {
             lease: Duration::from_millis(args.lease_ms.max(1)),
             verify_timeout: Duration::from_millis(args.verify_timeout_ms.max(1)),
             verify_attempts: args.verify_attempts.max(1),

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::bench::recovery::RecoveryFigures;
+use crate::bench::recovery_time::RecoveryFigures;
 use crate::plots::{plot_path, LINE_COLOURS};
 
 /// Where a master's primary replicas go.
@@ -90,10 +90,10 @@ pub struct ScaleArgs {
     pub partition_mib: u64,
     /// Partitions each recovery master replays at once (the masters'
     /// `RECOVERY_PARTITIONS_AT_ONCE`; other values are what-ifs).
-    #[arg(long, default_value_t = rampart_master::recovery::RECOVERY_PARTITIONS_AT_ONCE)]
+    #[arg(long, default_value_t = rampart_master::recovery_master::RECOVERY_PARTITIONS_AT_ONCE)]
     pub partitions_at_once: usize,
     /// The crashed master's lease, ms (the coordinators' `--lease-ms`).
-    #[arg(long, default_value_t = rampart_coordinator::recovery::LEASE_DEFAULT.as_millis() as u64)]
+    #[arg(long, default_value_t = rampart_coordinator::recovery_manager::LEASE_DEFAULT.as_millis() as u64)]
     pub lease_ms: u64,
     /// Costs from `--calibrate ... --json FILE` (default: the development VM's).
     #[arg(long)]
@@ -703,7 +703,7 @@ struct Measured {
 
 fn read_measured(path: &Path) -> Result<Measured> {
     let run = RecoveryFigures::read(path)?;
-    let lease_ms = rampart_coordinator::recovery::LEASE_DEFAULT.as_secs_f64() * 1e3;
+    let lease_ms = rampart_coordinator::recovery_manager::LEASE_DEFAULT.as_secs_f64() * 1e3;
     let mut commits_ms = Vec::new();
     let mut last_live_ms = 0.0f64;
     for p in &run.partitions {
@@ -856,7 +856,7 @@ fn check(paths: &[PathBuf], costs: &Costs, cores: f64) -> Result<Vec<CheckRow>> 
 /// ns per byte for the backups' split (the real `split_replica`) of a full segment of
 /// 1 KiB objects into `partitions` partitions, on one core: the median of 9 splits.
 fn time_split(partitions: usize) -> Result<f64> {
-    use rampart_backup::recovery::{split_replica, PartitionIndex};
+    use rampart_backup::recovery_reads::{split_replica, PartitionIndex};
     use rampart_common::ids::{Epoch, SegmentId, ServerId, TableId, Version};
     use rampart_common::log::SegmentWriter;
     use rampart_common::protocol::backup::ReplicaInfo;

@@ -13,7 +13,7 @@ use rampart_common::onesided::shm::remove_default_frame_files_under;
 use rampart_common::rpc::RpcServer;
 use rampart_coordinator::cluster_view::ServerState;
 use rampart_coordinator::node::{NodeConfig, RaftNode};
-use rampart_coordinator::recovery::RecoveryConfig;
+use rampart_coordinator::recovery_manager::RecoveryConfig;
 use rampart_coordinator::CoordinatorService;
 use rampart_server::{StartError, Stopped, StorageServer, StorageServerConfig};
 use std::collections::BTreeMap;

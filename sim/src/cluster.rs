@@ -50,15 +50,15 @@ use rampart_common::protocol::backup::PartitionRanges;
 use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
 use rampart_common::tablet::ServerStatus;
-use rampart_coordinator::recovery::{LEASE_MARGIN, PARTITION_ATTEMPTS_MAX};
+use rampart_coordinator::recovery_manager::{LEASE_MARGIN, PARTITION_ATTEMPTS_MAX};
 use rampart_coordinator::recovery_plan::partitions_for;
 use rampart_coordinator::state::{Command, CommandResult};
 use rampart_master::replay::RecoveryPiece;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::checker::{key_bytes, History};
+use crate::crash_recovery::Recovery;
 use crate::master::{ClientWrite, Pending, Recovered, SimMaster};
-use crate::recovery::Recovery;
 use crate::workload::{Draw, Workload};
 use crate::world::{Crash, Stop, World, LEASE_US};
 

@@ -62,7 +62,7 @@
 //!
 //! Around them, thin synchronous drivers stand in for the async ones ([`master`] for
 //! the appender, `Replicator` and the recovery master's `Recover` and abandon,
-//! [`recovery`] and [`cluster`] for the coordinator's recovery driver and its
+//! [`crash_recovery`] and [`cluster`] for the coordinator's recovery driver and its
 //! `PartitionTries`, [`backup`] for the backup's frames, store and request handlers:
 //! frame slots and the disk are bytes in memory, the store's write and free rules
 //! restated). The network, the clock and the faults are the [`world`].
@@ -100,8 +100,8 @@ pub mod backup;
 pub mod checker;
 pub mod cluster;
 mod config;
+pub mod crash_recovery;
 pub mod master;
-pub mod recovery;
 pub mod scale;
 pub mod trace;
 pub mod workload;

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::backup::{Liveness, Refusal, SimBackup};
 use crate::config::SimConfig;
-use crate::recovery::{Reach, Recovery};
+use crate::crash_recovery::{Reach, Recovery};
 
 /// A request to a backup, as it travels (and may arrive late).
 #[derive(Clone, Debug)]

@@ -13,7 +13,7 @@ use rampart_common::protocol::backup::RecoveryReplica;
 use crate::frame_table::{FrameRef, FrameTable, ReplicaKey};
 use crate::frames::Frames;
 use crate::held_replicas::{self, HeldFrame, HeldReplicas};
-use crate::recovery::HeldReplica;
+use crate::recovery_reads::HeldReplica;
 use crate::segment_store::{ReplicaMeta, StoreError};
 use crate::stored::StoreHandle;
 

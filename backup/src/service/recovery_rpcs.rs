@@ -8,11 +8,11 @@
 //!   completeness check, DESIGN.md §4: every footer found needs its successor, whether
 //!   or not its copy was closed).
 //! * `RecoveryRead` answers at once and has
-//!   [`RecoveryReads`](crate::recovery::RecoveryReads) read the named replicas in order
+//!   [`RecoveryReads`](crate::recovery_reads::RecoveryReads) read the named replicas in order
 //!   on a blocking thread, splitting each by partition.
 //! * `RecoveryData` hands out one (segment, partition) piece, waits for it, or reads
 //!   the replica on demand (a fallback); see
-//!   [`RecoveryReads::fetch`](crate::recovery::RecoveryReads::fetch).
+//!   [`RecoveryReads::fetch`](crate::recovery_reads::RecoveryReads::fetch).
 //! * `EndRecovery` forgets the master's recovery and frees every replica of it here,
 //!   frames first, as `FreeReplica` does (so a close in flight cannot resurrect one).
 //!
@@ -34,7 +34,7 @@ use crate::fencing;
 use crate::frame_table::ReplicaKey;
 use crate::frames::Frames;
 use crate::rdma::RdmaTarget;
-use crate::recovery::{HeldReplica, ReplicaSource};
+use crate::recovery_reads::{HeldReplica, ReplicaSource};
 use crate::segment_store::StoreError;
 use crate::stored::StoreHandle;
 

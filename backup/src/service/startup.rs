@@ -18,7 +18,7 @@ use crate::flush_threads::{FlushThreads, FLUSH_THREADS};
 use crate::frame_table::{FrameLimits, FrameTable};
 use crate::frames::Frames;
 use crate::rdma::RdmaTarget;
-use crate::recovery::{RecoveryReads, RECOVERY_PIECES_BYTES_MAX};
+use crate::recovery_reads::{RecoveryReads, RECOVERY_PIECES_BYTES_MAX};
 use crate::segment_store::{
     Disk, RealDisk, ReplicaMeta, ScanReport, SegmentStore, StoreError, REPLICA_BYTES_MAX,
 };

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::flush_threads::FlushThreads;
 use crate::frames::Frames;
 use crate::rdma::RdmaTarget;
-use crate::recovery::RecoveryReads;
+use crate::recovery_reads::RecoveryReads;
 use crate::segment_store::ReplicaWriter;
 use crate::stored::StoreHandle;
 

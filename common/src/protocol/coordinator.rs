@@ -376,7 +376,7 @@ pub struct RecoveryReport {
 }
 
 /// The recoveries this leader knows of, oldest first (at most
-/// `coordinator::recovery::REPORTS_MAX`).
+/// `coordinator::recovery_manager::REPORTS_MAX`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecoveryStatusReply {
     /// Oldest first.

@@ -1,6 +1,6 @@
 //! Crash recovery, as operators see it: `AllowLoss` (let the recovery of a server whose
 //! log is incomplete go on) and `RecoveryStatus` (the leader's reports of the
-//! recoveries it ran or runs). The recoveries themselves are `crate::recovery`'s.
+//! recoveries it ran or runs). The recoveries themselves are `crate::recovery_manager`'s.
 
 use rampart_common::protocol::coordinator::{RecoveryStatusReply, ServerIdRequest};
 use rampart_common::rpc::Reply;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::client_leases::{ClientExpirer, ClientLeases};
 use crate::failure_verifier::FailureVerifier;
 use crate::node::{NodeError, RaftNode};
-use crate::recovery::{RecoveryConfig, RecoveryManager};
+use crate::recovery_manager::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
 
 // How long a handler waits for its proposal to commit, or for a read barrier. Part of

@@ -61,7 +61,7 @@
 //! wills ([`Command::SetWill`]), the epochs of open segments whose replicas they
 //! re-created ([`Command::SetOpenEpoch`]) and the operator's consent to lose data of an
 //! incomplete log ([`Command::AllowLoss`]) live here too, so a new leader carries on any
-//! recovery where the old one stopped (`coordinator::recovery`).
+//! recovery where the old one stopped (`coordinator::recovery_manager`).
 //!
 //! # Files
 //!
@@ -70,7 +70,7 @@
 //! * `core` — the [`CoordinatorState`] struct, its fields' invariants, and `apply`.
 //! * `servers` — enlisting servers, moving their status forward, the server list.
 //! * `tables` — creating and dropping tables, tablet placement, tablet epochs.
-//! * `recovery` — wills, open-segment epochs, version ceilings, consent to loss, and
+//! * `recovery_records` — wills, open-segment epochs, version ceilings, consent to loss, and
 //!   recovered partitions.
 //! * `clients` — opening and expiring clients.
 //! * `snapshot` — decoding a snapshot (this release's encoding or the older one) and
@@ -80,7 +80,7 @@
 mod clients;
 mod command;
 mod core;
-mod recovery;
+mod recovery_records;
 mod servers;
 mod snapshot;
 mod tables;

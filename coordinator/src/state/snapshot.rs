@@ -7,7 +7,7 @@ use super::command::{
     WILL_RANGES_MAX,
 };
 use super::core::CoordinatorState;
-use super::recovery::will_ranges;
+use super::recovery_records::will_ranges;
 use rampart_common::ids::{Epoch, SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::tablet::{ServerInfo, ServerStatus, TableInfo};
 use rampart_common::will::Will;

@@ -7,7 +7,7 @@
 //!   symmetric clusters: write latency, throughput and the backups' CPU per write.
 //! * [`coordinator`] — the Raft-replicated coordinator: configuration changes per second
 //!   and leader failover time.
-//! * [`recovery`] — crash recovery of one master: detection, setup, replay per recovery
+//! * [`recovery_time`] — crash recovery of one master: detection, setup, replay per recovery
 //!   master, client-observed unavailability, beside the machine's floor; every object
 //!   verified.
 //! * [`compare`] — Rampart against Redis on the same machine, alternating (YCSB with
@@ -20,7 +20,7 @@ pub mod cleaner;
 pub mod compare;
 pub mod coordinator;
 pub mod echo;
-pub mod recovery;
+pub mod recovery_time;
 pub mod replication;
 pub mod resp;
 pub mod ycsb;
@@ -39,7 +39,7 @@ pub enum BenchCommand {
     /// Coordinator: configuration changes per second, and failover after killing the leader.
     Coordinator(coordinator::CoordinatorBenchArgs),
     /// Crash recovery: kill a loaded master, time its recovery, verify every object.
-    Recovery(recovery::RecoveryBenchArgs),
+    Recovery(recovery_time::RecoveryBenchArgs),
     /// The log cleaner: overwrite throughput and write cost at low and high memory use.
     Cleaner(cleaner::CleanerBenchArgs),
     /// Rampart against Redis on this machine, alternating: YCSB throughput and latency.
@@ -55,7 +55,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Ycsb(args) => ycsb::run(args),
         BenchCommand::Replication(args) => replication::run(args),
         BenchCommand::Coordinator(args) => coordinator::run(args),
-        BenchCommand::Recovery(args) => recovery::run(args),
+        BenchCommand::Recovery(args) => recovery_time::run(args),
         BenchCommand::Cleaner(args) => cleaner::run(args),
         BenchCommand::Compare(args) => compare::run(args),
         BenchCommand::Echo(args) => echo::run(args),

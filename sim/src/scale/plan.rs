@@ -3,7 +3,7 @@
 //! its will cuts it, which backup reads which segment in which order, and which
 //! recovery master replays which partition.
 
-use rampart_backup::recovery::PartitionIndex;
+use rampart_backup::recovery_reads::PartitionIndex;
 use rampart_common::ids::{Epoch, KeyHash, SegmentId, ServerId, TableId};
 use rampart_common::protocol::backup::{PartitionRanges, RecoveryReplica, ReplicaInfo};
 use rampart_common::tablet::Tablet;

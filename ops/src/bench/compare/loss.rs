@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::args::CompareArgs;
 use super::redis::{free_port, load_redis, RedisProcess, REDIS_CALL_TIMEOUT};
-use crate::bench::recovery::RecoveryFigures;
+use crate::bench::recovery_time::RecoveryFigures;
 use crate::bench::resp::{RespConnection, Value};
 use crate::bench::ycsb::key;
 

@@ -11,7 +11,7 @@
 //! gone, and no equal copy elsewhere, fails the attempt, and the next one lists again.
 
 use bytes::Bytes;
-use rampart_backup::recovery::{split_replica, PartitionIndex};
+use rampart_backup::recovery_reads::{split_replica, PartitionIndex};
 use rampart_common::ids::{SegmentId, ServerId};
 use rampart_common::protocol::backup::{PartitionRanges, ReplicaInfo};
 use rampart_common::tablet::ServerStatus;

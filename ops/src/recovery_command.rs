@@ -133,7 +133,7 @@ async fn recovery(args: RecoveryArgs) -> Result<ExitCode> {
                         bail!(
                             "no recovery {id} at the leader (it keeps the last {} since it \
                              took over; it knows {known:?})",
-                            rampart_coordinator::recovery::REPORTS_MAX
+                            rampart_coordinator::recovery_manager::REPORTS_MAX
                         );
                     };
                     print!("{}", show(report));
