@@ -1,5 +1,5 @@
 //! `DiskSpeed`: the backup's start-up measurement of its disk's read bandwidth
-//! (DESIGN.md §5, "Replica placement" and "Backups").
+//! (docs/design.md §5, "Replica placement" and "Backups").
 //!
 //! A backup reports its disk read bandwidth when it enlists; the coordinator relays it
 //! in the server list, and masters place replicas so that every backup's share of a

@@ -1,4 +1,4 @@
-//! Fencing a crashed master's frames (DESIGN.md §5 "Fencing"): the step after which a
+//! Fencing a crashed master's frames (docs/design.md §5 "Fencing"): the step after which a
 //! backup acknowledges no more of that master's writes, by any transport, and reports
 //! what it holds with lengths that are final.
 //!

@@ -1,6 +1,6 @@
 //! `FrameTable`: which frames are open, in which slots, at which epochs, and what the
 //! store holds beside them — every decision the backup makes about a frame, as a plain
-//! synchronous state machine (DESIGN.md §5 "Backups", "Fencing").
+//! synchronous state machine (docs/design.md §5 "Backups", "Fencing").
 //!
 //! The table owns no bytes and does no I/O. It decides; its driver (the backup's
 //! private `frames::Frames`) holds it under one mutex and carries out what it

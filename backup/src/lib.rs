@@ -1,4 +1,4 @@
-//! `rampart-backup`: the backup service of a storage server (DESIGN.md §5). It holds
+//! `rampart-backup`: the backup service of a storage server (docs/design.md §5). It holds
 //! replicas of other masters' log segments — first in memory frames written by
 //! one-sided writes, then on disk — and serves them back when a master crashes.
 //!

@@ -1,4 +1,4 @@
-//! `RdmaTarget`: the backup's side of the `rdma` transport (DESIGN.md §5 "One-sided
+//! `RdmaTarget`: the backup's side of the `rdma` transport (docs/design.md §5 "One-sided
 //! writes", "Fencing"): the queue pairs masters connect with `RdmaConnect`, and the
 //! registrations of the frame file that their RDMA WRITEs land in.
 //!

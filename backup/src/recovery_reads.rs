@@ -1,4 +1,4 @@
-//! `RecoveryReads`: the backup's side of replaying a crashed master's log (DESIGN.md §6,
+//! `RecoveryReads`: the backup's side of replaying a crashed master's log (docs/design.md §6,
 //! step 2): reading that master's replicas in the order the coordinator gave, splitting
 //! each into one *piece* per recovery partition as it is read, and handing the pieces
 //! to the recovery masters that fetch them.
@@ -15,7 +15,7 @@
 //!
 //! The split itself is the pure function [`split_replica`]: replica bytes and a
 //! [`PartitionIndex`] in, one [`Piece`] per partition and the replica's highest
-//! `SafeVersion` out. It scans the replica for its valid prefix (DESIGN.md §4), walks
+//! `SafeVersion` out. It scans the replica for its valid prefix (docs/design.md §4), walks
 //! its entries once, and appends the raw bytes of every `Object` and `Tombstone` whose
 //! (table, key hash) falls in a partition to that partition's piece; entries in no
 //! partition (tablets the crashed master no longer owned) are dropped.
@@ -107,7 +107,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// Bytes of pieces held in memory for all recoveries together. A backup reads ahead of
-/// its recovery masters (the disk is the bottleneck of recovery, DESIGN.md §6), but a
+/// its recovery masters (the disk is the bottleneck of recovery, docs/design.md §6), but a
 /// stalled recovery master must not make it read the whole log into memory: past this
 /// bound the readers wait until fetches free space. 2 GiB is ≈ 250 segments of 8 MiB,
 /// seconds of read-ahead at disk speed, and a twelfth of a 24 GiB storage server whose
@@ -328,7 +328,7 @@ pub struct SplitReplica {
 /// Why a replica cannot be split.
 #[derive(thiserror::Error, Clone, Debug, PartialEq, Eq)]
 pub enum SplitError {
-    /// A closed replica whose valid prefix does not end with its footer (DESIGN.md §4:
+    /// A closed replica whose valid prefix does not end with its footer (docs/design.md §4:
     /// treated as corrupt, another replica is used).
     #[error(
         "closed replica {master}/{segment} does not scan to its footer: valid prefix \

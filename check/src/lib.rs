@@ -1,5 +1,5 @@
 //! `rampart-check`: histories of client operations on a Rampart cluster, and the checks
-//! they must pass (DESIGN.md §10, issue 15).
+//! they must pass (docs/design.md §10, issue 15).
 //!
 //! * [`history`] — [`Operation`]: one client operation as recorded (call and return
 //!   times, what was asked, what came back, or that the outcome is unknown).

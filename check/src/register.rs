@@ -1,4 +1,4 @@
-//! The sequential specification of one key (DESIGN.md §3), as a nondeterministic model
+//! The sequential specification of one key (docs/design.md §3), as a nondeterministic model
 //! for the linearizability search: [`KeyState`] and [`step`].
 //!
 //! A key holds at most one object, with a version. What the specification promises, and

@@ -1,5 +1,5 @@
 //! `FailureReporter`: which unreachable masters a client reports to the coordinator, and
-//! when (DESIGN.md §6 "Detection": clients report servers that stop answering).
+//! when (docs/design.md §6 "Detection": clients report servers that stop answering).
 //!
 //! A client that cannot reach the master owning a key (a transport failure: refused,
 //! broken, or no reply in time) reports that master with `ReportFailure`, in the

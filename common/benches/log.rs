@@ -1,4 +1,4 @@
-//! Micro-benchmarks of the log format (`rampart_common::log`, DESIGN.md §4) on whole
+//! Micro-benchmarks of the log format (`rampart_common::log`, docs/design.md §4) on whole
 //! 8 MiB segments (the default segment size) of objects with 24-byte keys and values of
 //! 100 B, 1 KiB and 10 KiB; throughput is in segment bytes.
 //!

@@ -1,5 +1,5 @@
 //! The cluster secret: every connection between Rampart processes, and from clients to
-//! them, proves that both ends hold it before anything else is said. (DESIGN.md §8
+//! them, proves that both ends hold it before anything else is said. (docs/design.md §8
 //! assumes a trusted network; this is what stands between the cluster and anything else
 //! that can reach its ports.)
 //!

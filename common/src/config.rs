@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// Default segment size (DESIGN.md §4): large enough that a disk writes a replica in
+/// Default segment size (docs/design.md §4): large enough that a disk writes a replica in
 /// one efficient I/O, small enough that recovery splits a log into many pieces.
 pub const SEGMENT_BYTES_DEFAULT: u32 = 8 * 1024 * 1024;
 

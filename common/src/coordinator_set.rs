@@ -1,6 +1,6 @@
 //! `CoordinatorSet`: calls that must reach the leader of the coordinators' Raft group.
 //!
-//! The coordinator runs as a Raft group (DESIGN.md §2); only its leader serves
+//! The coordinator runs as a Raft group (docs/design.md §2); only its leader serves
 //! configuration RPCs. The others answer `NotLeader` with a [`NotLeaderHint`] naming the
 //! leader when they know it. Callers — the client library, a master pulling its server
 //! list, a server enlisting — hold one `CoordinatorSet` built from the addresses the

@@ -182,7 +182,7 @@ impl fmt::Display for KeyHash {
     }
 }
 
-/// The key hash of DESIGN.md §3: xxh3-64 of the key bytes.
+/// The key hash of docs/design.md §3: xxh3-64 of the key bytes.
 pub fn key_hash(key: &[u8]) -> KeyHash {
     KeyHash(xxhash_rust::xxh3::xxh3_64(key))
 }

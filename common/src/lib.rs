@@ -1,15 +1,15 @@
 //! `rampart-common`: what every Rampart process shares.
 //!
-//! * [`ids`] — newtype identifiers and the key hash of DESIGN.md §3.
+//! * [`ids`] — newtype identifiers and the key hash of docs/design.md §3.
 //! * [`status`] — the wire status code of every RPC reply.
 //! * [`limits`] — protocol limits (key size, payload size, in-flight requests).
 //! * [`config`] — validated configuration of masters and servers.
 //! * [`tablet`] — tables, tablets and the server list.
 //! * [`reject`] — reject rules of conditional operations.
 //! * [`rifl`] — what a client puts on a write so that its retries apply it once.
-//! * [`log`] — the log format of DESIGN.md §4: entries, the segment writer with
+//! * [`log`] — the log format of docs/design.md §4: entries, the segment writer with
 //!   Tailwind checksums, and the valid-prefix scanner.
-//! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (DESIGN.md §8).
+//! * [`rpc`] — length-prefixed RPC frames over TCP, client and server (docs/design.md §8).
 //! * [`auth`] — the cluster token every connection proves (HMAC handshake), and the
 //!   process's security settings; [`tls`] — optional TLS for client connections;
 //!   [`secure`] — both applied to a connection as it is dialled or accepted.
@@ -19,7 +19,7 @@
 //!   group, following `NotLeader` hints until a deadline.
 //! * [`will`] — a master's will: how its tablets are cut into recovery partitions.
 //! * [`onesided`] — one-sided writes into backup frames: `shm`, the `tcp` soft-NIC,
-//!   and `rdma` (DESIGN.md §5).
+//!   and `rdma` (docs/design.md §5).
 //! * [`http`] — a small GET-only HTTP server (metrics, the status page).
 //! * [`metrics`] — Prometheus metrics: the RPC layer's, and serving them at `/metrics`.
 //! * [`failpoints`] — deliberate misbehaviour for process tests, compiled in only for

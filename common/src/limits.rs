@@ -3,10 +3,10 @@
 //! Limits a deployment may tune (value size, segment size, memory) live in
 //! [`crate::config`]; the ones here bound what any peer may send, so they are constants.
 
-/// Largest key, in bytes (DESIGN.md §3). Keys are held in full in log entries and RPCs.
+/// Largest key, in bytes (docs/design.md §3). Keys are held in full in log entries and RPCs.
 pub const KEY_BYTES_MAX: usize = 64 * 1024;
 
-/// Default largest value (DESIGN.md §3); servers may configure a different one up to
+/// Default largest value (docs/design.md §3); servers may configure a different one up to
 /// [`VALUE_BYTES_LIMIT`].
 pub const VALUE_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 

@@ -1,5 +1,5 @@
 //! `RejectRules`: the conditions under which a write-type operation is refused
-//! (DESIGN.md §3), and their evaluation against the object's current version.
+//! (docs/design.md §3), and their evaluation against the object's current version.
 
 use crate::ids::Version;
 use crate::status::Status;

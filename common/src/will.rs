@@ -1,5 +1,5 @@
 //! `Will` and `Partition`: how a master's tablets are to be cut among recovery masters
-//! should it crash (DESIGN.md §5 "Tablet profiles and wills"). The master computes its will
+//! should it crash (docs/design.md §5 "Tablet profiles and wills"). The master computes its will
 //! from its tablet profiles (`rampart_master::profiler`) and uploads it; the coordinator
 //! commits it through Raft and hands each partition to one recovery master (§6 step 1).
 //! Shared here because both sides and the wire carry it.

@@ -1,4 +1,4 @@
-//! `FailureVerifier`: the leader's check of a reported failure (DESIGN.md §6,
+//! `FailureVerifier`: the leader's check of a reported failure (docs/design.md §6,
 //! detection), before anything is recovered.
 //!
 //! # What it does for callers

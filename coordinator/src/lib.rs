@@ -1,4 +1,4 @@
-//! `rampart-coordinator`: the cluster configuration (DESIGN.md §7), replicated by Raft.
+//! `rampart-coordinator`: the cluster configuration (docs/design.md §7), replicated by Raft.
 //!
 //! * [`state`] — `CoordinatorState`: the deterministic state machine of servers,
 //!   tables, tablets and open clients; `apply(command) -> result`, no I/O.

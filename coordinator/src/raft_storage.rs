@@ -1,5 +1,5 @@
 //! `RaftStorage`: the coordinator's durable Raft log, behind [`raft::Storage`]
-//! (DESIGN.md §7, issue 4).
+//! (docs/design.md §7, issue 4).
 //!
 //! One Raft group ([`RAFT_GROUP_ID`]) kept in a `raft-engine` directory: the log entries,
 //! the hard state (term, vote, commit), the conf state (voters) and the latest state-machine

@@ -1,4 +1,4 @@
-//! `RecoveryManager`: the recovery of crashed masters (DESIGN.md §6), driven by the
+//! `RecoveryManager`: the recovery of crashed masters (docs/design.md §6), driven by the
 //! coordinators' Raft leader. Failures are verified and crashes declared before, by
 //! [`FailureVerifier`]; the planning steps are pure functions in `recovery_plan`, and
 //! every decision of what to do next — which phase, which recovery master, what a

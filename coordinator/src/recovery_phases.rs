@@ -1,4 +1,4 @@
-//! The decisions of one recovery (DESIGN.md §6) as plain synchronous state machines: what
+//! The decisions of one recovery (docs/design.md §6) as plain synchronous state machines: what
 //! to do next given what was committed and what the last step answered. The driver,
 //! `recovery::RecoveryManager`, carries the decisions out (barriers, proposals, RPCs,
 //! pauses) and feeds the answers back; nothing here is async, reads a clock or does I/O.

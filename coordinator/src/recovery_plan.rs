@@ -1,4 +1,4 @@
-//! Recovery planning: the pure decisions of a crashed master's recovery (DESIGN.md §6
+//! Recovery planning: the pure decisions of a crashed master's recovery (docs/design.md §6
 //! step 1), each a function of what the backups and the state reported, tested alone.
 //!
 //! * [`check_log`] — is the crashed master's log complete, judged from the replicas the
@@ -261,7 +261,7 @@ fn rank(copies: &mut [&FoundReplica]) {
     copies.sort_by_key(|f| (!f.complete(), std::cmp::Reverse(f.length()), f.backup));
 }
 
-/// Checks that the replicas found hold the whole log (DESIGN.md §4 "Digests", and the
+/// Checks that the replicas found hold the whole log (docs/design.md §4 "Digests", and the
 /// module doc): returns the segments to replay, in id order. The head is the highest
 /// head-chain segment (not a survivor) any replica holds; it needs a usable copy, every footer found needs its
 /// successor, and every segment of the head's digest needs a usable copy. With

@@ -34,7 +34,7 @@
 //! `on_store`, not a new case of the task's loop.
 //!
 //! Before its first job the task replicates the opening of the log's first segment, so
-//! that a master is on R backups before it serves anything (DESIGN.md §6: a master that
+//! that a master is on R backups before it serves anything (docs/design.md §6: a master that
 //! never wrote must still be recoverable).
 //!
 //! Tablet ownership changes (numbered by the coordinator: [`TabletChange`]) travel on the

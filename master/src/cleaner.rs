@@ -1,4 +1,4 @@
-//! The log cleaner's decisions (DESIGN.md §5 "Cleaner"): which segments to clean
+//! The log cleaner's decisions (docs/design.md §5 "Cleaner"): which segments to clean
 //! ([`select`], LFS cost-benefit), when ([`CleanerPolicy::urgency`]), and where a pass
 //! stands ([`CleaningPass`]). Pure and synchronous: no clock, no I/O, no locks.
 //!

@@ -1,5 +1,5 @@
 //! `FailureDetector`: every server pings a random other server and reports one that does
-//! not answer (DESIGN.md §6 "Detection").
+//! not answer (docs/design.md §6 "Detection").
 //!
 //! Every [`PING_INTERVAL`] the server pings one `Up` server, other than itself, drawn at
 //! random from the server list, with a deadline of [`PING_TIMEOUT`]. A ping that gets no
@@ -47,7 +47,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::replica_manager::ServerListWatch;
 
-/// Time between two pings (DESIGN.md §6: 100 ms, configurable).
+/// Time between two pings (docs/design.md §6: 100 ms, configurable).
 pub const PING_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Deadline of one ping: a healthy server answers a ping from memory in well under a

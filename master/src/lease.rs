@@ -1,5 +1,5 @@
 //! `Lease`: whether this master may serve reads and writes now, and `LeaseRenewer`, the
-//! task that keeps it (DESIGN.md §5 "Fencing").
+//! task that keeps it (docs/design.md §5 "Fencing").
 //!
 //! When the coordinator declares a master crashed, it recovers the master's tablets on
 //! other servers. A master that is merely cut off (a partition, a long pause) would go on

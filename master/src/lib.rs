@@ -1,5 +1,5 @@
 //! `rampart-master`: the master service of a storage server — objects in a
-//! log-structured DRAM log (DESIGN.md §4–§5).
+//! log-structured DRAM log (docs/design.md §4–§5).
 //!
 //! * [`segmented_log`] — `SegmentedLog`: the log in fixed-size segments, rollover with
 //!   digest and footer, the byte ranges awaiting replication.
@@ -54,7 +54,7 @@
 //! 4. The batch is published to the index — reads see it from now on — and every
 //!    request in it is answered.
 //!
-//! # The recovery path (DESIGN.md §6 step 2)
+//! # The recovery path (docs/design.md §6 step 2)
 //! 1. The coordinator sends `Recover` with a partition of a crashed master's will (its
 //!    ranges, which this master does not own) and, per segment of the crashed log, the
 //!    backups holding a replica. `RecoveryMaster` forgets leftovers of an earlier

@@ -1,7 +1,7 @@
 //! `Profiler` and `TabletProfiler`: where in the key-hash space of each owned tablet this
 //! master's bytes and records lie, and the **will** computed from that — how to cut the
 //! master's tablets into partitions that recovery masters can each replay in bounded
-//! time (DESIGN.md §5 "Tablet profiles and wills", §6 step 1). After RAMCloud's
+//! time (docs/design.md §5 "Tablet profiles and wills", §6 step 1). After RAMCloud's
 //! `TabletProfiler`.
 //!
 //! Callers see four operations: [`Profiler::track`] one log entry (every append),

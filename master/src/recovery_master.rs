@@ -1,4 +1,4 @@
-//! The recovery master (DESIGN.md §6 step 2): replays one partition of a crashed
+//! The recovery master (docs/design.md §6 step 2): replays one partition of a crashed
 //! master's log into this master's own log, so that the coordinator can then hand it the
 //! partition's tablets.
 //!

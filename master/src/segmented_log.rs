@@ -1,4 +1,4 @@
-//! `SegmentedLog`: the master's log-structured memory (DESIGN.md §4).
+//! `SegmentedLog`: the master's log-structured memory (docs/design.md §4).
 //!
 //! All objects, tombstones and completion records live in one append-only log divided
 //! into fixed-size
@@ -678,7 +678,7 @@ impl SegmentedLog {
         })
     }
 
-    /// Opens a new head and closes the old one, in the order DESIGN.md §4 requires,
+    /// Opens a new head and closes the old one, in the order docs/design.md §4 requires,
     /// leaving at least `reserve` buffers free.
     fn roll_over(&mut self, safe_version: Version, reserve: u64) -> Result<(), NoSpace> {
         if self.segments_free() <= reserve {

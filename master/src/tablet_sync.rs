@@ -1,5 +1,5 @@
 //! `TabletSync`: keeps the tablets this master serves equal to the committed map
-//! (DESIGN.md §6: "the tablets a server serves converge to the committed map even when a
+//! (docs/design.md §6: "the tablets a server serves converge to the committed map even when a
 //! push is lost or a leader dies mid-step").
 //!
 //! The coordinator pushes every change of this master's tablets (`TakeTablets`,

@@ -1,4 +1,4 @@
-//! `WillUploader`: keeps the coordinator's copy of this master's will current (DESIGN.md
+//! `WillUploader`: keeps the coordinator's copy of this master's will current (docs/design.md
 //! §5 "Tablet profiles and wills").
 //!
 //! Every [`WILL_CHECK_INTERVAL`] the uploader computes the will (a closure the caller

@@ -1,4 +1,4 @@
-//! `rampart`: the one binary of a Rampart deployment (DESIGN.md §9).
+//! `rampart`: the one binary of a Rampart deployment (docs/design.md §9).
 //!
 //! * `rampart coordinator` / `rampart server` — the two long-running processes, from
 //!   flags or from their entry in a cluster file (`--cluster-file`, `cluster_file`).

@@ -1,5 +1,5 @@
 //! `rampart-server`: one storage server, a master and a backup behind one listener
-//! (DESIGN.md §1), as a library.
+//! (docs/design.md §1), as a library.
 //!
 //! `rampart server` is a thin wrapper over it (flags in, exit code out); an in-process
 //! cluster starts several in one process, each on its own listener (see

@@ -1,5 +1,5 @@
 //! `StorageService`: one storage server's RPC service — its master and its backup
-//! behind one listener (DESIGN.md §1), routed by opcode range (masters 1–99, backups
+//! behind one listener (docs/design.md §1), routed by opcode range (masters 1–99, backups
 //! 200–299; see `rampart_common::protocol`).
 //!
 //! Backup requests run on the backup's own runtime (threads named

@@ -8,7 +8,7 @@
 //! * no source file over [`LINES_BEFORE_TESTS_MAX`] lines before its `#[cfg(test)]`
 //!   module (test files — `tests.rs`, `*_tests.rs`, `test_support.rs` — are not
 //!   counted): a file that grows past it is split by role;
-//! * every "DESIGN.md §N" citation in the code names a section of `docs/design.md`.
+//! * every "docs/design.md §N" citation in the code names a section of `docs/design.md`.
 //!
 //! The sources are parsed with `syn`; a path resolves to the deepest module it names,
 //! and that module's file is the edge's end (an item re-exported by `lib.rs` and named
@@ -648,7 +648,7 @@ fn walk_rs(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn citations_are_found_wrapped_and_with_their_section_names() {
-    let text = "//! See DESIGN.md §5 \"Backups\", \"Fencing\" and\n/// the rest (DESIGN.md\n/// §6, step 2); docs/design.md §10.\n";
+    let text = "//! See docs/design.md §5 \"Backups\", \"Fencing\" and\n/// the rest (DESIGN.md\n/// §6, step 2); docs/design.md §10.\n";
     assert_eq!(
         citations(text),
         [

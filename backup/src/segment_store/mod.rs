@@ -1,4 +1,4 @@
-//! `SegmentStore`: the backup's on-disk store of segment replicas (DESIGN.md §5).
+//! `SegmentStore`: the backup's on-disk store of segment replicas (docs/design.md §5).
 //!
 //! A backup keeps the replicas it is given in memory frames (the "non-volatile buffer")
 //! while they are written, then flushes each closed frame here in one large write, and

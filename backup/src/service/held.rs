@@ -220,7 +220,7 @@ mod tests {
         // Segment 4's footer reached this frame, but its close did not (the master died
         // between the two); segment 6's footer is in an open replica written to disk at
         // a graceful stop. Both must say that their master closed them: the log goes on
-        // after them (DESIGN.md §4, every footer needs its successor).
+        // after them (docs/design.md §4, every footer needs its successor).
         let dir = TempDir::new().expect("tempdir");
         let (flushed, _, _) = recovery_segment(7, 6, &[4, 5, 6], true);
         {

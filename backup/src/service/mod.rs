@@ -1,4 +1,4 @@
-//! `BackupService`: the backup's RPC handlers and its frames (DESIGN.md §5 "Backups",
+//! `BackupService`: the backup's RPC handlers and its frames (docs/design.md §5 "Backups",
 //! "One-sided writes", "Fencing").
 //!
 //! A master opens a *frame* for each replica it places here (`OpenReplica`): a slot of
@@ -9,7 +9,7 @@
 //! frame. `BumpEpoch` moves an open frame to a newer epoch; `FreeReplica`, `ListReplicas`
 //! and `ReadReplica` serve the cleaner and recovery; [`BackupService::fence_master`] is
 //! recovery's fence, and `StartRecovery`, `RecoveryRead`, `RecoveryData` and
-//! `EndRecovery` serve the crash recovery of a master (DESIGN.md §6). The frames outlive
+//! `EndRecovery` serve the crash recovery of a master (docs/design.md §6). The frames outlive
 //! a killed backup: [`BackupService::open`] stores what a predecessor left in them.
 //! Callers see replicas named by (master, segment) and frames named by handles; they
 //! never see the store's files, the slots, the locks or the blocking threads.

@@ -1,11 +1,11 @@
 //! Recovery's side of the backup: the fence ([`BackupService::fence_master`]) and the
-//! RPCs of a master's crash recovery (DESIGN.md §6).
+//! RPCs of a master's crash recovery (docs/design.md §6).
 //! * `StartRecovery` fences the master's open frames and reports every replica of it
 //!   held here, sorted by segment — open frames with their fenced lengths, stored
 //!   replicas open or closed, a frame shadowing the stored copy as in lists (unless the
 //!   frame has no footer and the stored copy is closed) — with the log digest, and the
 //!   successor named by a footer, of each replica that is not closed (the coordinator's
-//!   completeness check, DESIGN.md §4: every footer found needs its successor, whether
+//!   completeness check, docs/design.md §4: every footer found needs its successor, whether
 //!   or not its copy was closed).
 //! * `RecoveryRead` answers at once and has
 //!   [`RecoveryReads`](crate::recovery_reads::RecoveryReads) read the named replicas in order

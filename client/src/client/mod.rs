@@ -1,4 +1,4 @@
-//! `Client`: the table API of DESIGN.md §3 over the cluster.
+//! `Client`: the table API of docs/design.md §3 over the cluster.
 //!
 //! The client keeps a cached tablet map and sends each operation straight to the
 //! master owning the key's hash. When a master answers `UnknownTablet` or cannot be
@@ -54,7 +54,7 @@
 //! # Failure reports
 //! A master that cannot be reached (a transport failure in a single-object operation,
 //! an enumeration or a multi-op) is reported to the coordinators with `ReportFailure`
-//! (DESIGN.md §6), by a background task: the operation refreshes its map and retries at
+//! (docs/design.md §6), by a background task: the operation refreshes its map and retries at
 //! once, as above, without waiting for the report. Reports are rate-limited per server
 //! and bounded in number ([`crate::failure_reporter`]); one that fails is dropped.
 //!

@@ -1,4 +1,4 @@
-//! The log format of DESIGN.md §4: entries ([`entry`]), the segment writer with
+//! The log format of docs/design.md §4: entries ([`entry`]), the segment writer with
 //! Tailwind checksums ([`writer`]), and the valid-prefix scanner ([`scanner`]).
 //!
 //! A master's memory is one log divided into segments; backups hold byte-identical
@@ -36,7 +36,7 @@
 //! segment before it** — all headers and payloads since offset 0, earlier checksum
 //! entries included — with 0 stored as 1.
 //!
-//! DESIGN.md says "CRC of all entry headers"; this rule improves on it. Entry headers
+//! The original plan said "CRC of all entry headers"; this rule improves on it. Entry headers
 //! plus the own CRCs of objects and tombstones would leave segment headers, digests,
 //! safe versions and footers covered only in their `type`/`len` bytes: a torn or
 //! flipped digest segment id, safe-version floor or footer successor would be accepted

@@ -1,4 +1,4 @@
-//! [`scan`]: finds the valid prefix of a replica (DESIGN.md §4), and [`entries`]: walks
+//! [`scan`]: finds the valid prefix of a replica (docs/design.md §4), and [`entries`]: walks
 //! it.
 //!
 //! A replica written by one-sided writes may end in a torn batch: some entry bytes

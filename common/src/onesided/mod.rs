@@ -1,4 +1,4 @@
-//! One-sided writes into backup frames (DESIGN.md §5 "One-sided writes").
+//! One-sided writes into backup frames (docs/design.md §5 "One-sided writes").
 //!
 //! A backup registers *frames*: segment-sized, zeroed buffers, one per open replica,
 //! held in slots of a shared-memory *frame file* ([`shm::FrameFile`]). `OpenReplica`

@@ -1,5 +1,5 @@
 //! The `tcp` transport: a soft-NIC on the backup that places bytes into frames without
-//! parsing them, and its client on the master (DESIGN.md §5 "One-sided writes").
+//! parsing them, and its client on the master (docs/design.md §5 "One-sided writes").
 //!
 //! [`serve`] is the backup's side: it takes a bound listener, a [`NicTarget`] (the
 //! backup's frames) and a shutdown future, and for every request calls

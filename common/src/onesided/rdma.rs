@@ -1,5 +1,5 @@
 //! The `rdma` transport: RDMA WRITE over a reliable-connected (RC) queue pair, through
-//! the verbs of `rdma-sys` (DESIGN.md §5 "One-sided writes").
+//! the verbs of `rdma-sys` (docs/design.md §5 "One-sided writes").
 //!
 //! The verbs part is compiled only with the cargo feature `rdma` (it links libibverbs and
 //! needs libibverbs-dev, librdmacm-dev and libclang-dev to build). What every build has:

@@ -1,4 +1,4 @@
-//! RPCs served by backups: segment replicas (DESIGN.md §5 "Backups").
+//! RPCs served by backups: segment replicas (docs/design.md §5 "Backups").
 //!
 //! A master opens a *frame* for each replica (a segment-sized buffer on the backup),
 //! fills it, and closes it; the backup then writes the replica to disk. The bytes travel
@@ -142,7 +142,7 @@ pub struct ReplicaInfo {
     pub segment: SegmentId,
     /// Its epoch.
     pub epoch: Epoch,
-    /// Bytes held. For an open frame: its valid prefix (DESIGN.md §4), up to the last
+    /// Bytes held. For an open frame: its valid prefix (docs/design.md §4), up to the last
     /// matching `Checksum` entry, since one-sided writes do not tell the backup how far
     /// they wrote; for a fenced frame, the prefix its fence reported.
     pub length: u32,
@@ -204,7 +204,7 @@ pub struct RdmaConnectReply {
 /// crashed master's will, cut to the tablets it still owned).
 pub type PartitionRanges = Vec<HashRange>;
 
-/// Recovery of `master` begins (DESIGN.md §6 step 1): fence its open frames and report
+/// Recovery of `master` begins (docs/design.md §6 step 1): fence its open frames and report
 /// every replica of it this backup holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartRecoveryRequest {
@@ -213,7 +213,7 @@ pub struct StartRecoveryRequest {
 }
 
 /// One replica reported at the start of a recovery, with the facts the coordinator
-/// needs to check that the log is complete (DESIGN.md §4 "Digests").
+/// needs to check that the log is complete (docs/design.md §4 "Digests").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecoveryReplica {
     /// Its facts (for an open frame, the length is the fenced valid prefix).
@@ -239,7 +239,7 @@ pub struct StartRecoveryReply {
 
 /// Read these replicas of `master` from disk, in this order, splitting each into
 /// per-partition pieces as it is read, and keep the pieces until recovery masters fetch
-/// them (DESIGN.md §6: backups read "in an order they choose and report"; here the
+/// them (docs/design.md §6: backups read "in an order they choose and report"; here the
 /// coordinator chooses one replica per segment, balancing the reads over backups, and
 /// each backup reads its share in segment order).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,7 +282,7 @@ pub struct RecoveryDataReply {
     /// raises its own floor to it, so a key deleted on the crashed master is never
     /// re-created with a version it already used.
     pub safe_version: Version,
-    /// `Object` and `Tombstone` entries in the log's own format (DESIGN.md §4), one after
+    /// `Object` and `Tombstone` entries in the log's own format (docs/design.md §4), one after
     /// another, as they lay in the replica (each carries its own CRC).
     pub entries: Bytes,
     /// How many entries `entries` holds.

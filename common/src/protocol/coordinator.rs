@@ -293,7 +293,7 @@ pub struct OwnedTabletsReply {
     pub tablets: Vec<crate::tablet::Tablet>,
 }
 
-/// A master uploads its will (DESIGN.md §5).
+/// A master uploads its will (docs/design.md §5).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UploadWillRequest {
     /// The master.

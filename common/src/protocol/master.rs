@@ -1,4 +1,4 @@
-//! RPCs served by masters: the data API of DESIGN.md §3, and tablet ownership changes
+//! RPCs served by masters: the data API of docs/design.md §3, and tablet ownership changes
 //! that the coordinator sends.
 //!
 //! Read and write are the hot path: their messages are encoded by hand so that keys
@@ -268,7 +268,7 @@ pub struct RecoverySource {
 /// second; this leaves room for a slow disk, a loaded machine and a turn in a queue).
 pub const RECOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// Replay one partition of a crashed master (coordinator → recovery master, DESIGN.md §6
+/// Replay one partition of a crashed master (coordinator → recovery master, docs/design.md §6
 /// step 2). Answered once every entry of the partition is replayed into this master's
 /// log and replicated; the coordinator then gives it the partition's tablets.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

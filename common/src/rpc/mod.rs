@@ -1,4 +1,4 @@
-//! The RPC layer of DESIGN.md §8: length-prefixed frames over TCP with many RPCs in
+//! The RPC layer of docs/design.md §8: length-prefixed frames over TCP with many RPCs in
 //! flight per connection, matched by rpc id.
 //!
 //! * [`frame`] — the 20-byte frame header and its codec.

@@ -1,5 +1,5 @@
 //! `RaftNode`: one coordinator's member of the Raft group that replicates
-//! [`CoordinatorState`](crate::state::CoordinatorState) (DESIGN.md §7, issue 4).
+//! [`CoordinatorState`](crate::state::CoordinatorState) (docs/design.md §7, issue 4).
 //!
 //! A `RawNode` of raft-rs over [`RaftStorage`](crate::raft_storage::RaftStorage), driven by
 //! one ready loop on a thread of its own (`rampart-raft`). The service talks to it through

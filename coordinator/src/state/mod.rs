@@ -1,5 +1,5 @@
 //! `CoordinatorState`: the cluster configuration as a deterministic state machine
-//! (DESIGN.md §7).
+//! (docs/design.md §7).
 //!
 //! It holds the server list, the tables and their tablets, the open clients (whose
 //! leases the leader keeps, `crate::client_leases`), the id counters and the

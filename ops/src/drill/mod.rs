@@ -1,4 +1,4 @@
-//! `rampart drill`: a crash-injection drill with a linearizability checker (DESIGN.md
+//! `rampart drill`: a crash-injection drill with a linearizability checker (docs/design.md
 //! §10, issue 15).
 //!
 //! Starts a local cluster as processes (coordinators and storage servers, data under

@@ -1,5 +1,5 @@
 //! The `shm` transport: a backup's frames in a shared-memory *frame file* that masters on
-//! the same host map and copy into (DESIGN.md §5 "One-sided writes", "Backups").
+//! the same host map and copy into (docs/design.md §5 "One-sided writes", "Backups").
 //!
 //! * [`FrameFile`] — the backup's side. It creates the file with all its memory allocated
 //!   and mapped (the backup's pool of frames), hands its slots to frames, zeroed
@@ -129,7 +129,7 @@
 //!   a new file and renames it over the path (a master still mapping a dead backup's file
 //!   keeps the old inode), and nothing truncates a file in place.
 //! * **Frames outlive their backup.** The file is the backups' non-volatile buffer
-//!   (DESIGN.md §5): dropping a [`FrameFile`] removes it only when no slot is held (else
+//!   (docs/design.md §5): dropping a [`FrameFile`] removes it only when no slot is held (else
 //!   it keeps the file, giving the free slots' memory back to the kernel), and a killed
 //!   backup's file stays, all of its memory with it, until the backup restarts on its
 //!   data directory or a start-up sweep finds that directory gone (next section). The
