@@ -5,6 +5,21 @@
 //! `Replicator` drive them, with every call to a backup or the coordinators going
 //! through the [`World`].
 //!
+//! # Replication: the real decisions, a stand-in loop
+//! Each settle of a segment is a real [`Settling`] (confirm alive, place, bump, record,
+//! when to give up) and each failed call goes to a real [`ReplicaFailures`] (what it
+//! loses, which backups are left out a while, which copies given up on are freed when).
+//! Only the loop carrying out their effects through the [`World`] stands in for
+//! `Replicator`, and: the choice of backups (`SimMaster::choose`: a uniform draw among
+//! listed backups holding no replica of the segment and not excluded, where the
+//! replicator's `BackupSelector` weighs failure domains and primaries); the server list,
+//! read from the world (no cache, no probes: a backup no longer listed fails at the next
+//! tick); closes sent inline, not in the background; exclusions on the simulation's
+//! time scale (`FAILED_BACKUP_EXCLUSION_US`); and frees on backups marked failed, which
+//! the replicator skips until the failure expires — with its rule, masters here
+//! livelock on backups full of frames they gave up on
+//! (`ReplicaFailures::freeing_on_failed_backups`).
+//!
 //! The driver is synchronous: one call at a time, each a boundary where the world moves
 //! on (a real master writes the R replicas of a range concurrently; here they go one
 //! after the other, and a crash can fall between any two of them, which covers the
@@ -23,9 +38,9 @@ use rampart_master::cleaner::{CleaningPass, StepEnd, PASS_SURVIVORS_MAX, STEP_BY
 use rampart_master::lease::{Clock, Lease};
 use rampart_master::object_store::{Batch, ObjectStore, WriteOp};
 use rampart_master::replay::{RecoveryPiece, ReplayState};
-use rampart_master::replica_manager::segment_replicas::{
-    Abandoned, Lost, Replica, SegmentReplicas, Step,
-};
+use rampart_master::replica_manager::replica_failures::{Call, Cause, Loss, ReplicaFailures};
+use rampart_master::replica_manager::segment_replicas::{Replica, SegmentReplicas};
+use rampart_master::replica_manager::settling::{Bump, Effect, Patience, Settling};
 use rampart_master::segmented_log::SegmentRange;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -39,7 +54,8 @@ use rampart_check::{Input, Operation, Output};
 /// Largest value a simulated master takes (above what the workload writes).
 pub const VALUE_BYTES_MAX: usize = 16 * 1024;
 
-/// A backup that failed is not chosen again for this long (µs).
+/// A backup that failed, or refused an open or a close, is not chosen again for this
+/// long (µs): the simulation's time scale, where the replicator's are seconds.
 const FAILED_BACKUP_EXCLUSION_US: u64 = 50_000;
 
 /// Settling a segment gives up (a livelock, reported as a violation) after this many
@@ -147,7 +163,7 @@ impl Done {
 }
 
 /// A simulated master: the real `ObjectStore` (its log, index, tablets, versions and
-/// replay), replicated by a synchronous stand-in for `Replicator`.
+/// replay), replicated by a synchronous loop over the replicator's cores (module doc).
 #[derive(Debug)]
 pub struct SimMaster {
     pub id: ServerId,
@@ -156,10 +172,9 @@ pub struct SimMaster {
     segment_bytes: u32,
     replicas: usize,
     segments: BTreeMap<SegmentId, SegmentReplicas<()>>,
-    /// Copies given up on, to free.
-    abandoned: Vec<Abandoned>,
-    /// Backups that failed, and when.
-    failed: BTreeMap<ServerId, u64>,
+    /// The real core deciding what each failed call loses, which backups are
+    /// excluded, and which copies given up on to free when; on simulated time.
+    failures: ReplicaFailures<Duration>,
     /// Why it stopped (killed, fatal, or its log full), once it did.
     pub stopped: Option<Stop>,
     /// The real lease, on simulated time: it serves reads and takes writes only while
@@ -186,6 +201,7 @@ impl SimMaster {
         };
         let mut store = ObjectStore::new(id, config);
         store.enforce_version_ceiling();
+        let exclusion = Duration::from_micros(FAILED_BACKUP_EXCLUSION_US);
         SimMaster {
             id,
             table,
@@ -193,8 +209,7 @@ impl SimMaster {
             segment_bytes,
             replicas,
             segments: BTreeMap::new(),
-            abandoned: Vec::new(),
-            failed: BTreeMap::new(),
+            failures: ReplicaFailures::new(exclusion, exclusion).freeing_on_failed_backups(),
             stopped: None,
             lease: Lease::with_clock(clock),
             pass: None,
@@ -625,19 +640,10 @@ impl SimMaster {
     /// closed segment (as `Replicator::tick`).
     pub fn tick(&mut self, world: &mut World) -> Result<(), Stop> {
         let listed: BTreeSet<ServerId> = world.listed_backups().into_iter().collect();
-        for abandoned in std::mem::take(&mut self.abandoned) {
-            if !listed.contains(&abandoned.backup) {
-                // Its backup left the server list: its replicas went with it.
-                continue;
-            }
-            let whole = self
-                .segments
-                .get(&abandoned.segment)
-                .map_or(true, SegmentReplicas::whole);
-            if !whole {
-                self.abandoned.push(abandoned);
-                continue;
-            }
+        let frees = self
+            .failures
+            .take_frees(|backup| listed.contains(&backup), &self.segments);
+        for abandoned in frees {
             world.boundary()?;
             let request = Request::Free {
                 master: self.id,
@@ -651,8 +657,10 @@ impl SimMaster {
             ));
             if delivery != Delivery::Answered {
                 // As `free_abandoned`: the backup counts as failed, the free is retried.
-                self.backup_failed(world, abandoned.backup);
-                self.abandoned.push(abandoned);
+                let loss =
+                    self.failures
+                        .free_unanswered(&mut self.segments, abandoned, sim_now(world));
+                self.noted_backup_failure(world, abandoned.backup, &loss);
             }
         }
         // Backups the server list no longer shows Up fail at once.
@@ -664,13 +672,14 @@ impl SimMaster {
         for backup in holding.difference(&listed) {
             self.backup_failed(world, *backup);
         }
+        self.failures.expire(sim_now(world));
         let under = self
             .segments
             .iter()
             .find(|(_, s)| s.is_closed() && s.missing() > 0)
             .map(|(id, _)| *id);
         if let Some(id) = under {
-            self.settle(world, id, true)?;
+            self.settle(world, id, Patience::OneAttempt)?;
         }
         Ok(())
     }
@@ -768,13 +777,7 @@ impl SimMaster {
     /// The log freed `id`: its replicas are abandoned at every epoch, freed by `tick`.
     fn free_segment(&mut self, id: SegmentId) {
         if let Some(segment) = self.segments.remove(&id) {
-            let backups: Vec<ServerId> = segment.live().map(|(_, r)| r.backup).collect();
-            self.abandoned
-                .extend(backups.into_iter().map(|backup| Abandoned {
-                    backup,
-                    segment: id,
-                    epoch_max: Epoch::MAX,
-                }));
+            self.failures.segment_freed(id, &segment);
         }
     }
 
@@ -784,7 +787,7 @@ impl SimMaster {
         self.segments
             .entry(id)
             .or_insert_with(|| SegmentReplicas::new(id, replicas, range.start));
-        self.settle(world, id, false)?;
+        self.settle(world, id, Patience::UntilDone)?;
         if !self.segment(id).writable(range.start) {
             return Err(Stop::Fatal(format!("{id} not writable at {}", range.start)));
         }
@@ -799,12 +802,12 @@ impl SimMaster {
             let written = self.write(world, backup, (handle, epoch), range.start, &bytes);
             if let Err(failure) = written {
                 lost_any = true;
-                self.apply_failure(world, id, slot, backup, failure)?;
+                self.apply_failure(world, id, (Call::Update { slot }, backup), failure)?;
             }
         }
         self.segment_mut(id).wrote(range.end);
         if lost_any {
-            self.settle(world, id, false)?;
+            self.settle(world, id, Patience::UntilDone)?;
         }
         if range.closes {
             for slot in self.segment_mut(id).close() {
@@ -844,24 +847,37 @@ impl SimMaster {
         outcome(delivery, result).map(|_| ())
     }
 
+    /// Applies what a failed `call` to `backup` for a replica of `id` loses (the real
+    /// `ReplicaFailures::call_failed`).
     fn apply_failure(
         &mut self,
         world: &mut World,
         id: SegmentId,
-        slot: usize,
-        backup: ServerId,
+        (call, backup): (Call, ServerId),
         failure: Failure,
     ) -> Result<(), Stop> {
-        match failure {
-            Failure::Killed => Err(Stop::Killed),
-            Failure::Fenced => Err(Stop::Fatal(format!("fenced by {backup} writing {id}"))),
-            Failure::Backup => {
-                self.backup_failed(world, backup);
-                Ok(())
+        let cause = match failure {
+            Failure::Killed => return Err(Stop::Killed),
+            Failure::Fenced => Cause::Fenced,
+            Failure::Backup => Cause::Backup,
+            Failure::Replica => Cause::Replica,
+        };
+        let now = sim_now(world);
+        match self
+            .failures
+            .call_failed(&mut self.segments, (id, backup), call, cause, now)
+        {
+            Err(_) => {
+                let doing = if call == Call::Open {
+                    "opening"
+                } else {
+                    "writing"
+                };
+                Err(Stop::Fatal(format!("fenced by {backup} {doing} {id}")))
             }
-            Failure::Replica => {
-                if let Some(lost) = self.segment_mut(id).lose(slot) {
-                    self.forget(lost);
+            Ok(loss) => {
+                if cause == Cause::Backup {
+                    self.noted_backup_failure(world, backup, &loss);
                 }
                 Ok(())
             }
@@ -869,48 +885,36 @@ impl SimMaster {
     }
 
     fn backup_failed(&mut self, world: &mut World, backup: ServerId) {
-        self.failed.insert(backup, world.now_us);
-        let lost: Vec<Lost> = self
-            .segments
-            .values_mut()
-            .flat_map(|s| s.lose_backup(backup))
-            .collect();
-        if !lost.is_empty() {
+        let loss = self
+            .failures
+            .backup_failed(&mut self.segments, backup, sim_now(world));
+        self.noted_backup_failure(world, backup, &loss);
+    }
+
+    fn noted_backup_failure(&self, world: &mut World, backup: ServerId, loss: &Loss) {
+        if !loss.lost.is_empty() {
             world.note(format!(
                 "{}: backup {backup} failed: {} replica(s) lost",
                 self.id,
-                lost.len()
+                loss.lost.len()
             ));
         }
-        for lost in lost {
-            self.forget(lost);
-        }
     }
 
-    fn forget(&mut self, lost: Lost) {
-        self.abandoned.push(lost.abandoned);
-    }
-
-    /// Does what `SegmentReplicas::step` asks until the segment is ready (or, for
-    /// upkeep, after one placement round).
-    fn settle(&mut self, world: &mut World, id: SegmentId, one_round: bool) -> Result<(), Stop> {
-        let mut placed_once = false;
+    /// Carries out what the real `Settling::next` asks until the segment is ready (or,
+    /// for upkeep, after one placement round).
+    fn settle(&mut self, world: &mut World, id: SegmentId, patience: Patience) -> Result<(), Stop> {
+        let mut settling = Settling::new(patience);
         for _ in 0..SETTLE_STEPS_MAX {
-            match self.segment_mut(id).step() {
-                Step::Ready => return Ok(()),
-                Step::Place {
-                    slots,
-                    fresh,
-                    confirm_alive,
-                } => {
-                    if one_round && placed_once {
-                        return Ok(());
-                    }
-                    if confirm_alive {
-                        self.confirm_alive(world)?;
-                    }
+            match settling.next(self.segment_mut(id)) {
+                Effect::Done => return Ok(()),
+                Effect::ConfirmAlive => {
+                    self.confirm_alive(world)?;
+                    settling.alive();
+                }
+                Effect::Place { slots, fresh } => {
                     let Some(targets) = self.choose(world, id, &slots) else {
-                        if one_round {
+                        if !settling.waits() {
                             return Ok(());
                         }
                         world.note(format!("{}: {id}: writes wait for backups", self.id));
@@ -918,37 +922,15 @@ impl SimMaster {
                         world.wait(10_000);
                         continue;
                     };
-                    placed_once = true;
+                    settling.placing();
                     self.create_replicas(world, id, targets, fresh)?;
                 }
-                Step::Bump { epoch, survivors } => {
-                    for slot in survivors {
-                        let Some(replica) = self.segment(id).replica(slot) else {
-                            continue;
-                        };
-                        let (backup, handle, from) =
-                            (replica.backup, replica.handle, replica.epoch);
-                        self.segment_mut(id).bumping(slot, epoch);
-                        world.boundary()?;
-                        let request = Request::Bump {
-                            handle,
-                            epoch: from,
-                            new_epoch: epoch,
-                        };
-                        let (delivery, result) = world.call(backup, request);
-                        let result = outcome(delivery, result).map(|_| ());
-                        world.note(format!(
-                            "{}: bump {id} on {backup} to {epoch}: ok={}",
-                            self.id,
-                            result.is_ok()
-                        ));
-                        match result {
-                            Ok(()) => self.segment_mut(id).bumped(slot, epoch),
-                            Err(failure) => self.apply_failure(world, id, slot, backup, failure)?,
-                        }
+                Effect::Bump { epoch, bumps } => {
+                    for bump in bumps {
+                        self.bump(world, id, (epoch, bump))?;
                     }
                 }
-                Step::Record { epoch } => {
+                Effect::Record { epoch } => {
                     world.boundary()?;
                     match world.record_open_epoch(self.id, id, epoch) {
                         CoordinatorAnswer::Ok => self.segment_mut(id).recorded(epoch),
@@ -956,7 +938,7 @@ impl SimMaster {
                             return Err(Stop::Fatal("SetOpenEpoch: declared crashed".into()))
                         }
                         CoordinatorAnswer::Silent => {
-                            if one_round {
+                            if !settling.waits() {
                                 return Ok(());
                             }
                             world.wait(20_000);
@@ -968,6 +950,36 @@ impl SimMaster {
         Err(Stop::Fatal(format!(
             "{id} never settled in {SETTLE_STEPS_MAX} steps"
         )))
+    }
+
+    /// One `BumpEpoch` of a survivor (already marked bumping).
+    fn bump(
+        &mut self,
+        world: &mut World,
+        id: SegmentId,
+        (epoch, bump): (Epoch, Bump),
+    ) -> Result<(), Stop> {
+        let (slot, backup) = (bump.slot, bump.backup);
+        world.boundary()?;
+        let request = Request::Bump {
+            handle: bump.handle,
+            epoch: bump.from,
+            new_epoch: epoch,
+        };
+        let (delivery, result) = world.call(backup, request);
+        let result = outcome(delivery, result).map(|_| ());
+        world.note(format!(
+            "{}: bump {id} on {backup} to {epoch}: ok={}",
+            self.id,
+            result.is_ok()
+        ));
+        match result {
+            Ok(()) => {
+                self.segment_mut(id).bumped(slot, epoch);
+                Ok(())
+            }
+            Err(failure) => self.apply_failure(world, id, (Call::Update { slot }, backup), failure),
+        }
     }
 
     fn confirm_alive(&mut self, world: &mut World) -> Result<(), Stop> {
@@ -983,25 +995,20 @@ impl SimMaster {
         }
     }
 
-    /// Backups for `slots`: listed Up, not failed lately, none already holding a live
-    /// replica of the segment; `None` when there are too few.
+    /// Backups for `slots`: listed Up, not excluded (failed or refused lately), none
+    /// already holding a live replica of the segment; `None` when there are too few.
     fn choose(
         &mut self,
         world: &mut World,
         id: SegmentId,
         slots: &[usize],
     ) -> Option<Vec<(usize, ServerId)>> {
-        let now = world.now_us;
+        let excluded = self.failures.excluded(sim_now(world));
         let holding: BTreeSet<ServerId> = self.segment(id).backups().collect();
         let mut candidates: Vec<ServerId> = world
             .listed_backups()
             .into_iter()
-            .filter(|b| !holding.contains(b))
-            .filter(|b| {
-                self.failed
-                    .get(b)
-                    .map_or(true, |since| now - since >= FAILED_BACKUP_EXCLUSION_US)
-            })
+            .filter(|b| !holding.contains(b) && !excluded.contains(b))
             .collect();
         if candidates.len() < slots.len() {
             return None;
@@ -1038,17 +1045,9 @@ impl SimMaster {
                     self.segment_mut(id)
                         .placed(slot, Replica::new(backup, handle, epoch, ()));
                 }
-                Err(Failure::Fenced) => {
-                    return Err(Stop::Fatal(format!("fenced by {backup} opening {id}")))
-                }
-                Err(Failure::Killed) => return Err(Stop::Killed),
-                Err(Failure::Backup) => {
-                    self.apply_failure(world, id, slot, backup, Failure::Backup)?
-                }
-                // Refused (an older copy here is newer than this epoch): try another.
-                Err(Failure::Replica) => {
-                    self.failed.insert(backup, world.now_us);
-                }
+                // Refused (an older copy here is newer than this epoch), the backup
+                // excluded a while: the next round tries another.
+                Err(failure) => self.apply_failure(world, id, (Call::Open, backup), failure)?,
             }
         }
         Ok(())
@@ -1070,11 +1069,7 @@ impl SimMaster {
     ) -> Result<FrameHandle, Failure> {
         let created = self.open_and_fill(world, id, backup, epoch, bytes, closed);
         if created.is_err() {
-            self.abandoned.push(Abandoned {
-                backup,
-                segment: id,
-                epoch_max: epoch,
-            });
+            self.failures.open_failed(id, backup, epoch);
         }
         created
     }
@@ -1129,7 +1124,7 @@ impl SimMaster {
             }
             Err(failure) => {
                 self.segment_mut(id).close_answered(slot, handle, false);
-                self.apply_failure(world, id, slot, backup, failure)
+                self.apply_failure(world, id, (Call::Close { slot }, backup), failure)
             }
         }
     }
@@ -1175,6 +1170,11 @@ impl SimMaster {
             .expect("a replicated range lies in the log")
             .to_vec()
     }
+}
+
+/// The simulated time as the real cores take it.
+fn sim_now(world: &World) -> Duration {
+    Duration::from_micros(world.now_us)
 }
 
 /// What the master makes of a call: the reply if one came back, else the backup's

@@ -35,6 +35,18 @@ const MANY_SEEDS: u64 = 20_000;
 /// `objects_forgotten_after_an_abandoned_replay_never_come_back` and the simulated
 /// master's `a_replay_beside_an_abandoned_attempts_segments_fails_its_try_until_they_are_cleaned`
 /// check the key itself.
+///
+/// The simulated master then came to drive the replicator's own cores (issue 40 item 1:
+/// `ReplicaFailures`, `Settling`), which frees abandoned copies in the replicator's
+/// order and leaves a backup that refused a close out a while: most seeds run anew.
+/// Each fix undone again, 23, 32, 2286, 19, 1716, 3778, 1570, 10 and 11860 still fail;
+/// 292 (297bcd6), 1747 and 5184 (footers in open copies), 20 (issue 39 item 1) and
+/// 4997 (issue 39 item 2) no longer do. The first four were replaced by the smallest
+/// seeds that do: 120 and 124 (297bcd6: 48 of the first 3,000 fail), 1579 and 2063
+/// (footers: 19 of 20,000), 43 (issue 39 item 1: 65 of the first 2,000); 11860
+/// is left for issue 39 item 2. With 83ab2b8 undone 315 of the first 2,000 fail, with
+/// the abandoned open's fix 3 (26, 912, 1570). (15 passes with the ranking undone as
+/// newest epoch first, before this change as after it; 19 fails.)
 const REGRESSIONS: &[(u64, &str)] = &[
     (
         23,
@@ -45,7 +57,11 @@ const REGRESSIONS: &[(u64, &str)] = &[
         "a lost replica freed before its segment was whole: the last complete copy (83ab2b8)",
     ),
     (
-        292,
+        120,
+        "a re-created frame cut short hid the closed copy on the backup's disk (297bcd6)",
+    ),
+    (
+        124,
         "a re-created frame cut short hid the closed copy on the backup's disk (297bcd6)",
     ),
     (
@@ -61,11 +77,11 @@ const REGRESSIONS: &[(u64, &str)] = &[
         "recovery ranked copies newest epoch first: a partial newest-epoch copy won",
     ),
     (
-        1747,
+        1579,
         "recovery ignored the footer in open copies: the log never looked whole",
     ),
     (
-        5184,
+        2063,
         "recovery ignored the footer in open copies: the log never looked whole",
     ),
     (
@@ -86,14 +102,9 @@ const REGRESSIONS: &[(u64, &str)] = &[
          segments and the tombstone's (issue 39 item 1, 8d89f9f)",
     ),
     (
-        20,
+        43,
         "a deleted key's older version came back once the cleaner took its later versions' \
          segments and the tombstone's (issue 39 item 1, 8d89f9f)",
-    ),
-    (
-        4997,
-        "an abandoned recovery's segments stayed in the log until the backups were full \
-         (issue 39 item 2, 8d89f9f)",
     ),
     (
         11860,

@@ -1,7 +1,9 @@
 //! The backups: the server list, pulled from the coordinators' leader (or read from a
 //! fixed list) and refreshed when stale or announced newer; the backups heard from;
 //! and failures — a replica lost, a backup failed (every replica on it lost), a fence
-//! (the master must stop) — with the copies given up on, kept to be freed.
+//! (the master must stop) — with the copies given up on, kept to be freed: what each
+//! loses is `ReplicaFailures`'s to decide (`replica_failures`), and this file carries
+//! it out (counts, logs, the selector's primaries).
 
 use rampart_common::ids::{SegmentId, ServerId};
 use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
@@ -10,11 +12,11 @@ use std::collections::HashMap;
 use tokio::time::Instant;
 
 use super::state::{
-    Fatal, KnownBackup, Replicator, ServerSource, ABANDONED_MAX, SERVER_LIST_FETCH_TIMEOUT,
-    SERVER_LIST_REFRESH,
+    Fatal, KnownBackup, Replicator, ServerSource, SERVER_LIST_FETCH_TIMEOUT, SERVER_LIST_REFRESH,
 };
 use crate::replica_manager::backup_selector::BackupInfo;
-use crate::replica_manager::segment_replicas::{Abandoned, Lost};
+use crate::replica_manager::replica_failures::{Call, Cause, Loss};
+use crate::replica_manager::segment_replicas::Abandoned;
 use crate::replica_manager::transport::Failure;
 
 impl Replicator {
@@ -117,78 +119,90 @@ impl Replicator {
             else {
                 continue;
             };
-            if let Some(detail) = self.failed_beyond_replica(id, backup, failure)? {
+            let call = Call::Update { slot };
+            if let Some((detail, loss)) = self.call_failed(id, backup, call, failure)? {
                 tracing::warn!(segment = %id, %backup, %detail, "replica lost");
-                self.lose_replica(id, slot);
+                self.book(loss);
             }
         }
         Ok(())
     }
 
-    /// Applies what `failure` of a replica of `id` on `backup` loses beyond that
-    /// replica: `Fenced` stops the master ([`Fatal::Fenced`]); a failed backup loses
-    /// every replica on it. Returns the detail of a failure of that replica alone, which
-    /// each caller handles its own way.
-    pub(super) fn failed_beyond_replica(
+    /// Applies what `failure` of a `call` to `backup` for a replica of `id` loses
+    /// ([`ReplicaFailures::call_failed`]): `Fenced` stops the master ([`Fatal::Fenced`]);
+    /// a failed backup loses every replica on it. Returns a refusal of that replica
+    /// alone — its detail and what it lost — which each caller reports its own way and
+    /// then [`book`](Self::book)s.
+    ///
+    /// [`ReplicaFailures::call_failed`]: crate::replica_manager::replica_failures::ReplicaFailures::call_failed
+    pub(super) fn call_failed(
         &mut self,
         id: SegmentId,
         backup: ServerId,
+        call: Call,
         failure: Failure,
-    ) -> Result<Option<String>, Fatal> {
-        match failure {
-            Failure::Fenced => Err(Fatal::Fenced {
-                segment: id,
-                backup,
-            }),
-            Failure::Backup(detail) => {
-                self.backup_failed(backup, &detail);
-                Ok(None)
+    ) -> Result<Option<(String, Loss)>, Fatal> {
+        let (cause, detail) = match failure {
+            Failure::Fenced => (Cause::Fenced, String::new()),
+            Failure::Backup(detail) => (Cause::Backup, detail),
+            Failure::Replica(detail) => (Cause::Replica, detail),
+        };
+        if cause == Cause::Backup {
+            self.transports.forget_dead();
+        }
+        let now = Instant::now();
+        let loss = self
+            .failures
+            .call_failed(&mut self.segments, (id, backup), call, cause, now)?;
+        if cause == Cause::Backup {
+            self.booked_backup_failure(backup, &detail, loss);
+            return Ok(None);
+        }
+        Ok(Some((detail, loss)))
+    }
+
+    /// Books what a failure lost: the selector's primary count of each lost replica,
+    /// and the abandoned copies forgotten (too many to keep).
+    pub(super) fn book(&mut self, loss: Loss) {
+        if !loss.lost.is_empty() {
+            self.changed = true;
+        }
+        for lost in &loss.lost {
+            if lost.primary {
+                self.selector.primary_freed(lost.abandoned.backup);
             }
-            Failure::Replica(detail) => Ok(Some(detail)),
         }
-    }
-
-    pub(super) fn lose_replica(&mut self, id: SegmentId, slot: usize) {
-        self.changed = true;
-        let lost = self.segments.get_mut(&id).and_then(|s| s.lose(slot));
-        if let Some(lost) = lost {
-            self.forget(lost);
+        for forgotten in loss.forgotten {
+            said_forgotten(forgotten);
         }
-    }
-
-    /// Books a lost replica: the selector's primary count, and its copy to free.
-    fn forget(&mut self, lost: Lost) {
-        if lost.primary {
-            self.selector.primary_freed(lost.abandoned.backup);
-        }
-        self.abandon(lost.abandoned);
-    }
-
-    /// Remembers a copy to free, forgetting the oldest beyond [`ABANDONED_MAX`].
-    pub(super) fn abandon(&mut self, abandoned: Abandoned) {
-        if self.abandoned.len() >= ABANDONED_MAX {
-            let forgotten = self.abandoned.remove(0);
-            tracing::warn!(backup = %forgotten.backup, segment = %forgotten.segment, "too many abandoned replicas; one is not freed");
-        }
-        self.abandoned.push(abandoned);
     }
 
     /// Marks `backup` failed: every replica on it is lost (and, if the backup was only
     /// thought dead, its copies freed later).
     pub(super) fn backup_failed(&mut self, backup: ServerId, detail: &str) {
-        self.changed = true;
         self.transports.forget_dead();
-        if self.failed.insert(backup, Instant::now()).is_none() {
+        let loss = self
+            .failures
+            .backup_failed(&mut self.segments, backup, Instant::now());
+        self.booked_backup_failure(backup, detail, loss);
+    }
+
+    /// Counts and reports a backup failure (once per backup until its exclusion ends),
+    /// and books what it lost.
+    pub(super) fn booked_backup_failure(&mut self, backup: ServerId, detail: &str, loss: Loss) {
+        self.changed = true;
+        if loss.newly_failed {
             self.stats.backups_failed += 1;
             tracing::warn!(%backup, %detail, "backup failed; re-creating its replicas elsewhere");
         }
-        let lost: Vec<Lost> = self
-            .segments
-            .values_mut()
-            .flat_map(|segment| segment.lose_backup(backup))
-            .collect();
-        for lost in lost {
-            self.forget(lost);
-        }
+        self.book(loss);
     }
+}
+
+/// Says that `forgotten` will not be freed: more than [`ABANDONED_MAX`] abandoned
+/// copies would be kept.
+///
+/// [`ABANDONED_MAX`]: crate::replica_manager::replica_failures::ABANDONED_MAX
+pub(super) fn said_forgotten(forgotten: Abandoned) {
+    tracing::warn!(backup = %forgotten.backup, segment = %forgotten.segment, "too many abandoned replicas; one is not freed");
 }

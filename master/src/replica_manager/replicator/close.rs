@@ -7,7 +7,8 @@ use rampart_common::rpc::{RpcError, RpcPool};
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use super::state::{CloseDone, Link, Replicator, REFUSED_BACKUP_EXCLUSION};
+use super::state::{CloseDone, Link, Replicator};
+use crate::replica_manager::replica_failures::Call;
 use crate::replica_manager::segment_replicas::Replica;
 use crate::replica_manager::transport::{classify_rpc, REPLICA_IO_TIMEOUT};
 
@@ -59,14 +60,13 @@ impl Replicator {
             return;
         };
         // A fence is reported by the next `replicate` or `tick`.
-        match self.failed_beyond_replica(done.segment, backup, classify_rpc(&error)) {
+        let call = Call::Close { slot: done.slot };
+        match self.call_failed(done.segment, backup, call, classify_rpc(&error)) {
             Err(fatal) => self.fenced = Some(fatal),
             Ok(None) => {}
-            Ok(Some(detail)) => {
+            Ok(Some((detail, loss))) => {
                 tracing::warn!(segment = %done.segment, %backup, %detail, "close failed; replica lost");
-                self.refused
-                    .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
-                self.lose_replica(done.segment, done.slot);
+                self.book(loss);
             }
         }
     }

@@ -1,6 +1,7 @@
-//! `Step::Bump` and `Step::Record`: moving the survivors of a loss to the new epoch
-//! (`BumpEpoch`), recording it at the coordinator (`SetOpenEpoch`), and confirming
-//! this master is still Up before an open segment that lost every replica goes on.
+//! `Effect::Bump`, `Effect::Record` and `Effect::ConfirmAlive` of `Settling`: moving
+//! the survivors of a loss to the new epoch (`BumpEpoch`), recording it at the
+//! coordinator (`SetOpenEpoch`), and confirming this master is still Up before an open
+//! segment that lost every replica goes on.
 
 use futures::future::join_all;
 use rampart_common::coordinator_set::CoordinatorCallError;
@@ -15,32 +16,32 @@ use tokio::time::Instant;
 
 use super::settle::Waiting;
 use super::state::{Fatal, Replicator, ServerSource, SERVER_LIST_FETCH_TIMEOUT};
+use crate::replica_manager::settling::Bump;
 use crate::replica_manager::transport::{classify_rpc, Failure, REPLICA_IO_TIMEOUT};
 
 impl Replicator {
-    /// Moves the replicas of `id` in `survivors` to `epoch` (`BumpEpoch`); returns the
-    /// failures by slot.
+    /// Sends `bumps` of replicas of `id` to `epoch` (`BumpEpoch`, all at once); returns
+    /// the failures by slot.
     pub(super) async fn bump_epochs(
         &mut self,
         id: SegmentId,
         epoch: Epoch,
-        survivors: &[usize],
+        bumps: &[Bump],
     ) -> Vec<(usize, Failure)> {
-        let Some(segment) = self.segments.get_mut(&id) else {
+        let Some(segment) = self.segments.get(&id) else {
             return Vec::new();
         };
         let mut calls = Vec::new();
-        for &slot in survivors {
-            segment.bumping(slot, epoch);
-            let Some(replica) = segment.replica(slot) else {
+        for bump in bumps {
+            let Some(replica) = segment.replica(bump.slot) else {
                 continue;
             };
             let request = BumpEpochRequest {
-                handle: replica.handle,
-                epoch: replica.epoch,
+                handle: bump.handle,
+                epoch: bump.from,
                 new_epoch: epoch,
             };
-            let (pool, addr) = (Arc::clone(&self.pool), replica.link.addr.clone());
+            let (pool, addr, slot) = (Arc::clone(&self.pool), replica.link.addr.clone(), bump.slot);
             calls.push(async move {
                 let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
                 let result = pool.call::<BumpEpoch>(&addr, &request, deadline).await;

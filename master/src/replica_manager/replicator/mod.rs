@@ -1,8 +1,12 @@
 //! `Replicator`: keeps R replicas of every segment of this master's log on backups
-//! (DESIGN.md §5). It is the async driver of two pure cores: `SegmentReplicas`
+//! (DESIGN.md §5). It is the async driver of pure cores: `SegmentReplicas`
 //! (`segment_replicas`), which decides for each segment what to place, bump, record,
-//! close and free, and `BackupSelector`, which chooses backups; it reaches the frames
-//! through the transports of `transport` (one `ReplicaTransport` per kind).
+//! close and free; `Settling` (`settling`), which turns that into the next effect of a
+//! settle and says when to stop trying; `ReplicaFailures` (`replica_failures`), which
+//! decides what a failed call loses, which backups are left out a while and when a
+//! copy given up on is freed; and `BackupSelector`, which chooses backups. The
+//! simulation (`rampart-sim`) drives the same cores. It reaches the frames through the
+//! transports of `transport` (one `ReplicaTransport` per kind).
 //!
 //! The appender owns it and calls [`Replicator::replicate`] with every batch's sealed
 //! byte ranges, each carrying its bytes ([`SealedRange`]), between sealing the batch and
@@ -96,12 +100,14 @@
 //! * `state` — the configuration ([`ReplicationConfig`], [`ServerSource`]), the timing
 //!   constants, [`Fatal`], and the [`Replicator`] with its construction and counters.
 //! * `write` — the write path: [`Replicator::replicate`] and the open segments' bytes.
-//! * `settle` — the loop doing what `SegmentReplicas::step` asks, and its waits.
-//! * `place` — `Step::Place`: choosing backups, opening and filling replicas.
-//! * `epochs` — `Step::Bump` and `Step::Record`, and the check that this master is Up.
+//! * `settle` — the loop carrying out what `Settling::next` asks, and its waits.
+//! * `place` — `Effect::Place`: choosing backups, opening and filling replicas.
+//! * `epochs` — `Effect::Bump` and `Effect::Record`, and the check that this master is
+//!   Up (`Effect::ConfirmAlive`).
 //! * `close` — closing the replicas of a segment whose footer was written.
-//! * `backups` — the server list, the backups heard from, and the failures of replicas
-//!   and backups with the copies given up on.
+//! * `backups` — the server list, the backups heard from, and carrying out what
+//!   `ReplicaFailures` decides of the failures of replicas and backups (counts, logs,
+//!   the selector's primaries).
 //! * `upkeep` — [`Replicator::tick`], [`Replicator::recreate`] and
 //!   [`Replicator::free_segments`]: probes, frees and re-replication between batches.
 //!

@@ -1,6 +1,6 @@
-//! `Step::Place`: choosing backups for a segment's empty slots, and opening a replica
-//! on each at a new epoch, filled with the segment's bytes so far (and closed, if the
-//! segment is).
+//! `Effect::Place` of `Settling`: choosing backups for a segment's empty slots, and
+//! opening a replica on each at a new epoch, filled with the segment's bytes so far
+//! (and closed, if the segment is).
 
 use bytes::Bytes;
 use rampart_common::ids::{Epoch, SegmentId, ServerId};
@@ -8,26 +8,18 @@ use rampart_common::protocol::backup::{OpenReplica, OpenReplicaRequest};
 use std::collections::HashSet;
 use tokio::time::Instant;
 
+use super::backups::said_forgotten;
 use super::close::close_replica;
-use super::state::{Fatal, Link, Replicator, REFUSED_BACKUP_EXCLUSION};
+use super::state::{Fatal, Link, Replicator};
 use crate::replica_manager::backup_selector::NotEnoughBackups;
-use crate::replica_manager::segment_replicas::{Abandoned, Replica};
+use crate::replica_manager::replica_failures::Call;
+use crate::replica_manager::segment_replicas::Replica;
 use crate::replica_manager::transport::{classify_rpc, Failure, REPLICA_IO_TIMEOUT};
 
 impl Replicator {
+    /// The backups not to choose now: failed or refused lately.
     pub(super) fn excluded(&self) -> HashSet<ServerId> {
-        let now = Instant::now();
-        self.failed
-            .iter()
-            .filter(|(_, since)| now - **since < self.config.failed_backup_exclusion)
-            .map(|(id, _)| *id)
-            .chain(
-                self.refused
-                    .iter()
-                    .filter(|(_, until)| **until > now)
-                    .map(|(id, _)| *id),
-            )
-            .collect()
+        self.failures.excluded(Instant::now())
     }
 
     /// Backups for the empty `slots` of `id`: a fresh segment gets all R from `select`
@@ -63,6 +55,8 @@ impl Replicator {
     /// the segment's bytes so far (and closed, if the segment is). A backup that fails
     /// is marked failed; one that refuses is left out (`refused`) for this settle and
     /// for [`REFUSED_BACKUP_EXCLUSION`].
+    ///
+    /// [`REFUSED_BACKUP_EXCLUSION`]: super::state::REFUSED_BACKUP_EXCLUSION
     pub(super) async fn create_replicas(
         &mut self,
         id: SegmentId,
@@ -94,11 +88,12 @@ impl Replicator {
                         // `select` counted a primary there; it holds none.
                         self.selector.primary_freed(backup);
                     }
-                    if let Some(detail) = self.failed_beyond_replica(id, backup, failure)? {
+                    if let Some((detail, loss)) =
+                        self.call_failed(id, backup, Call::Open, failure)?
+                    {
                         tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
                         refused.insert(backup);
-                        self.refused
-                            .insert(backup, Instant::now() + REFUSED_BACKUP_EXCLUSION);
+                        self.book(loss);
                     }
                 }
             }
@@ -128,11 +123,9 @@ impl Replicator {
             .open_and_fill(id, backup, addr, epoch, capacity, bytes, closed)
             .await;
         if result.is_err() {
-            self.abandon(Abandoned {
-                backup,
-                segment: id,
-                epoch_max: epoch,
-            });
+            if let Some(forgotten) = self.failures.open_failed(id, backup, epoch) {
+                said_forgotten(forgotten);
+            }
         }
         result
     }

@@ -1,6 +1,6 @@
-//! `settle`: does what `SegmentReplicas::step` asks (place, bump, record) until every
-//! replica of a segment is live and current, waiting for backups or coordinators as
-//! its [`Patience`] allows.
+//! `settle`: carries out what `Settling::next` asks (confirm alive, place, bump,
+//! record) until every replica of a segment is live and current, waiting for backups
+//! or coordinators as its [`Patience`] allows.
 
 use bytes::Bytes;
 use rampart_common::ids::{SegmentId, ServerId};
@@ -9,16 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::state::{Fatal, Replicator, SHORTAGE_SAID_AFTER, WAIT_BACKOFF_MAX, WAIT_WARN_INTERVAL};
-use crate::replica_manager::segment_replicas::Step;
-
-/// How long [`Replicator::settle`] keeps trying.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Patience {
-    /// Until every replica exists (the write path: nothing is acknowledged before).
-    UntilDone,
-    /// One placement round (upkeep between batches: the next tick tries again).
-    OneAttempt,
-}
+use crate::replica_manager::settling::{Effect, Patience, Settling};
 
 /// Progress of a wait in [`Replicator::settle`]: for backups to place replicas on, or
 /// for a coordinator to record an epoch.
@@ -61,14 +52,13 @@ impl Waiting {
 }
 
 impl Replicator {
-    /// Does what [`SegmentReplicas::step`] asks until every replica of `id` is live and
-    /// current: places replicas in empty slots (holding the segment's bytes so far),
-    /// bumps the survivors of a loss to the new epoch, records it at the coordinator.
-    /// With [`Patience::UntilDone`] waits, refreshing the server list, while not enough
-    /// backups exist, and retries while no coordinator answers; with
+    /// Carries out what [`Settling::next`] asks until every replica of `id` is live and
+    /// current: confirms this master is Up before an open segment that lost every
+    /// replica goes on, places replicas in empty slots (holding the segment's bytes so
+    /// far), bumps the survivors of a loss to the new epoch, records it at the
+    /// coordinator. With [`Patience::UntilDone`] waits, refreshing the server list,
+    /// while not enough backups exist, and retries while no coordinator answers; with
     /// [`Patience::OneAttempt`] returns after one placement round or one failed round.
-    ///
-    /// [`SegmentReplicas::step`]: crate::replica_manager::segment_replicas::SegmentReplicas::step
     pub(super) async fn settle(
         &mut self,
         id: SegmentId,
@@ -78,30 +68,24 @@ impl Replicator {
         let mut refused: HashSet<ServerId> = HashSet::new();
         let mut for_backups = Waiting::new();
         let mut for_record = Waiting::new();
-        let mut placed_once = false;
+        let mut settling = Settling::new(patience);
         loop {
             let Some(segment) = self.segments.get_mut(&id) else {
                 return Ok(());
             };
-            match segment.step() {
-                Step::Ready => return Ok(()),
-                Step::Place {
-                    slots,
-                    fresh,
-                    confirm_alive,
-                } => {
-                    if placed_once && patience == Patience::OneAttempt {
-                        return Ok(());
-                    }
-                    if confirm_alive {
-                        self.confirm_alive().await?;
-                    }
+            match settling.next(segment) {
+                Effect::Done => return Ok(()),
+                Effect::ConfirmAlive => {
+                    self.confirm_alive().await?;
+                    settling.alive();
+                }
+                Effect::Place { slots, fresh } => {
                     self.refresh_servers(false).await;
                     let mut exclude = self.excluded();
                     exclude.extend(refused.iter().copied());
                     match self.place(id, &slots, fresh, &exclude) {
                         Ok(targets) => {
-                            placed_once = true;
+                            settling.placing();
                             let refusals = refused.len();
                             self.create_replicas(id, targets, fresh, &mut refused, log_bytes)
                                 .await?;
@@ -127,7 +111,7 @@ impl Replicator {
                                 // Backups that refused may have room again.
                                 refused.clear();
                             }
-                            if patience == Patience::OneAttempt {
+                            if !settling.waits() {
                                 return Ok(());
                             }
                             for_backups.pause().await;
@@ -135,17 +119,17 @@ impl Replicator {
                         }
                     }
                 }
-                Step::Bump { epoch, survivors } => {
+                Effect::Bump { epoch, bumps } => {
                     // A survivor whose bump fails is lost: the next step replaces it.
-                    let failures = self.bump_epochs(id, epoch, &survivors).await;
+                    let failures = self.bump_epochs(id, epoch, &bumps).await;
                     self.apply_failures(id, failures)?;
                 }
-                Step::Record { epoch } => {
+                Effect::Record { epoch } => {
                     if let Err(error) = self.record_open_epoch(id, epoch).await? {
                         if for_record.warn_due(Instant::now()) {
                             tracing::warn!(segment = %id, %epoch, %error, "open segment epoch not recorded; writes wait for the coordinators");
                         }
-                        if patience == Patience::OneAttempt {
+                        if !settling.waits() {
                             return Ok(());
                         }
                         for_record.pause().await;

@@ -15,7 +15,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::replica_manager::backup_selector::{BackupSelector, BackupShortage};
-use crate::replica_manager::segment_replicas::{Abandoned, SegmentReplicas};
+pub use crate::replica_manager::replica_failures::ABANDONED_MAX;
+use crate::replica_manager::replica_failures::{Fenced, ReplicaFailures};
+use crate::replica_manager::segment_replicas::SegmentReplicas;
 use crate::replica_manager::server_list_watch::ServerListWatch;
 use crate::replica_manager::transport::{ReplicaTransport, Transports};
 
@@ -122,6 +124,15 @@ pub enum Fatal {
     NotWritable(SegmentId),
 }
 
+impl From<Fenced> for Fatal {
+    fn from(fenced: Fenced) -> Fatal {
+        Fatal::Fenced {
+            segment: fenced.segment,
+            backup: fenced.backup,
+        }
+    }
+}
+
 /// How the driver reaches one replica: its backup's address and the transport chosen
 /// when it was opened.
 #[derive(Clone, Debug)]
@@ -182,11 +193,11 @@ pub struct Replicator {
     pub(super) server_list: Arc<ServerListWatch>,
     /// Whether writes wait for backups now (published for status reports).
     pub(super) shortage: Arc<BackupShortage>,
-    /// Backups marked failed, and when.
-    pub(super) failed: HashMap<ServerId, Instant>,
-    /// Backups that refused a replica (full frames or disk), and until when they are
-    /// not chosen.
-    pub(super) refused: HashMap<ServerId, Instant>,
+    /// Backups marked failed (excluded for `failed_backup_exclusion`) or that refused
+    /// a replica (full frames or disk: excluded for [`REFUSED_BACKUP_EXCLUSION`]), and
+    /// the copies given up on, to free (at most [`ABANDONED_MAX`]): what each failure
+    /// loses is this core's to decide.
+    pub(super) failures: ReplicaFailures<Instant>,
     /// Every live segment this replicator has seen.
     pub(super) segments: BTreeMap<SegmentId, Segment>,
     /// The bytes of each open segment replicated so far, copied range by range (a
@@ -208,17 +219,9 @@ pub struct Replicator {
     /// Set when a background close was refused as fenced: the next call to
     /// `replicate` or `tick` fails with it.
     pub(super) fenced: Option<Fatal>,
-    /// Copies this master stopped using that may still exist on a live backup; freed
-    /// (epoch-bounded) by `tick`. Invariant: at most [`ABANDONED_MAX`] entries.
-    pub(super) abandoned: Vec<Abandoned>,
     /// A replica was placed, lost, closed or re-created since `take_changed_stats`.
     pub(super) changed: bool,
 }
-
-/// Most abandoned replicas remembered for freeing; older ones are forgotten (their
-/// copies stay on the backup, across its restarts too — a restarted backup stores its
-/// frames — until a recovery of this master frees the master's replicas there).
-pub const ABANDONED_MAX: usize = 4096;
 
 impl std::fmt::Debug for Replicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -238,6 +241,8 @@ impl Replicator {
             ServerSource::Fixed(_) => CoordinatorSet::new::<&str>(&[]),
         };
         let pool = Arc::new(RpcPool::new());
+        let failures =
+            ReplicaFailures::new(config.failed_backup_exclusion, REFUSED_BACKUP_EXCLUSION);
         Replicator {
             own,
             selector: BackupSelector::new(own, config.seed ^ own.0),
@@ -255,8 +260,7 @@ impl Replicator {
             list_version: 0,
             server_list: Arc::new(ServerListWatch::new()),
             shortage: Arc::default(),
-            failed: HashMap::new(),
-            refused: HashMap::new(),
+            failures,
             segments: BTreeMap::new(),
             open_bytes: BTreeMap::new(),
             spare_buffers: Vec::new(),
@@ -264,7 +268,6 @@ impl Replicator {
             closes: JoinSet::new(),
             stats: ReplicationStats::default(),
             fenced: None,
-            abandoned: Vec::new(),
             changed: false,
         }
     }

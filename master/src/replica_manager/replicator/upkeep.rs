@@ -5,16 +5,16 @@
 
 use bytes::Bytes;
 use futures::future::join_all;
-use rampart_common::ids::{Epoch, SegmentId, ServerId};
+use rampart_common::ids::{SegmentId, ServerId};
 use rampart_common::protocol::backup::{FreeReplica, FreeReplicaRequest};
 use rampart_common::protocol::master::{Ping, PingRequest};
 use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use super::settle::Patience;
-use super::state::{Fatal, Replicator, Segment, PROBE_INTERVAL, PROBE_TIMEOUT};
-use crate::replica_manager::segment_replicas::Abandoned;
+use super::backups::said_forgotten;
+use super::state::{Fatal, Replicator, PROBE_INTERVAL, PROBE_TIMEOUT};
+use crate::replica_manager::settling::Patience;
 
 impl Replicator {
     /// Background upkeep between batches: finished closes, the server list, probes of
@@ -37,10 +37,7 @@ impl Replicator {
         self.refresh_servers(false).await;
         self.probe_quiet_backups().await;
         self.free_abandoned().await;
-        let now = Instant::now();
-        let exclusion = self.config.failed_backup_exclusion;
-        self.failed.retain(|_, since| now - *since < exclusion);
-        self.refused.retain(|_, until| *until > now);
+        self.failures.expire(Instant::now());
         // The open segments' lost replicas and unrecorded epochs: without a write they
         // would wait for one (and the next write waits for them).
         let open_needing: Vec<SegmentId> = self
@@ -79,19 +76,13 @@ impl Replicator {
                 continue;
             };
             self.changed = true;
-            let held: Vec<(usize, ServerId)> = segment
-                .live()
-                .map(|(slot, replica)| (slot, replica.backup))
-                .collect();
-            for (slot, backup) in held {
-                if slot == 0 {
-                    self.selector.primary_freed(backup);
+            for (lost, forgotten) in self.failures.segment_freed(*id, &segment) {
+                if lost.primary {
+                    self.selector.primary_freed(lost.abandoned.backup);
                 }
-                self.abandon(Abandoned {
-                    backup,
-                    segment: *id,
-                    epoch_max: Epoch::MAX,
-                });
+                if let Some(forgotten) = forgotten {
+                    said_forgotten(forgotten);
+                }
             }
         }
     }
@@ -105,21 +96,13 @@ impl Replicator {
     /// again (every replica live, on disk or at a recorded epoch); forgets those
     /// whose backup left the server list (its replicas went with it).
     async fn free_abandoned(&mut self) {
-        if self.abandoned.is_empty() {
+        let backups = &self.backups;
+        let ready = self
+            .failures
+            .take_frees(|backup| backups.contains_key(&backup), &self.segments);
+        if ready.is_empty() {
             return;
         }
-        let backups = &self.backups;
-        self.abandoned.retain(|a| backups.contains_key(&a.backup));
-        let (ready, waiting): (Vec<Abandoned>, Vec<Abandoned>) =
-            std::mem::take(&mut self.abandoned)
-                .into_iter()
-                .partition(|a| {
-                    // A copy is kept until its segment is whole again: it may be the
-                    // last complete one outside this master (`SegmentReplicas::whole`).
-                    !self.failed.contains_key(&a.backup)
-                        && self.segments.get(&a.segment).map_or(true, Segment::whole)
-                });
-        self.abandoned = waiting;
         let own = self.own;
         let frees = ready.into_iter().filter_map(|a| {
             let addr = self.backups.get(&a.backup)?.addr.clone();
@@ -141,8 +124,10 @@ impl Replicator {
                 // Unreachable: the backup counts as failed (so upkeep does not wait on
                 // it every tick); the free is tried again once its exclusion ends.
                 Err(error) if error.is_transport() => {
-                    self.backup_failed(a.backup, &error.to_string());
-                    self.abandoned.push(a);
+                    self.transports.forget_dead();
+                    let now = Instant::now();
+                    let loss = self.failures.free_unanswered(&mut self.segments, a, now);
+                    self.booked_backup_failure(a.backup, &error.to_string(), loss);
                 }
                 Err(error) => {
                     tracing::debug!(backup = %a.backup, segment = %a.segment, %error, "free of an abandoned replica refused");

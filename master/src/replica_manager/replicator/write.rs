@@ -7,9 +7,9 @@ use futures::future::join_all;
 use rampart_common::ids::SegmentId;
 use std::sync::Arc;
 
-use super::settle::Patience;
 use super::state::{Fatal, Replicator, Segment, SPARE_BUFFERS_MAX};
 use crate::replica_manager::segment_replicas::SegmentReplicas;
+use crate::replica_manager::settling::Patience;
 use crate::replica_manager::transport::Failure;
 use crate::segmented_log::SealedRange;
 
