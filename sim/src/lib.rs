@@ -43,7 +43,11 @@
 //!   (entries, tombstones of removed and of overwritten versions, Tailwind checksums,
 //!   digests — later ones too — footers, rollovers, survivors);
 //! * each segment's replicas are a real `SegmentReplicas` (placement, epochs, bumps,
-//!   the epoch recorded at the coordinator, closes, frees);
+//!   the epoch recorded at the coordinator, closes, frees), driven through the
+//!   replicator's own cores: `Settling` (the next effect a segment needs) and
+//!   `ReplicaFailures` (what a failed call loses, exclusions, the copies to free);
+//! * each backup's recovery listing and replica read-back are the backup's own
+//!   (`rampart_backup::held_replicas`);
 //! * the coordinators' state is the real `CoordinatorState` (enlistment, the table's
 //!   tablets, crash declarations, `SetOpenEpoch` with its two-segment bound and its
 //!   refusal once the master is crashed, `ReserveVersions`, `RecoveredPartition` with
