@@ -89,7 +89,7 @@ impl StoreHandle {
     /// was freed.
     pub fn free(&self, key: ReplicaKey, epoch_max: Epoch) -> Result<bool, StoreError> {
         self.changing(&[key], |store| match store.meta(key.0, key.1) {
-            Some(meta) if meta.epoch > epoch_max => Ok(false),
+            Some(meta) if meta.outlives_free(epoch_max) => Ok(false),
             _ => store.free(key.0, key.1),
         })
     }

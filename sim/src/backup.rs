@@ -19,10 +19,11 @@
 //!   when the table assigns it unless `Opened::keeps_bytes` (as `Frames::open` does
 //!   with `FrameFile::assign` / `assign_keeping_data`), released keeping its bytes.
 //! * The *store* is a map of closed replicas, bytes and [`ReplicaMeta`], whose write
-//!   and free rules restate the `SegmentStore`'s (`check_write`, `StoreHandle::free`);
-//!   the table's mirror of it is updated with [`FrameTable::set_stored`] right after
-//!   each change, as `StoreHandle` does under the store's lock. Its files are its
-//!   entries: a read of "the file" finds the stored copy.
+//!   and free rules are the real store's ([`check_write`],
+//!   [`ReplicaMeta::outlives_free`]); the table's mirror of it is updated with
+//!   [`FrameTable::set_stored`] right after each change, as `StoreHandle` does under
+//!   the store's lock. Its files are its entries: a read of "the file" finds the stored
+//!   copy.
 //! * Each request follows its handler in the backup's `service/`: a write checks
 //!   [`FrameTable::writable`] (the checks of `WriteReplica` and the soft-NIC: the frame
 //!   open, at the writer's epoch, not fenced, not closing, in bounds), then copies; a
@@ -47,7 +48,7 @@ use rampart_backup::frame_table::{
     FrameLimits, FrameRef, FrameTable, Refusal as TableRefusal, Release, ReplicaKey,
 };
 use rampart_backup::held_replicas::{self, HeldFrame, HeldReplicas};
-use rampart_backup::segment_store::{ReplicaMeta, StoreError};
+use rampart_backup::segment_store::{check_write, ReplicaMeta, StoreError};
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::log::scan;
 use rampart_common::onesided::shm::SlotLabel;
@@ -276,18 +277,13 @@ impl SimBackup {
         committed
     }
 
-    /// `SegmentStore::write_replica`'s rule (`check_write`): a copy at an older epoch,
-    /// or one of the same epoch that is shorter or reopens a closed one, is refused
-    /// (`StaleEpoch` or `Regressed`, both answered `StaleEpoch`).
+    /// `SegmentStore::commit`: stored unless the real store's rule ([`check_write`])
+    /// refuses it (`StaleEpoch` or `Regressed`, both answered `StaleEpoch`).
     fn store_write(&mut self, meta: ReplicaMeta, bytes: Vec<u8>) -> Result<(), Refusal> {
         let key = (meta.master, meta.segment);
-        if let Some(held) = self.store.get(&key).map(|s| s.meta) {
-            let regressed = meta.epoch == held.epoch
-                && (meta.length < held.length || (held.closed && !meta.closed));
-            if meta.epoch < held.epoch || regressed {
-                return Err(Refusal::StaleEpoch);
-            }
-        }
+        let held = self.store.get(&key).map(|stored| &stored.meta);
+        check_write(held, key, (meta.epoch, meta.length, meta.closed))
+            .map_err(|_| Refusal::StaleEpoch)?;
         self.store.insert(key, StoredReplica { meta, bytes });
         Ok(())
     }
@@ -315,10 +311,11 @@ impl SimBackup {
         if let Some(slot) = slot {
             self.release(Release { slot, kept: None });
         }
+        // `StoreHandle::free`: the real store's rule of which copy a free spares.
         if self
             .store
             .get(&key)
-            .is_some_and(|stored| stored.meta.epoch <= epoch_max)
+            .is_some_and(|stored| !stored.meta.outlives_free(epoch_max))
         {
             self.store.remove(&key);
         }

@@ -59,6 +59,15 @@ pub struct ReplicaMeta {
     pub content_crc32: u32,
 }
 
+impl ReplicaMeta {
+    /// Whether a `FreeReplica` bounded by `epoch_max` spares this copy: it is newer, a
+    /// replacement placed after the free was decided (`StoreHandle::free`; the
+    /// simulation's store keeps the rule by calling this).
+    pub fn outlives_free(&self, epoch_max: Epoch) -> bool {
+        self.epoch > epoch_max
+    }
+}
+
 /// Why a file in the store is not a valid replica.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Corruption {

@@ -98,6 +98,6 @@ pub use format::{
     Corruption, ReplicaFile, ReplicaFiles, ReplicaMeta, HEADER_BYTES, REPLICA_BYTES_MAX,
 };
 pub use store::{
-    PreparedReplica, QuarantinedFile, ReplicaImage, ReplicaWriter, ScanReport, SegmentStore,
-    StoreError,
+    check_write, PreparedReplica, QuarantinedFile, ReplicaImage, ReplicaWriter, ScanReport,
+    SegmentStore, StoreError,
 };

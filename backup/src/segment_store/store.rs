@@ -311,7 +311,8 @@ impl SegmentStore {
         Ok(meta)
     }
 
-    /// Whether a write of these facts may replace what the store holds (Guarantee 4).
+    /// Whether a write of these facts may replace what the store holds (Guarantee 4):
+    /// [`check_write`] against the stored copy.
     fn check_write(
         &self,
         master: ServerId,
@@ -320,29 +321,11 @@ impl SegmentStore {
         length: u32,
         closed: bool,
     ) -> Result<(), StoreError> {
-        let Some(stored) = self.index.get(&(master, segment)) else {
-            return Ok(());
-        };
-        if epoch < stored.epoch {
-            return Err(StoreError::StaleEpoch {
-                master,
-                segment,
-                epoch,
-                stored_epoch: stored.epoch,
-            });
-        }
-        if epoch == stored.epoch && (length < stored.length || (stored.closed && !closed)) {
-            return Err(StoreError::Regressed {
-                master,
-                segment,
-                epoch,
-                length,
-                closed,
-                stored_length: stored.length,
-                stored_closed: stored.closed,
-            });
-        }
-        Ok(())
+        check_write(
+            self.index.get(&(master, segment)),
+            (master, segment),
+            (epoch, length, closed),
+        )
     }
 
     /// The content of the replica of `segment` of `master`, verified against its
@@ -750,6 +733,46 @@ fn io_error(path: &Path, source: io::Error) -> StoreError {
             source,
         }
     }
+}
+
+/// Whether a copy of replica `key` at `epoch`, `length` bytes long and `closed` or not,
+/// may replace `stored`, the copy the store holds of it (Guarantee 4): not when `stored`
+/// is at a newer epoch ([`StoreError::StaleEpoch`]), nor when it is at the same epoch
+/// with more bytes or closed where this one is not ([`StoreError::Regressed`]).
+/// Rewriting identical facts is allowed (a retry). The rule of
+/// [`SegmentStore::write_replica`] and [`SegmentStore::commit`]; the simulation's store
+/// (`rampart-sim`) keeps it by calling this.
+///
+/// # Errors
+/// The refusal, as above.
+pub fn check_write(
+    stored: Option<&ReplicaMeta>,
+    (master, segment): (ServerId, SegmentId),
+    (epoch, length, closed): (Epoch, u32, bool),
+) -> Result<(), StoreError> {
+    let Some(stored) = stored else {
+        return Ok(());
+    };
+    if epoch < stored.epoch {
+        return Err(StoreError::StaleEpoch {
+            master,
+            segment,
+            epoch,
+            stored_epoch: stored.epoch,
+        });
+    }
+    if epoch == stored.epoch && (length < stored.length || (stored.closed && !closed)) {
+        return Err(StoreError::Regressed {
+            master,
+            segment,
+            epoch,
+            length,
+            closed,
+            stored_length: stored.length,
+            stored_closed: stored.closed,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
