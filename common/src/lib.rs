@@ -25,6 +25,7 @@
 //! * [`failpoints`] — deliberate misbehaviour for process tests, compiled in only for
 //!   them.
 
+pub mod announce;
 pub mod auth;
 pub mod backoff;
 pub mod config;

@@ -2,8 +2,8 @@
 //! outlive their parent.
 //!
 //! Each child is this same executable with a subcommand. It prints one line naming its
-//! bound address; [`Children::spawn`] waits for that line (with a timeout) and returns
-//! the address. Orphans are prevented twice: children ask the kernel for SIGTERM when
+//! bound address (`rampart_common::announce`); [`Children::spawn`] waits for that line
+//! (with a timeout) and returns the address. Orphans are prevented twice: children ask the kernel for SIGTERM when
 //! the parent dies (`PR_SET_PDEATHSIG`, which covers a SIGKILLed parent), and dropping
 //! `Children` terminates them (SIGTERM, then SIGKILL after a grace period). Each child
 //! has a process group of its own, so that Ctrl-C on a terminal reaches the parent
@@ -14,6 +14,7 @@
 //! thread), or they are stopped when a short-lived thread that started them ends.
 
 use anyhow::{anyhow, bail, Context, Result};
+use rampart_common::announce::{Announce, Speaker};
 use std::io::Write;
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
@@ -36,8 +37,8 @@ pub struct Running {
     pub name: String,
     /// The address it announced.
     pub addr: String,
-    /// The announce line's words (e.g. `["server", "3", "listening", "on", ADDR]`).
-    pub announce: Vec<String>,
+    /// Who said it was listening (a server says its id).
+    pub speaker: Option<Speaker>,
     /// The HTTP URLs it announced before that line (`... metrics at http://...`), in
     /// order: a server's metrics; a coordinator's status page, then its metrics.
     pub urls: Vec<String>,
@@ -68,27 +69,25 @@ pub struct Starting {
 }
 
 impl Starting {
-    /// Waits (at most [`CHILD_START_TIMEOUT`] from now) for a line of the child's that
-    /// contains `marker`, and returns its last word (an address); the lines before it
-    /// are dropped.
-    pub fn wait_for(&mut self, marker: &str) -> Result<String> {
+    /// Waits (at most [`CHILD_START_TIMEOUT`] from now) for the child's `waiting for its
+    /// peers, bound to ADDR` line ([`Announce::WaitingForPeers`]) and returns ADDR; the
+    /// lines before it are dropped.
+    pub fn wait_bound(&mut self) -> Result<String> {
+        const BOUND: &str = "waiting for its peers";
         let deadline = Instant::now() + CHILD_START_TIMEOUT;
         loop {
             let wait = deadline.saturating_duration_since(Instant::now());
             match self.lines_rx.recv_timeout(wait) {
-                Ok(line) if line.contains(marker) => {
-                    return line
-                        .split_whitespace()
-                        .last()
-                        .map(str::to_string)
-                        .ok_or_else(|| anyhow!("{} printed an empty line", self.name));
+                Ok(line) => {
+                    if let Some(Announce::WaitingForPeers { addr, .. }) = Announce::parse(&line) {
+                        return Ok(addr);
+                    }
                 }
-                Ok(_) => continue,
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    bail!("{} exited before it printed `{marker}`", self.name)
+                    bail!("{} exited before it printed `{BOUND}`", self.name)
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => bail!(
-                    "{} did not print `{marker}` within {CHILD_START_TIMEOUT:?}",
+                    "{} did not print `{BOUND}` within {CHILD_START_TIMEOUT:?}",
                     self.name
                 ),
             }
@@ -232,20 +231,16 @@ impl Children {
         let lines_rx = &starting.lines_rx;
         let deadline = Instant::now() + CHILD_START_TIMEOUT;
         let mut urls = Vec::new();
-        let line = loop {
+        let (speaker, addr) = loop {
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(100));
             match lines_rx.recv_timeout(wait) {
-                Ok(line) if line.contains(" listening on ") => break line,
-                Ok(line) => {
-                    urls.extend(
-                        line.split_whitespace()
-                            .filter(|word| word.starts_with("http://"))
-                            .map(str::to_string),
-                    );
-                    continue;
-                }
+                Ok(line) => match Announce::parse(&line) {
+                    Some(Announce::Listening { speaker, addr }) => break (speaker, addr),
+                    Some(announce) => urls.extend(announce.urls().into_iter().map(String::from)),
+                    None => {}
+                },
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = child.wait().ok();
                     bail!("{name} exited before it was ready ({status:?}); see its messages above");
@@ -262,15 +257,10 @@ impl Children {
                 }
             }
         };
-        let announce: Vec<String> = line.split_whitespace().map(str::to_string).collect();
-        let addr = announce
-            .last()
-            .cloned()
-            .ok_or_else(|| anyhow!("{name} announced nothing"))?;
         self.running.push(Running {
             name,
             addr,
-            announce,
+            speaker: Some(speaker),
             urls,
             child,
             exited: None,
@@ -447,7 +437,7 @@ mod tests {
         children.running.push(Running {
             name: "busy".into(),
             addr: String::new(),
-            announce: Vec::new(),
+            speaker: None,
             urls: Vec::new(),
             child,
             exited: None,

@@ -23,6 +23,7 @@ use std::time::Duration;
 use crate::child_processes::{Children, Running};
 use crate::process::PEERS_ON_STDIN;
 use crate::progress::Progress;
+use rampart_common::announce::{ClusterLine, Speaker};
 use rampart_ops::netns::Network;
 
 /// Replicas per segment when `--replicas` is not given (clamped to servers − 1).
@@ -250,7 +251,7 @@ impl LocalCluster {
         let running =
             self.children
                 .spawn(&server_name(slot), &command, &self.env, netns.as_deref())?;
-        let id = announced_id(&running.announce);
+        let id = announced_id(running);
         let addr = running.addr.clone();
         self.servers[slot - 1] = (id, addr.clone());
         Ok((id, addr))
@@ -296,9 +297,25 @@ fn server_name(slot: usize) -> String {
     format!("server #{slot}")
 }
 
-/// The server id in a server's announce line (`server ID listening on ADDR`); 0 if absent.
-fn announced_id(announce: &[String]) -> u64 {
-    announce.get(1).and_then(|id| id.parse().ok()).unwrap_or(0)
+/// The report line of a process started (`coordinator N at ADDR (pid P)`, ...).
+fn started_line(
+    speaker: Speaker,
+    running: &Running,
+    data: Option<String>,
+    hint: String,
+) -> ClusterLine {
+    ClusterLine::Started {
+        speaker,
+        addr: running.addr.clone(),
+        pid: running.pid(),
+        data,
+        hint,
+    }
+}
+
+/// The server id a server announced (`server ID listening on ADDR`); 0 if none.
+fn announced_id(running: &Running) -> u64 {
+    running.speaker.and_then(|s| s.server_id()).unwrap_or(0)
 }
 
 /// Starts a cluster as described by `args` on this host's addresses, printing a line per
@@ -345,13 +362,15 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
     let mut coordinators = Vec::new();
     let mut take_in = |id: u64, running: &Running| {
         if print {
-            println!(
-                "coordinator {id} at {} (pid {})",
-                running.addr,
-                running.pid()
-            );
+            let speaker = Speaker::Coordinator(id);
+            println!("{}", started_line(speaker, running, None, String::new()));
             if let [page, metrics, ..] = running.urls.as_slice() {
-                println!("coordinator {id} status page {page} metrics {metrics}");
+                let pages = ClusterLine::Pages {
+                    speaker,
+                    status: Some(page.clone()),
+                    metrics: metrics.clone(),
+                };
+                println!("{pages}");
             }
         }
         coordinators.push((id, running.addr.clone()));
@@ -378,7 +397,7 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
     if learn_peers {
         let bound = starting
             .iter_mut()
-            .map(|(_, started)| started.wait_for(" waiting for its peers, bound to "))
+            .map(|(_, started)| started.wait_bound())
             .collect::<Result<Vec<_>>>()?;
         let peers = peers_of(&bound);
         for (_, started) in &mut starting {
@@ -479,20 +498,22 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
     };
     for (slot, started) in (1..).zip(starting) {
         let running = children.wait_ready(started)?;
-        let id = announced_id(&running.announce);
+        let id = announced_id(running);
         if print {
             // The directory too: ids follow enlistment, not slots, and a server killed by
             // hand is restarted on its directory.
             let data = args.data_dir.join(format!("server-{slot}"));
             progress.suspend(|| {
-                println!(
-                    "server {id} at {} (pid {}, data {})",
-                    running.addr,
-                    running.pid(),
-                    data.display()
-                );
+                let speaker = Speaker::Server(id);
+                let data = Some(data.display().to_string());
+                println!("{}", started_line(speaker, running, data, String::new()));
                 if let Some(metrics) = running.urls.first() {
-                    println!("server {id} metrics {metrics}");
+                    let pages = ClusterLine::Pages {
+                        speaker,
+                        status: None,
+                        metrics: metrics.clone(),
+                    };
+                    println!("{pages}");
                 }
             });
         }
@@ -527,11 +548,8 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
             } else {
                 ""
             };
-            println!(
-                "gateway at {} (pid {}) speaks RESP (Redis): redis-cli -p {port}{auth}{tls}",
-                running.addr,
-                running.pid()
-            );
+            let hint = format!("speaks RESP (Redis): redis-cli -p {port}{auth}{tls}");
+            println!("{}", started_line(Speaker::Gateway, running, None, hint));
         }
     }
     Ok(LocalCluster {
@@ -696,11 +714,15 @@ fn up(args: UpArgs) -> Result<ExitCode> {
         ),
         None => String::new(),
     };
-    println!(
-        "ready: {} server(s); try `{token}RAMPART_COORDINATOR={} rampart kv create-table demo`; Ctrl-C stops the cluster",
-        cluster.servers.len(),
-        cluster.coordinator
-    );
+    let ready = ClusterLine::Ready {
+        hint: format!(
+            "{} server(s); try `{token}RAMPART_COORDINATOR={} rampart kv create-table demo`; \
+             Ctrl-C stops the cluster",
+            cluster.servers.len(),
+            cluster.coordinator
+        ),
+    };
+    println!("{ready}");
     while !stop.load(Ordering::SeqCst) {
         for (name, status) in cluster.children.reap() {
             eprintln!("{name} exited ({status})");

@@ -12,6 +12,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use rampart_common::announce::{Announce, Speaker};
 use rampart_common::config::ByteSize;
 use rampart_gateway::gateway::{
     CONNECTIONS_PER_PEER_MAX, FIRST_COMMAND_TIMEOUT, REPLY_BYTES_PENDING_MAX,
@@ -166,7 +167,10 @@ pub fn run(args: GatewayArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
-        crate::process::announce(&format!("gateway listening on {addr}"))?;
+        crate::process::announce(&Announce::Listening {
+            speaker: Speaker::Gateway,
+            addr: addr.to_string(),
+        })?;
         tracing::info!(%addr, table = %args.table, "RESP gateway serving");
         Arc::new(gateway)
             .serve(listener, crate::process::shutdown_signal())

@@ -1,7 +1,8 @@
 //! The long-running processes: `rampart coordinator` and `rampart server`.
 //!
 //! Each binds its listener, then prints one line to stdout naming the bound address
-//! (`coordinator listening on ADDR`, `server N listening on ADDR`) — so a parent that
+//! (`coordinator N listening on ADDR`, `server N listening on ADDR`: the lines of
+//! `rampart_common::announce`, which every launcher reads) — so a parent that
 //! asked for port 0 learns the port — and serves until SIGINT or SIGTERM. A server
 //! listens only once its slow start-up steps are done (`StorageServer::start`). With
 //! `--metrics-addr`, a line before it names the metrics URL (`... metrics at
@@ -15,6 +16,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use rampart_common::announce::{Announce, Speaker};
 use rampart_common::config::{
     ByteSize, MasterConfig, CLEANER_THRESHOLD_PCT_DEFAULT, SEGMENT_BYTES_DEFAULT,
 };
@@ -311,7 +313,7 @@ pub async fn shutdown_signal() {
     }
 }
 
-pub(crate) fn announce(line: &str) -> Result<()> {
+pub(crate) fn announce(line: &Announce) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{line}")?;
     stdout.flush()?;
@@ -327,15 +329,13 @@ fn announce_failpoints() -> Result<()> {
     if named.trim().is_empty() {
         return Ok(());
     }
-    if failpoints::COMPILED_IN {
-        announce(&format!("failpoints compiled in: {named}"))
-    } else {
+    if !failpoints::COMPILED_IN {
         tracing::warn!(%named, "failpoints compiled out of this build: RAMPART_FAILPOINTS ignored");
-        announce(&format!(
-            "failpoints compiled out of this build: {} ignored",
-            failpoints::FAILPOINTS_ENV
-        ))
     }
+    announce(&Announce::Failpoints {
+        compiled_in: failpoints::COMPILED_IN,
+        named,
+    })
 }
 
 /// Runs a coordinator until a signal, or until its Raft node fails.
@@ -387,10 +387,10 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
         let peers = match peers {
             Some(peers) => peers,
             None if peers_on_stdin => {
-                announce(&format!(
-                    "coordinator {} waiting for its peers, bound to {addr}",
-                    args.id
-                ))?;
+                announce(&Announce::WaitingForPeers {
+                    coordinator: args.id,
+                    addr: addr.to_string(),
+                })?;
                 let line = tokio::task::spawn_blocking(|| {
                     let mut line = String::new();
                     std::io::stdin().read_line(&mut line).map(|_| line)
@@ -439,12 +439,16 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             let bound = rampart_common::http::spawn(http, handler)
                 .await
                 .with_context(|| format!("cannot serve HTTP on {http}"))?;
-            announce(&format!(
-                "coordinator {} status at http://{bound}/ metrics at http://{bound}/metrics",
-                args.id
-            ))?;
+            announce(&Announce::Urls {
+                speaker: Speaker::Coordinator(args.id),
+                status: Some(format!("http://{bound}/")),
+                metrics: format!("http://{bound}/metrics"),
+            })?;
         }
-        announce(&format!("coordinator {} listening on {addr}", args.id))?;
+        announce(&Announce::Listening {
+            speaker: Speaker::Coordinator(args.id),
+            addr: addr.to_string(),
+        })?;
         let failed = {
             let node = node.clone();
             async move {
@@ -573,16 +577,16 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             let bound = rampart_common::http::spawn(addr, handler)
                 .await
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
-            announce(&format!(
-                "server {} metrics at http://{bound}/metrics",
-                server.id().0
-            ))?;
+            announce(&Announce::Urls {
+                speaker: Speaker::Server(server.id().0),
+                status: None,
+                metrics: format!("http://{bound}/metrics"),
+            })?;
         }
-        announce(&format!(
-            "server {} listening on {}",
-            server.id().0,
-            server.advertised()
-        ))?;
+        announce(&Announce::Listening {
+            speaker: Speaker::Server(server.id().0),
+            addr: server.advertised().to_string(),
+        })?;
         let id = server.id();
         match server.run(shutdown_signal()).await {
             Stopped::Shutdown => Ok(ExitCode::SUCCESS),

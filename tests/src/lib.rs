@@ -9,6 +9,7 @@
 //! crate has integration tests of its own).
 
 use anyhow::{anyhow, bail, Context, Result};
+use rampart_common::announce::{Announce, ClusterLine, Speaker};
 use rampart_common::failpoints::FAILPOINTS_ENV;
 use rampart_common::onesided::shm::remove_default_frame_files_under;
 use std::io::{BufRead, BufReader, Write};
@@ -133,27 +134,25 @@ impl LocalCluster {
                     bail!("cluster did not print `ready` within {CLUSTER_START_TIMEOUT:?}");
                 }
             };
-            let words: Vec<&str> = line.split_whitespace().collect();
-            match words.as_slice() {
-                ["coordinator", id, "at", addr, "(pid", pid] => {
-                    let pid = pid.trim_end_matches(')').parse()?;
-                    coordinators.push((id.parse()?, addr.to_string(), pid));
+            match ClusterLine::parse(&line) {
+                Some(ClusterLine::Started {
+                    speaker, addr, pid, ..
+                }) => match speaker {
+                    Speaker::Coordinator(id) => coordinators.push((id, addr, pid)),
+                    Speaker::Server(id) => announced.push((id, addr, pid)),
+                    Speaker::Gateway => gateway = Some((addr, pid)),
+                    Speaker::Echo => {}
+                },
+                Some(ClusterLine::Pages {
+                    status,
+                    metrics: url,
+                    ..
+                }) => {
+                    status_pages.extend(status);
+                    metrics.push(url);
                 }
-                ["server", id, "at", addr, "(pid", pid, ..] => {
-                    let pid = pid.trim_end_matches([')', ',']).parse()?;
-                    announced.push((id.parse()?, addr.to_string(), pid));
-                }
-                ["coordinator", _, "status", "page", page, "metrics", url] => {
-                    status_pages.push(page.to_string());
-                    metrics.push(url.to_string());
-                }
-                ["server", _, "metrics", url] => metrics.push(url.to_string()),
-                ["gateway", "at", addr, "(pid", pid, ..] => {
-                    let pid = pid.trim_end_matches(')').parse()?;
-                    gateway = Some((addr.to_string(), pid));
-                }
-                [first, ..] if first.starts_with("ready") => break,
-                _ => {}
+                Some(ClusterLine::Ready { .. }) => break,
+                None => {}
             }
         }
         if coordinators.is_empty() {
@@ -327,12 +326,22 @@ pub fn process_alive(pid: u32) -> bool {
 pub struct RampartProcess {
     /// The address it announced (`... listening on ADDR`).
     pub addr: String,
-    /// The words of its announce line.
-    pub announce: Vec<String>,
+    /// Who announced it: a server says its id.
+    pub speaker: Speaker,
     child: Child,
 }
 
 impl RampartProcess {
+    /// The server id a storage server announced (`server ID listening on ADDR`).
+    ///
+    /// # Panics
+    /// If this process is not a storage server.
+    pub fn server_id(&self) -> u64 {
+        self.speaker
+            .server_id()
+            .unwrap_or_else(|| panic!("{} is not a storage server", self.speaker))
+    }
+
     /// Starts `rampart ARGS...` and waits (up to [`CLUSTER_START_TIMEOUT`]) for its
     /// `listening on` line.
     pub fn start(args: &[&str]) -> Result<RampartProcess> {
@@ -469,37 +478,44 @@ impl PendingProcess {
         })
     }
 
-    /// Waits (up to [`CLUSTER_START_TIMEOUT`]) for a line containing `marker`; its words.
-    fn wait_for(&mut self, marker: &str) -> Result<Vec<String>> {
+    /// Waits (up to [`CLUSTER_START_TIMEOUT`]) for the announcement `wanted` picks
+    /// (`rampart_common::announce`), refusing a build without the failpoints asked for.
+    fn wait_for<T>(&mut self, what: &str, wanted: impl Fn(Announce) -> Option<T>) -> Result<T> {
         let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
         loop {
             let wait = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(wait) {
-                Ok(line) if self.failpoints.is_some() && line.starts_with("failpoints ") => {
-                    if !line.starts_with("failpoints compiled in") {
-                        bail!(
-                            "{}: {line}. This test needs the failpoints: build the binary with \
-                             `cargo test -p rampart-ops -p rampart-tests --no-run` (a plain \
-                             `cargo build` or `cargo test -p rampart-ops` in the same target \
-                             directory replaces it with one without them)",
-                            rampart_bin()?.display()
-                        );
-                    }
+            let line = match self.lines.recv_timeout(wait) {
+                Ok(line) => line,
+                Err(_) => bail!("rampart {:?} did not print `{what}`", self.args),
+            };
+            let Some(announce) = Announce::parse(&line) else {
+                continue;
+            };
+            if let Announce::Failpoints { compiled_in, .. } = announce {
+                if self.failpoints.is_some() && !compiled_in {
+                    bail!(
+                        "{}: {line}. This test needs the failpoints: build the binary with \
+                         `cargo test -p rampart-ops -p rampart-tests --no-run` (a plain \
+                         `cargo build` or `cargo test -p rampart-ops` in the same target \
+                         directory replaces it with one without them)",
+                        rampart_bin()?.display()
+                    );
+                }
+                if self.failpoints.is_some() {
                     self.failpoints = Some(true);
                 }
-                Ok(line) if line.contains(marker) => {
-                    if self.failpoints == Some(false) {
-                        bail!(
-                            "rampart {:?} did not say its failpoints are compiled in: {} is \
-                             an older build, or one without them",
-                            self.args,
-                            rampart_bin()?.display()
-                        );
-                    }
-                    return Ok(line.split_whitespace().map(str::to_string).collect());
+                continue;
+            }
+            if let Some(found) = wanted(announce) {
+                if self.failpoints == Some(false) {
+                    bail!(
+                        "rampart {:?} did not say its failpoints are compiled in: {} is \
+                         an older build, or one without them",
+                        self.args,
+                        rampart_bin()?.display()
+                    );
                 }
-                Ok(_) => continue,
-                Err(_) => bail!("rampart {:?} did not print `{marker}`", self.args),
+                return Ok(found);
             }
         }
     }
@@ -514,11 +530,14 @@ impl PendingProcess {
     /// Waits for its `listening on` line: the running process.
     fn ready(mut self) -> Result<RampartProcess> {
         drop(self.stdin.take());
-        let announce = self.wait_for(" listening on ")?;
+        let (speaker, addr) = self.wait_for("listening on", |announce| match announce {
+            Announce::Listening { speaker, addr } => Some((speaker, addr)),
+            _ => None,
+        })?;
         let child = self.child.take().ok_or_else(|| anyhow!("no child"))?;
         Ok(RampartProcess {
-            addr: announce.last().cloned().unwrap_or_default(),
-            announce,
+            addr,
+            speaker,
             child,
         })
     }
@@ -591,8 +610,11 @@ impl CoordinatorGroup {
         }
         let mut peers = Vec::new();
         for (id, process) in (1..=size).zip(&mut pending) {
-            let line = process.wait_for(" waiting for its peers, bound to ")?;
-            peers.push((id, line.last().cloned().unwrap_or_default()));
+            let addr = process.wait_for("waiting for its peers", |announce| match announce {
+                Announce::WaitingForPeers { addr, .. } => Some(addr),
+                _ => None,
+            })?;
+            peers.push((id, addr));
         }
         let list: Vec<String> = peers.iter().map(|(i, a)| format!("{i}={a}")).collect();
         for process in &mut pending {

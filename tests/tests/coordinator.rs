@@ -96,7 +96,7 @@ fn cluster() -> (CoordinatorGroup, tempfile::TempDir, Vec<RampartProcess>) {
 }
 
 fn server_id(server: &RampartProcess) -> u64 {
-    server.announce[1].parse().unwrap()
+    server.server_id()
 }
 
 fn up(map: &TabletMap, id: u64) -> bool {

@@ -112,8 +112,7 @@ impl Cluster {
             .group
             .start_server_at(listen, &data_dir, &flags)
             .unwrap();
-        // "server N listening on ADDR"
-        let id: u64 = process.announce[1].parse().unwrap();
+        let id: u64 = process.server_id();
         self.servers.insert(id, (process, data_dir));
         id
     }

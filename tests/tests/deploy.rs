@@ -148,7 +148,7 @@ fn the_example_three_rack_deployment_recovers_a_server_with_replicas_across_rack
             process.addr, server.address,
             "it announces its advertised address"
         );
-        let id = ServerId(process.announce[1].parse().unwrap());
+        let id = ServerId(process.server_id());
         servers.push((id, server.address.clone(), server.rack.clone(), process));
     }
     let gateway = start(

@@ -8,6 +8,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use hdrhistogram::Histogram;
+use rampart_common::announce::{Announce, Speaker};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -38,7 +39,11 @@ pub fn run(args: EchoArgs) -> Result<ExitCode> {
         let listener = TcpListener::bind(&args.listen).await?;
         let addr = listener.local_addr()?;
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "echo listening on {addr}")?;
+        let listening = Announce::Listening {
+            speaker: Speaker::Echo,
+            addr: addr.to_string(),
+        };
+        writeln!(stdout, "{listening}")?;
         stdout.flush()?;
         drop(stdout);
         let serve = async {
