@@ -9,16 +9,13 @@
 //! Each settle of a segment is a real [`Settling`] (confirm alive, place, bump, record,
 //! when to give up) and each failed call goes to a real [`ReplicaFailures`] (what it
 //! loses, which backups are left out a while, which copies given up on are freed when).
-//! Only the loop carrying out their effects through the [`World`] stands in for
-//! `Replicator`, and: the choice of backups (`SimMaster::choose`: a uniform draw among
-//! listed backups holding no replica of the segment and not excluded, where the
-//! replicator's `BackupSelector` weighs failure domains and primaries); the server list,
-//! read from the world (no cache, no probes: a backup no longer listed fails at the next
-//! tick); closes sent inline, not in the background; exclusions on the simulation's
-//! time scale (`FAILED_BACKUP_EXCLUSION_US`); and frees on backups marked failed, which
-//! the replicator skips until the failure expires — with its rule, masters here
-//! livelock on backups full of frames they gave up on
-//! (`ReplicaFailures::freeing_on_failed_backups`).
+//! Each placement's backups come from the real [`placement`] through a real
+//! `BackupSelector` (each simulated backup its own failure domain), which keeps its
+//! primary counts as replicas come and go. Only the loop carrying out their effects
+//! through the [`World`] stands in for `Replicator`, and: the server list, read from the
+//! world (no cache, no probes: a backup no longer listed fails at the next tick); closes
+//! sent inline, not in the background; exclusions on the simulation's time scale
+//! (`FAILED_BACKUP_EXCLUSION_US`).
 //!
 //! The driver is synchronous: one call at a time, each a boundary where the world moves
 //! on (a real master writes the R replicas of a range concurrently; here they go one
@@ -38,6 +35,8 @@ use rampart_master::cleaner::{CleaningPass, StepEnd, PASS_SURVIVORS_MAX, STEP_BY
 use rampart_master::lease::{Clock, Lease};
 use rampart_master::object_store::{Batch, ObjectStore, WriteOp};
 use rampart_master::replay::{RecoveryPiece, ReplayState};
+use rampart_master::replica_manager::backup_selector::{BackupInfo, BackupSelector};
+use rampart_master::replica_manager::placement;
 use rampart_master::replica_manager::replica_failures::{Call, Cause, Loss, ReplicaFailures};
 use rampart_master::replica_manager::segment_replicas::{Replica, SegmentReplicas};
 use rampart_master::replica_manager::settling::{Bump, Effect, Patience, Settling};
@@ -175,6 +174,8 @@ pub struct SimMaster {
     /// The real core deciding what each failed call loses, which backups are
     /// excluded, and which copies given up on to free when; on simulated time.
     failures: ReplicaFailures<Duration>,
+    /// The real backup selector, seeded from the world at the first placement.
+    selector: Option<BackupSelector>,
     /// Why it stopped (killed, fatal, or its log full), once it did.
     pub stopped: Option<Stop>,
     /// The real lease, on simulated time: it serves reads and takes writes only while
@@ -209,7 +210,8 @@ impl SimMaster {
             segment_bytes,
             replicas,
             segments: BTreeMap::new(),
-            failures: ReplicaFailures::new(exclusion, exclusion).freeing_on_failed_backups(),
+            failures: ReplicaFailures::new(exclusion, exclusion),
+            selector: None,
             stopped: None,
             lease: Lease::with_clock(clock),
             pass: None,
@@ -639,6 +641,33 @@ impl SimMaster {
     /// Between batches: frees abandoned copies and re-creates one lost replica of a
     /// closed segment (as `Replicator::tick`).
     pub fn tick(&mut self, world: &mut World) -> Result<(), Stop> {
+        self.free_abandoned(world)?;
+        // Backups the server list no longer shows Up fail at once.
+        let listed: BTreeSet<ServerId> = world.listed_backups().into_iter().collect();
+        let holding: BTreeSet<ServerId> = self
+            .segments
+            .values()
+            .flat_map(|s| s.backups().collect::<Vec<_>>())
+            .collect();
+        for backup in holding.difference(&listed) {
+            self.backup_failed(world, *backup);
+        }
+        self.failures.expire(sim_now(world));
+        let under = self
+            .segments
+            .iter()
+            .find(|(_, s)| s.is_closed() && s.missing() > 0)
+            .map(|(id, _)| *id);
+        if let Some(id) = under {
+            self.settle(world, id, Patience::OneAttempt)?;
+        }
+        Ok(())
+    }
+
+    /// Frees the abandoned copies `ReplicaFailures::take_frees` gives (as the
+    /// replicator's `free_abandoned`): an unanswered free fails its backup and keeps the
+    /// copy.
+    fn free_abandoned(&mut self, world: &mut World) -> Result<(), Stop> {
         let listed: BTreeSet<ServerId> = world.listed_backups().into_iter().collect();
         let frees = self
             .failures
@@ -656,30 +685,12 @@ impl SimMaster {
                 self.id, abandoned.segment, abandoned.backup, abandoned.epoch_max
             ));
             if delivery != Delivery::Answered {
-                // As `free_abandoned`: the backup counts as failed, the free is retried.
                 let loss =
                     self.failures
                         .free_unanswered(&mut self.segments, abandoned, sim_now(world));
+                self.placement_lost(|selector| placement::lost(selector, &loss.lost));
                 self.noted_backup_failure(world, abandoned.backup, &loss);
             }
-        }
-        // Backups the server list no longer shows Up fail at once.
-        let holding: BTreeSet<ServerId> = self
-            .segments
-            .values()
-            .flat_map(|s| s.backups().collect::<Vec<_>>())
-            .collect();
-        for backup in holding.difference(&listed) {
-            self.backup_failed(world, *backup);
-        }
-        self.failures.expire(sim_now(world));
-        let under = self
-            .segments
-            .iter()
-            .find(|(_, s)| s.is_closed() && s.missing() > 0)
-            .map(|(id, _)| *id);
-        if let Some(id) = under {
-            self.settle(world, id, Patience::OneAttempt)?;
         }
         Ok(())
     }
@@ -777,7 +788,10 @@ impl SimMaster {
     /// The log freed `id`: its replicas are abandoned at every epoch, freed by `tick`.
     fn free_segment(&mut self, id: SegmentId) {
         if let Some(segment) = self.segments.remove(&id) {
-            self.failures.segment_freed(id, &segment);
+            let freed = self.failures.segment_freed(id, &segment);
+            self.placement_lost(|selector| {
+                placement::lost(selector, freed.iter().map(|(lost, _)| lost));
+            });
         }
     }
 
@@ -876,6 +890,7 @@ impl SimMaster {
                 Err(Stop::Fatal(format!("fenced by {backup} {doing} {id}")))
             }
             Ok(loss) => {
+                self.placement_lost(|selector| placement::lost(selector, &loss.lost));
                 if cause == Cause::Backup {
                     self.noted_backup_failure(world, backup, &loss);
                 }
@@ -888,7 +903,16 @@ impl SimMaster {
         let loss = self
             .failures
             .backup_failed(&mut self.segments, backup, sim_now(world));
+        self.placement_lost(|selector| placement::lost(selector, &loss.lost));
         self.noted_backup_failure(world, backup, &loss);
+    }
+
+    /// Gives the selector back what `give_back` says (primaries of replicas that are
+    /// gone), if it has chosen anything yet.
+    fn placement_lost(&mut self, give_back: impl FnOnce(&mut BackupSelector)) {
+        if let Some(selector) = &mut self.selector {
+            give_back(selector);
+        }
     }
 
     fn noted_backup_failure(&self, world: &mut World, backup: ServerId, loss: &Loss) {
@@ -913,17 +937,21 @@ impl SimMaster {
                     settling.alive();
                 }
                 Effect::Place { slots, fresh } => {
-                    let Some(targets) = self.choose(world, id, &slots) else {
-                        if !settling.waits() {
+                    let Some(targets) = self.choose(world, id, (&slots, fresh)) else {
+                        if !settling.short_of_backups() {
                             return Ok(());
                         }
                         world.note(format!("{}: {id}: writes wait for backups", self.id));
-                        world.boundary()?;
-                        world.wait(10_000);
                         continue;
                     };
                     settling.placing();
                     self.create_replicas(world, id, targets, fresh)?;
+                }
+                Effect::FreeAbandoned => {
+                    self.failures.expire(sim_now(world));
+                    self.free_abandoned(world)?;
+                    world.boundary()?;
+                    world.wait(10_000);
                 }
                 Effect::Bump { epoch, bumps } => {
                     for bump in bumps {
@@ -995,30 +1023,32 @@ impl SimMaster {
         }
     }
 
-    /// Backups for `slots`: listed Up, not excluded (failed or refused lately), none
-    /// already holding a live replica of the segment; `None` when there are too few.
+    /// Backups for `slots` ([`placement::targets`], through a real `BackupSelector` fed
+    /// the backups the world lists Up, each its own failure domain), none excluded by
+    /// `ReplicaFailures`; `None` when there are too few.
     fn choose(
         &mut self,
         world: &mut World,
         id: SegmentId,
-        slots: &[usize],
+        (slots, fresh): (&[usize], bool),
     ) -> Option<Vec<(usize, ServerId)>> {
-        let excluded = self.failures.excluded(sim_now(world));
-        let holding: BTreeSet<ServerId> = self.segment(id).backups().collect();
-        let mut candidates: Vec<ServerId> = world
+        let own = self.id;
+        let selector = self
+            .selector
+            .get_or_insert_with(|| BackupSelector::new(own, world.draw(0..u64::MAX)));
+        let listed: Vec<BackupInfo> = world
             .listed_backups()
             .into_iter()
-            .filter(|b| !holding.contains(b) && !excluded.contains(b))
+            .map(|backup| BackupInfo {
+                id: backup,
+                failure_domain: backup.to_string(),
+                disk_read_mbps: 0,
+            })
             .collect();
-        if candidates.len() < slots.len() {
-            return None;
-        }
-        let mut targets = Vec::new();
-        for &slot in slots {
-            let pick = world.draw(0..candidates.len() as u64) as usize;
-            targets.push((slot, candidates.swap_remove(pick)));
-        }
-        Some(targets)
+        selector.update_backups(&listed);
+        let excluded = self.failures.excluded(sim_now(world));
+        let segment = self.segments.get(&id)?;
+        placement::targets(selector, segment, (slots, fresh, self.replicas), &excluded).ok()
     }
 
     /// Opens replicas on `targets` at a new epoch, fills each with the segment's bytes
@@ -1047,7 +1077,10 @@ impl SimMaster {
                 }
                 // Refused (an older copy here is newer than this epoch), the backup
                 // excluded a while: the next round tries another.
-                Err(failure) => self.apply_failure(world, id, (Call::Open, backup), failure)?,
+                Err(failure) => {
+                    self.placement_lost(|selector| placement::open_failed(selector, slot, backup));
+                    self.apply_failure(world, id, (Call::Open, backup), failure)?;
+                }
             }
         }
         Ok(())

@@ -11,6 +11,9 @@
 //!   (the replica, every replica on the backup, or the master: fenced), which backups
 //!   are excluded for a while, and the copies given up on until they are freed. Pure
 //!   and synchronous; the simulation drives it too.
+//! * [`placement`] — which backups get a segment's empty slots (through the
+//!   `BackupSelector`), and the selector's primary counts kept true as replicas come and
+//!   go. Pure and synchronous; the simulation places through it too.
 //! * [`settling`] — `Settling`: one settle of a segment, one layer above
 //!   `SegmentReplicas::step` — confirm alive, place, bump, record, and when to stop
 //!   trying. Pure and synchronous; the simulation drives it too.
@@ -27,6 +30,7 @@
 //! * [`rdma_link`] — `RdmaLink`: one RDMA connection per backup for the `rdma` transport.
 
 pub mod backup_selector;
+pub mod placement;
 pub mod rdma_link;
 pub mod replica_failures;
 pub mod replicator;

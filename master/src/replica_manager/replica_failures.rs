@@ -28,15 +28,14 @@
 //! left the server list is forgotten (its replicas went with it); one whose free went
 //! unanswered fails its backup and is kept for later.
 //!
-//! **Not yet shared: frees on failed backups.** The replicator does not free on a
-//! backup marked failed until its failure expires (`expire`, run by its upkeep), so that
-//! upkeep does not wait on a dead backup at every tick. The simulation frees there too
-//! ([`ReplicaFailures::freeing_on_failed_backups`]), as it always did: with the
-//! replicator's rule its masters livelock in 2 of the regression seeds (1570, 11860; 1
-//! of the first 2,000 seeds), every backup full of frames they gave up on — a backup
-//! re-marked failed by the retries of a long settle never sees a free between two
-//! ticks, and a write path waiting for backups frees nothing. The replicator has the
-//! same gap on its own time scale; closing it is a change to its behaviour, left open.
+//! A backup marked failed gets no free until its failure expires ([`expire`]): the
+//! driver does not wait on a dead backup at every attempt. The drivers expire failures
+//! and free between batches (upkeep) and, since a write that waits for backups holds
+//! the replicator, before each pause of that wait too (`Settling`'s `FreeAbandoned`):
+//! without those frees a master whose backups were full of frames it gave up on waited
+//! for good (the simulation's seeds 1570 and 11860 did).
+//!
+//! [`expire`]: ReplicaFailures::expire
 //!
 //! # Time
 //! Times are the driver's: any `T` with `T - T = Duration` and `T + Duration = T` — the
@@ -116,8 +115,6 @@ pub struct ReplicaFailures<T> {
     /// Copies given up on, to free. Invariant: at most [`ABANDONED_MAX`] entries, but
     /// for those kept after an unanswered free.
     abandoned: Vec<Abandoned>,
-    /// Copies on backups marked failed are freed too (the simulation: module doc).
-    free_on_failed: bool,
 }
 
 impl<T> ReplicaFailures<T>
@@ -133,15 +130,7 @@ where
             failed: BTreeMap::new(),
             refused: BTreeMap::new(),
             abandoned: Vec::new(),
-            free_on_failed: false,
         }
-    }
-
-    /// Frees copies on backups marked failed too, not only once their failure expired:
-    /// the simulation's rule, where the replicator's livelocks (module doc).
-    pub fn freeing_on_failed_backups(mut self) -> ReplicaFailures<T> {
-        self.free_on_failed = true;
-        self
     }
 
     /// A call of `call` kind to `backup` for a replica of `id` failed by `cause`:
@@ -253,9 +242,7 @@ where
     }
 
     /// The abandoned copies to free now: on backups `listed` (Up in the server list)
-    /// and not failed (unless [freeing on failed
-    /// backups](Self::freeing_on_failed_backups)), of segments whole again or gone
-    /// (`segments`). Those on backups no longer listed are forgotten; the others are
+    /// and not failed, of segments whole again or gone (`segments`). Those on backups no longer listed are forgotten; the others are
     /// kept.
     pub fn take_frees<L>(
         &mut self,
@@ -270,7 +257,7 @@ where
             std::mem::take(&mut self.abandoned)
                 .into_iter()
                 .partition(|a| {
-                    (self.free_on_failed || !self.failed.contains_key(&a.backup))
+                    !self.failed.contains_key(&a.backup)
                         && segments
                             .get(&a.segment)
                             .map_or(true, SegmentReplicas::whole)
@@ -652,28 +639,6 @@ mod tests {
         }
         f.expire(at(1) + EXCLUSION);
         assert_eq!(f.take_frees(|_| true, &segments).len(), 2);
-        assert!(f.abandoned().is_empty());
-    }
-
-    #[test]
-    fn freeing_on_failed_backups_frees_there_before_the_failure_expires() {
-        let mut segments = two_segments();
-        let mut f = failures().freeing_on_failed_backups();
-        f.open_failed(SegmentId(9), ServerId(23), Epoch(1));
-        f.backup_failed(&mut segments, ServerId(23), at(1));
-        assert_eq!(f.take_frees(|_| true, &segments).len(), 1);
-        // It still waits for the segment to be whole, and drops unlisted backups.
-        fail(
-            &mut f,
-            &mut segments,
-            (A, 10),
-            Call::Update { slot: 0 },
-            Cause::Backup,
-            2,
-        );
-        assert!(f.take_frees(|_| true, &segments).is_empty());
-        assert_eq!(f.abandoned().len(), 2, "A's and B's replicas on 10");
-        assert!(f.take_frees(|_| false, &segments).is_empty());
         assert!(f.abandoned().is_empty());
     }
 

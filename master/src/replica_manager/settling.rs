@@ -17,10 +17,13 @@
 //!   placement round, or as soon as backups are too few or no coordinator records the
 //!   epoch; with [`Patience::UntilDone`] (the write path) it goes on, the driver
 //!   waiting in between ([`Settling::waits`]).
+//! * While it waits for backups, the copies this master gave up on are freed where they
+//!   may be ([`Effect::FreeAbandoned`]) before each pause. Upkeep between batches frees
+//!   them too, but a write waiting here holds the replicator: without these frees a
+//!   master whose backups are full of its own abandoned frames would wait for good.
 //!
-//! Choosing the backups of a placement is the driver's (the replicator's
-//! `BackupSelector`; the simulation draws among the listed backups): both leave out the
-//! backups holding a replica of the segment and those failed or refused lately
+//! Which backups a placement gets is `placement`'s (through the driver's
+//! `BackupSelector`), leaving out those failed or refused lately
 //! (`ReplicaFailures::excluded`).
 
 use rampart_common::ids::{Epoch, FrameHandle, ServerId};
@@ -66,6 +69,11 @@ pub enum Effect {
     /// once it is; when no coordinator answers, wait if [`Settling::waits`] and ask
     /// again, else end the settle.
     Record { epoch: Epoch },
+    /// Backups were too few ([`Settling::short_of_backups`]): end the failures whose
+    /// exclusion is over and free the abandoned copies that may be freed now
+    /// (`ReplicaFailures::expire`, then `take_frees`: room on backups that may be full
+    /// of them), then pause before asking again.
+    FreeAbandoned,
 }
 
 /// One settle of one segment; see the module doc.
@@ -76,6 +84,8 @@ pub struct Settling {
     placed_once: bool,
     /// The coordinator confirmed this master Up for the coming placement.
     alive: bool,
+    /// Backups were too few and the settle goes on: free before the next attempt.
+    short: bool,
 }
 
 impl Settling {
@@ -85,11 +95,15 @@ impl Settling {
             patience,
             placed_once: false,
             alive: false,
+            short: false,
         }
     }
 
     /// What to do next for `segment`.
     pub fn next<L>(&mut self, segment: &mut SegmentReplicas<L>) -> Effect {
+        if std::mem::take(&mut self.short) {
+            return Effect::FreeAbandoned;
+        }
         match segment.step() {
             Step::Ready => Effect::Done,
             Step::Place {
@@ -138,6 +152,13 @@ impl Settling {
     /// answers — else the settle ends, to be tried again later.
     pub fn waits(&self) -> bool {
         self.patience == Patience::UntilDone
+    }
+
+    /// The placement asked for found too few backups. Whether the settle goes on
+    /// ([`Settling::waits`]); if it does, the next effect is [`Effect::FreeAbandoned`].
+    pub fn short_of_backups(&mut self) -> bool {
+        self.short = self.waits();
+        self.short
     }
 }
 
@@ -251,6 +272,28 @@ mod tests {
             // Too few backups: the next attempt confirms again.
         }
         assert!(settling.waits());
+    }
+
+    #[test]
+    fn a_settle_short_of_backups_frees_abandoned_copies_before_it_places_again() {
+        let mut segment = written();
+        segment.lose(1);
+        let mut settling = Settling::new(Patience::UntilDone);
+        let place = Effect::Place {
+            slots: vec![1],
+            fresh: false,
+        };
+        assert_eq!(settling.next(&mut segment), place);
+        for _ in 0..3 {
+            assert!(settling.short_of_backups(), "the write path waits");
+            assert_eq!(settling.next(&mut segment), Effect::FreeAbandoned);
+            assert_eq!(settling.next(&mut segment), place, "then it asks again");
+        }
+        // Upkeep gives up instead: the next tick tries again.
+        let mut upkeep = Settling::new(Patience::OneAttempt);
+        assert_eq!(upkeep.next(&mut segment), place);
+        assert!(!upkeep.short_of_backups(), "the driver ends the settle");
+        assert_ne!(upkeep.next(&mut segment), Effect::FreeAbandoned);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::state::{
     Fatal, KnownBackup, Replicator, ServerSource, SERVER_LIST_FETCH_TIMEOUT, SERVER_LIST_REFRESH,
 };
 use crate::replica_manager::backup_selector::BackupInfo;
+use crate::replica_manager::placement;
 use crate::replica_manager::replica_failures::{Call, Cause, Loss};
 use crate::replica_manager::segment_replicas::Abandoned;
 use crate::replica_manager::transport::Failure;
@@ -167,11 +168,7 @@ impl Replicator {
         if !loss.lost.is_empty() {
             self.changed = true;
         }
-        for lost in &loss.lost {
-            if lost.primary {
-                self.selector.primary_freed(lost.abandoned.backup);
-            }
-        }
+        placement::lost(&mut self.selector, &loss.lost);
         for forgotten in loss.forgotten {
             said_forgotten(forgotten);
         }

@@ -1,5 +1,5 @@
-//! `Effect::Place` of `Settling`: choosing backups for a segment's empty slots, and
-//! opening a replica on each at a new epoch, filled with the segment's bytes so far
+//! `Effect::Place` of `Settling`: backups for a segment's empty slots (`placement`),
+//! and opening a replica on each at a new epoch, filled with the segment's bytes so far
 //! (and closed, if the segment is).
 
 use bytes::Bytes;
@@ -12,6 +12,7 @@ use super::backups::said_forgotten;
 use super::close::close_replica;
 use super::state::{Fatal, Link, Replicator};
 use crate::replica_manager::backup_selector::NotEnoughBackups;
+use crate::replica_manager::placement;
 use crate::replica_manager::replica_failures::Call;
 use crate::replica_manager::segment_replicas::Replica;
 use crate::replica_manager::transport::{classify_rpc, Failure, REPLICA_IO_TIMEOUT};
@@ -22,8 +23,7 @@ impl Replicator {
         self.failures.excluded(Instant::now())
     }
 
-    /// Backups for the empty `slots` of `id`: a fresh segment gets all R from `select`
-    /// (primary by refinement); otherwise each empty slot gets a replacement.
+    /// Backups for the empty `slots` of `id` ([`placement::targets`]).
     pub(super) fn place(
         &mut self,
         id: SegmentId,
@@ -31,30 +31,22 @@ impl Replicator {
         fresh: bool,
         exclude: &HashSet<ServerId>,
     ) -> Result<Vec<(usize, ServerId)>, NotEnoughBackups> {
-        if fresh {
-            let chosen = self.selector.select(self.config.replicas, exclude)?;
-            return Ok(chosen.into_iter().enumerate().collect());
-        }
-        let mut others: Vec<ServerId> = self
-            .segments
-            .get(&id)
-            .map(|s| s.backups().collect())
-            .unwrap_or_default();
-        let mut targets = Vec::new();
-        for &slot in slots {
-            let backup = self
-                .selector
-                .select_replacement(&others, slot == 0, exclude)?;
-            others.push(backup);
-            targets.push((slot, backup));
-        }
-        Ok(targets)
+        let replicas = self.config.replicas;
+        let Some(segment) = self.segments.get(&id) else {
+            return Ok(Vec::new());
+        };
+        placement::targets(
+            &mut self.selector,
+            segment,
+            (slots, fresh, replicas),
+            exclude,
+        )
     }
 
     /// Opens replicas of `id` on `targets` (slot, backup) at a new epoch, each holding
     /// the segment's bytes so far (and closed, if the segment is). A backup that fails
-    /// is marked failed; one that refuses is left out (`refused`) for this settle and
-    /// for [`REFUSED_BACKUP_EXCLUSION`].
+    /// is marked failed; one that refuses is left out for [`REFUSED_BACKUP_EXCLUSION`]
+    /// (`ReplicaFailures`). Returns whether a backup refused.
     ///
     /// [`REFUSED_BACKUP_EXCLUSION`]: super::state::REFUSED_BACKUP_EXCLUSION
     pub(super) async fn create_replicas(
@@ -62,14 +54,14 @@ impl Replicator {
         id: SegmentId,
         targets: Vec<(usize, ServerId)>,
         fresh: bool,
-        refused: &mut HashSet<ServerId>,
         log_bytes: Option<&Bytes>,
-    ) -> Result<(), Fatal> {
+    ) -> Result<bool, Fatal> {
         let segment = self.segment_mut(id)?;
         let epoch = segment.take_epoch();
         let (len, closed) = (segment.len(), segment.is_closed());
         let capacity = self.segment_capacity;
         let bytes = self.fill(id, len, log_bytes)?;
+        let mut refused = false;
         for (slot, backup) in targets {
             match self
                 .create_replica(id, backup, epoch, capacity, bytes.as_ref(), closed)
@@ -84,21 +76,18 @@ impl Replicator {
                     self.changed = true;
                 }
                 Err(failure) => {
-                    if slot == 0 && fresh {
-                        // `select` counted a primary there; it holds none.
-                        self.selector.primary_freed(backup);
-                    }
+                    placement::open_failed(&mut self.selector, slot, backup);
                     if let Some((detail, loss)) =
                         self.call_failed(id, backup, Call::Open, failure)?
                     {
                         tracing::warn!(segment = %id, %backup, %detail, "backup refused a replica; trying another");
-                        refused.insert(backup);
+                        refused = true;
                         self.book(loss);
                     }
                 }
             }
         }
-        Ok(())
+        Ok(refused)
     }
 
     /// Opens a replica of `id` on `backup` at `epoch`, writes `bytes` (from offset 0) and,

@@ -3,12 +3,14 @@
 //! or coordinators as its [`Patience`] allows.
 
 use bytes::Bytes;
-use rampart_common::ids::{SegmentId, ServerId};
-use std::collections::HashSet;
+use rampart_common::backoff::Backoff;
+use rampart_common::ids::SegmentId;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::state::{Fatal, Replicator, SHORTAGE_SAID_AFTER, WAIT_BACKOFF_MAX, WAIT_WARN_INTERVAL};
+use super::state::{
+    Fatal, Replicator, SHORTAGE_SAID_AFTER, WAIT_BACKOFF_MAX, WAIT_BACKOFF_MIN, WAIT_WARN_INTERVAL,
+};
 use crate::replica_manager::settling::{Effect, Patience, Settling};
 
 /// Progress of a wait in [`Replicator::settle`]: for backups to place replicas on, or
@@ -16,7 +18,7 @@ use crate::replica_manager::settling::{Effect, Patience, Settling};
 pub(super) struct Waiting {
     since: Option<Instant>,
     last_warn: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl Waiting {
@@ -24,7 +26,7 @@ impl Waiting {
         Waiting {
             since: None,
             last_warn: None,
-            backoff: Duration::from_millis(5),
+            backoff: Backoff::new(WAIT_BACKOFF_MIN, WAIT_BACKOFF_MAX),
         }
     }
 
@@ -44,10 +46,12 @@ impl Waiting {
         due
     }
 
-    /// Sleeps the current backoff, doubling it up to [`WAIT_BACKOFF_MAX`].
+    /// Sleeps the next pause of the shared jittered [`Backoff`]: its step doubles from
+    /// [`WAIT_BACKOFF_MIN`] to [`WAIT_BACKOFF_MAX`], so masters that began waiting at
+    /// the same moment (for a backup that rejoined, for a new coordinator leader) come
+    /// back spread out.
     pub(super) async fn pause(&mut self) {
-        tokio::time::sleep(self.backoff).await;
-        self.backoff = (self.backoff * 2).min(WAIT_BACKOFF_MAX);
+        tokio::time::sleep(self.backoff.next_pause()).await;
     }
 }
 
@@ -56,8 +60,9 @@ impl Replicator {
     /// current: confirms this master is Up before an open segment that lost every
     /// replica goes on, places replicas in empty slots (holding the segment's bytes so
     /// far), bumps the survivors of a loss to the new epoch, records it at the
-    /// coordinator. With [`Patience::UntilDone`] waits, refreshing the server list,
-    /// while not enough backups exist, and retries while no coordinator answers; with
+    /// coordinator. With [`Patience::UntilDone`] waits, refreshing the server list and
+    /// freeing abandoned copies, while not enough backups exist, and retries while no
+    /// coordinator answers; with
     /// [`Patience::OneAttempt`] returns after one placement round or one failed round.
     pub(super) async fn settle(
         &mut self,
@@ -65,7 +70,6 @@ impl Replicator {
         log_bytes: Option<&Bytes>,
         patience: Patience,
     ) -> Result<(), Fatal> {
-        let mut refused: HashSet<ServerId> = HashSet::new();
         let mut for_backups = Waiting::new();
         let mut for_record = Waiting::new();
         let mut settling = Settling::new(patience);
@@ -81,17 +85,15 @@ impl Replicator {
                 }
                 Effect::Place { slots, fresh } => {
                     self.refresh_servers(false).await;
-                    let mut exclude = self.excluded();
-                    exclude.extend(refused.iter().copied());
+                    let exclude = self.excluded();
                     match self.place(id, &slots, fresh, &exclude) {
                         Ok(targets) => {
                             settling.placing();
-                            let refusals = refused.len();
-                            self.create_replicas(id, targets, fresh, &mut refused, log_bytes)
-                                .await?;
+                            let refused =
+                                self.create_replicas(id, targets, fresh, log_bytes).await?;
                             // Over once the replicas exist: a placement whose backups then
                             // refused (full) is not the end of it.
-                            if refused.len() == refusals && self.shortage.set(None) {
+                            if !refused && self.shortage.set(None) {
                                 tracing::info!(segment = %id, "backups are enough again: writes go on");
                             }
                         }
@@ -107,17 +109,17 @@ impl Replicator {
                                     tracing::warn!(segment = %id, ?waited, "{explained}");
                                 }
                             }
-                            if !refused.is_empty() && waited > WAIT_WARN_INTERVAL {
-                                // Backups that refused may have room again.
-                                refused.clear();
-                            }
-                            if !settling.waits() {
+                            if !settling.short_of_backups() {
                                 return Ok(());
                             }
-                            for_backups.pause().await;
-                            self.refresh_servers(true).await;
                         }
                     }
+                }
+                Effect::FreeAbandoned => {
+                    self.failures.expire(Instant::now());
+                    self.free_abandoned().await;
+                    for_backups.pause().await;
+                    self.refresh_servers(true).await;
                 }
                 Effect::Bump { epoch, bumps } => {
                     // A survivor whose bump fails is lost: the next step replaces it.

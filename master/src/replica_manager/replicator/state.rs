@@ -56,7 +56,10 @@ pub const WAIT_WARN_INTERVAL: Duration = Duration::from_secs(2);
 /// servers of a cluster that starts enlist within it.
 pub const SHORTAGE_SAID_AFTER: Duration = Duration::from_secs(1);
 
-/// Longest pause between attempts while waiting for backups.
+/// Shortest step of the pauses while the write path waits for backups or coordinators.
+pub(super) const WAIT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+
+/// Longest step of those pauses.
 pub(super) const WAIT_BACKOFF_MAX: Duration = Duration::from_millis(200);
 
 /// Where the replicator learns the server list.

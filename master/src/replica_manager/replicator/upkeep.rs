@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::backups::said_forgotten;
 use super::state::{Fatal, Replicator, PROBE_INTERVAL, PROBE_TIMEOUT};
+use crate::replica_manager::placement;
 use crate::replica_manager::settling::Patience;
 
 impl Replicator {
@@ -77,9 +78,7 @@ impl Replicator {
             };
             self.changed = true;
             for (lost, forgotten) in self.failures.segment_freed(*id, &segment) {
-                if lost.primary {
-                    self.selector.primary_freed(lost.abandoned.backup);
-                }
+                placement::lost(&mut self.selector, [&lost]);
                 if let Some(forgotten) = forgotten {
                     said_forgotten(forgotten);
                 }
@@ -95,7 +94,7 @@ impl Replicator {
     /// Frees abandoned copies on backups that are Up and not failed, of segments whole
     /// again (every replica live, on disk or at a recorded epoch); forgets those
     /// whose backup left the server list (its replicas went with it).
-    async fn free_abandoned(&mut self) {
+    pub(super) async fn free_abandoned(&mut self) {
         let backups = &self.backups;
         let ready = self
             .failures
