@@ -41,20 +41,63 @@ pub enum Announce {
     Failpoints { compiled_in: bool, named: String },
     /// A coordinator bound `addr` and waits for its group's list on stdin.
     WaitingForPeers { coordinator: u64, addr: String },
-    /// Where a process serves HTTP: its status page (coordinators), its metrics.
-    Urls {
-        speaker: Speaker,
-        status: Option<String>,
-        metrics: String,
-    },
+    /// Where a process serves HTTP (`S status at URL metrics at URL`).
+    Urls(Pages),
     /// The process serves on `addr` from now on.
     Listening { speaker: Speaker, addr: String },
 }
 
 const LISTENING: &str = " listening on ";
 const WAITING: &str = " waiting for its peers, bound to ";
-const STATUS: &str = " status at ";
-const METRICS: &str = " metrics at ";
+
+/// Where a process serves HTTP: its status page (coordinators), its metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pages {
+    pub speaker: Speaker,
+    pub status: Option<String>,
+    pub metrics: String,
+}
+
+/// The words between a speaker and its URLs: a process's own line, or cluster up's.
+struct PageWords {
+    status: &'static str,
+    metrics: &'static str,
+}
+
+/// `coordinator 1 status at URL metrics at URL`
+const PROCESS_PAGES: PageWords = PageWords {
+    status: " status at ",
+    metrics: " metrics at ",
+};
+
+/// `coordinator 1 status page URL metrics URL`
+const CLUSTER_PAGES: PageWords = PageWords {
+    status: " status page ",
+    metrics: " metrics ",
+};
+
+impl Pages {
+    fn write(&self, f: &mut fmt::Formatter<'_>, words: &PageWords) -> fmt::Result {
+        write!(f, "{}", self.speaker)?;
+        if let Some(status) = &self.status {
+            write!(f, "{}{status}", words.status)?;
+        }
+        write!(f, "{}{}", words.metrics, self.metrics)
+    }
+
+    fn parse(line: &str, words: &PageWords) -> Option<Pages> {
+        let (before, metrics) = line.split_once(words.metrics)?;
+        let (speaker, status) = match before.split_once(words.status) {
+            Some((speaker, status)) => (speaker, Some(one_word(status)?)),
+            None => (before, None),
+        };
+        Some(Pages {
+            speaker: Speaker::parse(speaker)?,
+            status,
+            metrics: one_word(metrics)?,
+        })
+    }
+}
 const FAILPOINTS_IN: &str = "failpoints compiled in: ";
 const FAILPOINTS_OUT: &str = "failpoints compiled out of this build: ";
 
@@ -111,17 +154,7 @@ impl fmt::Display for Announce {
             Announce::WaitingForPeers { coordinator, addr } => {
                 write!(f, "{}{WAITING}{addr}", Speaker::Coordinator(*coordinator))
             }
-            Announce::Urls {
-                speaker,
-                status,
-                metrics,
-            } => {
-                write!(f, "{speaker}")?;
-                if let Some(status) = status {
-                    write!(f, "{STATUS}{status}")?;
-                }
-                write!(f, "{METRICS}{metrics}")
-            }
+            Announce::Urls(pages) => pages.write(f, &PROCESS_PAGES),
             Announce::Listening { speaker, addr } => write!(f, "{speaker}{LISTENING}{addr}"),
         }
     }
@@ -158,16 +191,7 @@ impl Announce {
                 addr: one_word(addr)?,
             });
         }
-        let (before, metrics) = line.split_once(METRICS)?;
-        let (speaker, status) = match before.split_once(STATUS) {
-            Some((speaker, status)) => (speaker, Some(one_word(status)?)),
-            None => (before, None),
-        };
-        Some(Announce::Urls {
-            speaker: Speaker::parse(speaker)?,
-            status,
-            metrics: one_word(metrics)?,
-        })
+        Pages::parse(line, &PROCESS_PAGES).map(Announce::Urls)
     }
 
     /// The address of a `listening on` or `waiting for its peers` line.
@@ -181,9 +205,9 @@ impl Announce {
     /// The HTTP URLs of a `status at` / `metrics at` line.
     pub fn urls(&self) -> Vec<&str> {
         match self {
-            Announce::Urls {
+            Announce::Urls(Pages {
                 status, metrics, ..
-            } => status
+            }) => status
                 .iter()
                 .map(String::as_str)
                 .chain([metrics.as_str()])
@@ -211,11 +235,7 @@ pub enum ClusterLine {
         hint: String,
     },
     /// `coordinator N status page URL metrics URL`, `server N metrics URL`.
-    Pages {
-        speaker: Speaker,
-        status: Option<String>,
-        metrics: String,
-    },
+    Pages(Pages),
     /// `ready: HINT` — every process is up.
     Ready { hint: String },
 }
@@ -240,17 +260,7 @@ impl fmt::Display for ClusterLine {
                 }
                 Ok(())
             }
-            ClusterLine::Pages {
-                speaker,
-                status,
-                metrics,
-            } => {
-                write!(f, "{speaker}")?;
-                if let Some(status) = status {
-                    write!(f, " status page {status}")?;
-                }
-                write!(f, " metrics {metrics}")
-            }
+            ClusterLine::Pages(pages) => pages.write(f, &CLUSTER_PAGES),
             ClusterLine::Ready { hint } => write!(f, "ready: {hint}"),
         }
     }
@@ -281,16 +291,7 @@ impl ClusterLine {
                 hint: hint.trim_start().to_string(),
             });
         }
-        let (before, metrics) = line.split_once(" metrics ")?;
-        let (speaker, status) = match before.split_once(" status page ") {
-            Some((speaker, status)) => (speaker, Some(one_word(status)?)),
-            None => (before, None),
-        };
-        Some(ClusterLine::Pages {
-            speaker: Speaker::parse(speaker)?,
-            status,
-            metrics: one_word(metrics)?,
-        })
+        Pages::parse(line, &CLUSTER_PAGES).map(ClusterLine::Pages)
     }
 }
 
@@ -317,16 +318,16 @@ mod tests {
                 coordinator: 2,
                 addr: "127.0.0.1:40001".into(),
             },
-            Announce::Urls {
+            Announce::Urls(Pages {
                 speaker: Speaker::Coordinator(1),
                 status: Some("http://127.0.0.1:9000/".into()),
                 metrics: "http://127.0.0.1:9000/metrics".into(),
-            },
-            Announce::Urls {
+            }),
+            Announce::Urls(Pages {
                 speaker: Speaker::Server(7),
                 status: None,
                 metrics: "http://127.0.0.1:9100/metrics".into(),
-            },
+            }),
             Announce::Listening {
                 speaker: Speaker::Coordinator(3),
                 addr: "127.0.0.1:7000".into(),
@@ -412,16 +413,16 @@ mod tests {
                 data: None,
                 hint: "speaks RESP (Redis): redis-cli -p 6379".into(),
             },
-            ClusterLine::Pages {
+            ClusterLine::Pages(Pages {
                 speaker: Speaker::Coordinator(1),
                 status: Some("http://127.0.0.1:9000/".into()),
                 metrics: "http://127.0.0.1:9000/metrics".into(),
-            },
-            ClusterLine::Pages {
+            }),
+            ClusterLine::Pages(Pages {
                 speaker: Speaker::Server(3),
                 status: None,
                 metrics: "http://127.0.0.1:9100/metrics".into(),
-            },
+            }),
             ClusterLine::Ready {
                 hint: "3 server(s); Ctrl-C stops the cluster".into(),
             },

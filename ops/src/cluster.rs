@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::child_processes::{Children, Running};
 use crate::process::PEERS_ON_STDIN;
 use crate::progress::Progress;
-use rampart_common::announce::{ClusterLine, Speaker};
+use rampart_common::announce::{ClusterLine, Pages, Speaker};
 use rampart_ops::netns::Network;
 
 /// Replicas per segment when `--replicas` is not given (clamped to servers − 1).
@@ -365,11 +365,11 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
             let speaker = Speaker::Coordinator(id);
             println!("{}", started_line(speaker, running, None, String::new()));
             if let [page, metrics, ..] = running.urls.as_slice() {
-                let pages = ClusterLine::Pages {
+                let pages = ClusterLine::Pages(Pages {
                     speaker,
                     status: Some(page.clone()),
                     metrics: metrics.clone(),
-                };
+                });
                 println!("{pages}");
             }
         }
@@ -508,11 +508,11 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
                 let data = Some(data.display().to_string());
                 println!("{}", started_line(speaker, running, data, String::new()));
                 if let Some(metrics) = running.urls.first() {
-                    let pages = ClusterLine::Pages {
+                    let pages = ClusterLine::Pages(Pages {
                         speaker,
                         status: None,
                         metrics: metrics.clone(),
-                    };
+                    });
                     println!("{pages}");
                 }
             });

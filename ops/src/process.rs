@@ -16,7 +16,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use rampart_common::announce::{Announce, Speaker};
+use rampart_common::announce::{Announce, Pages, Speaker};
 use rampart_common::config::{
     ByteSize, MasterConfig, CLEANER_THRESHOLD_PCT_DEFAULT, SEGMENT_BYTES_DEFAULT,
 };
@@ -439,11 +439,11 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             let bound = rampart_common::http::spawn(http, handler)
                 .await
                 .with_context(|| format!("cannot serve HTTP on {http}"))?;
-            announce(&Announce::Urls {
+            announce(&Announce::Urls(Pages {
                 speaker: Speaker::Coordinator(args.id),
                 status: Some(format!("http://{bound}/")),
                 metrics: format!("http://{bound}/metrics"),
-            })?;
+            }))?;
         }
         announce(&Announce::Listening {
             speaker: Speaker::Coordinator(args.id),
@@ -577,11 +577,11 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             let bound = rampart_common::http::spawn(addr, handler)
                 .await
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
-            announce(&Announce::Urls {
+            announce(&Announce::Urls(Pages {
                 speaker: Speaker::Server(server.id().0),
                 status: None,
                 metrics: format!("http://{bound}/metrics"),
-            })?;
+            }))?;
         }
         announce(&Announce::Listening {
             speaker: Speaker::Server(server.id().0),

@@ -9,7 +9,7 @@
 //! crate has integration tests of its own).
 
 use anyhow::{anyhow, bail, Context, Result};
-use rampart_common::announce::{Announce, ClusterLine, Speaker};
+use rampart_common::announce::{Announce, ClusterLine, Pages, Speaker};
 use rampart_common::failpoints::FAILPOINTS_ENV;
 use rampart_common::onesided::shm::remove_default_frame_files_under;
 use std::io::{BufRead, BufReader, Write};
@@ -143,11 +143,11 @@ impl LocalCluster {
                     Speaker::Gateway => gateway = Some((addr, pid)),
                     Speaker::Echo => {}
                 },
-                Some(ClusterLine::Pages {
+                Some(ClusterLine::Pages(Pages {
                     status,
                     metrics: url,
                     ..
-                }) => {
+                })) => {
                     status_pages.extend(status);
                     metrics.push(url);
                 }
