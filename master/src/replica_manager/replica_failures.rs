@@ -33,7 +33,7 @@
 //! and free between batches (upkeep) and, since a write that waits for backups holds
 //! the replicator, before each pause of that wait too (`Settling`'s `FreeAbandoned`):
 //! without those frees a master whose backups were full of frames it gave up on waited
-//! for good (the simulation's seeds 1570 and 11860 did).
+//! for good (in the simulation, which keeps this rule, nearly every seed did).
 //!
 //! [`expire`]: ReplicaFailures::expire
 //!
