@@ -62,8 +62,8 @@ impl Replicator {
     /// far), bumps the survivors of a loss to the new epoch, records it at the
     /// coordinator. With [`Patience::UntilDone`] waits, refreshing the server list and
     /// freeing abandoned copies, while not enough backups exist, and retries while no
-    /// coordinator answers; with
-    /// [`Patience::OneAttempt`] returns after one placement round or one failed round.
+    /// coordinator answers; with [`Patience::OneAttempt`] returns after one placement
+    /// round or one failed round.
     pub(super) async fn settle(
         &mut self,
         id: SegmentId,
