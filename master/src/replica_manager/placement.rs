@@ -140,7 +140,7 @@ mod tests {
             chosen.iter().map(|(slot, _)| *slot).collect::<Vec<_>>(),
             [0, 1, 2]
         );
-        let domains: HashSet<u64> = chosen.iter().map(|(_, b)| (b.0 + 1) / 2).collect();
+        let domains: HashSet<u64> = chosen.iter().map(|(_, b)| b.0.div_ceil(2)).collect();
         assert_eq!(domains.len(), 3, "{chosen:?}");
         assert_eq!(primaries(&s, &all), 1);
         assert_eq!(s.primaries_on(chosen[0].1), 1, "slot 0 holds the primary");
