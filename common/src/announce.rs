@@ -194,14 +194,6 @@ impl Announce {
         Pages::parse(line, &PROCESS_PAGES).map(Announce::Urls)
     }
 
-    /// The address of a `listening on` or `waiting for its peers` line.
-    pub fn addr(&self) -> Option<&str> {
-        match self {
-            Announce::Listening { addr, .. } | Announce::WaitingForPeers { addr, .. } => Some(addr),
-            Announce::Failpoints { .. } | Announce::Urls { .. } => None,
-        }
-    }
-
     /// The HTTP URLs of a `status at` / `metrics at` line.
     pub fn urls(&self) -> Vec<&str> {
         match self {
