@@ -17,6 +17,9 @@
 //! * [`settling`] — `Settling`: one settle of a segment, one layer above
 //!   `SegmentReplicas::step` — confirm alive, place, bump, record, and when to stop
 //!   trying. Pure and synchronous; the simulation drives it too.
+//! * [`sequencing`] — the order of the replicator's calls: a range's write
+//!   (`RangeWrite`), a replica's creation (`Creation`), upkeep between batches
+//!   (`Upkeep`). Pure and synchronous; the simulation follows them too.
 //! * `transport` — one `ReplicaTransport` per way bytes reach a frame (`shm`, `tcp`,
 //!   `rpc`, `rdma`), the pure choice among them, and the resources they share (mapped
 //!   frame files with their backups' liveness, RDMA links).
@@ -35,6 +38,7 @@ pub mod rdma_link;
 pub mod replica_failures;
 pub mod replicator;
 pub mod segment_replicas;
+pub mod sequencing;
 pub mod server_list_watch;
 pub mod settling;
 mod transport;

@@ -148,6 +148,11 @@ impl<L> SegmentReplicas<L> {
         }
     }
 
+    /// The segment.
+    pub fn id(&self) -> SegmentId {
+        self.id
+    }
+
     /// Bytes every live replica holds.
     pub fn len(&self) -> u32 {
         self.len

@@ -1,6 +1,7 @@
-//! The simulated master's replication: the replicator's own cores (`Settling`,
-//! `ReplicaFailures`, `placement` with a `BackupSelector`) carried out through the
-//! [`World`], one call at a time, and its upkeep between batches (`tick`). The `master`
+//! The simulated master's replication: the replicator's own cores (`RangeWrite`,
+//! `Creation` and `Upkeep` for the order of its calls, `Settling`, `ReplicaFailures`,
+//! `placement` with a `BackupSelector`) carried out through the [`World`], one call at
+//! a time. The `master`
 //! module doc says what stands in for `Replicator`.
 
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
@@ -8,6 +9,9 @@ use rampart_master::replica_manager::backup_selector::{BackupInfo, BackupSelecto
 use rampart_master::replica_manager::placement;
 use rampart_master::replica_manager::replica_failures::{Call, Cause, Loss};
 use rampart_master::replica_manager::segment_replicas::{Replica, SegmentReplicas};
+use rampart_master::replica_manager::sequencing::{
+    CreateStep, Creation, NotWritable, RangeStep, RangeWrite, Upkeep, UpkeepStep,
+};
 use rampart_master::replica_manager::settling::{Bump, Effect, Patience, Settling};
 use rampart_master::segmented_log::SegmentRange;
 use std::collections::BTreeSet;
@@ -33,28 +37,31 @@ enum Failure {
 }
 
 impl SimMaster {
-    /// Between batches: frees abandoned copies and re-creates one lost replica of a
-    /// closed segment (as `Replicator::tick`).
+    /// Between batches: the steps of the replicator's [`Upkeep`] round (as
+    /// `Replicator::tick`, with the closed segment's re-creation it hands the appender
+    /// carried out here, from the log).
     pub fn tick(&mut self, world: &mut World) -> Result<(), Stop> {
-        self.free_abandoned(world)?;
-        // Backups the server list no longer shows Up fail at once.
-        let listed: BTreeSet<ServerId> = world.listed_backups().into_iter().collect();
-        let holding: BTreeSet<ServerId> = self
-            .segments
-            .values()
-            .flat_map(|s| s.backups().collect::<Vec<_>>())
-            .collect();
-        for backup in holding.difference(&listed) {
-            self.backup_failed(world, *backup);
-        }
-        self.failures.expire(sim_now(world));
-        let under = self
-            .segments
-            .iter()
-            .find(|(_, s)| s.is_closed() && s.missing() > 0)
-            .map(|(id, _)| *id);
-        if let Some(id) = under {
-            self.settle(world, id, Patience::OneAttempt)?;
+        let mut upkeep = Upkeep::new();
+        while let Some(step) = upkeep.next(&self.segments) {
+            match step {
+                UpkeepStep::RefreshServers => {
+                    // Backups the server list no longer shows Up fail at once.
+                    let listed: BTreeSet<ServerId> = world.listed_backups().into_iter().collect();
+                    let holding: BTreeSet<ServerId> =
+                        self.segments.values().flat_map(|s| s.backups()).collect();
+                    for backup in holding.difference(&listed) {
+                        self.backup_failed(world, *backup);
+                    }
+                }
+                // Nothing is quiet here: every call a simulated master makes reaches its
+                // backup at once or fails it, and upkeep runs between any two batches.
+                UpkeepStep::ProbeQuiet => {}
+                UpkeepStep::FreeAbandoned => self.free_abandoned(world)?,
+                UpkeepStep::Expire => self.failures.expire(sim_now(world)),
+                UpkeepStep::SettleOpen(id) | UpkeepStep::Recreate(id) => {
+                    self.settle(world, id, Patience::OneAttempt)?;
+                }
+            }
         }
         Ok(())
     }
@@ -100,44 +107,53 @@ impl SimMaster {
         }
     }
 
+    /// Writes `range` to every replica of its segment: the steps of the replicator's
+    /// [`RangeWrite`], the replicas written one after another and closed inline.
     pub(super) fn replicate(
         &mut self,
         world: &mut World,
         range: &SegmentRange,
     ) -> Result<(), Stop> {
-        let id = range.segment;
-        let replicas = self.replicas;
-        self.segments
-            .entry(id)
-            .or_insert_with(|| SegmentReplicas::new(id, replicas, range.start));
-        self.settle(world, id, Patience::UntilDone)?;
-        if !self.segment(id).writable(range.start) {
-            return Err(Stop::Fatal(format!("{id} not writable at {}", range.start)));
-        }
-        let bytes = self.bytes(id, range.start, range.end);
-        let live: Vec<(usize, ServerId, FrameHandle, Epoch)> = self
-            .segment(id)
-            .live()
-            .map(|(slot, r)| (slot, r.backup, r.handle, r.epoch))
-            .collect();
-        let mut lost_any = false;
-        for (slot, backup, handle, epoch) in live {
-            let written = self.write(world, backup, (handle, epoch), range.start, &bytes);
-            if let Err(failure) = written {
-                lost_any = true;
-                self.apply_failure(world, id, (Call::Update { slot }, backup), failure)?;
+        let mut write = RangeWrite::begin(&mut self.segments, range, self.replicas);
+        let id = write.segment();
+        loop {
+            let step = write
+                .next(self.segment_mut(id))
+                .map_err(|NotWritable(id)| {
+                    Stop::Fatal(format!("{id} not writable at {}", range.start))
+                })?;
+            match step {
+                RangeStep::Settle => self.settle(world, id, Patience::UntilDone)?,
+                RangeStep::Write { offset } => {
+                    let bytes = self.bytes(id, offset, range.end);
+                    let live: Vec<(usize, ServerId, FrameHandle, Epoch)> = self
+                        .segment(id)
+                        .live()
+                        .map(|(slot, r)| (slot, r.backup, r.handle, r.epoch))
+                        .collect();
+                    let mut lost_any = false;
+                    for (slot, backup, handle, epoch) in live {
+                        let written = self.write(world, backup, (handle, epoch), offset, &bytes);
+                        if let Err(failure) = written {
+                            lost_any = true;
+                            self.apply_failure(
+                                world,
+                                id,
+                                (Call::Update { slot }, backup),
+                                failure,
+                            )?;
+                        }
+                    }
+                    write.written(lost_any);
+                }
+                RangeStep::Close { slots } => {
+                    for slot in slots {
+                        self.close(world, id, slot)?;
+                    }
+                }
+                RangeStep::Done => return Ok(()),
             }
         }
-        self.segment_mut(id).wrote(range.end);
-        if lost_any {
-            self.settle(world, id, Patience::UntilDone)?;
-        }
-        if range.closes {
-            for slot in self.segment_mut(id).close() {
-                self.close(world, id, slot)?;
-            }
-        }
-        Ok(())
     }
 
     /// One write to a replica, frame `handle` at `epoch`: a boundary, then the copy (part
@@ -360,8 +376,8 @@ impl SimMaster {
         placement::targets(selector, segment, (slots, fresh, self.replicas), &excluded).ok()
     }
 
-    /// Opens replicas on `targets` at a new epoch, fills each with the segment's bytes
-    /// so far (in chunks) and closes it if the segment is closed.
+    /// Opens replicas on `targets` at a new epoch, each filled with the segment's bytes
+    /// so far (in chunks) and closed if the segment is: a [`Creation`].
     fn create_replicas(
         &mut self,
         world: &mut World,
@@ -369,25 +385,25 @@ impl SimMaster {
         targets: Vec<(usize, ServerId)>,
         fresh: bool,
     ) -> Result<(), Stop> {
-        let segment = self.segment_mut(id);
-        let epoch = segment.take_epoch();
-        let (len, closed) = (segment.len(), segment.is_closed());
-        let bytes = self.bytes(id, 0, len);
+        let creation = Creation::begin(self.segment_mut(id));
+        let bytes = self.bytes(id, 0, creation.len);
         for (slot, backup) in targets {
-            match self.create_replica(world, id, backup, epoch, &bytes, closed) {
+            match self.create_replica(world, &creation, backup, &bytes) {
                 Ok(handle) => {
                     world.note(format!(
-                        "{}: {id} placed on {backup} (slot {slot}) at epoch {epoch}, {len} bytes{}",
+                        "{}: {id} placed on {backup} (slot {slot}) at epoch {}, {} bytes{}",
                         self.id,
+                        creation.epoch,
+                        creation.len,
                         if fresh { ", fresh" } else { "" }
                     ));
-                    self.segment_mut(id)
-                        .placed(slot, Replica::new(backup, handle, epoch, ()));
+                    let replica = Replica::new(backup, handle, creation.epoch, ());
+                    creation.created(self.segment_mut(id), slot, replica);
                 }
                 // Refused (an older copy here is newer than this epoch), the backup
                 // excluded a while: the next round tries another.
                 Err(failure) => {
-                    self.placement_lost(|selector| placement::open_failed(selector, slot, backup));
+                    creation.failed(&mut self.failures, self.selector.as_mut(), (slot, backup));
                     self.apply_failure(world, id, (Call::Open, backup), failure)?;
                 }
             }
@@ -395,37 +411,16 @@ impl SimMaster {
         Ok(())
     }
 
-    /// Opens a replica of `id` on `backup` at `epoch`, fills it and closes it if the
-    /// segment is closed (as `Replicator::create_replica`). A failure after the open
-    /// may have reached the backup leaves a frame there: it is abandoned (freed by
-    /// `tick`, bounded by `epoch`, which no later copy reuses), or it would hold one of
-    /// the backup's frames for good.
+    /// Opens a replica of the `creation`'s segment on `backup` at its epoch, then takes
+    /// the creation's steps after the open: the fill (of `bytes`, in chunks), the close.
     fn create_replica(
         &mut self,
         world: &mut World,
-        id: SegmentId,
+        creation: &Creation,
         backup: ServerId,
-        epoch: Epoch,
         bytes: &[u8],
-        closed: bool,
     ) -> Result<FrameHandle, Failure> {
-        let created = self.open_and_fill(world, id, backup, epoch, bytes, closed);
-        if created.is_err() {
-            self.failures.open_failed(id, backup, epoch);
-        }
-        created
-    }
-
-    /// The open, the fill in chunks and, for a closed segment, the close.
-    fn open_and_fill(
-        &mut self,
-        world: &mut World,
-        id: SegmentId,
-        backup: ServerId,
-        epoch: Epoch,
-        bytes: &[u8],
-        closed: bool,
-    ) -> Result<FrameHandle, Failure> {
+        let (id, epoch) = (creation.segment, creation.epoch);
         if world.boundary().is_err() {
             return Err(Failure::Killed);
         }
@@ -441,13 +436,18 @@ impl SimMaster {
             self.id
         ));
         let handle = outcome(delivery, opened)?.ok_or(Failure::Replica)?;
-        let chunk = world.config.fill_chunk_bytes.max(1) as usize;
-        for (n, piece) in bytes.chunks(chunk).enumerate() {
-            self.write(world, backup, (handle, epoch), (n * chunk) as u32, piece)?;
-        }
-        if closed {
-            let length = bytes.len() as u32;
-            self.close_replica(world, backup, (handle, epoch), length)?;
+        for step in creation.after_open() {
+            match step {
+                CreateStep::Fill { len } => {
+                    let chunk = world.config.fill_chunk_bytes.max(1) as usize;
+                    for (n, piece) in bytes[..len as usize].chunks(chunk).enumerate() {
+                        self.write(world, backup, (handle, epoch), (n * chunk) as u32, piece)?;
+                    }
+                }
+                CreateStep::Close { length } => {
+                    self.close_replica(world, backup, (handle, epoch), length)?;
+                }
+            }
         }
         Ok(handle)
     }
@@ -504,7 +504,11 @@ impl SimMaster {
             .expect("a segment being replicated is tracked")
     }
 
+    /// Bytes `start..end` of segment `id` in the log (none, for an empty range).
     fn bytes(&self, id: SegmentId, start: u32, end: u32) -> Vec<u8> {
+        if start == end {
+            return Vec::new();
+        }
         self.store
             .log()
             .segment_bytes(id)
@@ -530,9 +534,10 @@ fn outcome(
 
 #[cfg(test)]
 mod tests {
+    use super::super::sim_master::FAILED_BACKUP_EXCLUSION_US;
     use super::*;
     use crate::config::SimConfig;
-    use rampart_common::ids::{Epoch, SegmentId, TableId};
+    use rampart_common::ids::{SegmentId, TableId};
 
     #[test]
     fn a_replica_whose_open_went_unanswered_is_freed() {
@@ -561,16 +566,30 @@ mod tests {
         );
         // Every call fails, half of them only on the way back: those opens landed.
         for segment in 1..=16 {
-            let created =
-                master.create_replica(&mut world, SegmentId(segment), backup, Epoch(1), &[], false);
-            assert!(matches!(created, Err(Failure::Backup)));
+            let id = SegmentId(segment);
+            master.segments.insert(id, SegmentReplicas::new(id, 1, 0));
+            master
+                .create_replicas(&mut world, id, vec![(0, backup)], true)
+                .expect("a backup's failure is not the master's");
+            assert_eq!(master.segment(id).missing(), 1);
         }
         assert!(
             world.trace.iter().any(|line| line.contains("(Unanswered)")),
             "an open reached the backup"
         );
+        // The log frees them (their copies were never placed: nothing of theirs is
+        // abandoned but what the failed creations left), and the backup's exclusion
+        // ends.
+        for segment in 1..=16 {
+            master.free_segment(SegmentId(segment));
+        }
+        world.wait(FAILED_BACKUP_EXCLUSION_US + 1);
         world.config.drop_p = 0.0;
-        master.tick(&mut world).expect("nothing fences or kills it");
+        // The first round's frees find the backup still failed: the exclusion ends after
+        // them (`Upkeep`'s order, the replicator's); the second round frees.
+        for _ in 0..2 {
+            master.tick(&mut world).expect("nothing fences or kills it");
+        }
         assert!(
             world.backups[0].fence_and_list(master.id).is_empty(),
             "every frame the master gave up on was freed"

@@ -30,7 +30,7 @@ pub const VALUE_BYTES_MAX: usize = 16 * 1024;
 
 /// A backup that failed, or refused an open or a close, is not chosen again for this
 /// long (µs): the simulation's time scale, where the replicator's are seconds.
-const FAILED_BACKUP_EXCLUSION_US: u64 = 50_000;
+pub(super) const FAILED_BACKUP_EXCLUSION_US: u64 = 50_000;
 
 /// What one cleaner step came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! (and closed, if the segment is).
 
 use bytes::Bytes;
-use rampart_common::ids::{Epoch, SegmentId, ServerId};
+use rampart_common::ids::{SegmentId, ServerId};
 use rampart_common::protocol::backup::{OpenReplica, OpenReplicaRequest};
 use std::collections::HashSet;
 use tokio::time::Instant;
@@ -15,6 +15,7 @@ use crate::replica_manager::backup_selector::NotEnoughBackups;
 use crate::replica_manager::placement;
 use crate::replica_manager::replica_failures::Call;
 use crate::replica_manager::segment_replicas::Replica;
+use crate::replica_manager::sequencing::{CreateStep, Creation};
 use crate::replica_manager::transport::{classify_rpc, Failure, REPLICA_IO_TIMEOUT};
 
 impl Replicator {
@@ -44,9 +45,10 @@ impl Replicator {
     }
 
     /// Opens replicas of `id` on `targets` (slot, backup) at a new epoch, each holding
-    /// the segment's bytes so far (and closed, if the segment is). A backup that fails
-    /// is marked failed; one that refuses is left out for [`REFUSED_BACKUP_EXCLUSION`]
-    /// (`ReplicaFailures`). Returns whether a backup refused.
+    /// the segment's bytes so far (and closed, if the segment is): a [`Creation`]. A
+    /// backup that fails is marked failed; one that refuses is left out for
+    /// [`REFUSED_BACKUP_EXCLUSION`] (`ReplicaFailures`). Returns whether a backup
+    /// refused.
     ///
     /// [`REFUSED_BACKUP_EXCLUSION`]: super::state::REFUSED_BACKUP_EXCLUSION
     pub(super) async fn create_replicas(
@@ -56,27 +58,26 @@ impl Replicator {
         fresh: bool,
         log_bytes: Option<&Bytes>,
     ) -> Result<bool, Fatal> {
-        let segment = self.segment_mut(id)?;
-        let epoch = segment.take_epoch();
-        let (len, closed) = (segment.len(), segment.is_closed());
-        let capacity = self.segment_capacity;
-        let bytes = self.fill(id, len, log_bytes)?;
+        let creation = Creation::begin(self.segment_mut(id)?);
+        let bytes = self.fill(id, creation.len, log_bytes)?;
         let mut refused = false;
         for (slot, backup) in targets {
-            match self
-                .create_replica(id, backup, epoch, capacity, bytes.as_ref(), closed)
-                .await
-            {
+            match self.create_replica(&creation, backup, bytes.as_ref()).await {
                 Ok(replica) => {
-                    if !fresh || len > 0 {
+                    if !fresh || creation.len > 0 {
                         self.stats.replicas_recreated += 1;
-                        tracing::info!(segment = %id, %backup, %epoch, bytes = len, "replica re-created");
+                        tracing::info!(segment = %id, %backup, epoch = %creation.epoch, bytes = creation.len, "replica re-created");
                     }
-                    self.segment_mut(id)?.placed(slot, replica);
+                    creation.created(self.segment_mut(id)?, slot, replica);
                     self.changed = true;
                 }
                 Err(failure) => {
-                    placement::open_failed(&mut self.selector, slot, backup);
+                    let selector = Some(&mut self.selector);
+                    if let Some(forgotten) =
+                        creation.failed(&mut self.failures, selector, (slot, backup))
+                    {
+                        said_forgotten(forgotten);
+                    }
                     if let Some((detail, loss)) =
                         self.call_failed(id, backup, Call::Open, failure)?
                     {
@@ -90,51 +91,26 @@ impl Replicator {
         Ok(refused)
     }
 
-    /// Opens a replica of `id` on `backup` at `epoch`, writes `bytes` (from offset 0) and,
-    /// for a closed segment, closes it.
-    /// A failure after the open may have reached the backup leaves a frame there: it is
-    /// abandoned (freed later, bounded by `epoch`, which no later copy reuses).
+    /// Opens a replica of the `creation`'s segment on `backup` at its epoch, then takes
+    /// the creation's steps after the open: `bytes` (the fill, from offset 0), the
+    /// close.
     async fn create_replica(
         &mut self,
-        id: SegmentId,
+        creation: &Creation,
         backup: ServerId,
-        epoch: Epoch,
-        capacity: u32,
         bytes: Option<&Bytes>,
-        closed: bool,
     ) -> Result<Replica<Link>, Failure> {
         let addr = self
             .backups
             .get(&backup)
             .map(|b| b.addr.clone())
             .ok_or_else(|| Failure::Replica(format!("{backup} left the server list")))?;
-        let result = self
-            .open_and_fill(id, backup, addr, epoch, capacity, bytes, closed)
-            .await;
-        if result.is_err() {
-            if let Some(forgotten) = self.failures.open_failed(id, backup, epoch) {
-                said_forgotten(forgotten);
-            }
-        }
-        result
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn open_and_fill(
-        &mut self,
-        id: SegmentId,
-        backup: ServerId,
-        addr: String,
-        epoch: Epoch,
-        capacity: u32,
-        bytes: Option<&Bytes>,
-        closed: bool,
-    ) -> Result<Replica<Link>, Failure> {
+        let (id, epoch) = (creation.segment, creation.epoch);
         let request = OpenReplicaRequest {
             master: self.own,
             segment: id,
             epoch,
-            capacity,
+            capacity: self.segment_capacity,
         };
         let deadline = Instant::now() + REPLICA_IO_TIMEOUT;
         let reply = self
@@ -149,19 +125,25 @@ impl Replicator {
             "replica opened"
         );
         let mut replica = Replica::new(backup, reply.handle, epoch, Link { addr, transport });
-        if let Some(bytes) = bytes {
-            replica
-                .link
-                .transport
-                .write(replica.handle, epoch, 0, bytes.clone())
-                .await?;
-        }
-        if closed {
-            let length = bytes.map_or(0, |b| b.len() as u32);
-            close_replica(&self.pool, &replica, length)
-                .await
-                .map_err(|e| classify_rpc(&e))?;
-            replica.closed = true;
+        for step in creation.after_open() {
+            match step {
+                CreateStep::Fill { len } => {
+                    let bytes = bytes
+                        .filter(|b| b.len() == len as usize)
+                        .ok_or_else(|| Failure::Replica(format!("{id}: no {len} bytes to fill")))?;
+                    replica
+                        .link
+                        .transport
+                        .write(replica.handle, epoch, 0, bytes.clone())
+                        .await?;
+                }
+                CreateStep::Close { length } => {
+                    close_replica(&self.pool, &replica, length)
+                        .await
+                        .map_err(|e| classify_rpc(&e))?;
+                    replica.closed = true;
+                }
+            }
         }
         Ok(replica)
     }

@@ -15,12 +15,14 @@ use tokio::time::Instant;
 use super::backups::said_forgotten;
 use super::state::{Fatal, Replicator, PROBE_INTERVAL, PROBE_TIMEOUT};
 use crate::replica_manager::placement;
+use crate::replica_manager::sequencing::{Upkeep, UpkeepStep};
 use crate::replica_manager::settling::Patience;
 
 impl Replicator {
-    /// Background upkeep between batches: finished closes, the server list, probes of
-    /// quiet backups, frees of abandoned copies, and the open segments' lost replicas
-    /// and unrecorded epochs. Returns a closed segment that lost replicas, if any: the
+    /// Background upkeep between batches: finished closes, then the steps of an
+    /// [`Upkeep`] round — the server list, probes of quiet backups, frees of abandoned
+    /// copies, exclusions over, and the open segments' lost replicas and unrecorded
+    /// epochs. Returns a closed segment that lost replicas, if any: the
     /// caller reads its bytes from the log and hands them to
     /// [`Replicator::recreate`] (one segment per tick, so that writes interleave with
     /// re-replication).
@@ -35,26 +37,18 @@ impl Replicator {
         if let Some(fatal) = &self.fenced {
             return Err(fatal.clone());
         }
-        self.refresh_servers(false).await;
-        self.probe_quiet_backups().await;
-        self.free_abandoned().await;
-        self.failures.expire(Instant::now());
-        // The open segments' lost replicas and unrecorded epochs: without a write they
-        // would wait for one (and the next write waits for them).
-        let open_needing: Vec<SegmentId> = self
-            .segments
-            .iter()
-            .filter(|(_, s)| !s.is_closed() && (s.missing() > 0 || s.unrecorded()))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in open_needing {
-            self.settle(id, None, Patience::OneAttempt).await?;
+        let mut upkeep = Upkeep::new();
+        while let Some(step) = upkeep.next(&self.segments) {
+            match step {
+                UpkeepStep::RefreshServers => self.refresh_servers(false).await,
+                UpkeepStep::ProbeQuiet => self.probe_quiet_backups().await,
+                UpkeepStep::FreeAbandoned => self.free_abandoned().await,
+                UpkeepStep::Expire => self.failures.expire(Instant::now()),
+                UpkeepStep::SettleOpen(id) => self.settle(id, None, Patience::OneAttempt).await?,
+                UpkeepStep::Recreate(id) => return Ok(Some(id)),
+            }
         }
-        Ok(self
-            .segments
-            .iter()
-            .find(|(_, s)| s.is_closed() && s.missing() > 0)
-            .map(|(id, _)| *id))
+        Ok(None)
     }
 
     /// One placement round for the lost replicas of the closed segment `id` (named by

@@ -8,7 +8,7 @@ use rampart_common::ids::SegmentId;
 use std::sync::Arc;
 
 use super::state::{Fatal, Replicator, Segment, SPARE_BUFFERS_MAX};
-use crate::replica_manager::segment_replicas::SegmentReplicas;
+use crate::replica_manager::sequencing::{NotWritable, RangeStep, RangeWrite};
 use crate::replica_manager::settling::Patience;
 use crate::replica_manager::transport::Failure;
 use crate::segmented_log::SealedRange;
@@ -33,40 +33,36 @@ impl Replicator {
         Ok(())
     }
 
+    /// Carries out the steps of [`RangeWrite`] for one range.
     async fn replicate_range(&mut self, sealed: &SealedRange) -> Result<(), Fatal> {
-        let range = &sealed.range;
-        let id = range.segment;
-        let replicas = self.config.replicas;
         self.segment_capacity = sealed.capacity;
-        self.segments
-            .entry(id)
-            .or_insert_with(|| SegmentReplicas::new(id, replicas, range.start));
-        // Every replica must hold [0, start) before this range goes on top of it, and a
-        // re-created open segment's epoch must be known to the coordinator.
-        self.settle(id, None, Patience::UntilDone).await?;
-        if !self.segment(id)?.writable(range.start) {
-            return Err(Fatal::NotWritable(id));
-        }
-        let failures = self.write_all(id, range.start, &sealed.bytes).await;
-        self.keep_open_bytes(sealed)?;
-        let lost_any = !failures.is_empty();
-        self.apply_failures(id, failures)?;
-        self.segment_mut(id)?.wrote(range.end);
-        if lost_any {
-            // The survivors hold [0, end); lost replicas are re-created holding as much.
-            self.settle(id, None, Patience::UntilDone).await?;
-        }
-        if range.closes {
-            let slots = self.segment_mut(id)?.close();
-            self.start_closes(id, slots);
-            if let Some(mut buffer) = self.open_bytes.remove(&id) {
-                if self.spare_buffers.len() < SPARE_BUFFERS_MAX {
-                    buffer.clear();
-                    self.spare_buffers.push(buffer);
+        let mut write = RangeWrite::begin(&mut self.segments, &sealed.range, self.config.replicas);
+        let id = write.segment();
+        loop {
+            let step = write
+                .next(self.segment_mut(id)?)
+                .map_err(|NotWritable(id)| Fatal::NotWritable(id))?;
+            match step {
+                RangeStep::Settle => self.settle(id, None, Patience::UntilDone).await?,
+                RangeStep::Write { offset } => {
+                    let failures = self.write_all(id, offset, &sealed.bytes).await;
+                    self.keep_open_bytes(sealed)?;
+                    let lost_any = !failures.is_empty();
+                    self.apply_failures(id, failures)?;
+                    write.written(lost_any);
                 }
+                RangeStep::Close { slots } => {
+                    self.start_closes(id, slots);
+                    if let Some(mut buffer) = self.open_bytes.remove(&id) {
+                        if self.spare_buffers.len() < SPARE_BUFFERS_MAX {
+                            buffer.clear();
+                            self.spare_buffers.push(buffer);
+                        }
+                    }
+                }
+                RangeStep::Done => return Ok(()),
             }
         }
-        Ok(())
     }
 
     /// Appends a range's bytes to its open segment's copy (see `open_bytes`).
@@ -110,10 +106,6 @@ impl Replicator {
             .and_then(|buffer| buffer.get(..len))
             .map(|bytes| Some(Bytes::copy_from_slice(bytes)))
             .ok_or(Fatal::MissingBytes(id))
-    }
-
-    fn segment(&self, id: SegmentId) -> Result<&Segment, Fatal> {
-        self.segments.get(&id).ok_or(Fatal::MissingBytes(id))
     }
 
     pub(super) fn segment_mut(&mut self, id: SegmentId) -> Result<&mut Segment, Fatal> {
