@@ -21,6 +21,9 @@
 //!
 //! [`FrameTable`]: crate::frame_table::FrameTable
 //!
+//! The steps are [`fence`], a plain function over what a backup gives it
+//! ([`FenceTarget`]): the backup's frames and the simulation's both run it.
+//!
 //! # Cost
 //! One copy and scan of each open frame of the master (≈ 1–5 ms per 8 MiB frame): call
 //! it on a blocking thread.
@@ -28,36 +31,67 @@
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::backup::ReplicaInfo;
 
-use crate::frame_table::ReplicaKey;
+use crate::frame_table::{FrameRef, FrameTable, ReplicaKey};
 use crate::frames::Frames;
 use crate::rdma::RdmaTarget;
 
+/// What a fence needs of a backup: its frame table under the table's lock with the
+/// frame file's per-slot words beside it, its RDMA keys, and the scan of frames. The
+/// backup's frames implement it (over `Frames` and the `RdmaTarget`); so does the
+/// simulation's backup (`rampart-sim`), over bytes in memory. Each method looks up,
+/// copies or marks; the order of the steps — the guarantee — is [`fence`]'s.
+pub trait FenceTarget {
+    /// `act` on the frame table under its lock, with the slots' words.
+    fn with_table_words<R>(
+        &mut self,
+        act: impl FnOnce(&mut FrameTable, &mut dyn SlotWords) -> R,
+    ) -> R;
+
+    /// Revokes `master`'s RDMA key: the NIC acknowledges none of its RDMA writes any
+    /// more.
+    fn revoke(&mut self, master: ServerId);
+
+    /// The length of each frame's valid prefix, cut at its fenced length, scanned
+    /// outside the table's lock; a frame that left the table meanwhile is left out.
+    fn scan(&mut self, frames: Vec<FrameRef>) -> Vec<(FrameRef, u32)>;
+}
+
+/// The frame file's words of each slot that a fence sets (under the table's lock).
+pub trait SlotWords {
+    /// Raises the slot's fence word: a one-sided writer that checks it after its copy
+    /// acknowledges nothing more.
+    fn fence(&mut self, slot: usize);
+
+    /// Records the fenced `length` in the slot's header: a backup restarted on the
+    /// frame file reads no more of the frame back.
+    fn record_fenced_length(&mut self, slot: usize, length: u32);
+}
+
 /// Fences every open frame of `master` and reports each one with its final length. See
 /// the module doc. Idempotent: a later fence reports the first one's lengths.
-pub(crate) fn fence(frames: &Frames, rdma: &RdmaTarget, master: ServerId) -> Vec<ReplicaInfo> {
-    let fenced = {
-        let mut table = frames.table.lock();
+pub fn fence<T: FenceTarget + ?Sized>(target: &mut T, master: ServerId) -> Vec<ReplicaInfo> {
+    let fenced = target.with_table_words(|table, words| {
         let fenced = table.fence_master(master);
         for frame in &fenced {
             // Under the table's lock: the slot is this frame's (slots change hands only
             // after their frame left the table).
-            frames.file.fence(frame.slot);
+            words.fence(frame.slot);
         }
         fenced
-    };
-    rdma.revoke(master);
-    let scanned = frames.scan(fenced);
-    let mut table = frames.table.lock();
-    let reported: Vec<ReplicaInfo> = scanned
-        .into_iter()
-        .filter_map(|scanned| {
-            // Gone since the scan: freed by recovery already, nothing to report.
-            let (slot, length) = table.fenced_length(scanned.frame.handle, scanned.length)?;
-            frames.file.record_fenced_length(slot, length);
-            Some(scanned.frame.info(length))
-        })
-        .collect();
-    drop(table);
+    });
+    target.revoke(master);
+    let scanned = target.scan(fenced);
+    let reported: Vec<ReplicaInfo> = target.with_table_words(|table, words| {
+        scanned
+            .into_iter()
+            .filter_map(|(frame, scanned)| {
+                // Gone since the scan: freed by recovery already, nothing to report.
+                let (slot, length) = table.fenced_length(frame.handle, scanned)?;
+                words.record_fenced_length(slot, length);
+                Some(frame.info(length))
+            })
+            .collect()
+    });
     tracing::info!(%master, frames = reported.len(), "open frames fenced");
     reported
 }
@@ -66,9 +100,66 @@ pub(crate) fn fence(frames: &Frames, rdma: &RdmaTarget, master: ServerId) -> Vec
 /// replica's frame (if any) has its final length: bytes a still-running master could
 /// change are never served to recovery (`StartRecovery` may not have reached this
 /// backup, or its fence may still be under way).
-pub(crate) fn fence_before_reading(frames: &Frames, rdma: &RdmaTarget, key: ReplicaKey) {
-    let needed = frames.table.lock().needs_fence(key.0, key);
+pub fn fence_before_reading<T: FenceTarget + ?Sized>(target: &mut T, key: ReplicaKey) {
+    let needed = target.with_table_words(|table, _| table.needs_fence(key.0, key));
     if needed {
-        fence(frames, rdma, key.0);
+        fence(target, key.0);
     }
+}
+
+/// The backup's own frames and RDMA keys, as [`fence`] uses them.
+pub(crate) struct LiveFrames<'a> {
+    pub frames: &'a Frames,
+    pub rdma: &'a RdmaTarget,
+}
+
+/// The frame file's words, set through its shared mapping.
+struct FileWords<'a>(&'a Frames);
+
+impl SlotWords for FileWords<'_> {
+    fn fence(&mut self, slot: usize) {
+        self.0.file.fence(slot);
+    }
+
+    fn record_fenced_length(&mut self, slot: usize, length: u32) {
+        self.0.file.record_fenced_length(slot, length);
+    }
+}
+
+impl FenceTarget for LiveFrames<'_> {
+    fn with_table_words<R>(
+        &mut self,
+        act: impl FnOnce(&mut FrameTable, &mut dyn SlotWords) -> R,
+    ) -> R {
+        let mut table = self.frames.table.lock();
+        act(&mut table, &mut FileWords(self.frames))
+    }
+
+    fn revoke(&mut self, master: ServerId) {
+        self.rdma.revoke(master);
+    }
+
+    /// [`Frames::scan`]: copies and scans outside the table's lock, then keeps the
+    /// frames still in the table.
+    fn scan(&mut self, frames: Vec<FrameRef>) -> Vec<(FrameRef, u32)> {
+        self.frames
+            .scan(frames)
+            .into_iter()
+            .map(|scanned| (scanned.frame, scanned.length))
+            .collect()
+    }
+}
+
+/// [`fence`] on the backup's own frames.
+pub(crate) fn fence_frames(
+    frames: &Frames,
+    rdma: &RdmaTarget,
+    master: ServerId,
+) -> Vec<ReplicaInfo> {
+    fence(&mut LiveFrames { frames, rdma }, master)
+}
+
+/// [`fence_before_reading`] on the backup's own frames.
+pub(crate) fn fence_frames_before_reading(frames: &Frames, rdma: &RdmaTarget, key: ReplicaKey) {
+    fence_before_reading(&mut LiveFrames { frames, rdma }, key);
 }

@@ -222,7 +222,7 @@ pub struct Closing {
 
 /// A slot the table gave back: the driver releases it in the frame file (keeping its
 /// bytes for reads when `kept` is set), then hands it back with
-/// [`FrameTable::released`].
+/// [`FrameTable::returned`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Release {
     pub slot: usize,
@@ -817,6 +817,17 @@ impl FrameTable {
             Some(meta) => self.stored.insert(key, meta),
             None => self.stored.remove(&key),
         };
+    }
+
+    /// Takes back the slot `release` names, which the driver released in its frame
+    /// file: keeping the stored replica its bytes are, if a close stored them
+    /// ([`released_keeping`](Self::released_keeping)), else holding nothing
+    /// ([`released`](Self::released)).
+    pub fn returned(&mut self, release: Release) {
+        match release.kept {
+            Some(meta) => self.released_keeping(release.slot, meta),
+            None => self.released(release.slot),
+        }
     }
 
     /// Takes back a slot the driver released: free, and holding nothing to read.

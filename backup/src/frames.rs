@@ -22,6 +22,7 @@ use rampart_common::protocol::backup::{OpenReplicaReply, ReplicaInfo, ShmFrame};
 use rampart_common::status::Status;
 
 use crate::frame_table::{FrameRef, FrameTable, Refusal, Release, ReplicaKey};
+use crate::lifecycle::{FrameAccess, TableAccess};
 use crate::segment_store::{ReplicaFiles, ReplicaMeta};
 
 /// First read of an open frame when listing or reading it (see `read_written`).
@@ -192,11 +193,7 @@ impl Frames {
     /// Called without the table's lock held.
     pub fn release(&self, release: Release) {
         self.file.release(release.slot);
-        let mut table = self.table.lock();
-        match release.kept {
-            Some(meta) => table.released_keeping(release.slot, meta),
-            None => table.released(release.slot),
-        }
+        self.table.lock().returned(release);
     }
 
     /// [`Frames::release`] of a slot holding nothing to keep.
@@ -284,5 +281,18 @@ impl Frames {
             .into_iter()
             .filter(|scanned| table.still_holds(&scanned.frame))
             .collect()
+    }
+}
+/// The table under its lock, for [`crate::lifecycle`]'s steps.
+impl TableAccess for &Frames {
+    fn with_table<R>(&mut self, act: impl FnOnce(&mut FrameTable) -> R) -> R {
+        act(&mut self.table.lock())
+    }
+}
+
+/// [`Frames::release`], for [`crate::lifecycle`]'s steps.
+impl FrameAccess for &Frames {
+    fn release(&mut self, release: Release) {
+        Frames::release(self, release);
     }
 }

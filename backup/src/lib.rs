@@ -19,9 +19,14 @@
 //! * [`frame_table`] — `FrameTable`: every decision about frames (open, write, bump,
 //!   close, free, fence) as a synchronous state machine, unit- and property-tested.
 //!   Public for `rampart-sim` alone, which drives it over simulated frames; here
-//!   `frames` carries its decisions out on the frame file, `fencing` orders the steps
-//!   of a fence, and `stored` keeps the table's mirror of the store in step with every
-//!   store call (private modules, behind [`service`]).
+//!   `frames` carries its decisions out on the frame file and `stored` keeps the
+//!   table's mirror of the store in step with every store call (private modules,
+//!   behind [`service`]).
+//! * [`fencing`] — the steps of a fence, in the order its guarantee rests on
+//!   ([`fencing::fence`]), and [`lifecycle`] — those of a close and a free: plain
+//!   functions over what a backup gives them (its table under the lock, its slots, its
+//!   store). Public for `rampart-sim` too, which runs them over its simulated frames and
+//!   store; the service over its own.
 //! * [`held_replicas`] — the replicas held here as reads see them: which copy a read
 //!   serves ([`held_replicas::read_held`]: a frame, the slot a close kept, the file, the
 //!   store) and what `StartRecovery` reports ([`held_replicas::recovery_replicas`]), as
@@ -61,11 +66,12 @@
 //!    reports every replica it still holds.
 
 pub mod disk_speed;
-mod fencing;
+pub mod fencing;
 pub mod flush_threads;
 pub mod frame_table;
 mod frames;
 pub mod held_replicas;
+pub mod lifecycle;
 mod rdma;
 pub mod recovery_reads;
 pub mod segment_store;

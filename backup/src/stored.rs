@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use crate::frame_table::ReplicaKey;
 use crate::frames::Frames;
+use crate::lifecycle::{self, CloseFailure, ReplicaStore};
 use crate::segment_store::{PreparedReplica, ReplicaMeta, SegmentStore, StoreError};
 
 /// The store and the mirror it keeps. See the module doc.
@@ -26,15 +27,6 @@ use crate::segment_store::{PreparedReplica, ReplicaMeta, SegmentStore, StoreErro
 pub(crate) struct StoreHandle {
     store: Mutex<SegmentStore>,
     frames: Arc<Frames>,
-}
-
-/// Why a close did not store its replica.
-#[derive(Debug)]
-pub(crate) enum CloseFailure {
-    /// The frame was freed or replaced before the close reached the store.
-    FrameGone,
-    /// The store refused or failed.
-    Store(StoreError),
 }
 
 impl StoreHandle {
@@ -88,9 +80,8 @@ impl StoreHandle {
     /// `epoch_max` (a replacement placed after the free was decided). Whether a copy
     /// was freed.
     pub fn free(&self, key: ReplicaKey, epoch_max: Epoch) -> Result<bool, StoreError> {
-        self.changing(&[key], |store| match store.meta(key.0, key.1) {
-            Some(meta) if meta.outlives_free(epoch_max) => Ok(false),
-            _ => store.free(key.0, key.1),
+        self.changing(&[key], |store| {
+            lifecycle::free_stored(store, key, epoch_max)
         })
     }
 
@@ -107,11 +98,11 @@ impl StoreHandle {
         (result, held)
     }
 
-    /// Commits the close of frame `handle` — if the frame is still in the table, checked
-    /// under the store's lock (see "Close racing free" in the service's doc) — and, in
-    /// the same critical section of the table as the mirror's update, takes the frame
-    /// out of the table: the replica is never invisible while it moves from frame to
-    /// disk. A prepared replica not committed is removed as it drops.
+    /// [`lifecycle::commit_close`] under the store's lock: commits the close of frame
+    /// `handle` if the frame is still in the table and, in the same critical section of
+    /// the table as the mirror's update, takes the frame out of the table (parked in
+    /// `retiring` while the close is in flight). A prepared replica not committed is
+    /// removed as it drops.
     pub fn commit_close(
         &self,
         handle: FrameHandle,
@@ -119,17 +110,23 @@ impl StoreHandle {
         prepared: PreparedReplica,
     ) -> Result<ReplicaMeta, CloseFailure> {
         let mut store = self.store.lock();
-        if !self.frames.table.lock().is_open(handle) {
-            return Err(CloseFailure::FrameGone);
-        }
-        let result = store.commit(prepared);
-        let mut table = self.frames.table.lock();
-        table.set_stored(key, store.meta(key.0, key.1));
-        if let Ok(meta) = &result {
-            // Parked in `retiring` (the close is in flight): released when the last
-            // close of it ends.
-            table.closed(handle, *meta);
-        }
-        result.map_err(CloseFailure::Store)
+        lifecycle::commit_close(&mut *store, &mut &*self.frames, (handle, key), prepared)
+    }
+}
+
+/// The store, as [`lifecycle`]'s steps see it.
+impl ReplicaStore for SegmentStore {
+    type Prepared = PreparedReplica;
+
+    fn meta(&self, key: ReplicaKey) -> Option<ReplicaMeta> {
+        SegmentStore::meta(self, key.0, key.1)
+    }
+
+    fn commit(&mut self, prepared: PreparedReplica) -> Result<ReplicaMeta, StoreError> {
+        SegmentStore::commit(self, prepared)
+    }
+
+    fn remove(&mut self, key: ReplicaKey) -> Result<bool, StoreError> {
+        SegmentStore::free(self, key.0, key.1)
     }
 }

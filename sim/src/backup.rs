@@ -9,7 +9,8 @@
 //! `StartRecovery` reports) changes what the simulated recoveries find, and fails seeds.
 //!
 //! # What is the real backup's, and what stands in for the rest
-//! * Real: the [`FrameTable`], and [`held_replicas::recovery_replicas`] (the
+//! * Real: the [`FrameTable`]; the steps of a fence, a close and a free ([`fencing`],
+//!   [`lifecycle`]); and [`held_replicas::recovery_replicas`] (the
 //!   `StartRecovery` listing) and [`held_replicas::read_held`] (a replica as reads see
 //!   it: the visible frame if it shadows the stored copy, else the slot a stored
 //!   replica was flushed from while it keeps it, else its file, else the store), which
@@ -20,18 +21,20 @@
 //!   with `FrameFile::assign` / `assign_keeping_data`), released keeping its bytes.
 //! * The *store* is a map of closed replicas, bytes and [`ReplicaMeta`], whose write
 //!   and free rules are the real store's ([`check_write`],
-//!   [`ReplicaMeta::outlives_free`]); the table's mirror of it is updated with
-//!   [`FrameTable::set_stored`] right after each change, as `StoreHandle` does under
-//!   the store's lock. Its files are its entries: a read of "the file" finds the stored
+//!   [`ReplicaMeta::outlives_free`]); the table's mirror of it is updated by the
+//!   close's commit ([`lifecycle::commit_close`]) and right after a free, as
+//!   `StoreHandle` does under the store's lock. Its files are its entries: a read of "the file" finds the stored
 //!   copy.
-//! * Each request follows its handler in the backup's `service/`: a write checks
-//!   [`FrameTable::writable`] (the checks of `WriteReplica` and the soft-NIC: the frame
-//!   open, at the writer's epoch, not fenced, not closing, in bounds), then copies; a
-//!   close restates a `CloseJob` (claim, copy the slot's first `length` bytes, commit to
-//!   the store, [`FrameTable::closed`], [`FrameTable::close_ended`], release); a free
-//!   is [`FrameTable::free`] then the store's free; `StartRecovery` restates
-//!   `fencing::fence`, then runs `recovery_replicas`; a recovery read restates
-//!   `fence_before_reading`, then runs `read_held`.
+//! * Each request follows its handler in the backup's `service/`, through the real
+//!   backup's steps: a write checks [`FrameTable::writable`] (the checks of
+//!   `WriteReplica` and the soft-NIC: the frame open, at the writer's epoch, not fenced,
+//!   not closing, in bounds), then copies; a close is claimed, then runs
+//!   [`lifecycle::run_close`] and [`lifecycle::end_close`] (as a `CloseJob` does); a
+//!   free is [`lifecycle::free`]; `StartRecovery` runs [`fencing::fence`], then
+//!   `recovery_replicas`; a recovery read runs [`fencing::fence_before_reading`], then
+//!   `read_held`. `SimBackup` gives those steps what a backup gives them
+//!   ([`FenceTarget`], [`CloseTarget`], [`FreeTarget`]): lookups in and changes to its
+//!   table, copies of its slots, its store.
 //!
 //! The real drivers' concurrency — copies outside the table's lock, closes in flight
 //! on flush threads, slots re-checked with [`FrameTable::still_holds`] after a copy —
@@ -44,10 +47,14 @@
 //! a kill with its shared-memory frames outliving it); a *lost* one is gone with its
 //! frames and disk. A backup's restart (reading its frame file back) is not simulated.
 
+use rampart_backup::fencing::{self, FenceTarget, SlotWords};
 use rampart_backup::frame_table::{
-    FrameLimits, FrameRef, FrameTable, Refusal as TableRefusal, Release, ReplicaKey,
+    Closing, FrameLimits, FrameRef, FrameTable, Refusal as TableRefusal, Release, ReplicaKey,
 };
 use rampart_backup::held_replicas::{self, HeldFrame, HeldReplicas};
+use rampart_backup::lifecycle::{
+    self, CloseFailure, CloseTarget, FrameAccess, FreeTarget, ReplicaStore, TableAccess,
+};
 use rampart_backup::segment_store::{check_write, ReplicaMeta, StoreError};
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::log::scan;
@@ -106,9 +113,9 @@ pub enum Liveness {
     Lost,
 }
 
-/// A replica on the simulated disk.
+/// A replica on the simulated disk, or prepared for it.
 #[derive(Clone, Debug)]
-struct StoredReplica {
+pub struct StoredReplica {
     meta: ReplicaMeta,
     /// `meta.length` bytes.
     bytes: Vec<u8>,
@@ -129,7 +136,38 @@ pub struct SimBackup {
     slots: Vec<Vec<u8>>,
     /// The disk. Invariant: the table's mirror (`FrameTable::stored`) equals its
     /// metadata after every request.
-    store: BTreeMap<ReplicaKey, StoredReplica>,
+    store: SimStore,
+}
+
+/// The simulated disk: closed replicas, bytes and metadata, kept under the real store's
+/// write rule ([`check_write`]).
+#[derive(Debug, Default)]
+pub struct SimStore {
+    replicas: BTreeMap<ReplicaKey, StoredReplica>,
+}
+
+/// `SegmentStore` as `lifecycle`'s steps see it.
+impl ReplicaStore for SimStore {
+    type Prepared = StoredReplica;
+
+    fn meta(&self, key: ReplicaKey) -> Option<ReplicaMeta> {
+        self.replicas.get(&key).map(|stored| stored.meta)
+    }
+
+    /// `SegmentStore::commit`: stored unless the real store's rule ([`check_write`])
+    /// refuses it.
+    fn commit(&mut self, prepared: StoredReplica) -> Result<ReplicaMeta, StoreError> {
+        let meta = prepared.meta;
+        let key = (meta.master, meta.segment);
+        let held = self.replicas.get(&key).map(|stored| &stored.meta);
+        check_write(held, key, (meta.epoch, meta.length, meta.closed))?;
+        self.replicas.insert(key, prepared);
+        Ok(meta)
+    }
+
+    fn remove(&mut self, key: ReplicaKey) -> Result<bool, StoreError> {
+        Ok(self.replicas.remove(&key).is_some())
+    }
 }
 
 impl SimBackup {
@@ -141,7 +179,7 @@ impl SimBackup {
             slot_bytes,
             table: Self::empty_table(slot_bytes),
             slots: vec![Vec::new(); FRAMES_MAX + EXTRA_SLOTS],
-            store: BTreeMap::new(),
+            store: SimStore::default(),
         }
     }
 
@@ -173,7 +211,7 @@ impl SimBackup {
         self.liveness = Liveness::Lost;
         self.table = Self::empty_table(self.slot_bytes);
         self.slots.iter_mut().for_each(Vec::clear);
-        self.store.clear();
+        self.store.replicas.clear();
     }
 
     /// `OpenReplica` (`Frames::open`): a frame of `capacity` bytes for (master,
@@ -235,91 +273,34 @@ impl SimBackup {
         Ok(())
     }
 
-    /// `CloseReplica` (a `CloseJob`): the first `length` bytes of frame `handle` go to
+    /// `CloseReplica` (a `CloseJob`): the frame claimed, then [`lifecycle::run_close`]
+    /// and [`lifecycle::end_close`] — the first `length` bytes of frame `handle` go to
     /// disk as its replica, closed, and the frame leaves the table.
     pub fn close(&mut self, handle: FrameHandle, epoch: Epoch, length: u32) -> Result<(), Refusal> {
         let closing = self.table.claim_close(handle, epoch, length)?;
-        let stored = self.commit_close(handle, closing.key, closing.slot, closing.epoch, length);
-        // The job ends (it drops): the last close of a frame that left the table
-        // releases its slot.
-        if let Some(release) = self.table.close_ended(closing.handle) {
-            self.release(release);
+        let stored = lifecycle::run_close(self, &closing);
+        lifecycle::end_close(self, closing.handle);
+        match stored {
+            Ok(_) => Ok(()),
+            Err(CloseFailure::FrameGone) => Err(Refusal::UnknownFrame),
+            // The store's refusals (`StaleEpoch`, `Regressed`) are both answered
+            // `StaleEpoch`; the simulated store fails nothing else.
+            Err(CloseFailure::Store(_)) => Err(Refusal::StaleEpoch),
         }
-        stored
-    }
-
-    /// `CloseJob::run` and `StoreHandle::commit_close`.
-    fn commit_close(
-        &mut self,
-        handle: FrameHandle,
-        key: ReplicaKey,
-        slot: usize,
-        epoch: Epoch,
-        length: u32,
-    ) -> Result<(), Refusal> {
-        if !self.table.is_open(handle) {
-            return Err(Refusal::UnknownFrame);
-        }
-        let bytes = self.slots[slot][..length.min(self.slot_bytes) as usize].to_vec();
-        let meta = ReplicaMeta {
-            master: key.0,
-            segment: key.1,
-            epoch,
-            length: bytes.len() as u32,
-            closed: true,
-            content_crc32: crc32fast::hash(&bytes),
-        };
-        let committed = self.store_write(meta, bytes);
-        self.mirror(key);
-        if committed.is_ok() {
-            self.table.closed(handle, meta);
-        }
-        committed
-    }
-
-    /// `SegmentStore::commit`: stored unless the real store's rule ([`check_write`])
-    /// refuses it (`StaleEpoch` or `Regressed`, both answered `StaleEpoch`).
-    fn store_write(&mut self, meta: ReplicaMeta, bytes: Vec<u8>) -> Result<(), Refusal> {
-        let key = (meta.master, meta.segment);
-        let held = self.store.get(&key).map(|stored| &stored.meta);
-        check_write(held, key, (meta.epoch, meta.length, meta.closed))
-            .map_err(|_| Refusal::StaleEpoch)?;
-        self.store.insert(key, StoredReplica { meta, bytes });
-        Ok(())
     }
 
     /// The table's mirror of what the store holds of `key` (`StoreHandle::mirror`).
     fn mirror(&mut self, key: ReplicaKey) {
-        let meta = self.store.get(&key).map(|stored| stored.meta);
+        let meta = self.store.meta(key);
         self.table.set_stored(key, meta);
     }
 
-    /// `Frames::release`: the slot keeps its bytes (the next open zeroes it), and goes
-    /// back to the table, with the stored replica they are if a close stored them.
-    fn release(&mut self, release: Release) {
-        match release.kept {
-            Some(meta) => self.table.released_keeping(release.slot, meta),
-            None => self.table.released(release.slot),
-        }
-    }
-
-    /// `FreeReplica { epoch_max }`: the frame, then the stored copy, of (master,
-    /// segment), each only if it is at most at `epoch_max`.
+    /// `FreeReplica { epoch_max }` ([`lifecycle::free`]): the frame, then the stored
+    /// copy, of (master, segment), each only if it is at most at `epoch_max`.
     pub fn free(&mut self, master: ServerId, segment: SegmentId, epoch_max: Epoch) {
-        let key = (master, segment);
-        let (_, slot) = self.table.free(key, epoch_max);
-        if let Some(slot) = slot {
-            self.release(Release { slot, kept: None });
+        if let Err(error) = lifecycle::free(self, (master, segment), epoch_max) {
+            unreachable!("the simulated store failed a free: {error}");
         }
-        // `StoreHandle::free`: the real store's rule of which copy a free spares.
-        if self
-            .store
-            .get(&key)
-            .is_some_and(|stored| !stored.meta.outlives_free(epoch_max))
-        {
-            self.store.remove(&key);
-        }
-        self.mirror(key);
     }
 
     /// `StartRecovery`: fences `master` (`fencing::fence`) and lists every copy of its
@@ -329,14 +310,9 @@ impl SimBackup {
         held_replicas::recovery_replicas(self, master)
     }
 
-    /// `fencing::fence`: the table fences `master` (the slots' fence words are the
-    /// table's `fenced` here), then each fenced frame's valid prefix becomes its final
-    /// length, unless an earlier fence set one.
+    /// [`fencing::fence`], the real backup's steps.
     fn fence(&mut self, master: ServerId) {
-        for frame in self.table.fence_master(master) {
-            let length = self.scan_frame(&frame).len() as u32;
-            self.table.fenced_length(frame.handle, length);
-        }
+        fencing::fence(self, master);
     }
 
     /// `Frames::scan` of one frame: its valid prefix, cut at its fenced length.
@@ -361,10 +337,8 @@ impl SimBackup {
         length: u32,
     ) -> Option<Vec<u8>> {
         let key = (master, segment);
-        // `fence_before_reading`: never serve bytes a running master could change.
-        if self.table.needs_fence(master, key) {
-            self.fence(master);
-        }
+        // Never serve bytes a running master could change.
+        fencing::fence_before_reading(self, key);
         // `read_held`, the real backup's read-back. The simulated store never fails a
         // read.
         let mut held = held_replicas::read_held(self, key, Vec::new())
@@ -410,7 +384,11 @@ impl HeldReplicas for SimBackup {
     /// The file the table's mirror names: the store's copy, if it is still that one.
     fn read_file(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
         let meta = self.table.stored(key)?;
-        let stored = self.store.get(&key).filter(|stored| stored.meta == meta)?;
+        let stored = self
+            .store
+            .replicas
+            .get(&key)
+            .filter(|stored| stored.meta == meta)?;
         bytes.clear();
         bytes.extend_from_slice(&stored.bytes);
         Some(meta)
@@ -419,8 +397,100 @@ impl HeldReplicas for SimBackup {
     fn read_stored(&self, key: ReplicaKey) -> Result<Option<(Vec<u8>, ReplicaMeta)>, StoreError> {
         Ok(self
             .store
+            .replicas
             .get(&key)
             .map(|stored| (stored.bytes.clone(), stored.meta)))
+    }
+}
+
+/// The real fence's steps ([`fencing::fence`]) over the simulated frames: a slot's
+/// fence word is the table's `fenced` here, and no restart reads a slot's header, so
+/// the words are the table's alone; there is no RDMA.
+impl FenceTarget for SimBackup {
+    fn with_table_words<R>(
+        &mut self,
+        act: impl FnOnce(&mut FrameTable, &mut dyn SlotWords) -> R,
+    ) -> R {
+        act(&mut self.table, &mut NoWords)
+    }
+
+    fn revoke(&mut self, _master: ServerId) {}
+
+    fn scan(&mut self, frames: Vec<FrameRef>) -> Vec<(FrameRef, u32)> {
+        frames
+            .into_iter()
+            .map(|frame| {
+                let length = self.scan_frame(&frame).len() as u32;
+                (frame, length)
+            })
+            .collect()
+    }
+}
+
+/// The frame file's words, which the simulated slots do not have.
+struct NoWords;
+
+impl SlotWords for NoWords {
+    fn fence(&mut self, _slot: usize) {}
+
+    fn record_fenced_length(&mut self, _slot: usize, _length: u32) {}
+}
+
+impl TableAccess for SimBackup {
+    fn with_table<R>(&mut self, act: impl FnOnce(&mut FrameTable) -> R) -> R {
+        act(&mut self.table)
+    }
+}
+
+/// `Frames::release`: the slot keeps its bytes (the next open zeroes it) and goes back
+/// to the table.
+impl FrameAccess for SimBackup {
+    fn release(&mut self, release: Release) {
+        self.table.returned(release);
+    }
+}
+
+/// A close's steps over the simulated slots and store.
+impl CloseTarget for SimBackup {
+    type Prepared = StoredReplica;
+
+    /// `CloseJob`'s copy of the slot and `ReplicaWriter::prepare_image`: the replica,
+    /// not yet on the disk.
+    fn prepare(&mut self, closing: &Closing) -> Result<StoredReplica, StoreError> {
+        let length = closing.length.min(self.slot_bytes) as usize;
+        let bytes = self.slots[closing.slot][..length].to_vec();
+        let meta = ReplicaMeta {
+            master: closing.key.0,
+            segment: closing.key.1,
+            epoch: closing.epoch,
+            length: bytes.len() as u32,
+            closed: true,
+            content_crc32: crc32fast::hash(&bytes),
+        };
+        Ok(StoredReplica { meta, bytes })
+    }
+
+    /// `StoreHandle::commit_close`.
+    fn commit(
+        &mut self,
+        closing: &Closing,
+        prepared: StoredReplica,
+    ) -> Result<ReplicaMeta, CloseFailure> {
+        lifecycle::commit_close(
+            &mut self.store,
+            &mut self.table,
+            (closing.handle, closing.key),
+            prepared,
+        )
+    }
+}
+
+impl FreeTarget for SimBackup {
+    /// `StoreHandle::free`: the real rule, then the mirror.
+    fn free_stored(&mut self, key: ReplicaKey, epoch_max: Epoch) -> Result<bool, StoreError> {
+        let freed = lifecycle::free_stored(&mut self.store, key, epoch_max);
+        self.mirror(key);
+        freed
     }
 }
 

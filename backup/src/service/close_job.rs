@@ -2,14 +2,16 @@
 //! frame copied into the replica image the thread keeps, written and fsynced outside the
 //! store lock, then committed under it — holding its claim on the frame until it ends.
 
+use rampart_common::ids::Epoch;
 use rampart_common::protocol::backup::CloseReplicaRequest;
 use rampart_common::rpc::Reply;
 use std::sync::Arc;
 
-use crate::frame_table::Closing;
+use crate::frame_table::{Closing, FrameTable, Release, ReplicaKey};
 use crate::frames::Frames;
-use crate::segment_store::{ReplicaImage, ReplicaMeta, ReplicaWriter};
-use crate::stored::{CloseFailure, StoreHandle};
+use crate::lifecycle::{self, CloseFailure, CloseTarget, FrameAccess, FreeTarget, TableAccess};
+use crate::segment_store::{PreparedReplica, ReplicaImage, ReplicaMeta, ReplicaWriter, StoreError};
+use crate::stored::StoreHandle;
 
 use super::replies::refused;
 
@@ -51,46 +53,80 @@ impl CloseJob {
         })
     }
 
-    /// Writes the replica: its bytes and their fsync outside the store lock
-    /// ([`ReplicaWriter::prepare`]), then, under it, the commit
-    /// ([`StoreHandle::commit_close`]). The slot cannot be released while this job
-    /// lives, so the copy reads this frame.
+    /// Writes the replica and commits it ([`lifecycle::run_close`]): its bytes and
+    /// their fsync outside the store lock ([`ReplicaWriter::prepare`]), then, under it,
+    /// the commit ([`StoreHandle::commit_close`]). The slot cannot be released while
+    /// this job lives, so the copy reads this frame.
     pub(super) fn run(
         self,
         store: &StoreHandle,
         writer: &ReplicaWriter,
     ) -> Result<ReplicaMeta, CloseFailure> {
-        let Closing {
-            handle,
-            slot,
-            key: (master, segment),
-            epoch,
-            length,
-        } = self.closing;
-        // Not needed for safety (the check under the store lock is), but a frame freed
-        // while its close was queued is not written at all.
-        if !self.frames.table.lock().is_open(handle) {
-            return Err(CloseFailure::FrameGone);
-        }
-        let length = length.min(self.frames.file.slot_capacity()) as usize;
-        let prepared = CLOSE_IMAGE
-            .with_borrow_mut(|image| {
-                let content = image.content_mut(length);
-                self.frames.file.read_to(slot, content);
-                writer.prepare_image(master, segment, epoch, true, image)
-            })
-            .map_err(CloseFailure::Store)?;
-        store.commit_close(handle, (master, segment), prepared)
+        let mut target = LiveReplicas {
+            frames: &self.frames,
+            store,
+            writer,
+        };
+        lifecycle::run_close(&mut target, &self.closing)
     }
 }
 
 impl Drop for CloseJob {
     fn drop(&mut self) {
-        let release = self.frames.table.lock().close_ended(self.closing.handle);
-        if let Some(release) = release {
-            debug_assert_eq!(release.slot, self.closing.slot);
-            self.frames.release(release);
-        }
+        lifecycle::end_close(&mut &*self.frames, self.closing.handle);
+    }
+}
+
+/// The backup's frames, store and replica writer, as [`lifecycle`]'s closes (on a flush
+/// thread) and frees (on a blocking thread) see them.
+pub(super) struct LiveReplicas<'a> {
+    pub frames: &'a Frames,
+    pub store: &'a StoreHandle,
+    pub writer: &'a ReplicaWriter,
+}
+
+impl TableAccess for LiveReplicas<'_> {
+    fn with_table<R>(&mut self, act: impl FnOnce(&mut FrameTable) -> R) -> R {
+        act(&mut self.frames.table.lock())
+    }
+}
+
+impl FrameAccess for LiveReplicas<'_> {
+    fn release(&mut self, release: Release) {
+        self.frames.release(release);
+    }
+}
+
+impl FreeTarget for LiveReplicas<'_> {
+    /// [`StoreHandle::free`]: under the store's lock, mirrored.
+    fn free_stored(&mut self, key: ReplicaKey, epoch_max: Epoch) -> Result<bool, StoreError> {
+        self.store.free(key, epoch_max)
+    }
+}
+
+impl CloseTarget for LiveReplicas<'_> {
+    type Prepared = PreparedReplica;
+
+    /// Copies the frame into this thread's replica image and writes it
+    /// ([`ReplicaWriter::prepare_image`]).
+    fn prepare(&mut self, closing: &Closing) -> Result<PreparedReplica, StoreError> {
+        let (master, segment) = closing.key;
+        let length = closing.length.min(self.frames.file.slot_capacity()) as usize;
+        CLOSE_IMAGE.with_borrow_mut(|image| {
+            let content = image.content_mut(length);
+            self.frames.file.read_to(closing.slot, content);
+            self.writer
+                .prepare_image(master, segment, closing.epoch, true, image)
+        })
+    }
+
+    fn commit(
+        &mut self,
+        closing: &Closing,
+        prepared: PreparedReplica,
+    ) -> Result<ReplicaMeta, CloseFailure> {
+        self.store
+            .commit_close(closing.handle, closing.key, prepared)
     }
 }
 
@@ -99,8 +135,8 @@ mod tests {
     use super::super::state::BackupService;
     use super::super::test_support::*;
     use super::*;
+    use crate::lifecycle::CloseFailure;
     use crate::segment_store::{Disk, RealDisk};
-    use crate::stored::CloseFailure;
     use rampart_common::ids::Epoch;
     use rampart_common::protocol::backup::{self as proto, ReplicaInfo};
     use rampart_common::status::Status;

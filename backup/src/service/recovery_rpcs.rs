@@ -60,7 +60,7 @@ impl ReplicaSource for RecoverySource {
         reuse: Vec<u8>,
     ) -> Result<Option<HeldReplica>, StoreError> {
         let key = (master, segment);
-        fencing::fence_before_reading(&self.frames, &self.rdma, key);
+        fencing::fence_frames_before_reading(&self.frames, &self.rdma, key);
         read_held(&self.store, &self.frames, key, reuse)
     }
 }
@@ -76,7 +76,7 @@ impl BackupService {
     /// Blocks while it copies and scans the frames (≈ 1–5 ms per 8 MiB frame): call it
     /// on a blocking thread.
     pub fn fence_master(&self, master: ServerId) -> Vec<ReplicaInfo> {
-        fencing::fence(&self.frames, &self.rdma, master)
+        fencing::fence_frames(&self.frames, &self.rdma, master)
     }
 
     /// What recovery reads replicas through.
@@ -98,7 +98,7 @@ impl BackupService {
             Arc::clone(&self.rdma),
         );
         let replicas = blocking(move || {
-            fencing::fence(&frames, &rdma, master);
+            fencing::fence_frames(&frames, &rdma, master);
             recovery_replicas(&store, &frames, master)
         })
         .await?;

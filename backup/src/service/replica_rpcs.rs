@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::frame_table::ReplicaKey;
-use crate::stored::CloseFailure;
+use crate::lifecycle::{self, CloseFailure};
 
-use super::close_job::CloseJob;
+use super::close_job::{CloseJob, LiveReplicas};
 use super::held::read_held;
 use super::replies::{blocking, not_held, store_error_reply};
 use super::state::BackupService;
@@ -65,23 +65,24 @@ impl BackupService {
         let id: FreeReplicaRequest = Reply::decode(payload)?;
         let key = (id.master, id.segment);
         let epoch_max = id.epoch_max;
-        // The frame goes first, so that a close in flight finds it gone (docs/design.md
-        // §5, "Concurrency": close racing free).
-        // Copies newer than `epoch_max` stay (a replacement placed after the free was
-        // decided).
-        let (frame_freed, release) = self.frames.table.lock().free(key, epoch_max);
+        // `lifecycle::free`: the frame goes first, so that a close in flight finds it
+        // gone (docs/design.md §5, "Concurrency": close racing free); copies newer than
+        // `epoch_max` stay (a replacement placed after the free was decided).
         let (store, frames) = (Arc::clone(&self.store), Arc::clone(&self.frames));
-        let result = blocking(move || {
-            if let Some(slot) = release {
-                frames.release_slot(slot);
-            }
-            store.free(key, epoch_max)
+        let writer = self.writer.clone();
+        let freed = blocking(move || {
+            let mut target = LiveReplicas {
+                frames: &frames,
+                store: &store,
+                writer: &writer,
+            };
+            lifecycle::free(&mut target, key, epoch_max)
         })
-        .await?;
-        let stored_freed = result.map_err(store_error_reply)?;
-        tracing::debug!(master = %id.master, segment = %id.segment, frame_freed, stored_freed, "replica freed");
+        .await?
+        .map_err(store_error_reply)?;
+        tracing::debug!(master = %id.master, segment = %id.segment, frame_freed = freed.frame, stored_freed = freed.stored, "replica freed");
         Ok(Reply::ok(&FreeReplicaReply {
-            freed: frame_freed || stored_freed,
+            freed: freed.frame || freed.stored,
         }))
     }
 
