@@ -44,10 +44,14 @@
 //!   digests — later ones too — footers, rollovers, survivors);
 //! * each segment's replicas are a real `SegmentReplicas` (placement, epochs, bumps,
 //!   the epoch recorded at the coordinator, closes, frees), driven through the
-//!   replicator's own cores: `Settling` (the next effect a segment needs) and
-//!   `ReplicaFailures` (what a failed call loses, exclusions, the copies to free);
-//! * each backup's recovery listing and replica read-back are the backup's own
-//!   (`rampart_backup::held_replicas`);
+//!   replicator's own cores: `RangeWrite`, `Creation` and `Upkeep` (the order of its
+//!   calls: a range's write, a replica's creation, the upkeep round between batches),
+//!   `Settling` (the next effect a segment needs), `ReplicaFailures` (what a failed
+//!   call loses, exclusions, the copies to free) and `placement` with a real
+//!   `BackupSelector`;
+//! * each backup's steps of a fence, a close and a free are the backup's own
+//!   (`rampart_backup::fencing`, `rampart_backup::lifecycle`), and so are its recovery
+//!   listing and replica read-back (`rampart_backup::held_replicas`);
 //! * the coordinators' state is the real `CoordinatorState` (enlistment, the table's
 //!   tablets, crash declarations, `SetOpenEpoch` with its two-segment bound and its
 //!   refusal once the master is crashed, `ReserveVersions`, `RecoveredPartition` with
@@ -68,8 +72,8 @@
 //! the appender, `Replicator` and the recovery master's `Recover` and abandon,
 //! [`crash_recovery`] and [`cluster`] for the coordinator's recovery driver and its
 //! `PartitionTries`, [`backup`] for the backup's frames, store and request handlers:
-//! frame slots and the disk are bytes in memory, the store's write and free rules
-//! restated). The network, the clock and the faults are the [`world`].
+//! frame slots and the disk are bytes in memory, under the real store's write and free
+//! rules). The network, the clock and the faults are the [`world`].
 //!
 //! # Why an executor of our own, not `madsim` or `turmoil`
 //! The cores are synchronous state machines (STYLE.md habit 8), so a seeded loop over
