@@ -23,6 +23,10 @@ use std::sync::Arc;
 /// The RPC server's counts of this process (`crate::rpc::stats`) as two families:
 /// `rampart_rpc_requests_total{operation,status}` and
 /// `rampart_rpc_duration_seconds{operation}`; none before the first request.
+// The label and bucket lists are `Vec`s when this crate builds alone, but `protobuf`'s
+// `RepeatedField` when another crate of the workspace turns on prometheus's `protobuf`
+// feature: `.into()` fits both, and is a no-op in the first.
+#[allow(clippy::useless_conversion)]
 pub fn rpc_families() -> Vec<MetricFamily> {
     let counts = rpc_stats().snapshot();
     if counts.is_empty() {
@@ -92,6 +96,8 @@ fn label(name: &str, value: &str) -> LabelPair {
     pair
 }
 
+// `.into()`: as for `rpc_families`.
+#[allow(clippy::useless_conversion)]
 fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
     let mut family = MetricFamily::default();
     family.set_name(name.to_string());

@@ -1,6 +1,7 @@
 //! The replicator against real backup services (in this process, on loopback): every
 //! acknowledged batch is on R backups byte for byte, over each transport; lost backups
-//! are replaced; a fenced master never acknowledges; writes wait for enough backups.
+//! are replaced; a fenced master never acknowledges; writes wait for enough backups, and
+//! free the copies their master gave up on while they wait.
 
 // A failed unwrap is a failed test, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -23,7 +24,8 @@ use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Services, Tablet};
 use rampart_master::appender::{Appender, AppenderStatus};
 use rampart_master::object_store::{ObjectStore, WriteOp};
-use rampart_master::replica_manager::{ReplicationConfig, Replicator, ServerSource};
+use rampart_master::replica_manager::{Fatal, ReplicationConfig, Replicator, ServerSource};
+use rampart_master::segmented_log::{SealedRange, SegmentRange};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -884,4 +886,119 @@ async fn a_re_created_open_replica_is_recorded_at_the_coordinator_before_the_nex
     );
     let fatal = master.status.fatal.lock().clone().unwrap();
     assert!(fatal.contains("declared crashed"), "{fatal}");
+}
+
+/// A `Replicator` on a thread of its own, under a runtime of its own, fed ranges to
+/// replicate: a call that never returns (a write stalled for good) is seen by the
+/// caller's time limit instead of hanging the test's runtime, whose workers serve the
+/// backups.
+struct ReplicatorThread {
+    calls: std::sync::mpsc::Sender<ReplicateCall>,
+}
+
+/// Ranges to replicate, and where the outcome goes.
+type ReplicateCall = (Vec<SealedRange>, std::sync::mpsc::Sender<Result<(), Fatal>>);
+
+impl ReplicatorThread {
+    fn start(config: ReplicationConfig) -> ReplicatorThread {
+        let (calls, received) = std::sync::mpsc::channel::<ReplicateCall>();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut replicator = Replicator::new(MASTER, config);
+            for (ranges, reply) in received {
+                let _ = reply.send(runtime.block_on(replicator.replicate(&ranges)));
+            }
+        });
+        ReplicatorThread { calls }
+    }
+
+    /// `Replicator::replicate` of `ranges`; `None` if it has not returned `within`.
+    async fn replicate(
+        &self,
+        ranges: Vec<SealedRange>,
+        within: Duration,
+    ) -> Option<Result<(), Fatal>> {
+        let (reply, replied) = std::sync::mpsc::channel();
+        self.calls.send((ranges, reply)).unwrap();
+        tokio::task::spawn_blocking(move || replied.recv_timeout(within).ok())
+            .await
+            .unwrap()
+    }
+}
+
+/// Bytes `[start, end)` of `segment`, sealed, not closing it.
+fn sealed(segment: u64, start: u32, end: u32) -> SealedRange {
+    SealedRange {
+        range: SegmentRange {
+            segment: SegmentId(segment),
+            start,
+            end,
+            closes: false,
+        },
+        bytes: Bytes::from(vec![segment as u8; (end - start) as usize]),
+        capacity: SEGMENT_BYTES,
+    }
+}
+
+/// A write that waits for backups frees the copies its master gave up on, before each
+/// pause (`Settling`'s `FreeAbandoned`): here the only frame slot left in the cluster
+/// holds such a copy, and no upkeep runs while a write waits (the write holds the
+/// replicator), so without those frees the write would wait for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waiting_for_backups_frees_the_copies_its_master_gave_up_on() {
+    // Two backups of one frame each; R = 1, over RPC (a killed backup's frames would
+    // still take `shm` writes).
+    let mut backups = [TestBackup::start(1, 1).await, TestBackup::start(2, 1).await];
+    let list = Arc::new(Mutex::new(
+        backups.iter().map(TestBackup::info).collect::<Vec<_>>(),
+    ));
+    let failed_exclusion = Duration::from_millis(100);
+    let replicator = ReplicatorThread::start(ReplicationConfig {
+        replicas: 1,
+        transport: Some(TransportKind::Rpc),
+        servers: ServerSource::Fixed(list),
+        seed: 7,
+        failed_backup_exclusion: failed_exclusion,
+    });
+    let within = Duration::from_secs(10);
+    let replicate = |ranges| replicator.replicate(ranges, within);
+    assert_eq!(replicate(vec![sealed(1, 0, 100)]).await, Some(Ok(())));
+    let holders = |found: &BTreeMap<SegmentId, Vec<(ServerId, ReplicaInfo)>>, segment| {
+        let held: Vec<ServerId> = found[&SegmentId(segment)].iter().map(|(b, _)| *b).collect();
+        held
+    };
+    let found = replicas_by_segment(&backups.iter().collect::<Vec<_>>()).await;
+    let first = holders(&found, 1)[0];
+    let (x, y) = if first == backups[0].id {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    // x stops answering: segment 1's next range re-creates it on y, and its copy on x —
+    // x's only frame — is given up on.
+    backups[x].kill();
+    assert_eq!(replicate(vec![sealed(1, 100, 200)]).await, Some(Ok(())));
+    backups[x].revive().await;
+    tokio::time::sleep(failed_exclusion * 2).await;
+    let found = replicas_by_segment(&backups.iter().collect::<Vec<_>>()).await;
+    assert_eq!(
+        holders(&found, 1).len(),
+        2,
+        "x still holds the copy given up on"
+    );
+    // Segment 2 finds both backups full: x with that copy, y with segment 1.
+    let started = Instant::now();
+    assert_eq!(
+        replicate(vec![sealed(2, 0, 100)]).await,
+        Some(Ok(())),
+        "the write never found a frame: the copy given up on was not freed"
+    );
+    let found = replicas_by_segment(&backups.iter().collect::<Vec<_>>()).await;
+    assert_eq!(holders(&found, 1), vec![backups[y].id]);
+    assert_eq!(holders(&found, 2), vec![backups[x].id]);
+    // It waited out the refusals (both backups refused its open while full), no more.
+    assert!(started.elapsed() < within);
 }
