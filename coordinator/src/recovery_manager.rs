@@ -129,6 +129,17 @@ pub const LEASE_DEFAULT: Duration = Duration::from_millis(750);
 /// at slightly different rates.
 pub const LEASE_MARGIN: Duration = Duration::from_millis(25);
 
+/// When the tablets of a master declared crashed at `declared` may go live elsewhere:
+/// once the `lease` it may still hold (none granted after it was declared) ran out,
+/// with [`LEASE_MARGIN`]. Until then a zombie may still serve reads. The recovery here
+/// and the simulation's both wait for it.
+pub fn tablets_live_after<T: std::ops::Add<Duration, Output = T>>(
+    declared: T,
+    lease: Duration,
+) -> T {
+    declared + lease + LEASE_MARGIN
+}
+
 /// Deadline of each of the coordinator's own pings of a suspect.
 pub const VERIFY_TIMEOUT_DEFAULT: Duration = Duration::from_millis(200);
 
@@ -319,7 +330,7 @@ impl RecoveryManager {
                 partitions: Vec::new(),
             });
         }
-        let live_after = declared + self.config.lease + LEASE_MARGIN;
+        let live_after = tablets_live_after(declared, self.config.lease);
         tracing::info!(%crashed, "recovery started");
         let mut phases = Phases::new();
         let mut finish = FinishRound::new();

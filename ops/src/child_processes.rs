@@ -3,7 +3,8 @@
 //!
 //! Each child is this same executable with a subcommand. It prints one line naming its
 //! bound address (`rampart_common::announce`); [`Children::spawn`] waits for that line
-//! (with a timeout) and returns the address. Orphans are prevented twice: children ask the kernel for SIGTERM when
+//! (with a timeout, through `rampart_ops::launch`, as the tests' harness does) and
+//! returns the address. Orphans are prevented twice: children ask the kernel for SIGTERM when
 //! the parent dies (`PR_SET_PDEATHSIG`, which covers a SIGKILLed parent), and dropping
 //! `Children` terminates them (SIGTERM, then SIGKILL after a grace period). Each child
 //! has a process group of its own, so that Ctrl-C on a terminal reaches the parent
@@ -14,14 +15,12 @@
 //! thread), or they are stopped when a short-lived thread that started them ends.
 
 use anyhow::{anyhow, bail, Context, Result};
-use rampart_common::announce::{Announce, Speaker};
-use std::io::Write;
-use std::io::{BufRead, BufReader};
+use rampart_common::announce::Speaker;
+use rampart_ops::launch::Starting;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 /// How long a child may take to print its address.
@@ -53,63 +52,6 @@ impl Running {
     /// The child's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
-    }
-}
-
-/// A child started by [`Children::start`] that has not announced its address yet;
-/// killed if dropped before [`Children::wait_ready`] takes it in.
-#[derive(Debug)]
-pub struct Starting {
-    name: String,
-    child: Option<Child>,
-    lines_rx: mpsc::Receiver<String>,
-    /// The child's stdin, for [`Starting::send_line`]; closed (end of file) once sent
-    /// or once the child is taken in.
-    stdin: Option<ChildStdin>,
-}
-
-impl Starting {
-    /// Waits (at most [`CHILD_START_TIMEOUT`] from now) for the child's `waiting for its
-    /// peers, bound to ADDR` line ([`Announce::WaitingForPeers`]) and returns ADDR; the
-    /// lines before it are dropped.
-    pub fn wait_bound(&mut self) -> Result<String> {
-        const BOUND: &str = "waiting for its peers";
-        let deadline = Instant::now() + CHILD_START_TIMEOUT;
-        loop {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match self.lines_rx.recv_timeout(wait) {
-                Ok(line) => {
-                    if let Some(Announce::WaitingForPeers { addr, .. }) = Announce::parse(&line) {
-                        return Ok(addr);
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    bail!("{} exited before it printed `{BOUND}`", self.name)
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => bail!(
-                    "{} did not print `{BOUND}` within {CHILD_START_TIMEOUT:?}",
-                    self.name
-                ),
-            }
-        }
-    }
-
-    /// Writes `line` to the child's stdin and closes it.
-    pub fn send_line(&mut self, line: &str) -> Result<()> {
-        let mut stdin = self
-            .stdin
-            .take()
-            .ok_or_else(|| anyhow!("{}'s stdin is closed", self.name))?;
-        writeln!(stdin, "{line}").with_context(|| format!("cannot write to {}", self.name))
-    }
-}
-
-impl Drop for Starting {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
@@ -159,11 +101,7 @@ impl Children {
             .transpose()?;
         let netns_fd = netns.as_ref().map(|file| file.as_raw_fd());
         let mut command = Command::new(exe);
-        command
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        command.args(args);
         // Security is passed as flags; an inherited variable would secure a private
         // cluster (a benchmark's) that its parent cannot reach.
         command.env_remove(crate::security::TOKEN_FILE_ENV);
@@ -192,77 +130,21 @@ impl Children {
                 Ok(())
             });
         }
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("cannot start {name}"))?;
+        let starting = Starting::spawn(name, command, CHILD_START_TIMEOUT);
         drop(netns);
-        let stdin = child.stdin.take();
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("{name} has no stdout"))?;
-        let (lines_tx, lines_rx) = mpsc::channel();
-        // Reads the announce line, then drains stdout so the child never blocks on it.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if lines_tx.send(line).is_err() {
-                    // Nobody listens any more; keep draining.
-                }
-            }
-        });
-        Ok(Starting {
-            name: name.to_string(),
-            child: Some(child),
-            lines_rx,
-            stdin,
-        })
+        starting
     }
 
     /// Waits (at most [`CHILD_START_TIMEOUT`] from now) for a started child's address
     /// line and makes it one of these children.
-    pub fn wait_ready(&mut self, mut starting: Starting) -> Result<&Running> {
-        let name = starting.name.clone();
-        let Some(mut child) = starting.child.take() else {
-            bail!("{name} was taken in already");
-        };
-        // End of file on its stdin: nothing more will be sent.
-        drop(starting.stdin.take());
-        let lines_rx = &starting.lines_rx;
-        let deadline = Instant::now() + CHILD_START_TIMEOUT;
-        let mut urls = Vec::new();
-        let (speaker, addr) = loop {
-            let wait = deadline
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(100));
-            match lines_rx.recv_timeout(wait) {
-                Ok(line) => match Announce::parse(&line) {
-                    Some(Announce::Listening { speaker, addr }) => break (speaker, addr),
-                    Some(announce) => urls.extend(announce.urls().into_iter().map(String::from)),
-                    None => {}
-                },
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = child.wait().ok();
-                    bail!("{name} exited before it was ready ({status:?}); see its messages above");
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Ok(Some(status)) = child.try_wait() {
-                        bail!("{name} exited before it was ready ({status})");
-                    }
-                    if Instant::now() >= deadline {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        bail!("{name} did not start within {CHILD_START_TIMEOUT:?}");
-                    }
-                }
-            }
-        };
+    pub fn wait_ready(&mut self, starting: Starting) -> Result<&Running> {
+        let listening = starting.wait_listening(|_| Ok(()))?;
         self.running.push(Running {
-            name,
-            addr,
-            speaker: Some(speaker),
-            urls,
-            child,
+            name: listening.name,
+            addr: listening.addr,
+            speaker: Some(listening.speaker),
+            urls: listening.urls,
+            child: listening.child,
             exited: None,
             cpu_ticks_seen: Default::default(),
         });

@@ -24,6 +24,7 @@ use crate::child_processes::{Children, Running};
 use crate::process::PEERS_ON_STDIN;
 use crate::progress::Progress;
 use rampart_common::announce::{ClusterLine, Pages, Speaker};
+use rampart_ops::launch;
 use rampart_ops::netns::Network;
 
 /// Replicas per segment when `--replicas` is not given (clamped to servers − 1).
@@ -381,13 +382,13 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         let peers = if learn_peers {
             PEERS_ON_STDIN.to_string()
         } else {
-            peers_of(&addrs)
+            launch::peers_list(&addrs)
         };
         let command = command_of(i, addr, &peers)?;
         let netns = netns_of(network.as_ref(), &coordinator_host(id))?;
         let started = Children::start(&coordinator_name(id), &command, &env, netns.as_deref())?;
         if learn_peers {
-            starting.push((id, started));
+            starting.push(started);
         } else {
             // One at a time: a fresh member's check of its peers (are they a group
             // already?) is answered at once by those up and refused by those not bound.
@@ -395,15 +396,8 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         }
     }
     if learn_peers {
-        let bound = starting
-            .iter_mut()
-            .map(|(_, started)| started.wait_bound())
-            .collect::<Result<Vec<_>>>()?;
-        let peers = peers_of(&bound);
-        for (_, started) in &mut starting {
-            started.send_line(&peers)?;
-        }
-        for (id, started) in starting {
+        launch::start_group(&mut starting)?;
+        for (id, started) in (1..).zip(starting) {
             take_in(id, children.wait_ready(started)?);
         }
     }
@@ -412,7 +406,12 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
     let coordinator_args = bound
         .iter()
         .enumerate()
-        .map(|(i, addr)| Ok((i as u64 + 1, command_of(i, addr, &peers_of(&bound))?)))
+        .map(|(i, addr)| {
+            Ok((
+                i as u64 + 1,
+                command_of(i, addr, &launch::peers_list(&bound))?,
+            ))
+        })
         .collect::<Result<Vec<_>>>()?;
     let coordinator = coordinators
         .iter()
@@ -590,16 +589,6 @@ fn coordinator_listen_addrs(
             Ok((addrs, free_ports && count > 1))
         }
     }
-}
-
-/// `ID=ADDR,...`: the `--peers` list of coordinators at `addrs` (ids from 1).
-fn peers_of(addrs: &[String]) -> String {
-    let peers: Vec<String> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| format!("{}={addr}", i + 1))
-        .collect();
-    peers.join(",")
 }
 
 /// The command line of coordinator `i` (0-based) of `args`, listening on `listen`, with
@@ -814,12 +803,13 @@ mod tests {
             assert_eq!(flag("--peers"), Some(PEERS_ON_STDIN), "{command:?}");
         }
         let bound = ["127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003"].map(String::from);
-        let restart = coordinator_command(&group, 1, &bound[1], &peers_of(&bound), &[], true)
-            .expect("a command");
+        let restart =
+            coordinator_command(&group, 1, &bound[1], &launch::peers_list(&bound), &[], true)
+                .expect("a command");
         assert!(
             restart
                 .windows(2)
-                .any(|w| w[0] == "--peers" && w[1] == peers_of(&bound)),
+                .any(|w| w[0] == "--peers" && w[1] == launch::peers_list(&bound)),
             "a restarted member is given the addresses its group holds: {restart:?}"
         );
         let alone = parse(&["--coordinator-addr", "127.0.0.1:0", "--coordinators", "1"]);

@@ -6,8 +6,8 @@
 //! replayed by one recovery master (the real `split_replica`, `RecoveryPiece::parse`
 //! and `ObjectStore::stage_replay`, replicated to the recovery master's own backups
 //! under the same faults), then handed over by the real `RecoveredPartition` command
-//! once the crashed master's lease surely ran out (`live_after`, as the coordinator's
-//! recovery waits). After each recovery, and at the end, every key is read from the
+//! once the crashed master's lease surely ran out (the coordinator's own
+//! `tablets_live_after`). After each recovery, and at the end, every key is read from the
 //! master the coordinators name as its owner: every tablet must be served again, by a
 //! live master, with nothing acknowledged missing.
 //!
@@ -50,11 +50,12 @@ use rampart_common::protocol::backup::PartitionRanges;
 use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
 use rampart_common::tablet::ServerStatus;
-use rampart_coordinator::recovery_manager::{LEASE_MARGIN, PARTITION_ATTEMPTS_MAX};
+use rampart_coordinator::recovery_manager::{tablets_live_after, PARTITION_ATTEMPTS_MAX};
 use rampart_coordinator::recovery_plan::partitions_for;
 use rampart_coordinator::state::{Command, CommandResult};
 use rampart_master::replay::RecoveryPiece;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
 
 use crate::checker::{key_bytes, History};
 use crate::crash_recovery::Recovery;
@@ -406,8 +407,13 @@ impl Cluster {
             return Err(format!("recovery of {crashed} failed: {why}"));
         }
         // The crashed master's lease must have run out before its tablets go live
-        // elsewhere (`live_after`): until then a zombie may still serve reads.
-        let live_after = world.declared_at_us + LEASE_US + LEASE_MARGIN.as_micros() as u64;
+        // elsewhere (the coordinator's `tablets_live_after`): until then a zombie may
+        // still serve reads.
+        let live_after = tablets_live_after(
+            Duration::from_micros(world.declared_at_us),
+            Duration::from_micros(LEASE_US),
+        )
+        .as_micros() as u64;
         while world.now_us < live_after {
             world.pass_time();
         }

@@ -57,7 +57,8 @@
 //!   refusal once the master is crashed, `ReserveVersions`, `RecoveredPartition` with
 //!   the version ceiling it hands on);
 //! * each master's lease is the real `Lease` on simulated time (`ManualClock`), and the
-//!   recovery waits out the lease and `LEASE_MARGIN` before tablets go live elsewhere;
+//!   recovery waits out the lease and `LEASE_MARGIN` before tablets go live elsewhere
+//!   (`tablets_live_after`, the coordinator's own);
 //! * each backup's decisions about its frames are the real `FrameTable` of
 //!   `rampart-backup` (opens and the replacing open that keeps a slot's bytes, epoch
 //!   checks, writes, bumps, closes, frees with their epoch bound, fences and fenced

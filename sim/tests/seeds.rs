@@ -20,8 +20,8 @@ const MANY_SEEDS: u64 = 20_000;
 /// now settles an open segment that lost replicas between batches, as the replicator
 /// does, where the simulated master left it to the next write) and the backup's own
 /// steps of a fence, a close and a free (`fencing`, `lifecycle`; these changed no run).
-/// Every seed runs anew, so the table was re-found, each fix undone in the library (or,
-/// for the lease wait, in the simulation's coordinator) alone:
+/// Every seed runs anew, so the table was re-found, each fix undone in the library
+/// alone:
 /// * 83ab2b8, `ReplicaFailures::take_frees` freeing a lost replica before its segment is
 ///   whole (`SegmentReplicas::whole` always true): 12, 20;
 /// * 297bcd6, `FrameTable::shadows_stored` always true: 63, 96;
@@ -30,7 +30,7 @@ const MANY_SEEDS: u64 = 20_000;
 /// * footers in open copies ignored (`FoundReplica::successor` only for closed ones): 36,
 ///   99;
 /// * tablets live at once, without waiting out the crashed master's lease (the
-///   simulation's `live_after`): 1987, 2654;
+///   coordinator's `tablets_live_after` returning the declaration's time): 1987, 2654;
 /// * a failed creation's copy not abandoned (`Creation::failed` without
 ///   `ReplicaFailures::open_failed`): 26, 912;
 /// * issue 39 item 1 (a tombstone for every overwritten version, 8d89f9f; undone as no
@@ -91,11 +91,11 @@ const REGRESSIONS: &[(u64, &str)] = &[
     ),
     (
         1987,
-        "tablets went live before the zombie's lease ran out: a stale read (the sim's live_after)",
+        "tablets went live before the zombie's lease ran out: a stale read (tablets_live_after)",
     ),
     (
         2654,
-        "tablets went live before the zombie's lease ran out: a stale read (the sim's live_after)",
+        "tablets went live before the zombie's lease ran out: a stale read (tablets_live_after)",
     ),
     (
         26,

@@ -12,6 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use rampart_common::announce::{Announce, ClusterLine, Pages, Speaker};
 use rampart_common::failpoints::FAILPOINTS_ENV;
 use rampart_common::onesided::shm::remove_default_frame_files_under;
+use rampart_ops::launch::{self, Starting};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -374,7 +375,8 @@ impl RampartProcess {
     }
 
     fn spawn(command: Command, args: &[&str]) -> Result<RampartProcess> {
-        PendingProcess::spawn(command, args)?.ready()
+        let (starting, failpoints) = start_process(command, args)?;
+        listening(starting, failpoints)
     }
 
     /// Its process id.
@@ -435,121 +437,54 @@ impl Drop for RampartProcess {
     }
 }
 
-/// A `rampart` process started but not yet listening: a coordinator waiting on stdin
-/// for its peers (`--peers -`), say. Killed on drop.
-#[derive(Debug)]
-pub struct PendingProcess {
-    child: Option<Child>,
-    stdin: Option<std::process::ChildStdin>,
-    lines: mpsc::Receiver<String>,
-    args: Vec<String>,
-    /// Whether its environment names failpoints, and whether it said it honours them.
-    failpoints: Option<bool>,
-}
-
-impl PendingProcess {
-    /// Starts `command` (`rampart ARGS...`), its stdout read line by line.
-    fn spawn(mut command: Command, args: &[&str]) -> Result<PendingProcess> {
-        let failpoints = command
-            .get_envs()
-            .any(|(key, value)| key == FAILPOINTS_ENV && value.is_some_and(|v| !v.is_empty()))
-            .then_some(false);
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start rampart")?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
+/// Waits for `starting`'s `listening on` line: the running process. With failpoints
+/// named in its environment (`failpoints`), refuses a build that does not say it has
+/// them compiled in.
+fn listening(starting: Starting, failpoints: bool) -> Result<RampartProcess> {
+    let mut said = false;
+    let listening = starting.wait_listening(|announce| {
+        if let Announce::Failpoints { compiled_in, .. } = announce {
+            if failpoints && !compiled_in {
+                bail!(
+                    "{announce}. This test needs the failpoints: build the binary with \
+                     `cargo test -p rampart-ops -p rampart-tests --no-run` (a plain `cargo \
+                     build` or `cargo test -p rampart-ops` in the same target directory \
+                     replaces it with one without them): {}",
+                    rampart_bin()?.display()
+                );
             }
-        });
-        Ok(PendingProcess {
-            child: Some(child),
-            stdin,
-            lines,
-            args: args.iter().map(|a| a.to_string()).collect(),
-            failpoints,
-        })
-    }
-
-    /// Waits (up to [`CLUSTER_START_TIMEOUT`]) for the announcement `wanted` picks
-    /// (`rampart_common::announce`), refusing a build without the failpoints asked for.
-    fn wait_for<T>(&mut self, what: &str, wanted: impl Fn(Announce) -> Option<T>) -> Result<T> {
-        let deadline = Instant::now() + CLUSTER_START_TIMEOUT;
-        loop {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            let line = match self.lines.recv_timeout(wait) {
-                Ok(line) => line,
-                Err(_) => bail!("rampart {:?} did not print `{what}`", self.args),
-            };
-            let Some(announce) = Announce::parse(&line) else {
-                continue;
-            };
-            if let Announce::Failpoints { compiled_in, .. } = announce {
-                if self.failpoints.is_some() && !compiled_in {
-                    bail!(
-                        "{}: {line}. This test needs the failpoints: build the binary with \
-                         `cargo test -p rampart-ops -p rampart-tests --no-run` (a plain \
-                         `cargo build` or `cargo test -p rampart-ops` in the same target \
-                         directory replaces it with one without them)",
-                        rampart_bin()?.display()
-                    );
-                }
-                if self.failpoints.is_some() {
-                    self.failpoints = Some(true);
-                }
-                continue;
-            }
-            if let Some(found) = wanted(announce) {
-                if self.failpoints == Some(false) {
-                    bail!(
-                        "rampart {:?} did not say its failpoints are compiled in: {} is \
-                         an older build, or one without them",
-                        self.args,
-                        rampart_bin()?.display()
-                    );
-                }
-                return Ok(found);
-            }
+            said = true;
         }
-    }
-
-    /// Writes `line` to its stdin and closes it.
-    fn send_line(&mut self, line: &str) -> Result<()> {
-        let mut stdin = self.stdin.take().ok_or_else(|| anyhow!("stdin closed"))?;
-        writeln!(stdin, "{line}")?;
         Ok(())
+    })?;
+    // Held first: a process refused below is killed as this drops.
+    let process = RampartProcess {
+        addr: listening.addr,
+        speaker: listening.speaker,
+        child: listening.child,
+    };
+    if failpoints && !said {
+        bail!(
+            "{} did not say its failpoints are compiled in: {} is an older build, or one \
+             without them",
+            listening.name,
+            rampart_bin()?.display()
+        );
     }
-
-    /// Waits for its `listening on` line: the running process.
-    fn ready(mut self) -> Result<RampartProcess> {
-        drop(self.stdin.take());
-        let (speaker, addr) = self.wait_for("listening on", |announce| match announce {
-            Announce::Listening { speaker, addr } => Some((speaker, addr)),
-            _ => None,
-        })?;
-        let child = self.child.take().ok_or_else(|| anyhow!("no child"))?;
-        Ok(RampartProcess {
-            addr,
-            speaker,
-            child,
-        })
-    }
+    Ok(process)
 }
 
-impl Drop for PendingProcess {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// Starts `command` (`rampart ARGS...`), its start-up lines read as `cluster up` reads
+/// its children's ([`Starting`]); whether its environment names failpoints.
+fn start_process(command: Command, args: &[&str]) -> Result<(Starting, bool)> {
+    let failpoints = command
+        .get_envs()
+        .any(|(key, value)| key == FAILPOINTS_ENV && value.is_some_and(|v| !v.is_empty()));
+    let name = format!("rampart {args:?}");
+    Ok((
+        Starting::spawn(&name, command, CLUSTER_START_TIMEOUT)?,
+        failpoints,
+    ))
 }
 
 /// A Raft group of `rampart coordinator` processes on free loopback ports, started
@@ -586,7 +521,8 @@ impl CoordinatorGroup {
             .collect();
         // Each member binds a free port itself and is told its peers' on stdin once all
         // are bound (`--peers -`): no port is picked by anyone who does not hold it.
-        let mut pending = Vec::new();
+        let mut members = Vec::new();
+        let mut failpoints = false;
         for (id, data_dir) in &dirs {
             let id = id.to_string();
             let data_dir = data_dir
@@ -606,23 +542,15 @@ impl CoordinatorGroup {
             args.extend(flags);
             let mut command = Command::new(rampart_bin()?);
             command.args(&args).envs(env.iter().copied());
-            pending.push(PendingProcess::spawn(command, &args)?);
+            let member;
+            (member, failpoints) = start_process(command, &args)?;
+            members.push(member);
         }
-        let mut peers = Vec::new();
-        for (id, process) in (1..=size).zip(&mut pending) {
-            let addr = process.wait_for("waiting for its peers", |announce| match announce {
-                Announce::WaitingForPeers { addr, .. } => Some(addr),
-                _ => None,
-            })?;
-            peers.push((id, addr));
-        }
-        let list: Vec<String> = peers.iter().map(|(i, a)| format!("{i}={a}")).collect();
-        for process in &mut pending {
-            process.send_line(&list.join(","))?;
-        }
+        let bound = launch::start_group(&mut members)?;
+        let peers: Vec<(u64, String)> = (1..).zip(bound).collect();
         let mut processes = std::collections::BTreeMap::new();
-        for (id, process) in (1..=size).zip(pending) {
-            processes.insert(id, process.ready()?);
+        for (id, member) in (1..=size).zip(members) {
+            processes.insert(id, listening(member, failpoints)?);
         }
         Ok(CoordinatorGroup {
             peers,
@@ -668,7 +596,7 @@ impl CoordinatorGroup {
 
     /// The `rampart coordinator ...` arguments of member `id`.
     pub fn member_args(&self, id: u64) -> Result<Vec<String>> {
-        let peers: Vec<String> = self.peers.iter().map(|(i, a)| format!("{i}={a}")).collect();
+        let addrs: Vec<&str> = self.peers.iter().map(|(_, a)| a.as_str()).collect();
         let data_dir = self
             .dirs
             .get(&id)
@@ -679,7 +607,7 @@ impl CoordinatorGroup {
             "--id".into(),
             id.to_string(),
             "--peers".into(),
-            peers.join(","),
+            launch::peers_list(&addrs),
             "--data-dir".into(),
             data_dir.into(),
         ])
