@@ -87,11 +87,6 @@ impl Starting {
         })
     }
 
-    /// Its process id, while it is starting.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
     /// Waits (up to its timeout from now) for the announcement `wanted` picks; every
     /// announcement before it goes to `wanted` too, which may refuse the process (an
     /// error). Other lines are skipped. An error if the process exits first or the time

@@ -52,7 +52,7 @@ use rampart_common::protocol::coordinator::{
 use rampart_common::reject::RejectRules;
 use rampart_common::rpc::RpcPool;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -667,12 +667,16 @@ impl Floor {
         })
     }
 
-    /// The content of one replica file per segment of `master` under `data_dir`.
+    /// The content of one replica file per segment of `master` under `data_dir`. The
+    /// master is still running: its cleaner may free a segment (every replica file of
+    /// it removed) between the listing and the reading, and a backup may replace a file
+    /// (a newer copy renamed over it). A segment is read from the first of its files
+    /// that can still be read, and left out if none can: it is no longer in the log.
     fn load(data_dir: &Path, master: ServerId) -> Result<Vec<Vec<u8>>> {
         /// Bytes of a replica file's header (backup::segment_store's layout).
         const REPLICA_HEADER_BYTES: usize = 49;
         let prefix = format!("m{}-s", master.0);
-        let mut files: HashMap<String, PathBuf> = HashMap::new();
+        let mut files: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
         for server in std::fs::read_dir(data_dir)? {
             let replicas = server?.path().join("replicas");
             let Ok(dir) = std::fs::read_dir(&replicas) else {
@@ -682,13 +686,15 @@ impl Floor {
                 let path = file?.path();
                 let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
                 if name.starts_with(&prefix) && name.ends_with(".replica") {
-                    files.entry(name.to_string()).or_insert(path);
+                    files.entry(name.to_string()).or_default().push(path);
                 }
             }
         }
         let mut segments = Vec::with_capacity(files.len());
-        for path in files.values() {
-            let mut data = std::fs::read(path)?;
+        for paths in files.values() {
+            let Some(mut data) = read_first_present(paths)? else {
+                continue;
+            };
             if data.len() >= REPLICA_HEADER_BYTES {
                 data.drain(..REPLICA_HEADER_BYTES);
                 segments.push(data);
@@ -696,6 +702,20 @@ impl Floor {
         }
         Ok(segments)
     }
+}
+
+/// The content of the first of `paths` that still exists; `None` if none does.
+fn read_first_present(paths: &[PathBuf]) -> Result<Option<Vec<u8>>> {
+    for path in paths {
+        match std::fs::read(path) {
+            Ok(data) => return Ok(Some(data)),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(error) => {
+                return Err(error).with_context(|| format!("cannot read {}", path.display()))
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// The timeline: a bar per partition (on its recovery master), phases coloured.
