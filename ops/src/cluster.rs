@@ -235,6 +235,11 @@ impl LocalCluster {
         self.children.kill(&server_name(slot))
     }
 
+    /// Whether the server in `slot` has exited (reaping it if it just did).
+    pub fn server_exited(&mut self, slot: usize) -> bool {
+        self.children.has_exited(&server_name(slot))
+    }
+
     /// The process id of the server in `slot`, while it runs.
     pub fn server_pid(&self, slot: usize) -> Option<u32> {
         self.children.pid_of(&server_name(slot))
