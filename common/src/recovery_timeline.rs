@@ -1,6 +1,7 @@
 //! The timeline of one recovery as an SVG picture: a row for the coordinator
 //! (detection, setup) and one per partition (its recovery master's replay, then the
-//! wait for the lease, the commit and the handover). Drawn by `rampart bench recovery`
+//! wait for the lease, the commit and the handover), and a line where the crashed
+//! master's lease ended or its death was proven, named by which. Drawn by `rampart bench recovery`
 //! and by the coordinators' status page from the same `RecoveryReport`.
 
 use crate::protocol::coordinator::RecoveryReport;
@@ -83,6 +84,15 @@ pub fn svg(report: &RecoveryReport, shift: u64, detection: u64, now: Option<u64>
             (false, _, None) => bar(&mut svg, y, start, replayed, "#1f77b4"),
         }
     }
+    if let Some(end) = report.lease_end {
+        let lx = x(report.lease_end_ms + shift);
+        svg.push_str(&format!(
+            "<line x1='{lx:.1}' y1='30' x2='{lx:.1}' y2='{:.1}' stroke='#555' stroke-dasharray='4 3'/>\n<text x='{:.1}' y='36' fill='#555'>{end} at {} ms</text>\n",
+            y + row,
+            lx + 4.0,
+            report.lease_end_ms + shift
+        ));
+    }
     y += row + 10.0;
     let mut lx = 10.0;
     for (name, colour) in [
@@ -131,8 +141,11 @@ mod tests {
             segments: 2,
             waiting: None,
             partitions: vec![partition(0, 400), partition(1, 0)],
+            lease_end: None,
+            lease_end_ms: 0,
         };
         let drawn = svg(&report, 300, 300, None);
+        assert!(!drawn.contains("<line"));
         assert!(drawn.starts_with("<svg"));
         assert!(drawn.contains(">p0 on "));
         assert!(drawn.contains(">p1 on "));
@@ -144,5 +157,24 @@ mod tests {
         assert_eq!(drawn.matches("height='18'").count(), 6);
         assert!(drawn.contains("#98df8a"));
         assert!(drawn.contains("1200 ms after the crash"), "{drawn}");
+    }
+
+    #[test]
+    fn the_lease_end_is_a_line_named_by_what_ended_it() {
+        let report = RecoveryReport {
+            crashed: ServerId(1),
+            declared_unix_ms: 0,
+            detection_ms: 5,
+            setup_ms: 10,
+            done_ms: 90,
+            segments: 2,
+            waiting: None,
+            partitions: Vec::new(),
+            lease_end: Some(crate::protocol::coordinator::LeaseEnd::Refused),
+            lease_end_ms: 0,
+        };
+        let drawn = svg(&report, 5, 5, None);
+        assert_eq!(drawn.matches("<line").count(), 1);
+        assert!(drawn.contains(">refused at 5 ms</text>"), "{drawn}");
     }
 }

@@ -457,6 +457,8 @@ mod tests {
             segments: 3,
             waiting: waiting.map(str::to_string),
             partitions: Vec::new(),
+            lease_end: None,
+            lease_end_ms: 0,
         }
     }
 

@@ -11,6 +11,14 @@
 //! * [`FailureVerifier::take_declared`]: when this leader saw a crash committed, and how
 //!   long detection took (from the first report), for the recovery's lease wait and its
 //!   report.
+//! * [`FailureVerifier::process_exited`]: a supervisor saw a server's process exit. Where
+//!   its word counts (`proof_of_death`), the server is declared crashed at once, without
+//!   pings, and its death is proven; otherwise it is verified as a report.
+//! * Proofs of death ([`FailureVerifier::proof_of`], [`FailureVerifier::probe`]): what
+//!   the pings, the supervisors and the recovery's probe of a crashed server's address
+//!   found, kept by server (`proof_of_death::Proofs`) for the recovery's lease wait.
+//!   Under `Direct`, a refused ping is proof, and the suspect is declared without the
+//!   pings left.
 //!
 //! The bookkeeping is [`Suspects`], a plain struct tested alone: one verification per
 //! suspect at a time, however many report it; detection timed from the first report.
@@ -21,7 +29,7 @@
 //! reporters report again to the new leader.
 
 use rampart_common::ids::ServerId;
-use rampart_common::protocol::master::{Ping, PingRequest};
+use rampart_common::protocol::master::{Identify, Ping, PingRequest};
 use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::ServerStatus;
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,6 +38,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::node::{NodeError, RaftNode};
+use crate::proof_of_death::{Evidence, ProofOfDeath, Proofs};
 use crate::state::{Command, CommandResult};
 
 /// Milliseconds in `d`, saturating (for reports and logs).
@@ -111,16 +120,22 @@ pub struct FailureVerifier {
     suspects: parking_lot::Mutex<Suspects>,
     /// Notified when a crash is declared.
     declared: tokio::sync::Notify,
+    /// The proofs of death found (held like `suspects`).
+    proofs: parking_lot::Mutex<Proofs<Instant>>,
+    /// Notified (every waiter) when a proof is found.
+    proof_found: tokio::sync::Notify,
 }
 
 impl FailureVerifier {
     /// A verifier over this coordinator's Raft member: a suspect is declared crashed once
-    /// `verify_attempts` pings (at least one), each given `verify_timeout`, all failed.
+    /// `verify_attempts` pings (at least one), each given `verify_timeout`, all failed
+    /// (or one was refused, where `proof_of_death` takes a refusal as proof).
     pub fn new(
         node: RaftNode,
         pool: Arc<RpcPool>,
         verify_timeout: Duration,
         verify_attempts: u32,
+        proof_of_death: ProofOfDeath,
     ) -> FailureVerifier {
         FailureVerifier {
             node,
@@ -129,7 +144,105 @@ impl FailureVerifier {
             verify_attempts: verify_attempts.max(1),
             suspects: parking_lot::Mutex::new(Suspects::default()),
             declared: tokio::sync::Notify::new(),
+            proofs: parking_lot::Mutex::new(Proofs::new(proof_of_death)),
+            proof_found: tokio::sync::Notify::new(),
         }
+    }
+
+    /// What proves a crashed server's death here.
+    pub fn proof_of_death(&self) -> ProofOfDeath {
+        self.proofs.lock().setting()
+    }
+
+    /// The proof of `server`'s death found so far, and when.
+    pub fn proof_of(&self, server: ServerId) -> Option<(Instant, Evidence)> {
+        self.proofs.lock().of(server)
+    }
+
+    /// Completes at the next proof of death found. Create it (and `enable` it) before
+    /// reading [`proof_of`](Self::proof_of), so that none is missed in between.
+    pub fn proof_found(&self) -> tokio::sync::futures::Notified<'_> {
+        self.proof_found.notified()
+    }
+
+    /// Forgets the proof of `server`'s death (its recovery is over).
+    pub fn forget_proof(&self, server: ServerId) {
+        self.proofs.lock().forget(server);
+    }
+
+    /// Records `evidence` about `server`; returns whether it proves its death.
+    fn seen(&self, server: ServerId, evidence: Evidence) -> bool {
+        let proof = self.proofs.lock().seen(server, evidence, Instant::now());
+        if proof {
+            self.proof_found.notify_waiters();
+        }
+        proof
+    }
+
+    /// Probes the address `addr` of the crashed server `server` once (within the verify
+    /// timeout, on a fresh connection): a refusal, or another server's id there, is
+    /// recorded as evidence. Returns whether its death is proven now.
+    pub async fn probe(&self, server: ServerId, addr: &str) -> bool {
+        if self.proof_of(server).is_some() {
+            return true;
+        }
+        self.pool.forget(addr);
+        let deadline = Instant::now() + self.verify_timeout;
+        let evidence = match self
+            .pool
+            .call::<Identify>(addr, &PingRequest {}, deadline)
+            .await
+        {
+            Ok(reply) if reply.server != server => Evidence::OtherServer(reply.server),
+            Ok(_) => return false,
+            Err(error) if error.refused() => Evidence::Refused,
+            Err(_) => return false,
+        };
+        let proof = self.seen(server, evidence);
+        tracing::info!(%server, %addr, ?evidence, proof, "crashed server's address probed");
+        proof
+    }
+
+    /// A supervisor saw the process of `server` exit. Where its word counts, `server` is
+    /// declared crashed at once (if `Up`) with its death proven; elsewhere it is verified
+    /// as a failure report. Fails with `NotLeader` on a follower.
+    pub fn process_exited(
+        self: &Arc<Self>,
+        server: ServerId,
+        supervisor: &str,
+    ) -> Result<(), NodeError> {
+        if !self.node.is_leader() {
+            return Err(NodeError::NotLeader(self.node.hint()));
+        }
+        let known = self.node.with_state(|state| {
+            state
+                .server(server)
+                .filter(|s| s.status != ServerStatus::Removed)
+                .map(|s| (s.status, s.addr.clone()))
+        });
+        let Some((status, addr)) = known else {
+            return Ok(());
+        };
+        if !self.seen(server, Evidence::ExitSeen) {
+            tracing::info!(%server, %supervisor, "process exit reported; its supervisor's word is not proof here");
+            return self.report_failure(server, supervisor);
+        }
+        tracing::info!(%server, %addr, %supervisor, "process exit reported: proof of death");
+        if status != ServerStatus::Up {
+            return Ok(());
+        }
+        let term = self.node.status().term;
+        if !self.suspects.lock().reported(server, Instant::now(), term) {
+            // Being verified: its pings fail at once, the process is gone.
+            return Ok(());
+        }
+        let me = Arc::clone(self);
+        let why = format!("its supervisor {supervisor} saw its process exit");
+        tokio::spawn(async move {
+            me.declare(server, &addr, &why).await;
+            me.suspects.lock().verification_ended(server);
+        });
+        Ok(())
     }
 
     /// A server or client reports `server` silent. Verifies in the background and
@@ -194,9 +307,20 @@ impl FailureVerifier {
                     // A fresh connection for the next try: the old one may be the problem.
                     self.pool.forget(&addr);
                     last = error.to_string();
+                    if error.refused() && self.seen(server, Evidence::Refused) {
+                        // Proof of death: more pings would only be refused too.
+                        break;
+                    }
                 }
             }
         }
+        self.declare(server, &addr, &last).await;
+    }
+
+    /// Commits `server`'s crash (`why`: the last ping's error, or the supervisor's
+    /// word), then tells the servers and wakes the recovery manager.
+    async fn declare(&self, server: ServerId, addr: &str, why: &str) {
+        let last = why;
         let command = Command::SetServerStatus {
             id: server,
             status: ServerStatus::Crashed,

@@ -9,6 +9,9 @@
 //! * [`failure_verifier`] — `FailureVerifier`: on the leader, pings a reported server
 //!   itself and declares it crashed if it stays silent (`Suspects`, its bookkeeping, is
 //!   a plain struct).
+//! * [`proof_of_death`] — when a crashed master's tablets may go live before its lease
+//!   ran out: what proves its death under the `--proof-of-death` setting, and
+//!   `lease_end`, the decision the recovery and the simulation share.
 //! * [`recovery_manager`] — `RecoveryManager`: on the leader, recovers crashed masters (setup,
 //!   partitioned replay on recovery masters, tablets live per partition, cleanup).
 //! * `recovery_phases` — the decisions of a recovery as synchronous state machines: the
@@ -52,7 +55,8 @@
 //! has the backups read and split the replicas by partition, and sends each partition of
 //! the master's will to a recovery master. As each one finishes, its tablets are handed
 //! over through Raft (`RecoveredPartition`) and go live, once every lease the crashed
-//! master held has lapsed. See [`recovery_manager`].
+//! master held has lapsed or its death is proven ([`proof_of_death`]). See
+//! [`recovery_manager`].
 //!
 //! # Membership
 //! Static: every member is started with the same `--peers`, and a data directory belongs
@@ -63,6 +67,7 @@ pub mod cluster_view;
 pub mod failure_verifier;
 pub mod metrics;
 pub mod node;
+pub mod proof_of_death;
 pub mod push;
 pub mod raft_storage;
 pub mod recovery_manager;

@@ -47,8 +47,13 @@
 //! the renewal). A renewal answered before the crash was committed was sent before it,
 //! so every lease of the crashed master has lapsed `lease` after this leader saw the
 //! crash committed (or took the recovery over). Tablets go live no earlier than that,
-//! plus [`LEASE_MARGIN`] for clock-rate differences; setup and replay run meanwhile, so
-//! the wait costs nothing when replay takes longer than the lease. Masters count their
+//! plus `LEASE_MARGIN` for clock-rate differences — or sooner, once the master's death
+//! is proven (its supervisor saw its process exit; under `--proof-of-death direct`, its
+//! address refused a connection or another server answers there: see
+//! [`crate::proof_of_death`], and [`FailureVerifier::probe`], which every recovery runs
+//! once at its start under that setting). Setup and replay run meanwhile, so
+//! the wait costs nothing when replay takes longer than the lease. Which of the lease's
+//! end and a proof let the tablets go live is in the report (`lease_end`). Masters count their
 //! lease on `CLOCK_BOOTTIME`, so a master whose machine was suspended finds its lease
 //! over when it wakes; this wait may run on a clock that stops while the coordinator's
 //! own machine sleeps, which only makes it longer. Writes are fenced
@@ -95,7 +100,7 @@ use rampart_common::protocol::backup::{
     EndRecovery, EndRecoveryRequest, PartitionRanges, RecoveryRead, RecoveryReadRequest,
     StartRecovery, StartRecoveryRequest,
 };
-use rampart_common::protocol::coordinator::{PartitionReport, RecoveryReport};
+use rampart_common::protocol::coordinator::{LeaseEnd, PartitionReport, RecoveryReport};
 use rampart_common::protocol::master::{
     AbandonRecovery, AbandonRecoveryRequest, FinishRecovery, FinishRecoveryRequest, Ping,
     PingRequest, Recover, RecoverReply, RecoverRequest, RecoverySource, SyncTablets,
@@ -111,6 +116,7 @@ use tokio::time::Instant;
 
 use crate::failure_verifier::{ms, FailureVerifier};
 use crate::node::{NodeError, RaftNode};
+use crate::proof_of_death::{lease_end, ProofOfDeath};
 use crate::push::{push_until, push_while_busy};
 use crate::recovery_phases::{
     Attempted, Commit, FinishAnswer, FinishRound, Next, PartitionNext, PartitionTries, Phases,
@@ -124,21 +130,6 @@ use crate::state::{Command, CommandResult};
 /// out longer coordinator outages (a leader election takes 150–500 ms); shorter lets
 /// recovered tablets go live sooner when replay is quick.
 pub const LEASE_DEFAULT: Duration = Duration::from_millis(750);
-
-/// Added to the lease before recovered tablets go live: clocks of two processes may run
-/// at slightly different rates.
-pub const LEASE_MARGIN: Duration = Duration::from_millis(25);
-
-/// When the tablets of a master declared crashed at `declared` may go live elsewhere:
-/// once the `lease` it may still hold (none granted after it was declared) ran out,
-/// with [`LEASE_MARGIN`]. Until then a zombie may still serve reads. The recovery here
-/// and the simulation's both wait for it.
-pub fn tablets_live_after<T: std::ops::Add<Duration, Output = T>>(
-    declared: T,
-    lease: Duration,
-) -> T {
-    declared + lease + LEASE_MARGIN
-}
 
 /// Deadline of each of the coordinator's own pings of a suspect.
 pub const VERIFY_TIMEOUT_DEFAULT: Duration = Duration::from_millis(200);
@@ -180,6 +171,9 @@ pub struct RecoveryConfig {
     /// free log memory; the others still take a partition whose master failed); `None`:
     /// every master that is up.
     pub masters_max: Option<usize>,
+    /// What proves a crashed master's death, so that its tablets go live before its
+    /// lease ran out (`proof_of_death`).
+    pub proof_of_death: ProofOfDeath,
 }
 
 impl Default for RecoveryConfig {
@@ -189,6 +183,7 @@ impl Default for RecoveryConfig {
             verify_timeout: VERIFY_TIMEOUT_DEFAULT,
             verify_attempts: VERIFY_ATTEMPTS_DEFAULT,
             masters_max: None,
+            proof_of_death: ProofOfDeath::default(),
         }
     }
 }
@@ -328,9 +323,21 @@ impl RecoveryManager {
                 segments: 0,
                 waiting: None,
                 partitions: Vec::new(),
+                lease_end: None,
+                lease_end_ms: 0,
             });
         }
-        let live_after = tablets_live_after(declared, self.config.lease);
+        if self.config.proof_of_death.probes_addresses() {
+            // A crash declared for another reason (a restart at its address, a report
+            // to an earlier leader) has no ping of this leader behind it: look.
+            let addr = self
+                .node
+                .with_state(|state| state.server(crashed).map(|s| s.addr.clone()));
+            if let Some(addr) = addr {
+                let verifier = Arc::clone(&self.verifier);
+                tokio::spawn(async move { verifier.probe(crashed, &addr).await });
+            }
+        }
         tracing::info!(%crashed, "recovery started");
         let mut phases = Phases::new();
         let mut finish = FinishRound::new();
@@ -342,8 +349,7 @@ impl RecoveryManager {
                     phases.committed(owned)
                 }
                 Next::Attempt(owned) => {
-                    let attempted = match self.attempt(crashed, &owned, declared, live_after).await
-                    {
+                    let attempted = match self.attempt(crashed, &owned, declared).await {
                         Ok(()) => Attempted::Ran,
                         Err(Stop::Leadership) => Attempted::LeadershipLost,
                         Err(Stop::Wait(why)) => Attempted::Wait(why),
@@ -486,12 +492,44 @@ impl RecoveryManager {
             tracing::warn!(%crashed, %error, "recovered server not marked removed");
             return;
         }
+        self.verifier.forget_proof(crashed);
         let done = ms(declared.elapsed());
         self.report(crashed, |r| {
             r.done_ms = done;
             r.waiting = None;
         });
         tracing::info!(%crashed, freed, total_ms = done, "recovery finished");
+    }
+
+    /// Waits until the tablets of `crashed` (declared at `declared`) may go live
+    /// elsewhere: its lease ran out, or its death was proven
+    /// (`proof_of_death::lease_end` over the proofs the verifier holds, woken by a new
+    /// one). The first partition to get here records which it was in the report.
+    async fn wait_lease_end(&self, crashed: ServerId, declared: Instant) {
+        loop {
+            let found = self.verifier.proof_found();
+            tokio::pin!(found);
+            found.as_mut().enable();
+            let proof = self.verifier.proof_of(crashed);
+            let (at, end) = lease_end(declared, self.config.lease, proof);
+            if end != LeaseEnd::Waited || Instant::now() >= at {
+                let at_ms = ms(at.saturating_duration_since(declared));
+                let mut first = false;
+                self.report(crashed, |r| {
+                    if r.lease_end.is_none() {
+                        (r.lease_end, r.lease_end_ms, first) = (Some(end), at_ms, true);
+                    }
+                });
+                if first {
+                    tracing::info!(%crashed, lease_end = %end, lease_end_ms = at_ms, "tablets may go live");
+                }
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => {}
+                () = &mut found => {}
+            }
+        }
     }
 
     /// The `Up` backups, except `crashed`.
@@ -513,7 +551,6 @@ impl RecoveryManager {
         crashed: ServerId,
         owned: &[Tablet],
         declared: Instant,
-        live_after: Instant,
     ) -> Result<(), Stop> {
         // Setup: fence and list.
         let backups = self.backups(crashed);
@@ -683,7 +720,6 @@ impl RecoveryManager {
             async move {
                 self.replay_partition(
                     crashed, recovery, i as u32, ranges, sources, candidates, first, declared,
-                    live_after,
                 )
                 .await
             }
@@ -718,7 +754,6 @@ impl RecoveryManager {
         candidates: &[(ServerId, String)],
         first: usize,
         declared: Instant,
-        live_after: Instant,
     ) -> Result<(), Stop> {
         // With loss allowed, replayed versions are shifted above every version the
         // crashed master handed out (`RecoverRequest::version_floor`).
@@ -786,8 +821,9 @@ impl RecoveryManager {
                     }
                 }
                 (PartitionNext::Commit, Some((master, addr))) => {
-                    // Not before every lease of the crashed master has lapsed.
-                    tokio::time::sleep_until(live_after).await;
+                    // Not before every lease of the crashed master has lapsed, or its
+                    // death is proven.
+                    self.wait_lease_end(crashed, declared).await;
                     let command = Command::RecoveredPartition {
                         crashed,
                         ranges: ranges.clone(),

@@ -331,14 +331,19 @@ fn recoveries(
         };
         let objects: u64 = report.partitions.iter().map(|p| p.objects).sum();
         let bytes: u64 = report.partitions.iter().map(|p| p.bytes).sum();
+        let lease = match report.lease_end {
+            Some(end) => format!(", live from {} ms: {end}", report.lease_end_ms),
+            None => String::new(),
+        };
         writeln!(
             html,
-            "<div class=\"recovery\" id=\"recovery-{}\"><p><b>Recovery of {}</b> · declared {} · detection {} ms, setup {} ms · {} segments, {} partitions, {} objects, {} · {}</p>",
+            "<div class=\"recovery\" id=\"recovery-{}\"><p><b>Recovery of {}</b> · declared {} · detection {} ms, setup {} ms{} · {} segments, {} partitions, {} objects, {} · {}</p>",
             report.crashed.0,
             report.crashed,
             utc_time(report.declared_unix_ms),
             report.detection_ms,
             report.setup_ms,
+            lease,
             report.segments,
             report.partitions.len(),
             objects,
@@ -394,7 +399,7 @@ mod tests {
     use super::*;
     use crate::cluster_view::{CoordinatorView, ServerView, TableView, TabletView};
     use rampart_common::ids::ServerId;
-    use rampart_common::protocol::coordinator::PartitionReport;
+    use rampart_common::protocol::coordinator::{LeaseEnd, PartitionReport};
     use rampart_common::protocol::master::ServerStatsReply;
 
     fn view() -> ClusterView {
@@ -460,6 +465,8 @@ mod tests {
                     objects: 100,
                     attempts: 1,
                 }],
+                lease_end: Some(LeaseEnd::ExitSeen),
+                lease_end_ms: 3,
             }],
             problems: vec!["coordinator 127.0.0.1:7001 does not answer".into()],
         }
@@ -477,6 +484,10 @@ mod tests {
         assert!(page.contains("rack&lt;1&gt;"));
         assert!(page.contains("Recovery of server-3"));
         assert!(page.contains("done in 700 ms"));
+        assert!(
+            page.contains("live from 3 ms: supervisor saw it exit"),
+            "which case let the tablets go live"
+        );
         assert!(page.contains("id=\"replica-chart\""));
         assert!(page.contains("5 stored, 2 open"));
         assert!(page.contains("does not answer"));

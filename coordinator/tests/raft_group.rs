@@ -11,6 +11,7 @@ use rampart_common::rpc::{RpcError, RpcPool, RpcServer};
 use rampart_common::status::Status;
 use rampart_common::tablet::Services;
 use rampart_coordinator::node::{NodeConfig, NodeError, RaftNode, Seed};
+use rampart_coordinator::proof_of_death::ProofOfDeath;
 use rampart_coordinator::{Command, CommandResult, CoordinatorService, CoordinatorState};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -663,11 +664,12 @@ async fn ownership_and_version_rpcs_serve_up_masters_and_refuse_crashed_ones() {
 mod failure_verification {
     use super::*;
     use rampart_common::ids::ServerId;
-    use rampart_common::protocol::master::{Ping, PingReply};
+    use rampart_common::protocol::master::{Identify, IdentifyReply, Ping, PingReply};
     use rampart_common::rpc::server::HandleFuture;
     use rampart_common::rpc::{Opcode, Reply, Rpc, Service};
     use rampart_common::tablet::ServerStatus;
     use rampart_coordinator::failure_verifier::FailureVerifier;
+    use rampart_coordinator::proof_of_death::Evidence;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     /// A server that answers every `Ping`, counting them.
@@ -695,6 +697,7 @@ mod failure_verification {
             Arc::new(RpcPool::new()),
             timeout,
             2,
+            ProofOfDeath::default(),
         ))
     }
 
@@ -804,6 +807,136 @@ mod failure_verification {
             assert!(Instant::now() < deadline, "never declared crashed");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        drop(hung);
+        group.stop_all().await;
+    }
+
+    /// A server that answers `Identify` as `id`.
+    #[derive(Debug)]
+    struct Identified {
+        id: ServerId,
+    }
+
+    impl Service for Identified {
+        fn handle(&self, opcode: Opcode, _payload: bytes::Bytes) -> HandleFuture<'_> {
+            Box::pin(async move {
+                if opcode != Identify::OPCODE {
+                    return Reply::error(Status::UnknownOpcode, "only identify here");
+                }
+                Reply::ok(&IdentifyReply { server: self.id })
+            })
+        }
+    }
+
+    /// The address of a server that answers `Identify` as `id`.
+    async fn identified(id: ServerId) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = Arc::new(Identified { id });
+        tokio::spawn(RpcServer::run(listener, server, std::future::pending()));
+        addr
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_proves_death_by_a_refusal_or_another_server_only_where_the_network_is_direct()
+    {
+        let mut group = Group::start(1, 10_000).await;
+        let node = group.node(group.leader().await).clone();
+        let crashed = ServerId(5);
+        // Bound, not listening: connections are refused, and the port stays ours.
+        let closed = tokio::net::TcpSocket::new_v4().unwrap();
+        closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let refused_addr = closed.local_addr().unwrap().to_string();
+        let impostor_addr = identified(ServerId(9)).await;
+        let itself_addr = identified(crashed).await;
+        let hung = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hung_addr = hung.local_addr().unwrap().to_string();
+
+        let probe = |setting: ProofOfDeath| {
+            Arc::new(FailureVerifier::new(
+                node.clone(),
+                Arc::new(RpcPool::new()),
+                Duration::from_millis(200),
+                2,
+                setting,
+            ))
+        };
+        let direct = probe(ProofOfDeath::Direct);
+        assert!(
+            !direct.probe(crashed, &itself_addr).await,
+            "it still answers"
+        );
+        assert!(
+            !direct.probe(crashed, &hung_addr).await,
+            "silence proves nothing"
+        );
+        assert_eq!(direct.proof_of(crashed), None);
+        assert!(direct.probe(crashed, &impostor_addr).await);
+        assert!(matches!(
+            direct.proof_of(crashed),
+            Some((_, Evidence::OtherServer(ServerId(9))))
+        ));
+        let direct = probe(ProofOfDeath::Direct);
+        assert!(direct.probe(crashed, &refused_addr).await);
+        assert!(matches!(
+            direct.proof_of(crashed),
+            Some((_, Evidence::Refused))
+        ));
+        // A firewall's reset, or a proxy's other server, looks the same: without a
+        // direct network neither is proof.
+        for setting in [ProofOfDeath::Supervisor, ProofOfDeath::Off] {
+            let verifier = probe(setting);
+            assert!(!verifier.probe(crashed, &refused_addr).await, "{setting}");
+            assert!(!verifier.probe(crashed, &impostor_addr).await, "{setting}");
+            assert_eq!(verifier.proof_of(crashed), None, "{setting}");
+        }
+        drop((closed, hung));
+        group.stop_all().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_supervisors_word_declares_a_server_crashed_at_once_where_it_counts() {
+        let mut group = Group::start(1, 10_000).await;
+        let node = group.node(group.leader().await).clone();
+        // It accepts connections and never answers: pings alone would take their
+        // timeouts, and would never prove anything.
+        let hung = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = hung.local_addr().unwrap().to_string();
+        let exited = enlisted(&group, &addr).await;
+        let verifier = Arc::new(FailureVerifier::new(
+            node.clone(),
+            Arc::new(RpcPool::new()),
+            Duration::from_secs(30),
+            2,
+            ProofOfDeath::Supervisor,
+        ));
+        verifier.process_exited(exited, "test").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), verifier.crash_declared())
+            .await
+            .expect("declared without waiting for its pings");
+        assert!(matches!(
+            verifier.proof_of(exited),
+            Some((_, Evidence::ExitSeen))
+        ));
+        assert_ne!(status(&node, exited), ServerStatus::Up);
+
+        // Where the supervisor's word does not count, it is a report like any other:
+        // verified by pings (here: 2 × 300 ms of silence), and no proof.
+        let other = enlisted(&group, &addr).await;
+        let off = Arc::new(FailureVerifier::new(
+            node.clone(),
+            Arc::new(RpcPool::new()),
+            Duration::from_millis(300),
+            2,
+            ProofOfDeath::Off,
+        ));
+        let reported = Instant::now();
+        off.process_exited(other, "test").unwrap();
+        tokio::time::timeout(SETTLE, off.crash_declared())
+            .await
+            .expect("declared once its pings failed");
+        assert!(reported.elapsed() >= Duration::from_millis(600));
+        assert_eq!(off.proof_of(other), None);
         drop(hung);
         group.stop_all().await;
     }

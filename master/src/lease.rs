@@ -797,6 +797,20 @@ mod tests {
             .handle(proto::Ping::OPCODE, encode(&PingRequest {}))
             .await;
         assert_eq!(reply.status(), Status::Ok);
+        // The coordinator's probe of an address learns who listens there, lease or not.
+        let reply = master
+            .handle(proto::Identify::OPCODE, encode(&PingRequest {}))
+            .await;
+        assert_eq!(reply.status(), Status::Ok);
+        assert_eq!(
+            <proto::IdentifyReply as rampart_common::rpc::WireMessage>::decode(
+                Bytes::copy_from_slice(reply.payload())
+            )
+            .ok(),
+            Some(proto::IdentifyReply {
+                server: ServerId(1)
+            })
+        );
 
         for (opcode, payload) in &requests {
             assert!(needs_lease(*opcode));
@@ -820,6 +834,18 @@ mod tests {
                 Status::Retry,
                 "{opcode} after the lease ran out"
             );
+        }
+        // A graceful stop refuses every client request before its listener closes, and
+        // a grant racing it changes nothing.
+        lease.grant(lease.now(), Duration::from_secs(1));
+        master.stop_serving("the server is stopping");
+        lease.grant(lease.now(), Duration::from_secs(1));
+        for (opcode, payload) in &requests {
+            let reply = master.handle(*opcode, payload.clone()).await;
+            assert_eq!(reply.status(), Status::Retry, "{opcode} once stopping");
+            if let Some(reply) = master.handle_now(*opcode, payload) {
+                assert_eq!(reply.status(), Status::Retry, "{opcode} served now");
+            }
         }
     }
 

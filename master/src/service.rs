@@ -337,6 +337,14 @@ impl MasterService {
         }
     }
 
+    /// Refuses every client read and write from now on, for good (its lease is revoked
+    /// with `reason`): a graceful stop calls this before it closes its listener, so that a
+    /// master whose port refuses connections serves nothing (`coordinator::proof_of_death`,
+    /// rule 2).
+    pub fn stop_serving(&self, reason: &str) {
+        self.lease.revoke(reason);
+    }
+
     /// This master's server id.
     pub fn id(&self) -> ServerId {
         self.id
@@ -362,8 +370,8 @@ impl MasterService {
             .map_err(|e| Reply::error(Status::ShuttingDown, e))
     }
 
-    /// Requests served from memory without waiting — reads, enumerate, ping, and the
-    /// server-list push — which the RPC layer runs on the connection's task (see
+    /// Requests served from memory without waiting — reads, enumerate, ping, identify
+    /// and the server-list push — which the RPC layer runs on the connection's task (see
     /// `Service::handle_now`).
     fn handle_immediately(&self, opcode: Opcode, payload: &Bytes) -> Option<Reply> {
         let reply = match opcode {
@@ -382,6 +390,7 @@ impl MasterService {
                     segments_cleaned: self.status.cleaner.lock().totals.segments_cleaned,
                 }))
             }
+            proto::Identify::OPCODE => Ok(Reply::ok(&proto::IdentifyReply { server: self.id })),
             proto::ServerListChanged::OPCODE => {
                 Reply::decode::<ServerListVersion>(payload.clone()).map(|pushed| {
                     if self.server_list.push(pushed.version) {

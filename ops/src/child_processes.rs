@@ -204,14 +204,15 @@ impl Children {
         seen
     }
 
-    /// Children that exited since the last call, with their status.
-    pub fn reap(&mut self) -> Vec<(String, ExitStatus)> {
+    /// Children that exited since the last call: their name, who they said they were
+    /// (a server's id) and their status.
+    pub fn reap(&mut self) -> Vec<(String, Option<Speaker>, ExitStatus)> {
         let mut exited = Vec::new();
         for running in &mut self.running {
             if running.exited.is_none() {
                 if let Ok(Some(status)) = running.child.try_wait() {
                     running.exited = Some(status);
-                    exited.push((running.name.clone(), status));
+                    exited.push((running.name.clone(), running.speaker, status));
                 }
             }
         }

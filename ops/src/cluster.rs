@@ -23,7 +23,9 @@ use std::time::Duration;
 use crate::child_processes::{Children, Running};
 use crate::process::PEERS_ON_STDIN;
 use crate::progress::Progress;
+use crate::supervisor::ExitReporter;
 use rampart_common::announce::{ClusterLine, Pages, Speaker};
+use rampart_coordinator::proof_of_death::ProofOfDeath;
 use rampart_ops::launch;
 use rampart_ops::netns::Network;
 
@@ -88,6 +90,13 @@ pub struct UpArgs {
     /// --recovery-masters-max`); 0: all.
     #[arg(long, default_value_t = 0)]
     pub recovery_masters_max: usize,
+    /// What proves a crashed server dead, so that its tablets go live without waiting
+    /// out its lease (`rampart coordinator --proof-of-death`). Default `direct`: every
+    /// process runs on this host's loopback, with nothing between them that could
+    /// refuse a connection for a live server; this process, their supervisor, also
+    /// reports each server's exit.
+    #[arg(long, default_value_t = ProofOfDeath::Direct)]
+    pub proof_of_death: ProofOfDeath,
     /// HTTP address of the first coordinator's status page and metrics; the others take
     /// the next ports. Default: the coordinator's host, its port + 100 (7100 for 7000;
     /// free ports when `--coordinator-addr` asks for free ports, port 0). Servers serve their metrics on a
@@ -136,6 +145,7 @@ impl UpArgs {
             backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
             log_level: "warn".into(),
             recovery_masters_max: 0,
+            proof_of_death: ProofOfDeath::Direct,
             metrics_addr: None,
             no_metrics: true,
             resp_addr: None,
@@ -631,6 +641,7 @@ fn coordinator_command(
             args.recovery_masters_max.to_string(),
         ]);
     }
+    command.extend(["--proof-of-death".into(), args.proof_of_death.to_string()]);
     if let Some(http) = coordinator_http_addr(args, i, listen, free_ports)? {
         command.extend(["--metrics-addr".into(), http]);
     }
@@ -717,9 +728,18 @@ fn up(args: UpArgs) -> Result<ExitCode> {
         ),
     };
     println!("{ready}");
+    // The supervisor's word: a server whose process exited is dead, and its recovery
+    // need not wait out its lease (`crate::supervisor`).
+    args.security.install()?;
+    let reporter = ExitReporter::new(&cluster.coordinator)?;
     while !stop.load(Ordering::SeqCst) {
-        for (name, status) in cluster.children.reap() {
+        for (name, speaker, status) in cluster.children.reap() {
             eprintln!("{name} exited ({status})");
+            if let Some(server) = speaker.and_then(|s| s.server_id()) {
+                if let Err(error) = reporter.exited(server) {
+                    eprintln!("{error:#}");
+                }
+            }
         }
         if cluster.children.all_exited() {
             eprintln!("every process of the cluster has exited");

@@ -35,6 +35,7 @@ mod simulate_scale;
 mod startup;
 mod stats;
 mod status_command;
+mod supervisor;
 mod token;
 
 use anyhow::Result;

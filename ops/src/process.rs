@@ -116,6 +116,14 @@ pub struct CoordinatorArgs {
     /// recovery, at the cost of a longer one.
     #[arg(long, default_value_t = 0)]
     pub recovery_masters_max: usize,
+    /// What proves a crashed master dead, so that its tablets go live elsewhere without
+    /// waiting out its lease: `supervisor` (its supervisor, such as `rampart cluster up`,
+    /// saw its process exit), `direct` (that, or its address refuses connections or
+    /// another server answers there: only where no firewall REJECT rule, NAT or proxy
+    /// stands between coordinators and servers) or `off` (always wait out the lease).
+    /// A hung or cut-off master is always waited out.
+    #[arg(long, default_value_t = rampart_coordinator::proof_of_death::ProofOfDeath::Supervisor)]
+    pub proof_of_death: rampart_coordinator::proof_of_death::ProofOfDeath,
 }
 
 /// The `--peers` value that has a coordinator read the list from stdin once it is bound.
@@ -429,6 +437,7 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             verify_timeout: Duration::from_millis(args.verify_timeout_ms.max(1)),
             verify_attempts: args.verify_attempts.max(1),
             masters_max: (args.recovery_masters_max > 0).then_some(args.recovery_masters_max),
+            proof_of_death: args.proof_of_death,
         };
         let service = Arc::new(CoordinatorService::with_recovery(node.clone(), recovery));
         if let Some(http) = &args.metrics_addr {

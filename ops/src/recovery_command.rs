@@ -224,6 +224,15 @@ fn show(r: &RecoveryReport) -> String {
         replay_ms(r),
         rampart_common::config::ByteSize(bytes).readable()
     );
+    if let Some(end) = r.lease_end {
+        let why = match end {
+            rampart_common::protocol::coordinator::LeaseEnd::Waited => {
+                "its lease ran out: nothing proved it dead".to_string()
+            }
+            proven => format!("its death proven: {proven}"),
+        };
+        let _ = writeln!(out, "  lease end  {:>7} ms  ({why})", r.lease_end_ms);
+    }
     if r.done_ms > 0 {
         let _ = writeln!(
             out,

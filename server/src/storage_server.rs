@@ -20,7 +20,11 @@
 //!
 //! [`StorageServer::run`] serves until the shutdown future completes or the master
 //! cannot go on (fenced, or declared crashed by the coordinator: its lease renewal was
-//! refused), then stops: first the listener; then, side by side, the children and the
+//! refused), then stops: first the master stops serving clients (its lease revoked),
+//! then the listener closes — in that order, so that a refused connection proves that
+//! nothing serves behind the port (`rampart_coordinator::proof_of_death`); the
+//! listener is held until then, as the RPC server's accept loop gives up on nothing but
+//! its shutdown. Then, side by side, the children and the
 //! backup — its runtime (waiting for the disk reads and writes of its requests), then
 //! [`backup_stop::stop`]: the frames sealed, the open ones written to the store, and
 //! the frame file removed unless a cold start of the data directory would still read
@@ -412,10 +416,15 @@ impl StorageServer {
         tracing::info!(%id, %addr, "server serving");
         let failed = Arc::clone(&service);
         let stop = async move {
-            tokio::select! {
+            let stopped = tokio::select! {
                 () = shutdown => Stopped::Shutdown,
                 reason = failed.master.failed() => Stopped::MasterFailed(reason),
-            }
+            };
+            // Before the listener closes (when this future ends): a port that refuses
+            // connections is taken as proof that nothing behind it serves
+            // (`rampart_coordinator::proof_of_death`, rule 2).
+            failed.master.stop_serving("the server is stopping");
+            stopped
         };
         let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel();
         let backup = Arc::clone(&service.backup);

@@ -14,7 +14,7 @@ use rampart_common::failpoints::{self, FAILPOINTS_ENV};
 use rampart_common::ids::{ServerId, TableId};
 use rampart_common::onesided::shm::remove_default_frame_files_under;
 use rampart_common::protocol::coordinator::{
-    RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
+    LeaseEnd, RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
 };
 use rampart_common::protocol::master::{Ping, PingRequest, Read, ReadRequest};
 use rampart_common::rpc::RpcPool;
@@ -369,6 +369,119 @@ fn owner_of(cluster: &Cluster, client: &Client, table: TableId, key: &str) -> u6
     cluster.id_at(&client.locate(table, key.as_bytes()).unwrap())
 }
 
+/// Three coordinators granting leases of `lease_ms`, taking what `proof_of_death`
+/// says as proof of a crashed master's death.
+fn coordinators_proving_death(lease_ms: u64, proof_of_death: &str) -> CoordinatorGroup {
+    let lease_ms = lease_ms.to_string();
+    CoordinatorGroup::start_with(
+        3,
+        &["--lease-ms", &lease_ms, "--proof-of-death", proof_of_death],
+        &[],
+    )
+    .unwrap()
+}
+
+/// A lease long enough that a recovery that waited it out cannot be mistaken for one
+/// that did not.
+const LONG_LEASE_MS: u64 = 5_000;
+
+/// Kills the owner of `k0` in a cluster of `coordinators` holding 200 keys; returns the
+/// report of its recovery, once every key reads back.
+async fn kill_a_master_and_recover(coordinators: CoordinatorGroup) -> RecoveryReport {
+    let mut cluster = Cluster::start_with(4, 2, &[], coordinators);
+    let client = cluster.client().await;
+    let table = client.create_table("proof", 4).await.unwrap();
+    fill(&client, table, "k", 200, 200).await;
+    let victim = owner_of(&cluster, &client, table, "k0");
+    cluster.kill(victim);
+    let report = cluster.wait_recovered(&[victim]).await.remove(0);
+    check_filled(&client, table, "k", 200).await;
+    report
+}
+
+#[test]
+fn a_killed_master_goes_live_without_waiting_out_its_lease() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let coordinators = coordinators_proving_death(LONG_LEASE_MS, "direct");
+        let report = kill_a_master_and_recover(coordinators).await;
+        // Its port refuses connections: nothing serves behind it.
+        assert_eq!(report.lease_end, Some(LeaseEnd::Refused), "{report:#?}");
+        assert!(report.lease_end_ms < LONG_LEASE_MS, "{report:#?}");
+        assert!(!report.partitions.is_empty());
+        for partition in &report.partitions {
+            assert!(partition.live_ms < LONG_LEASE_MS, "{report:#?}");
+        }
+    });
+}
+
+#[test]
+fn with_proof_of_death_off_a_killed_master_is_waited_out() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let lease_ms = 1_000;
+        let report = kill_a_master_and_recover(coordinators_proving_death(lease_ms, "off")).await;
+        assert_eq!(report.lease_end, Some(LeaseEnd::Waited), "{report:#?}");
+        assert!(report.lease_end_ms >= lease_ms, "{report:#?}");
+        for partition in &report.partitions {
+            assert!(partition.live_ms >= lease_ms, "{report:#?}");
+        }
+    });
+}
+
+#[test]
+fn cluster_up_says_when_a_server_exits_and_that_is_proof_of_its_death() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Only the supervisor's word counts: a refused connection proves nothing here.
+    let cluster = rampart_tests::LocalCluster::start(
+        3,
+        &[
+            "--replicas",
+            "1",
+            "--memory",
+            "64MiB",
+            "--no-resp",
+            "--proof-of-death",
+            "supervisor",
+        ],
+    )
+    .unwrap();
+    runtime().block_on(async {
+        let options = ClientOptions {
+            deadline: Duration::from_secs(30),
+            ..ClientOptions::default()
+        };
+        let client = Client::connect_with(&[cluster.coordinator.as_str()], options)
+            .await
+            .unwrap();
+        let table = client.create_table("supervised", 3).await.unwrap();
+        fill(&client, table, "s", 60, 100).await;
+        let (victim, _, pid) = cluster.servers[0];
+        // SAFETY: kill(2) of a child of `cluster up` that runs (no reuse of its pid).
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        let set = CoordinatorSet::new(&[cluster.coordinator.as_str()]);
+        let pool = RpcPool::new();
+        let deadline = Instant::now() + RECOVERY_TIMEOUT;
+        let report = loop {
+            let reports = set
+                .call::<RecoveryStatus>(&pool, &RecoveryStatusRequest {}, deadline)
+                .await
+                .map(|reply| reply.recoveries)
+                .unwrap_or_default();
+            if let Some(done) = reports
+                .into_iter()
+                .find(|r| r.crashed == ServerId(victim) && r.done_ms > 0)
+            {
+                break done;
+            }
+            assert!(Instant::now() < deadline, "server {victim} never recovered");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(report.lease_end, Some(LeaseEnd::ExitSeen), "{report:#?}");
+        check_filled(&client, table, "s", 60).await;
+    });
+}
+
 #[test]
 fn master_crash_under_write_load_loses_no_acknowledged_write() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -621,14 +734,20 @@ fn keys_deleted_after_an_overwrite_stay_deleted_through_cleaning_and_a_crash() {
 fn a_paused_master_declared_crashed_serves_no_stale_read_and_exits_when_resumed() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
-        let mut cluster = Cluster::start(4, 2, &[]);
+        // Coordinators that take a refused connection as proof of death: a paused
+        // process refuses nothing (its kernel still accepts), so it is waited out.
+        let lease_ms = rampart_coordinator::recovery_manager::LEASE_DEFAULT.as_millis() as u64;
+        let coordinators = coordinators_proving_death(lease_ms, "direct");
+        let mut cluster = Cluster::start_with(4, 2, &[], coordinators);
         let client = cluster.client().await;
         let table = client.create_table("zombie", 4).await.unwrap();
         fill(&client, table, "z", 200, 200).await;
         let victim = owner_of(&cluster, &client, table, "z0");
         let (mut zombie, _dir) = cluster.servers.remove(&victim).unwrap();
         zombie.signal(libc::SIGSTOP);
-        cluster.wait_recovered(&[victim]).await;
+        let report = cluster.wait_recovered(&[victim]).await.remove(0);
+        assert_eq!(report.lease_end, Some(LeaseEnd::Waited), "{report:#?}");
+        assert!(report.lease_end_ms >= lease_ms, "{report:#?}");
         // A client that knows the new owners (the first one's map still names the
         // paused master: its write would time out there, with an unknown outcome).
         let client = cluster.client().await;
@@ -968,9 +1087,9 @@ fn a_partition_replayed_for_nobody_is_forgotten_when_the_recovery_finishes() {
 fn a_server_restarted_at_a_crashed_servers_address_never_serves_its_tablets() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
-        // A 4 s lease: recovered tablets go live no sooner than 4 s after the crash,
-        // which leaves the impostor below time to do harm if it can.
-        let group = CoordinatorGroup::start_with(3, &["--lease-ms", "4000"], &[]).unwrap();
+        // A 4 s lease, and coordinators that take a refusal, or another server at the
+        // address, as proof of death: the impostor is proof, and must do no harm.
+        let group = coordinators_proving_death(4_000, "direct");
         let mut cluster = Cluster::start_with(4, 2, &[], group);
         let client = cluster.client().await;
         let table = client.create_table("users", 4).await.unwrap();
@@ -993,7 +1112,14 @@ fn a_server_restarted_at_a_crashed_servers_address_never_serves_its_tablets() {
         // Every key reads back its value: the victim's keys once recovered, never "not
         // found" from an empty impostor.
         check_filled(&client, table, "k", 400).await;
-        cluster.wait_recovered(&[victim]).await;
+        let report = cluster.wait_recovered(&[victim]).await.remove(0);
+        assert!(
+            matches!(
+                report.lease_end,
+                Some(LeaseEnd::Refused | LeaseEnd::OtherServer)
+            ),
+            "the dead port, or the impostor on it, is proof: {report:#?}"
+        );
         assert_ne!(owner_of(&cluster, &client, table, "k0"), impostor);
     });
 }

@@ -532,6 +532,30 @@ fn no_source_file_is_over_the_limit_before_its_tests() {
     );
 }
 
+/// Whether `text` asks for a port shared between listeners.
+fn shares_ports(text: &str) -> bool {
+    text.to_lowercase().contains("reuseport")
+}
+
+/// A refused connection, or another server at a crashed server's address, is proof
+/// that it no longer listens only if a port has one listener: no listener may share
+/// its port (`SO_REUSEPORT`; `coordinator::proof_of_death`, rule 3).
+#[test]
+fn no_listener_shares_its_port() {
+    let sharing: Vec<String> = source_files()
+        .into_iter()
+        .filter(|file| shares_ports(&std::fs::read_to_string(file).expect("a source file")))
+        .map(|file| relative(&file))
+        .collect();
+    assert!(
+        sharing.is_empty(),
+        "SO_REUSEPORT would make a refusal no proof of death: {sharing:?}"
+    );
+    assert!(shares_ports("socket.set_reuseport(true)?;"));
+    assert!(shares_ports("libc::SO_REUSEPORT"));
+    assert!(!shares_ports("socket.set_reuseaddr(true)?;"));
+}
+
 #[test]
 fn lines_before_tests_stop_at_the_test_module_only() {
     let text =

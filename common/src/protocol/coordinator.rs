@@ -181,6 +181,17 @@ pub struct ReportFailureRequest {
     pub reporter: String,
 }
 
+/// A supervisor (`rampart cluster up`, or a deployment's own) saw the process of
+/// `server` exit: the server is gone for good, and, where the coordinators take a
+/// supervisor's word (`--proof-of-death`), its recovery need not wait out its lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessExitedRequest {
+    /// The server whose process exited (the id it announced when it started).
+    pub server: ServerId,
+    /// Who saw it (a name), for the log.
+    pub supervisor: String,
+}
+
 /// A master asks to keep serving for another lease period.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RenewLeaseRequest {
@@ -373,6 +384,38 @@ pub struct RecoveryReport {
     pub waiting: Option<String>,
     /// Its partitions.
     pub partitions: Vec<PartitionReport>,
+    /// Why the crashed master's tablets could go live elsewhere (`None`: no partition
+    /// was ready to yet): its lease ran out, or its death was proven.
+    pub lease_end: Option<LeaseEnd>,
+    /// When that was, in milliseconds since the crash was declared (0 with a proof
+    /// found before it was declared).
+    pub lease_end_ms: u64,
+}
+
+/// Why a crashed master can no longer serve anything, so that its tablets may go live
+/// elsewhere (`coordinator::proof_of_death`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseEnd {
+    /// Its lease ran out: nothing proved its death (a hung, paused or cut-off server, or
+    /// proof of death not accepted here).
+    Waited,
+    /// Its address refused a connection: nothing listens on its port.
+    Refused,
+    /// Another server answered at its address.
+    OtherServer,
+    /// Its supervisor saw its process exit.
+    ExitSeen,
+}
+
+impl std::fmt::Display for LeaseEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LeaseEnd::Waited => "lease waited",
+            LeaseEnd::Refused => "refused",
+            LeaseEnd::OtherServer => "another server at its address",
+            LeaseEnd::ExitSeen => "supervisor saw it exit",
+        })
+    }
 }
 
 /// The recoveries this leader knows of, oldest first (at most
@@ -398,6 +441,7 @@ bincode_message!(
     ReportFailureRequest,
     RenewLeaseRequest,
     RenewLeaseReply,
+    ProcessExitedRequest,
     UploadWillRequest,
     ServerIdRequest,
     RecoveryStatusRequest,
@@ -456,6 +500,9 @@ rpcs! {
     RenewClientLease = 116: RenewClientLeaseRequest => RenewClientLeaseReply;
     /// How long clients' leases hold (linearizable).
     CheckClientLeases = 117: CheckClientLeasesRequest => CheckClientLeasesReply;
+    /// A supervisor saw a server's process exit (declared crashed at once; proof of its
+    /// death where the coordinators take a supervisor's word).
+    ProcessExited = 118: ProcessExitedRequest => ();
 }
 
 #[cfg(test)]

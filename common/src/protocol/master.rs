@@ -227,6 +227,13 @@ pub struct SyncTabletsRequest {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingRequest {}
 
+/// Which server answers at an address (`Identify`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentifyReply {
+    /// The id the coordinators gave the server listening there.
+    pub server: ServerId,
+}
+
 /// Answer to a ping, with a little about the master.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingReply {
@@ -385,6 +392,7 @@ pub struct ServerStatsReply {
 
 bincode_message!(
     ServerStatsReply,
+    IdentifyReply,
     RecoverySource,
     RecoverRequest,
     RecoverReply,
@@ -448,6 +456,10 @@ rpcs! {
     /// How the server stands: its master's memory, replication, lease and recoveries,
     /// and its backup's replicas and frames (for `rampart status` and the status page).
     ServerStats = 17: PingRequest => ServerStatsReply;
+    /// Which server listens here (the coordinator's probe of a crashed server's address:
+    /// another id there is proof that the crashed one is gone, see
+    /// `coordinator::proof_of_death`). Answered at once, lease or not.
+    Identify = 18: PingRequest => IdentifyReply;
 }
 
 const RULE_DOESNT_EXIST: u8 = 1;

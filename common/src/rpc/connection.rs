@@ -136,11 +136,16 @@ impl Connection {
         let connect_error = |reason: String| RpcError::Connect {
             addr: addr.to_string(),
             reason,
+            refused: false,
         };
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
             .await
             .map_err(|_| connect_error("timed out".to_string()))?
-            .map_err(|e| connect_error(e.to_string()))?;
+            .map_err(|e| RpcError::Connect {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+                refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
+            })?;
         stream
             .set_nodelay(true)
             .map_err(|e| connect_error(e.to_string()))?;
@@ -482,6 +487,7 @@ impl RpcPool {
                 .map_err(|_| RpcError::Connect {
                     addr: addr.to_string(),
                     reason: "deadline passed while dialling".to_string(),
+                    refused: false,
                 })??,
         };
         connection.call::<R>(request, deadline).await

@@ -21,6 +21,10 @@ pub enum RpcError {
         addr: String,
         /// What the OS said.
         reason: String,
+        /// The peer's host answered the attempt with a refusal (`ECONNREFUSED`): nothing
+        /// listened on the port, or a firewall rule rejected it (see
+        /// `coordinator::proof_of_death` for what that proves).
+        refused: bool,
     },
     /// The request never reached the peer whole (the connection broke or was found
     /// broken before the frame was written out); the peer did not execute it.
@@ -84,6 +88,11 @@ impl RpcError {
             self,
             RpcError::ConnectionLost { .. } | RpcError::Timeout { .. }
         )
+    }
+
+    /// Whether dialling the peer was refused (`ECONNREFUSED`).
+    pub fn refused(&self) -> bool {
+        matches!(self, RpcError::Connect { refused: true, .. })
     }
 
     /// Whether the peer is unreachable or broke mid-call (as opposed to answering).

@@ -739,21 +739,26 @@ async fn the_pool_reconnects_after_the_peer_restarts() {
 }
 
 #[tokio::test]
-async fn connect_to_a_closed_port_fails_with_connect_error() {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
+async fn connect_to_a_closed_port_fails_with_a_refused_connect_error() {
+    // Bound but not listening: the port stays this test's, and connections to it are
+    // refused.
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("an address"))
         .expect("bind a loopback port");
-    let addr = listener
+    let addr = socket
         .local_addr()
-        .expect("a bound listener has an address")
+        .expect("a bound socket has an address")
         .to_string();
-    drop(listener);
 
     let result = timeout(STEP_TIMEOUT, Connection::connect(&addr))
         .await
         .expect("connect does not hang");
     match result {
-        Err(RpcError::Connect { addr: to, .. }) => assert_eq!(to, addr),
+        Err(error @ RpcError::Connect { .. }) => {
+            assert!(error.refused(), "{error:?}");
+            assert!(error.to_string().contains(&addr), "{error}");
+        }
         other => panic!("expected a connect error, got {other:?}"),
     }
     let pool = RpcPool::new();
@@ -768,9 +773,12 @@ async fn connect_to_a_closed_port_fails_with_connect_error() {
     .await
     .expect("a pool call does not hang");
     match result {
-        Err(error @ RpcError::Connect { .. }) => assert!(error.is_transport()),
+        Err(error @ RpcError::Connect { .. }) => {
+            assert!(error.is_transport() && error.refused(), "{error:?}")
+        }
         other => panic!("expected a connect error, got {other:?}"),
     }
+    drop(socket);
 }
 
 #[tokio::test]
@@ -1036,6 +1044,7 @@ async fn errors_say_whether_the_request_may_have_executed() {
         RpcError::Connect {
             addr: addr(),
             reason: "refused".to_string(),
+            refused: true,
         },
         RpcError::NotSent {
             addr: addr(),

@@ -9,8 +9,8 @@
 use bytes::Bytes;
 use rampart_common::protocol::coordinator::{
     AllowLoss, CheckClientLeases, CreateTable, DropTable, Enlist, GetOwnedTablets, GetTableId,
-    GetTabletMap, OpenClient, RaftMessages, RaftStatus, RecoveryStatus, RenewClientLease,
-    RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch, UploadWill,
+    GetTabletMap, OpenClient, ProcessExited, RaftMessages, RaftStatus, RecoveryStatus,
+    RenewClientLease, RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch, UploadWill,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Router, Service};
@@ -27,6 +27,7 @@ fn router() -> Router<CoordinatorService> {
         // Servers: enlistment, leases, failures, what masters record (servers.rs).
         .route::<Enlist>(|service, request| Box::pin(service.enlist(request)))
         .route::<ReportFailure>(|service, request| Box::pin(service.report_failure(request)))
+        .route::<ProcessExited>(|service, request| Box::pin(service.process_exited(request)))
         .route::<RenewLease>(|service, request| Box::pin(service.renew_lease(request)))
         .route::<UploadWill>(|service, request| Box::pin(service.upload_will(request)))
         .route::<GetOwnedTablets>(|service, request| Box::pin(service.get_owned_tablets(request)))

@@ -1,13 +1,14 @@
 //! Storage servers: `Enlist` (and the server-list push that follows it), the masters'
-//! lease renewals (`RenewLease`), failure reports (`ReportFailure`), and what a master
+//! lease renewals (`RenewLease`), failure reports (`ReportFailure`) and supervisors'
+//! reports of exited processes (`ProcessExited`), and what a master
 //! records at the coordinators: its will (`UploadWill`), the epoch of its open segment
 //! (`SetOpenEpoch`), its version ceiling (`ReserveVersions`); and the tablets it owns
 //! (`GetOwnedTablets`, linearizable).
 
 use rampart_common::protocol::coordinator::{
-    EnlistReply, EnlistRequest, OwnedTabletsReply, RenewLeaseReply, RenewLeaseRequest,
-    ReportFailureRequest, ReserveVersionsReply, ReserveVersionsRequest, ServerIdRequest,
-    SetOpenEpochRequest, UploadWillRequest,
+    EnlistReply, EnlistRequest, OwnedTabletsReply, ProcessExitedRequest, RenewLeaseReply,
+    RenewLeaseRequest, ReportFailureRequest, ReserveVersionsReply, ReserveVersionsRequest,
+    ServerIdRequest, SetOpenEpochRequest, UploadWillRequest,
 };
 use rampart_common::rpc::Reply;
 use rampart_common::status::Status;
@@ -44,6 +45,13 @@ impl CoordinatorService {
     pub(super) async fn report_failure(&self, request: ReportFailureRequest) -> Result<(), Reply> {
         self.verifier
             .report_failure(request.server, &request.reporter)
+            .map_err(node_error_reply)
+    }
+
+    /// `ProcessExited`: hands the supervisor's word to the failure verifier.
+    pub(super) async fn process_exited(&self, request: ProcessExitedRequest) -> Result<(), Reply> {
+        self.verifier
+            .process_exited(request.server, &request.supervisor)
             .map_err(node_error_reply)
     }
 

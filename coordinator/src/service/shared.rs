@@ -71,6 +71,7 @@ impl CoordinatorService {
             Arc::clone(&pool),
             config.verify_timeout,
             config.verify_attempts,
+            config.proof_of_death,
         ));
         let recovery = Arc::new(RecoveryManager::new(
             node.clone(),

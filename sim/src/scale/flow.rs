@@ -95,7 +95,7 @@ pub fn run(scenario: &Scenario, costs: &Costs, plan: &Plan) -> Outcome {
 
     let mut rng = SmallRng::seed_from_u64(scenario.seed ^ 0x1ea5e);
     let since_renewal = rng.gen_range(0.0..scenario.lease_renew_ms);
-    let margin_ms = rampart_coordinator::recovery_manager::LEASE_MARGIN.as_secs_f64() * 1e3;
+    let margin_ms = rampart_coordinator::proof_of_death::LEASE_MARGIN.as_secs_f64() * 1e3;
     let lease_end_ms = (scenario.lease_ms - since_renewal + margin_ms).max(0.0);
     let setup_ms = costs.detection_ms + costs.setup_ms + costs.setup_per_backup_us * n as f64 / 1e3;
 

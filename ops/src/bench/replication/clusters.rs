@@ -78,7 +78,7 @@ pub(super) fn reap_exited(clusters: &mut [ModeCluster]) -> Vec<String> {
                 .children
                 .reap()
                 .into_iter()
-                .map(move |(name, status)| format!("{mode} {name} ({status})"))
+                .map(move |(name, _, status)| format!("{mode} {name} ({status})"))
         })
         .collect()
 }
