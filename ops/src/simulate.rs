@@ -29,6 +29,10 @@ pub struct SimulateArgs {
     /// Stop at the first failing seed.
     #[arg(long)]
     pub stop_at_first: bool,
+    /// Run the world where a crashed master's death may be proven (`rampart coordinator
+    /// --proof-of-death`, drawn per seed, with zombies whose ports refuse).
+    #[arg(long)]
+    pub proving_death: bool,
     /// One recovery at scale instead (`--servers N`, `--calibrate`, `--check`).
     #[command(flatten)]
     pub scale: crate::simulate_scale::ScaleArgs,
@@ -50,7 +54,12 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
     let (mut linearizable, mut unknown) = (0u64, 0u64);
     let (mut retried, mut from_record) = (0u64, 0u64);
     for seed in seeds {
-        match rampart_sim::run(seed) {
+        let run = if args.proving_death {
+            rampart_sim::run_proving_death(seed)
+        } else {
+            rampart_sim::run(seed)
+        };
+        match run {
             Ok(report) => {
                 passed += 1;
                 acknowledged += report.acknowledged as u64;

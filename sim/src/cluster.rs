@@ -50,7 +50,7 @@ use rampart_common::protocol::backup::PartitionRanges;
 use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
 use rampart_common::tablet::ServerStatus;
-use rampart_coordinator::proof_of_death::tablets_live_after;
+use rampart_coordinator::proof_of_death::lease_end;
 use rampart_coordinator::recovery_manager::PARTITION_ATTEMPTS_MAX;
 use rampart_coordinator::recovery_plan::partitions_for;
 use rampart_coordinator::state::{Command, CommandResult};
@@ -408,13 +408,17 @@ impl Cluster {
             return Err(format!("recovery of {crashed} failed: {why}"));
         }
         // The crashed master's lease must have run out before its tablets go live
-        // elsewhere (the coordinator's `tablets_live_after`): until then a zombie may
-        // still serve reads.
-        let live_after = tablets_live_after(
+        // elsewhere, or its death be proven (the coordinator's `lease_end`): until
+        // then a zombie may still serve reads.
+        let (live_after, why) = lease_end(
             Duration::from_micros(world.declared_at_us),
             Duration::from_micros(LEASE_US),
-        )
-        .as_micros() as u64;
+            world.proofs.of(crashed),
+        );
+        let live_after = live_after.as_micros() as u64;
+        world.note(format!(
+            "{crashed}'s tablets may go live at {live_after} µs: {why}"
+        ));
         while world.now_us < live_after {
             world.pass_time();
         }

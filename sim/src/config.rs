@@ -2,6 +2,7 @@
 //! the workload, and each fault's rate — in groups, each from draws of its own, so that
 //! a seed drawn without something simulated later runs as it did before it was.
 
+use rampart_coordinator::proof_of_death::ProofOfDeath;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -95,6 +96,16 @@ pub struct SimConfig {
     /// Per batch: a master that owns a partition it failed a try of before (its log may
     /// hold what it forgot) is killed while idle (0: only as `master_crash_p` draws).
     pub kill_holder_p: f64,
+    /// What the coordinators take as proof of a crashed master's death
+    /// (`rampart_coordinator::proof_of_death`; `Off`: every recovery waits out the lease,
+    /// as in every run of [`SimConfig::for_seed`]).
+    pub proof_of_death: ProofOfDeath,
+    /// Per killed master: its supervisor reports its exit. (Its port always refuses.)
+    pub exit_seen_p: f64,
+    /// Per zombie: it is cut off by a firewall `REJECT` rule, so its port refuses the
+    /// coordinators although it lives; else it is silent. Never with
+    /// [`ProofOfDeath::Direct`], whose configuration says nothing stands in between.
+    pub reject_cut_p: f64,
 }
 
 impl SimConfig {
@@ -137,8 +148,35 @@ impl SimConfig {
             serve_during_replay_p: 0.0,
             births_spread: false,
             kill_holder_p: 0.0,
+            proof_of_death: ProofOfDeath::Off,
+            exit_seen_p: 0.0,
+            reject_cut_p: 0.0,
         }
         .with_cluster(seed)
+    }
+
+    /// The configuration of run `seed` of the world where death may be proven
+    /// ([`crate::run_proving_death`]): [`SimConfig::for_seed`]'s, with what counts as
+    /// proof, how often a killed master's supervisor reports it and how often a zombie
+    /// is cut off by a rule that refuses its port, from draws of their own.
+    pub fn proving_death(seed: u64) -> SimConfig {
+        let mut config = SimConfig::for_seed(seed);
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5052_4f4f_4644_4541);
+        config.proof_of_death = [
+            ProofOfDeath::Off,
+            ProofOfDeath::Supervisor,
+            ProofOfDeath::Direct,
+        ][rng.gen_range(0..3)];
+        config.exit_seen_p = [0.0, 0.5, 1.0][rng.gen_range(0..3)];
+        config.reject_cut_p = match config.proof_of_death {
+            ProofOfDeath::Direct => 0.0,
+            _ => [0.0, 0.5, 1.0][rng.gen_range(0..3)],
+        };
+        // Zombies are what a wrong proof would let serve stale reads: always some.
+        if config.zombie_p == 0.0 {
+            config.zombie_p = 0.5;
+        }
+        config
     }
 
     /// Keys of the run: the regular ones, then the doomed ones, then the cold ones.

@@ -57,8 +57,11 @@
 //!   refusal once the master is crashed, `ReserveVersions`, `RecoveredPartition` with
 //!   the version ceiling it hands on);
 //! * each master's lease is the real `Lease` on simulated time (`ManualClock`), and the
-//!   recovery waits out the lease and `LEASE_MARGIN` before tablets go live elsewhere
-//!   (`tablets_live_after`, the coordinator's own);
+//!   recovery waits out the lease and `LEASE_MARGIN` before tablets go live elsewhere,
+//!   unless the master's death is proven (`lease_end` and `Proofs`, the coordinator's
+//!   own `proof_of_death`): in the world of [`run_proving_death`], a killed master's
+//!   port refuses and its supervisor may report its exit, a zombie may be cut off by a
+//!   rule that refuses its port, and what counts as proof is drawn per seed;
 //! * each backup's decisions about its frames are the real `FrameTable` of
 //!   `rampart-backup` (opens and the replacing open that keeps a slot's bytes, epoch
 //!   checks, writes, bumps, closes, frees with their epoch bound, fences and fenced
@@ -187,7 +190,19 @@ impl fmt::Display for Failure {
 
 /// Runs seed `seed` and checks it.
 pub fn run(seed: u64) -> Result<Report, Failure> {
-    let config = SimConfig::for_seed(seed);
+    run_config(SimConfig::for_seed(seed), seed)
+}
+
+/// Runs seed `seed` of the world where a crashed master's death may be proven
+/// ([`SimConfig::proving_death`]: the coordinator's `proof_of_death` rules, with
+/// killed masters whose ports refuse and whose supervisors may report them, and
+/// zombies cut off by rules that refuse their ports), and checks it.
+pub fn run_proving_death(seed: u64) -> Result<Report, Failure> {
+    run_config(SimConfig::proving_death(seed), seed)
+}
+
+/// Runs `config` from seed `seed` and checks it.
+fn run_config(config: SimConfig, seed: u64) -> Result<Report, Failure> {
     let mut world = World::new(config.clone(), seed);
     world.note(format!("{config:?}"));
     let result = Cluster::new(&mut world).and_then(|mut cluster| {

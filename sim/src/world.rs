@@ -15,6 +15,7 @@
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::status::Status;
 use rampart_common::tablet::{ServerStatus, Services};
+use rampart_coordinator::proof_of_death::{Evidence, Proofs};
 use rampart_coordinator::state::{Command, CommandResult, CoordinatorState};
 use rampart_master::lease::ManualClock;
 use rand::rngs::SmallRng;
@@ -172,6 +173,13 @@ pub struct World {
     late: Vec<(u64, ServerId, Request)>,
     /// Requests held back that reached their backup.
     pub late_delivered: usize,
+    /// Decides what proves a crashed master's death (`SimConfig::exit_seen_p`,
+    /// `reject_cut_p`): draws of its own, so that a run where nothing counts as proof
+    /// draws from `rng` as before death could be proven.
+    proof_rng: SmallRng,
+    /// The proofs of death the coordinators found (µs since the start), under
+    /// `SimConfig::proof_of_death`: the coordinator's own book.
+    pub proofs: Proofs<Duration>,
     /// Segments the masters' cleaners freed.
     pub segments_cleaned: usize,
     /// Simulated time, µs.
@@ -212,6 +220,7 @@ pub struct World {
 impl World {
     /// A world for `config`, its randomness fixed by `seed`.
     pub fn new(config: SimConfig, seed: u64) -> World {
+        let proof_of_death = config.proof_of_death;
         let mut coordinator = CoordinatorState::new();
         let mut enlist =
             |name: String, services: Services| match coordinator.apply(&Command::EnlistServer {
@@ -256,6 +265,8 @@ impl World {
             config,
             rng: SmallRng::seed_from_u64(seed),
             late_rng: SmallRng::seed_from_u64(seed ^ 0x4c41_5445),
+            proof_rng: SmallRng::seed_from_u64(seed ^ 0x5052_4f4f_4653),
+            proofs: Proofs::new(proof_of_death),
             late: Vec::new(),
             late_delivered: 0,
             segments_cleaned: 0,
@@ -374,7 +385,38 @@ impl World {
                 "{master} cut off from the coordinators until {until} µs"
             ));
         }
+        self.look_for_proof_of_death(master, how);
         self.recovery = Some(Recovery::new(master));
+    }
+
+    /// What the coordinators find about `master`, declared crashed as `how` says: a
+    /// killed master's port refuses, and its supervisor may report its exit; a zombie
+    /// cut off by a `REJECT` rule refuses too, though it lives (a silent one gives
+    /// nothing). What counts as proof is the coordinator's `Proofs`' to say.
+    fn look_for_proof_of_death(&mut self, master: ServerId, how: Crash) {
+        let mut evidence = Vec::new();
+        match how {
+            Crash::Killed => {
+                evidence.push(Evidence::Refused);
+                if self.proof_rng.gen_bool(self.config.exit_seen_p) {
+                    evidence.push(Evidence::ExitSeen);
+                }
+            }
+            Crash::Declared => {
+                if self.proof_rng.gen_bool(self.config.reject_cut_p) {
+                    self.note(format!(
+                        "{master} is cut off by a REJECT rule: its port refuses"
+                    ));
+                    evidence.push(Evidence::Refused);
+                }
+            }
+        }
+        let now = Duration::from_micros(self.now_us);
+        for seen in evidence {
+            if self.proofs.seen(master, seen, now) {
+                self.note(format!("proof of {master}'s death: {seen:?}"));
+            }
+        }
     }
 
     /// Enlists another master (a spare a recovery replays into).

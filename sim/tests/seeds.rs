@@ -1,7 +1,7 @@
 //! Simulated runs from fixed seeds (see the crate doc of `rampart_sim`). A failure
 //! names its seed; `cargo run -p rampart-ops -- simulate --seed N --trace` replays it.
 
-use rampart_sim::{run, Failure};
+use rampart_sim::{run, run_proving_death, Failure, Report};
 
 /// Seeds every `cargo test` runs: a few seconds in a debug build.
 const CI_SEEDS: u64 = 500;
@@ -137,7 +137,31 @@ const REGRESSIONS: &[(u64, &str)] = &[
     ),
 ];
 
-fn run_seeds(seeds: impl Iterator<Item = u64>) -> (usize, Vec<Failure>) {
+/// Seeds of the world where death may be proven (`run_proving_death`) every `cargo
+/// test` runs.
+const CI_PROVING_DEATH_SEEDS: u64 = 200;
+
+/// Seeds of that world that fail with a rule of `proof_of_death` undone, with the bug
+/// each catches (of 10,000 from 0, all passing with no rule undone): a refused
+/// connection taken as proof of death where only a supervisor's word counts
+/// (`ProofOfDeath::accepts` true for every evidence under `Supervisor`): a zombie cut
+/// off by a `REJECT` rule is taken for dead, its tablets go live while it still serves
+/// reads under its lease, and a client with a stale map reads an old value.
+const PROVING_DEATH_REGRESSIONS: &[(u64, &str)] = &[
+    (
+        2654,
+        "a zombie's firewall reset taken as proof of death: a stale read",
+    ),
+    (
+        3998,
+        "a zombie's firewall reset taken as proof of death: a stale read",
+    ),
+];
+
+fn run_seeds_of(
+    run: fn(u64) -> Result<Report, Failure>,
+    seeds: impl Iterator<Item = u64>,
+) -> (usize, Vec<Failure>) {
     let mut passed = 0;
     let mut failures = Vec::new();
     for seed in seeds {
@@ -150,7 +174,11 @@ fn run_seeds(seeds: impl Iterator<Item = u64>) -> (usize, Vec<Failure>) {
 }
 
 fn assert_all_pass(seeds: impl Iterator<Item = u64>) {
-    let (passed, failures) = run_seeds(seeds);
+    assert_all_pass_of(run, seeds);
+}
+
+fn assert_all_pass_of(run: fn(u64) -> Result<Report, Failure>, seeds: impl Iterator<Item = u64>) {
+    let (passed, failures) = run_seeds_of(run, seeds);
     if let Some(first) = failures.first() {
         let tail: Vec<&String> = first.trace.iter().rev().take(40).collect();
         let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
@@ -171,6 +199,15 @@ fn fixed_seeds_lose_no_acknowledged_write() {
 #[test]
 fn regression_seeds_pass() {
     assert_all_pass(REGRESSIONS.iter().map(|(seed, _)| *seed));
+}
+
+#[test]
+fn seeds_where_death_may_be_proven_serve_no_stale_read() {
+    assert_all_pass_of(run_proving_death, 0..CI_PROVING_DEATH_SEEDS);
+    assert_all_pass_of(
+        run_proving_death,
+        PROVING_DEATH_REGRESSIONS.iter().map(|(seed, _)| *seed),
+    );
 }
 
 #[test]
