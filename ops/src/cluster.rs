@@ -217,6 +217,9 @@ pub struct LocalCluster {
     server_args: Vec<Vec<String>>,
     /// The children's environment.
     env: [(&'static str, String); 1],
+    /// Tells the coordinators of each server exit this process sees, once it
+    /// [supervises](Self::supervise) its servers.
+    reporter: Option<ExitReporter>,
 }
 
 impl LocalCluster {
@@ -240,9 +243,49 @@ impl LocalCluster {
             .pid())
     }
 
-    /// Kills the server in `slot` (1-based) with SIGKILL, as a crash would.
+    /// From now on, tells the coordinators of every server exit this process sees (its
+    /// word as their supervisor: `crate::supervisor`): those of [`kill_server`] and
+    /// those [`report_exits`] reaps. Call it from a thread outside any async runtime.
+    ///
+    /// [`kill_server`]: Self::kill_server
+    /// [`report_exits`]: Self::report_exits
+    pub fn supervise(&mut self) -> Result<()> {
+        self.reporter = Some(ExitReporter::new(&self.coordinator)?);
+        Ok(())
+    }
+
+    /// Kills the server in `slot` (1-based) with SIGKILL, as a crash would (and tells
+    /// the coordinators, when [supervising](Self::supervise)).
     pub fn kill_server(&mut self, slot: usize) -> Result<()> {
-        self.children.kill(&server_name(slot))
+        self.children.kill(&server_name(slot))?;
+        let id = self.servers.get(slot.wrapping_sub(1)).map(|(id, _)| *id);
+        if let Some(id) = id {
+            self.report_exit(id);
+        }
+        Ok(())
+    }
+
+    /// Reaps the children that exited; returns a line for each, and tells the
+    /// coordinators of the servers among them, when [supervising](Self::supervise).
+    pub fn report_exits(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (name, speaker, status) in self.children.reap() {
+            lines.push(format!("{name} exited ({status})"));
+            if let Some(server) = speaker.and_then(|s| s.server_id()) {
+                self.report_exit(server);
+            }
+        }
+        lines
+    }
+
+    /// Tells the coordinators that server `id` exited, when supervising; a failure is
+    /// printed (the coordinators still find the server silent).
+    fn report_exit(&self, id: u64) {
+        if let Some(reporter) = &self.reporter {
+            if let Err(error) = reporter.exited(id) {
+                eprintln!("{error:#}");
+            }
+        }
     }
 
     /// Whether the server in `slot` has exited (reaping it if it just did).
@@ -575,6 +618,7 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         coordinator_args,
         server_args: server_args_all,
         env,
+        reporter: None,
     })
 }
 
@@ -731,15 +775,10 @@ fn up(args: UpArgs) -> Result<ExitCode> {
     // The supervisor's word: a server whose process exited is dead, and its recovery
     // need not wait out its lease (`crate::supervisor`).
     args.security.install()?;
-    let reporter = ExitReporter::new(&cluster.coordinator)?;
+    cluster.supervise()?;
     while !stop.load(Ordering::SeqCst) {
-        for (name, speaker, status) in cluster.children.reap() {
-            eprintln!("{name} exited ({status})");
-            if let Some(server) = speaker.and_then(|s| s.server_id()) {
-                if let Err(error) = reporter.exited(server) {
-                    eprintln!("{error:#}");
-                }
-            }
+        for line in cluster.report_exits() {
+            eprintln!("{line}");
         }
         if cluster.children.all_exited() {
             eprintln!("every process of the cluster has exited");

@@ -9,10 +9,12 @@
 //! the creating process's id in hex, so that leftovers of a drill that was killed can be
 //! told from another drill's live network and removed ([`Network::create`] does so).
 //!
-//! A cut is symmetric and silent: `DROP` rules on INPUT (from the peer) and OUTPUT (to
-//! the peer) in the cut host's namespace, so packets vanish as they do when a switch
-//! fails, and connections time out rather than being reset. [`Network::heal`] flushes
-//! the host's rules. Dropping the `Network` deletes the namespaces (their veth pairs go
+//! A cut is symmetric: rules on INPUT (from the peer) and OUTPUT (to the peer) in the
+//! cut host's namespace. A [`CutKind::Drop`] cut is silent: packets vanish as they do
+//! when a switch fails, and connections time out. A [`CutKind::Reject`] cut answers
+//! every TCP segment with a reset (`REJECT --reject-with tcp-reset`, as a firewall
+//! rule does), so connections are refused at once although the process behind the
+//! port lives; other packets are dropped. [`Network::heal`] flushes the host's rules. Dropping the `Network` deletes the namespaces (their veth pairs go
 //! with them) and the bridge.
 //!
 //! Needs root (namespaces, `setns`), `ip` (iproute2) and `iptables`: [`Network::create`]
@@ -23,6 +25,16 @@
 //! one), the bridge's traffic is dropped too and the drill fails to start its cluster.
 
 use anyhow::{anyhow, bail, Context, Result};
+
+/// How a cut treats the cut-off traffic (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CutKind {
+    /// Packets vanish: connections time out.
+    Drop,
+    /// TCP is answered with resets, as by a firewall `REJECT` rule: connections are
+    /// refused at once.
+    Reject,
+}
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -171,13 +183,28 @@ impl Network {
             .ok_or_else(|| anyhow!("no host {name} in the drill's network"))
     }
 
-    /// Cuts host `name` off from `peers` (both directions); other links stay.
-    pub fn cut(&self, name: &str, peers: &[&str]) -> Result<()> {
+    /// Cuts host `name` off from `peers` (both directions) as `kind` says; other links
+    /// stay.
+    pub fn cut(&self, name: &str, peers: &[&str], kind: CutKind) -> Result<()> {
         let host = self.host(name)?;
         for peer in peers {
             let peer = self.host(peer)?.ip.to_string();
-            iptables(&host.netns, &["-A", "INPUT", "-s", &peer, "-j", "DROP"])?;
-            iptables(&host.netns, &["-A", "OUTPUT", "-d", &peer, "-j", "DROP"])?;
+            for (chain, side) in [("INPUT", "-s"), ("OUTPUT", "-d")] {
+                if kind == CutKind::Reject {
+                    if chain == "OUTPUT" {
+                        // The resets the INPUT rule answers with must leave.
+                        let resets = ["-p", "tcp", "--tcp-flags", "RST", "RST", "-j", "ACCEPT"];
+                        let mut rule = vec!["-A", chain, side, &peer];
+                        rule.extend(resets);
+                        iptables(&host.netns, &rule)?;
+                    }
+                    let reset = ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"];
+                    let mut rule = vec!["-A", chain, side, &peer];
+                    rule.extend(reset);
+                    iptables(&host.netns, &rule)?;
+                }
+                iptables(&host.netns, &["-A", chain, side, &peer, "-j", "DROP"])?;
+            }
         }
         Ok(())
     }
@@ -366,12 +393,38 @@ mod tests {
         assert!(from_b(&b), "b reaches a");
         assert!(reaches(listener), "the root namespace reaches a");
 
-        network.cut("a", &["b"]).expect("cut");
+        network.cut("a", &["b"], CutKind::Drop).expect("cut");
         assert!(!from_b(&b), "b still reaches a after the cut");
+        let dialled = in_host(&b, move || {
+            TcpStream::connect_timeout(&listener, Duration::from_millis(300)).map_err(|e| e.kind())
+        })
+        .join()
+        .expect("b");
+        assert_eq!(
+            dialled.err(),
+            Some(std::io::ErrorKind::TimedOut),
+            "a dropping cut is silent"
+        );
         let c = network.host("c").expect("c").clone();
         assert!(from_b(&c), "c, not cut off, no longer reaches a");
         assert!(reaches(listener), "the root namespace no longer reaches a");
 
+        network.heal("a").expect("heal");
+        assert!(from_b(&b), "b does not reach a after the heal");
+
+        // A rejecting cut refuses b's connections at once, though a still listens.
+        network.cut("a", &["b"], CutKind::Reject).expect("cut");
+        let dialled = in_host(&b, move || {
+            TcpStream::connect_timeout(&listener, Duration::from_secs(2)).map_err(|e| e.kind())
+        })
+        .join()
+        .expect("b");
+        assert_eq!(
+            dialled.err(),
+            Some(std::io::ErrorKind::ConnectionRefused),
+            "a rejecting cut resets"
+        );
+        assert!(from_b(&c), "c, not cut off, no longer reaches a");
         network.heal("a").expect("heal");
         assert!(from_b(&b), "b does not reach a after the heal");
 

@@ -13,7 +13,7 @@ use crate::cluster::{coordinator_host, server_host, LocalCluster};
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::{ServerId, TableId};
 use rampart_common::protocol::coordinator::{
-    GetTabletMap, RaftStatus, RaftStatusRequest, RecoveryReport, RecoveryStatus,
+    GetTabletMap, LeaseEnd, RaftStatus, RaftStatusRequest, RecoveryReport, RecoveryStatus,
     RecoveryStatusRequest, TabletMapRequest,
 };
 use rampart_common::rpc::RpcPool;
@@ -170,7 +170,11 @@ impl Injector {
                 let slots = choose(kind, &self.view()?, self.replicas, self.plan.draw())?;
                 let ids = self.kill(&slots)?;
                 self.heal(&slots, &ids)?;
-                Ok(describe_kills(&slots, &ids))
+                Ok(format!(
+                    "{} ({})",
+                    describe_kills(&slots, &ids),
+                    self.lease_ends(&ids)
+                ))
             }
             FaultKind::KillDuringRecovery => {
                 let slots = choose(kind, &self.view()?, self.replicas, self.plan.draw())?;
@@ -227,7 +231,7 @@ impl Injector {
         let (coordinators, servers) = self.hosts();
         let peers = cut.peers(victim, &coordinators, &servers);
         self.network()?
-            .cut(victim, &peers)
+            .cut(victim, &peers, cut.kind())
             .map_err(|e| Fault::Unhealed(format!("cannot cut {victim} off: {e:#}")))
     }
 
@@ -257,8 +261,49 @@ impl Injector {
         let reconnected = self.reconnect(&host);
         recovered.map_err(Fault::Unhealed)?;
         reconnected?;
-        let what = format!("cut server {id} (slot {slot}) off {cut} until recovered");
+        let lease_end = self.lease_end_of(id);
+        // A live master taken for dead: its tablets went live while it could still
+        // serve reads (the checker may show them stale). `None`: it owned no tablets.
+        let proven = lease_end.filter(|end| *end != LeaseEnd::Waited);
+        if let (Cut::MasterRejected, Some(end)) = (cut, proven) {
+            return Err(Fault::Unhealed(format!(
+                "server {id}, alive behind REJECT rules, was taken for dead ({end}): \
+                 the coordinators must take only a supervisor's word here"
+            )));
+        }
+        let what = format!(
+            "cut server {id} (slot {slot}) off {cut} until recovered ({})",
+            lease_end.map_or("owned no tablets".to_string(), |end| end.to_string())
+        );
         self.expect_exit(slot, id, what, "reconnected")
+    }
+
+    /// What let the tablets of each crashed server of `ids` go live (`server 3: refused`).
+    fn lease_ends(&self, ids: &[u64]) -> String {
+        let reports = self.recoveries();
+        ids.iter()
+            .map(|&id| {
+                let end = reports
+                    .iter()
+                    .rev()
+                    .find(|r| r.crashed == ServerId(id))
+                    .and_then(|r| r.lease_end);
+                match end {
+                    Some(end) => format!("server {id}: {end}"),
+                    None => format!("server {id}: owned no tablets"),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// What let the tablets of crashed server `id` go live, as its recovery recorded.
+    fn lease_end_of(&self, id: u64) -> Option<LeaseEnd> {
+        self.recoveries()
+            .iter()
+            .rev()
+            .find(|r| r.crashed == ServerId(id))
+            .and_then(|r| r.lease_end)
     }
 
     /// Cuts the coordinators' leader off from the other coordinators and the servers
@@ -325,7 +370,17 @@ impl Injector {
         let recovered = self.wait_statuses(&[id], ServerStatus::Removed);
         let _ = self.cluster.children.signal(&name, libc::SIGCONT);
         recovered.map_err(Fault::Unhealed)?;
-        let what = format!("paused server {id} (slot {slot}) until recovered");
+        // A paused process proves nothing: its kernel still accepts connections.
+        let lease_end = self.lease_end_of(id);
+        if let Some(end) = lease_end.filter(|end| *end != LeaseEnd::Waited) {
+            return Err(Fault::Unhealed(format!(
+                "server {id}, paused, was taken for dead ({end})"
+            )));
+        }
+        let what = format!(
+            "paused server {id} (slot {slot}) until recovered ({})",
+            lease_end.map_or("owned no tablets".to_string(), |end| end.to_string())
+        );
         self.expect_exit(slot, id, what, "resumed")
     }
 

@@ -20,7 +20,12 @@
 //! * every key is served again (its final read succeeds);
 //! * every server killed or paused was recovered (`Removed` in the server list);
 //! * the cluster healed after every fault, and a master paused or cut off exited once
-//!   resumed or reconnected.
+//!   resumed or reconnected;
+//! * a master paused, or cut off by `REJECT` rules (whose resets look like a dead port),
+//!   was not taken for dead: its recovery waited out its lease. The drill reports every
+//!   server it kills to the coordinators as their supervisor, and with a network they
+//!   take only that word as proof of death (`--proof-of-death supervisor`); on loopback,
+//!   a refused port too (`direct`). Each kill's line says which let its tablets go live.
 //!
 //! It prints a line per fault and a progress line every few seconds, then a verdict
 //! table; `--json FILE` writes the figures. The exit status is 1 on any violation, with
@@ -52,6 +57,7 @@ use std::time::Duration;
 
 use crate::cluster::UpArgs;
 use plan::{FaultKind, FaultPlan};
+use rampart_coordinator::proof_of_death::ProofOfDeath;
 use rampart_ops::netns::Network;
 use workload::{Counts, OpChooser};
 
@@ -221,6 +227,14 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
         value_bytes_max: "64KiB".into(),
         backup_frames: 16,
         log_level: args.log_level.clone(),
+        // With a network, a partition may cut a live master off by REJECT rules, whose
+        // resets look like a dead port: only the drill's word as the servers'
+        // supervisor (it reports every kill) proves a death there.
+        proof_of_death: if with_network {
+            ProofOfDeath::Supervisor
+        } else {
+            ProofOfDeath::Direct
+        },
         ..UpArgs::private(data_dir.clone(), args.servers)
     };
     let started = std::time::Instant::now();
@@ -236,7 +250,9 @@ pub fn run(args: DrillArgs) -> Result<ExitCode> {
     } else {
         None
     };
-    let cluster = crate::cluster::start_in(&up, false, network)?;
+    let mut cluster = crate::cluster::start_in(&up, false, network)?;
+    // The drill tells the coordinators of every server it kills, as a supervisor does.
+    cluster.supervise()?;
     println!(
         "cluster up in {:.1} s: coordinators {}",
         started.elapsed().as_secs_f64(),

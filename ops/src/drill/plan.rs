@@ -7,6 +7,7 @@
 //! then waits a gap drawn from the seed before the next. Kinds come in rounds, each a
 //! random order of every kind asked for, so a short drill still meets each kind.
 
+use rampart_ops::netns::CutKind;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -162,15 +163,30 @@ pub enum Cut {
     /// The coordinators' leader from the other coordinators and every server: the rest
     /// must elect another.
     LeaderAlone,
+    /// A master from the coordinators and every other server by `REJECT` rules: their
+    /// connections to it are refused at once, as if nothing listened, though it lives
+    /// and still reaches the drill's clients. The coordinators of a drill with a network
+    /// take only a supervisor's word as proof of death (`--proof-of-death supervisor`),
+    /// so it must be waited out like a silent one: its recovery must say "lease waited".
+    MasterRejected,
 }
 
 impl Cut {
     /// The cut of one `partition` fault, from a draw of the plan.
     pub fn drawn(draw: u64) -> Cut {
-        match draw % 3 {
+        match draw % 4 {
             0 => Cut::MasterAlone,
             1 => Cut::MasterFromCoordinators,
-            _ => Cut::LeaderAlone,
+            2 => Cut::LeaderAlone,
+            _ => Cut::MasterRejected,
+        }
+    }
+
+    /// How the cut treats the traffic it cuts.
+    pub fn kind(self) -> CutKind {
+        match self {
+            Cut::MasterRejected => CutKind::Reject,
+            _ => CutKind::Drop,
         }
     }
 
@@ -198,6 +214,9 @@ impl fmt::Display for Cut {
             Cut::MasterAlone => "from the coordinators and the other servers",
             Cut::MasterFromCoordinators => "from the coordinators only",
             Cut::LeaderAlone => "from the other coordinators and the servers",
+            Cut::MasterRejected => {
+                "from the coordinators and the other servers by REJECT rules (resets)"
+            }
         })
     }
 }
@@ -351,8 +370,14 @@ mod tests {
             Cut::LeaderAlone.peers("c3", &coordinators, &servers),
             ["c1", "c2", "s1", "s2", "s3"]
         );
+        assert_eq!(
+            Cut::MasterRejected.peers("s2", &coordinators, &servers),
+            ["c1", "c2", "c3", "s1", "s3"]
+        );
+        assert_eq!(Cut::MasterRejected.kind(), CutKind::Reject);
+        assert_eq!(Cut::MasterAlone.kind(), CutKind::Drop);
         let drawn: std::collections::HashSet<_> =
-            (0..3).map(|d| format!("{}", Cut::drawn(d))).collect();
-        assert_eq!(drawn.len(), 3);
+            (0..4).map(|d| format!("{}", Cut::drawn(d))).collect();
+        assert_eq!(drawn.len(), 4);
     }
 }
