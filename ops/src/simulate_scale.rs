@@ -95,6 +95,11 @@ pub struct ScaleArgs {
     /// The crashed master's lease, ms (the coordinators' `--lease-ms`).
     #[arg(long, default_value_t = rampart_coordinator::recovery_manager::LEASE_DEFAULT.as_millis() as u64)]
     pub lease_ms: u64,
+    /// The crashed masters' deaths are proven as they are detected, so their tablets
+    /// do not wait out their leases (`rampart coordinator --proof-of-death direct`, or
+    /// a supervisor that reports exits, as `cluster up` does).
+    #[arg(long)]
+    pub death_proven: bool,
     /// Costs from `--calibrate ... --json FILE` (default: the development VM's).
     #[arg(long)]
     pub costs: Option<PathBuf>,
@@ -145,6 +150,7 @@ impl ScaleArgs {
             partition_bytes: self.partition_mib << 20,
             partitions_at_once: self.partitions_at_once,
             lease_ms: self.lease_ms as f64,
+            death_proven: self.death_proven,
             host: Host::PerServer { cores: self.cores },
             seed,
             ..Scenario::cluster(servers, self.master_gib)
@@ -699,6 +705,8 @@ struct Measured {
     /// Partitions' live − replay end, for those the lease did not hold.
     commits_ms: Vec<f64>,
     partitions: usize,
+    /// The crashed master's death was proven: no lease held its partitions.
+    death_proven: bool,
 }
 
 fn read_measured(path: &Path) -> Result<Measured> {
@@ -706,12 +714,17 @@ fn read_measured(path: &Path) -> Result<Measured> {
     let lease_ms = rampart_coordinator::recovery_manager::LEASE_DEFAULT.as_secs_f64() * 1e3;
     let mut commits_ms = Vec::new();
     let mut last_live_ms = 0.0f64;
+    // The lease held nothing once the master's death was proven, or once it ran out.
+    let held_until = match run.lease_end_ms {
+        Some(at) if run.death_proven() => at as f64,
+        _ => lease_ms + 100.0,
+    };
     for p in &run.partitions {
         let live = p.live_ms as f64;
         let end = (p.replay_start_ms + p.replay_ms) as f64;
         last_live_ms = last_live_ms.max(live);
-        // Replayed well after any lease ran out: live − replayed is the commit alone.
-        if end > lease_ms + 100.0 {
+        // Replayed after the lease or the proof: live − replayed is the commit alone.
+        if end > held_until {
             commits_ms.push(live - end);
         }
     }
@@ -734,6 +747,7 @@ fn read_measured(path: &Path) -> Result<Measured> {
         cpu_ns_per_byte: run.cpu_s_per_gb_until_keys_back,
         commits_ms,
         partitions: run.partitions.len(),
+        death_proven: run.death_proven(),
     })
 }
 
@@ -746,6 +760,7 @@ fn local_scenario(m: &Measured, cores: f64) -> Scenario {
         entry_bytes: rampart_common::log::object_entry_bytes(11, m.object_bytes as usize) as u64,
         replicas: m.replicas,
         recovery_masters_max: m.recovery_masters_max,
+        death_proven: m.death_proven,
         host: Host::Shared { cores },
         seed: 1,
         ..Scenario::cluster(m.servers, 1.0)

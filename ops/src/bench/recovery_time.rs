@@ -47,7 +47,7 @@ use rampart_common::log::{
     decode_object_trusted, entries, object_entry_bytes, scan, Entry, EntryType, ENTRY_HEADER_BYTES,
 };
 use rampart_common::protocol::coordinator::{
-    RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
+    LeaseEnd, RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
 };
 use rampart_common::reject::RejectRules;
 use rampart_common::rpc::RpcPool;
@@ -130,6 +130,23 @@ pub(crate) struct RecoveryFigures {
     pub(crate) cpu_s_per_gb_until_keys_back: f64,
     pub(crate) quiet_after_ms: u64,
     pub(crate) partitions: Vec<PartitionFigures>,
+    /// What let the tablets go live (`lease waited`, `refused`, ...: the recovery's
+    /// `lease_end`); absent in runs from before it was recorded.
+    #[serde(default)]
+    pub(crate) lease_end: Option<String>,
+    /// When, ms from the kill.
+    #[serde(default)]
+    pub(crate) lease_end_ms: Option<u64>,
+}
+
+impl RecoveryFigures {
+    /// Whether the crashed master's death was proven (its tablets did not wait out its
+    /// lease).
+    pub(crate) fn death_proven(&self) -> bool {
+        self.lease_end
+            .as_deref()
+            .is_some_and(|end| end != LeaseEnd::Waited.to_string())
+    }
 }
 
 /// The probe keys' own unavailability, ms.
@@ -349,6 +366,13 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         unavailable * 1e3
     );
     println!("| probe key unavailability p50 / p99 ms | {key_p50:.0} / {key_p99:.0} |");
+    match report.lease_end {
+        Some(end) => println!(
+            "| tablets may go live from ms (from kill) | {} ({end}) |",
+            report.lease_end_ms + shift
+        ),
+        None => println!("| tablets may go live from ms (from kill) | - |"),
+    }
     println!("| recovery masters | {} |", masters.len());
     println!("| recovery rate MB/s (data / last live) | {rate:.0} |");
     println!(
@@ -414,6 +438,8 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
                     attempts: p.attempts,
                 })
                 .collect(),
+            lease_end: report.lease_end.map(|end| end.to_string()),
+            lease_end_ms: report.lease_end.map(|_| report.lease_end_ms + shift),
         };
         figures.write(path)?;
     }

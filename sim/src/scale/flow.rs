@@ -96,7 +96,15 @@ pub fn run(scenario: &Scenario, costs: &Costs, plan: &Plan) -> Outcome {
     let mut rng = SmallRng::seed_from_u64(scenario.seed ^ 0x1ea5e);
     let since_renewal = rng.gen_range(0.0..scenario.lease_renew_ms);
     let margin_ms = rampart_coordinator::proof_of_death::LEASE_MARGIN.as_secs_f64() * 1e3;
-    let lease_end_ms = (scenario.lease_ms - since_renewal + margin_ms).max(0.0);
+    // A proof of death found when the crash is detected ends the wait there
+    // (`proof_of_death::lease_end`: the earlier of the lease's end and the proof).
+    let lease_end_ms = if scenario.death_proven {
+        costs
+            .detection_ms
+            .min((scenario.lease_ms - since_renewal + margin_ms).max(0.0))
+    } else {
+        (scenario.lease_ms - since_renewal + margin_ms).max(0.0)
+    };
     let setup_ms = costs.detection_ms + costs.setup_ms + costs.setup_per_backup_us * n as f64 / 1e3;
 
     // Backups: each one's reads of every crash, interleaved (one reader per recovery).
@@ -409,6 +417,26 @@ mod tests {
         assert!(
             (o.unavailability_ms - (o.lease_end_ms + c.commit_ms + c.notice_ms)).abs() < 1e-6,
             "{o:?}"
+        );
+    }
+
+    #[test]
+    fn a_proven_death_lets_a_quick_replay_go_live_when_replayed() {
+        let c = costs();
+        let proven = Scenario {
+            death_proven: true,
+            ..Scenario::cluster(200, 0.5)
+        };
+        let o = simulate(&proven, &c).unwrap();
+        assert!((o.lease_end_ms - c.detection_ms).abs() < 1e-6, "{o:?}");
+        let waited = simulate(&Scenario::cluster(200, 0.5), &c).unwrap();
+        assert!(
+            o.unavailability_ms < waited.unavailability_ms,
+            "{o:?} {waited:?}"
+        );
+        assert!(
+            o.median_partition_live_ms <= o.replayed_ms + c.commit_ms + 1e-6,
+            "nothing holds a replayed partition but its commit: {o:?}"
         );
     }
 

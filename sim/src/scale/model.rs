@@ -66,6 +66,10 @@ pub struct Scenario {
     pub lease_ms: f64,
     /// Interval of lease renewals, ms.
     pub lease_renew_ms: f64,
+    /// The crashed masters' deaths are proven as they are detected (a refused port under
+    /// `--proof-of-death direct`, or a supervisor's report: `coordinator::proof_of_death`),
+    /// so their tablets go live without waiting out their leases.
+    pub death_proven: bool,
     /// Where the cores are.
     pub host: Host,
     /// Fixes every random choice: placement, disk speeds, key hashes, the moment of the
@@ -96,6 +100,7 @@ impl Scenario {
             recovery_masters_max: 0,
             lease_ms: duration_ms(rampart_coordinator::recovery_manager::LEASE_DEFAULT),
             lease_renew_ms: duration_ms(rampart_master::lease::LEASE_RENEW_INTERVAL),
+            death_proven: false,
             host: Host::PerServer { cores: 8.0 },
             seed: 1,
         }
@@ -248,7 +253,8 @@ pub struct Outcome {
     pub setup_ms: f64,
     /// Kill → the last partition replayed.
     pub replayed_ms: f64,
-    /// Kill → the crashed masters' leases (and margin) have run out.
+    /// Kill → the crashed masters' leases (and margin) have run out, or their deaths
+    /// were proven (at detection: `Scenario::death_proven`).
     pub lease_end_ms: f64,
     /// Kill → the last partition live: the client-observed unavailability of the
     /// slowest key.
