@@ -27,8 +27,9 @@
 //!    [`choose_sources_by_speed`] picks one replica per segment, spreading the reads over
 //!    the backups by their disks' speed, and each backup is told to read its share in order and split it by
 //!    partition (`RecoveryRead`). The partitions are the crashed master's will cut to the
-//!    tablets it still owns ([`partitions_for`]); [`assign_partitions`] spreads them over
-//!    the `Up` masters by free memory.
+//!    tablets it still owns ([`partitions_for`]), the largest halved by key hash while
+//!    there are fewer than recovery masters ([`spread_over`]); [`assign_partitions`]
+//!    spreads them over the `Up` masters by free memory.
 //! 2. **Replay.** Each recovery master gets `Recover` with its partition and, per segment,
 //!    the chosen backup first and the copies as good as it as fallbacks. It fetches, replays and
 //!    re-replicates, and answers when done.
@@ -122,7 +123,8 @@ use crate::recovery_phases::{
     Attempted, Commit, FinishAnswer, FinishRound, Next, PartitionNext, PartitionTries, Phases,
 };
 use crate::recovery_plan::{
-    assign_partitions, check_log, choose_sources_by_speed, most_free, partitions_for, FoundReplica,
+    assign_partitions, check_log, choose_sources_by_speed, most_free, partitions_for, spread_over,
+    FoundReplica,
 };
 use crate::state::{Command, CommandResult};
 
@@ -650,6 +652,8 @@ impl RecoveryManager {
             .take(chosen)
             .map(|(m, free)| (m.id, *free))
             .collect();
+        // A small master's few large partitions, halved so every chosen master replays.
+        let partitions = spread_over(partitions, capacities.len());
         let bytes: Vec<u64> = partitions.iter().map(|p| p.1).collect();
         let Some(assigned) = assign_partitions(&bytes, &capacities) else {
             return Err(Stop::Wait(format!(

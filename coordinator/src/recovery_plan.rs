@@ -118,6 +118,64 @@ pub fn partitions_for(will: Option<&Will>, owned: &[Tablet]) -> Vec<(PartitionRa
     partitions
 }
 
+/// Partitions of at least twice this many bytes (by their will's bound) are split to
+/// give recovery masters that would have none a share ([`spread_over`]); smaller ones
+/// are not worth the split's costs (more pieces for the backups to cut and send).
+pub const SPLIT_BYTES_MIN: u64 = 8 << 20;
+
+/// `partitions` (from [`partitions_for`]) spread over `masters` recovery masters: while
+/// there are fewer partitions than masters, the largest one of at least
+/// 2 × [`SPLIT_BYTES_MIN`] is cut in two halves of its key hashes, each given half its
+/// byte bound (keys hash uniformly). A small master's will may hold one partition of
+/// 48 MiB, which one recovery master would replay alone while the others idle.
+pub fn spread_over(
+    mut partitions: Vec<(PartitionRanges, u64)>,
+    masters: usize,
+) -> Vec<(PartitionRanges, u64)> {
+    while partitions.len() < masters {
+        let largest = (0..partitions.len())
+            .filter(|&i| partitions[i].1 >= 2 * SPLIT_BYTES_MIN)
+            .max_by_key(|&i| (partitions[i].1, std::cmp::Reverse(i)));
+        let Some(i) = largest else { break };
+        let Some((first, second)) = halve(&partitions[i].0) else {
+            break;
+        };
+        let bytes = partitions[i].1;
+        partitions[i] = (first, bytes / 2);
+        partitions.push((second, bytes - bytes / 2));
+    }
+    partitions
+}
+
+/// `ranges` (sorted, disjoint) cut into two parts of about half their key hashes each;
+/// `None` when they hold a single hash.
+fn halve(ranges: &[HashRange]) -> Option<(PartitionRanges, PartitionRanges)> {
+    let span = |r: &HashRange| u128::from(r.end) - u128::from(r.start) + 1;
+    let total: u128 = ranges.iter().map(span).sum();
+    if total < 2 {
+        return None;
+    }
+    // Hashes still to put in the first part: at least 1, fewer than all.
+    let mut left = total / 2;
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for range in ranges {
+        let span = span(range);
+        if left == 0 {
+            second.push(*range);
+        } else if span <= left {
+            first.push(*range);
+            left -= span;
+        } else {
+            // 0 < left < span ≤ 2^64: the cut falls inside this range.
+            let cut = range.start + (left - 1) as u64;
+            first.push(HashRange::new(range.table, range.start, cut));
+            second.push(HashRange::new(range.table, cut + 1, range.end));
+            left = 0;
+        }
+    }
+    Some((first, second))
+}
+
 /// One replica reported by backup number `backup` (an index into the caller's list).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FoundReplica {
@@ -519,6 +577,60 @@ mod tests {
     use rampart_common::will::Partition;
 
     const T: TableId = TableId(7);
+
+    #[test]
+    fn partitions_are_halved_by_hash_until_every_master_has_one() {
+        let mib = 1u64 << 20;
+        let whole = vec![HashRange::new(T, 0, u64::MAX)];
+        let spread = spread_over(vec![(whole, 48 * mib)], 4);
+        assert_eq!(spread.len(), 4);
+        let total: u64 = spread.iter().map(|p| p.1).sum();
+        assert_eq!(total, 48 * mib, "the bounds add up");
+        assert!(spread.iter().all(|p| p.1 == 12 * mib), "{spread:?}");
+        // Together they cover the hashes once, in order.
+        let mut ranges: Vec<HashRange> = spread.iter().flat_map(|p| p.0.clone()).collect();
+        ranges.sort_unstable();
+        assert_eq!(ranges.first().map(|r| r.start), Some(0));
+        assert_eq!(ranges.last().map(|r| r.end), Some(u64::MAX));
+        for pair in ranges.windows(2) {
+            assert_eq!(pair[0].end + 1, pair[1].start, "{ranges:?}");
+        }
+    }
+
+    #[test]
+    fn small_partitions_and_enough_of_them_are_left_alone() {
+        let mib = 1u64 << 20;
+        let one = |start, end, bytes| (vec![HashRange::new(T, start, end)], bytes);
+        let small = vec![one(0, 99, 15 * mib)];
+        assert_eq!(
+            spread_over(small.clone(), 4),
+            small,
+            "under 2 × SPLIT_BYTES_MIN"
+        );
+        let unknown = vec![one(0, 99, 0)];
+        assert_eq!(
+            spread_over(unknown.clone(), 4),
+            unknown,
+            "no bound, no split"
+        );
+        let enough = vec![one(0, 99, 48 * mib), one(100, 199, 48 * mib)];
+        assert_eq!(spread_over(enough.clone(), 2), enough);
+        // One hash cannot be cut.
+        let single = vec![one(5, 5, 48 * mib)];
+        assert_eq!(spread_over(single.clone(), 4), single);
+        // Two ranges: the cut falls where half the hashes lie.
+        let two = vec![(
+            vec![HashRange::new(T, 0, 9), HashRange::new(T, 20, 29)],
+            32 * mib,
+        )];
+        let halves = spread_over(two, 2);
+        assert_eq!(halves[0].0, vec![HashRange::new(T, 0, 9)]);
+        assert_eq!(halves[1].0, vec![HashRange::new(T, 20, 29)]);
+        let odd = vec![(vec![HashRange::new(T, 0, 10)], 32 * mib)];
+        let halves = spread_over(odd, 2);
+        assert_eq!(halves[0].0, vec![HashRange::new(T, 0, 4)]);
+        assert_eq!(halves[1].0, vec![HashRange::new(T, 5, 10)]);
+    }
 
     fn replica(backup: usize, segment: u64, epoch: u64, length: u32, closed: bool) -> FoundReplica {
         FoundReplica {

@@ -989,3 +989,51 @@ async fn open_client_hands_out_ids_never_repeated_even_after_a_restart() {
     assert!(ids.iter().all(|&id| id > 0));
     group.stop_all().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_watch_answers_when_the_map_changes_or_its_wait_ends() {
+    use rampart_common::protocol::coordinator::{WatchTabletMap, WatchTabletMapRequest};
+    use rampart_common::rpc::{Reply, Rpc, Service, WireMessage};
+    use rampart_common::tablet::TabletMap;
+
+    async fn watch(service: &CoordinatorService, seen: u64, wait_ms: u32) -> TabletMap {
+        let mut out = bytes::BytesMut::new();
+        WatchTabletMapRequest { seen, wait_ms }.encode(&mut out);
+        let reply = service.handle(WatchTabletMap::OPCODE, out.freeze()).await;
+        assert_eq!(reply.status(), Status::Ok, "{:?}", reply.payload());
+        Reply::decode(bytes::Bytes::copy_from_slice(reply.payload())).unwrap()
+    }
+    let mut group = Group::start(1, 10_000).await;
+    tokio::time::timeout(SETTLE, group.node(1).read_barrier())
+        .await
+        .expect("a single coordinator leads")
+        .unwrap();
+    let service = Arc::new(CoordinatorService::new(group.node(1).clone()));
+    let now = group.node(1).with_state(|s| s.version());
+    // Behind: answered at once.
+    if now > 0 {
+        let started = Instant::now();
+        assert_eq!(watch(&service, now - 1, 10_000).await.version, now);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+    // Nothing changes: answered with the same map once the wait is over.
+    let started = Instant::now();
+    assert_eq!(watch(&service, now, 100).await.version, now);
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    // A change while it waits: answered with it, long before the wait is over.
+    let waiting = {
+        let service = Arc::clone(&service);
+        tokio::spawn(async move { watch(&service, now, 10_000).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    propose(&group, enlist("127.0.0.1:1")).await;
+    let changed = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("answered once the map changed")
+        .unwrap();
+    assert!(changed.version > now);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(service);
+    group.stop_all().await;
+}

@@ -742,6 +742,10 @@ fn coordinator_addrs(first: &str, count: u32) -> Result<Vec<String>> {
         .collect()
 }
 
+/// How often `cluster up` looks for children that exited: the delay it adds to the
+/// detection of a server's death, which it reports (`crate::supervisor`).
+pub const SUPERVISE_INTERVAL: Duration = Duration::from_millis(10);
+
 /// Runs `rampart cluster ...`.
 pub fn run(command: ClusterCommand) -> Result<ExitCode> {
     match command {
@@ -784,7 +788,8 @@ fn up(args: UpArgs) -> Result<ExitCode> {
             eprintln!("every process of the cluster has exited");
             return Ok(ExitCode::FAILURE);
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // A server's exit is seen, and reported, within this.
+        std::thread::sleep(SUPERVISE_INTERVAL);
     }
     println!("stopping the cluster");
     cluster.children.stop_all();

@@ -52,7 +52,7 @@ use rampart_common::status::Status;
 use rampart_common::tablet::ServerStatus;
 use rampart_coordinator::proof_of_death::lease_end;
 use rampart_coordinator::recovery_manager::PARTITION_ATTEMPTS_MAX;
-use rampart_coordinator::recovery_plan::partitions_for;
+use rampart_coordinator::recovery_plan::{partitions_for, spread_over};
 use rampart_coordinator::state::{Command, CommandResult};
 use rampart_master::replay::RecoveryPiece;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -424,7 +424,18 @@ impl Cluster {
         }
         world.crash_allowed = false;
         let owned = world.coordinator.tablets_of(crashed);
-        let partitions = partitions_for(world.coordinator.will(crashed), &owned);
+        // As the coordinator does: the will's partitions, halved while masters would idle
+        // (never, at the simulation's sizes: none reaches 2 × `SPLIT_BYTES_MIN`).
+        let masters = world
+            .coordinator
+            .up_servers()
+            .iter()
+            .filter(|s| s.services.master && s.id != crashed)
+            .count();
+        let partitions = spread_over(
+            partitions_for(world.coordinator.will(crashed), &owned),
+            masters,
+        );
         let mut waiting = VecDeque::new();
         for (ranges, _) in partitions {
             let pieces = recovery.pieces(&ranges)?;

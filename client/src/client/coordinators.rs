@@ -4,7 +4,8 @@
 use rampart_common::coordinator_set::{CoordinatorCallError, COORDINATOR_ATTEMPT_TIMEOUT_MAX};
 use rampart_common::ids::{key_hash, ServerId, TableId};
 use rampart_common::protocol::coordinator::{
-    GetTabletMap, ReportFailure, ReportFailureRequest, TabletMapRequest,
+    GetTabletMap, ReportFailure, ReportFailureRequest, TabletMapRequest, WatchTabletMap,
+    WatchTabletMapRequest,
 };
 use rampart_common::rpc::{Rpc, RpcError};
 use rampart_common::status::Status;
@@ -17,6 +18,9 @@ use super::state::Client;
 use crate::error::ClientError;
 use crate::failure_reporter::FAILURE_REPORT_TIMEOUT;
 use crate::tablet_map::TabletMapCache;
+
+/// The longest one watch of the tablet map waits for a change ([`Client::watch_map`]).
+pub const MAP_WATCH_WAIT: Duration = Duration::from_millis(1_000);
 
 impl Client {
     pub(super) fn map(&self) -> Arc<TabletMapCache> {
@@ -42,6 +46,44 @@ impl Client {
             .await?;
         *self.inner.map.write() = Arc::new(TabletMapCache::new(map));
         Ok(())
+    }
+
+    /// Waits, until `deadline` or at most [`MAP_WATCH_WAIT`], for a tablet map newer
+    /// than `seen` (`WatchTabletMap`: the coordinators answer as soon as the map
+    /// changes, such as when a crashed owner's tablet goes live elsewhere); returns
+    /// whether one came. One watch at a time per client: the operations behind it find
+    /// the newer map when it comes. `false` when the coordinators do not answer it (an
+    /// older release) or the wait ran out: the caller then pauses as before.
+    pub(super) async fn watch_map(&self, seen: u64, deadline: Instant) -> bool {
+        let _watching = self.inner.watching.lock().await;
+        if self.map().version > seen {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        let wait = (deadline - now).min(MAP_WATCH_WAIT);
+        let request = WatchTabletMapRequest {
+            seen,
+            wait_ms: u32::try_from(wait.as_millis()).unwrap_or(u32::MAX),
+        };
+        // Each attempt outlasts the coordinator's wait: its answer, not a timeout here.
+        let attempt = wait + COORDINATOR_ATTEMPT_TIMEOUT_MAX;
+        let Ok(map) = self
+            .coordinator_call_within::<WatchTabletMap>(&request, now + attempt, attempt)
+            .await
+        else {
+            return false;
+        };
+        if map.version <= seen {
+            return false;
+        }
+        let mut cached = self.inner.map.write();
+        if map.version > cached.version {
+            *cached = Arc::new(TabletMapCache::new(map));
+        }
+        true
     }
 
     /// [`refresh_map`](Self::refresh_map) inside an operation's retry loop, after an

@@ -60,6 +60,7 @@ impl Client {
                 pool,
                 map: RwLock::new(Arc::new(TabletMapCache::default())),
                 refreshing: tokio::sync::Mutex::new(()),
+                watching: tokio::sync::Mutex::new(()),
                 reporter: parking_lot::Mutex::new(FailureReporter::new()),
                 reports_in_flight: Arc::new(tokio::sync::Semaphore::new(
                     FAILURE_REPORTS_IN_FLIGHT_MAX,

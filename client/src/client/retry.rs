@@ -162,6 +162,16 @@ impl Client {
                 if moved && Instant::now() < retry.deadline {
                     continue;
                 }
+                // Its owner crashed: it comes back when its recovery commits the tablet
+                // elsewhere. Watch for that rather than pause blind (a pause of up to
+                // `backoff_max` after the tablet went live is what the client would see).
+                let map = self.map();
+                let recovering = map
+                    .server(tablet.owner)
+                    .is_some_and(|s| s.status == ServerStatus::Crashed);
+                if recovering && self.watch_map(map.version, retry.deadline).await {
+                    continue;
+                }
                 retry.pause(why).await?;
             }
         }

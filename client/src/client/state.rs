@@ -79,6 +79,9 @@ pub(super) struct Inner {
     pub(super) map: RwLock<Arc<TabletMapCache>>,
     /// Serialises refreshes so a burst of `UnknownTablet`s fetches the map once.
     pub(super) refreshing: tokio::sync::Mutex<()>,
+    /// Serialises watches of the map (`WatchTabletMap`), so that the operations waiting
+    /// for a crashed owner's tablets hold one watch at a time.
+    pub(super) watching: tokio::sync::Mutex<()>,
     /// Which unreachable masters to report, and when. A `parking_lot` mutex: taken for
     /// a map lookup, never across an `.await`.
     pub(super) reporter: parking_lot::Mutex<FailureReporter>,

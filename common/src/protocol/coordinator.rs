@@ -70,6 +70,24 @@ pub struct TableNameRequest {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TabletMapRequest {}
 
+/// Asks for the tablet map once it is newer than `seen`, waiting up to `wait_ms` (at
+/// most `WATCH_TABLET_MAP_WAIT_MAX`) for a change: a client whose key's owner crashed
+/// learns the moment its tablet goes live elsewhere, without polling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchTabletMapRequest {
+    /// The version the client holds.
+    pub seen: u64,
+    /// How long to wait for a newer one, ms.
+    pub wait_ms: u32,
+}
+
+/// The longest a `WatchTabletMap` waits, whatever it asks.
+pub const WATCH_TABLET_MAP_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `WatchTabletMap`s one coordinator holds at once; past it, one is answered at once
+/// with the map as it is (the client then pauses as it would without watching).
+pub const WATCH_TABLET_MAP_WAITERS_MAX: usize = 4096;
+
 /// Where the Raft leader is, as far as a coordinator that is not it knows: the detail of
 /// a [`crate::status::Status::NotLeader`] reply. On the wire it is text, so that it reads
 /// well in an error message too: `leader N at ADDR`, or `no leader: WHY`.
@@ -454,6 +472,7 @@ bincode_message!(
     TableIdReply,
     TableNameRequest,
     TabletMapRequest,
+    WatchTabletMapRequest,
     TabletMap,
     RaftStatusRequest,
     RaftStatusReply,
@@ -503,6 +522,9 @@ rpcs! {
     /// A supervisor saw a server's process exit (declared crashed at once; proof of its
     /// death where the coordinators take a supervisor's word).
     ProcessExited = 118: ProcessExitedRequest => ();
+    /// The tablet map once newer than the version the client holds, or as it is after
+    /// a wait (linearizable, like `GetTabletMap`).
+    WatchTabletMap = 119: WatchTabletMapRequest => TabletMap;
 }
 
 #[cfg(test)]

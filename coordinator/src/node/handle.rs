@@ -134,6 +134,7 @@ impl RaftNode {
                 leader_id: 0,
             }),
             stopped: Mutex::new(None),
+            applied: tokio::sync::Notify::new(),
         });
         let (inbox, inputs) = mpsc::channel(INBOX_MAX);
         let peers = Arc::new(config.peers.clone());
@@ -253,6 +254,13 @@ impl RaftNode {
     /// [`RaftNode::read_barrier`] first for a linearizable read).
     pub fn with_state<T>(&self, read: impl FnOnce(&CoordinatorState) -> T) -> T {
         read(&self.shared.state.read())
+    }
+
+    /// Completes once this member applies more of the log (or a snapshot). Create it
+    /// (and `enable` it) before reading the state, so that no change is missed in
+    /// between.
+    pub fn state_applied(&self) -> tokio::sync::futures::Notified<'_> {
+        self.shared.applied.notified()
     }
 
     /// The term this member leads in, if it believes it is the leader.

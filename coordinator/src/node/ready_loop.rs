@@ -297,6 +297,7 @@ impl Driver {
             }
         }
         self.shared.status.lock().applied = last;
+        self.shared.applied.notify_waiters();
         Ok(())
     }
 
@@ -309,6 +310,7 @@ impl Driver {
             .apply_snapshot(snapshot)
             .map_err(|e| format!("cannot store the snapshot at {index}: {e}"))?;
         *self.shared.state.write() = state;
+        self.shared.applied.notify_waiters();
         self.snapshot_index = index;
         // Proposals at or below the snapshot were decided by a newer leader; whether with
         // their own entry is unknown here.

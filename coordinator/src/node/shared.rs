@@ -39,6 +39,8 @@ pub(super) struct Shared {
     pub(super) status: Mutex<NodeStatus>,
     /// Set when the loop ended, with why.
     pub(super) stopped: Mutex<Option<String>>,
+    /// Notified (every waiter) once committed entries or a snapshot were applied.
+    pub(super) applied: tokio::sync::Notify,
 }
 
 /// The node's last published role and indexes.

@@ -11,6 +11,7 @@ use rampart_common::protocol::coordinator::{
     AllowLoss, CheckClientLeases, CreateTable, DropTable, Enlist, GetOwnedTablets, GetTableId,
     GetTabletMap, OpenClient, ProcessExited, RaftMessages, RaftStatus, RecoveryStatus,
     RenewClientLease, RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch, UploadWill,
+    WatchTabletMap,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Router, Service};
@@ -38,6 +39,7 @@ fn router() -> Router<CoordinatorService> {
         .route::<DropTable>(|service, request| Box::pin(service.drop_table(request)))
         .route::<GetTableId>(|service, request| Box::pin(service.get_table_id(request)))
         .route_payload::<GetTabletMap>(|service, _unread| Box::pin(service.get_tablet_map()))
+        .route::<WatchTabletMap>(|service, request| Box::pin(service.watch_tablet_map(request)))
         // Recovery (recoveries.rs).
         .route::<AllowLoss>(|service, request| Box::pin(service.allow_loss(request)))
         .route_payload::<RecoveryStatus>(|service, _unread| Box::pin(service.recovery_status()))

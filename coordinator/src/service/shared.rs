@@ -43,6 +43,8 @@ pub struct CoordinatorService {
     pub(super) client_leases: Arc<Mutex<ClientLeases>>,
     /// Stops the client expirer when the service goes away.
     _expirer_task: AbortOnDrop,
+    /// `WatchTabletMap`s waiting now (at most `WATCH_TABLET_MAP_WAITERS_MAX`).
+    pub(super) map_watchers: Arc<tokio::sync::Semaphore>,
 }
 
 /// Aborts a background task when dropped.
@@ -94,6 +96,9 @@ impl CoordinatorService {
             verifier,
             recovery,
             _recovery_task: AbortOnDrop(task),
+            map_watchers: Arc::new(tokio::sync::Semaphore::new(
+                rampart_common::protocol::coordinator::WATCH_TABLET_MAP_WAITERS_MAX,
+            )),
         }
     }
 

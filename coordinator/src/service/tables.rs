@@ -4,7 +4,8 @@
 
 use rampart_common::ids::{ServerId, TabletEpoch};
 use rampart_common::protocol::coordinator::{
-    CreateTableRequest, DropTableRequest, TableIdReply, TableNameRequest,
+    CreateTableRequest, DropTableRequest, TableIdReply, TableNameRequest, WatchTabletMapRequest,
+    WATCH_TABLET_MAP_WAIT_MAX,
 };
 use rampart_common::protocol::master::{
     DropTablets, PingRequest, ServerStats, SyncTablets, SyncTabletsRequest, TabletsRequest,
@@ -12,8 +13,9 @@ use rampart_common::protocol::master::{
 };
 use rampart_common::rpc::{Reply, Rpc};
 use rampart_common::status::Status;
-use rampart_common::tablet::{ServerStatus, Tablet};
+use rampart_common::tablet::{ServerStatus, Tablet, TabletMap};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -123,6 +125,38 @@ impl CoordinatorService {
         match self.read_barrier().await {
             Ok(()) => Reply::ok(&self.node.with_state(CoordinatorState::tablet_map)),
             Err(reply) => reply,
+        }
+    }
+
+    /// `WatchTabletMap`: the map once newer than `seen` (read after a barrier, as
+    /// `GetTabletMap`), or as it is once the wait (at most
+    /// [`WATCH_TABLET_MAP_WAIT_MAX`]) is over; at once when
+    /// `WATCH_TABLET_MAP_WAITERS_MAX` watches wait already.
+    pub(super) async fn watch_tablet_map(
+        &self,
+        request: WatchTabletMapRequest,
+    ) -> Result<TabletMap, Reply> {
+        let wait = Duration::from_millis(u64::from(request.wait_ms)).min(WATCH_TABLET_MAP_WAIT_MAX);
+        let deadline = Instant::now() + wait;
+        let _waiting = Arc::clone(&self.map_watchers).try_acquire_owned().ok();
+        let deadline = if _waiting.is_some() {
+            deadline
+        } else {
+            Instant::now()
+        };
+        loop {
+            let applied = self.node.state_applied();
+            tokio::pin!(applied);
+            applied.as_mut().enable();
+            self.read_barrier().await?;
+            let map = self.node.with_state(CoordinatorState::tablet_map);
+            if map.version > request.seen || Instant::now() >= deadline {
+                return Ok(map);
+            }
+            tokio::select! {
+                () = &mut applied => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
         }
     }
 

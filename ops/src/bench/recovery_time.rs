@@ -4,7 +4,12 @@
 //! one master with `--data-mb` MB of `--object-bytes` objects (one table, one tablet),
 //! measures the machine's **floor** on the same data, kills the master with SIGKILL and
 //! measures from the kill:
-//! * detection (kill → crash declared, from the coordinator's report),
+//! * detection (kill → crash declared, from the coordinator's report): this process is
+//!   its servers' supervisor, as `cluster up` is, and reports the kill once it reaped
+//!   the process, so the crashed master's death is proven then (the cluster's
+//!   coordinators take a refused port as proof too: `--proof-of-death direct`),
+//! * when its tablets could go live (the recovery's `lease_end`: lease waited, or which
+//!   proof of death),
 //! * setup, and per partition its recovery master, replay time and the moment it went
 //!   live (the coordinator's report, shifted to the kill),
 //! * **client-observed unavailability**: kill → a read of a key in every partition has
@@ -240,6 +245,9 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         ..UpArgs::private(data_dir.clone(), args.servers)
     };
     let mut local = cluster::start(&up, false)?;
+    // This process is its servers' supervisor, as `cluster up` is: it tells the
+    // coordinators of the kill as soon as it has reaped the process.
+    local.supervise()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
