@@ -83,6 +83,11 @@ pub struct UpArgs {
     /// allocated at start-up: 8 MiB each with the default segment size).
     #[arg(long, default_value_t = rampart_server::config::BACKUP_FRAMES_DEFAULT)]
     pub backup_frames: usize,
+    /// Replicated data each backup may hold only in memory, not yet on its disk
+    /// (`rampart server --unflushed-max`): what a power loss of every server at once
+    /// could take, and how far writes and re-replication may run ahead of the disks.
+    #[arg(long, default_value = "256MiB")]
+    pub unflushed_max: String,
     /// Log level of the children (`RAMPART_LOG` overrides).
     #[arg(long, default_value = "warn")]
     pub log_level: String,
@@ -143,6 +148,7 @@ impl UpArgs {
             value_bytes_max: "1MiB".into(),
             cleaner_threshold: rampart_common::config::CLEANER_THRESHOLD_PCT_DEFAULT,
             backup_frames: rampart_server::config::BACKUP_FRAMES_DEFAULT,
+            unflushed_max: "256MiB".into(),
             log_level: "warn".into(),
             recovery_masters_max: 0,
             proof_of_death: ProofOfDeath::Direct,
@@ -523,6 +529,8 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
             replicas.to_string(),
             "--backup-frames".into(),
             args.backup_frames.to_string(),
+            "--unflushed-max".into(),
+            args.unflushed_max.clone(),
         ]
         .into_iter()
         .chain(
@@ -582,10 +590,12 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
         println!(
             "servers started in {:.1} s: each allocates and touches its {} log and its {} \
              backup frames of 8 MiB or more at start-up (resident from then on), so that \
-             writes and recoveries never wait for fresh memory",
+             writes and recoveries never wait for fresh memory; each backup holds at most \
+             {} of replicas only in memory, not yet on its disk (--unflushed-max)",
             servers_started.elapsed().as_secs_f64(),
             args.memory,
-            args.backup_frames
+            args.backup_frames,
+            args.unflushed_max
         );
     }
     if !args.no_resp {

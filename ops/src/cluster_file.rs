@@ -95,6 +95,14 @@ pub struct ClusterSection {
     pub value_bytes_max: Option<String>,
     /// Backup frames of every server unless its entry says otherwise.
     pub backup_frames: Option<usize>,
+    /// Replicated data each backup may hold only in memory (e.g. "256MiB"; `rampart
+    /// server --unflushed-max`).
+    pub unflushed_max: Option<String>,
+    /// What the coordinators take as proof of a crashed server's death (`off`,
+    /// `supervisor`, `direct`; `rampart coordinator --proof-of-death`). Hosts apart:
+    /// leave it `supervisor` unless nothing (a firewall REJECT rule, NAT, a proxy) stands
+    /// between coordinators and servers.
+    pub proof_of_death: Option<String>,
 }
 
 /// `[[coordinator]]`.
@@ -349,6 +357,11 @@ impl ClusterFile {
             entry.data_dir.display().to_string(),
         ];
         push_some(&mut flags, "--metrics-addr", entry.metrics.as_ref());
+        push_some(
+            &mut flags,
+            "--proof-of-death",
+            self.cluster.proof_of_death.as_ref(),
+        );
         self.push_server_security(&mut flags);
         Ok(flags)
     }
@@ -398,6 +411,11 @@ impl ClusterFile {
             &mut flags,
             "--backup-frames",
             entry.backup_frames.or(section.backup_frames).as_ref(),
+        );
+        push_some(
+            &mut flags,
+            "--unflushed-max",
+            section.unflushed_max.as_ref(),
         );
         push_some(&mut flags, "--disk-mbps", entry.disk_mbps.as_ref());
         push_some(&mut flags, "--nic-port", entry.nic_port.as_ref());

@@ -196,10 +196,16 @@ pub struct ServerArgs {
     pub data_dir: std::path::PathBuf,
     /// Segment replicas the backup holds in memory: its frame file, a pool allocated at
     /// start-up (this many frames of the larger of --segment-bytes and 8 MiB). As many
-    /// as the disk flushes in 2 s take open replicas; the rest keep flushed replicas in
+    /// as --unflushed-max allows take open replicas; the rest keep flushed replicas in
     /// memory, so that a recovery reads more of them from there.
     #[arg(long, default_value_t = BACKUP_FRAMES_DEFAULT)]
     pub backup_frames: usize,
+    /// Replicated data the backup may hold only in memory, not yet on its disk (frames
+    /// open for writes, or closed and not yet flushed): what a power loss of the whole
+    /// cluster could take, and how far writes and re-replication may run ahead of the
+    /// disk. At least one frame; at most --backup-frames of them count.
+    #[arg(long, default_value = "256MiB")]
+    pub unflushed_max: ByteSize,
     /// Coordinator address(es), comma-separated.
     #[arg(long, env = "RAMPART_COORDINATOR", default_value = "127.0.0.1:7000")]
     pub coordinator: String,
@@ -621,6 +627,7 @@ fn server_config(args: &ServerArgs) -> Result<StorageServerConfig> {
     let config = StorageServerConfig {
         frame_file: args.frame_file.clone(),
         backup_frames: args.backup_frames,
+        unflushed_bytes_max: args.unflushed_max.0,
         disk_mbps: args.disk_mbps,
         master,
         replicas: usize::try_from(args.replicas).context("--replicas is too large")?,
@@ -650,6 +657,7 @@ fn flags_of(field: &str) -> &str {
         "master" => "--segment-bytes, --memory, --value-bytes-max or --cleaner-threshold",
         "coordinators" => "--coordinator",
         "backup_frames" => "--backup-frames",
+        "unflushed_bytes_max" => "--unflushed-max",
         "disk_mbps" => "--disk-mbps",
         "partition_limits" => "--partition-mb or --partition-records",
         "ping_interval" => "--ping-interval-ms",

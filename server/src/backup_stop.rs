@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 use crate::config::FRAME_FLUSH_WINDOW;
 
 /// How long a stopping backup waits for its closes in flight to end before it keeps its
-/// frame file instead: a backup holds no more open frames than its disk writes in
-/// [`FRAME_FLUSH_WINDOW`] (`crate::config::frames_for_disk`), so all of them end
-/// within it.
+/// frame file instead: with the default byte budget
+/// (`crate::config::UNFLUSHED_BYTES_DEFAULT`), what a 128 MB/s disk writes in
+/// [`FRAME_FLUSH_WINDOW`]. A larger budget on a slower disk may outlast it: the frame
+/// file is then kept for the restart, nothing is lost.
 pub const CLOSES_DRAIN_TIMEOUT: Duration = FRAME_FLUSH_WINDOW;
 
 /// How often the wait for closes looks again.

@@ -2,8 +2,9 @@
 //! [`StorageServerConfig::validate`] before anything starts.
 //!
 //! Defaults are those of `rampart server` without flags ([`StorageServerConfig::new`]).
-//! The frame bound of the backup ([`frames_for_disk`]) is derived here, from the disk's
-//! speed, so that an operator's `backup_frames` is an upper bound, not a promise.
+//! The frames of the backup that may take open replicas ([`frames_for_budget`]) are
+//! derived here from the operator's byte budget, `unflushed_bytes_max`, within the pool
+//! of `backup_frames`.
 
 use rampart_common::config::{MasterConfig, SEGMENT_BYTES_DEFAULT};
 use rampart_common::onesided::TransportKind;
@@ -18,26 +19,28 @@ pub const BACKUP_FRAMES_DEFAULT: usize = 64;
 /// (for the `rpc` and `tcp` transports) copies, so one thread keeps up with the master.
 pub const BACKUP_THREADS: usize = 1;
 
-/// Unflushed frames a backup holds at most: what its disk writes in this long. It bounds
-/// what a power loss of the whole cluster can take (frames live in memory), and what a
-/// backup must write before it can free a frame for a new open.
+/// How long a backup's disk takes to write what [`UNFLUSHED_BYTES_DEFAULT`] allows at
+/// 128 MB/s: about what a stopping backup waits for its closes in flight.
 pub const FRAME_FLUSH_WINDOW: Duration = Duration::from_secs(2);
 
-/// Fewest frames a backup offers, whatever its disk: one per concurrently open segment
-/// of a few masters.
-pub const FRAMES_MIN: usize = 8;
+/// Replicated bytes a backup may hold only in memory by default (in frames open for
+/// writes or not yet flushed to its disk): 32 frames of 8 MiB. What a power loss of the
+/// whole cluster could take, and what the backup's disk must write before a frame is
+/// free for a new open; more lets writes and re-replication run ahead of the disk for
+/// longer.
+pub const UNFLUSHED_BYTES_DEFAULT: u64 = 256 << 20;
 
 /// Backup replicas of every segment by default (R).
 pub const REPLICAS_DEFAULT: usize = 3;
 
-/// The frame bound for a disk of `disk_mbps` and frames of `frame_bytes`, at most
-/// `configured`: a backup refuses `OpenReplica` rather than hold more than its disk can
-/// flush in [`FRAME_FLUSH_WINDOW`].
-pub fn frames_for_disk(disk_mbps: u32, frame_bytes: u32, configured: usize) -> usize {
-    let flushable = u64::from(disk_mbps) * 1_000_000 * FRAME_FLUSH_WINDOW.as_secs()
-        / u64::from(frame_bytes.max(1));
-    let flushable = usize::try_from(flushable).unwrap_or(usize::MAX);
-    flushable.clamp(FRAMES_MIN.min(configured), configured.max(1))
+/// The frames that may take open replicas under a budget of `unflushed_bytes_max` bytes
+/// held only in memory, for frames of `frame_bytes`: at least one, at most the pool's
+/// `configured` frames. The same on every start: an operator's setting, not a probe's.
+pub fn frames_for_budget(unflushed_bytes_max: u64, frame_bytes: u32, configured: usize) -> usize {
+    let frames = unflushed_bytes_max / u64::from(frame_bytes.max(1));
+    usize::try_from(frames)
+        .unwrap_or(usize::MAX)
+        .clamp(1, configured.max(1))
 }
 
 /// One storage server: its master, its backup, and how it finds the coordinators.
@@ -52,10 +55,13 @@ pub struct StorageServerConfig {
     /// `/dev/shm/rampart-frames-HASH`, HASH naming the data directory.
     pub frame_file: Option<PathBuf>,
     /// Segment replicas the backup holds in memory, its frame file allocated at start-up
-    /// (this many frames of the larger of the segment size and 8 MiB). As many as the
-    /// disk flushes in [`FRAME_FLUSH_WINDOW`] take open replicas; the rest keep flushed
-    /// replicas in memory, for recoveries to read from there.
+    /// (this many frames of the larger of the segment size and 8 MiB). As many as
+    /// `unflushed_bytes_max` allows take open replicas ([`frames_for_budget`]); the rest
+    /// keep flushed replicas in memory, for recoveries to read from there.
     pub backup_frames: usize,
+    /// Replicated bytes the backup may hold only in memory, not yet on its disk
+    /// ([`UNFLUSHED_BYTES_DEFAULT`]).
+    pub unflushed_bytes_max: u64,
     /// Disk read bandwidth of the backup in MB/s, reported at enlistment (masters place
     /// replicas by it). `None`: measured at start-up.
     pub disk_mbps: Option<u32>,
@@ -110,6 +116,7 @@ impl StorageServerConfig {
             data_dir,
             frame_file: None,
             backup_frames: BACKUP_FRAMES_DEFAULT,
+            unflushed_bytes_max: UNFLUSHED_BYTES_DEFAULT,
             disk_mbps: None,
             master: MasterConfig::default(),
             replicas: REPLICAS_DEFAULT,
@@ -146,6 +153,12 @@ impl StorageServerConfig {
         }
         if self.backup_frames == 0 {
             return invalid("backup_frames", "a backup needs at least one frame");
+        }
+        if self.unflushed_bytes_max < u64::from(self.frame_bytes()) {
+            return invalid(
+                "unflushed_bytes_max",
+                "below one frame: the backup could open no replica",
+            );
         }
         if self.disk_mbps == Some(0) {
             return invalid("disk_mbps", "a disk of 0 MB/s flushes nothing");
@@ -193,10 +206,11 @@ mod tests {
     #[test]
     fn each_invalid_field_is_named() {
         type Breaks = fn(&mut StorageServerConfig);
-        let cases: [(&str, Breaks); 8] = [
+        let cases: [(&str, Breaks); 9] = [
             ("master", |c| c.master.segment_bytes = 1),
             ("coordinators", |c| c.coordinators.clear()),
             ("backup_frames", |c| c.backup_frames = 0),
+            ("unflushed_bytes_max", |c| c.unflushed_bytes_max = 1024),
             ("disk_mbps", |c| c.disk_mbps = Some(0)),
             ("partition_limits", |c| c.partition_limits.records_max = 0),
             ("ping_interval", |c| c.ping_interval = Duration::ZERO),
@@ -214,25 +228,16 @@ mod tests {
     }
 
     #[test]
-    fn the_frame_bound_follows_the_disk_within_the_configured_count() {
+    fn the_frames_open_follow_the_byte_budget_within_the_pool() {
         let frame = SEGMENT_BYTES_DEFAULT;
-        // 100 MB/s × 2 s = 200 MB: 23 frames of 8 MiB.
-        assert_eq!(frames_for_disk(100, frame, 64), 23);
+        assert_eq!(frames_for_budget(UNFLUSHED_BYTES_DEFAULT, frame, 64), 32);
+        assert_eq!(frames_for_budget(100 << 20, frame, 64), 12, "whole frames");
         assert_eq!(
-            frames_for_disk(100, frame, 10),
-            10,
-            "at most the configured count"
+            frames_for_budget(1 << 40, frame, 64),
+            64,
+            "at most the pool"
         );
-        assert_eq!(
-            frames_for_disk(1, frame, 64),
-            FRAMES_MIN,
-            "at least FRAMES_MIN"
-        );
-        assert_eq!(
-            frames_for_disk(1, frame, 3),
-            3,
-            "FRAMES_MIN only when configured"
-        );
+        assert_eq!(frames_for_budget(1, frame, 64), 1, "at least one");
     }
 }
 

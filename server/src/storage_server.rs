@@ -60,7 +60,7 @@ use tokio::runtime::{Handle, Runtime};
 use crate::backup_stop::{self, BackupStop};
 use crate::children::ServerChildren;
 use crate::config::{
-    advertised_addr, frames_for_disk, host_of, ConfigError, StorageServerConfig, BACKUP_THREADS,
+    advertised_addr, frames_for_budget, host_of, ConfigError, StorageServerConfig, BACKUP_THREADS,
 };
 use crate::enlistment::{enlist, EnlistError};
 use crate::metrics::StorageMetrics;
@@ -272,7 +272,7 @@ impl StorageServer {
             }
         };
         let backup_runtime = BackupRuntime::start()?;
-        let backup = open_backup(&config, disk_mbps, frame_file).await?;
+        let backup = open_backup(&config, frame_file).await?;
         // The log's memory, touched before enlisting: from its enlistment on the server
         // must answer pings, and touching takes ≈ 0.4 s per GiB.
         let log_memory = {
@@ -474,13 +474,16 @@ impl StorageServer {
 /// logs what the open found.
 async fn open_backup(
     config: &StorageServerConfig,
-    disk_mbps: u32,
     frame_file: PathBuf,
 ) -> Result<Arc<BackupService>, StartError> {
     let frame_bytes = config.frame_bytes();
-    // `backup_frames` slots, of which as many as the disk flushes in time take open
+    // `backup_frames` slots, of which as many as the byte budget allows take open
     // frames; the others keep flushed replicas in memory.
-    let frames_max = frames_for_disk(disk_mbps, frame_bytes, config.backup_frames);
+    let frames_max = frames_for_budget(
+        config.unflushed_bytes_max,
+        frame_bytes,
+        config.backup_frames,
+    );
     let backup_config = BackupConfig {
         frames_max,
         extra_slots: config.backup_frames.saturating_sub(frames_max),

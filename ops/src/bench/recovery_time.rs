@@ -100,6 +100,10 @@ pub struct RecoveryBenchArgs {
     /// Keys read in a loop from the kill on, spread over the hash space.
     #[arg(long, default_value_t = 256)]
     pub probe_keys: usize,
+    /// Replicated data each backup may hold only in memory (`rampart server
+    /// --unflushed-max`): the frames open for the recovery masters' re-replication.
+    #[arg(long, default_value = "256MiB")]
+    pub unflushed_max: String,
     /// Write the figures as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -142,6 +146,9 @@ pub(crate) struct RecoveryFigures {
     /// When, ms from the kill.
     #[serde(default)]
     pub(crate) lease_end_ms: Option<u64>,
+    /// The backups' `--unflushed-max` (absent in older runs).
+    #[serde(default)]
+    pub(crate) unflushed_max: Option<String>,
 }
 
 impl RecoveryFigures {
@@ -242,6 +249,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         memory: format!("{memory_mb}MiB"),
         segment_bytes: args.segment_bytes.clone(),
         recovery_masters_max: args.recovery_masters,
+        unflushed_max: args.unflushed_max.clone(),
         ..UpArgs::private(data_dir.clone(), args.servers)
     };
     let mut local = cluster::start(&up, false)?;
@@ -254,8 +262,15 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         .build()?;
     let objects = args.data_mb * 1_000_000 / (args.object_bytes as u64 + 11);
     println!(
-        "{} servers, R = {}, {} MB in {} objects of {} bytes, segments {}",
-        args.servers, args.replicas, args.data_mb, objects, args.object_bytes, args.segment_bytes
+        "{} servers, R = {}, {} MB in {} objects of {} bytes, segments {}, at most {} \
+         unflushed per backup",
+        args.servers,
+        args.replicas,
+        args.data_mb,
+        objects,
+        args.object_bytes,
+        args.segment_bytes,
+        args.unflushed_max
     );
     let coordinator = local.coordinator.clone();
     let client = runtime.block_on(async {
@@ -448,6 +463,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
                 .collect(),
             lease_end: report.lease_end.map(|end| end.to_string()),
             lease_end_ms: report.lease_end.map(|_| report.lease_end_ms + shift),
+            unflushed_max: Some(args.unflushed_max.clone()),
         };
         figures.write(path)?;
     }
