@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::node::{NodeError, RaftNode};
-use crate::proof_of_death::{Evidence, ProofOfDeath, Proofs};
+use crate::proof_of_death::{address_is_direct, Evidence, ProofOfDeath, Proofs};
 use crate::state::{Command, CommandResult};
 
 /// Milliseconds in `d`, saturating (for reports and logs).
@@ -171,12 +171,41 @@ impl FailureVerifier {
     }
 
     /// Records `evidence` about `server`; returns whether it proves its death.
+    /// Evidence about a server that is gone from the list, or never was, is not kept.
     fn seen(&self, server: ServerId, evidence: Evidence) -> bool {
+        let listed = self.node.with_state(|state| {
+            state
+                .server(server)
+                .is_some_and(|s| s.status != ServerStatus::Removed)
+        });
+        if !listed {
+            return false;
+        }
         let proof = self.proofs.lock().seen(server, evidence, Instant::now());
         if proof {
             self.proof_found.notify_waiters();
         }
         proof
+    }
+
+    /// What `addr` answers an `Identify` with (within the verify timeout, on a fresh
+    /// connection), as evidence about `server`: `Ok(None)` when `server` itself answers
+    /// (alive), `Err(())` when nothing can be said (silence, an error, an address whose
+    /// refusal proves nothing: `proof_of_death::address_is_direct`).
+    async fn identify(&self, server: ServerId, addr: &str) -> Result<Option<Evidence>, ()> {
+        self.pool.forget(addr);
+        let deadline = Instant::now() + self.verify_timeout;
+        let answer = self
+            .pool
+            .call::<Identify>(addr, &PingRequest {}, deadline)
+            .await;
+        let direct = address_is_direct(addr);
+        match answer {
+            Ok(reply) if reply.server == server => Ok(None),
+            Ok(reply) if direct => Ok(Some(Evidence::OtherServer(reply.server))),
+            Err(error) if direct && error.refused() => Ok(Some(Evidence::Refused)),
+            _ => Err(()),
+        }
     }
 
     /// Probes the address `addr` of the crashed server `server` once (within the verify
@@ -186,17 +215,8 @@ impl FailureVerifier {
         if self.proof_of(server).is_some() {
             return true;
         }
-        self.pool.forget(addr);
-        let deadline = Instant::now() + self.verify_timeout;
-        let evidence = match self
-            .pool
-            .call::<Identify>(addr, &PingRequest {}, deadline)
-            .await
-        {
-            Ok(reply) if reply.server != server => Evidence::OtherServer(reply.server),
-            Ok(_) => return false,
-            Err(error) if error.refused() => Evidence::Refused,
-            Err(_) => return false,
+        let Ok(Some(evidence)) = self.identify(server, addr).await else {
+            return false;
         };
         let proof = self.seen(server, evidence);
         tracing::info!(%server, %addr, ?evidence, proof, "crashed server's address probed");
@@ -204,8 +224,10 @@ impl FailureVerifier {
     }
 
     /// A supervisor saw the process of `server` exit. Where its word counts, `server` is
-    /// declared crashed at once (if `Up`) with its death proven; elsewhere it is verified
-    /// as a failure report. Fails with `NotLeader` on a follower.
+    /// declared crashed at once (if `Up`) with its death proven — unless `server` itself
+    /// still answers at its address (the supervisor named the wrong server: its word is
+    /// then a failure report like any other, and proves nothing); elsewhere it is
+    /// verified as a failure report. Fails with `NotLeader` on a follower.
     pub fn process_exited(
         self: &Arc<Self>,
         server: ServerId,
@@ -223,22 +245,32 @@ impl FailureVerifier {
         let Some((status, addr)) = known else {
             return Ok(());
         };
-        if !self.seen(server, Evidence::ExitSeen) {
+        if !self.proof_of_death().accepts(Evidence::ExitSeen) {
             tracing::info!(%server, %supervisor, "process exit reported; its supervisor's word is not proof here");
             return self.report_failure(server, supervisor);
         }
-        tracing::info!(%server, %addr, %supervisor, "process exit reported: proof of death");
-        if status != ServerStatus::Up {
-            return Ok(());
-        }
-        let term = self.node.status().term;
-        if !self.suspects.lock().reported(server, Instant::now(), term) {
-            // Being verified: its pings fail at once, the process is gone.
-            return Ok(());
-        }
         let me = Arc::clone(self);
-        let why = format!("its supervisor {supervisor} saw its process exit");
+        let supervisor = supervisor.to_string();
         tokio::spawn(async move {
+            // One look first: a supervisor that names the wrong server must not let a
+            // live one's tablets go live elsewhere.
+            if me.identify(server, &addr).await == Ok(None) {
+                tracing::warn!(%server, %addr, %supervisor, "process exit reported, but the server answers at its address: not proof; verifying");
+                let _ = me.report_failure(server, &supervisor);
+                return;
+            }
+            if !me.seen(server, Evidence::ExitSeen) {
+                return;
+            }
+            tracing::info!(%server, %addr, %supervisor, "process exit reported: proof of death");
+            let term = me.node.status().term;
+            if status != ServerStatus::Up
+                || !me.suspects.lock().reported(server, Instant::now(), term)
+            {
+                // Declared already, or being verified (whose pings end at the proof).
+                return;
+            }
+            let why = format!("its supervisor {supervisor} saw its process exit");
             me.declare(server, &addr, &why).await;
             me.suspects.lock().verification_ended(server);
         });
@@ -292,6 +324,11 @@ impl FailureVerifier {
     async fn verify(&self, server: ServerId, addr: String) {
         let mut last = String::new();
         for _ in 0..self.verify_attempts {
+            if self.proof_of(server).is_some() {
+                // Its supervisor's word came meanwhile: no need to ping a dead process.
+                last = "its death was proven".to_string();
+                break;
+            }
             let deadline = Instant::now() + self.verify_timeout;
             match self
                 .pool
@@ -307,7 +344,10 @@ impl FailureVerifier {
                     // A fresh connection for the next try: the old one may be the problem.
                     self.pool.forget(&addr);
                     last = error.to_string();
-                    if error.refused() && self.seen(server, Evidence::Refused) {
+                    if error.refused()
+                        && address_is_direct(&addr)
+                        && self.seen(server, Evidence::Refused)
+                    {
                         // Proof of death: more pings would only be refused too.
                         break;
                     }

@@ -6,10 +6,12 @@
 //! until the lease it holds lapses. A master whose process is gone serves nothing, so
 //! once its death is certain that wait protects nobody. Death is certain when:
 //! * its **supervisor saw its process exit** ([`Evidence::ExitSeen`]): `rampart cluster
-//!   up` reports the exit of a server it started (`ProcessExited`), naming the id the
-//!   server announced, so the word is about that incarnation;
+//!   up` (and the drill and `bench recovery`, which supervise their clusters the same
+//!   way) reports the exit of a server it started (`ProcessExited`), naming the id the
+//!   server announced, so the word is about that incarnation; a server that still
+//!   answers `Identify` with that id at its address is not taken for dead on it;
 //! * its **address refused a connection** ([`Evidence::Refused`]): nothing listens on
-//!   its port;
+//!   its port (only for a literal IP address: [`address_is_direct`]);
 //! * **another server answers at its address** ([`Evidence::OtherServer`], learnt with
 //!   `Identify`): the port belongs to another process.
 //!
@@ -119,6 +121,16 @@ impl FromStr for ProofOfDeath {
             )),
         }
     }
+}
+
+/// Whether a refusal at `addr`, or another server answering there, can be evidence
+/// about the one server that listened there: only for a literal IP address other than
+/// the unspecified one. A name may resolve to several addresses (a dial reports the
+/// last one's error, which may not be the server's), and `0.0.0.0` is whatever host
+/// dials it.
+pub fn address_is_direct(addr: &str) -> bool {
+    addr.parse::<std::net::SocketAddr>()
+        .is_ok_and(|addr| !addr.ip().is_unspecified())
 }
 
 /// One observation that a master may be gone (module doc).
@@ -281,6 +293,18 @@ mod tests {
             assert!(!off.seen(A, evidence, ms(1)));
         }
         assert_eq!(off.of(A), None);
+    }
+
+    #[test]
+    fn only_a_literal_specified_address_can_refuse_for_its_server() {
+        assert!(address_is_direct("10.0.1.7:7100"));
+        assert!(address_is_direct("[::1]:7100"));
+        assert!(!address_is_direct("0.0.0.0:7100"), "the dialler's own host");
+        assert!(!address_is_direct("[::]:7100"));
+        assert!(
+            !address_is_direct("storage-7.example:7100"),
+            "a name may be many"
+        );
     }
 
     #[test]

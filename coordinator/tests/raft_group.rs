@@ -842,7 +842,8 @@ mod failure_verification {
     {
         let mut group = Group::start(1, 10_000).await;
         let node = group.node(group.leader().await).clone();
-        let crashed = ServerId(5);
+        // Listed (evidence about a server the list does not hold is not kept).
+        let crashed = enlisted(&group, "127.0.0.1:1").await;
         // Bound, not listening: connections are refused, and the port stays ours.
         let closed = tokio::net::TcpSocket::new_v4().unwrap();
         closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -894,42 +895,79 @@ mod failure_verification {
         group.stop_all().await;
     }
 
+    /// The address of a server answering `Identify` as whatever id `id` holds once set
+    /// (its address is needed to enlist it, which gives the id).
+    async fn identified_later() -> (String, Arc<parking_lot::Mutex<ServerId>>) {
+        #[derive(Debug)]
+        struct Later(Arc<parking_lot::Mutex<ServerId>>);
+        impl Service for Later {
+            fn handle(&self, opcode: Opcode, _payload: bytes::Bytes) -> HandleFuture<'_> {
+                let id = *self.0.lock();
+                Box::pin(async move {
+                    match opcode {
+                        Identify::OPCODE => Reply::ok(&IdentifyReply { server: id }),
+                        Ping::OPCODE => Reply::ok(&PingReply::default()),
+                        _ => Reply::error(Status::UnknownOpcode, "only identify and ping"),
+                    }
+                })
+            }
+        }
+        let id = Arc::new(parking_lot::Mutex::new(ServerId(0)));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let service = Arc::new(Later(Arc::clone(&id)));
+        tokio::spawn(RpcServer::run(listener, service, std::future::pending()));
+        (addr, id)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_supervisors_word_declares_a_server_crashed_at_once_where_it_counts() {
         let mut group = Group::start(1, 10_000).await;
         let node = group.node(group.leader().await).clone();
-        // It accepts connections and never answers: pings alone would take their
-        // timeouts, and would never prove anything.
-        let hung = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = hung.local_addr().unwrap().to_string();
-        let exited = enlisted(&group, &addr).await;
-        let verifier = Arc::new(FailureVerifier::new(
-            node.clone(),
-            Arc::new(RpcPool::new()),
-            Duration::from_secs(30),
-            2,
-            ProofOfDeath::Supervisor,
-        ));
-        verifier.process_exited(exited, "test").unwrap();
-        tokio::time::timeout(Duration::from_secs(5), verifier.crash_declared())
+        let verifier = |setting| {
+            Arc::new(FailureVerifier::new(
+                node.clone(),
+                Arc::new(RpcPool::new()),
+                Duration::from_millis(300),
+                2,
+                setting,
+            ))
+        };
+        // Another process answers at its address (a ping gets an answer there, so pings
+        // alone would never declare it): the supervisor's word alone declares it.
+        let impostor = identified(ServerId(99)).await;
+        let exited = enlisted(&group, &impostor).await;
+        let supervised = verifier(ProofOfDeath::Supervisor);
+        supervised.process_exited(exited, "test").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), supervised.crash_declared())
             .await
-            .expect("declared without waiting for its pings");
+            .expect("declared on the supervisor's word");
         assert!(matches!(
-            verifier.proof_of(exited),
+            supervised.proof_of(exited),
             Some((_, Evidence::ExitSeen))
         ));
         assert_ne!(status(&node, exited), ServerStatus::Up);
 
+        // A supervisor that names a server still answering as itself is not believed.
+        let (alive_addr, alive_id) = identified_later().await;
+        let alive = enlisted(&group, &alive_addr).await;
+        *alive_id.lock() = alive;
+        supervised.process_exited(alive, "test").unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), supervised.crash_declared())
+                .await
+                .is_err(),
+            "a live server declared crashed on a wrong word"
+        );
+        assert_eq!(supervised.proof_of(alive), None);
+        assert_eq!(status(&node, alive), ServerStatus::Up);
+
         // Where the supervisor's word does not count, it is a report like any other:
         // verified by pings (here: 2 × 300 ms of silence), and no proof.
-        let other = enlisted(&group, &addr).await;
-        let off = Arc::new(FailureVerifier::new(
-            node.clone(),
-            Arc::new(RpcPool::new()),
-            Duration::from_millis(300),
-            2,
-            ProofOfDeath::Off,
-        ));
+        let hung = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hung_addr = hung.local_addr().unwrap().to_string();
+        let other = enlisted(&group, &hung_addr).await;
+        let off = verifier(ProofOfDeath::Off);
         let reported = Instant::now();
         off.process_exited(other, "test").unwrap();
         tokio::time::timeout(SETTLE, off.crash_declared())

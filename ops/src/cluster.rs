@@ -249,9 +249,13 @@ impl LocalCluster {
             .pid())
     }
 
-    /// From now on, tells the coordinators of every server exit this process sees (its
+    /// From now on, tells the coordinators of the server exits this process sees (its
     /// word as their supervisor: `crate::supervisor`): those of [`kill_server`] and
-    /// those [`report_exits`] reaps. Call it from a thread outside any async runtime.
+    /// those [`report_exits`] reaps (not those [`server_exited`] reaps: servers the
+    /// coordinators declared crashed already). Each report blocks for at most
+    /// `EXIT_REPORT_TIMEOUT`. Call it from a thread outside any async runtime.
+    ///
+    /// [`server_exited`]: Self::server_exited
     ///
     /// [`kill_server`]: Self::kill_server
     /// [`report_exits`]: Self::report_exits

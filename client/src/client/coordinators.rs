@@ -48,42 +48,54 @@ impl Client {
         Ok(())
     }
 
-    /// Waits, until `deadline` or at most [`MAP_WATCH_WAIT`], for a tablet map newer
-    /// than `seen` (`WatchTabletMap`: the coordinators answer as soon as the map
-    /// changes, such as when a crashed owner's tablet goes live elsewhere); returns
-    /// whether one came. One watch at a time per client: the operations behind it find
-    /// the newer map when it comes. `false` when the coordinators do not answer it (an
-    /// older release) or the wait ran out: the caller then pauses as before.
-    pub(super) async fn watch_map(&self, seen: u64, deadline: Instant) -> bool {
-        let _watching = self.inner.watching.lock().await;
-        if self.map().version > seen {
-            return true;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        let wait = (deadline - now).min(MAP_WATCH_WAIT);
-        let request = WatchTabletMapRequest {
-            seen,
-            wait_ms: u32::try_from(wait.as_millis()).unwrap_or(u32::MAX),
-        };
-        // Each attempt outlasts the coordinator's wait: its answer, not a timeout here.
-        let attempt = wait + COORDINATOR_ATTEMPT_TIMEOUT_MAX;
-        let Ok(map) = self
-            .coordinator_call_within::<WatchTabletMap>(&request, now + attempt, attempt)
-            .await
+    /// Waits, until `deadline` or at most [`MAP_WATCH_WAIT`], for a tablet map in which
+    /// `changed` holds (`WatchTabletMap`: the coordinators answer as soon as the map's
+    /// version passes the one watched, such as when a crashed owner's tablet goes live
+    /// elsewhere; a newer map where `changed` does not hold yet — another change — is
+    /// kept and watched past); returns whether one came. One watch at a time per
+    /// client: the operations behind it find the newer map when it comes. `false` when
+    /// the coordinators do not answer it (an older release) or the wait ran out: the
+    /// caller then pauses as before.
+    pub(super) async fn watch_map(
+        &self,
+        deadline: Instant,
+        changed: impl Fn(&TabletMapCache) -> bool,
+    ) -> bool {
+        let deadline = deadline.min(Instant::now() + MAP_WATCH_WAIT);
+        let Ok(_watching) = tokio::time::timeout_at(deadline, self.inner.watching.lock()).await
         else {
             return false;
         };
-        if map.version <= seen {
-            return false;
+        loop {
+            let map = self.map();
+            if changed(&map) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let request = WatchTabletMapRequest {
+                seen: map.version,
+                wait_ms: u32::try_from((deadline - now).as_millis()).unwrap_or(u32::MAX),
+            };
+            // The coordinator answers by the deadline: a timeout here is its silence.
+            let attempt = (deadline - now) + COORDINATOR_ATTEMPT_TIMEOUT_MAX;
+            let Ok(newer) = self
+                .coordinator_call_within::<WatchTabletMap>(&request, deadline, attempt)
+                .await
+            else {
+                return false;
+            };
+            if newer.version <= map.version {
+                // The wait ran out (or this coordinator holds watches enough).
+                return false;
+            }
+            let mut cached = self.inner.map.write();
+            if newer.version > cached.version {
+                *cached = Arc::new(TabletMapCache::new(newer));
+            }
         }
-        let mut cached = self.inner.map.write();
-        if map.version > cached.version {
-            *cached = Arc::new(TabletMapCache::new(map));
-        }
-        true
     }
 
     /// [`refresh_map`](Self::refresh_map) inside an operation's retry loop, after an

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::state::Client;
 use crate::error::ClientError;
+use crate::tablet_map::TabletMapCache;
 
 /// The outcome of one attempt, for the retry loop.
 pub(super) enum Attempt<T> {
@@ -165,11 +166,17 @@ impl Client {
                 // Its owner crashed: it comes back when its recovery commits the tablet
                 // elsewhere. Watch for that rather than pause blind (a pause of up to
                 // `backoff_max` after the tablet went live is what the client would see).
-                let map = self.map();
-                let recovering = map
-                    .server(tablet.owner)
-                    .is_some_and(|s| s.status == ServerStatus::Crashed);
-                if recovering && self.watch_map(map.version, retry.deadline).await {
+                let crashed = |map: &TabletMapCache| {
+                    map.server(tablet.owner)
+                        .is_some_and(|s| s.status == ServerStatus::Crashed)
+                };
+                let back = |map: &TabletMapCache| {
+                    !crashed(map)
+                        || !map
+                            .route(table, hash)
+                            .is_some_and(|(_, owner)| owner == addr)
+                };
+                if crashed(&self.map()) && self.watch_map(retry.deadline, back).await {
                     continue;
                 }
                 retry.pause(why).await?;

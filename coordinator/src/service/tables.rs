@@ -128,10 +128,11 @@ impl CoordinatorService {
         }
     }
 
-    /// `WatchTabletMap`: the map once newer than `seen` (read after a barrier, as
-    /// `GetTabletMap`), or as it is once the wait (at most
-    /// [`WATCH_TABLET_MAP_WAIT_MAX`]) is over; at once when
-    /// `WATCH_TABLET_MAP_WAITERS_MAX` watches wait already.
+    /// `WatchTabletMap`: the map once newer than `seen`, or as it is once the wait (at
+    /// most [`WATCH_TABLET_MAP_WAIT_MAX`]) is over; at once when
+    /// `WATCH_TABLET_MAP_WAITERS_MAX` watches wait already. One read barrier at the
+    /// start (as `GetTabletMap`): what this member applies after it is newer still, so a
+    /// wake-up only compares versions, and the map is built once, to answer.
     pub(super) async fn watch_tablet_map(
         &self,
         request: WatchTabletMapRequest,
@@ -144,14 +145,14 @@ impl CoordinatorService {
         } else {
             Instant::now()
         };
+        self.read_barrier().await?;
         loop {
             let applied = self.node.state_applied();
             tokio::pin!(applied);
             applied.as_mut().enable();
-            self.read_barrier().await?;
-            let map = self.node.with_state(CoordinatorState::tablet_map);
-            if map.version > request.seen || Instant::now() >= deadline {
-                return Ok(map);
+            let version = self.node.with_state(CoordinatorState::version);
+            if version > request.seen || Instant::now() >= deadline {
+                return Ok(self.node.with_state(CoordinatorState::tablet_map));
             }
             tokio::select! {
                 () = &mut applied => {}
