@@ -360,7 +360,6 @@ impl FailureVerifier {
     /// Commits `server`'s crash (`why`: the last ping's error, or the supervisor's
     /// word), then tells the servers and wakes the recovery manager.
     async fn declare(&self, server: ServerId, addr: &str, why: &str) {
-        let last = why;
         let command = Command::SetServerStatus {
             id: server,
             status: ServerStatus::Crashed,
@@ -369,7 +368,7 @@ impl FailureVerifier {
             Ok(CommandResult::StatusSet) => {
                 let detection = self.suspects.lock().declared(server, Instant::now());
                 tracing::warn!(
-                    %server, %addr, error = %last,
+                    %server, %addr, error = %why,
                     detection_ms = ms(detection),
                     "server declared crashed"
                 );
