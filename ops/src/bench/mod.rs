@@ -13,6 +13,8 @@
 //! * [`compare`] — Rampart against Redis on the same machine, alternating (YCSB with
 //!   R copies acknowledged against Redis `WAIT R` and without replicas); [`resp`] — the
 //!   small RESP client it drives Redis with.
+//! * [`lost_writes`] — the write load the loss comparison runs until each kill, and the
+//!   count of acknowledged writes missing afterwards.
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
 
@@ -20,6 +22,7 @@ pub mod cleaner;
 pub mod compare;
 pub mod coordinator;
 pub mod echo;
+pub mod lost_writes;
 pub mod recovery_time;
 pub mod replication;
 pub mod resp;

@@ -26,6 +26,10 @@
 //!   K, it shows how the work per byte grows with the recovery masters.
 //!
 //! Then it verifies every object (count and checksum, by enumerating the table).
+//! With `--write-until-kill-ms N`, 16 closed-loop writers overwrite 10,000 keys of the
+//! master for the last N ms before the kill (and stop issuing at it); once the recovery
+//! is over every key is read back and the acknowledged writes missing are counted
+//! ([`lost_writes`](super::lost_writes): the load `bench compare` runs on every system).
 //! Loading shows its progress on stderr (`progress`).
 //!
 //! **The floor** is the least work any recovery of this data does on this machine,
@@ -62,9 +66,14 @@ use std::io::Read;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
+use super::lost_writes::{
+    loss_key, write_until, LostWrites, LOSS_KEYS, LOSS_KEY_PREFIX, LOSS_WRITERS,
+};
 use super::ycsb::RemoveOnDrop;
 use crate::child_processes::Children;
 use crate::cluster::{self, UpArgs};
@@ -104,6 +113,13 @@ pub struct RecoveryBenchArgs {
     /// --unflushed-max`): the frames open for the recovery masters' re-replication.
     #[arg(long, default_value = "256MiB")]
     pub unflushed_max: String,
+    /// Milliseconds of write load before the kill: 16 closed-loop writers overwrite
+    /// 10,000 keys of 1 KB on the master until it is killed; once every probe key is
+    /// back, each key is read and the acknowledged writes missing counted
+    /// (`bench compare`'s honest comparison runs the same load on every system). 0: no
+    /// load.
+    #[arg(long, default_value_t = 0)]
+    pub write_until_kill_ms: u64,
     /// Write the figures as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -149,6 +165,12 @@ pub(crate) struct RecoveryFigures {
     /// The backups' `--unflushed-max` (absent in older runs).
     #[serde(default)]
     pub(crate) unflushed_max: Option<String>,
+    /// With `--write-until-kill-ms`: the writes acknowledged by the load, and of those
+    /// the ones missing after the recovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) writes_acknowledged: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) lost_writes: Option<u64>,
 }
 
 impl RecoveryFigures {
@@ -322,7 +344,9 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
              recovery cannot be timed; try less --data-mb, or fewer --servers"
         );
     }
+    let load = WriteLoad::start(&runtime, &client, table, args.write_until_kill_ms);
     let cpu_at_kill = local.children.cpu_seconds();
+    load.stop();
     let killed = Instant::now();
     let killed_unix = unix_ms();
     local.kill_server(index + 1)?;
@@ -346,7 +370,8 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let shift = report.declared_unix_ms.saturating_sub(killed_unix);
     let detection_ms = shift;
     let (verified, sum) = runtime.block_on(verify(&client, table))?;
-    let ok = verified == expected.0 && sum == expected.1;
+    let lost = runtime.block_on(load.count_lost(&client, table))?;
+    let ok = verified == expected.0 && sum == expected.1 && lost.map_or(true, |l| l.foreign == 0);
 
     let recovered_mb = args.data_mb as f64;
     let total_s = report
@@ -420,6 +445,12 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         expected.0,
         if ok { "checksum matches" } else { "MISMATCH" }
     );
+    if let Some(lost) = lost {
+        println!(
+            "| writes of the load ({} ms until the kill, {LOSS_WRITERS} writers) | {lost} |",
+            args.write_until_kill_ms
+        );
+    }
     write_svg(&args.svg, &report, shift, detection_ms)?;
     println!("timeline: {}", args.svg.display());
     if let Some(path) = &args.json {
@@ -464,6 +495,8 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
             lease_end: report.lease_end.map(|end| end.to_string()),
             lease_end_ms: report.lease_end.map(|_| report.lease_end_ms + shift),
             unflushed_max: Some(args.unflushed_max.clone()),
+            writes_acknowledged: lost.map(|l| l.acknowledged),
+            lost_writes: lost.map(|l| l.lost),
         };
         figures.write(path)?;
     }
@@ -511,6 +544,74 @@ async fn load(client: &Client, table: TableId, objects: u64, bytes: usize) -> Re
         s.wrapping_add(checksum(&key(i), &value(i, bytes)))
     });
     Ok((objects, sum))
+}
+
+/// Keys of the write load read back per multi-read.
+const LOSS_READ_BATCH: usize = 500;
+
+/// `--write-until-kill-ms`: [`LOSS_WRITERS`] writers overwriting the load's keys on the
+/// master from a little before the kill until it ([`lost_writes`](super::lost_writes)).
+struct WriteLoad {
+    stop: Arc<AtomicBool>,
+    writers: Vec<tokio::task::JoinHandle<Vec<u64>>>,
+}
+
+impl WriteLoad {
+    /// Starts the writers and lets them write for `ms` (nothing for 0).
+    fn start(
+        runtime: &tokio::runtime::Runtime,
+        client: &Client,
+        table: TableId,
+        ms: u64,
+    ) -> WriteLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers = if ms == 0 {
+            Vec::new()
+        } else {
+            (0..LOSS_WRITERS)
+                .map(|w| {
+                    let (client, stop) = (client.clone(), stop.clone());
+                    runtime.spawn(async move {
+                        write_until(w, &stop, |key, value| {
+                            let client = client.clone();
+                            async move { client.write(table, &key, &value).await.is_ok() }
+                        })
+                        .await
+                    })
+                })
+                .collect()
+        };
+        std::thread::sleep(Duration::from_millis(ms));
+        WriteLoad { stop, writers }
+    }
+
+    /// Tells the writers to issue nothing more (at the kill).
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Waits for the writes in flight at the kill (they are retried until the recovery
+    /// ends), then reads every key of the load back: what was acknowledged and is
+    /// missing. `None` without a load.
+    async fn count_lost(self, client: &Client, table: TableId) -> Result<Option<LostWrites>> {
+        if self.writers.is_empty() {
+            return Ok(None);
+        }
+        let mut acknowledged = Vec::new();
+        for writer in self.writers {
+            acknowledged.extend(writer.await.context("a writer of the load panicked")?);
+        }
+        let keys: Vec<Vec<u8>> = (0..LOSS_KEYS).map(loss_key).collect();
+        let mut read_back = BTreeMap::new();
+        for (c, chunk) in keys.chunks(LOSS_READ_BATCH).enumerate() {
+            let batch: Vec<(TableId, &[u8])> = chunk.iter().map(|k| (table, &k[..])).collect();
+            for (i, object) in client.multi_read(&batch).await?.into_iter().enumerate() {
+                let index = (c * LOSS_READ_BATCH + i) as u64;
+                read_back.insert(index, object?.map(|o| o.value.to_vec()));
+            }
+        }
+        Ok(Some(LostWrites::count(&acknowledged, &read_back)))
+    }
 }
 
 /// Reads every probe key in a loop until each has been read once, with the value it
@@ -615,6 +716,9 @@ async fn verify(client: &Client, table: TableId) -> Result<(u64, u64)> {
     let (mut count, mut sum) = (0u64, 0u64);
     while let Some(page) = enumeration.next_page().await? {
         for object in page {
+            if object.key.starts_with(LOSS_KEY_PREFIX) {
+                continue;
+            }
             count += 1;
             sum = sum.wrapping_add(checksum(&object.key, &object.value));
         }

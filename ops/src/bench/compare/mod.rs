@@ -33,7 +33,13 @@
 //! replicas, 3 sentinels with the lowest of `--sentinel-down-after-ms` that held
 //! `--sentinel-stable-s` under a write load without a sentinel deeming the primary down,
 //! the primary killed: until the address the sentinels give takes a write and serves the
-//! last object). Plotted beside the JSON as `-loss.svg`.
+//! last object). Every system takes the same write load until its kill (`--loss-write-ms`,
+//! default 500: 16 closed-loop writers overwriting 10,000 keys of 1 KB, the stability
+//! phase's load), and once it serves again the load's keys are read back: the
+//! acknowledged writes missing are counted beside each time ([`lost_writes`]). Plotted
+//! beside the JSON as `-loss.svg`.
+//!
+//! [`lost_writes`]: crate::bench::lost_writes
 //!
 //! One role per file:
 //!

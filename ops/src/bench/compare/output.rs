@@ -8,6 +8,7 @@ use super::args::CompareArgs;
 use super::loss::{Loss, LOSS_OBJECT_BYTES};
 use super::redis::redis_server_version;
 use super::ycsb_runs::{Measured, Results, System, SYSTEMS};
+use crate::bench::lost_writes::LOSS_WRITERS;
 use crate::bench::ycsb::Workload;
 
 /// Prints the YCSB runs: a line of conditions, then a row per workload and system.
@@ -171,7 +172,8 @@ impl WorkloadFigures {
     }
 }
 
-/// The loss comparison: ms from the kill until the data is served again.
+/// The loss comparison: ms from the kill until the data is served again, and of the
+/// writes the load had acknowledged until the kill, those missing afterwards.
 #[derive(Debug, Serialize, Deserialize)]
 struct LossFigures {
     gib: f64,
@@ -180,6 +182,17 @@ struct LossFigures {
     redis_rdb_reload_ms: f64,
     redis_aof_reload_ms: f64,
     redis_sentinel_failover_ms: f64,
+    /// The write load: its writers, and how long they wrote before each kill.
+    write_load_writers: u64,
+    write_load_ms: u64,
+    rampart_lost_writes: u64,
+    redis_rdb_lost_writes: u64,
+    redis_aof_lost_writes: u64,
+    redis_sentinel_lost_writes: u64,
+    rampart_acknowledged_writes: u64,
+    redis_rdb_acknowledged_writes: u64,
+    redis_aof_acknowledged_writes: u64,
+    redis_sentinel_acknowledged_writes: u64,
     sentinel_down_after_ms: u64,
     sentinel_stable_s: u64,
     sentinel_sweep: Vec<SentinelTry>,
@@ -224,6 +237,16 @@ pub(super) fn figures(
             redis_rdb_reload_ms: loss.rdb_ms.round(),
             redis_aof_reload_ms: loss.aof_ms.round(),
             redis_sentinel_failover_ms: loss.sentinel_ms.round(),
+            write_load_writers: LOSS_WRITERS,
+            write_load_ms: args.loss_write_ms,
+            rampart_lost_writes: loss.rampart_lost.lost,
+            redis_rdb_lost_writes: loss.rdb_lost.lost,
+            redis_aof_lost_writes: loss.aof_lost.lost,
+            redis_sentinel_lost_writes: loss.sentinel_lost.lost,
+            rampart_acknowledged_writes: loss.rampart_lost.acknowledged,
+            redis_rdb_acknowledged_writes: loss.rdb_lost.acknowledged,
+            redis_aof_acknowledged_writes: loss.aof_lost.acknowledged,
+            redis_sentinel_acknowledged_writes: loss.sentinel_lost.acknowledged,
             sentinel_down_after_ms: loss.sentinel_down_after_ms,
             sentinel_stable_s: args.sentinel_stable_s,
             sentinel_sweep: loss
@@ -238,9 +261,9 @@ pub(super) fn figures(
     }
 }
 
-/// Prints the loss comparison's line: each system's time from the kill to its data
-/// served again, and Rampart's over each Redis's.
-pub(super) fn print_loss(loss: &Loss) {
+/// Prints the loss comparison: each system's time from the kill to its data served
+/// again, and Rampart's over each Redis's; then each system's lost writes.
+pub(super) fn print_loss(args: &CompareArgs, loss: &Loss) {
     println!(
         "loss of a server holding {} GiB: rampart recovery {:.0} ms (client-observed); \
          redis restarted from its RDB {:.0} ms, from its AOF {:.0} ms, sentinel failover \
@@ -256,6 +279,21 @@ pub(super) fn print_loss(loss: &Loss) {
         loss.rampart_ms / loss.aof_ms,
         loss.rampart_ms / loss.sentinel_ms
     );
+    println!(
+        "writes lost ({LOSS_WRITERS} writers for {} ms until the kill): rampart {}; redis \
+         RDB {}; AOF everysec {}; sentinel {}",
+        args.loss_write_ms, loss.rampart_lost, loss.rdb_lost, loss.aof_lost, loss.sentinel_lost
+    );
+    for (system, lost) in [
+        ("rampart", &loss.rampart_lost),
+        ("redis RDB", &loss.rdb_lost),
+        ("redis AOF", &loss.aof_lost),
+        ("redis sentinel", &loss.sentinel_lost),
+    ] {
+        if lost.foreign > 0 {
+            println!("warning: {system}: {lost}");
+        }
+    }
 }
 
 #[cfg(test)]

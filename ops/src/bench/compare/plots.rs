@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use super::args::CompareArgs;
 use super::loss::Loss;
 use super::ycsb_runs::{Measured, Results, SYSTEMS};
+use crate::bench::lost_writes::LostWrites;
 
 /// Throughput per workload, a bar per system.
 pub(super) fn write_svg(
@@ -102,28 +103,32 @@ pub(super) fn write_svg(
 pub(super) fn write_loss_svg(path: &std::path::Path, loss: &Loss) -> Result<()> {
     use plotters::prelude::{
         ChartBuilder, Color, IntoDrawingArea, IntoSegmentedCoord, RGBColor, Rectangle, SVGBackend,
-        SegmentValue, WHITE,
+        SegmentValue, Text, WHITE,
     };
     let bars = [
         (
             "rampart: crash recovery",
             loss.rampart_ms,
             RGBColor(0x1f, 0x77, 0xb4),
+            &loss.rampart_lost,
         ),
         (
             "redis: restart from RDB",
             loss.rdb_ms,
             RGBColor(0xd6, 0x27, 0x28),
+            &loss.rdb_lost,
         ),
         (
             "redis: restart from AOF",
             loss.aof_ms,
             RGBColor(0xff, 0x7f, 0x0e),
+            &loss.aof_lost,
         ),
         (
             "redis: sentinel failover",
             loss.sentinel_ms,
             RGBColor(0x2c, 0xa0, 0x2c),
+            &loss.sentinel_lost,
         ),
     ];
     let y_max = bars.iter().map(|b| b.1).fold(0.0_f64, f64::max) * 1.2;
@@ -131,10 +136,11 @@ pub(super) fn write_loss_svg(path: &std::path::Path, loss: &Loss) -> Result<()> 
         bail!("nothing to plot");
     }
     let draw = || -> Result<()> {
-        let root = SVGBackend::new(path, (820, 460)).into_drawing_area();
+        let root = SVGBackend::new(path, (900, 460)).into_drawing_area();
         root.fill(&WHITE)?;
         let caption = format!(
-            "bench compare: loss of a server holding {} GiB, kill to data served again",
+            "bench compare: loss of a server holding {} GiB, kill to data served again; \
+             acknowledged writes lost",
             loss.gib
         );
         let mut chart = ChartBuilder::on(&root)
@@ -142,7 +148,7 @@ pub(super) fn write_loss_svg(path: &std::path::Path, loss: &Loss) -> Result<()> 
             .margin(16)
             .x_label_area_size(40)
             .y_label_area_size(64)
-            .build_cartesian_2d((0..bars.len() as i32).into_segmented(), 0.0..y_max)?;
+            .build_cartesian_2d((0..bars.len() as i32 - 1).into_segmented(), 0.0..y_max)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -155,7 +161,7 @@ pub(super) fn write_loss_svg(path: &std::path::Path, loss: &Loss) -> Result<()> 
             .y_desc("milliseconds")
             .y_label_formatter(&|y| format!("{y:.0}"))
             .draw()?;
-        for (i, (_, ms, colour)) in bars.iter().enumerate() {
+        for (i, (_, ms, colour, lost)) in bars.iter().enumerate() {
             let i = i as i32;
             chart.draw_series(std::iter::once(Rectangle::new(
                 [
@@ -164,9 +170,19 @@ pub(super) fn write_loss_svg(path: &std::path::Path, loss: &Loss) -> Result<()> 
                 ],
                 colour.filled(),
             )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                lost_label(lost),
+                (SegmentValue::Exact(i), *ms + y_max * 0.02),
+                ("sans-serif", 12),
+            )))?;
         }
         root.present()?;
         Ok(())
     };
     draw().with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// What a bar of the loss plot says above it: the load's acknowledged writes lost.
+fn lost_label(lost: &LostWrites) -> String {
+    format!(" {} of {} writes lost", lost.lost, lost.acknowledged)
 }

@@ -35,6 +35,11 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
     if !(args.loss_gib > 0.0 && args.loss_gib <= 64.0) {
         bail!("--loss-gib must be above 0 and at most 64");
     }
+    if !(1..=60_000).contains(&args.loss_write_ms) {
+        bail!(
+            "--loss-write-ms must be 1 to 60000: every system takes the write load until its kill"
+        );
+    }
     if args.records == 0 || args.clients == 0 || args.rounds == 0 || args.workloads.is_empty() {
         bail!("--records, --clients, --rounds and --workloads must not be zero or empty");
     }
@@ -119,7 +124,7 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
         None
     } else {
         let loss = measure_loss(&args, &scratch)?;
-        print_loss(&loss);
+        print_loss(&args, &loss);
         Some(loss)
     };
     if let Some(path) = &args.json {
@@ -140,9 +145,10 @@ pub fn run(mut args: CompareArgs) -> Result<ExitCode> {
 
 /// What losing a server holding `--loss-gib` costs each system.
 fn measure_loss(args: &CompareArgs, scratch: &std::path::Path) -> Result<Loss> {
-    let rampart_ms = rampart_loss(args, scratch)?;
-    let rdb_ms = redis_reload(args.loss_gib, scratch, Persistence::Rdb)?;
-    let aof_ms = redis_reload(args.loss_gib, scratch, Persistence::Aof)?;
+    let (rampart_ms, rampart_lost) = rampart_loss(args, scratch)?;
+    let write_ms = args.loss_write_ms;
+    let (rdb_ms, rdb_lost) = redis_reload(args.loss_gib, write_ms, scratch, Persistence::Rdb)?;
+    let (aof_ms, aof_lost) = redis_reload(args.loss_gib, write_ms, scratch, Persistence::Aof)?;
     let sentinel = sentinel_failover(args, scratch)?;
     Ok(Loss {
         gib: args.loss_gib,
@@ -150,6 +156,10 @@ fn measure_loss(args: &CompareArgs, scratch: &std::path::Path) -> Result<Loss> {
         rdb_ms,
         aof_ms,
         sentinel_ms: sentinel.failover_ms,
+        rampart_lost,
+        rdb_lost,
+        aof_lost,
+        sentinel_lost: sentinel.lost,
         sentinel_down_after_ms: sentinel.down_after_ms,
         sentinel_sweep: sentinel.sweep,
     })

@@ -1,15 +1,19 @@
 //! The loss of a server against Redis Sentinel failover: a primary holding `--loss-gib`,
 //! 2 replicas and 3 sentinels set to the lowest `--sentinel-down-after-ms` that holds
-//! under a write load, then the primary killed: until the address the sentinels give
-//! takes a write and serves the last object.
+//! under a write load, then the write load of the loss comparison for `--loss-write-ms`
+//! and the primary killed: until the address the sentinels give takes a write and serves
+//! the last object; then the load's acknowledged writes missing on the new primary.
 
 use anyhow::{bail, Context, Result};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::args::CompareArgs;
-use super::loss::{fill_redis, loss_objects, LOSS_OBJECT_BYTES, LOSS_TIMEOUT};
+use super::loss::{
+    count_lost, fill_redis, loss_objects, write_until_kill, LOSS_OBJECT_BYTES, LOSS_TIMEOUT,
+};
 use super::redis::{free_port, RedisProcess, REDIS_CALL_TIMEOUT};
+use crate::bench::lost_writes::LostWrites;
 use crate::bench::resp::{RespConnection, Value};
 use crate::bench::ycsb::key;
 
@@ -34,6 +38,8 @@ pub(super) struct SentinelFailover {
     pub(super) failover_ms: f64,
     pub(super) down_after_ms: u64,
     pub(super) sweep: Vec<(u64, bool)>,
+    /// The write load's outcome: the replicas take the primary's writes asynchronously.
+    pub(super) lost: LostWrites,
 }
 
 /// Redis Sentinel failover: a primary holding `--loss-gib` with 2 replicas and 3
@@ -213,9 +219,12 @@ pub(super) fn sentinel_failover(
     })?;
     let last = key(objects - 1);
     let old_port = primary.port.to_string();
-    let killed = Instant::now();
-    drop(primary);
-    let served = runtime.block_on(async {
+    let (acknowledged, killed) = runtime.block_on(write_until_kill(
+        &primary_addr,
+        args.loss_write_ms,
+        move || drop(primary),
+    ))?;
+    let (served, promoted) = runtime.block_on(async {
         loop {
             if killed.elapsed() > LOSS_TIMEOUT {
                 bail!("no failover within {LOSS_TIMEOUT:?}");
@@ -229,18 +238,20 @@ pub(super) fn sentinel_failover(
                     if matches!(wrote, Ok(Value::Simple(_)))
                         && matches!(read, Ok(Value::Bulk(Some(_))))
                     {
-                        return Ok(killed.elapsed());
+                        return Ok((killed.elapsed(), addr));
                     }
                 }
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })?;
+    let lost = runtime.block_on(count_lost(&promoted, &acknowledged))?;
     drop((replicas, sentinels));
     Ok(SentinelFailover {
         failover_ms: served.as_secs_f64() * 1e3,
         down_after_ms: down_after,
         sweep,
+        lost,
     })
 }
 
