@@ -449,6 +449,22 @@ impl ClusterFile {
         Ok(flags)
     }
 
+    /// The flags of `rampart server-exited` for server `name`: the coordinators, the
+    /// client's security, and the server's data directory.
+    pub fn server_exited_flags(&self, name: &str) -> Result<Vec<String>> {
+        let entry = self
+            .servers
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| anyhow!("the cluster file has no server named {name}"))?;
+        let mut flags = self.client_flags();
+        flags.extend([
+            "--data-dir".to_string(),
+            entry.data_dir.display().to_string(),
+        ]);
+        Ok(flags)
+    }
+
     /// The flags of a client command: the coordinators, the token, the TLS CA.
     pub fn client_flags(&self) -> Vec<String> {
         let mut flags = vec!["--coordinator".to_string(), self.coordinator_list()];
@@ -580,6 +596,12 @@ fn expand_with(args: Vec<OsString>, env_file: Option<String>) -> Result<Vec<OsSt
             let name = flag_value(&args, "--name")
                 .ok_or_else(|| anyhow!("--cluster-file needs --name: which server this is"))?;
             file.server_flags(&name)?
+        }
+        "server-exited" => {
+            let name = flag_value(&args, "--name").ok_or_else(|| {
+                anyhow!("--cluster-file needs --name: which server's process exited")
+            })?;
+            file.server_exited_flags(&name)?
         }
         "gateway" => {
             let name = flag_value(&args, "--name")
@@ -877,6 +899,36 @@ mod tests {
         let gateway = args(&["rampart", "gateway", "--name", "resp"]);
         let expanded = expand_with(gateway, Some(path_text.clone())).expect("expands");
         assert!(expanded.iter().any(|a| a == "0.0.0.0:6379"), "{expanded:?}");
+        // A supervisor's report names the server's data directory, the coordinators and
+        // the token.
+        let exited = args(&[
+            "rampart",
+            "server-exited",
+            "--cluster-file",
+            &path_text,
+            "--name",
+            "c",
+        ]);
+        let expanded: Vec<String> = expand_with(exited, None)
+            .expect("expands")
+            .into_iter()
+            .map(|a| a.into_string().expect("utf-8"))
+            .collect();
+        for pair in [
+            ["--coordinator", "10.0.1.1:7000,10.0.2.1:7000"],
+            ["--data-dir", "/var/lib/rampart/c"],
+            ["--auth-token-file", &token],
+        ] {
+            assert!(
+                expanded.windows(2).any(|w| w == pair),
+                "{pair:?} in {expanded:?}"
+            );
+        }
+        let unnamed = expand_with(
+            args(&["rampart", "server-exited", "--cluster-file", &path_text]),
+            None,
+        );
+        assert!(unnamed.expect_err("no name").to_string().contains("--name"));
     }
 
     #[test]

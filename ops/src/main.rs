@@ -2,6 +2,8 @@
 //!
 //! * `rampart coordinator` / `rampart server` — the two long-running processes, from
 //!   flags or from their entry in a cluster file (`--cluster-file`, `cluster_file`).
+//! * `rampart server-exited` — a supervisor's word that a server's process exited (the
+//!   systemd unit's `ExecStopPost`; `supervisor`).
 //! * `rampart cluster up` — a whole local cluster as child processes.
 //! * `rampart gateway` — a Redis-protocol front door to one table (`rampart_gateway`).
 //! * `rampart kv ...` — table operations from the shell.
@@ -56,6 +58,10 @@ enum Command {
     Coordinator(process::CoordinatorArgs),
     /// Run a storage server (a master and a backup).
     Server(process::ServerArgs),
+    /// Tell the coordinators that a server's process exited (run by its supervisor
+    /// once the process is gone: the systemd unit's ExecStopPost), so that its recovery
+    /// need not wait out its lease.
+    ServerExited(supervisor::ServerExitedArgs),
     /// Manage a local cluster of child processes.
     Cluster {
         #[command(subcommand)]
@@ -101,6 +107,7 @@ fn main() -> std::process::ExitCode {
     let result: Result<std::process::ExitCode> = match cli.command {
         Command::Coordinator(args) => process::run_coordinator(args),
         Command::Server(args) => process::run_server(args),
+        Command::ServerExited(args) => supervisor::run_server_exited(args),
         Command::Cluster { command } => cluster::run(command),
         Command::Gateway(args) => gateway::run(args),
         Command::Kv(args) => kv::run(args),

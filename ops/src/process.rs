@@ -4,7 +4,9 @@
 //! (`coordinator N listening on ADDR`, `server N listening on ADDR`: the lines of
 //! `rampart_common::announce`, which every launcher reads) — so a parent that
 //! asked for port 0 learns the port — and serves until SIGINT or SIGTERM. A server
-//! listens only once its slow start-up steps are done (`StorageServer::start`). With
+//! listens only once its slow start-up steps are done (`StorageServer::start`), and
+//! records the id it enlisted under in its data directory first (`server.id`, read by
+//! `rampart server-exited`: `supervisor`). With
 //! `--metrics-addr`, a line before it names the metrics URL (`... metrics at
 //! http://ADDR/metrics`); a coordinator serves its status page there too.
 //!
@@ -574,6 +576,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     announce_failpoints()?;
     args.security.install()?;
     let config = server_config(&args)?;
+    let data_dir = config.data_dir.clone();
     runtime(args.threads)?.block_on(async {
         let server =
             StorageServer::start(config, &args.listen)
@@ -597,6 +600,12 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
                 status: None,
                 metrics: format!("http://{bound}/metrics"),
             }))?;
+        }
+        // For a supervisor that reports this process's exit (`rampart server-exited`).
+        // Without the record, its report names an older incarnation and the coordinators
+        // wait out this one's lease: worth a warning, not a server.
+        if let Err(error) = crate::supervisor::record_incarnation(&data_dir, server.id().0) {
+            tracing::warn!(error = %format!("{error:#}"), "a supervisor cannot report this server's exit");
         }
         announce(&Announce::Listening {
             speaker: Speaker::Server(server.id().0),

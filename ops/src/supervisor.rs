@@ -1,5 +1,7 @@
-//! `ExitReporter`: what `rampart cluster up` tells the coordinators as the supervisor of
-//! the servers it started — that a server's process exited (`ProcessExited`).
+//! `ExitReporter`: what a supervisor tells the coordinators — that a server's process
+//! exited (`ProcessExited`). `rampart cluster up` is the supervisor of the servers it
+//! started; under systemd, the server unit's `ExecStopPost` runs `rampart server-exited`
+//! (below) once the process is gone.
 //!
 //! A supervisor that saw the process of server N exit knows that server N serves
 //! nothing any more: the coordinators take that as proof of its death
@@ -9,17 +11,32 @@
 //! listening on ...`), and a process restarted on the same data directory enlists
 //! under a new id.
 //!
+//! # A server under another supervisor
+//! `rampart server` records the id it enlisted under in its data directory
+//! ([`INCARNATION_FILE`], replaced atomically at every start). `rampart server-exited
+//! --data-dir DIR` reads it and reports that server's exit. It is run by the supervisor
+//! *after* the process exited (systemd runs `ExecStopPost` once every process of the
+//! unit is gone, and starts the next incarnation only after it), so the id it reads is
+//! the last incarnation's, or an older one's if the last died before recording its own:
+//! a word about a dead incarnation is true, and the coordinators ignore it for a server
+//! already declared crashed. The coordinators still check the word (`Identify`: a
+//! server answering at the address with that id is not taken for dead).
+//!
 //! # Failure handling
 //! Best effort, bounded by [`EXIT_REPORT_TIMEOUT`]: coordinators that cannot be told
 //! still find the server silent (its peers' pings fail, and the leader's own) and
 //! recover it, waiting out its lease unless its address refuses connections under
 //! `--proof-of-death direct`.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use clap::Args;
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{ProcessExited, ProcessExitedRequest};
 use rampart_common::rpc::RpcPool;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// How long one report may take (finding the leader included).
@@ -37,8 +54,16 @@ pub struct ExitReporter {
 
 impl ExitReporter {
     /// A reporter to the coordinators at `coordinators` (comma-separated), with this
-    /// process's security.
+    /// process's security, naming itself `rampart cluster up`.
     pub fn new(coordinators: &str) -> Result<ExitReporter> {
+        ExitReporter::named(
+            coordinators,
+            format!("rampart cluster up (pid {})", std::process::id()),
+        )
+    }
+
+    /// A reporter naming itself `name` in the coordinators' log.
+    pub fn named(coordinators: &str, name: String) -> Result<ExitReporter> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -47,7 +72,7 @@ impl ExitReporter {
             runtime,
             coordinators: CoordinatorSet::new(&[coordinators]),
             pool: RpcPool::new(),
-            name: format!("rampart cluster up (pid {})", std::process::id()),
+            name,
         })
     }
 
@@ -67,5 +92,133 @@ impl ExitReporter {
                     format!("the coordinators were not told that server {server} exited")
                 })
         })
+    }
+}
+
+/// The file in a server's data directory naming the id its current (or last)
+/// incarnation enlisted under: the decimal id and a newline.
+pub const INCARNATION_FILE: &str = "server.id";
+
+/// Records `id` as the incarnation of the server whose data directory is `data_dir`:
+/// written beside [`INCARNATION_FILE`] under a name of this process's own (its pid: no
+/// live process shares it, so a file of that name is a dead one's leftover) and renamed
+/// over it, so a reader finds the old id or the new one, never a part.
+pub fn record_incarnation(data_dir: &Path, id: u64) -> Result<()> {
+    let path = data_dir.join(INCARNATION_FILE);
+    let temporary = data_dir.join(format!("{INCARNATION_FILE}.{}.tmp", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        match std::fs::remove_file(&temporary) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temporary)?;
+        writeln!(file, "{id}")?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, &path)
+    };
+    write().with_context(|| format!("cannot record this server's id in {}", path.display()))
+}
+
+/// The id recorded in `data_dir` by [`record_incarnation`].
+pub fn recorded_incarnation(data_dir: &Path) -> Result<u64> {
+    let path = data_dir.join(INCARNATION_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read {} (a server records its id there once it enlisted; none ever \
+             did with this data directory?)",
+            path.display()
+        )
+    })?;
+    match text.strip_suffix('\n').map(str::parse::<u64>) {
+        Some(Ok(id)) => Ok(id),
+        _ => bail!("{} does not hold a server id: {text:?}", path.display()),
+    }
+}
+
+/// `rampart server-exited`: a supervisor's report that a server's process exited.
+#[derive(Args, Debug)]
+pub struct ServerExitedArgs {
+    /// Coordinator address(es), comma-separated.
+    #[arg(long, env = "RAMPART_COORDINATOR", default_value = "127.0.0.1:7000")]
+    pub coordinator: String,
+    /// The server's data directory: the id of its last incarnation is read there.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Who saw the process exit, for the coordinators' log (the systemd unit passes
+    /// `systemd:%n`).
+    #[arg(long, default_value = "a supervisor")]
+    pub supervisor: String,
+    /// The server's name in the cluster file (`--cluster-file`): its data directory and
+    /// the coordinators come from there.
+    #[arg(long, requires = "cluster_file")]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
+}
+
+/// Runs `rampart server-exited`: reads the server's id from its data directory and tells
+/// the coordinators its process exited. systemd's `$SERVICE_RESULT`, `$EXIT_CODE` and
+/// `$EXIT_STATUS`, when set (in `ExecStopPost`), go into the report's name.
+pub fn run_server_exited(args: ServerExitedArgs) -> Result<ExitCode> {
+    args.security.install()?;
+    let id = recorded_incarnation(&args.data_dir)?;
+    let how: Vec<String> = ["SERVICE_RESULT", "EXIT_CODE", "EXIT_STATUS"]
+        .iter()
+        .filter_map(|var| Some(format!("{var}={}", std::env::var(var).ok()?)))
+        .collect();
+    let name = if how.is_empty() {
+        args.supervisor.clone()
+    } else {
+        format!("{} ({})", args.supervisor, how.join(" "))
+    };
+    ExitReporter::named(&args.coordinator, name)?.exited(id)?;
+    println!("told the coordinators that server {id} exited");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_recorded_incarnation_is_read_back() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        assert!(recorded_incarnation(dir.path()).is_err());
+        record_incarnation(dir.path(), 7).expect("recorded");
+        record_incarnation(dir.path(), 12).expect("recorded again");
+        assert_eq!(recorded_incarnation(dir.path()).expect("read"), 12);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("listed")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, [INCARNATION_FILE], "no temporary file is left");
+    }
+
+    #[test]
+    fn a_leftover_temporary_file_of_a_dead_process_is_replaced() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let leftover = dir
+            .path()
+            .join(format!("{INCARNATION_FILE}.{}.tmp", std::process::id()));
+        std::fs::write(&leftover, "garbage").expect("written");
+        record_incarnation(dir.path(), 3).expect("recorded");
+        assert_eq!(recorded_incarnation(dir.path()).expect("read"), 3);
+        assert!(!leftover.exists());
+    }
+
+    #[test]
+    fn a_file_that_is_not_an_id_is_refused() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        for text in ["", "12", "x\n", "-1\n", "1 2\n"] {
+            std::fs::write(dir.path().join(INCARNATION_FILE), text).expect("written");
+            let error = recorded_incarnation(dir.path()).expect_err(text);
+            assert!(
+                error.to_string().contains("does not hold a server id"),
+                "{error}"
+            );
+        }
     }
 }

@@ -3,7 +3,9 @@
 //! network namespaces with addresses of their own — using only the cluster file and the
 //! systemd units' command lines (their `ExecStart`, with `%i` filled in): processes
 //! bind wildcard addresses and advertise their host's. Data is written from outside the
-//! hosts, a server is killed with SIGKILL, every object comes back, and then every
+//! hosts, a server is killed with SIGKILL and its unit's `ExecStopPost` run as systemd
+//! would (its report is the proof of death: the recovery does not wait out the lease),
+//! every object comes back, and then every
 //! segment of every live master — the recovery masters' replayed data included — has its
 //! R replicas in R different racks.
 //!
@@ -74,6 +76,13 @@ fn cluster_file(network: &Network, dir: &std::path::Path) -> String {
 /// The command line of systemd unit `unit` (in `ops/deploy/`) for `instance` (its `%i`),
 /// with the cluster file at `file`: its `ExecStart`, less the binary.
 fn unit_command(unit: &str, instance: &str, file: &str) -> Vec<String> {
+    unit_line(unit, "ExecStart", instance, file)
+}
+
+/// Line `key` of systemd unit `unit` as systemd runs it (`%i` = `instance`, `%n` the
+/// unit's full name, a leading `-` dropped), with the cluster file at `file`, less the
+/// binary.
+fn unit_line(unit: &str, key: &str, instance: &str, file: &str) -> Vec<String> {
     let text = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../ops/deploy")
@@ -82,10 +91,12 @@ fn unit_command(unit: &str, instance: &str, file: &str) -> Vec<String> {
     .unwrap();
     let line = text
         .lines()
-        .find_map(|l| l.strip_prefix("ExecStart="))
-        .expect("the unit has an ExecStart");
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("the unit has an {key}"));
+    let line = line.strip_prefix('-').unwrap_or(line);
     let words: Vec<String> = line
         .replace("%i", instance)
+        .replace("%n", &unit.replace("@.", &format!("@{instance}.")))
         .replace("/etc/rampart/cluster.toml", file)
         .split_whitespace()
         .map(str::to_string)
@@ -208,8 +219,31 @@ fn the_example_three_rack_deployment_recovers_a_server_with_replicas_across_rack
         .position(|(_, address, _, _)| *address == owner)
         .unwrap();
     let (dead, _, dead_rack, process) = servers.remove(victim);
+    let dead_name = parsed
+        .servers
+        .iter()
+        .find(|s| s.address == owner)
+        .unwrap()
+        .name
+        .clone();
     process.kill();
     eprintln!("killed {dead} ({dead_rack})");
+    // What systemd does once the process is gone: the unit's ExecStopPost. Its word is
+    // the coordinators' proof of death (`proof_of_death = "supervisor"`): without it
+    // they would wait out the lease (a refused port is no proof in this deployment).
+    let stop_post = unit_line(
+        "rampart-server@.service",
+        "ExecStopPost",
+        &dead_name,
+        &file_arg,
+    );
+    let stop_post: Vec<&str> = stop_post.iter().map(String::as_str).collect();
+    let reported = rampart(&stop_post, None, &[("EXIT_CODE", "killed")]).unwrap();
+    assert!(reported.status.success(), "{reported:?}");
+    assert!(
+        String::from_utf8_lossy(&reported.stdout).contains(&format!("server {} exited", dead.0)),
+        "{reported:?}"
+    );
     let deadline = Instant::now() + Duration::from_secs(90);
     let keys: Vec<Vec<u8>> = (0..OBJECTS).map(key).collect();
     for (chunk, batch) in keys.chunks(500).enumerate() {
@@ -239,6 +273,23 @@ fn the_example_three_rack_deployment_recovers_a_server_with_replicas_across_rack
             && listed_text.contains(&dead.to_string())
             && listed_text.contains("done"),
         "{listed:?}"
+    );
+    let shown = rampart(
+        &[
+            "recovery",
+            "show",
+            &dead.0.to_string(),
+            "--cluster-file",
+            &file_arg,
+        ],
+        None,
+        &[],
+    )
+    .unwrap();
+    let shown_text = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(
+        shown_text.contains("its death proven: supervisor saw it exit"),
+        "the unit's report proved the death: {shown_text}"
     );
 
     // Every live master's segments: R replicas, in R racks (re-replication of what the
