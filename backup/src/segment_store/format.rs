@@ -354,9 +354,21 @@ pub(super) fn verify_file(
     let length = meta.length as usize;
     let computed = match content {
         Some(content) => {
+            // Read into the vector's spare room: zeroing it first (`resize`) would write
+            // every byte once more before the read does (a recovery reads every replica
+            // it serves through here).
             content.clear();
-            content.resize(length, 0);
-            file.read_exact(content)?;
+            content.reserve_exact(length);
+            let read = (&mut file).take(length as u64).read_to_end(content)?;
+            if read != length {
+                return Err(Verify::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the file ended {} bytes into its {length}-byte content",
+                        read
+                    ),
+                )));
+            }
             crc32fast::hash(content)
         }
         None => {
