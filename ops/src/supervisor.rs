@@ -184,6 +184,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_report_no_coordinator_answers_fails_within_its_bound() {
+        // A coordinator that accepts connections (the kernel does, for a listener held
+        // here) and never answers.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let addr = silent.local_addr().expect("its address").to_string();
+        let reporter = ExitReporter::named(&addr, "test".to_string()).expect("a reporter");
+        let started = std::time::Instant::now();
+        let error = reporter.exited(5).expect_err("nobody answered");
+        assert!(
+            started.elapsed() < EXIT_REPORT_TIMEOUT + Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            format!("{error:#}").contains("were not told that server 5 exited"),
+            "{error:#}"
+        );
+    }
+
+    #[test]
     fn the_last_recorded_incarnation_is_read_back() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         assert!(recorded_incarnation(dir.path()).is_err());
