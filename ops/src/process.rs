@@ -572,6 +572,7 @@ fn export_seed(data_dir: &std::path::Path, file: &std::path::Path) -> Result<Exi
 /// Runs a storage server until a signal, or until its master cannot go on (fenced, or
 /// declared crashed by the coordinator: its lease renewal was refused).
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
+    tune_malloc();
     crate::startup::init_logging("info");
     announce_failpoints()?;
     args.security.install()?;
@@ -620,6 +621,32 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             }
         }
     })
+}
+
+/// Allocations up to this size come from glibc's heaps, not from `mmap` of their own.
+pub const MALLOC_MMAP_THRESHOLD_BYTES: i32 = 64 << 20;
+
+/// Free memory at the top of glibc's main heap kept for reuse rather than given back.
+pub const MALLOC_TRIM_THRESHOLD_BYTES: i32 = 256 << 20;
+
+/// Tunes glibc's allocator for a storage server's transient buffers, set before any
+/// thread starts. A recovery moves its data through buffers of megabytes (a backup's
+/// pieces, the RPC buffers of their replies, a close's image); by default glibc gives
+/// such a block back to the kernel when it is freed (its own `mmap` above the dynamic
+/// threshold, or the trimmed top of a heap), so the next one is faulted in and zeroed
+/// by the kernel again: 5 % of the CPU of a 256 MB recovery went to `clear_page`. With
+/// blocks up to [`MALLOC_MMAP_THRESHOLD_BYTES`] from the heaps and up to
+/// [`MALLOC_TRIM_THRESHOLD_BYTES`] of free top kept, freed buffers are reused. What
+/// stays allocated is bounded by the peak of those buffers, which the servers' own
+/// limits bound (pieces cached, fetches and RPCs in flight). Not glibc: nothing to do.
+fn tune_malloc() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` changes allocator parameters only; it is called before any
+    // thread of this process starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES);
+    }
 }
 
 /// The server's configuration from its flags (validated when the server starts:
