@@ -366,13 +366,17 @@ impl ClusterFile {
         Ok(flags)
     }
 
-    /// The flags of server `name`.
-    pub fn server_flags(&self, name: &str) -> Result<Vec<String>> {
-        let entry = self
-            .servers
+    /// Server `name`'s entry.
+    fn server(&self, name: &str) -> Result<&ServerEntry> {
+        self.servers
             .iter()
             .find(|s| s.name == name)
-            .ok_or_else(|| anyhow!("the cluster file has no server named {name}"))?;
+            .ok_or_else(|| anyhow!("the cluster file has no server named {name}"))
+    }
+
+    /// The flags of server `name`.
+    pub fn server_flags(&self, name: &str) -> Result<Vec<String>> {
+        let entry = self.server(name)?;
         let section = &self.cluster;
         let mut flags = vec![
             "--coordinator".to_string(),
@@ -452,11 +456,7 @@ impl ClusterFile {
     /// The flags of `rampart server-exited` for server `name`: the coordinators, the
     /// client's security, and the server's data directory.
     pub fn server_exited_flags(&self, name: &str) -> Result<Vec<String>> {
-        let entry = self
-            .servers
-            .iter()
-            .find(|s| s.name == name)
-            .ok_or_else(|| anyhow!("the cluster file has no server named {name}"))?;
+        let entry = self.server(name)?;
         let mut flags = self.client_flags();
         flags.extend([
             "--data-dir".to_string(),
