@@ -371,7 +371,10 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let detection_ms = shift;
     let (verified, sum) = runtime.block_on(verify(&client, table))?;
     let lost = runtime.block_on(load.count_lost(&client, table))?;
-    let ok = verified == expected.0 && sum == expected.1 && lost.map_or(true, |l| l.foreign == 0);
+    // An acknowledged write missing is a durability bug: the run fails.
+    let ok = verified == expected.0
+        && sum == expected.1
+        && lost.map_or(true, |l| l.lost == 0 && l.foreign == 0);
 
     let recovered_mb = args.data_mb as f64;
     let total_s = report

@@ -100,6 +100,13 @@ pub(super) fn rampart_loss(
         .status()
         .context("cannot run rampart bench recovery")?;
     if !status.success() {
+        // Its JSON is written before it fails on a check (objects, lost writes).
+        let lost = RecoveryFigures::read(&json)
+            .ok()
+            .and_then(|f| f.lost_writes);
+        if let Some(lost) = lost.filter(|&lost| lost > 0) {
+            bail!("rampart lost {lost} acknowledged writes of the load: a durability bug");
+        }
         bail!("rampart bench recovery failed ({status})");
     }
     let figures = RecoveryFigures::read(&json)?;
