@@ -102,7 +102,10 @@ pub const INCARNATION_FILE: &str = "server.id";
 /// Records `id` as the incarnation of the server whose data directory is `data_dir`:
 /// written beside [`INCARNATION_FILE`] under a name of this process's own (its pid: no
 /// live process shares it, so a file of that name is a dead one's leftover) and renamed
-/// over it, so a reader finds the old id or the new one, never a part.
+/// over it, so a reader finds the old id or the new one, never a part. Not fsynced: the
+/// server calls it once enlisted, when it must answer pings at once, and a record lost
+/// to a power failure costs nothing (every incarnation is dead after it; a report that
+/// cannot read the file fails, and the lease is waited out).
 pub fn record_incarnation(data_dir: &Path, id: u64) -> Result<()> {
     let path = data_dir.join(INCARNATION_FILE);
     let temporary = data_dir.join(format!("{INCARNATION_FILE}.{}.tmp", std::process::id()));
@@ -116,7 +119,7 @@ pub fn record_incarnation(data_dir: &Path, id: u64) -> Result<()> {
             .create_new(true)
             .open(&temporary)?;
         writeln!(file, "{id}")?;
-        file.sync_all()?;
+        drop(file);
         std::fs::rename(&temporary, &path)
     };
     write().with_context(|| format!("cannot record this server's id in {}", path.display()))
