@@ -1028,40 +1028,51 @@ async fn open_client_hands_out_ids_never_repeated_even_after_a_restart() {
     group.stop_all().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_map_watch_answers_when_the_map_changes_or_its_wait_ends() {
+/// `WatchTabletMap` of a map newer than `seen`, waiting at most `wait_ms`, answered by
+/// `service` directly.
+async fn watch_map(
+    service: &CoordinatorService,
+    seen: u64,
+    wait_ms: u32,
+) -> rampart_common::tablet::TabletMap {
     use rampart_common::protocol::coordinator::{WatchTabletMap, WatchTabletMapRequest};
     use rampart_common::rpc::{Reply, Rpc, Service, WireMessage};
-    use rampart_common::tablet::TabletMap;
+    let mut out = bytes::BytesMut::new();
+    WatchTabletMapRequest { seen, wait_ms }.encode(&mut out);
+    let reply = service.handle(WatchTabletMap::OPCODE, out.freeze()).await;
+    assert_eq!(reply.status(), Status::Ok, "{:?}", reply.payload());
+    Reply::decode(bytes::Bytes::copy_from_slice(reply.payload())).unwrap()
+}
 
-    async fn watch(service: &CoordinatorService, seen: u64, wait_ms: u32) -> TabletMap {
-        let mut out = bytes::BytesMut::new();
-        WatchTabletMapRequest { seen, wait_ms }.encode(&mut out);
-        let reply = service.handle(WatchTabletMap::OPCODE, out.freeze()).await;
-        assert_eq!(reply.status(), Status::Ok, "{:?}", reply.payload());
-        Reply::decode(bytes::Bytes::copy_from_slice(reply.payload())).unwrap()
-    }
-    let mut group = Group::start(1, 10_000).await;
+/// A single coordinator, leading, its service, and its configuration's version.
+async fn watched_coordinator() -> (Group, Arc<CoordinatorService>, u64) {
+    let group = Group::start(1, 10_000).await;
     tokio::time::timeout(SETTLE, group.node(1).read_barrier())
         .await
         .expect("a single coordinator leads")
         .unwrap();
     let service = Arc::new(CoordinatorService::new(group.node(1).clone()));
     let now = group.node(1).with_state(|s| s.version());
+    (group, service, now)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_watch_answers_when_the_map_changes_or_its_wait_ends() {
+    let (mut group, service, now) = watched_coordinator().await;
     // Behind: answered at once.
     if now > 0 {
         let started = Instant::now();
-        assert_eq!(watch(&service, now - 1, 10_000).await.version, now);
+        assert_eq!(watch_map(&service, now - 1, 10_000).await.version, now);
         assert!(started.elapsed() < Duration::from_secs(1));
     }
     // Nothing changes: answered with the same map once the wait is over.
     let started = Instant::now();
-    assert_eq!(watch(&service, now, 100).await.version, now);
+    assert_eq!(watch_map(&service, now, 100).await.version, now);
     assert!(started.elapsed() >= Duration::from_millis(100));
     // A change while it waits: answered with it, long before the wait is over.
     let waiting = {
         let service = Arc::clone(&service);
-        tokio::spawn(async move { watch(&service, now, 10_000).await })
+        tokio::spawn(async move { watch_map(&service, now, 10_000).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     let started = Instant::now();
@@ -1079,32 +1090,15 @@ async fn a_map_watch_answers_when_the_map_changes_or_its_wait_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_map_watch_past_the_waiters_bound_is_answered_at_once() {
     use rampart_common::protocol::coordinator::{
-        WatchTabletMap, WatchTabletMapRequest, WATCH_TABLET_MAP_WAITERS_MAX,
-        WATCH_TABLET_MAP_WAIT_MAX,
+        WATCH_TABLET_MAP_WAITERS_MAX, WATCH_TABLET_MAP_WAIT_MAX,
     };
-    use rampart_common::rpc::{Reply, Rpc, Service, WireMessage};
-    use rampart_common::tablet::TabletMap;
-
-    async fn watch(service: &CoordinatorService, seen: u64, wait_ms: u32) -> TabletMap {
-        let mut out = bytes::BytesMut::new();
-        WatchTabletMapRequest { seen, wait_ms }.encode(&mut out);
-        let reply = service.handle(WatchTabletMap::OPCODE, out.freeze()).await;
-        assert_eq!(reply.status(), Status::Ok, "{:?}", reply.payload());
-        Reply::decode(bytes::Bytes::copy_from_slice(reply.payload())).unwrap()
-    }
-    let mut group = Group::start(1, 10_000).await;
-    tokio::time::timeout(SETTLE, group.node(1).read_barrier())
-        .await
-        .expect("a single coordinator leads")
-        .unwrap();
-    let service = Arc::new(CoordinatorService::new(group.node(1).clone()));
-    let now = group.node(1).with_state(|s| s.version());
+    let (mut group, service, now) = watched_coordinator().await;
     let wait_ms = WATCH_TABLET_MAP_WAIT_MAX.as_millis() as u32;
     // Every place taken by a watch of a map that does not change.
     let waiting: Vec<_> = (0..WATCH_TABLET_MAP_WAITERS_MAX)
         .map(|_| {
             let service = Arc::clone(&service);
-            tokio::spawn(async move { watch(&service, now, wait_ms).await })
+            tokio::spawn(async move { watch_map(&service, now, wait_ms).await })
         })
         .collect();
     // Each takes its place when it is first polled (before its read barrier); the
@@ -1112,7 +1106,7 @@ async fn a_map_watch_past_the_waiters_bound_is_answered_at_once() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     // One more: answered with the map as it is, not after the wait.
     let started = Instant::now();
-    assert_eq!(watch(&service, now, wait_ms).await.version, now);
+    assert_eq!(watch_map(&service, now, wait_ms).await.version, now);
     assert!(
         started.elapsed() < WATCH_TABLET_MAP_WAIT_MAX / 2,
         "a watch past the bound waited {:?}",
