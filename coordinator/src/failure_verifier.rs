@@ -190,8 +190,11 @@ impl FailureVerifier {
 
     /// What `addr` answers an `Identify` with (within the verify timeout, on a fresh
     /// connection), as evidence about `server`: `Ok(None)` when `server` itself answers
-    /// (alive), `Err(())` when nothing can be said (silence, an error, an address whose
-    /// refusal proves nothing: `proof_of_death::address_is_direct`).
+    /// (alive), or when something answers with an error status — a server of an older
+    /// release answers `UnknownOpcode`, a stopping one `ShuttingDown`: a process is
+    /// there, maybe `server`, so nothing about it may be taken as proof of its death;
+    /// `Err(())` when nothing can be said (silence, a broken connection, an address
+    /// whose refusal proves nothing: `proof_of_death::address_is_direct`).
     async fn identify(&self, server: ServerId, addr: &str) -> Result<Option<Evidence>, ()> {
         self.pool.forget(addr);
         let deadline = Instant::now() + self.verify_timeout;
@@ -203,6 +206,7 @@ impl FailureVerifier {
         match answer {
             Ok(reply) if reply.server == server => Ok(None),
             Ok(reply) if direct => Ok(Some(Evidence::OtherServer(reply.server))),
+            Err(error) if error.status().is_some() => Ok(None),
             Err(error) if direct && error.refused() => Ok(Some(Evidence::Refused)),
             _ => Err(()),
         }

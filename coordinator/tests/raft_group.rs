@@ -920,6 +920,31 @@ mod failure_verification {
         (addr, id)
     }
 
+    /// The address of a server of a release before `Identify`: it answers pings, and
+    /// `UnknownOpcode` to what it does not know.
+    async fn older_release() -> String {
+        #[derive(Debug)]
+        struct Older;
+        impl Service for Older {
+            fn handle(&self, opcode: Opcode, _payload: bytes::Bytes) -> HandleFuture<'_> {
+                Box::pin(async move {
+                    match opcode {
+                        Ping::OPCODE => Reply::ok(&PingReply::default()),
+                        _ => Reply::error(Status::UnknownOpcode, "an older release"),
+                    }
+                })
+            }
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(RpcServer::run(
+            listener,
+            Arc::new(Older),
+            std::future::pending(),
+        ));
+        addr
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_supervisors_word_declares_a_server_crashed_at_once_where_it_counts() {
         let mut group = Group::start(1, 10_000).await;
@@ -961,6 +986,20 @@ mod failure_verification {
         );
         assert_eq!(supervised.proof_of(alive), None);
         assert_eq!(status(&node, alive), ServerStatus::Up);
+
+        // Nor one that names a live server of an older release, which answers
+        // `Identify` with `UnknownOpcode`: an answer all the same.
+        let older_addr = older_release().await;
+        let older = enlisted(&group, &older_addr).await;
+        supervised.process_exited(older, "test").unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), supervised.crash_declared())
+                .await
+                .is_err(),
+            "a live server of an older release declared crashed on a wrong word"
+        );
+        assert_eq!(supervised.proof_of(older), None);
+        assert_eq!(status(&node, older), ServerStatus::Up);
 
         // Where the supervisor's word does not count, it is a report like any other:
         // verified by pings (here: 2 × 300 ms of silence), and no proof.
