@@ -20,7 +20,8 @@
 //! the last incarnation's, or an older one's if the last died before recording its own:
 //! a word about a dead incarnation is true, and the coordinators ignore it for a server
 //! already declared crashed. The coordinators still check the word (`Identify`: a
-//! server answering at the address with that id is not taken for dead).
+//! server answering at the address with that id, or with an error status as a server
+//! of an older release does, is not taken for dead).
 //!
 //! # Failure handling
 //! Best effort, bounded by [`EXIT_REPORT_TIMEOUT`]: coordinators that cannot be told
