@@ -973,33 +973,27 @@ mod failure_verification {
         ));
         assert_ne!(status(&node, exited), ServerStatus::Up);
 
-        // A supervisor that names a server still answering as itself is not believed.
+        // A supervisor that names a live server is not believed: one answering as
+        // itself, or one of an older release, which answers `Identify` with
+        // `UnknownOpcode` (an answer all the same).
         let (alive_addr, alive_id) = identified_later().await;
         let alive = enlisted(&group, &alive_addr).await;
         *alive_id.lock() = alive;
-        supervised.process_exited(alive, "test").unwrap();
-        assert!(
-            tokio::time::timeout(Duration::from_secs(2), supervised.crash_declared())
-                .await
-                .is_err(),
-            "a live server declared crashed on a wrong word"
-        );
-        assert_eq!(supervised.proof_of(alive), None);
-        assert_eq!(status(&node, alive), ServerStatus::Up);
-
-        // Nor one that names a live server of an older release, which answers
-        // `Identify` with `UnknownOpcode`: an answer all the same.
-        let older_addr = older_release().await;
-        let older = enlisted(&group, &older_addr).await;
-        supervised.process_exited(older, "test").unwrap();
-        assert!(
-            tokio::time::timeout(Duration::from_secs(2), supervised.crash_declared())
-                .await
-                .is_err(),
-            "a live server of an older release declared crashed on a wrong word"
-        );
-        assert_eq!(supervised.proof_of(older), None);
-        assert_eq!(status(&node, older), ServerStatus::Up);
+        let older = enlisted(&group, &older_release().await).await;
+        for (live, what) in [
+            (alive, "answering as itself"),
+            (older, "of an older release"),
+        ] {
+            supervised.process_exited(live, "test").unwrap();
+            assert!(
+                tokio::time::timeout(Duration::from_secs(2), supervised.crash_declared())
+                    .await
+                    .is_err(),
+                "a live server {what} declared crashed on a wrong word"
+            );
+            assert_eq!(supervised.proof_of(live), None, "{what}");
+            assert_eq!(status(&node, live), ServerStatus::Up, "{what}");
+        }
 
         // Where the supervisor's word does not count, it is a report like any other:
         // verified by pings (here: 2 × 300 ms of silence), and no proof.

@@ -222,6 +222,17 @@ mod tests {
     }
 
     #[test]
+    fn a_record_that_cannot_be_written_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let missing = dir.path().join("no-such-directory");
+        let error = record_incarnation(&missing, 4).expect_err("no directory to write in");
+        assert!(
+            format!("{error:#}").contains(&missing.join(INCARNATION_FILE).display().to_string()),
+            "{error:#}"
+        );
+    }
+
+    #[test]
     fn a_leftover_temporary_file_of_a_dead_process_is_replaced() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let leftover = dir
