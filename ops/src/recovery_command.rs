@@ -236,7 +236,7 @@ fn show(r: &RecoveryReport) -> String {
     if r.done_ms > 0 {
         let _ = writeln!(
             out,
-            "  total      {:>7} ms  (declared to every tablet live)",
+            "  total      {:>7} ms  (declared to done: tablets live, masters told, replicas freed)",
             r.done_ms
         );
     }
