@@ -43,9 +43,38 @@ pub struct Running {
     pub urls: Vec<String>,
     child: Child,
     exited: Option<ExitStatus>,
-    /// Its CPU ticks when [`Children::cpu_seconds`] last read them: what it counts for
-    /// once it has exited and `/proc` no longer has them.
-    cpu_ticks_seen: std::cell::Cell<u64>,
+    /// Its CPU ticks and page faults when [`Children::usage`] last read them: what it
+    /// counts for once it has exited and `/proc` no longer has them.
+    usage_seen: std::cell::Cell<ProcUsage>,
+}
+
+/// What a process has used so far, from its `/proc/PID/stat` line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ProcUsage {
+    /// User plus system clock ticks, all threads.
+    cpu_ticks: u64,
+    /// Minor page faults: pages mapped without a disk read, most of them fresh memory
+    /// the kernel zeroed on first touch.
+    minor_faults: u64,
+}
+
+/// What the children have used so far, all of them together ([`Children::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// CPU-seconds, user and system, all threads.
+    pub cpu_s: f64,
+    /// Minor page faults.
+    pub minor_faults: u64,
+}
+
+impl Usage {
+    /// What was used between `earlier` and this reading.
+    pub fn since(self, earlier: Usage) -> Usage {
+        Usage {
+            cpu_s: self.cpu_s - earlier.cpu_s,
+            minor_faults: self.minor_faults.saturating_sub(earlier.minor_faults),
+        }
+    }
 }
 
 impl Running {
@@ -146,7 +175,7 @@ impl Children {
             urls: listening.urls,
             child: listening.child,
             exited: None,
-            cpu_ticks_seen: Default::default(),
+            usage_seen: Default::default(),
         });
         Ok(self.running.last().expect("just pushed"))
     }
@@ -219,25 +248,36 @@ impl Children {
         exited
     }
 
-    /// CPU-seconds (user and system, all threads) that the children have used so far,
-    /// from `/proc` (0 where it cannot be read: another system). A child that has
-    /// exited counts with what the last call read of it, so that differences of two calls
-    /// measure the work done in between even when a child exits meanwhile (they miss
-    /// only what it did between its last reading and its exit).
+    /// CPU-seconds (user and system, all threads) that the children have used so far
+    /// ([`Children::usage`]).
     pub fn cpu_seconds(&self) -> f64 {
+        self.usage().cpu_s
+    }
+
+    /// What the children have used so far, from `/proc` (0 where it cannot be read:
+    /// another system). A child that has exited counts with what the last call read of
+    /// it, so that differences of two calls measure the work done in between even when
+    /// a child exits meanwhile (they miss only what it did between its last reading and
+    /// its exit).
+    pub fn usage(&self) -> Usage {
         // SAFETY: sysconf has no preconditions.
         let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        let mut ticks = 0;
+        let mut total = ProcUsage::default();
         for running in &self.running {
             if running.exited.is_none() {
                 let stat = std::fs::read_to_string(format!("/proc/{}/stat", running.pid()));
-                if let Some(now) = stat.ok().and_then(|stat| cpu_ticks(&stat)) {
-                    running.cpu_ticks_seen.set(now);
+                if let Some(now) = stat.ok().and_then(|stat| proc_usage(&stat)) {
+                    running.usage_seen.set(now);
                 }
             }
-            ticks += running.cpu_ticks_seen.get();
+            let seen = running.usage_seen.get();
+            total.cpu_ticks += seen.cpu_ticks;
+            total.minor_faults += seen.minor_faults;
         }
-        ticks as f64 / ticks_per_s
+        Usage {
+            cpu_s: total.cpu_ticks as f64 / ticks_per_s,
+            minor_faults: total.minor_faults,
+        }
     }
 
     /// Whether every child has exited.
@@ -275,16 +315,22 @@ impl Children {
     }
 }
 
-/// User plus system clock ticks of a process, from its `/proc/PID/stat` line: fields 14
-/// and 15, counted after the command name, which is in parentheses and may itself
-/// contain spaces and parentheses.
-fn cpu_ticks(stat: &str) -> Option<u64> {
+/// A process's usage from its `/proc/PID/stat` line: minor faults are field 10, user
+/// and system clock ticks fields 14 and 15, counted after the command name, which is in
+/// parentheses and may itself contain spaces and parentheses.
+fn proc_usage(stat: &str) -> Option<ProcUsage> {
     let after_name = &stat[stat.rfind(')')? + 1..];
-    // Fields from the third (state) on: utime is the 14th overall, so the 12th here.
-    let mut fields = after_name.split_whitespace().skip(11);
+    // Fields from the third (state) on: minflt is the 10th overall, so the 8th here;
+    // utime the 14th, the 12th here.
+    let mut fields = after_name.split_whitespace().skip(7);
+    let minor_faults: u64 = fields.next()?.parse().ok()?;
+    let mut fields = fields.skip(3);
     let user: u64 = fields.next()?.parse().ok()?;
     let system: u64 = fields.next()?.parse().ok()?;
-    Some(user + system)
+    Some(ProcUsage {
+        cpu_ticks: user + system,
+        minor_faults,
+    })
 }
 
 impl Drop for Children {
@@ -298,12 +344,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_ticks_are_fields_14_and_15_whatever_the_name_holds() {
-        let stat = "4242 (rampart (x) y) S 1 4242 4242 0 -1 4194560 2127 0 0 0 \
+    fn usage_is_fields_10_14_and_15_whatever_the_name_holds() {
+        let stat = "4242 (rampart (x) y) S 1 4242 4242 0 -1 4194560 2127 5 3 1 \
                     731 69 0 0 20 0 9 0 1000 100000 500 18446744073709551615";
-        assert_eq!(cpu_ticks(stat), Some(800));
-        assert_eq!(cpu_ticks("4242 (cut short) S 1 2"), None);
-        assert_eq!(cpu_ticks("no name at all"), None);
+        let usage = ProcUsage {
+            cpu_ticks: 800,
+            minor_faults: 2127,
+        };
+        assert_eq!(proc_usage(stat), Some(usage));
+        assert_eq!(proc_usage("4242 (cut short) S 1 2"), None);
+        assert_eq!(
+            proc_usage("4242 (no times) S 1 4242 4242 0 -1 4194560 2127 0 0 0"),
+            None
+        );
+        assert_eq!(proc_usage("no name at all"), None);
     }
 
     #[cfg(target_os = "linux")]
@@ -324,7 +378,7 @@ mod tests {
             urls: Vec::new(),
             child,
             exited: None,
-            cpu_ticks_seen: Default::default(),
+            usage_seen: Default::default(),
         });
         let deadline = Instant::now() + Duration::from_secs(30);
         while children.cpu_seconds() < 0.05 {

@@ -75,9 +75,13 @@ use super::lost_writes::{
     loss_key, write_until, LostWrites, LOSS_KEYS, LOSS_KEY_PREFIX, LOSS_WRITERS,
 };
 use super::ycsb::RemoveOnDrop;
-use crate::child_processes::Children;
+use crate::child_processes::{Children, Usage};
 use crate::cluster::{self, UpArgs};
 use crate::progress::Progress;
+
+/// Bytes of a page, for the fresh memory that page faults stand for (x86-64, and
+/// AArch64 with 4 KiB pages: the servers' faults are of base pages).
+const PAGE_BYTES: f64 = 4096.0;
 
 /// Pause between loading and the kill: two will-upload checks
 /// (`rampart_master::will_upload::WILL_CHECK_INTERVAL`).
@@ -153,6 +157,11 @@ pub(crate) struct RecoveryFigures {
     /// Kill to quiet.
     pub(crate) cpu_s_per_gb: f64,
     pub(crate) cpu_s_per_gb_until_keys_back: f64,
+    /// Minor page faults of all servers, kill to quiet, per GB recovered: each one a
+    /// page mapped on first touch, most of them fresh memory the kernel zeroed (absent
+    /// in older runs).
+    #[serde(default)]
+    pub(crate) minor_faults_per_gb: Option<f64>,
     pub(crate) quiet_after_ms: u64,
     pub(crate) partitions: Vec<PartitionFigures>,
     /// What let the tablets go live (`lease waited`, `refused`, ...: the recovery's
@@ -345,14 +354,15 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         );
     }
     let load = WriteLoad::start(&runtime, &client, table, args.write_until_kill_ms);
-    let cpu_at_kill = local.children.cpu_seconds();
+    let at_kill = local.children.usage();
     load.stop();
     let killed = Instant::now();
     let killed_unix = unix_ms();
     local.kill_server(index + 1)?;
     let mut back = runtime.block_on(probe(&client, table, (&probes, args.object_bytes), killed))?;
-    let cpu_until_back = local.children.cpu_seconds() - cpu_at_kill;
-    let (cpu_until_quiet, quiet_after) = wait_quiet(&local.children, cpu_at_kill, killed);
+    let cpu_until_back = local.children.cpu_seconds() - at_kill.cpu_s;
+    let (until_quiet, quiet_after) = wait_quiet(&local.children, at_kill, killed);
+    let cpu_until_quiet = until_quiet.cpu_s;
     back.sort_by(f64::total_cmp);
     let quantile = |q: f64| {
         let rank = ((back.len() as f64 * q).ceil() as usize).clamp(1, back.len().max(1));
@@ -387,6 +397,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let rate = recovered_mb / total_s.max(1e-9);
     let gb = recovered_mb / 1e3;
     let cpu_s_per_gb = cpu_until_quiet / gb;
+    let minor_faults_per_gb = until_quiet.minor_faults as f64 / gb;
     let masters: std::collections::BTreeSet<ServerId> =
         report.partitions.iter().map(|p| p.master).collect();
     println!();
@@ -444,6 +455,11 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         cpu_until_back / gb
     );
     println!(
+        "| minor page faults per GB recovered, kill to quiet (fresh pages: {:.0} MB per GB) \
+         | {minor_faults_per_gb:.0} |",
+        minor_faults_per_gb * PAGE_BYTES / 1e6
+    );
+    println!(
         "| objects verified | {verified} of {} ({}) |",
         expected.0,
         if ok { "checksum matches" } else { "MISMATCH" }
@@ -480,6 +496,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
             rate_over_floor: rate / floor_rate.max(1e-9),
             cpu_s_per_gb,
             cpu_s_per_gb_until_keys_back: cpu_until_back / gb,
+            minor_faults_per_gb: Some(minor_faults_per_gb.round()),
             quiet_after_ms: quiet_after.as_millis() as u64,
             partitions: report
                 .partitions
@@ -664,23 +681,23 @@ const QUIET_CPU_FRACTION: f64 = 0.1;
 const QUIET_WAIT_MAX: Duration = Duration::from_secs(60);
 
 /// Waits until the cluster's processes are quiet (recovery, re-replication and the
-/// backups' flushes done: [`QUIET_WINDOW`]) and returns the CPU-seconds they used since
-/// `cpu_at_kill` (up to the start of the quiet window) and when that was, from `killed`.
-fn wait_quiet(children: &Children, cpu_at_kill: f64, killed: Instant) -> (f64, Duration) {
-    let mut before = children.cpu_seconds();
+/// backups' flushes done: [`QUIET_WINDOW`]) and returns what they used since `at_kill`
+/// (up to the start of the quiet window) and when that was, from `killed`.
+fn wait_quiet(children: &Children, at_kill: Usage, killed: Instant) -> (Usage, Duration) {
+    let mut before = children.usage();
     let mut at = killed.elapsed();
     loop {
         std::thread::sleep(QUIET_WINDOW);
-        let now = children.cpu_seconds();
-        if now - before < QUIET_CPU_FRACTION * QUIET_WINDOW.as_secs_f64() {
-            return (before - cpu_at_kill, at);
+        let now = children.usage();
+        if now.cpu_s - before.cpu_s < QUIET_CPU_FRACTION * QUIET_WINDOW.as_secs_f64() {
+            return (before.since(at_kill), at);
         }
         if killed.elapsed() > QUIET_WAIT_MAX {
             println!(
                 "the cluster was still busy {} s after the kill: CPU counted until then",
                 QUIET_WAIT_MAX.as_secs()
             );
-            return (now - cpu_at_kill, killed.elapsed());
+            return (now.since(at_kill), killed.elapsed());
         }
         (before, at) = (now, killed.elapsed());
     }
