@@ -625,7 +625,7 @@ fn content_meta(
 /// A replica file built in place, for [`ReplicaWriter::prepare_image`]: room for its
 /// header, then its content, starting at a [`DIRECT_ALIGN_BYTES`] boundary so that
 /// [`RealDisk`] writes it as it is. Keep one and reuse it: its memory is allocated and
-/// touched once, by the first replica of its size.
+/// touched once, sized for the largest replica the caller will put in it.
 #[derive(Debug, Default)]
 pub struct ReplicaImage {
     /// The memory; the file starts at `start`.
@@ -646,11 +646,15 @@ impl ReplicaImage {
     }
 
     /// The content, `len` bytes, for the caller to fill: what it holds before is
-    /// unspecified (the previous replica's bytes, or zeros).
-    pub fn content_mut(&mut self, len: usize) -> &mut [u8] {
+    /// unspecified (the previous replica's bytes, or zeros). An image too small for
+    /// `len` is replaced by one with room for `room_max` bytes of content (at least
+    /// `len`): a caller passing the largest replica it handles (a frame's capacity)
+    /// faults the memory in once, not again each time a replica is longer than the
+    /// longest before it.
+    pub fn content_mut(&mut self, len: usize, room_max: usize) -> &mut [u8] {
         let needed = HEADER_BYTES + len + DIRECT_ALIGN_BYTES;
         if self.storage.len() < needed {
-            self.storage = vec![0; needed];
+            self.storage = vec![0; HEADER_BYTES + len.max(room_max) + DIRECT_ALIGN_BYTES];
             self.start = self.storage.as_ptr().align_offset(DIRECT_ALIGN_BYTES);
         }
         self.content_len = len;
@@ -1655,7 +1659,7 @@ mod tests {
             let copied = writer
                 .prepare(m, s, Epoch(3), true, &bytes)
                 .expect("prepare");
-            image.content_mut(length).copy_from_slice(&bytes);
+            image.content_mut(length, length).copy_from_slice(&bytes);
             let built = writer
                 .prepare_image(m, s, Epoch(3), true, &mut image)
                 .expect("prepare_image");
@@ -1671,6 +1675,24 @@ mod tests {
             let read = store.read_replica(m, s).expect("read").expect("stored");
             assert!(read == bytes, "{length} bytes: read back differs");
         }
+    }
+
+    /// An image sized for the largest replica keeps its memory when a longer replica
+    /// than the first comes: it is faulted in once per flush thread, not once per
+    /// growth (8 MiB of fresh pages each time, in a recovery's closes).
+    #[test]
+    fn an_image_with_room_keeps_its_memory_for_longer_replicas() {
+        let mut image = ReplicaImage::new();
+        let room = 1 << 20;
+        let first = image.content_mut(100, room).as_ptr();
+        let longest = image.content_mut(room, room).as_ptr();
+        assert_eq!(
+            first, longest,
+            "a replica within the room reallocated the image"
+        );
+        assert_eq!(image.content().len(), room);
+        // Past the room, it grows to what the replica needs.
+        assert_eq!(image.content_mut(room + 1, room).len(), room + 1);
     }
 
     #[test]

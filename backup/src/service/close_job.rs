@@ -111,9 +111,10 @@ impl CloseTarget for LiveReplicas<'_> {
     /// ([`ReplicaWriter::prepare_image`]).
     fn prepare(&mut self, closing: &Closing) -> Result<PreparedReplica, StoreError> {
         let (master, segment) = closing.key;
-        let length = closing.length.min(self.frames.file.slot_capacity()) as usize;
+        let capacity = self.frames.file.slot_capacity() as usize;
+        let length = (closing.length as usize).min(capacity);
         CLOSE_IMAGE.with_borrow_mut(|image| {
-            let content = image.content_mut(length);
+            let content = image.content_mut(length, capacity);
             self.frames.file.read_to(closing.slot, content);
             self.writer
                 .prepare_image(master, segment, closing.epoch, true, image)
