@@ -22,12 +22,15 @@
 //!   and `rdma` (docs/design.md §5).
 //! * [`http`] — a small GET-only HTTP server (metrics, the status page).
 //! * [`metrics`] — Prometheus metrics: the RPC layer's, and serving them at `/metrics`.
+//! * [`buffer_pool`] — large transient buffers kept for reuse (frames, replication
+//!   copies), so that their pages are faulted in once.
 //! * [`failpoints`] — deliberate misbehaviour for process tests, compiled in only for
 //!   them.
 
 pub mod announce;
 pub mod auth;
 pub mod backoff;
+pub mod buffer_pool;
 pub mod config;
 pub mod coordinator_set;
 pub mod failpoints;

@@ -63,6 +63,7 @@
 //! and the whole `--memory` is resident from the start, as in RAMCloud.
 
 use bytes::Bytes;
+use rampart_common::buffer_pool;
 use rampart_common::config::MasterConfig;
 use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
 use rampart_common::limits::KEY_BYTES_MAX;
@@ -743,7 +744,9 @@ impl SegmentedLog {
     }
 
     /// The sealed ranges appended since the last call, in the order they must reach
-    /// the replicas, each with a copy of its bytes.
+    /// the replicas, each with a copy of its bytes (a large copy in a buffer of the
+    /// process's `buffer_pool`: a recovery's batches of megabytes reuse memory already
+    /// touched).
     pub fn take_unreplicated(&mut self) -> Vec<SealedRange> {
         std::mem::take(&mut self.unreplicated)
             .into_iter()
@@ -754,7 +757,7 @@ impl SegmentedLog {
                     .expect("an unreplicated range lies in a live segment: none is freed first");
                 SealedRange {
                     range,
-                    bytes: Bytes::copy_from_slice(bytes),
+                    bytes: buffer_pool::shared().copy(bytes),
                     capacity: self.segment_bytes,
                 }
             })

@@ -28,10 +28,11 @@ use super::error::{RpcError, CONNECT_TIMEOUT};
 use super::frame::{FrameHeader, Opcode, FRAME_HEADER_BYTES};
 use super::message::{Rpc, WireMessage};
 use crate::auth::Security;
+use crate::buffer_pool::{self, BufferPool, POOLED_BYTES_MIN};
 use crate::limits::RPC_PAYLOAD_BYTES_MAX;
 use crate::secure::{ReadHalf, WriteHalf};
 use crate::status::Status;
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -382,9 +383,23 @@ pub(crate) fn set_keepalive(stream: &TcpStream) {
 
 /// Reads the next whole frame from `socket`, buffering in `buf`. `Ok(None)` at a clean
 /// end of stream between frames.
+///
+/// A payload of [`POOLED_BYTES_MIN`] or more is read into a buffer of the process's
+/// [`buffer_pool`](crate::buffer_pool) instead, exactly to its end (so `buf` never holds
+/// part of it and the next frame's bytes stay in the socket): a recovery's pieces reuse
+/// memory already touched instead of faulting in fresh pages for every one.
 pub(crate) async fn next_frame<R: AsyncRead + Unpin>(
     socket: &mut R,
     buf: &mut BytesMut,
+) -> Result<Option<(FrameHeader, Bytes)>, ReadFrameError> {
+    next_frame_pooled(socket, buf, buffer_pool::shared()).await
+}
+
+/// [`next_frame`], with large payloads in buffers of `pool`.
+pub(crate) async fn next_frame_pooled<R: AsyncRead + Unpin>(
+    socket: &mut R,
+    buf: &mut BytesMut,
+    pool: &BufferPool,
 ) -> Result<Option<(FrameHeader, Bytes)>, ReadFrameError> {
     loop {
         if buf.len() >= FRAME_HEADER_BYTES {
@@ -398,6 +413,11 @@ pub(crate) async fn next_frame<R: AsyncRead + Unpin>(
                 let payload = frame.split_off(FRAME_HEADER_BYTES).freeze();
                 return Ok(Some((header, payload)));
             }
+            if len >= POOLED_BYTES_MIN {
+                let _ = buf.split_to(FRAME_HEADER_BYTES);
+                let payload = read_pooled_payload(socket, buf, len, pool).await?;
+                return Ok(Some((header, payload)));
+            }
             buf.reserve(FRAME_HEADER_BYTES + len - buf.len());
         } else if buf.capacity() - buf.len() < 4096 {
             buf.reserve(64 * 1024);
@@ -405,9 +425,7 @@ pub(crate) async fn next_frame<R: AsyncRead + Unpin>(
         let read = if buf.is_empty() {
             socket.read_buf(buf).await?
         } else {
-            tokio::time::timeout(FRAME_STALL_TIMEOUT, socket.read_buf(buf))
-                .await
-                .map_err(|_| ReadFrameError::Stalled)??
+            read_within_stall(socket.read_buf(buf)).await?
         };
         if read == 0 {
             return if buf.is_empty() {
@@ -417,6 +435,38 @@ pub(crate) async fn next_frame<R: AsyncRead + Unpin>(
             };
         }
     }
+}
+
+/// The `len`-byte payload whose first bytes are all of `buf` (fewer than `len`), the
+/// rest read from `socket` up to its end and no further, in a buffer of `pool`. Leaves
+/// `buf` empty.
+async fn read_pooled_payload<R: AsyncRead + Unpin>(
+    socket: &mut R,
+    buf: &mut BytesMut,
+    len: usize,
+    pool: &BufferPool,
+) -> Result<Bytes, ReadFrameError> {
+    let mut payload = pool.take(len);
+    payload.extend_from_slice(buf);
+    buf.clear();
+    while payload.len() < len {
+        let missing = len - payload.len();
+        let mut rest = (&mut payload).limit(missing);
+        if read_within_stall(socket.read_buf(&mut rest)).await? == 0 {
+            return Err(ReadFrameError::Truncated);
+        }
+    }
+    Ok(pool.freeze(payload))
+}
+
+/// `read`, failing with [`ReadFrameError::Stalled`] past [`FRAME_STALL_TIMEOUT`]: the
+/// peer stopped in the middle of a frame.
+async fn read_within_stall(
+    read: impl std::future::Future<Output = std::io::Result<usize>>,
+) -> Result<usize, ReadFrameError> {
+    Ok(tokio::time::timeout(FRAME_STALL_TIMEOUT, read)
+        .await
+        .map_err(|_| ReadFrameError::Stalled)??)
 }
 
 /// Reuses one [`Connection`] per peer address, dialling anew when one breaks.

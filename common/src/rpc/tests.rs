@@ -1420,3 +1420,102 @@ async fn tls_round_trip_beside_plain_connections_with_the_token_inside() {
     );
     server.stop().await;
 }
+
+/// `header ‖ payload` of a reply frame with `rpc_id`.
+fn reply_frame(rpc_id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0; FRAME_HEADER_BYTES];
+    FrameHeader {
+        opcode: OP_ECHO,
+        is_reply: true,
+        status: Status::Ok,
+        rpc_id,
+        payload_len: payload.len() as u32,
+    }
+    .write_to(&mut out);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A payload of `POOLED_BYTES_MIN` or more is read into a pooled buffer, exactly to its
+/// end: frames that arrive in odd pieces, a large one cut inside its header and inside
+/// its payload, and small frames sharing a read with the end of a large one, all come
+/// out whole and in order, and the large payloads' buffers go back to the pool.
+#[tokio::test]
+async fn large_payloads_are_read_whole_into_pooled_buffers() {
+    use super::connection::next_frame_pooled;
+    use crate::buffer_pool::{BufferPool, POOLED_BYTES_MIN};
+
+    let payloads: Vec<Vec<u8>> = vec![
+        (0..POOLED_BYTES_MIN + 7).map(|i| i as u8).collect(),
+        b"small, right behind the large one".to_vec(),
+        (0..3 * POOLED_BYTES_MIN).map(|i| (i * 7) as u8).collect(),
+        vec![0x42; POOLED_BYTES_MIN],
+        b"last".to_vec(),
+    ];
+    let stream: Vec<u8> = payloads
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| reply_frame(i as u64, p))
+        .collect();
+    let (mut writer, mut reader) = tokio::io::duplex(8 * 1024);
+    let sender = tokio::spawn(async move {
+        // Pieces of sizes that cut headers and payloads anywhere.
+        let mut at = 0;
+        for size in [5, 20, 40_000, 1, 70_000, 3, 17].into_iter().cycle() {
+            if at == stream.len() {
+                break;
+            }
+            let end = (at + size).min(stream.len());
+            writer.write_all(&stream[at..end]).await.expect("write");
+            at = end;
+        }
+    });
+    let pool = BufferPool::new(8, 64 << 20);
+    let mut buf = BytesMut::new();
+    let mut received = Vec::new();
+    for (i, sent) in payloads.iter().enumerate() {
+        let read = next_frame_pooled(&mut reader, &mut buf, &pool);
+        let (header, payload) = timeout(STEP_TIMEOUT, read)
+            .await
+            .expect("a frame in time")
+            .expect("reads")
+            .expect("a frame, not the end");
+        assert_eq!(header.rpc_id, i as u64);
+        assert!(payload[..] == sent[..], "payload {i} differs");
+        received.push(payload);
+    }
+    sender.await.expect("sender");
+    let end = timeout(
+        STEP_TIMEOUT,
+        next_frame_pooled(&mut reader, &mut buf, &pool),
+    )
+    .await
+    .expect("the end in time")
+    .expect("a clean end");
+    assert!(end.is_none());
+    assert_eq!(pool.free().0, 0, "the payloads hold their buffers");
+    drop(received);
+    assert_eq!(
+        pool.free().0,
+        3,
+        "the three large payloads' buffers came back"
+    );
+}
+
+/// A large payload cut short by the end of the stream is `Truncated`.
+#[tokio::test]
+async fn a_large_payload_cut_short_is_truncated() {
+    use super::connection::{next_frame, ReadFrameError};
+    use crate::buffer_pool::POOLED_BYTES_MIN;
+
+    let mut stream = reply_frame(1, &vec![1; 2 * POOLED_BYTES_MIN]);
+    stream.truncate(stream.len() - 10);
+    let (mut writer, mut reader) = tokio::io::duplex(1 << 20);
+    writer.write_all(&stream).await.expect("write");
+    drop(writer);
+    let mut buf = BytesMut::new();
+    let read = timeout(STEP_TIMEOUT, next_frame(&mut reader, &mut buf))
+        .await
+        .expect("an answer in time");
+    assert!(matches!(read, Err(ReadFrameError::Truncated)), "{read:?}");
+}
