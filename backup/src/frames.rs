@@ -202,10 +202,9 @@ impl Frames {
     }
 
     /// The stored replica `key` from the free slot that still holds it, checked against
-    /// the store's checksum, copied into `bytes`, and that slot with what the store
-    /// holds of the replica; `None` if no slot does (any more), and then `bytes` holds
-    /// nothing to use.
-    pub fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<(usize, ReplicaMeta)> {
+    /// the store's checksum, copied into `bytes`; `None` if no slot does (any more),
+    /// and then `bytes` holds nothing to use.
+    pub fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
         let (slot, meta) = self.table.lock().kept(key)?;
         if meta.length > self.file.slot_capacity() {
             // Stored from a frame larger than this file's slots: no slot holds it whole.
@@ -216,35 +215,7 @@ impl Frames {
         // no longer match, and the entry is gone.
         let intact = crc32fast::hash(bytes) == meta.content_crc32
             && self.table.lock().kept(key) == Some((slot, meta));
-        intact.then_some((slot, meta))
-    }
-
-    /// Appends to `out` the byte ranges `runs` of the stored replica `key` that slot
-    /// `slot` kept when [`Frames::read_kept`] read it as `meta`; true if the slot still
-    /// keeps exactly that, checked after the copy as `read_kept` checks (an open that
-    /// takes the slot forgets the entry before it zeroes and hands out the slot), false
-    /// otherwise (discard `out`). The caller checks the copy's checksum.
-    pub fn copy_kept(
-        &self,
-        key: ReplicaKey,
-        slot: usize,
-        meta: ReplicaMeta,
-        runs: &[(u32, u32)],
-        out: &mut Vec<u8>,
-    ) -> bool {
-        if meta.length > self.file.slot_capacity() || slot >= self.file.slots() {
-            return false;
-        }
-        if self.table.lock().kept(key) != Some((slot, meta)) {
-            return false;
-        }
-        for &(start, end) in runs {
-            if start > end || end > meta.length {
-                return false;
-            }
-            self.file.append_range(slot, start, end - start, out);
-        }
-        self.table.lock().kept(key) == Some((slot, meta))
+        intact.then_some(meta)
     }
 
     /// The written part of `frame` (at least its valid prefix) and the valid prefix's

@@ -26,7 +26,7 @@ use rampart_common::protocol::backup::{RecoveryReplica, ReplicaInfo};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::frame_table::{FrameRef, FrameTable, ReplicaKey};
-use crate::recovery_reads::{HeldReplica, KeptAt};
+use crate::recovery_reads::HeldReplica;
 use crate::segment_store::{ReplicaMeta, StoreError};
 
 /// An open frame's valid prefix, copied out of its slot: no more than its fenced
@@ -60,10 +60,9 @@ pub trait HeldReplicas {
     fn scan_frames(&self, frames: Vec<FrameRef>) -> Vec<HeldFrame>;
 
     /// The stored replica `key` copied into `bytes` from the free slot that kept it,
-    /// checked against the store's checksum, and where it lies (the slot, and what the
-    /// store holds of it); `None` if no slot does (any more), and then `bytes` holds
-    /// nothing to use.
-    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<KeptAt>;
+    /// checked against the store's checksum, and what the store holds of it; `None` if
+    /// no slot does (any more), and then `bytes` holds nothing to use.
+    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta>;
 
     /// The stored replica `key` copied into `bytes` from its file, verified, without the
     /// store's lock, and its metadata; `None` where that cannot say (not held as far as
@@ -106,7 +105,6 @@ pub fn read_held<H: HeldReplicas + ?Sized>(
                 return Ok(Some(HeldReplica {
                     info: scanned.info(),
                     bytes: scanned.bytes,
-                    kept: None,
                 }));
             }
             // A re-creation of a closed segment's replica on this backup, which still
@@ -116,11 +114,10 @@ pub fn read_held<H: HeldReplicas + ?Sized>(
         // Closed, freed or replaced meanwhile: the store has the answer.
     }
     // From memory if the slot it was flushed from is still free.
-    if let Some(kept) = held.read_kept(key, &mut reuse) {
+    if let Some(meta) = held.read_kept(key, &mut reuse) {
         return Ok(Some(HeldReplica {
-            info: ReplicaInfo::from(&kept.meta),
+            info: ReplicaInfo::from(&meta),
             bytes: reuse,
-            kept: Some(kept),
         }));
     }
     // From the file, as the table's mirror (which may lag the store, never lead it)
@@ -130,14 +127,12 @@ pub fn read_held<H: HeldReplicas + ?Sized>(
         return Ok(Some(HeldReplica {
             info: ReplicaInfo::from(&meta),
             bytes: reuse,
-            kept: None,
         }));
     }
     // `None`: freed between the lookup above and the read.
     Ok(held.read_stored(key)?.map(|(bytes, meta)| HeldReplica {
         info: ReplicaInfo::from(&meta),
         bytes,
-        kept: None,
     }))
 }
 
@@ -360,11 +355,10 @@ mod tests {
             self.table.stored(key)
         }
 
-        fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<KeptAt> {
+        fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
             self.noted("kept", key);
             *bytes = self.kept.get(&key)?.clone();
-            let meta = self.table.stored(key)?;
-            Some(KeptAt { slot: 0, meta })
+            self.table.stored(key)
         }
 
         fn scan_frames(&self, frames: Vec<FrameRef>) -> Vec<HeldFrame> {

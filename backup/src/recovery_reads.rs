@@ -20,24 +20,9 @@
 //! (table, key hash) falls in a partition to that partition's piece; entries in no
 //! partition (tablets the crashed master no longer owned) are dropped.
 //!
-//! # Kept replicas: pieces as runs
-//! A replica that the source read from memory the backup keeps anyway — a free frame
-//! slot that still holds the replica it flushed ([`HeldReplica::kept`]), the common case
-//! right after a crash — is not copied into pieces: the reader caches, per partition,
-//! where its entries lie in the replica ([`PieceRuns`]: byte ranges and the CRC-32 of
-//! what they cover), a few bytes instead of the entries, and a fetch copies them out of
-//! the slot into the reply's buffer ([`ReplicaSource::copy_kept`]). The read-ahead
-//! cache then holds no copy of the log: before, every piece was fresh memory the kernel
-//! faulted in and zeroed, about one page per page recovered. A slot may be taken for
-//! another frame between the split and the fetch; the source checks after its copy that
-//! the slot still keeps the replica (as its own read does), and the fetch checks the
-//! copy against the split's checksum: a piece that fails either is read on demand, like
-//! one handed out before.
-//!
 //! # Guarantees
 //! 1. Each cached piece is handed out once; a later request for it re-reads the replica
-//!    on demand (the first reply may have been lost on the way). So is a kept
-//!    replica's piece that its slot no longer holds.
+//!    on demand (the first reply may have been lost on the way).
 //! 2. A piece holds the entries in log order, each with its own header and CRC: the
 //!    recovery master decodes and verifies them as it would its own log.
 //! 3. A request for a segment scheduled in its attempt but not read yet waits at most
@@ -102,14 +87,9 @@
 //! per entry) and one copy of the entries kept: ≈ 3–5 ms per 8 MiB segment on one
 //! core, below the ≈ 16 ms the disk takes to read it at 500 MB/s, so reading stays
 //! disk-bound. An on-demand fetch pays a whole read and split for one partition's piece.
-//! A kept replica's split copies nothing but computes each partition's checksum (one
-//! more CRC pass over the entries kept); its fetch copies the piece out of the slot and
-//! checksums it on the reactor, as the reply's encoding copies it there anyway (≈ 0.1
-//! ms per MiB).
 
-use crate::segment_store::{ReplicaMeta, StoreError, REPLICA_BYTES_MAX};
+use crate::segment_store::{StoreError, REPLICA_BYTES_MAX};
 use parking_lot::{Condvar, Mutex};
-use rampart_common::buffer_pool;
 use rampart_common::ids::{key_hash, Epoch, KeyHash, SegmentId, ServerId, TableId, Version};
 use rampart_common::log::{
     entries, object_entry_bytes, scan, tombstone_entry_bytes, Entry, COMPLETION_ENTRY_BYTES,
@@ -182,23 +162,6 @@ pub trait ReplicaSource: Send + Sync + fmt::Debug + 'static {
         segment: SegmentId,
         reuse: Vec<u8>,
     ) -> Result<Option<HeldReplica>, StoreError>;
-
-    /// Appends to `out` the byte ranges `runs` (start, end) of the replica of `segment`
-    /// of `master` that an earlier [`read`](Self::read) found in memory this backup
-    /// keeps (`kept`, [`HeldReplica::kept`]), and returns true if that memory still
-    /// held the replica all along; false otherwise (discard `out`). Copies from memory
-    /// only, never the disk: called on the reactor. The default keeps nothing.
-    fn copy_kept(
-        &self,
-        master: ServerId,
-        segment: SegmentId,
-        kept: KeptAt,
-        runs: &[(u32, u32)],
-        out: &mut Vec<u8>,
-    ) -> bool {
-        let _ = (master, segment, kept, runs, out);
-        false
-    }
 }
 
 /// A replica as a [`ReplicaSource`] hands it out.
@@ -208,22 +171,6 @@ pub struct HeldReplica {
     pub info: ReplicaInfo,
     /// Its bytes.
     pub bytes: Vec<u8>,
-    /// Where the bytes were copied from, when that is memory the backup keeps them in
-    /// (a free frame slot that still holds the flushed replica): the reader then caches
-    /// where each partition's entries lie instead of copying them out, and a fetch
-    /// copies them from there ([`ReplicaSource::copy_kept`]).
-    pub kept: Option<KeptAt>,
-}
-
-/// Where a replica lies in memory the backup keeps: the slot of its frame file, and
-/// what the store holds of the replica (its length and checksum) while the slot keeps
-/// it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KeptAt {
-    /// The frame-file slot.
-    pub slot: usize,
-    /// The stored replica the slot's bytes are.
-    pub meta: ReplicaMeta,
 }
 
 /// Why a set of partitions cannot be indexed.
@@ -369,22 +316,6 @@ pub struct Piece {
     pub count: u32,
 }
 
-/// The entries of one replica that fall in one partition, as where they lie in it: what
-/// the cache keeps of a replica that lies in memory the backup keeps anyway
-/// ([`HeldReplica::kept`]), copied out only when fetched.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PieceRuns {
-    /// Byte ranges (start, end) of the replica, in log order; adjacent entries make one.
-    pub runs: Vec<(u32, u32)>,
-    /// Bytes the runs cover.
-    pub len: usize,
-    /// How many entries they hold.
-    pub count: u32,
-    /// CRC-32 of the bytes the runs cover, in order, as the split read them: a copy
-    /// made later is checked against it.
-    pub crc: u32,
-}
-
 /// A replica split by partition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SplitReplica {
@@ -449,16 +380,15 @@ pub fn split_replica(
 /// Where one entry of a replica goes: (partition, start, end).
 type EntryPlace = (u32, usize, usize);
 
-/// The first pass of a split: scans `bytes` (described by `replica`) for its valid
-/// prefix and notes in `places` (cleared first) where each `Object`, `Tombstone` and
-/// completion record of a partition lies, in log order. Returns the highest
-/// `SafeVersion` floor and each partition's bytes.
-fn place_entries(
+/// [`split_replica`], noting where entries go in `places` (cleared first): a reader
+/// passes the same vector for every replica, so the notes, ~24 bytes per entry, cost
+/// no fresh memory after the first.
+fn split_replica_noting_in(
     bytes: &[u8],
     replica: &ReplicaInfo,
     index: &PartitionIndex,
     places: &mut Vec<EntryPlace>,
-) -> Result<(Version, Vec<usize>), SplitError> {
+) -> Result<SplitReplica, SplitError> {
     let found = scan(bytes);
     if replica.closed && !found.closed {
         return Err(SplitError::NotClosed {
@@ -479,10 +409,13 @@ fn place_entries(
             });
         }
     }
-    let mut safe_version = Version(0);
+    let mut split = SplitReplica {
+        safe_version: Version(0),
+        pieces: vec![Piece::default(); index.partitions() as usize],
+    };
     // Each entry that goes to a piece, in log order.
     places.clear();
-    let mut piece_bytes = vec![0usize; index.partitions() as usize];
+    let mut piece_bytes = vec![0usize; split.pieces.len()];
     for (offset, entry) in entries(bytes, found.valid_bytes) {
         // Completion records (`rampart_common::rifl`) go where the object they name
         // goes: they carry its key hash.
@@ -499,7 +432,7 @@ fn place_entries(
             ),
             Entry::Completion(record) => (record.table, record.key_hash, COMPLETION_ENTRY_BYTES),
             Entry::SafeVersion(floor) => {
-                safe_version = safe_version.max(floor);
+                split.safe_version = split.safe_version.max(floor);
                 continue;
             }
             Entry::Header(_) | Entry::Digest(_) | Entry::Checksum(_) | Entry::Footer { .. } => {
@@ -513,23 +446,6 @@ fn place_entries(
         piece_bytes[partition as usize] += length;
         places.push((partition, start, start + length));
     }
-    Ok((safe_version, piece_bytes))
-}
-
-/// [`split_replica`], noting where entries go in `places` (cleared first): a reader
-/// passes the same vector for every replica, so the notes, ~24 bytes per entry, cost
-/// no fresh memory after the first.
-fn split_replica_noting_in(
-    bytes: &[u8],
-    replica: &ReplicaInfo,
-    index: &PartitionIndex,
-    places: &mut Vec<EntryPlace>,
-) -> Result<SplitReplica, SplitError> {
-    let (safe_version, piece_bytes) = place_entries(bytes, replica, index, places)?;
-    let mut split = SplitReplica {
-        safe_version,
-        pieces: vec![Piece::default(); index.partitions() as usize],
-    };
     for (piece, &size) in split.pieces.iter_mut().zip(&piece_bytes) {
         piece.entries.reserve_exact(size);
     }
@@ -540,41 +456,6 @@ fn split_replica_noting_in(
         piece.count += 1;
     }
     Ok(split)
-}
-
-/// [`split_replica_noting_in`] without the copy: each partition's entries as runs of
-/// `bytes`, with the checksum of what they cover.
-fn split_runs(
-    bytes: &[u8],
-    replica: &ReplicaInfo,
-    index: &PartitionIndex,
-    places: &mut Vec<EntryPlace>,
-) -> Result<(Version, Vec<PieceRuns>), SplitError> {
-    let (safe_version, piece_bytes) = place_entries(bytes, replica, index, places)?;
-    let mut pieces: Vec<PieceRuns> = piece_bytes
-        .iter()
-        .map(|&len| PieceRuns {
-            len,
-            ..PieceRuns::default()
-        })
-        .collect();
-    let mut checksums = vec![crc32fast::Hasher::new(); pieces.len()];
-    for &(partition, start, end) in places.iter() {
-        let piece = &mut pieces[partition as usize];
-        piece.count += 1;
-        // In bounds: `entries` decoded this entry whole from `bytes`.
-        checksums[partition as usize].update(&bytes[start..end]);
-        // Entries lie in a replica of at most `REPLICA_BYTES_MAX` (< 4 GiB) bytes.
-        let (start, end) = (start as u32, end as u32);
-        match piece.runs.last_mut() {
-            Some(last) if last.1 == start => last.1 = end,
-            _ => piece.runs.push((start, end)),
-        }
-    }
-    for (piece, checksum) in pieces.iter_mut().zip(checksums) {
-        piece.crc = checksum.finalize();
-    }
-    Ok((safe_version, pieces))
 }
 
 /// Why a [`RecoveryReads::start`] was refused.
@@ -754,84 +635,15 @@ struct ReadyReplica {
     epoch: Epoch,
     safe_version: Version,
     /// Non-empty pieces not handed out yet, by partition.
-    pieces: HashMap<u32, Cached>,
-    /// Where the replica lies in memory the backup keeps, when its pieces are
-    /// [`Cached::Kept`].
-    kept: Option<KeptAt>,
+    pieces: HashMap<u32, Piece>,
     /// Partitions whose piece (empty or not) was handed out: a later fetch re-reads.
     handed_out: HashSet<u32>,
-}
-
-/// A piece as the cache holds it.
-#[derive(Debug)]
-enum Cached {
-    /// Its entries, copied out of the replica.
-    Copied(Piece),
-    /// Where its entries lie in the replica, which lies in memory the backup keeps.
-    Kept(PieceRuns),
-}
-
-impl Cached {
-    /// Entries it holds.
-    fn count(&self) -> u32 {
-        match self {
-            Cached::Copied(piece) => piece.count,
-            Cached::Kept(runs) => runs.count,
-        }
-    }
-
-    /// Memory it holds, counted against the cache's bound.
-    fn bytes(&self) -> u64 {
-        match self {
-            Cached::Copied(piece) => piece.entries.capacity() as u64,
-            Cached::Kept(runs) => (runs.runs.capacity() * std::mem::size_of::<(u32, u32)>()) as u64,
-        }
-    }
-}
-
-/// A piece to copy out of memory the backup keeps, then hand out ([`RecoveryReads::fetch`]).
-#[derive(Debug)]
-struct KeptPiece {
-    epoch: Epoch,
-    safe_version: Version,
-    kept: KeptAt,
-    runs: PieceRuns,
-}
-
-impl KeptPiece {
-    /// The reply, copied from where the replica lies; `None` if it no longer lies there
-    /// (its slot was taken for another frame) or the copy does not match what the split
-    /// read: the piece is then read on demand.
-    fn copy(
-        self,
-        source: &dyn ReplicaSource,
-        master: ServerId,
-        segment: SegmentId,
-    ) -> Option<RecoveryDataReply> {
-        let pool = buffer_pool::shared();
-        let mut entries = pool.take(self.runs.len);
-        let intact = source.copy_kept(master, segment, self.kept, &self.runs.runs, &mut entries)
-            && entries.len() == self.runs.len
-            && crc32fast::hash(&entries) == self.runs.crc;
-        if !intact {
-            tracing::debug!(%master, %segment, "a kept replica left its slot before its piece was fetched: read on demand");
-            return None;
-        }
-        Some(RecoveryDataReply {
-            epoch: self.epoch,
-            safe_version: self.safe_version,
-            entries: pool.freeze(entries),
-            count: self.runs.count,
-        })
-    }
 }
 
 /// What a fetch found in the table.
 enum Lookup {
     /// The answer.
     Done(Result<RecoveryDataReply, FetchError>),
-    /// The answer, once copied from memory the backup keeps.
-    Copy(KeptPiece),
     /// Scheduled, not read yet: wait for progress.
     Wait(watch::Receiver<u64>),
     /// Not scheduled in this attempt here (or handed out already): read on demand.
@@ -955,12 +767,6 @@ impl RecoveryReads {
         loop {
             let mut progress = match self.lookup(request) {
                 Lookup::Done(answer) => return answer,
-                Lookup::Copy(piece) => {
-                    match piece.copy(source.as_ref(), request.master, request.segment) {
-                        Some(reply) => return Ok(reply),
-                        None => break,
-                    }
-                }
                 Lookup::Wait(progress) => progress,
                 Lookup::OnDemand => break,
             };
@@ -985,7 +791,6 @@ impl RecoveryReads {
                 segment,
                 &index,
                 &mut ReadBuffers::default(),
-                false,
             )
         })
         .await
@@ -994,13 +799,9 @@ impl RecoveryReads {
             segment,
             reason: format!("the read task failed: {error}"),
         })?;
-        let read = read?;
-        let piece = match read.pieces.into_iter().next() {
-            Some(Cached::Copied(piece)) => piece,
-            // Not asked for (`in_place` false above): an empty piece, like no piece.
-            Some(Cached::Kept(_)) | None => Piece::default(),
-        };
-        Ok(reply(read.epoch, read.safe_version, piece))
+        let (epoch, split) = read?;
+        let piece = split.pieces.into_iter().next().unwrap_or_default();
+        Ok(reply(epoch, split.safe_version, piece))
     }
 
     /// Forgets `master`'s recovery: drops its pieces, stops its reader at the next
@@ -1075,27 +876,14 @@ impl RecoveryReads {
         if !ready.handed_out.insert(request.partition) {
             return Lookup::OnDemand;
         }
-        let cached = ready.pieces.remove(&request.partition);
-        let bytes = cached.as_ref().map_or(0, Cached::bytes);
-        let answer = match (cached, ready.kept) {
-            (Some(Cached::Kept(runs)), Some(kept)) => Lookup::Copy(KeptPiece {
-                epoch: ready.epoch,
-                safe_version: ready.safe_version,
-                kept,
-                runs,
-            }),
-            // Runs without a place cannot be: `publish` keeps them only with one.
-            (Some(Cached::Kept(_)), None) => Lookup::OnDemand,
-            (Some(Cached::Copied(piece)), _) => {
-                Lookup::Done(Ok(reply(ready.epoch, ready.safe_version, piece)))
-            }
-            (None, _) => Lookup::Done(Ok(reply(ready.epoch, ready.safe_version, Piece::default()))),
-        };
+        let piece = ready.pieces.remove(&request.partition).unwrap_or_default();
+        let bytes = piece.entries.capacity() as u64;
+        let answer = reply(ready.epoch, ready.safe_version, piece);
         if bytes > 0 {
             recovery.pieces_bytes -= bytes;
             self.inner.free(state, bytes);
         }
-        answer
+        Lookup::Done(Ok(answer))
     }
 }
 
@@ -1142,28 +930,15 @@ struct ReadBuffers {
     places: Vec<EntryPlace>,
 }
 
-/// One replica read and split: its pieces, by partition, and where it lies when they
-/// are [`Cached::Kept`].
-#[derive(Debug)]
-struct ReadReplica {
-    epoch: Epoch,
-    safe_version: Version,
-    pieces: Vec<Cached>,
-    kept: Option<KeptAt>,
-}
-
-/// Reads one replica into `buffers.bytes` (the previous read's, reused) and splits it:
-/// into runs when `in_place` and the replica lies in memory the backup keeps, else into
-/// copied pieces. After a read that failed or found nothing, the buffers start afresh.
-/// Blocks.
+/// Reads one replica into `buffers.bytes` (the previous read's, reused) and splits it.
+/// After a read that failed or found nothing, the buffers start afresh. Blocks.
 fn read_and_split(
     source: &dyn ReplicaSource,
     master: ServerId,
     segment: SegmentId,
     index: &PartitionIndex,
     buffers: &mut ReadBuffers,
-    in_place: bool,
-) -> Result<ReadReplica, FetchError> {
+) -> Result<(Epoch, SplitReplica), FetchError> {
     let unreadable = |reason: String| FetchError::Unreadable {
         master,
         segment,
@@ -1173,27 +948,10 @@ fn read_and_split(
         .read(master, segment, std::mem::take(&mut buffers.bytes))
         .map_err(|error| unreadable(error.to_string()))?
         .ok_or(FetchError::NotHeld { master, segment })?;
-    let epoch = held.info.epoch;
-    let read = match held.kept.filter(|_| in_place) {
-        Some(kept) => split_runs(&held.bytes, &held.info, index, &mut buffers.places).map(
-            |(safe_version, runs)| ReadReplica {
-                epoch,
-                safe_version,
-                pieces: runs.into_iter().map(Cached::Kept).collect(),
-                kept: Some(kept),
-            },
-        ),
-        None => split_replica_noting_in(&held.bytes, &held.info, index, &mut buffers.places).map(
-            |split| ReadReplica {
-                epoch,
-                safe_version: split.safe_version,
-                pieces: split.pieces.into_iter().map(Cached::Copied).collect(),
-                kept: None,
-            },
-        ),
-    };
+    let split = split_replica_noting_in(&held.bytes, &held.info, index, &mut buffers.places);
     buffers.bytes = held.bytes;
-    read.map_err(|error| unreadable(error.to_string()))
+    let split = split.map_err(|error| unreadable(error.to_string()))?;
+    Ok((held.info.epoch, split))
 }
 
 /// One attempt's reader. Dropping it (done, panicked, or never run because the
@@ -1215,7 +973,7 @@ impl ReaderGuard {
                 tracing::info!(master = %self.master, "recovery reader stops: attempt replaced or ended");
                 return;
             }
-            let read = read_and_split(source, self.master, segment, index, &mut buffers, true);
+            let read = read_and_split(source, self.master, segment, index, &mut buffers);
             if let Err(error) = &read {
                 tracing::warn!(master = %self.master, %segment, %error, "recovery read failed");
             }
@@ -1238,16 +996,15 @@ impl ReaderGuard {
     /// would overfill the cache; while it waits, the reader is *held* (module doc). The
     /// pieces of partitions served on demand meanwhile are dropped, not cached. Returns
     /// false if the attempt left the table meanwhile.
-    fn publish(&self, segment: SegmentId, read: Result<ReadReplica, FetchError>) -> bool {
+    fn publish(&self, segment: SegmentId, read: Result<(Epoch, SplitReplica), FetchError>) -> bool {
         let mut entry = match read {
-            Ok(read) => SegmentRead::Ready(ReadyReplica {
-                epoch: read.epoch,
-                safe_version: read.safe_version,
+            Ok((epoch, split)) => SegmentRead::Ready(ReadyReplica {
+                epoch,
+                safe_version: split.safe_version,
                 pieces: (0u32..)
-                    .zip(read.pieces)
-                    .filter(|(_, piece)| piece.count() > 0)
+                    .zip(split.pieces)
+                    .filter(|(_, piece)| piece.count > 0)
                     .collect(),
-                kept: read.kept,
                 handed_out: HashSet::new(),
             }),
             Err(error) => SegmentRead::Failed(error),
@@ -1269,7 +1026,11 @@ impl ReaderGuard {
                             ready.handed_out.insert(*partition);
                         }
                     }
-                    ready.pieces.values().map(Cached::bytes).sum()
+                    ready
+                        .pieces
+                        .values()
+                        .map(|p| p.entries.capacity() as u64)
+                        .sum()
                 }
                 _ => 0,
             };
@@ -1605,10 +1366,6 @@ mod tests {
     /// on arrival) until `open` is set. A replica is copied into the buffer the read is
     /// handed, as the service does; `reused` counts reads handed one that already had
     /// room for it.
-    ///
-    /// With `kept`, every replica lies in a "slot" of `kept` as well (its bytes, until a
-    /// test changes them), reads say so, and `copy_kept` copies from there; `taken`
-    /// holds the segments whose slot was taken since (their copies then fail).
     #[derive(Debug, Default)]
     struct FakeSource {
         replicas: HashMap<SegmentId, HeldReplica>,
@@ -1617,26 +1374,6 @@ mod tests {
         gated: Option<SegmentId>,
         open: Mutex<bool>,
         opened: Condvar,
-        kept: Option<Mutex<HashMap<SegmentId, Vec<u8>>>>,
-        taken: Mutex<HashSet<SegmentId>>,
-        copies: AtomicUsize,
-    }
-
-    impl FakeSource {
-        /// What `KeptAt` a read of `segment` reports.
-        fn kept_at(held: &HeldReplica) -> KeptAt {
-            KeptAt {
-                slot: held.info.segment.0 as usize,
-                meta: ReplicaMeta {
-                    master: held.info.master,
-                    segment: held.info.segment,
-                    epoch: held.info.epoch,
-                    length: held.bytes.len() as u32,
-                    closed: held.info.closed,
-                    content_crc32: crc32fast::hash(&held.bytes),
-                },
-            }
-        }
     }
 
     impl ReplicaSource for FakeSource {
@@ -1665,32 +1402,7 @@ mod tests {
             Ok(Some(HeldReplica {
                 info: held.info,
                 bytes: reuse,
-                kept: self.kept.as_ref().map(|_| FakeSource::kept_at(held)),
             }))
-        }
-
-        fn copy_kept(
-            &self,
-            master: ServerId,
-            segment: SegmentId,
-            kept: KeptAt,
-            runs: &[(u32, u32)],
-            out: &mut Vec<u8>,
-        ) -> bool {
-            assert_eq!(master, MASTER);
-            assert_eq!(kept.slot, segment.0 as usize);
-            self.copies.fetch_add(1, Ordering::SeqCst);
-            let Some(slots) = &self.kept else {
-                return false;
-            };
-            let slots = slots.lock();
-            let Some(slot) = slots.get(&segment) else {
-                return false;
-            };
-            for &(start, end) in runs {
-                out.extend_from_slice(&slot[start as usize..end as usize]);
-            }
-            !self.taken.lock().contains(&segment)
         }
     }
 
@@ -1711,7 +1423,6 @@ mod tests {
                 let held = HeldReplica {
                     info: info(segment, true),
                     bytes: writer.bytes().to_vec(),
-                    kept: None,
                 };
                 (id, held)
             })
@@ -1754,126 +1465,6 @@ mod tests {
             partition: 0,
             ranges: vec![HashRange::whole(TableId(1))],
         }
-    }
-
-    /// Two partitions (tables 1 and 2) over `segments` replicas of three objects each,
-    /// every replica also "kept" in a slot of the source.
-    fn kept_source(segments: u64) -> Arc<FakeSource> {
-        let replicas = replicas(segments, &[(1, b"a", 300), (2, b"b", 500), (1, b"c", 700)]);
-        let slots = replicas
-            .iter()
-            .map(|(&segment, held)| (segment, held.bytes.clone()))
-            .collect();
-        Arc::new(FakeSource {
-            replicas,
-            kept: Some(Mutex::new(slots)),
-            ..FakeSource::default()
-        })
-    }
-
-    fn two_partitions(segments: u64) -> RecoveryReadRequest {
-        RecoveryReadRequest {
-            partitions: vec![
-                vec![HashRange::whole(TableId(1))],
-                vec![HashRange::whole(TableId(2))],
-            ],
-            ..read_request(1, segments)
-        }
-    }
-
-    fn partition_request(segment: u64, partition: u32) -> RecoveryDataRequest {
-        RecoveryDataRequest {
-            partition,
-            ranges: vec![HashRange::whole(TableId(u64::from(partition) + 1))],
-            ..data_request(1, segment)
-        }
-    }
-
-    /// What a split of the replica gives partition `partition`.
-    fn expected_piece(source: &FakeSource, segment: u64, partition: u32) -> Piece {
-        let held = &source.replicas[&SegmentId(segment)];
-        let index = PartitionIndex::new(&two_partitions(1).partitions).expect("index");
-        split_replica(&held.bytes, &held.info, &index)
-            .expect("splits")
-            .pieces[partition as usize]
-            .clone()
-    }
-
-    /// A replica that lies in memory the backup keeps is cached as where its pieces lie
-    /// (a few bytes), and each piece is copied from there when fetched: the same entries
-    /// as a copied piece.
-    #[tokio::test]
-    async fn pieces_of_a_kept_replica_are_cached_as_runs_and_copied_when_fetched() {
-        let reads = RecoveryReads::new(1 << 20);
-        let source = kept_source(3);
-        reads
-            .start(two_partitions(3), source.clone())
-            .expect("start");
-        eventually(|| source.reads.load(Ordering::SeqCst) == 3).await;
-        eventually(|| reads.pieces_bytes() > 0).await;
-        // Two runs per segment, (start, end) each, not 1,500 bytes of entries.
-        assert!(
-            reads.pieces_bytes() <= 3 * 2 * 8 * 4,
-            "{}",
-            reads.pieces_bytes()
-        );
-        for segment in 1..=3 {
-            for partition in 0..2 {
-                let reply = reads
-                    .fetch(&partition_request(segment, partition), source.clone())
-                    .await
-                    .expect("piece");
-                let expected = expected_piece(&source, segment, partition);
-                assert_eq!(
-                    (&reply.entries[..], reply.count),
-                    (&expected.entries[..], expected.count)
-                );
-            }
-        }
-        assert_eq!(source.copies.load(Ordering::SeqCst), 6);
-        assert_eq!(source.reads.load(Ordering::SeqCst), 3, "no read on demand");
-        assert_eq!(reads.pieces_bytes(), 0);
-    }
-
-    /// A kept replica whose slot was taken for another frame after the reader split it,
-    /// or whose bytes changed there unnoticed, is read on demand instead: the fetch never
-    /// hands out what the slot holds now.
-    #[tokio::test]
-    async fn a_kept_replica_gone_from_its_slot_is_read_on_demand() {
-        let reads = RecoveryReads::new(1 << 20);
-        let source = kept_source(2);
-        reads
-            .start(two_partitions(2), source.clone())
-            .expect("start");
-        eventually(|| source.reads.load(Ordering::SeqCst) == 2).await;
-        eventually(|| reads.pieces_bytes() > 0).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let kept = source.kept.as_ref().expect("kept");
-        // Segment 1: the slot went to another frame (zeroed, written).
-        source.taken.lock().insert(SegmentId(1));
-        kept.lock().insert(SegmentId(1), vec![0x5a; 4096]);
-        // Segment 2: its bytes changed and the source did not notice: the checksum
-        // of what the split read catches it.
-        for byte in kept.lock().get_mut(&SegmentId(2)).expect("slot").iter_mut() {
-            *byte ^= 0xff;
-        }
-        for segment in 1..=2 {
-            let reply = reads
-                .fetch(&partition_request(segment, 0), source.clone())
-                .await
-                .expect("piece");
-            let expected = expected_piece(&source, segment, 0);
-            assert_eq!(
-                (&reply.entries[..], reply.count),
-                (&expected.entries[..], expected.count)
-            );
-        }
-        assert_eq!(source.copies.load(Ordering::SeqCst), 2);
-        assert_eq!(
-            source.reads.load(Ordering::SeqCst),
-            4,
-            "each read again on demand"
-        );
     }
 
     #[tokio::test]
@@ -2070,7 +1661,6 @@ mod tests {
                 Ok(Some(HeldReplica {
                     info: info(segment.0, false),
                     bytes: writer.bytes().to_vec(),
-                    kept: None,
                 }))
             }
         }

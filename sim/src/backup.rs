@@ -55,7 +55,6 @@ use rampart_backup::held_replicas::{self, HeldFrame, HeldReplicas};
 use rampart_backup::lifecycle::{
     self, CloseFailure, CloseTarget, FrameAccess, FreeTarget, ReplicaStore, TableAccess,
 };
-use rampart_backup::recovery_reads::KeptAt;
 use rampart_backup::segment_store::{check_write, ReplicaMeta, StoreError};
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
 use rampart_common::log::scan;
@@ -374,12 +373,12 @@ impl HeldReplicas for SimBackup {
     }
 
     /// `Frames::read_kept`: the kept slot's bytes, checked against the stored checksum.
-    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<KeptAt> {
+    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
         let (slot, meta) = self.table.kept(key)?;
         let kept = self.slots[slot].get(..meta.length as usize)?;
         bytes.clear();
         bytes.extend_from_slice(kept);
-        (crc32fast::hash(bytes) == meta.content_crc32).then_some(KeptAt { slot, meta })
+        (crc32fast::hash(bytes) == meta.content_crc32).then_some(meta)
     }
 
     /// The file the table's mirror names: the store's copy, if it is still that one.

@@ -13,7 +13,7 @@ use rampart_common::protocol::backup::RecoveryReplica;
 use crate::frame_table::{FrameRef, FrameTable, ReplicaKey};
 use crate::frames::Frames;
 use crate::held_replicas::{self, HeldFrame, HeldReplicas};
-use crate::recovery_reads::{HeldReplica, KeptAt};
+use crate::recovery_reads::HeldReplica;
 use crate::segment_store::{ReplicaMeta, StoreError};
 use crate::stored::StoreHandle;
 
@@ -47,9 +47,8 @@ impl HeldReplicas for Held<'_> {
     }
 
     /// [`Frames::read_kept`].
-    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<KeptAt> {
-        let (slot, meta) = self.frames.read_kept(key, bytes)?;
-        Some(KeptAt { slot, meta })
+    fn read_kept(&self, key: ReplicaKey, bytes: &mut Vec<u8>) -> Option<ReplicaMeta> {
+        self.frames.read_kept(key, bytes)
     }
 
     /// The file the table's mirror names, read without the store lock (see

@@ -34,7 +34,7 @@ use crate::fencing;
 use crate::frame_table::ReplicaKey;
 use crate::frames::Frames;
 use crate::rdma::RdmaTarget;
-use crate::recovery_reads::{HeldReplica, KeptAt, ReplicaSource};
+use crate::recovery_reads::{HeldReplica, ReplicaSource};
 use crate::segment_store::StoreError;
 use crate::stored::StoreHandle;
 
@@ -62,19 +62,6 @@ impl ReplicaSource for RecoverySource {
         let key = (master, segment);
         fencing::fence_frames_before_reading(&self.frames, &self.rdma, key);
         read_held(&self.store, &self.frames, key, reuse)
-    }
-
-    /// [`Frames::copy_kept`].
-    fn copy_kept(
-        &self,
-        master: ServerId,
-        segment: SegmentId,
-        kept: KeptAt,
-        runs: &[(u32, u32)],
-        out: &mut Vec<u8>,
-    ) -> bool {
-        self.frames
-            .copy_kept((master, segment), kept.slot, kept.meta, runs, out)
     }
 }
 
@@ -452,38 +439,6 @@ mod tests {
             Status::InvalidArgument,
             "no partition 2"
         );
-    }
-
-    /// A closed replica still kept in its free slot is cached as where its pieces lie;
-    /// if another frame takes the slot before a piece is fetched, the fetch reads the
-    /// stored copy instead of handing out what the slot holds now.
-    #[tokio::test]
-    async fn a_piece_of_a_kept_replica_whose_slot_was_taken_comes_from_the_store() {
-        let dir = TempDir::new().expect("tempdir");
-        let service = open_service(&dir, 4);
-        let (bytes, logged, _) = recovery_segment(1, 1, &[1], true);
-        store_closed(&service, 1, 1, &bytes).await;
-        start_recovery(&service, 1).await;
-        recovery_read(&service, 1, 7, &[1], partitions())
-            .await
-            .expect("recovery read");
-        // Partition 0 is copied from the slot; the reader cached a few bytes of runs.
-        let reply = recovery_data(&service, 1, 7, 1, 0, vec![])
-            .await
-            .expect("piece");
-        assert_eq!(decode_piece(&reply), expected(&logged, 0));
-        assert!(service.recovery.pieces_bytes() < 100, "runs, not entries");
-        // Every slot goes to another master's frames, filled with other bytes.
-        for segment in 1..=4 {
-            let handle = open(&service, 2, segment, 1).await;
-            let (other, _, _) = recovery_segment(2, segment, &[2], false);
-            write_range(&service, handle, 1, &other, 0, other.len() as u32).await;
-        }
-        let reply = recovery_data(&service, 1, 7, 1, 1, partitions()[1].clone())
-            .await
-            .expect("piece");
-        assert_eq!(decode_piece(&reply), expected(&logged, 1));
-        assert_eq!(service.recovery.pieces_bytes(), 0);
     }
 
     #[tokio::test]

@@ -393,24 +393,6 @@ impl FrameFile {
         );
     }
 
-    /// Appends to `out` the data bytes `[offset, offset + len)` of slot `slot`, as
-    /// [`FrameFile::read`] reads them (no lock: the caller checks afterwards that the
-    /// slot still holds what it expects). Panics if `slot ≥ slots` or the range passes
-    /// the slot's capacity.
-    pub fn append_range(&self, slot: usize, offset: u32, len: u32, out: &mut Vec<u8>) {
-        assert!(slot < self.slots, "slot {slot} of {}", self.slots);
-        assert!(
-            u64::from(offset) + u64::from(len) <= u64::from(self.slot_capacity),
-            "bytes {offset}+{len} of a slot of {}",
-            self.slot_capacity
-        );
-        self.map.copy_out_append(
-            self.slot_offset(slot) + SLOT_HEADER_BYTES + u64::from(offset),
-            len as usize,
-            out,
-        );
-    }
-
     /// Fills `out` with the first `out.len()` bytes of `slot`'s data, as
     /// [`FrameFile::read`] reads them. Panics if `out` is longer than a slot's capacity.
     pub fn read_to(&self, slot: usize, out: &mut [u8]) {

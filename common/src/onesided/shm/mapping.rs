@@ -204,25 +204,14 @@ impl Mapping {
     /// capacity and writing each byte once (no zeroing first). Panics if the range is not
     /// inside the mapping.
     pub(super) fn copy_out_into(&self, at: u64, len: usize, out: &mut Vec<u8>) {
-        out.clear();
-        if out.capacity() < len {
-            // A reserve would copy the old contents over: nothing worth keeping.
-            *out = Vec::new();
-        }
-        self.copy_out_append(at, len, out);
-    }
-
-    /// Appends to `out` a copy of `len` bytes at byte `at`, writing each byte once (no
-    /// zeroing first). Panics if the range is not inside the mapping.
-    pub(super) fn copy_out_append(&self, at: u64, len: usize, out: &mut Vec<u8>) {
         // Before reserving: an out-of-range `len` panics here rather than allocating.
         self.assert_inside(at, len);
+        out.clear();
         out.reserve(len);
-        let old = out.len();
         self.copy_out_uninit(at, &mut out.spare_capacity_mut()[..len]);
-        // SAFETY: `out` has room for `len` more bytes (reserved above), all of them
+        // SAFETY: `out` has room for `len` bytes (reserved above), all of them
         // initialised by the copy just made.
-        unsafe { out.set_len(old + len) };
+        unsafe { out.set_len(len) };
     }
 
     /// Fills `out` with a copy of the bytes from byte `at`. Panics if the range is not
