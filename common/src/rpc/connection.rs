@@ -387,7 +387,9 @@ pub(crate) fn set_keepalive(stream: &TcpStream) {
 /// A payload of [`POOLED_BYTES_MIN`] or more is read into a buffer of the process's
 /// [`buffer_pool`](crate::buffer_pool) instead, exactly to its end (so `buf` never holds
 /// part of it and the next frame's bytes stay in the socket): a recovery's pieces reuse
-/// memory already touched instead of faulting in fresh pages for every one.
+/// memory already touched instead of faulting in fresh pages for every one. Dropping
+/// the future while it reads such a payload loses what it read (it is not in `buf`), so
+/// the stream cannot go on: both callers drop it only to end the connection.
 pub(crate) async fn next_frame<R: AsyncRead + Unpin>(
     socket: &mut R,
     buf: &mut BytesMut,
