@@ -4,11 +4,10 @@
 //! A recovery moves every recovered byte through buffers of megabytes that live for
 //! milliseconds: the recovery master receives each piece into a frame buffer, and copies
 //! each replayed batch out of its log for replication. Handed back to glibc, such a
-//! buffer rarely comes back whole: the long-lived small allocations made meanwhile (the
-//! index's buckets, above all) take pieces of the hole it leaves, so the next one is
-//! carved from fresh memory that the kernel faults in and zeroes — about two pages
-//! faulted per page recovered, a quarter of a recovery's CPU (docs/benchmarks.md,
-//! "Where a recovery's CPU goes"). Buffers from a pool keep their memory: taken
+//! buffer was mostly not reused (most likely the long-lived small allocations made
+//! meanwhile, the index's buckets above all, take pieces of the hole it leaves), so the
+//! next one was carved from fresh memory that the kernel faults in and zeroes
+//! (docs/benchmarks.md, "Fresh pages"). Buffers from a pool keep their memory: taken
 //! ([`BufferPool::take`]), filled, frozen into [`Bytes`] ([`BufferPool::freeze`]), and
 //! back in the pool when the last `Bytes` of them is dropped, wherever that happens.
 //!
