@@ -455,7 +455,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         cpu_until_back / gb
     );
     println!(
-        "| minor page faults per GB recovered, kill to quiet (fresh pages: {:.0} MB per GB) \
+        "| minor page faults per GB recovered, kill to quiet ({:.0} MB of pages per GB) \
          | {minor_faults_per_gb:.0} |",
         minor_faults_per_gb * PAGE_BYTES / 1e6
     );
