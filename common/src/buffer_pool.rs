@@ -30,7 +30,7 @@ use std::sync::{Arc, LazyLock};
 pub const POOLED_BYTES_MIN: usize = 64 * 1024;
 
 /// Buffers the process-wide pool ([`shared`]) keeps: a recovery master's fetches in
-/// flight, its replication batches and a backup's replies, with room to spare.
+/// flight and its replication batches, with room to spare.
 pub const SHARED_BUFFERS_MAX: usize = 32;
 
 /// Bytes of capacity the process-wide pool ([`shared`]) keeps at most.
@@ -157,7 +157,8 @@ impl Inner {
             free.bytes += capacity;
             free.buffers.push(buffer);
         }
-        // Else it is freed here, outside nothing: the lock guard drops after it.
+        // Else it is freed on return, after the lock is released (locals drop in the
+        // reverse order of their declaration).
     }
 }
 
