@@ -1519,3 +1519,29 @@ async fn a_large_payload_cut_short_is_truncated() {
         .expect("an answer in time");
     assert!(matches!(read, Err(ReadFrameError::Truncated)), "{read:?}");
 }
+
+/// A peer that stops sending inside a frame is `Stalled` after `FRAME_STALL_TIMEOUT`,
+/// whether the payload is buffered in the connection's buffer or read into a pooled
+/// one (the clock is paused: the wait takes no real time).
+#[tokio::test(start_paused = true)]
+async fn a_peer_stalled_inside_a_frame_is_stalled_small_or_large() {
+    use super::connection::{next_frame_pooled, ReadFrameError, FRAME_STALL_TIMEOUT};
+    use crate::buffer_pool::{BufferPool, POOLED_BYTES_MIN};
+
+    for len in [100, 3 * POOLED_BYTES_MIN] {
+        let mut stream = reply_frame(1, &vec![3; len]);
+        stream.truncate(FRAME_HEADER_BYTES + len / 2);
+        let (mut writer, mut reader) = tokio::io::duplex(1 << 20);
+        writer.write_all(&stream).await.expect("write");
+        let pool = BufferPool::new(4, 16 << 20);
+        let mut buf = BytesMut::new();
+        let started = Instant::now();
+        let read = next_frame_pooled(&mut reader, &mut buf, &pool).await;
+        assert!(
+            matches!(read, Err(ReadFrameError::Stalled)),
+            "{len}: {read:?}"
+        );
+        assert!(started.elapsed() >= FRAME_STALL_TIMEOUT, "{len}");
+        drop(writer);
+    }
+}
