@@ -979,17 +979,28 @@ mod tests {
         assert_eq!(err.to_string(), NO_DEVICE_TEXT);
     }
 
+    /// Skips a test that needs a working RDMA device, saying why, unless
+    /// `RAMPART_REQUIRE_RDMA=1` (`scripts/soft-roce.sh`, which has just set one up): then
+    /// the missing device fails the test.
+    fn skip_without_device(why: &str) {
+        assert!(
+            std::env::var("RAMPART_REQUIRE_RDMA").as_deref() != Ok("1"),
+            "RAMPART_REQUIRE_RDMA=1 but {why}"
+        );
+        eprintln!("skipped: {why}");
+    }
+
     #[test]
     fn loopback_queue_pairs_write_into_a_registered_buffer() {
         if !host_has_rdma_device() {
-            eprintln!("skipped: this host has no RDMA device");
+            skip_without_device("this host has no RDMA device");
             return;
         }
         let device = match RdmaDevice::open(None) {
             Ok(device) => device,
             // A device whose port is down cannot carry the loopback; say so and stop.
             Err(e @ RdmaError::PortNotActive { .. }) => {
-                eprintln!("skipped: {e}");
+                skip_without_device(&e.to_string());
                 return;
             }
             Err(e) => panic!("opening the RDMA device failed: {e}"),

@@ -55,6 +55,7 @@ use rampart_common::ids::{key_hash, ServerId, TableId};
 use rampart_common::log::{
     decode_object_trusted, entries, object_entry_bytes, scan, Entry, EntryType, ENTRY_HEADER_BYTES,
 };
+use rampart_common::onesided::TransportKind;
 use rampart_common::protocol::coordinator::{
     LeaseEnd, RecoveryReport, RecoveryStatus, RecoveryStatusRequest,
 };
@@ -117,6 +118,12 @@ pub struct RecoveryBenchArgs {
     /// --unflushed-max`): the frames open for the recovery masters' re-replication.
     #[arg(long, default_value = "256MiB")]
     pub unflushed_max: String,
+    /// How the masters move replica bytes into backup frames (`rampart server
+    /// --replication`: shm, tcp, rpc or rdma); by default each backup's choice, shared
+    /// memory on one host. `rdma` needs a build with `--features rdma` and an RDMA
+    /// device (`scripts/soft-roce.sh` sets up soft-RoCE and runs this).
+    #[arg(long)]
+    pub replication: Option<TransportKind>,
     /// Milliseconds of write load before the kill: 16 closed-loop writers overwrite
     /// 10,000 keys of 1 KB on the master until it is killed; once every probe key is
     /// back, each key is read and the acknowledged writes missing counted
@@ -174,6 +181,10 @@ pub(crate) struct RecoveryFigures {
     /// The backups' `--unflushed-max` (absent in older runs).
     #[serde(default)]
     pub(crate) unflushed_max: Option<String>,
+    /// The masters' replication transport (`--replication`); absent: each backup's
+    /// choice (shared memory on one host), and in older runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) replication: Option<String>,
     /// With `--write-until-kill-ms`: the writes acknowledged by the load, and of those
     /// the ones missing after the recovery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,6 +292,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         segment_bytes: args.segment_bytes.clone(),
         recovery_masters_max: args.recovery_masters,
         unflushed_max: args.unflushed_max.clone(),
+        replication: args.replication.map(|kind| kind.name().to_string()),
         ..UpArgs::private(data_dir.clone(), args.servers)
     };
     let mut local = cluster::start(&up, false)?;
@@ -294,14 +306,16 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let objects = args.data_mb * 1_000_000 / (args.object_bytes as u64 + 11);
     println!(
         "{} servers, R = {}, {} MB in {} objects of {} bytes, segments {}, at most {} \
-         unflushed per backup",
+         unflushed per backup, replication {}",
         args.servers,
         args.replicas,
         args.data_mb,
         objects,
         args.object_bytes,
         args.segment_bytes,
-        args.unflushed_max
+        args.unflushed_max,
+        args.replication
+            .map_or("each backup's choice", TransportKind::name)
     );
     let coordinator = local.coordinator.clone();
     let client = runtime.block_on(async {
@@ -515,6 +529,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
             lease_end: report.lease_end.map(|end| end.to_string()),
             lease_end_ms: report.lease_end.map(|_| report.lease_end_ms + shift),
             unflushed_max: Some(args.unflushed_max.clone()),
+            replication: args.replication.map(|kind| kind.name().to_string()),
             writes_acknowledged: lost.map(|l| l.acknowledged),
             lost_writes: lost.map(|l| l.lost),
         };
