@@ -66,6 +66,11 @@ pub struct UpArgs {
     /// DRAM per server for its log.
     #[arg(long, default_value = "1GiB")]
     pub memory: String,
+    /// Server 1's log memory, where it differs from the others' (`memory`): a
+    /// benchmark's cluster whose one loaded master holds far more than the rest. Not a
+    /// flag of `cluster up`.
+    #[arg(skip)]
+    pub first_server_memory: Option<String>,
     /// Bytes per log segment.
     #[arg(long, default_value = "8MiB")]
     pub segment_bytes: String,
@@ -143,6 +148,7 @@ impl UpArgs {
             coordinators: 1,
             coordinator_addr: "127.0.0.1:0".into(),
             memory: "1GiB".into(),
+            first_server_memory: None,
             segment_bytes: "8MiB".into(),
             data_dir,
             value_bytes_max: "1MiB".into(),
@@ -517,7 +523,10 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
             "--listen".into(),
             listen,
             "--memory".into(),
-            args.memory.clone(),
+            match &args.first_server_memory {
+                Some(memory) if i == 1 => memory.clone(),
+                _ => args.memory.clone(),
+            },
             "--segment-bytes".into(),
             args.segment_bytes.clone(),
             "--value-bytes-max".into(),

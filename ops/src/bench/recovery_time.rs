@@ -1,8 +1,8 @@
 //! `rampart bench recovery`: crash recovery of one master, measured end to end.
 //!
 //! Starts a local cluster (3 coordinators, `--servers` servers, R = `--replicas`), fills
-//! one master with `--data-mb` MB of `--object-bytes` objects (one table, one tablet),
-//! measures the machine's **floor** on the same data, kills the master with SIGKILL and
+//! one master with `--data-mb` MB of `--object-bytes` objects (one table, one tablet, on
+//! server 1, whose log alone is sized for the data: [`LogMemory`]), measures the machine's **floor** on the same data, kills the master with SIGKILL and
 //! measures from the kill:
 //! * detection (kill → crash declared, from the coordinator's report): this process is
 //!   its servers' supervisor, as `cluster up` is, and reports the kill once it reaped
@@ -240,6 +240,63 @@ impl RecoveryFigures {
     }
 }
 
+/// Each server's log memory (MiB). Every server's log is allocated and touched at its
+/// start, so it is sized to need, or a 2 GiB run does not fit this 24 GiB VM beside the
+/// floor's copy of the data: server 1, the master that is loaded and killed
+/// ([`table_on_first_server`]), holds the data set plus its log's overhead; the others
+/// only their share of its recovery, `assign_partitions` spreading the partitions evenly
+/// over the recovery masters, plus one partition for the rounding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LogMemory {
+    victim_mb: u64,
+    recovery_master_mb: u64,
+}
+
+impl LogMemory {
+    /// The overhead of a log over its data: a quarter (entry headers, the index's bytes
+    /// counted against `--memory`, segments' unused tails) plus 256 MiB.
+    fn with_overhead(data_mb: u64) -> u64 {
+        data_mb + data_mb / 4 + 256
+    }
+
+    /// For `data_mb` in one master of `servers`, recovered by `recovery_masters` of the
+    /// others (0: all of them).
+    fn new(data_mb: u64, servers: u32, recovery_masters: usize) -> LogMemory {
+        let others = u64::from(servers.saturating_sub(1));
+        let recovery_masters = match recovery_masters as u64 {
+            0 => others,
+            k => k.min(others),
+        };
+        let partition_mb = rampart_master::profiler::PARTITION_BYTES_DEFAULT.div_ceil(1 << 20);
+        let share_mb = data_mb.div_ceil(recovery_masters.max(1)) + partition_mb;
+        let victim_mb = LogMemory::with_overhead(data_mb);
+        LogMemory {
+            victim_mb,
+            recovery_master_mb: LogMemory::with_overhead(share_mb).min(victim_mb),
+        }
+    }
+}
+
+/// Creates the benchmark's table (one tablet) on server 1, the one whose log is sized
+/// for the data ([`LogMemory`]). The coordinators place each new table on the next
+/// master in id order after the last one placed, and ids follow the order in which the
+/// servers enlisted: a table placed elsewhere is dropped and created again, which moves
+/// the placement on by one, so one of the first `servers` attempts lands on server 1.
+async fn table_on_first_server(client: &Client, local: &cluster::LocalCluster) -> Result<TableId> {
+    let first = &local.servers.first().context("a cluster with no server")?.1;
+    for _ in 0..local.servers.len() {
+        let table = client.create_table("bench", 1).await?;
+        if client.locate(table, &key(0)).as_ref() == Some(first) {
+            return Ok(table);
+        }
+        client.drop_table_id(table).await?;
+    }
+    bail!(
+        "the coordinators placed none of {} tables on server 1",
+        local.servers.len()
+    )
+}
+
 /// Keys and values of the loaded data: key `k{i}`, value derived from it.
 fn key(i: u64) -> Vec<u8> {
     format!("k{i:010}").into_bytes()
@@ -280,15 +337,12 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let data_dir =
         std::env::temp_dir().join(format!("rampart-bench-recovery-{}", std::process::id()));
     let _data = RemoveOnDrop(data_dir.clone());
-    // Every server's log is allocated and touched at its start, so size it to need:
-    // the master that is killed holds the data set (plus its log's overhead), and
-    // partitions spread evenly over the others (`assign_partitions`), so no recovery
-    // master takes more than about a quarter of it from 5 servers up.
-    let memory_mb = args.data_mb + args.data_mb / 4 + 256;
+    let memory = LogMemory::new(args.data_mb, args.servers, args.recovery_masters);
     let up = UpArgs {
         coordinators: 3,
         replicas: Some(args.replicas),
-        memory: format!("{memory_mb}MiB"),
+        memory: format!("{}MiB", memory.recovery_master_mb),
+        first_server_memory: Some(format!("{}MiB", memory.victim_mb)),
         segment_bytes: args.segment_bytes.clone(),
         recovery_masters_max: args.recovery_masters,
         unflushed_max: args.unflushed_max.clone(),
@@ -325,7 +379,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         };
         Client::connect_with(&[coordinator.as_str()], options).await
     })?;
-    let table = runtime.block_on(client.create_table("bench", 1))?;
+    let table = runtime.block_on(table_on_first_server(&client, &local))?;
     let load_start = std::time::Instant::now();
     let expected = runtime.block_on(load(&client, table, objects, args.object_bytes))?;
     println!("loaded in {:.1} s", load_start.elapsed().as_secs_f64());
@@ -948,4 +1002,33 @@ fn read_first_present(paths: &[PathBuf], into: &mut Vec<u8>) -> Result<bool> {
 fn write_svg(path: &Path, report: &RecoveryReport, shift: u64, detection: u64) -> Result<()> {
     let svg = rampart_common::recovery_timeline::svg(report, shift, detection, None);
     std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogMemory;
+
+    #[test]
+    fn only_the_loaded_master_is_sized_for_the_whole_data_set() {
+        // 2 GiB over 6 servers: 5 recovery masters take 410 MiB each, plus one 48 MiB
+        // partition of rounding, plus the log's overhead.
+        assert_eq!(
+            LogMemory::new(2048, 6, 0),
+            LogMemory {
+                victim_mb: 2048 + 512 + 256,
+                recovery_master_mb: 458 + 114 + 256,
+            }
+        );
+        // One recovery master takes everything: it needs the victim's memory, no more.
+        assert_eq!(
+            LogMemory::new(1024, 5, 1),
+            LogMemory {
+                victim_mb: 1536,
+                recovery_master_mb: 1536,
+            }
+        );
+        // More recovery masters asked for than there are servers left: all of them.
+        assert_eq!(LogMemory::new(300, 4, 10), LogMemory::new(300, 4, 0));
+        assert_eq!(LogMemory::new(300, 4, 0).recovery_master_mb, 148 + 37 + 256);
+    }
 }
