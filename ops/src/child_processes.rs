@@ -17,6 +17,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use rampart_common::announce::Speaker;
 use rampart_ops::launch::Starting;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -75,6 +76,81 @@ impl Usage {
             minor_faults: self.minor_faults.saturating_sub(earlier.minor_faults),
         }
     }
+}
+
+/// The CPU ticks of every thread of the running children at one moment
+/// ([`Children::thread_cpu`]); [`ThreadCpu::since`] turns two readings into CPU-seconds
+/// by kind of process and name of thread: where a benchmark's CPU went.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadCpu {
+    /// (pid, tid) → (kind of process, thread name, ticks).
+    threads: HashMap<(u32, u32), (String, String, u64)>,
+    /// pid → (kind of process, ticks of the whole process, exited threads included).
+    processes: HashMap<u32, (String, u64)>,
+}
+
+/// How [`ThreadCpu::since`] names the CPU time of threads that exited in between: the
+/// kernel adds it to their process's, and no thread of `/proc` shows it any more.
+pub const EXITED_THREADS: &str = "(threads gone since)";
+
+impl ThreadCpu {
+    /// CPU-seconds spent between `earlier` and this reading, keyed "KIND: THREAD NAME"
+    /// (`server: rampart-flush`), over the processes alive at both readings (a process
+    /// that exited in between, a killed one, counts for nothing). A thread started in
+    /// between counts whole; the threads of a process that exited in between count
+    /// under [`EXITED_THREADS`].
+    pub fn since(&self, earlier: &ThreadCpu) -> BTreeMap<String, f64> {
+        let ticks_per_s = clock_ticks_per_second();
+        let mut ticks: BTreeMap<String, u64> = BTreeMap::new();
+        let mut threads_of: HashMap<u32, u64> = HashMap::new();
+        for (&(pid, tid), (kind, name, now)) in &self.threads {
+            if !earlier.processes.contains_key(&pid) {
+                continue;
+            }
+            let before = earlier.threads.get(&(pid, tid)).map_or(0, |(.., t)| *t);
+            let spent = now.saturating_sub(before);
+            *ticks.entry(format!("{kind}: {name}")).or_default() += spent;
+            *threads_of.entry(pid).or_default() += spent;
+        }
+        for (pid, (kind, now)) in &self.processes {
+            let Some((_, before)) = earlier.processes.get(pid) else {
+                continue;
+            };
+            let gone = now
+                .saturating_sub(*before)
+                .saturating_sub(threads_of.get(pid).copied().unwrap_or(0));
+            if gone > 0 {
+                *ticks
+                    .entry(format!("{kind}: {EXITED_THREADS}"))
+                    .or_default() += gone;
+            }
+        }
+        ticks
+            .into_iter()
+            .map(|(key, ticks)| (key, ticks as f64 / ticks_per_s))
+            .collect()
+    }
+}
+
+/// The kind of a child, from its name: "server #3" → "server", "coordinator 2" →
+/// "coordinator".
+fn kind_of(name: &str) -> String {
+    name.split([' ', '#'])
+        .next()
+        .filter(|kind| !kind.is_empty())
+        .unwrap_or(name)
+        .to_string()
+}
+
+/// The name of a thread (or process) from its `/proc/.../stat` line: what the
+/// parentheses hold (names may hold parentheses themselves: the last one closes).
+fn stat_name(stat: &str) -> Option<&str> {
+    Some(&stat[stat.find('(')? + 1..stat.rfind(')')?])
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
 }
 
 impl Running {
@@ -260,8 +336,7 @@ impl Children {
     /// a child exits meanwhile (they miss only what it did between its last reading and
     /// its exit).
     pub fn usage(&self) -> Usage {
-        // SAFETY: sysconf has no preconditions.
-        let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let ticks_per_s = clock_ticks_per_second();
         let mut total = ProcUsage::default();
         for running in &self.running {
             if running.exited.is_none() {
@@ -278,6 +353,41 @@ impl Children {
             cpu_s: total.cpu_ticks as f64 / ticks_per_s,
             minor_faults: total.minor_faults,
         }
+    }
+
+    /// The CPU ticks of every thread of every running child, now (see [`ThreadCpu`]).
+    /// A thread or process gone while it is read is left out.
+    pub fn thread_cpu(&self) -> ThreadCpu {
+        let mut reading = ThreadCpu::default();
+        for running in self.running.iter().filter(|r| r.exited.is_none()) {
+            let pid = running.pid();
+            let kind = kind_of(&running.name);
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+            let Some(process) = stat.ok().and_then(|stat| proc_usage(&stat)) else {
+                continue;
+            };
+            reading
+                .processes
+                .insert(pid, (kind.clone(), process.cpu_ticks));
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for task in tasks.flatten() {
+                let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                    continue;
+                };
+                let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                    continue;
+                };
+                if let (Some(name), Some(usage)) = (stat_name(&stat), proc_usage(&stat)) {
+                    reading.threads.insert(
+                        (pid, tid),
+                        (kind.clone(), name.to_string(), usage.cpu_ticks),
+                    );
+                }
+            }
+        }
+        reading
     }
 
     /// Whether every child has exited.
@@ -360,6 +470,70 @@ mod tests {
         assert_eq!(proc_usage("no name at all"), None);
     }
 
+    #[test]
+    fn thread_cpu_counts_live_processes_new_threads_and_threads_gone() {
+        let reading =
+            |threads: &[(u32, u32, &str, u64)], processes: &[(u32, &str, u64)]| ThreadCpu {
+                threads: threads
+                    .iter()
+                    .map(|&(pid, tid, name, ticks)| {
+                        let kind = if pid == 1 { "coordinator" } else { "server" };
+                        ((pid, tid), (kind.to_string(), name.to_string(), ticks))
+                    })
+                    .collect(),
+                processes: processes
+                    .iter()
+                    .map(|&(pid, kind, ticks)| (pid, (kind.to_string(), ticks)))
+                    .collect(),
+            };
+        let earlier = reading(
+            &[
+                (1, 1, "raft", 10),
+                (2, 2, "worker", 5),
+                (2, 3, "flush", 1),
+                (3, 3, "worker", 7),
+            ],
+            &[(1, "coordinator", 10), (2, "server", 9), (3, "server", 7)],
+        );
+        // Server 3 was killed; server 2's flush thread exited after 4 more ticks and a
+        // reader started; two workers of server 2's kind add up under one key.
+        let later = reading(
+            &[
+                (1, 1, "raft", 13),
+                (2, 2, "worker", 25),
+                (2, 9, "reader", 6),
+                (4, 4, "worker", 50),
+            ],
+            &[(1, "coordinator", 13), (2, "server", 38), (4, "server", 50)],
+        );
+        let spent = later.since(&earlier);
+        let ticks_per_s = clock_ticks_per_second();
+        let ticks: BTreeMap<&str, u64> = spent
+            .iter()
+            .map(|(key, s)| (key.as_str(), (s * ticks_per_s).round() as u64))
+            .collect();
+        assert_eq!(
+            ticks,
+            BTreeMap::from([
+                ("coordinator: raft", 3),
+                ("server: worker", 20),
+                ("server: reader", 6),
+                ("server: (threads gone since)", 38 - 9 - 20 - 6),
+            ]),
+            "a process started in between (4) and one gone (3) count for nothing"
+        );
+    }
+
+    #[test]
+    fn kinds_and_thread_names_come_from_names_and_stat_lines() {
+        assert_eq!(kind_of("server #3"), "server");
+        assert_eq!(kind_of("coordinator 2"), "coordinator");
+        assert_eq!(kind_of("gateway"), "gateway");
+        assert_eq!(stat_name("77 (rampart-flush) S 1"), Some("rampart-flush"));
+        assert_eq!(stat_name("77 (a (b) c) S 1"), Some("a (b) c"));
+        assert_eq!(stat_name("no name"), None);
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn a_busy_child_shows_cpu_seconds_and_an_exited_one_its_last_reading() {
@@ -391,6 +565,17 @@ mod tests {
         let before = children.usage();
         // Every process faults pages in as it starts (its stack, its heap).
         assert!(before.minor_faults > 0, "no page faults read: {before:?}");
+        // Its one thread, by the name the shell runs under, with the process's kind.
+        let threads = children.thread_cpu();
+        let pid = children.running[0].pid();
+        assert!(
+            threads
+                .threads
+                .iter()
+                .any(|(&(p, _), (kind, name, _))| p == pid && kind == "busy" && name == "sh"),
+            "{threads:?}"
+        );
+        assert!(threads.processes.contains_key(&pid));
         children.kill("busy").expect("kill");
         assert!(children.running[0].exited.is_some());
         assert_eq!(

@@ -169,6 +169,11 @@ pub(crate) struct RecoveryFigures {
     /// in older runs).
     #[serde(default)]
     pub(crate) minor_faults_per_gb: Option<f64>,
+    /// The CPU-seconds per GB of `cpu_s_per_gb`, by kind of process and name of thread
+    /// ("server: rampart-flush"; `cpu_by_thread_per_gb`), kill to quiet (absent in older
+    /// runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cpu_s_per_gb_by_thread: Option<BTreeMap<String, f64>>,
     pub(crate) quiet_after_ms: u64,
     pub(crate) partitions: Vec<PartitionFigures>,
     /// What let the tablets go live (`lease waited`, `refused`, ...: the recovery's
@@ -237,6 +242,36 @@ impl RecoveryFigures {
     fn write(&self, path: &Path) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(self)?)
             .with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+/// The CPU-seconds of each kind of thread (`Children::thread_cpu`), per GB recovered,
+/// to the hundredth; kinds under a hundredth of a second per GB are summed as "other".
+fn cpu_by_thread_per_gb(seconds: &BTreeMap<String, f64>, gb: f64) -> BTreeMap<String, f64> {
+    let mut per_gb = BTreeMap::new();
+    for (kind, &s) in seconds {
+        let key = if s / gb >= 0.01 {
+            kind.as_str()
+        } else {
+            "other"
+        };
+        *per_gb.entry(key.to_string()).or_insert(0.0) += s / gb;
+    }
+    per_gb
+        .into_iter()
+        .map(|(kind, s)| (kind, (s * 100.0).round() / 100.0))
+        .collect()
+}
+
+/// The table of [`cpu_by_thread_per_gb`], most first.
+fn print_cpu_by_thread(per_gb: &BTreeMap<String, f64>) {
+    let mut rows: Vec<(&String, &f64)> = per_gb.iter().collect();
+    rows.sort_by(|a, b| b.1.total_cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    println!();
+    println!("| CPU-s per GB, kill to quiet, by process and thread | CPU-s per GB |");
+    println!("|---|---|");
+    for (kind, s) in rows.into_iter().filter(|(_, &s)| s > 0.0) {
+        println!("| {kind} | {s:.2} |");
     }
 }
 
@@ -423,6 +458,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     }
     let load = WriteLoad::start(&runtime, &client, table, args.write_until_kill_ms);
     let at_kill = local.children.usage();
+    let threads_at_kill = local.children.thread_cpu();
     load.stop();
     let killed = Instant::now();
     let killed_unix = unix_ms();
@@ -430,6 +466,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
     let mut back = runtime.block_on(probe(&client, table, (&probes, args.object_bytes), killed))?;
     let cpu_until_back = local.children.cpu_seconds() - at_kill.cpu_s;
     let (until_quiet, quiet_after) = wait_quiet(&local.children, at_kill, killed);
+    let by_thread = local.children.thread_cpu().since(&threads_at_kill);
     let cpu_until_quiet = until_quiet.cpu_s;
     back.sort_by(f64::total_cmp);
     let quantile = |q: f64| {
@@ -538,6 +575,8 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
             args.write_until_kill_ms
         );
     }
+    let by_thread = cpu_by_thread_per_gb(&by_thread, gb);
+    print_cpu_by_thread(&by_thread);
     write_svg(&args.svg, &report, shift, detection_ms)?;
     println!("timeline: {}", args.svg.display());
     if let Some(path) = &args.json {
@@ -565,6 +604,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
             cpu_s_per_gb,
             cpu_s_per_gb_until_keys_back: cpu_until_back / gb,
             minor_faults_per_gb: Some(minor_faults_per_gb.round()),
+            cpu_s_per_gb_by_thread: Some(by_thread),
             quiet_after_ms: quiet_after.as_millis() as u64,
             partitions: report
                 .partitions
