@@ -97,8 +97,8 @@ impl ThreadCpu {
     /// CPU-seconds spent between `earlier` and this reading, keyed "KIND: THREAD NAME"
     /// (`server: rampart-flush`), over the processes alive at both readings (a process
     /// that exited in between, a killed one, counts for nothing). A thread started in
-    /// between counts whole; the threads of a process that exited in between count
-    /// under [`EXITED_THREADS`].
+    /// between counts whole; threads that exited in between, in a process alive at
+    /// both, count under [`EXITED_THREADS`].
     pub fn since(&self, earlier: &ThreadCpu) -> BTreeMap<String, f64> {
         let ticks_per_s = clock_ticks_per_second();
         let mut ticks: BTreeMap<String, u64> = BTreeMap::new();

@@ -2,8 +2,9 @@
 //!
 //! Starts a local cluster (3 coordinators, `--servers` servers, R = `--replicas`), fills
 //! one master with `--data-mb` MB of `--object-bytes` objects (one table, one tablet, on
-//! server 1, whose log alone is sized for the data: [`LogMemory`]), measures the machine's **floor** on the same data, kills the master with SIGKILL and
-//! measures from the kill:
+//! server 1, whose log alone is sized for the data: [`LogMemory`]), measures the
+//! machine's **floor** on the same data, kills the master with SIGKILL and measures from
+//! the kill:
 //! * detection (kill → crash declared, from the coordinator's report): this process is
 //!   its servers' supervisor, as `cluster up` is, and reports the kill once it reaped
 //!   the process, so the crashed master's death is proven then (the cluster's
@@ -23,7 +24,9 @@
 //!   the cluster is quiet again (recovery, re-replication and the backups' flushes done:
 //!   under a tenth of a core for half a second), and the part of it spent until every
 //!   probe key was back. Run with `--recovery-masters K` and `--data-mb` in proportion to
-//!   K, it shows how the work per byte grows with the recovery masters.
+//!   K, it shows how the work per byte grows with the recovery masters. The same from
+//!   the kill until quiet by kind of process and thread name (`Children::thread_cpu`):
+//!   the masters' reactors, the backups' threads, the flush threads, the coordinators.
 //!
 //! Then it verifies every object (count and checksum, by enumerating the table).
 //! With `--write-until-kill-ms N`, 16 closed-loop writers overwrite 10,000 keys of the
