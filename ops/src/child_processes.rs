@@ -78,14 +78,21 @@ impl Usage {
     }
 }
 
-/// The CPU ticks of every thread of the running children at one moment
+/// The CPU time of every thread of the running children at one moment
 /// ([`Children::thread_cpu`]); [`ThreadCpu::since`] turns two readings into CPU-seconds
 /// by kind of process and name of thread: where a benchmark's CPU went.
+///
+/// A thread's time is its `schedstat` (nanoseconds on a CPU), a process's its `stat`
+/// (user plus system, in clock ticks: the kernel scales them to the same nanoseconds,
+/// then rounds each down to a tick). So a process's ticks against the sum of its threads'
+/// nanoseconds differ by less than a tick at each reading, and by more only when threads
+/// exited in between.
 #[derive(Clone, Debug, Default)]
 pub struct ThreadCpu {
-    /// (pid, tid) → (kind of process, thread name, ticks).
+    /// (pid, tid) → (kind of process, thread name, nanoseconds).
     threads: HashMap<(u32, u32), (String, String, u64)>,
-    /// pid → (kind of process, ticks of the whole process, exited threads included).
+    /// pid → (kind of process, nanoseconds of the whole process, exited threads
+    /// included, rounded down to a clock tick).
     processes: HashMap<u32, (String, u64)>,
 }
 
@@ -97,11 +104,14 @@ impl ThreadCpu {
     /// CPU-seconds spent between `earlier` and this reading, keyed "KIND: THREAD NAME"
     /// (`server: rampart-flush`), over the processes alive at both readings (a process
     /// that exited in between, a killed one, counts for nothing). A thread started in
-    /// between counts whole; threads that exited in between, in a process alive at
-    /// both, count under [`EXITED_THREADS`].
+    /// between counts whole. What the processes of a kind spent beyond their threads
+    /// counts under [`EXITED_THREADS`] when it is more than their clock ticks' rounding
+    /// can explain (a tick per process and reading), and is left out otherwise.
     pub fn since(&self, earlier: &ThreadCpu) -> BTreeMap<String, f64> {
-        let ticks_per_s = clock_ticks_per_second();
-        let mut ticks: BTreeMap<String, u64> = BTreeMap::new();
+        let tick_ns = 1e9 / clock_ticks_per_second();
+        let mut nanos: BTreeMap<String, f64> = BTreeMap::new();
+        // Per kind: what its processes spent beyond their threads, and how many.
+        let mut beyond: BTreeMap<&str, (f64, u32)> = BTreeMap::new();
         let mut threads_of: HashMap<u32, u64> = HashMap::new();
         for (&(pid, tid), (kind, name, now)) in &self.threads {
             if !earlier.processes.contains_key(&pid) {
@@ -109,26 +119,24 @@ impl ThreadCpu {
             }
             let before = earlier.threads.get(&(pid, tid)).map_or(0, |(.., t)| *t);
             let spent = now.saturating_sub(before);
-            *ticks.entry(format!("{kind}: {name}")).or_default() += spent;
+            *nanos.entry(format!("{kind}: {name}")).or_default() += spent as f64;
             *threads_of.entry(pid).or_default() += spent;
         }
         for (pid, (kind, now)) in &self.processes {
             let Some((_, before)) = earlier.processes.get(pid) else {
                 continue;
             };
-            let gone = now
-                .saturating_sub(*before)
-                .saturating_sub(threads_of.get(pid).copied().unwrap_or(0));
-            if gone > 0 {
-                *ticks
-                    .entry(format!("{kind}: {EXITED_THREADS}"))
-                    .or_default() += gone;
+            let spent = now.saturating_sub(*before) as f64;
+            let entry = beyond.entry(kind.as_str()).or_default();
+            entry.0 += spent - threads_of.get(pid).copied().unwrap_or(0) as f64;
+            entry.1 += 1;
+        }
+        for (kind, (ns, processes)) in beyond {
+            if ns > 2.0 * f64::from(processes) * tick_ns {
+                nanos.insert(format!("{kind}: {EXITED_THREADS}"), ns);
             }
         }
-        ticks
-            .into_iter()
-            .map(|(key, ticks)| (key, ticks as f64 / ticks_per_s))
-            .collect()
+        nanos.into_iter().map(|(key, ns)| (key, ns / 1e9)).collect()
     }
 }
 
@@ -142,10 +150,9 @@ fn kind_of(name: &str) -> String {
         .to_string()
 }
 
-/// The name of a thread (or process) from its `/proc/.../stat` line: what the
-/// parentheses hold (names may hold parentheses themselves: the last one closes).
-fn stat_name(stat: &str) -> Option<&str> {
-    Some(&stat[stat.find('(')? + 1..stat.rfind(')')?])
+/// A thread's nanoseconds on a CPU, the first field of its `/proc/.../schedstat` line.
+fn schedstat_ns(schedstat: &str) -> Option<u64> {
+    schedstat.split_whitespace().next()?.parse().ok()
 }
 
 fn clock_ticks_per_second() -> f64 {
@@ -355,9 +362,10 @@ impl Children {
         }
     }
 
-    /// The CPU ticks of every thread of every running child, now (see [`ThreadCpu`]).
+    /// The CPU time of every thread of every running child, now (see [`ThreadCpu`]).
     /// A thread or process gone while it is read is left out.
     pub fn thread_cpu(&self) -> ThreadCpu {
+        let tick_ns = 1e9 / clock_ticks_per_second();
         let mut reading = ThreadCpu::default();
         for running in self.running.iter().filter(|r| r.exited.is_none()) {
             let pid = running.pid();
@@ -366,9 +374,8 @@ impl Children {
             let Some(process) = stat.ok().and_then(|stat| proc_usage(&stat)) else {
                 continue;
             };
-            reading
-                .processes
-                .insert(pid, (kind.clone(), process.cpu_ticks));
+            let process_ns = (process.cpu_ticks as f64 * tick_ns) as u64;
+            reading.processes.insert(pid, (kind.clone(), process_ns));
             let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
                 continue;
             };
@@ -376,14 +383,13 @@ impl Children {
                 let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
                     continue;
                 };
-                let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-                    continue;
-                };
-                if let (Some(name), Some(usage)) = (stat_name(&stat), proc_usage(&stat)) {
-                    reading.threads.insert(
-                        (pid, tid),
-                        (kind.clone(), name.to_string(), usage.cpu_ticks),
-                    );
+                let name = std::fs::read_to_string(task.path().join("comm"));
+                let schedstat = std::fs::read_to_string(task.path().join("schedstat"));
+                let ns = schedstat.ok().as_deref().and_then(schedstat_ns);
+                if let (Ok(name), Some(ns)) = (name, ns) {
+                    reading
+                        .threads
+                        .insert((pid, tid), (kind.clone(), name.trim_end().to_string(), ns));
                 }
             }
         }
@@ -472,66 +478,82 @@ mod tests {
 
     #[test]
     fn thread_cpu_counts_live_processes_new_threads_and_threads_gone() {
+        // Times in clock ticks, as nanoseconds (a process's are whole ticks).
+        let tick_ns = 1e9 / clock_ticks_per_second();
+        let ns = |ticks: f64| (ticks * tick_ns) as u64;
         let reading =
-            |threads: &[(u32, u32, &str, u64)], processes: &[(u32, &str, u64)]| ThreadCpu {
+            |threads: &[(u32, u32, &str, f64)], processes: &[(u32, &str, f64)]| ThreadCpu {
                 threads: threads
                     .iter()
                     .map(|&(pid, tid, name, ticks)| {
                         let kind = if pid == 1 { "coordinator" } else { "server" };
-                        ((pid, tid), (kind.to_string(), name.to_string(), ticks))
+                        ((pid, tid), (kind.to_string(), name.to_string(), ns(ticks)))
                     })
                     .collect(),
                 processes: processes
                     .iter()
-                    .map(|&(pid, kind, ticks)| (pid, (kind.to_string(), ticks)))
+                    .map(|&(pid, kind, ticks)| (pid, (kind.to_string(), ns(ticks))))
                     .collect(),
             };
         let earlier = reading(
             &[
-                (1, 1, "raft", 10),
-                (2, 2, "worker", 5),
-                (2, 3, "flush", 1),
-                (3, 3, "worker", 7),
+                (1, 1, "raft", 10.0),
+                (2, 2, "worker", 5.0),
+                (2, 3, "flush", 1.0),
+                (3, 3, "worker", 7.0),
             ],
-            &[(1, "coordinator", 10), (2, "server", 9), (3, "server", 7)],
+            &[
+                (1, "coordinator", 10.0),
+                (2, "server", 9.0),
+                (3, "server", 7.0),
+            ],
         );
-        // Server 3 was killed; server 2's flush thread exited after 4 more ticks and a
-        // reader started; two workers of server 2's kind add up under one key.
+        // Server 3 was killed and server 4 started; server 2's flush thread ran 3 more
+        // ticks and exited, a reader started; the coordinator's process figure is a
+        // tick's rounding off its thread's.
         let later = reading(
             &[
-                (1, 1, "raft", 13),
-                (2, 2, "worker", 25),
-                (2, 9, "reader", 6),
-                (4, 4, "worker", 50),
+                (1, 1, "raft", 12.5),
+                (2, 2, "worker", 25.0),
+                (2, 9, "reader", 6.0),
+                (4, 4, "worker", 50.0),
             ],
-            &[(1, "coordinator", 13), (2, "server", 38), (4, "server", 50)],
+            &[
+                (1, "coordinator", 13.0),
+                (2, "server", 38.0),
+                (4, "server", 50.0),
+            ],
         );
         let spent = later.since(&earlier);
-        let ticks_per_s = clock_ticks_per_second();
-        let ticks: BTreeMap<&str, u64> = spent
-            .iter()
-            .map(|(key, s)| (key.as_str(), (s * ticks_per_s).round() as u64))
-            .collect();
+        let expected = BTreeMap::from([
+            ("coordinator: raft".to_string(), 2.5),
+            ("server: worker".to_string(), 20.0),
+            ("server: reader".to_string(), 6.0),
+            ("server: (threads gone since)".to_string(), 3.0),
+        ]);
         assert_eq!(
-            ticks,
-            BTreeMap::from([
-                ("coordinator: raft", 3),
-                ("server: worker", 20),
-                ("server: reader", 6),
-                ("server: (threads gone since)", 38 - 9 - 20 - 6),
-            ]),
-            "a process started in between (4) and one gone (3) count for nothing"
+            spent.keys().collect::<Vec<_>>(),
+            expected.keys().collect::<Vec<_>>(),
+            "a process started in between (4) and one gone (3) count for nothing, nor \
+             does rounding: {spent:?}"
         );
+        for (key, ticks) in expected {
+            let seconds = ticks * tick_ns / 1e9;
+            assert!((spent[&key] - seconds).abs() < 1e-6, "{key}: {spent:?}");
+        }
     }
 
     #[test]
-    fn kinds_and_thread_names_come_from_names_and_stat_lines() {
+    fn kinds_and_thread_times_come_from_names_and_schedstat_lines() {
         assert_eq!(kind_of("server #3"), "server");
         assert_eq!(kind_of("coordinator 2"), "coordinator");
         assert_eq!(kind_of("gateway"), "gateway");
-        assert_eq!(stat_name("77 (rampart-flush) S 1"), Some("rampart-flush"));
-        assert_eq!(stat_name("77 (a (b) c) S 1"), Some("a (b) c"));
-        assert_eq!(stat_name("no name"), None);
+        assert_eq!(
+            schedstat_ns("703309973 196898269 1843\n"),
+            Some(703_309_973)
+        );
+        assert_eq!(schedstat_ns(""), None);
+        assert_eq!(schedstat_ns("x 1 2"), None);
     }
 
     #[cfg(target_os = "linux")]
