@@ -89,8 +89,8 @@ impl Usage {
 /// exited in between.
 #[derive(Clone, Debug, Default)]
 pub struct ThreadCpu {
-    /// (pid, tid) → (kind of process, thread name, nanoseconds).
-    threads: HashMap<(u32, u32), (String, String, u64)>,
+    /// (pid, tid) → (thread name, nanoseconds); the kind is its process's.
+    threads: HashMap<(u32, u32), (String, u64)>,
     /// pid → (kind of process, nanoseconds of the whole process, exited threads
     /// included, rounded down to a clock tick).
     processes: HashMap<u32, (String, u64)>,
@@ -113,11 +113,14 @@ impl ThreadCpu {
         // Per kind: what its processes spent beyond their threads, and how many.
         let mut beyond: BTreeMap<&str, (f64, u32)> = BTreeMap::new();
         let mut threads_of: HashMap<u32, u64> = HashMap::new();
-        for (&(pid, tid), (kind, name, now)) in &self.threads {
-            if !earlier.processes.contains_key(&pid) {
+        for (&(pid, tid), (name, now)) in &self.threads {
+            let (Some((kind, _)), true) = (
+                self.processes.get(&pid),
+                earlier.processes.contains_key(&pid),
+            ) else {
                 continue;
-            }
-            let before = earlier.threads.get(&(pid, tid)).map_or(0, |(.., t)| *t);
+            };
+            let before = earlier.threads.get(&(pid, tid)).map_or(0, |(_, t)| *t);
             let spent = now.saturating_sub(before);
             *nanos.entry(format!("{kind}: {name}")).or_default() += spent as f64;
             *threads_of.entry(pid).or_default() += spent;
@@ -375,7 +378,7 @@ impl Children {
                 continue;
             };
             let process_ns = (process.cpu_ticks as f64 * tick_ns) as u64;
-            reading.processes.insert(pid, (kind.clone(), process_ns));
+            reading.processes.insert(pid, (kind, process_ns));
             let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
                 continue;
             };
@@ -389,7 +392,7 @@ impl Children {
                 if let (Ok(name), Some(ns)) = (name, ns) {
                     reading
                         .threads
-                        .insert((pid, tid), (kind.clone(), name.trim_end().to_string(), ns));
+                        .insert((pid, tid), (name.trim_end().to_string(), ns));
                 }
             }
         }
@@ -485,10 +488,7 @@ mod tests {
             |threads: &[(u32, u32, &str, f64)], processes: &[(u32, &str, f64)]| ThreadCpu {
                 threads: threads
                     .iter()
-                    .map(|&(pid, tid, name, ticks)| {
-                        let kind = if pid == 1 { "coordinator" } else { "server" };
-                        ((pid, tid), (kind.to_string(), name.to_string(), ns(ticks)))
-                    })
+                    .map(|&(pid, tid, name, ticks)| ((pid, tid), (name.to_string(), ns(ticks))))
                     .collect(),
                 processes: processes
                     .iter()
@@ -594,10 +594,13 @@ mod tests {
             threads
                 .threads
                 .iter()
-                .any(|(&(p, _), (kind, name, _))| p == pid && kind == "busy" && name == "sh"),
+                .any(|(&(p, _), (name, _))| p == pid && name == "sh"),
             "{threads:?}"
         );
-        assert!(threads.processes.contains_key(&pid));
+        assert_eq!(
+            threads.processes.get(&pid).map(|(kind, _)| kind.as_str()),
+            Some("busy")
+        );
         children.kill("busy").expect("kill");
         assert!(children.running[0].exited.is_some());
         assert_eq!(

@@ -376,6 +376,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         std::env::temp_dir().join(format!("rampart-bench-recovery-{}", std::process::id()));
     let _data = RemoveOnDrop(data_dir.clone());
     let memory = LogMemory::new(args.data_mb, args.servers, args.recovery_masters);
+    let replication = args.replication.map(|kind| kind.name().to_string());
     let up = UpArgs {
         coordinators: 3,
         replicas: Some(args.replicas),
@@ -384,7 +385,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
         segment_bytes: args.segment_bytes.clone(),
         recovery_masters_max: args.recovery_masters,
         unflushed_max: args.unflushed_max.clone(),
-        replication: args.replication.map(|kind| kind.name().to_string()),
+        replication: replication.clone(),
         ..UpArgs::private(data_dir.clone(), args.servers)
     };
     let mut local = cluster::start(&up, false)?;
@@ -626,7 +627,7 @@ pub fn run(args: RecoveryBenchArgs) -> Result<ExitCode> {
             lease_end: report.lease_end.map(|end| end.to_string()),
             lease_end_ms: report.lease_end.map(|_| report.lease_end_ms + shift),
             unflushed_max: Some(args.unflushed_max.clone()),
-            replication: args.replication.map(|kind| kind.name().to_string()),
+            replication,
             writes_acknowledged: lost.map(|l| l.acknowledged),
             lost_writes: lost.map(|l| l.lost),
         };
