@@ -13,6 +13,20 @@
 //! [`ReplicaSource`]; the reader threads, the cache, its memory bound and the wake-ups
 //! are hidden here.
 //!
+//! # Pieces in shared memory
+//! Given a recovery region ([`RecoveryReads::with_region`], the service's default), the
+//! reader writes each piece into slots of the region (`onesided::shm::RecoveryRegion`)
+//! of its own, one after another ([`RECOVERY_REGION_SLOT_BYTES`] each), rather than into
+//! a buffer. A fetch from an asker naming this host (`RecoveryDataRequest::shared_host`)
+//! is answered with the piece's place (`RecoveryDataReply::shared`): the recovery master
+//! copies it out of its own mapping of the region, so the piece crosses no socket and is
+//! copied into no reply. Any other asker gets the bytes, copied out of the slots. A
+//! piece's slots go back to the region when it is handed out or dropped; a reply that
+//! outlives their reuse is caught by the region's seqlock, and the recovery master asks
+//! again without naming its host. A piece that finds too few free slots stays in the
+//! backup's own memory, as without a region. The last recovery to end gives the
+//! region's memory back.
+//!
 //! The split itself is the pure function [`split_replica`]: replica bytes and a
 //! [`PartitionIndex`] in, one [`Piece`] per partition and the replica's highest
 //! `SafeVersion` out. It scans the replica for its valid prefix (docs/design.md §4), walks
@@ -30,9 +44,12 @@
 //!    unless the attempt's reader is held by a full cache, in which case the request is
 //!    served on demand at once (see *Held readers* below).
 //! 4. Cached pieces, all recoveries together, never exceed the bound given to
-//!    [`RecoveryReads::new`] ([`RECOVERY_PIECES_BYTES_MAX`] in the service). Beyond
-//!    them, memory holds one split replica per reader waiting for room, and one replica
-//!    per on-demand read in flight (bounded by the RPC server's in-flight limit).
+//!    [`RecoveryReads::new`] ([`RECOVERY_PIECES_BYTES_MAX`] in the service), wherever
+//!    they lie. Beyond them, memory holds one split replica per reader waiting for room,
+//!    one replica per on-demand read in flight (bounded by the RPC server's in-flight
+//!    limit), and in the region the unfilled end of each piece's last slot and the
+//!    slots cooling after their piece was handed out (all of it within the region's
+//!    size, [`RECOVERY_REGION_BYTES`] in the service).
 //!
 //! # Concurrency
 //! One reader per recovery attempt, a blocking thread (`spawn_blocking`): replica
@@ -84,18 +101,22 @@
 //! # Cost
 //! A split makes one scan (CRC over the replica, ≈ 0.6 ms per 8 MiB), one decoding
 //! pass (objects' own CRCs again, key hashes, a binary search of the partition index
-//! per entry) and one copy of the entries kept: ≈ 3–5 ms per 8 MiB segment on one
+//! per entry) and one copy of the entries kept, in runs of neighbouring entries of one
+//! partition: ≈ 3–5 ms per 8 MiB segment on one
 //! core, below the ≈ 16 ms the disk takes to read it at 500 MB/s, so reading stays
 //! disk-bound. An on-demand fetch pays a whole read and split for one partition's piece.
 
 use crate::segment_store::{StoreError, REPLICA_BYTES_MAX};
+use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use rampart_common::ids::{key_hash, Epoch, KeyHash, SegmentId, ServerId, TableId, Version};
 use rampart_common::log::{
     entries, object_entry_bytes, scan, tombstone_entry_bytes, Entry, COMPLETION_ENTRY_BYTES,
 };
+use rampart_common::onesided::shm::{RecoveryRegion, RegionSlot, SealedSlot};
 use rampart_common::protocol::backup::{
     PartitionRanges, RecoveryDataReply, RecoveryDataRequest, RecoveryReadRequest, ReplicaInfo,
+    SharedPiece, SharedRun,
 };
 use rampart_common::rpc::RPC_TIMEOUT_DEFAULT;
 use rampart_common::status::Status;
@@ -113,6 +134,26 @@ use tokio::sync::watch;
 /// seconds of read-ahead at disk speed, and a twelfth of a 24 GiB storage server whose
 /// master needs the rest.
 pub const RECOVERY_PIECES_BYTES_MAX: u64 = 2 * 1024 * 1024 * 1024;
+
+/// Bytes of a backup's recovery region (`onesided::shm::RecoveryRegion`), where the
+/// reader puts the pieces that recovery masters on this host copy out for themselves:
+/// half the cache's bound, which the region's pieces count against too. Sparse: only
+/// the slots a recovery fills hold memory, until it ends.
+pub const RECOVERY_REGION_BYTES: u64 = RECOVERY_PIECES_BYTES_MAX / 2;
+
+/// Bytes of a recovery region's slot. A piece fills slots of its own, one after
+/// another, and gives them back when it is handed out: small slots let a slot go back
+/// as soon as its own piece is fetched (one slot per replica would hold a replica's
+/// memory until the slowest partition fetched its piece, and a reader going through a
+/// log would fill fresh pages all along), large ones keep the runs per piece few (a
+/// piece of 1.6 MiB, 8 MiB segments cut for 5 recovery masters, fills 7). The 4 KiB
+/// page of each slot's header costs 1.6 %.
+pub const RECOVERY_REGION_SLOT_BYTES: u32 = 256 * 1024;
+
+const _: () = assert!(
+    RECOVERY_REGION_BYTES / RECOVERY_REGION_SLOT_BYTES as u64
+        <= rampart_common::protocol::backup::SHARED_PIECE_RUNS_MAX as u64
+);
 
 /// A single replica's pieces (never more than its bytes) always fit, so a reader can
 /// always make progress once the cache is empty.
@@ -389,6 +430,120 @@ fn split_replica_noting_in(
     index: &PartitionIndex,
     places: &mut Vec<EntryPlace>,
 ) -> Result<SplitReplica, SplitError> {
+    let notes = note_places(bytes, replica, index, places)?;
+    Ok(SplitReplica {
+        safe_version: notes.safe_version,
+        pieces: copy_pieces(bytes, &notes, places),
+    })
+}
+
+/// The second pass of a split into the backup's own memory: one piece per partition,
+/// each allocated once at its exact size.
+fn copy_pieces(bytes: &[u8], notes: &Notes, places: &[EntryPlace]) -> Vec<Piece> {
+    let mut pieces: Vec<Piece> = notes
+        .bytes
+        .iter()
+        .zip(&notes.counts)
+        .map(|(&size, &count)| Piece {
+            entries: Vec::with_capacity(size),
+            count,
+        })
+        .collect();
+    for &(partition, start, end) in places {
+        // In bounds: `entries` decoded these entries whole from `bytes`.
+        pieces[partition as usize]
+            .entries
+            .extend_from_slice(&bytes[start..end]);
+    }
+    pieces
+}
+
+/// The second pass of a split, into slots of the recovery region where it has enough
+/// free for a piece (each piece fills slots of its own, one after another, so that it
+/// gives them back alone when it is handed out), else into the backup's own memory.
+/// Returns the non-empty pieces, by partition.
+fn write_pieces(
+    bytes: &[u8],
+    notes: &Notes,
+    places: &[EntryPlace],
+    region: &RecoveryRegion,
+) -> Vec<(u32, CachedPiece)> {
+    let capacity = region.slot_capacity() as usize;
+    // Each piece's slots (all it needs or none), else its own buffer.
+    let mut targets: Vec<Target> = notes
+        .bytes
+        .iter()
+        .map(|&size| {
+            let wanted = size.div_ceil(capacity);
+            let slots: Option<Vec<RegionSlot>> = (0..wanted).map(|_| region.take()).collect();
+            match slots {
+                Some(slots) if size > 0 => Target::Slots(slots),
+                _ => Target::Owned(Vec::with_capacity(size)),
+            }
+        })
+        .collect();
+    let mut written = vec![0usize; targets.len()];
+    for &(partition, start, end) in places {
+        let partition = partition as usize;
+        // In bounds: `entries` decoded these entries whole from `bytes`.
+        let mut run = &bytes[start..end];
+        match &mut targets[partition] {
+            Target::Owned(entries) => entries.extend_from_slice(run),
+            Target::Slots(slots) => {
+                while !run.is_empty() {
+                    let at = written[partition];
+                    let (slot, offset) = (at / capacity, at % capacity);
+                    let len = run.len().min(capacity - offset);
+                    // `offset < capacity`, a u32.
+                    slots[slot].write(offset as u32, &run[..len]);
+                    written[partition] += len;
+                    run = &run[len..];
+                }
+            }
+        }
+    }
+    (0u32..)
+        .zip(targets)
+        .zip(notes.bytes.iter().zip(&notes.counts))
+        .filter(|(_, (_, &count))| count > 0)
+        .map(|((partition, target), (&size, &count))| {
+            let piece = match target {
+                Target::Owned(entries) => CachedPiece::Owned(Piece { entries, count }),
+                Target::Slots(slots) => CachedPiece::Shared {
+                    slots: slots.into_iter().map(RegionSlot::seal).collect(),
+                    // At most a replica's length, a u32.
+                    len: size as u32,
+                    count,
+                },
+            };
+            (partition, piece)
+        })
+        .collect()
+}
+
+/// Where [`write_pieces`] puts one piece.
+enum Target {
+    Slots(Vec<RegionSlot>),
+    Owned(Vec<u8>),
+}
+
+/// What [`note_places`] found besides the places: the replica's `SafeVersion` floor, and
+/// each partition's bytes and entries.
+struct Notes {
+    safe_version: Version,
+    bytes: Vec<usize>,
+    counts: Vec<u32>,
+}
+
+/// The first pass of a split: checks the replica and notes, in `places` (cleared
+/// first), where each run of entries goes — neighbouring entries of one partition make
+/// one run.
+fn note_places(
+    bytes: &[u8],
+    replica: &ReplicaInfo,
+    index: &PartitionIndex,
+    places: &mut Vec<EntryPlace>,
+) -> Result<Notes, SplitError> {
     let found = scan(bytes);
     if replica.closed && !found.closed {
         return Err(SplitError::NotClosed {
@@ -409,13 +564,14 @@ fn split_replica_noting_in(
             });
         }
     }
-    let mut split = SplitReplica {
+    let partitions = index.partitions() as usize;
+    let mut notes = Notes {
         safe_version: Version(0),
-        pieces: vec![Piece::default(); index.partitions() as usize],
+        bytes: vec![0; partitions],
+        counts: vec![0; partitions],
     };
-    // Each entry that goes to a piece, in log order.
+    // Each run of entries that goes to a piece, in log order.
     places.clear();
-    let mut piece_bytes = vec![0usize; split.pieces.len()];
     for (offset, entry) in entries(bytes, found.valid_bytes) {
         // Completion records (`rampart_common::rifl`) go where the object they name
         // goes: they carry its key hash.
@@ -432,7 +588,7 @@ fn split_replica_noting_in(
             ),
             Entry::Completion(record) => (record.table, record.key_hash, COMPLETION_ENTRY_BYTES),
             Entry::SafeVersion(floor) => {
-                split.safe_version = split.safe_version.max(floor);
+                notes.safe_version = notes.safe_version.max(floor);
                 continue;
             }
             Entry::Header(_) | Entry::Digest(_) | Entry::Checksum(_) | Entry::Footer { .. } => {
@@ -443,19 +599,14 @@ fn split_replica_noting_in(
             continue;
         };
         let start = offset as usize;
-        piece_bytes[partition as usize] += length;
-        places.push((partition, start, start + length));
+        notes.bytes[partition as usize] += length;
+        notes.counts[partition as usize] += 1;
+        match places.last_mut() {
+            Some((last, _, end)) if *last == partition && *end == start => *end += length,
+            _ => places.push((partition, start, start + length)),
+        }
     }
-    for (piece, &size) in split.pieces.iter_mut().zip(&piece_bytes) {
-        piece.entries.reserve_exact(size);
-    }
-    for &(partition, start, end) in places.iter() {
-        let piece = &mut split.pieces[partition as usize];
-        // In bounds: `entries` decoded this entry whole from `bytes`.
-        piece.entries.extend_from_slice(&bytes[start..end]);
-        piece.count += 1;
-    }
-    Ok(split)
+    Ok(notes)
 }
 
 /// Why a [`RecoveryReads::start`] was refused.
@@ -580,6 +731,16 @@ struct Inner {
     room: Condvar,
     /// The bound on `ReadsState::pieces_bytes`.
     pieces_bytes_max: u64,
+    /// Where the reader puts pieces that askers on this host read for themselves.
+    shared: Option<SharedRegion>,
+}
+
+/// The recovery region and this host's identity, which an asker must name to be
+/// answered with a piece's place in it.
+#[derive(Debug)]
+struct SharedRegion {
+    region: RecoveryRegion,
+    host: String,
 }
 
 #[derive(Debug, Default)]
@@ -635,15 +796,47 @@ struct ReadyReplica {
     epoch: Epoch,
     safe_version: Version,
     /// Non-empty pieces not handed out yet, by partition.
-    pieces: HashMap<u32, Piece>,
+    pieces: HashMap<u32, CachedPiece>,
     /// Partitions whose piece (empty or not) was handed out: a later fetch re-reads.
     handed_out: HashSet<u32>,
 }
 
+/// A cached piece: in the backup's own memory, or in slots of the recovery region
+/// (which go back to the region when the piece is handed out or dropped).
+#[derive(Debug)]
+enum CachedPiece {
+    Owned(Piece),
+    Shared {
+        /// The piece's bytes fill these slots one after another.
+        slots: Vec<SealedSlot>,
+        len: u32,
+        count: u32,
+    },
+}
+
+impl CachedPiece {
+    /// What the piece counts against the cache's bound.
+    fn bytes(&self) -> u64 {
+        match self {
+            CachedPiece::Owned(piece) => piece.entries.capacity() as u64,
+            CachedPiece::Shared { len, .. } => u64::from(*len),
+        }
+    }
+}
+
+/// One segment's split, as the reader publishes it.
+#[derive(Debug)]
+struct Cut {
+    epoch: Epoch,
+    safe_version: Version,
+    /// The non-empty pieces, by partition.
+    pieces: Vec<(u32, CachedPiece)>,
+}
+
 /// What a fetch found in the table.
 enum Lookup {
-    /// The answer.
-    Done(Result<RecoveryDataReply, FetchError>),
+    /// The answer: an error, or a piece to answer with.
+    Done(Result<(Epoch, Version, CachedPiece), FetchError>),
     /// Scheduled, not read yet: wait for progress.
     Wait(watch::Receiver<u64>),
     /// Not scheduled in this attempt here (or handed out already): read on demand.
@@ -654,11 +847,29 @@ impl RecoveryReads {
     /// No recoveries; pieces bounded by `pieces_bytes_max` (the service passes
     /// [`RECOVERY_PIECES_BYTES_MAX`]; tests pass small bounds).
     pub fn new(pieces_bytes_max: u64) -> RecoveryReads {
+        RecoveryReads::build(pieces_bytes_max, None)
+    }
+
+    /// As [`RecoveryReads::new`], with the reader putting pieces into slots of
+    /// `region` while it has free ones: an asker naming `host` (this host's
+    /// `onesided::host_id`) is then answered with where its piece lies. The region's
+    /// pieces count against `pieces_bytes_max` like the others; the region holds at
+    /// most its own size besides, in slots not handed out in full yet.
+    pub fn with_region(
+        pieces_bytes_max: u64,
+        region: RecoveryRegion,
+        host: String,
+    ) -> RecoveryReads {
+        RecoveryReads::build(pieces_bytes_max, Some(SharedRegion { region, host }))
+    }
+
+    fn build(pieces_bytes_max: u64, shared: Option<SharedRegion>) -> RecoveryReads {
         RecoveryReads {
             inner: Arc::new(Inner {
                 state: Mutex::new(ReadsState::default()),
                 room: Condvar::new(),
                 pieces_bytes_max,
+                shared,
             }),
         }
     }
@@ -766,7 +977,11 @@ impl RecoveryReads {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let mut progress = match self.lookup(request) {
-                Lookup::Done(answer) => return answer,
+                Lookup::Done(answer) => {
+                    return answer.map(|(epoch, safe_version, piece)| {
+                        self.answer(request, epoch, safe_version, piece)
+                    })
+                }
                 Lookup::Wait(progress) => progress,
                 Lookup::OnDemand => break,
             };
@@ -808,21 +1023,24 @@ impl RecoveryReads {
     /// segment, and sends its waiting fetches to on-demand reads. Returns whether an
     /// attempt was under way. Idempotent.
     pub fn end(&self, master: ServerId) -> bool {
-        let ended = {
+        let (ended, idle) = {
             let mut state = self.inner.state.lock();
             let ended = state.recoveries.remove(&master);
             if let Some(recovery) = &ended {
                 self.inner.free(&mut state, recovery.pieces_bytes);
             }
-            ended
+            (ended, state.recoveries.is_empty())
         };
-        match ended {
-            Some(recovery) => {
-                tracing::info!(%master, recovery = recovery.id, "recovery reads ended");
-                true
-            }
-            None => false,
+        let Some(recovery) = ended else {
+            return false;
+        };
+        tracing::info!(%master, recovery = recovery.id, "recovery reads ended");
+        // Its pieces go first, their region slots with them.
+        drop(recovery);
+        if let (true, Some(shared)) = (idle, &self.inner.shared) {
+            shared.region.trim();
         }
+        true
     }
 
     /// Bytes of pieces held now, all recoveries together.
@@ -876,14 +1094,69 @@ impl RecoveryReads {
         if !ready.handed_out.insert(request.partition) {
             return Lookup::OnDemand;
         }
-        let piece = ready.pieces.remove(&request.partition).unwrap_or_default();
-        let bytes = piece.entries.capacity() as u64;
-        let answer = reply(ready.epoch, ready.safe_version, piece);
+        let piece = ready
+            .pieces
+            .remove(&request.partition)
+            .unwrap_or(CachedPiece::Owned(Piece::default()));
+        let found = (ready.epoch, ready.safe_version);
+        let bytes = piece.bytes();
         if bytes > 0 {
             recovery.pieces_bytes -= bytes;
             self.inner.free(state, bytes);
         }
-        Lookup::Done(Ok(answer))
+        Lookup::Done(Ok((found.0, found.1, piece)))
+    }
+
+    /// The reply handing out `piece`: its place in the region for an asker on this
+    /// host, else its bytes.
+    fn answer(
+        &self,
+        request: &RecoveryDataRequest,
+        epoch: Epoch,
+        safe_version: Version,
+        piece: CachedPiece,
+    ) -> RecoveryDataReply {
+        match piece {
+            CachedPiece::Owned(piece) => reply(epoch, safe_version, piece),
+            CachedPiece::Shared { slots, len, count } => {
+                // The piece fills each slot but the last.
+                let capacity = self
+                    .inner
+                    .shared
+                    .as_ref()
+                    .map_or(len, |shared| shared.region.slot_capacity())
+                    .max(1);
+                let runs = slots
+                    .iter()
+                    .zip((0..len).step_by(capacity as usize))
+                    .map(|(slot, start)| slot.run(0, capacity.min(len - start)));
+                match &self.inner.shared {
+                    Some(shared)
+                        if request.shared_host.as_deref() == Some(shared.host.as_str()) =>
+                    {
+                        let runs = runs.map(SharedRun::from).collect();
+                        RecoveryDataReply {
+                            epoch,
+                            safe_version,
+                            entries: Bytes::new(),
+                            count,
+                            shared: Some(SharedPiece {
+                                region: shared.region.path().to_string(),
+                                nonce: shared.region.nonce(),
+                                runs,
+                            }),
+                        }
+                    }
+                    _ => {
+                        let mut entries = Vec::with_capacity(len as usize);
+                        for (slot, run) in slots.iter().zip(runs) {
+                            slot.append_to(0, run.len, &mut entries);
+                        }
+                        reply(epoch, safe_version, Piece { entries, count })
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -918,6 +1191,7 @@ fn reply(epoch: Epoch, safe_version: Version, piece: Piece) -> RecoveryDataReply
         safe_version,
         entries: piece.entries.into(),
         count: piece.count,
+        shared: None,
     }
 }
 
@@ -954,6 +1228,46 @@ fn read_and_split(
     Ok((held.info.epoch, split))
 }
 
+/// Reads one replica as [`read_and_split`] does, and cuts it into the pieces the cache
+/// holds: into a slot of `region` when there is one free and they fit, else into the
+/// backup's own memory. Blocks.
+fn read_and_cut(
+    source: &dyn ReplicaSource,
+    master: ServerId,
+    segment: SegmentId,
+    index: &PartitionIndex,
+    buffers: &mut ReadBuffers,
+    region: Option<&RecoveryRegion>,
+) -> Result<Cut, FetchError> {
+    let unreadable = |reason: String| FetchError::Unreadable {
+        master,
+        segment,
+        reason,
+    };
+    let held = source
+        .read(master, segment, std::mem::take(&mut buffers.bytes))
+        .map_err(|error| unreadable(error.to_string()))?
+        .ok_or(FetchError::NotHeld { master, segment })?;
+    let places = &mut buffers.places;
+    let cut = note_places(&held.bytes, &held.info, index, places).map(|notes| {
+        let pieces = match region {
+            Some(region) => write_pieces(&held.bytes, &notes, places, region),
+            None => (0u32..)
+                .zip(copy_pieces(&held.bytes, &notes, places))
+                .filter(|(_, piece)| piece.count > 0)
+                .map(|(partition, piece)| (partition, CachedPiece::Owned(piece)))
+                .collect(),
+        };
+        Cut {
+            epoch: held.info.epoch,
+            safe_version: notes.safe_version,
+            pieces,
+        }
+    });
+    buffers.bytes = held.bytes;
+    cut.map_err(|error| unreadable(error.to_string()))
+}
+
 /// One attempt's reader. Dropping it (done, panicked, or never run because the
 /// runtime shut down) marks the segments it left unread as unreadable, so that no
 /// fetch waits for them.
@@ -973,7 +1287,8 @@ impl ReaderGuard {
                 tracing::info!(master = %self.master, "recovery reader stops: attempt replaced or ended");
                 return;
             }
-            let read = read_and_split(source, self.master, segment, index, &mut buffers);
+            let region = self.inner.shared.as_ref().map(|shared| &shared.region);
+            let read = read_and_cut(source, self.master, segment, index, &mut buffers, region);
             if let Err(error) = &read {
                 tracing::warn!(master = %self.master, %segment, %error, "recovery read failed");
             }
@@ -996,15 +1311,12 @@ impl ReaderGuard {
     /// would overfill the cache; while it waits, the reader is *held* (module doc). The
     /// pieces of partitions served on demand meanwhile are dropped, not cached. Returns
     /// false if the attempt left the table meanwhile.
-    fn publish(&self, segment: SegmentId, read: Result<(Epoch, SplitReplica), FetchError>) -> bool {
+    fn publish(&self, segment: SegmentId, read: Result<Cut, FetchError>) -> bool {
         let mut entry = match read {
-            Ok((epoch, split)) => SegmentRead::Ready(ReadyReplica {
-                epoch,
-                safe_version: split.safe_version,
-                pieces: (0u32..)
-                    .zip(split.pieces)
-                    .filter(|(_, piece)| piece.count > 0)
-                    .collect(),
+            Ok(cut) => SegmentRead::Ready(ReadyReplica {
+                epoch: cut.epoch,
+                safe_version: cut.safe_version,
+                pieces: cut.pieces.into_iter().collect(),
                 handed_out: HashSet::new(),
             }),
             Err(error) => SegmentRead::Failed(error),
@@ -1026,11 +1338,7 @@ impl ReaderGuard {
                             ready.handed_out.insert(*partition);
                         }
                     }
-                    ready
-                        .pieces
-                        .values()
-                        .map(|p| p.entries.capacity() as u64)
-                        .sum()
+                    ready.pieces.values().map(CachedPiece::bytes).sum()
                 }
                 _ => 0,
             };
@@ -1464,7 +1772,84 @@ mod tests {
             segment: SegmentId(segment),
             partition: 0,
             ranges: vec![HashRange::whole(TableId(1))],
+            shared_host: None,
         }
+    }
+
+    /// Pieces in the region: an asker on this host gets their place and reads them
+    /// there, any other gets their bytes; the same entries either way, as the pure
+    /// split gives them. The slot goes back to the region once every piece in it was
+    /// handed out, and its memory once the recovery ends.
+    #[tokio::test]
+    async fn pieces_in_the_region_are_read_on_this_host_and_sent_to_others() {
+        let replicas = replicas(
+            2,
+            &[(1, b"one", 5000), (2, b"two", 3000), (1, b"uno", 4000)],
+        );
+        let source = Arc::new(FakeSource {
+            replicas: replicas.clone(),
+            ..FakeSource::default()
+        });
+        // Slots smaller than the pieces: each fills several.
+        let region = RecoveryRegion::create(64, 4096, Duration::ZERO).expect("region");
+        let reads = RecoveryReads::with_region(1 << 20, region.clone(), "this-host".to_string());
+        let ranges = [HashRange::whole(TableId(1)), HashRange::whole(TableId(2))];
+        let request = RecoveryReadRequest {
+            master: MASTER,
+            recovery: 1,
+            segments: vec![SegmentId(1), SegmentId(2)],
+            partitions: ranges.iter().map(|&range| vec![range]).collect(),
+        };
+        let index = PartitionIndex::new(&request.partitions).expect("index");
+        reads.start(request, source.clone()).expect("start");
+        eventually(|| source.reads.load(Ordering::SeqCst) == 2).await;
+        eventually(|| reads.pieces_bytes() > 0 && region.free_slots() < 64).await;
+        let region_reader =
+            rampart_common::onesided::shm::RegionReader::open(region.path(), region.nonce())
+                .expect("maps");
+        for segment in [1, 2] {
+            let held = &replicas[&SegmentId(segment)];
+            let split = split_replica(&held.bytes, &held.info, &index).expect("splits");
+            for (partition, host) in [(0, Some("this-host")), (1, Some("another-host"))] {
+                let request = RecoveryDataRequest {
+                    partition,
+                    ranges: vec![ranges[partition as usize]],
+                    shared_host: host.map(str::to_string),
+                    ..data_request(1, segment)
+                };
+                let reply = reads.fetch(&request, source.clone()).await.expect("piece");
+                let expected = &split.pieces[partition as usize];
+                assert_eq!(reply.count, expected.count);
+                let entries = match (&reply.shared, partition) {
+                    (Some(shared), 0) => {
+                        assert!(reply.entries.is_empty());
+                        assert_eq!(
+                            (shared.region.as_str(), shared.nonce),
+                            (region.path(), region.nonce())
+                        );
+                        let runs = shared.region_runs();
+                        assert!(runs.len() > 1, "a piece over several slots");
+                        let mut out = Vec::new();
+                        region_reader.copy_runs(&runs, &mut out).expect("reads");
+                        out
+                    }
+                    (None, 1) => reply.entries.to_vec(),
+                    other => panic!("partition {partition} answered {other:?}"),
+                };
+                assert_eq!(
+                    entries, expected.entries,
+                    "segment {segment} partition {partition}"
+                );
+            }
+        }
+        assert_eq!(source.reads.load(Ordering::SeqCst), 2, "all from the cache");
+        assert_eq!(
+            region.free_slots(),
+            64,
+            "every piece handed out, every slot back"
+        );
+        assert_eq!(reads.pieces_bytes(), 0);
+        assert!(reads.end(MASTER));
     }
 
     #[tokio::test]
@@ -1541,6 +1926,7 @@ mod tests {
             segment: SegmentId(segment),
             partition,
             ranges: vec![partition_ranges[partition as usize]],
+            shared_host: None,
         };
         reads.start(request, source.clone()).expect("start");
         // The reader has published segments 1 and 2 and is at the gate of segment 3.

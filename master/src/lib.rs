@@ -61,7 +61,9 @@
 //!    attempt in those ranges.
 //! 2. It asks each segment's first backup for the partition's entries (`RecoveryData`),
 //!    a few segments in flight, falling back to the next backup when one fails, and
-//!    checks each piece off the reactor.
+//!    checks each piece off the reactor. A backup on the same host answers with where
+//!    the piece lies in its shared recovery region, and the recovery master copies it
+//!    out itself ([`shared_pieces`]).
 //! 3. Each piece becomes an appender replay job: under the store lock, highest version
 //!    wins and tombstones delete older versions ([`ObjectStore::stage_replay`]); the
 //!    survivors are appended to this master's log with their original versions (shifted
@@ -106,6 +108,7 @@ pub mod replay;
 pub mod replica_manager;
 pub mod segmented_log;
 pub mod service;
+pub mod shared_pieces;
 pub mod tablet_sync;
 pub mod tablets;
 pub mod version_reserver;

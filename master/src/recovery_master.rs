@@ -109,6 +109,7 @@ use tokio::time::Instant;
 use crate::appender::Appender;
 use crate::object_store::ObjectStore;
 use crate::replay::{PieceBytes, RecoveryPiece, ReplayState};
+use crate::shared_pieces::SharedPieces;
 
 /// `RecoveryData` requests a recovery keeps outstanding. A backup answers a request for a
 /// segment it has not read yet only once it has, so a few requests in flight keep every
@@ -154,6 +155,9 @@ pub struct RecoveryConfig {
     /// How long after its arrival a `Recover` is cancelled here if it has not been
     /// answered ([`RECOVER_TIMEOUT`], the coordinator's deadline for it).
     pub answer_within: Duration,
+    /// Whether backups on this host may answer with where a piece lies in their
+    /// shared memory rather than with its bytes (module doc, *The pipeline*).
+    pub shared_reads: bool,
 }
 
 impl Default for RecoveryConfig {
@@ -165,6 +169,23 @@ impl Default for RecoveryConfig {
             retry_pause: RECOVERY_RETRY_PAUSE,
             retry_for: RECOVERY_RETRY_FOR,
             answer_within: RECOVER_TIMEOUT,
+            shared_reads: true,
+        }
+    }
+}
+
+/// Why one backup gave no usable piece.
+enum FetchFailure {
+    /// The backup failed, refused, or sent a bad piece: try the next backup.
+    Backup(String),
+    /// The piece it left in shared memory could not be read: ask it again for the bytes.
+    Shared(String),
+}
+
+impl FetchFailure {
+    fn into_message(self) -> String {
+        match self {
+            FetchFailure::Backup(message) | FetchFailure::Shared(message) => message,
         }
     }
 }
@@ -560,6 +581,9 @@ pub struct RecoveryMaster {
     attempts: Mutex<Attempts>,
     /// What this master replayed so far (for metrics).
     totals: Mutex<RecoveryTotals>,
+    /// Pieces read from backups' shared memory on this host; `None` when
+    /// [`RecoveryConfig::shared_reads`] is off.
+    shared: Option<SharedPieces>,
 }
 
 /// What a recovery master replayed since it started, over every partition it took.
@@ -577,6 +601,11 @@ pub struct RecoveryTotals {
     pub entries: u64,
     /// Seconds from the request to the end of replay, summed.
     pub replay_seconds: f64,
+    /// Pieces copied out of a backup's shared memory on this host.
+    pub shared_pieces: u64,
+    /// Pieces left in shared memory that could not be read there (the slot reused,
+    /// the region not mappable) and were asked for again inside a reply.
+    pub shared_pieces_refetched: u64,
 }
 
 impl RecoveryMaster {
@@ -593,6 +622,9 @@ impl RecoveryMaster {
             appender,
             backups: RpcPool::new(),
             turns: tokio::sync::Semaphore::new(config.partitions_at_once.max(1)),
+            shared: config
+                .shared_reads
+                .then(|| SharedPieces::new(rampart_common::onesided::host_id())),
             config,
             attempts: Mutex::new(Attempts::default()),
             totals: Mutex::new(RecoveryTotals::default()),
@@ -826,6 +858,7 @@ impl RecoveryMaster {
             segment: source.segment,
             partition: request.partition,
             ranges: request.ranges.clone(),
+            shared_host: self.shared.as_ref().map(|shared| shared.host().to_string()),
         };
         let mut errors = Vec::new();
         for (i, backup) in source.backups.iter().enumerate() {
@@ -851,12 +884,40 @@ impl RecoveryMaster {
         })
     }
 
+    /// One segment's piece from `backup`. A piece left in the backup's shared memory
+    /// that cannot be read there (its slot reused meanwhile, the region not mappable) is
+    /// asked for again inside a reply.
     async fn fetch_from(
         &self,
         backup: &str,
         request: &RecoveryDataRequest,
         ranges: &Arc<PartitionRanges>,
     ) -> Result<RecoveryPiece, String> {
+        match self.fetch_once(backup, request, ranges).await {
+            Err(FetchFailure::Shared(reason)) => {
+                self.totals.lock().shared_pieces_refetched += 1;
+                tracing::debug!(
+                    segment = %request.segment, %backup, %reason,
+                    "shared piece unreadable: asking for it inside a reply"
+                );
+                let inline = RecoveryDataRequest {
+                    shared_host: None,
+                    ..request.clone()
+                };
+                self.fetch_once(backup, &inline, ranges)
+                    .await
+                    .map_err(FetchFailure::into_message)
+            }
+            other => other.map_err(FetchFailure::into_message),
+        }
+    }
+
+    async fn fetch_once(
+        &self,
+        backup: &str,
+        request: &RecoveryDataRequest,
+        ranges: &Arc<PartitionRanges>,
+    ) -> Result<RecoveryPiece, FetchFailure> {
         let retry_until = Instant::now() + self.config.retry_for;
         let reply = loop {
             let deadline = Instant::now() + self.config.call_timeout;
@@ -873,22 +934,48 @@ impl RecoveryMaster {
                 }
                 Err(error) if error.status() == Some(Status::Retry) => {
                     let waited = self.config.retry_for.as_secs();
-                    return Err(format!("{error} (still after {waited} s)"));
+                    return Err(FetchFailure::Backup(format!(
+                        "{error} (still after {waited} s)"
+                    )));
                 }
-                Err(error) => return Err(error.to_string()),
+                Err(error) => return Err(FetchFailure::Backup(error.to_string())),
             }
         };
         let segment = request.segment;
         let ranges = Arc::clone(ranges);
-        let bytes = PieceBytes {
-            safe_version: reply.safe_version,
-            entries: reply.entries,
-            count: reply.count,
+        // A shared piece only if this master asked for one.
+        let shared = match (reply.shared, &self.shared) {
+            (None, _) => None,
+            (Some(piece), Some(reads)) if request.shared_host.is_some() => {
+                Some((piece, reads.clone()))
+            }
+            (Some(_), _) => {
+                return Err(FetchFailure::Backup(
+                    "a shared piece this master did not ask for".to_string(),
+                ))
+            }
         };
-        tokio::task::spawn_blocking(move || RecoveryPiece::parse(segment, bytes, &ranges))
-            .await
-            .map_err(|e| format!("decoding the piece failed: {e}"))?
-            .map_err(|e| format!("bad piece: {e}"))
+        let (safe_version, count, entries) = (reply.safe_version, reply.count, reply.entries);
+        let from_shared_memory = shared.is_some();
+        let piece = tokio::task::spawn_blocking(move || {
+            let entries = match shared {
+                Some((piece, reads)) => reads.read(&piece).map_err(FetchFailure::Shared)?,
+                None => entries,
+            };
+            let bytes = PieceBytes {
+                safe_version,
+                entries,
+                count,
+            };
+            RecoveryPiece::parse(segment, bytes, &ranges)
+                .map_err(|e| FetchFailure::Backup(format!("bad piece: {e}")))
+        })
+        .await
+        .map_err(|e| FetchFailure::Backup(format!("decoding the piece failed: {e}")))??;
+        if from_shared_memory {
+            self.totals.lock().shared_pieces += 1;
+        }
+        Ok(piece)
     }
 
     /// Serves `AbandonRecovery` of attempt `recovery` of `crashed`: cancels a recovery

@@ -438,7 +438,10 @@ mod recovery {
     use parking_lot::Mutex;
     use rampart_common::ids::SegmentId;
     use rampart_common::log::{object_entry_bytes, tombstone_entry_bytes, SegmentWriter};
-    use rampart_common::protocol::backup::{RecoveryData, RecoveryDataReply, RecoveryDataRequest};
+    use rampart_common::onesided::shm::{RecoveryRegion, SealedSlot};
+    use rampart_common::protocol::backup::{
+        RecoveryData, RecoveryDataReply, RecoveryDataRequest, SharedPiece, SharedRun,
+    };
     use rampart_common::protocol::master::{
         AbandonRecovery, AbandonRecoveryRequest, FinishRecovery, FinishRecoveryRequest, Recover,
         RecoverReply, RecoverRequest, RecoverySource,
@@ -500,6 +503,7 @@ mod recovery {
             safe_version: Version(safe),
             entries: out.freeze(),
             count: entries.len() as u32,
+            shared: None,
         }
     }
 
@@ -510,6 +514,9 @@ mod recovery {
         Fail(Status),
         /// `Retry` this many more times, then serve.
         RetryThenServe(u32, RecoveryDataReply),
+        /// To an asker naming a host, this place in shared memory (`entries` empty);
+        /// to one naming none, the reply.
+        Shared(SharedPiece, RecoveryDataReply),
     }
 
     /// A backup that answers only `RecoveryData`, from a table of answers; a segment
@@ -534,6 +541,14 @@ mod recovery {
                     *left -= 1;
                     Reply::error(Status::Retry, "still reading")
                 }
+                Some(Answer::Shared(shared, reply)) => match request.shared_host {
+                    Some(_) => Reply::ok(&RecoveryDataReply {
+                        entries: Bytes::new(),
+                        shared: Some(shared.clone()),
+                        ..reply.clone()
+                    }),
+                    None => Reply::ok(&*reply),
+                },
             }
         }
     }
@@ -683,6 +698,103 @@ mod recovery {
         assert!(written.version >= Version(50), "{}", written.version);
         // The master's own table still works.
         assert_still_serving(&service, "own").await;
+    }
+
+    /// `reply`'s entries left in a slot of `region`, as a backup on this host leaves a
+    /// piece; the slot stays sealed while the handle lives.
+    fn leave_in(region: &RecoveryRegion, reply: &RecoveryDataReply) -> (SharedPiece, SealedSlot) {
+        let mut slot = region.take().expect("a free slot");
+        slot.write(0, &reply.entries);
+        let sealed = slot.seal();
+        let run = sealed.run(0, reply.entries.len() as u32);
+        let shared = SharedPiece {
+            region: region.path().to_string(),
+            nonce: region.nonce(),
+            runs: vec![SharedRun::from(run)],
+        };
+        (shared, sealed)
+    }
+
+    #[tokio::test]
+    async fn recover_reads_pieces_a_backup_left_in_shared_memory() {
+        let service = service();
+        let segments = three_segments();
+        let region = RecoveryRegion::create(3, 1 << 20, std::time::Duration::ZERO).expect("region");
+        let mut slots = Vec::new();
+        let answers: Vec<(u64, Answer)> = segments
+            .iter()
+            .map(|(id, reply)| {
+                let (shared, sealed) = leave_in(&region, reply);
+                slots.push(sealed);
+                // Asked inline, the fake serves a piece without its entries, which
+                // fails its check: every entry must come from shared memory.
+                let inline = RecoveryDataReply {
+                    entries: Bytes::new(),
+                    ..reply.clone()
+                };
+                (*id, Answer::Shared(shared, inline))
+            })
+            .collect();
+        let (addr, fake) = backup(&answers).await;
+        let reply = call::<Recover>(
+            &service,
+            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
+        )
+        .await;
+        assert_eq!(fake.calls.load(Ordering::Relaxed), 3, "one call a segment");
+        assert_eq!((reply.entries_received, reply.fallbacks), (8, 0));
+        let totals = service.stats().recoveries;
+        assert_eq!(
+            (totals.shared_pieces, totals.shared_pieces_refetched),
+            (3, 0)
+        );
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        assert_three_segments_recovered(&service);
+    }
+
+    /// A slot the backup filled again after naming it holds other entries, each with a
+    /// valid CRC, where the piece was: the recovery master must not replay them, and
+    /// asks for the piece inside a reply instead.
+    #[tokio::test]
+    async fn a_shared_piece_whose_slot_was_refilled_is_asked_for_again() {
+        let service = service();
+        let segments = three_segments();
+        let region = RecoveryRegion::create(1, 1 << 20, std::time::Duration::ZERO).expect("region");
+        // Segment 1's piece was left in the slot, then the slot went to a piece of the
+        // same length whose values are wrong.
+        let (shared, sealed) = leave_in(&region, &segments[0].1);
+        drop(sealed);
+        let wrong = piece(
+            &[
+                E::Obj("a", 1, "XX"),
+                E::Obj("b", 2, "XX"),
+                E::Obj("d", 3, "XX"),
+            ],
+            1,
+        );
+        assert_eq!(wrong.entries.len(), segments[0].1.entries.len());
+        let (_, _refilled) = leave_in(&region, &wrong);
+        let mut answers = serve_all(&segments[1..]);
+        answers.push((1, Answer::Shared(shared, segments[0].1.clone())));
+        let (addr, fake) = backup(&answers).await;
+        let reply = call::<Recover>(
+            &service,
+            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
+        )
+        .await;
+        assert_eq!(
+            fake.calls.load(Ordering::Relaxed),
+            4,
+            "segment 1 asked twice"
+        );
+        assert_eq!(reply.fallbacks, 0, "the same backup answered");
+        let totals = service.stats().recoveries;
+        assert_eq!(
+            (totals.shared_pieces, totals.shared_pieces_refetched),
+            (0, 1)
+        );
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        assert_three_segments_recovered(&service);
     }
 
     #[tokio::test]

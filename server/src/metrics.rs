@@ -193,6 +193,16 @@ impl StorageMetrics {
                 |s| s.master.recoveries.entries as f64,
             ),
             (
+                "rampart_recovery_shared_pieces_total",
+                "Pieces copied out of a backup's shared memory on this host by recoveries.",
+                |s| s.master.recoveries.shared_pieces as f64,
+            ),
+            (
+                "rampart_recovery_shared_pieces_refetched_total",
+                "Pieces left in a backup's shared memory that could not be read there and were asked for again inside a reply.",
+                |s| s.master.recoveries.shared_pieces_refetched as f64,
+            ),
+            (
                 "rampart_recovery_replay_seconds_total",
                 "Seconds spent replaying partitions here, summed.",
                 |s| s.master.recoveries.replay_seconds,

@@ -18,11 +18,14 @@ use crate::flush_threads::{FlushThreads, FLUSH_THREADS};
 use crate::frame_table::{FrameLimits, FrameTable};
 use crate::frames::Frames;
 use crate::rdma::RdmaTarget;
-use crate::recovery_reads::{RecoveryReads, RECOVERY_PIECES_BYTES_MAX};
+use crate::recovery_reads::{
+    RecoveryReads, RECOVERY_PIECES_BYTES_MAX, RECOVERY_REGION_BYTES, RECOVERY_REGION_SLOT_BYTES,
+};
 use crate::segment_store::{
     Disk, RealDisk, ReplicaMeta, ScanReport, SegmentStore, StoreError, REPLICA_BYTES_MAX,
 };
 use crate::stored::StoreHandle;
+use rampart_common::onesided::shm::{RecoveryRegion, REGION_COOL_DEFAULT};
 
 use super::config::BackupConfig;
 use super::state::BackupService;
@@ -273,6 +276,7 @@ impl BackupService {
                 source,
             })?;
         let files = store.files();
+        let recovery = recovery_reads();
         let frames = Arc::new(Frames::new(table, file, host_id(), path, files));
         let service = BackupService {
             writer,
@@ -281,7 +285,7 @@ impl BackupService {
             store: Arc::new(StoreHandle::new(store, Arc::clone(&frames))),
             frames,
             rdma: Arc::new(rdma),
-            recovery: RecoveryReads::new(RECOVERY_PIECES_BYTES_MAX),
+            recovery,
         };
         Ok((service, report))
     }
@@ -308,6 +312,20 @@ impl BackupService {
             }
         }
         written
+    }
+}
+
+/// The backup's recovery reads, with a recovery region where the system gives one;
+/// without, pieces go inside replies.
+fn recovery_reads() -> RecoveryReads {
+    let slots = RECOVERY_REGION_BYTES / u64::from(RECOVERY_REGION_SLOT_BYTES);
+    let slots = u32::try_from(slots).unwrap_or(u32::MAX);
+    match RecoveryRegion::create(slots, RECOVERY_REGION_SLOT_BYTES, REGION_COOL_DEFAULT) {
+        Ok(region) => RecoveryReads::with_region(RECOVERY_PIECES_BYTES_MAX, region, host_id()),
+        Err(error) => {
+            tracing::warn!(%error, "no recovery region: recovery pieces go inside replies");
+            RecoveryReads::new(RECOVERY_PIECES_BYTES_MAX)
+        }
     }
 }
 

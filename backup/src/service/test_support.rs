@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tempfile::TempDir;
 
 use crate::segment_store::{Disk, RealDisk, StoreError};
+use rampart_common::onesided::shm::RegionReader;
 
 use super::config::BackupConfig;
 use super::state::BackupService;
@@ -483,8 +484,29 @@ pub(super) async fn recovery_data(
         segment: SegmentId(segment),
         partition,
         ranges,
+        shared_host: Some(rampart_common::onesided::host_id()),
     };
-    call::<proto::RecoveryData>(service, &request).await
+    let reply = call::<proto::RecoveryData>(service, &request).await?;
+    Ok(read_shared(reply))
+}
+
+/// `reply` with its entries, copied out of the backup's recovery region where it left
+/// them: the service's tests ask as a recovery master on this host does, so they check
+/// the pieces read through shared memory.
+fn read_shared(reply: RecoveryDataReply) -> RecoveryDataReply {
+    let Some(shared) = &reply.shared else {
+        return reply;
+    };
+    let region = RegionReader::open(&shared.region, shared.nonce).expect("region maps");
+    let mut entries = Vec::new();
+    region
+        .copy_runs(&shared.region_runs(), &mut entries)
+        .expect("the piece reads");
+    RecoveryDataReply {
+        entries: entries.into(),
+        shared: None,
+        ..reply
+    }
 }
 
 pub(super) async fn end_recovery(service: &BackupService, master: u64) -> u32 {

@@ -271,7 +271,65 @@ pub struct RecoveryDataRequest {
     /// recovery master falls back to it because the chosen one failed) reads it now and
     /// cuts out this partition's entries.
     pub ranges: PartitionRanges,
+    /// The asker's host identity (`onesided::host_id`) when it can read a piece from
+    /// the backup's shared memory: a backup on the same host may then answer with where
+    /// the piece lies ([`RecoveryDataReply::shared`]) instead of its bytes.
+    pub shared_host: Option<String>,
 }
+
+/// Where a piece lies in the backup's shared memory (`onesided::shm::RecoveryRegion`):
+/// the runs, one after another, make the piece.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedPiece {
+    /// The region's path on the backup's host (`/proc/PID/fd/FD`).
+    pub region: String,
+    /// The region's nonce: a file at `region` without it is another.
+    pub nonce: u64,
+    /// At most [`SHARED_PIECE_RUNS_MAX`].
+    pub runs: Vec<SharedRun>,
+}
+
+/// The first `len` bytes of `slot`'s data in a recovery region, valid while the slot's
+/// generation is `generation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedRun {
+    pub slot: u32,
+    pub generation: u64,
+    pub len: u32,
+}
+
+impl SharedPiece {
+    /// The runs as the region reads them (`RegionReader::copy_runs`).
+    pub fn region_runs(&self) -> Vec<crate::onesided::shm::RegionRun> {
+        self.runs
+            .iter()
+            .map(|run| crate::onesided::shm::RegionRun {
+                slot: run.slot,
+                generation: run.generation,
+                offset: 0,
+                len: run.len,
+            })
+            .collect()
+    }
+}
+
+impl From<crate::onesided::shm::RegionRun> for SharedRun {
+    /// A run from the start of its slot (`offset` 0), as pieces fill slots.
+    fn from(run: crate::onesided::shm::RegionRun) -> SharedRun {
+        debug_assert_eq!(run.offset, 0, "a piece's run starts its slot");
+        SharedRun {
+            slot: run.slot,
+            generation: run.generation,
+            len: run.len,
+        }
+    }
+}
+
+/// Longest [`SharedPiece::region`] a reply may carry.
+pub const SHARED_PIECE_PATH_BYTES_MAX: usize = 4096;
+
+/// Most runs a [`SharedPiece`] may have: a whole region of 1 GiB in 256 KiB slots.
+pub const SHARED_PIECE_RUNS_MAX: usize = 4096;
 
 /// The entries of one replica that fall in one partition.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,12 +343,16 @@ pub struct RecoveryDataReply {
     /// `Object` and `Tombstone` entries in the log's own format (docs/design.md §4), one after
     /// another, as they lay in the replica (each carries its own CRC).
     pub entries: Bytes,
-    /// How many entries `entries` holds.
+    /// How many entries the piece holds.
     pub count: u32,
+    /// Where the piece lies in the backup's shared memory, for an asker on its host;
+    /// `entries` is then empty. The asker that cannot read it there asks again without
+    /// [`RecoveryDataRequest::shared_host`].
+    pub shared: Option<SharedPiece>,
 }
 
-/// Bytes of a [`RecoveryDataReply`] besides its entries.
-const RECOVERY_DATA_REPLY_FIXED_BYTES: usize = 8 + 8 + 8 + 4;
+/// Bytes of a [`RecoveryDataReply`] besides its entries and shared piece.
+const RECOVERY_DATA_REPLY_FIXED_BYTES: usize = 8 + 8 + 8 + 4 + 1;
 
 /// By hand, for the bulk of a recovery's bytes: the layout is the one bincode gives the
 /// serde derive (`epoch u64 | safe_version u64 | entries_len u64 | entries | count u32`,
@@ -305,6 +367,21 @@ impl WireMessage for RecoveryDataReply {
         out.put_u64_le(self.entries.len() as u64);
         out.put_slice(&self.entries);
         out.put_u32_le(self.count);
+        match &self.shared {
+            None => out.put_u8(0),
+            Some(shared) => {
+                out.put_u8(1);
+                out.put_u64_le(shared.region.len() as u64);
+                out.put_slice(shared.region.as_bytes());
+                out.put_u64_le(shared.nonce);
+                out.put_u64_le(shared.runs.len() as u64);
+                for run in &shared.runs {
+                    out.put_u32_le(run.slot);
+                    out.put_u64_le(run.generation);
+                    out.put_u32_le(run.len);
+                }
+            }
+        }
     }
 
     fn decode(payload: Bytes) -> Result<Self, DecodeError> {
@@ -316,12 +393,48 @@ impl WireMessage for RecoveryDataReply {
             .map_err(|_| DecodeError(format!("entries length {entries_len} too large")))?;
         let entries = cursor.bytes(entries_len, "entries")?;
         let count = cursor.u32("count")?;
+        let shared = match cursor.u8("shared tag")? {
+            0 => None,
+            1 => {
+                let path_len = cursor.u64("region path length")?;
+                if path_len > SHARED_PIECE_PATH_BYTES_MAX as u64 {
+                    return Err(DecodeError(format!(
+                        "region path of {path_len} bytes (at most {SHARED_PIECE_PATH_BYTES_MAX})"
+                    )));
+                }
+                let path = cursor.bytes(path_len as usize, "region path")?;
+                let region = String::from_utf8(path.to_vec())
+                    .map_err(|_| DecodeError("region path is not UTF-8".to_string()))?;
+                let nonce = cursor.u64("nonce")?;
+                let count = cursor.u64("runs")?;
+                if count > SHARED_PIECE_RUNS_MAX as u64 {
+                    return Err(DecodeError(format!(
+                        "{count} runs in a shared piece (at most {SHARED_PIECE_RUNS_MAX})"
+                    )));
+                }
+                let mut runs = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    runs.push(SharedRun {
+                        slot: cursor.u32("slot")?,
+                        generation: cursor.u64("generation")?,
+                        len: cursor.u32("length")?,
+                    });
+                }
+                Some(SharedPiece {
+                    region,
+                    nonce,
+                    runs,
+                })
+            }
+            tag => return Err(DecodeError(format!("shared piece tag {tag}"))),
+        };
         cursor.finish()?;
         Ok(RecoveryDataReply {
             epoch,
             safe_version,
             entries,
             count,
+            shared,
         })
     }
 }

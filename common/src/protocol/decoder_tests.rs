@@ -247,6 +247,30 @@ fn recovery_data_reply() -> backup::RecoveryDataReply {
         safe_version: Version(1 << 40),
         entries: Bytes::from((0..=255u8).collect::<Vec<u8>>()),
         count: 3,
+        shared: None,
+    }
+}
+
+fn shared_recovery_data_reply() -> backup::RecoveryDataReply {
+    backup::RecoveryDataReply {
+        entries: Bytes::new(),
+        shared: Some(backup::SharedPiece {
+            region: "/proc/4242/fd/17".to_string(),
+            nonce: 0x0123_4567_89ab_cdef,
+            runs: vec![
+                backup::SharedRun {
+                    slot: 9,
+                    generation: 14,
+                    len: 1 << 18,
+                },
+                backup::SharedRun {
+                    slot: 2,
+                    generation: 6,
+                    len: 100,
+                },
+            ],
+        }),
+        ..recovery_data_reply()
     }
 }
 
@@ -267,6 +291,12 @@ fn a_recovery_data_reply_is_bincode_on_the_wire_and_decodes_without_copying() {
         "entries share the frame"
     );
     assert_only_the_whole_encoding_decodes(reply);
+    // With a shared piece instead of entries.
+    let shared = shared_recovery_data_reply();
+    let mut bincode = BytesMut::new();
+    crate::rpc::message::encode_bincode(&shared, &mut bincode);
+    assert_eq!(encode(&shared), bincode.freeze());
+    assert_only_the_whole_encoding_decodes(shared);
     // A length prefix past the payload is refused before anything is allocated.
     let mut hostile = BytesMut::new();
     hostile.put_u64_le(1);
@@ -316,6 +346,7 @@ fn valid_encodings() -> Vec<Bytes> {
         encode(&enumerate_reply()),
         encode(&read_request()),
         encode(&recovery_data_reply()),
+        encode(&shared_recovery_data_reply()),
     ]
 }
 

@@ -214,6 +214,18 @@ impl Mapping {
         unsafe { out.set_len(len) };
     }
 
+    /// Appends to `out` a copy of `len` bytes at byte `at`, writing each byte once.
+    /// Panics if the range is not inside the mapping.
+    pub(super) fn append_out(&self, at: u64, len: usize, out: &mut Vec<u8>) {
+        self.assert_inside(at, len);
+        let start = out.len();
+        out.reserve(len);
+        self.copy_out_uninit(at, &mut out.spare_capacity_mut()[..len]);
+        // SAFETY: `out` has room for `len` more bytes (reserved above), all of them
+        // initialised by the copy just made.
+        unsafe { out.set_len(start + len) };
+    }
+
     /// Fills `out` with a copy of the bytes from byte `at`. Panics if the range is not
     /// inside the mapping.
     pub(super) fn copy_out_to(&self, at: u64, out: &mut [u8]) {

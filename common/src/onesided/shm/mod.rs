@@ -27,6 +27,8 @@
 //! * `paths.rs` — default frame-file paths ([`default_frame_file`]) and the removal of
 //!   files no backup needs ([`remove_default_frame_files_under`],
 //!   [`remove_stale_frame_files`]).
+//! * `recovery_region.rs` — [`RecoveryRegion`], a backup's shared memory for recovery
+//!   pieces, and [`RegionReader`], a recovery master's view of it (its own doc).
 //! * `device.rs` — the file mapped by others: [`ShmMapping`], a master's, and
 //!   [`DeviceMapping`], for an RDMA device.
 //!
@@ -208,6 +210,7 @@ mod header;
 mod left_behind;
 mod mapping;
 mod paths;
+mod recovery_region;
 mod sealed;
 #[cfg(test)]
 mod test_support;
@@ -219,5 +222,9 @@ pub use left_behind::{LeftBehind, LeftFrames, LeftSlot};
 pub use paths::{
     default_frame_file, remove_default_frame_files_under, remove_stale_frame_files,
     DEFAULT_FRAME_FILE_PREFIX,
+};
+pub use recovery_region::{
+    RecoveryRegion, RegionReader, RegionRun, RegionSlot, RunError, SealedSlot,
+    RECOVERY_REGION_BYTES_MAX, REGION_COOL_DEFAULT,
 };
 pub use sealed::SealedFrames;

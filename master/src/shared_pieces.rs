@@ -1,0 +1,131 @@
+//! `SharedPieces`: a recovery master's reads of pieces that backups on its host left in
+//! their recovery regions (`onesided::shm::RecoveryRegion`; docs/design.md §6,
+//! "One-sided recovery reads"), instead of sending them inside `RecoveryData` replies.
+//!
+//! [`SharedPieces::read`] maps the region a reply names (once per backup, kept open
+//! for the next pieces) and copies the piece out into a pooled buffer. The copy is
+//! checked against the slot's refill (the region's seqlock): a piece the backup reused
+//! its slot for meanwhile is refused, never read as someone else's entries, and the
+//! caller asks for it again inside a reply.
+//!
+//! # Limits
+//! At most [`REGIONS_MAPPED_MAX`] regions stay mapped (one per backup of the host);
+//! past it every mapping is dropped and regions are mapped again as pieces need them.
+//! A region whose nonce changed (its backup restarted, its pid and descriptor reused)
+//! is mapped again.
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rampart_common::onesided::shm::RegionReader;
+use rampart_common::protocol::backup::SharedPiece;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Regions kept mapped: a host runs a few backups, so this is never reached in a
+/// normal cluster; it bounds the mappings a misbehaving peer could make us hold.
+pub const REGIONS_MAPPED_MAX: usize = 64;
+
+/// This host's identity and the regions mapped so far. Cloning shares them.
+#[derive(Debug, Clone)]
+pub struct SharedPieces {
+    host: String,
+    regions: Arc<Mutex<HashMap<String, Arc<RegionReader>>>>,
+}
+
+impl SharedPieces {
+    /// Reads for a master on the host named `host` (`onesided::host_id`).
+    pub fn new(host: String) -> SharedPieces {
+        SharedPieces {
+            host,
+            regions: Arc::default(),
+        }
+    }
+
+    /// The host identity to name in `RecoveryData` requests.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The piece's bytes, copied out of its region. Blocks (an `open` and `mmap` the
+    /// first time a region is met, a copy of megabytes): call it off the reactor.
+    pub fn read(&self, piece: &SharedPiece) -> Result<Bytes, String> {
+        let reader = self.region(&piece.region, piece.nonce)?;
+        let runs = piece.region_runs();
+        let len = runs.iter().map(|run| run.len as usize).sum();
+        let pool = rampart_common::buffer_pool::shared();
+        let mut buffer = pool.take(len);
+        reader
+            .copy_runs(&runs, &mut buffer)
+            .map_err(|error| format!("shared piece in {}: {error}", piece.region))?;
+        Ok(pool.freeze(buffer))
+    }
+
+    fn region(&self, path: &str, nonce: u64) -> Result<Arc<RegionReader>, String> {
+        if let Some(reader) = self.regions.lock().get(path) {
+            if reader.nonce() == nonce {
+                return Ok(Arc::clone(reader));
+            }
+        }
+        // Mapped outside the lock: another piece's read may map it too, harmlessly.
+        let reader = Arc::new(
+            RegionReader::open(path, nonce)
+                .map_err(|error| format!("cannot map recovery region {path}: {error}"))?,
+        );
+        let mut regions = self.regions.lock();
+        if regions.len() >= REGIONS_MAPPED_MAX {
+            regions.clear();
+        }
+        regions.insert(path.to_string(), Arc::clone(&reader));
+        Ok(reader)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_common::onesided::shm::{RecoveryRegion, RegionRun};
+    use rampart_common::protocol::backup::SharedRun;
+    use std::time::Duration;
+
+    fn shared(region: &RecoveryRegion, runs: &[RegionRun]) -> SharedPiece {
+        SharedPiece {
+            region: region.path().to_string(),
+            nonce: region.nonce(),
+            runs: runs.iter().copied().map(SharedRun::from).collect(),
+        }
+    }
+
+    #[test]
+    fn a_piece_is_read_until_its_slot_is_reused() {
+        let region = RecoveryRegion::create(2, 4096, Duration::ZERO).expect("region");
+        let mut slot = region.take().expect("slot");
+        slot.write(0, b"first ");
+        let first = slot.seal();
+        let mut slot = region.take().expect("slot");
+        slot.write(0, b"piece");
+        let second = slot.seal();
+        let piece = shared(&region, &[first.run(0, 6), second.run(0, 5)]);
+        let reads = SharedPieces::new("here".to_string());
+        assert_eq!(reads.read(&piece).expect("reads"), &b"first piece"[..]);
+        drop(second);
+        let mut slot = region.take().expect("the second slot again");
+        slot.write(0, b"other piece");
+        let _sealed = slot.seal();
+        let error = reads.read(&piece).expect_err("the slot was reused");
+        assert!(error.contains("generation"), "{error}");
+    }
+
+    #[test]
+    fn a_region_with_another_nonce_is_refused() {
+        let region = RecoveryRegion::create(1, 4096, Duration::ZERO).expect("region");
+        let mut slot = region.take().expect("slot");
+        slot.write(0, b"x");
+        let sealed = slot.seal();
+        let reads = SharedPieces::new("here".to_string());
+        let mut piece = shared(&region, &[sealed.run(0, 1)]);
+        assert_eq!(reads.read(&piece).expect("reads"), &b"x"[..]);
+        piece.nonce ^= 1;
+        let error = reads.read(&piece).expect_err("another region");
+        assert!(error.contains("nonce"), "{error}");
+    }
+}
