@@ -1000,12 +1000,14 @@ impl RecoveryReads {
         let index = PartitionIndex::new(std::slice::from_ref(&request.ranges))?;
         let (master, segment) = (request.master, request.segment);
         let read = tokio::task::spawn_blocking(move || {
-            read_and_split(
+            // Not cached: no region slots for a piece handed out at once.
+            read_and_cut(
                 source.as_ref(),
                 master,
                 segment,
                 &index,
                 &mut ReadBuffers::default(),
+                None,
             )
         })
         .await
@@ -1014,9 +1016,13 @@ impl RecoveryReads {
             segment,
             reason: format!("the read task failed: {error}"),
         })?;
-        let (epoch, split) = read?;
-        let piece = split.pieces.into_iter().next().unwrap_or_default();
-        Ok(reply(epoch, split.safe_version, piece))
+        let cut = read?;
+        let piece = cut
+            .pieces
+            .into_iter()
+            .next()
+            .map_or_else(|| CachedPiece::Owned(Piece::default()), |(_, piece)| piece);
+        Ok(self.answer(request, cut.epoch, cut.safe_version, piece))
     }
 
     /// Forgets `master`'s recovery: drops its pieces, stops its reader at the next
@@ -1204,33 +1210,10 @@ struct ReadBuffers {
     places: Vec<EntryPlace>,
 }
 
-/// Reads one replica into `buffers.bytes` (the previous read's, reused) and splits it.
-/// After a read that failed or found nothing, the buffers start afresh. Blocks.
-fn read_and_split(
-    source: &dyn ReplicaSource,
-    master: ServerId,
-    segment: SegmentId,
-    index: &PartitionIndex,
-    buffers: &mut ReadBuffers,
-) -> Result<(Epoch, SplitReplica), FetchError> {
-    let unreadable = |reason: String| FetchError::Unreadable {
-        master,
-        segment,
-        reason,
-    };
-    let held = source
-        .read(master, segment, std::mem::take(&mut buffers.bytes))
-        .map_err(|error| unreadable(error.to_string()))?
-        .ok_or(FetchError::NotHeld { master, segment })?;
-    let split = split_replica_noting_in(&held.bytes, &held.info, index, &mut buffers.places);
-    buffers.bytes = held.bytes;
-    let split = split.map_err(|error| unreadable(error.to_string()))?;
-    Ok((held.info.epoch, split))
-}
-
-/// Reads one replica as [`read_and_split`] does, and cuts it into the pieces the cache
-/// holds: into a slot of `region` when there is one free and they fit, else into the
-/// backup's own memory. Blocks.
+/// Reads one replica into `buffers.bytes` (the previous read's, reused) and cuts it into
+/// its non-empty pieces: into slots of `region` where it has enough free, else into the
+/// backup's own memory. After a read that failed or found nothing, the buffers start
+/// afresh. Blocks.
 fn read_and_cut(
     source: &dyn ReplicaSource,
     master: ServerId,
