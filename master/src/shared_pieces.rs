@@ -51,7 +51,9 @@ impl SharedPieces {
     pub fn read(&self, piece: &SharedPiece) -> Result<Bytes, String> {
         let reader = self.region(&piece.region, piece.nonce)?;
         let runs = piece.region_runs();
-        let len = runs.iter().map(|run| run.len as usize).sum();
+        let len = reader
+            .runs_len(&runs)
+            .map_err(|error| format!("shared piece in {}: {error}", piece.region))?;
         let pool = rampart_common::buffer_pool::shared();
         let mut buffer = pool.take(len);
         reader
@@ -113,6 +115,25 @@ mod tests {
         let _sealed = slot.seal();
         let error = reads.read(&piece).expect_err("the slot was reused");
         assert!(error.contains("generation"), "{error}");
+    }
+
+    /// A reply's runs are checked against the region before anything is allocated for
+    /// them: 4,096 runs of 4 GiB would otherwise ask for 16 TiB.
+    #[test]
+    fn runs_outside_the_region_are_refused_before_any_allocation() {
+        let region = RecoveryRegion::create(1, 4096, Duration::ZERO).expect("region");
+        let mut slot = region.take().expect("slot");
+        slot.write(0, b"x");
+        let sealed = slot.seal();
+        let huge = RegionRun {
+            len: u32::MAX,
+            ..sealed.run(0, 1)
+        };
+        let piece = shared(&region, &vec![huge; 4096]);
+        let error = SharedPieces::new("here".to_string())
+            .read(&piece)
+            .expect_err("outside the region");
+        assert!(error.contains("outside the region"), "{error}");
     }
 
     #[test]

@@ -272,6 +272,12 @@ impl RecoveryRegion {
         let mut free = self.inner.free.lock();
         let geometry = self.inner.geometry;
         while let Some((slot, _)) = free.warm.pop_front() {
+            // A new generation (still even: free) before the bytes go, so that a run
+            // named before is refused rather than read as zeros.
+            self.inner
+                .generation_word(slot)
+                .fetch_add(2, Ordering::SeqCst);
+            atomic::fence(Ordering::SeqCst);
             let data = geometry.slot_offset(slot) + SLOT_HEADER_BYTES;
             if let Err(error) =
                 punch_hole(&self.inner.file, data, geometry.stride - SLOT_HEADER_BYTES)
@@ -478,11 +484,28 @@ impl RegionReader {
         self.copy_runs(std::slice::from_ref(run), out)
     }
 
+    /// The bytes the runs hold together, once each is checked to lie inside a slot
+    /// (so the sum is bounded by the region's size, whatever the runs say).
+    pub fn runs_len(&self, runs: &[RegionRun]) -> Result<usize, RunError> {
+        let mut len = 0usize;
+        for run in runs {
+            if self.geometry.run_start(run).is_none() {
+                return Err(RunError::OutOfBounds {
+                    slot: run.slot,
+                    offset: run.offset,
+                    len: run.len,
+                });
+            }
+            len += run.len as usize;
+        }
+        Ok(len)
+    }
+
     /// Replaces `out`'s contents with the runs' bytes, one after another, each checked
     /// against a refill; on an error `out` holds nothing usable.
     pub fn copy_runs(&self, runs: &[RegionRun], out: &mut Vec<u8>) -> Result<(), RunError> {
         out.clear();
-        out.reserve(runs.iter().map(|run| run.len as usize).sum());
+        out.reserve(self.runs_len(runs)?);
         for run in runs {
             if let Err(error) = self.append_run(run, out) {
                 out.clear();
@@ -620,10 +643,25 @@ mod tests {
         let first = fill(&region, b"a");
         let second = fill(&region, b"b");
         assert!(region.take().is_none(), "both slots hold pieces");
+        let first_run = first.run(0, 1);
         drop(first);
         assert!(region.take().is_none(), "the freed slot has not cooled");
         assert_eq!(region.free_slots(), 1);
+        let reader = RegionReader::open(region.path(), region.nonce()).expect("opens");
+        let mut out = Vec::new();
+        let run = second.run(0, 1);
+        reader.copy_run(&run, &mut out).expect("a held slot reads");
         region.trim();
+        reader
+            .copy_run(&run, &mut out)
+            .expect("trim leaves held slots");
+        assert!(
+            matches!(
+                reader.copy_run(&first_run, &mut out),
+                Err(RunError::Stale { .. })
+            ),
+            "a trimmed slot's old run is refused, not read as zeros"
+        );
         let third = region
             .take()
             .expect("a trimmed slot is cold, taken at once");
