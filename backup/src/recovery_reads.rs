@@ -109,18 +109,14 @@
 use crate::segment_store::{StoreError, REPLICA_BYTES_MAX};
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
-use rampart_common::ids::{key_hash, Epoch, KeyHash, SegmentId, ServerId, TableId, Version};
-use rampart_common::log::{
-    entries, object_entry_bytes, scan, tombstone_entry_bytes, Entry, COMPLETION_ENTRY_BYTES,
-};
+use rampart_common::ids::{Epoch, SegmentId, ServerId, Version};
 use rampart_common::onesided::shm::{RecoveryRegion, RegionSlot, SealedSlot};
 use rampart_common::protocol::backup::{
-    PartitionRanges, RecoveryDataReply, RecoveryDataRequest, RecoveryReadRequest, ReplicaInfo,
-    SharedPiece, SharedRun,
+    RecoveryDataReply, RecoveryDataRequest, RecoveryReadRequest, ReplicaInfo, SharedPiece,
+    SharedRun,
 };
 use rampart_common::rpc::RPC_TIMEOUT_DEFAULT;
 use rampart_common::status::Status;
-use rampart_common::tablet::HashRange;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
@@ -178,13 +174,13 @@ pub const RECOVERIES_MAX: usize = 64;
 /// per-attempt bookkeeping.
 pub const RECOVERY_SEGMENTS_MAX: usize = 1 << 20;
 
-/// Partitions of one recovery attempt (one recovery master each). Bounds the per-segment
-/// bookkeeping of a split.
-pub const RECOVERY_PARTITIONS_MAX: usize = 4096;
+mod split;
 
-/// Key-hash ranges of one recovery attempt, all partitions together (a few per tablet
-/// of the crashed master). Bounds the cost of building the index, done on the reactor.
-pub const RECOVERY_RANGES_MAX: usize = 65_536;
+use split::{copy_pieces, note_places, EntryPlace, Notes};
+pub use split::{
+    split_replica, PartitionError, PartitionIndex, Piece, SplitError, SplitReplica,
+    RECOVERY_PARTITIONS_MAX, RECOVERY_RANGES_MAX,
+};
 
 /// Where replicas come from: the service's open frames and segment store. Implemented
 /// by the service; tests inject their own (STYLE habit 10).
@@ -212,250 +208,6 @@ pub struct HeldReplica {
     pub info: ReplicaInfo,
     /// Its bytes.
     pub bytes: Vec<u8>,
-}
-
-/// Why a set of partitions cannot be indexed.
-#[derive(thiserror::Error, Clone, Debug, PartialEq, Eq)]
-pub enum PartitionError {
-    /// More partitions than [`RECOVERY_PARTITIONS_MAX`].
-    #[error("{count} partitions exceed the limit of {max}")]
-    TooManyPartitions {
-        /// Partitions given.
-        count: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// More ranges than [`RECOVERY_RANGES_MAX`].
-    #[error("{count} key-hash ranges exceed the limit of {max}")]
-    TooManyRanges {
-        /// Ranges given.
-        count: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// A range whose start lies past its end.
-    #[error("partition {partition}: range {table} [{start:#x}, {end:#x}] is empty")]
-    EmptyRange {
-        /// The partition's index.
-        partition: u32,
-        /// The range's table.
-        table: TableId,
-        /// Its first hash.
-        start: u64,
-        /// Its last hash.
-        end: u64,
-    },
-    /// Two ranges (of one partition or of two) share a hash.
-    #[error("partitions {first} and {second} overlap in {table} at {at:#x}")]
-    Overlap {
-        /// The table.
-        table: TableId,
-        /// The partition of the lower range.
-        first: u32,
-        /// The partition of the higher range.
-        second: u32,
-        /// The first hash they share.
-        at: u64,
-    },
-}
-
-/// Which partition each (table, key hash) belongs to: every partition's ranges, merged
-/// and sorted, so that a lookup is one binary search however many partitions there are.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PartitionIndex {
-    /// Invariants: 1. sorted by (table, start); 2. `start ≤ end` in each; 3. disjoint:
-    /// of two neighbours in one table, the first ends before the second starts.
-    ranges: Vec<IndexedRange>,
-    /// Partitions indexed (some may have no range). Invariant: every `partition` in
-    /// `ranges` is below it.
-    partitions: u32,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct IndexedRange {
-    table: TableId,
-    start: u64,
-    end: u64,
-    partition: u32,
-}
-
-impl PartitionIndex {
-    /// Indexes `partitions` (partition `i` is `partitions[i]`). Ranges are inclusive;
-    /// they need not be sorted, but must not overlap, within a partition or across.
-    pub fn new(partitions: &[PartitionRanges]) -> Result<PartitionIndex, PartitionError> {
-        if partitions.len() > RECOVERY_PARTITIONS_MAX {
-            return Err(PartitionError::TooManyPartitions {
-                count: partitions.len(),
-                max: RECOVERY_PARTITIONS_MAX,
-            });
-        }
-        let count: usize = partitions.iter().map(Vec::len).sum();
-        if count > RECOVERY_RANGES_MAX {
-            return Err(PartitionError::TooManyRanges {
-                count,
-                max: RECOVERY_RANGES_MAX,
-            });
-        }
-        let mut ranges = Vec::with_capacity(count);
-        for (partition, list) in (0u32..).zip(partitions) {
-            for &HashRange { table, start, end } in list {
-                if start > end {
-                    return Err(PartitionError::EmptyRange {
-                        partition,
-                        table,
-                        start,
-                        end,
-                    });
-                }
-                ranges.push(IndexedRange {
-                    table,
-                    start,
-                    end,
-                    partition,
-                });
-            }
-        }
-        ranges.sort_unstable_by_key(|range| (range.table, range.start));
-        for pair in ranges.windows(2) {
-            let (low, high) = (pair[0], pair[1]);
-            if low.table == high.table && low.end >= high.start {
-                return Err(PartitionError::Overlap {
-                    table: low.table,
-                    first: low.partition,
-                    second: high.partition,
-                    at: high.start,
-                });
-            }
-        }
-        Ok(PartitionIndex {
-            ranges,
-            partitions: partitions.len() as u32,
-        })
-    }
-
-    /// How many partitions were indexed.
-    pub fn partitions(&self) -> u32 {
-        self.partitions
-    }
-
-    /// The partition holding `hash` of `table`, if any.
-    pub fn partition_of(&self, table: TableId, hash: KeyHash) -> Option<u32> {
-        let after = self
-            .ranges
-            .partition_point(|range| (range.table, range.start) <= (table, hash.0));
-        let range = self.ranges.get(after.checked_sub(1)?)?;
-        (range.table == table && hash.0 <= range.end).then_some(range.partition)
-    }
-}
-
-/// The entries of one replica that fall in one partition.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Piece {
-    /// Raw `Object` and `Tombstone` entries, headers included, in log order.
-    pub entries: Vec<u8>,
-    /// How many entries `entries` holds.
-    pub count: u32,
-}
-
-/// A replica split by partition.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SplitReplica {
-    /// The highest `SafeVersion` floor in the replica's valid prefix; 0 if none.
-    pub safe_version: Version,
-    /// One per partition of the index, by partition.
-    pub pieces: Vec<Piece>,
-}
-
-/// Why a replica cannot be split.
-#[derive(thiserror::Error, Clone, Debug, PartialEq, Eq)]
-pub enum SplitError {
-    /// A closed replica whose valid prefix does not end with its footer (docs/design.md §4:
-    /// treated as corrupt, another replica is used).
-    #[error(
-        "closed replica {master}/{segment} does not scan to its footer: valid prefix \
-         {valid_bytes} of {length} bytes ({stop})"
-    )]
-    NotClosed {
-        /// Whose log.
-        master: ServerId,
-        /// Which segment.
-        segment: SegmentId,
-        /// Where the valid prefix ends.
-        valid_bytes: u32,
-        /// Bytes of the replica.
-        length: usize,
-        /// Why the scan stopped.
-        stop: String,
-    },
-    /// The segment header names another log or segment than the replica it was read as.
-    #[error("replica {master}/{segment} holds the header of {found_master}/{found_segment}")]
-    WrongSegment {
-        /// Whose log it was read as.
-        master: ServerId,
-        /// Which segment it was read as.
-        segment: SegmentId,
-        /// The header's log id.
-        found_master: ServerId,
-        /// The header's segment id.
-        found_segment: SegmentId,
-    },
-}
-
-/// Splits the replica `bytes` (described by `replica`) into one piece per partition of
-/// `index`: the valid prefix is found with [`scan`], its `Object` and `Tombstone`
-/// entries are appended, raw, to the piece of the partition holding their (table, key
-/// hash), and entries in no partition are skipped. Pure.
-///
-/// Each piece is allocated once at its exact size: a first pass over the entries
-/// notes where each one goes, the second copies. Pieces grown by doubling cost a
-/// reallocation and copy per doubling and up to twice their size in fresh pages, and
-/// the cache holds them for the whole recovery.
-pub fn split_replica(
-    bytes: &[u8],
-    replica: &ReplicaInfo,
-    index: &PartitionIndex,
-) -> Result<SplitReplica, SplitError> {
-    split_replica_noting_in(bytes, replica, index, &mut Vec::new())
-}
-
-/// Where one entry of a replica goes: (partition, start, end).
-type EntryPlace = (u32, usize, usize);
-
-/// [`split_replica`], noting where entries go in `places` (cleared first): a reader
-/// passes the same vector for every replica, so the notes, ~24 bytes per entry, cost
-/// no fresh memory after the first.
-fn split_replica_noting_in(
-    bytes: &[u8],
-    replica: &ReplicaInfo,
-    index: &PartitionIndex,
-    places: &mut Vec<EntryPlace>,
-) -> Result<SplitReplica, SplitError> {
-    let notes = note_places(bytes, replica, index, places)?;
-    Ok(SplitReplica {
-        safe_version: notes.safe_version,
-        pieces: copy_pieces(bytes, &notes, places),
-    })
-}
-
-/// The second pass of a split into the backup's own memory: one piece per partition,
-/// each allocated once at its exact size.
-fn copy_pieces(bytes: &[u8], notes: &Notes, places: &[EntryPlace]) -> Vec<Piece> {
-    let mut pieces: Vec<Piece> = notes
-        .bytes
-        .iter()
-        .zip(&notes.counts)
-        .map(|(&size, &count)| Piece {
-            entries: Vec::with_capacity(size),
-            count,
-        })
-        .collect();
-    for &(partition, start, end) in places {
-        // In bounds: `entries` decoded these entries whole from `bytes`.
-        pieces[partition as usize]
-            .entries
-            .extend_from_slice(&bytes[start..end]);
-    }
-    pieces
 }
 
 /// The second pass of a split, into slots of the recovery region where it has enough
@@ -525,88 +277,6 @@ fn write_pieces(
 enum Target {
     Slots(Vec<RegionSlot>),
     Owned(Vec<u8>),
-}
-
-/// What [`note_places`] found besides the places: the replica's `SafeVersion` floor, and
-/// each partition's bytes and entries.
-struct Notes {
-    safe_version: Version,
-    bytes: Vec<usize>,
-    counts: Vec<u32>,
-}
-
-/// The first pass of a split: checks the replica and notes, in `places` (cleared
-/// first), where each run of entries goes — neighbouring entries of one partition make
-/// one run.
-fn note_places(
-    bytes: &[u8],
-    replica: &ReplicaInfo,
-    index: &PartitionIndex,
-    places: &mut Vec<EntryPlace>,
-) -> Result<Notes, SplitError> {
-    let found = scan(bytes);
-    if replica.closed && !found.closed {
-        return Err(SplitError::NotClosed {
-            master: replica.master,
-            segment: replica.segment,
-            valid_bytes: found.valid_bytes,
-            length: bytes.len(),
-            stop: format!("{:?}", found.stop),
-        });
-    }
-    if let Some(header) = found.header {
-        if (header.log_id, header.segment_id) != (replica.master, replica.segment) {
-            return Err(SplitError::WrongSegment {
-                master: replica.master,
-                segment: replica.segment,
-                found_master: header.log_id,
-                found_segment: header.segment_id,
-            });
-        }
-    }
-    let partitions = index.partitions() as usize;
-    let mut notes = Notes {
-        safe_version: Version(0),
-        bytes: vec![0; partitions],
-        counts: vec![0; partitions],
-    };
-    // Each run of entries that goes to a piece, in log order.
-    places.clear();
-    for (offset, entry) in entries(bytes, found.valid_bytes) {
-        // Completion records (`rampart_common::rifl`) go where the object they name
-        // goes: they carry its key hash.
-        let (table, hash, length) = match entry {
-            Entry::Object(object) => (
-                object.table,
-                key_hash(object.key),
-                object_entry_bytes(object.key.len(), object.value.len()),
-            ),
-            Entry::Tombstone(tombstone) => (
-                tombstone.table,
-                key_hash(tombstone.key),
-                tombstone_entry_bytes(tombstone.key.len()),
-            ),
-            Entry::Completion(record) => (record.table, record.key_hash, COMPLETION_ENTRY_BYTES),
-            Entry::SafeVersion(floor) => {
-                notes.safe_version = notes.safe_version.max(floor);
-                continue;
-            }
-            Entry::Header(_) | Entry::Digest(_) | Entry::Checksum(_) | Entry::Footer { .. } => {
-                continue
-            }
-        };
-        let Some(partition) = index.partition_of(table, hash) else {
-            continue;
-        };
-        let start = offset as usize;
-        notes.bytes[partition as usize] += length;
-        notes.counts[partition as usize] += 1;
-        match places.last_mut() {
-            Some((last, _, end)) if *last == partition && *end == start => *end += length,
-            _ => places.push((partition, start, start + length)),
-        }
-    }
-    Ok(notes)
 }
 
 /// Why a [`RecoveryReads::start`] was refused.
@@ -978,9 +648,8 @@ impl RecoveryReads {
         loop {
             let mut progress = match self.lookup(request) {
                 Lookup::Done(answer) => {
-                    return answer.map(|(epoch, safe_version, piece)| {
-                        self.answer(request, epoch, safe_version, piece)
-                    })
+                    let (epoch, safe_version, piece) = answer?;
+                    return self.answer(request, epoch, safe_version, piece).await;
                 }
                 Lookup::Wait(progress) => progress,
                 Lookup::OnDemand => break,
@@ -1022,7 +691,8 @@ impl RecoveryReads {
             .into_iter()
             .next()
             .map_or_else(|| CachedPiece::Owned(Piece::default()), |(_, piece)| piece);
-        Ok(self.answer(request, cut.epoch, cut.safe_version, piece))
+        self.answer(request, cut.epoch, cut.safe_version, piece)
+            .await
     }
 
     /// Forgets `master`'s recovery: drops its pieces, stops its reader at the next
@@ -1044,7 +714,12 @@ impl RecoveryReads {
         // Its pieces go first, their region slots with them.
         drop(recovery);
         if let (true, Some(shared)) = (idle, &self.inner.shared) {
-            shared.region.trim();
+            // A system call per slot: off the reactor where there is a runtime.
+            let region = shared.region.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || region.trim())),
+                Err(_) => region.trim(),
+            }
         }
         true
     }
@@ -1114,15 +789,15 @@ impl RecoveryReads {
     }
 
     /// The reply handing out `piece`: its place in the region for an asker on this
-    /// host, else its bytes.
-    fn answer(
+    /// host, else its bytes (copied out of the region on a blocking thread: megabytes).
+    async fn answer(
         &self,
         request: &RecoveryDataRequest,
         epoch: Epoch,
         safe_version: Version,
         piece: CachedPiece,
-    ) -> RecoveryDataReply {
-        match piece {
+    ) -> Result<RecoveryDataReply, FetchError> {
+        Ok(match piece {
             CachedPiece::Owned(piece) => reply(epoch, safe_version, piece),
             CachedPiece::Shared { slots, len, count } => {
                 // The piece fills each slot but the last.
@@ -1154,15 +829,26 @@ impl RecoveryReads {
                         }
                     }
                     _ => {
-                        let mut entries = Vec::with_capacity(len as usize);
-                        for (slot, run) in slots.iter().zip(runs) {
-                            slot.append_to(0, run.len, &mut entries);
-                        }
+                        let lens: Vec<u32> = runs.map(|run| run.len).collect();
+                        let copy = move || {
+                            let mut entries = Vec::with_capacity(len as usize);
+                            for (slot, len) in slots.iter().zip(lens) {
+                                slot.append_to(0, len, &mut entries);
+                            }
+                            entries
+                        };
+                        let entries = tokio::task::spawn_blocking(copy).await.map_err(|error| {
+                            FetchError::Unreadable {
+                                master: request.master,
+                                segment: request.segment,
+                                reason: format!("the copy out of the region failed: {error}"),
+                            }
+                        })?;
                         reply(epoch, safe_version, Piece { entries, count })
                     }
                 }
             }
-        }
+        })
     }
 }
 
@@ -1392,7 +1078,10 @@ fn is_current(state: &ReadsState, master: ServerId, generation: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rampart_common::ids::{key_hash, KeyHash, TableId};
+    use rampart_common::log::Entry;
     use rampart_common::log::{decode_entry, SegmentWriter};
+    use rampart_common::tablet::HashRange;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     const MASTER: ServerId = ServerId(9);
@@ -1761,8 +1450,8 @@ mod tests {
 
     /// Pieces in the region: an asker on this host gets their place and reads them
     /// there, any other gets their bytes; the same entries either way, as the pure
-    /// split gives them. The slot goes back to the region once every piece in it was
-    /// handed out, and its memory once the recovery ends.
+    /// split gives them. Each piece's slots go back to the region once it is handed
+    /// out.
     #[tokio::test]
     async fn pieces_in_the_region_are_read_on_this_host_and_sent_to_others() {
         let replicas = replicas(

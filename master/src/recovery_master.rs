@@ -13,7 +13,9 @@
 //! For every segment of the crashed master's log, in the order the coordinator sent them
 //! (the order the backups read them), the driver asks the segment's first backup for the
 //! partition's entries (`RecoveryData`), keeping [`RECOVERY_FETCHES_IN_FLIGHT`] requests
-//! outstanding. A reply is checked and decoded into a [`RecoveryPiece`] off the reactor
+//! outstanding. A backup on this host answers with where the piece lies in its shared
+//! recovery region, and the piece is copied out of it here ([`crate::shared_pieces`]);
+//! one on another host, or one whose region cannot be mapped here, sends the bytes. A reply is checked and decoded into a [`RecoveryPiece`] off the reactor
 //! (`spawn_blocking`: it checksums every entry), then handed to the [`Appender`] as a
 //! replay job. The appender stages it under the store lock
 //! ([`ObjectStore::stage_replay`](crate::object_store::ObjectStore::stage_replay)),
@@ -29,7 +31,9 @@
 //! # Failure handling
 //! A segment's backups are tried in order. A transport error, `ObjectDoesntExist`
 //! (replica not held), `Internal` (replica unreadable) or a reply that does not decode
-//! moves on to the next backup; `Retry` asks the same backup again after
+//! moves on to the next backup; a piece in shared memory that cannot be read (its slot
+//! reused, the region not mappable) is asked for again from the same backup inside a
+//! reply, with a `Retry` window of its own; `Retry` asks the same backup again after
 //! [`RecoveryConfig::retry_pause`], for at most [`RecoveryConfig::retry_for`]. When
 //! every backup of a segment failed, when the log is full, when an `AbandonRecovery`
 //! of the ranges arrives meanwhile, or when it is not done
@@ -109,7 +113,7 @@ use tokio::time::Instant;
 use crate::appender::Appender;
 use crate::object_store::ObjectStore;
 use crate::replay::{PieceBytes, RecoveryPiece, ReplayState};
-use crate::shared_pieces::SharedPieces;
+use crate::shared_pieces::{SharedPieces, SharedReadError};
 
 /// `RecoveryData` requests a recovery keeps outstanding. A backup answers a request for a
 /// segment it has not read yet only once it has, so a few requests in flight keep every
@@ -179,13 +183,14 @@ enum FetchFailure {
     /// The backup failed, refused, or sent a bad piece: try the next backup.
     Backup(String),
     /// The piece it left in shared memory could not be read: ask it again for the bytes.
-    Shared(String),
+    Shared(SharedReadError),
 }
 
 impl FetchFailure {
     fn into_message(self) -> String {
         match self {
-            FetchFailure::Backup(message) | FetchFailure::Shared(message) => message,
+            FetchFailure::Backup(message) => message,
+            FetchFailure::Shared(error) => error.to_string(),
         }
     }
 }
@@ -886,20 +891,45 @@ impl RecoveryMaster {
 
     /// One segment's piece from `backup`. A piece left in the backup's shared memory
     /// that cannot be read there (its slot reused meanwhile, the region not mappable) is
-    /// asked for again inside a reply.
+    /// asked for again inside a reply; a backup whose region cannot be mapped is asked
+    /// inside replies from then on.
     async fn fetch_from(
         &self,
         backup: &str,
         request: &RecoveryDataRequest,
         ranges: &Arc<PartitionRanges>,
     ) -> Result<RecoveryPiece, String> {
+        let unmappable = self
+            .shared
+            .as_ref()
+            .is_some_and(|shared| shared.unmappable(backup));
+        let inline_only;
+        let request = if unmappable && request.shared_host.is_some() {
+            inline_only = RecoveryDataRequest {
+                shared_host: None,
+                ..request.clone()
+            };
+            &inline_only
+        } else {
+            request
+        };
         match self.fetch_once(backup, request, ranges).await {
-            Err(FetchFailure::Shared(reason)) => {
+            Err(FetchFailure::Shared(error)) => {
                 self.totals.lock().shared_pieces_refetched += 1;
-                tracing::debug!(
-                    segment = %request.segment, %backup, %reason,
-                    "shared piece unreadable: asking for it inside a reply"
-                );
+                match &error {
+                    SharedReadError::Unmappable(reason) => {
+                        if self.shared.as_ref().is_some_and(|s| s.give_up_on(backup)) {
+                            tracing::warn!(
+                                %backup, %reason,
+                                "cannot map the backup's recovery region: its pieces come inside replies"
+                            );
+                        }
+                    }
+                    SharedReadError::Unreadable(reason) => tracing::debug!(
+                        segment = %request.segment, %backup, %reason,
+                        "shared piece unreadable: asking for it inside a reply"
+                    ),
+                }
                 let inline = RecoveryDataRequest {
                     shared_host: None,
                     ..request.clone()

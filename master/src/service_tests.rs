@@ -797,6 +797,48 @@ mod recovery {
         assert_three_segments_recovered(&service);
     }
 
+    /// A backup whose region cannot be mapped here is asked for the bytes once per
+    /// piece it named, and from then on for the bytes alone: each failed shared read
+    /// costs the backup a whole replica read.
+    #[tokio::test]
+    async fn a_backup_whose_region_cannot_be_mapped_is_asked_for_bytes_from_then_on() {
+        let config = crate::recovery_master::RecoveryConfig {
+            fetches_in_flight: 1,
+            ..crate::recovery_master::RecoveryConfig::default()
+        };
+        let service = service().with_recovery_config(config);
+        let segments = three_segments();
+        // A descriptor no process of this test holds.
+        let nowhere = SharedPiece {
+            region: format!("/proc/{}/fd/999999", std::process::id()),
+            nonce: 1,
+            runs: Vec::new(),
+        };
+        let answers: Vec<(u64, Answer)> = segments
+            .iter()
+            .map(|(id, reply)| (*id, Answer::Shared(nowhere.clone(), reply.clone())))
+            .collect();
+        let (addr, fake) = backup(&answers).await;
+        let reply = call::<Recover>(
+            &service,
+            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
+        )
+        .await;
+        assert_eq!(
+            fake.calls.load(Ordering::Relaxed),
+            4,
+            "segment 1 twice, then bytes only"
+        );
+        assert_eq!(reply.fallbacks, 0);
+        let totals = service.stats().recoveries;
+        assert_eq!(
+            (totals.shared_pieces, totals.shared_pieces_refetched),
+            (0, 1)
+        );
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        assert_three_segments_recovered(&service);
+    }
+
     #[tokio::test]
     async fn recover_falls_back_to_the_next_backup_when_one_fails() {
         let service = service();

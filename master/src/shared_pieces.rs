@@ -8,17 +8,26 @@
 //! its slot for meanwhile is refused, never read as someone else's entries, and the
 //! caller asks for it again inside a reply.
 //!
+//! A backup whose region cannot be mapped here (another user's process, a kernel that
+//! refuses `/proc/PID/fd`) is remembered ([`SharedPieces::unmappable`]): it is asked
+//! for pieces inside replies from then on, rather than once more per piece, each such
+//! retry costing the backup a whole replica read.
+//!
 //! # Limits
 //! At most [`REGIONS_MAPPED_MAX`] regions stay mapped (one per backup of the host);
 //! past it every mapping is dropped and regions are mapped again as pieces need them.
-//! A region whose nonce changed (its backup restarted, its pid and descriptor reused)
-//! is mapped again.
+//! Mapping a new region first drops the mappings of regions whose backup process is
+//! gone. A region whose nonce changed (its backup restarted, its pid and descriptor
+//! reused) is mapped again. A piece is at most [`RPC_PAYLOAD_BYTES_MAX`], as inside a
+//! reply, and its runs must lie inside the region, each in a slot of its own.
+//! [`REGIONS_MAPPED_MAX`] backups are remembered as unmappable at most.
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
 use rampart_common::onesided::shm::RegionReader;
 use rampart_common::protocol::backup::SharedPiece;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Regions kept mapped: a host runs a few backups, so this is never reached in a
@@ -30,6 +39,27 @@ pub const REGIONS_MAPPED_MAX: usize = 64;
 pub struct SharedPieces {
     host: String,
     regions: Arc<Mutex<HashMap<String, Arc<RegionReader>>>>,
+    /// Backups (by address) whose region could not be mapped here.
+    unmappable: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Why a shared piece was not read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedReadError {
+    /// The region cannot be mapped here: ask this backup inside replies from now on.
+    Unmappable(String),
+    /// The piece's slots were reused, or its runs are not the region's: ask again.
+    Unreadable(String),
+}
+
+impl std::fmt::Display for SharedReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SharedReadError::Unmappable(reason) | SharedReadError::Unreadable(reason) => {
+                f.write_str(reason)
+            }
+        }
+    }
 }
 
 impl SharedPieces {
@@ -38,7 +68,22 @@ impl SharedPieces {
         SharedPieces {
             host,
             regions: Arc::default(),
+            unmappable: Arc::default(),
         }
+    }
+
+    /// Whether `backup`'s region could not be mapped here before: ask it for the bytes.
+    pub fn unmappable(&self, backup: &str) -> bool {
+        self.unmappable.lock().contains(backup)
+    }
+
+    /// Remembers that `backup`'s region cannot be mapped here; true the first time.
+    pub fn give_up_on(&self, backup: &str) -> bool {
+        let mut unmappable = self.unmappable.lock();
+        if unmappable.len() >= REGIONS_MAPPED_MAX {
+            unmappable.clear();
+        }
+        unmappable.insert(backup.to_string())
     }
 
     /// The host identity to name in `RecoveryData` requests.
@@ -48,17 +93,27 @@ impl SharedPieces {
 
     /// The piece's bytes, copied out of its region. Blocks (an `open` and `mmap` the
     /// first time a region is met, a copy of megabytes): call it off the reactor.
-    pub fn read(&self, piece: &SharedPiece) -> Result<Bytes, String> {
-        let reader = self.region(&piece.region, piece.nonce)?;
+    pub fn read(&self, piece: &SharedPiece) -> Result<Bytes, SharedReadError> {
+        let reader = self
+            .region(&piece.region, piece.nonce)
+            .map_err(SharedReadError::Unmappable)?;
+        let unreadable = |error: String| {
+            SharedReadError::Unreadable(format!("shared piece in {}: {error}", piece.region))
+        };
         let runs = piece.region_runs();
         let len = reader
             .runs_len(&runs)
-            .map_err(|error| format!("shared piece in {}: {error}", piece.region))?;
+            .map_err(|error| unreadable(error.to_string()))?;
+        if len > RPC_PAYLOAD_BYTES_MAX {
+            return Err(unreadable(format!(
+                "{len} bytes, more than a reply may carry ({RPC_PAYLOAD_BYTES_MAX})"
+            )));
+        }
         let pool = rampart_common::buffer_pool::shared();
         let mut buffer = pool.take(len);
         reader
             .copy_runs(&runs, &mut buffer)
-            .map_err(|error| format!("shared piece in {}: {error}", piece.region))?;
+            .map_err(|error| unreadable(error.to_string()))?;
         Ok(pool.freeze(buffer))
     }
 
@@ -74,6 +129,8 @@ impl SharedPieces {
                 .map_err(|error| format!("cannot map recovery region {path}: {error}"))?,
         );
         let mut regions = self.regions.lock();
+        // A dead backup's descriptor path is gone: its mapping would hold its memory.
+        regions.retain(|path, _| std::path::Path::new(path).exists());
         if regions.len() >= REGIONS_MAPPED_MAX {
             regions.clear();
         }
@@ -114,7 +171,10 @@ mod tests {
         slot.write(0, b"other piece");
         let _sealed = slot.seal();
         let error = reads.read(&piece).expect_err("the slot was reused");
-        assert!(error.contains("generation"), "{error}");
+        assert!(
+            matches!(&error, SharedReadError::Unreadable(e) if e.contains("generation")),
+            "{error}"
+        );
     }
 
     /// A reply's runs are checked against the region before anything is allocated for
@@ -133,7 +193,10 @@ mod tests {
         let error = SharedPieces::new("here".to_string())
             .read(&piece)
             .expect_err("outside the region");
-        assert!(error.contains("outside the region"), "{error}");
+        assert!(
+            matches!(&error, SharedReadError::Unreadable(e) if e.contains("outside the region")),
+            "{error}"
+        );
     }
 
     #[test]
@@ -147,6 +210,9 @@ mod tests {
         assert_eq!(reads.read(&piece).expect("reads"), &b"x"[..]);
         piece.nonce ^= 1;
         let error = reads.read(&piece).expect_err("another region");
-        assert!(error.contains("nonce"), "{error}");
+        assert!(
+            matches!(&error, SharedReadError::Unmappable(e) if e.contains("nonce")),
+            "{error}"
+        );
     }
 }

@@ -355,8 +355,10 @@ pub struct RecoveryDataReply {
 const RECOVERY_DATA_REPLY_FIXED_BYTES: usize = 8 + 8 + 8 + 4 + 1;
 
 /// By hand, for the bulk of a recovery's bytes: the layout is the one bincode gives the
-/// serde derive (`epoch u64 | safe_version u64 | entries_len u64 | entries | count u32`,
-/// little-endian), but the frame is sized once before the entries are copied in, and
+/// serde derive (`epoch u64 | safe_version u64 | entries_len u64 | entries | count u32 |
+/// shared`, little-endian; `shared` is a tag byte, 0 for none, or 1 then `path_len u64 |
+/// path | nonce u64 | runs u64 | (slot u32 | generation u64 | len u32)...`), but the
+/// frame is sized once before the entries are copied in, and
 /// decoding hands out the entries as a slice of the received frame instead of copying
 /// them.
 impl WireMessage for RecoveryDataReply {

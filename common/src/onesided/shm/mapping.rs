@@ -121,6 +121,21 @@ impl Mapping {
         Ok(Mapping { raw, len })
     }
 
+    /// Maps all `len` bytes of `file` (at least that long) read-only: every write
+    /// through it faults. Only loads and copies out may use it.
+    pub(super) fn map_read_only(file: &File, len: u64) -> io::Result<Mapping> {
+        let len_usize = usize::try_from(len).map_err(|_| {
+            invalid_input(format!(
+                "a mapping of {len} bytes does not fit in the address space"
+            ))
+        })?;
+        if len == 0 {
+            return Err(invalid_input("cannot map an empty file".to_string()));
+        }
+        let raw = MmapOptions::new().len(len_usize).map_raw_read_only(file)?;
+        Ok(Mapping { raw, len })
+    }
+
     /// Start of the mapping (page-aligned). Valid for `len` bytes while `self` lives.
     #[inline]
     pub(super) fn base(&self) -> *mut u8 {

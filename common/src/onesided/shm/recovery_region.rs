@@ -30,8 +30,9 @@
 //!
 //! # Protocol (a seqlock)
 //! The backup [`takes`](RecoveryRegion::take) a slot (generation := odd, SeqCst fence),
-//! copies pieces in, and [`seals`](RegionSlot::seal) it (SeqCst fence, generation :=
-//! the next even number). A reply names (slot, generation, offset, length). The reader
+//! copies a piece's bytes in, and [`seals`](RegionSlot::seal) it (SeqCst fence,
+//! generation := the next even number). A reply names (slot, generation, length) for
+//! each slot of the piece. The reader
 //! loads the generation and refuses a run whose generation differs; copies; SeqCst
 //! fence; loads the generation again and discards the copy unless it is unchanged
 //! ([`RunError::Stale`]). A slot taken again after the reply was sent has a newer
@@ -45,14 +46,15 @@
 //! reply named.
 //!
 //! # Slot reuse
-//! A sealed slot goes back to the region when the last [`SealedSlot`] handle of it is
-//! dropped: the backup drops it once every partition's piece in it was handed out. A
+//! A sealed slot goes back to the region when its [`SealedSlot`] is dropped: the backup
+//! drops a piece's slots once the piece was handed out (or its recovery ended). A
 //! reader copies right after the reply reaches it, so a freed slot *cools* for
 //! `cool` before it is taken again (oldest freed first), and a slot never touched is
 //! taken before a warm one that has not cooled yet. With no slot to take, the caller
 //! keeps its pieces in its own memory and sends them inside replies, as before.
-//! [`RecoveryRegion::trim`] gives the memory of every free slot back to the kernel
-//! (the backup calls it when no recovery is under way).
+//! [`RecoveryRegion::trim`] gives the memory of the slots free at that moment back to
+//! the kernel (the backup calls it when no recovery is under way; a slot an ended
+//! attempt's reader gives back later keeps its pages until the next trim).
 //!
 //! # Memory
 //! The region is sparse: a slot's pages are allocated on its first fill and stay until
@@ -104,8 +106,11 @@ pub struct RegionRun {
 /// Why a run could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RunError {
-    /// The run does not lie inside a slot of the region.
-    #[error("run of {len} bytes at {offset} of slot {slot} lies outside the region")]
+    /// The run does not lie inside a slot of the region, or names a slot another run
+    /// of the piece named.
+    #[error(
+        "run of {len} bytes at {offset} of slot {slot} lies outside the region or repeats its slot"
+    )]
     OutOfBounds { slot: u32, offset: u32, len: u32 },
     /// The slot was refilled (or is being filled) since the run was named: the copy is
     /// discarded.
@@ -162,7 +167,7 @@ impl Geometry {
 }
 
 /// Invariant: every slot not held by a [`RegionSlot`] or a [`SealedSlot`] is in
-/// exactly one of the two lists.
+/// exactly one of the two lists, or in the hands of a [`RecoveryRegion::trim`].
 #[derive(Debug, Default)]
 struct FreeSlots {
     /// Slots filled before, oldest freed first, with when.
@@ -268,10 +273,15 @@ impl RecoveryRegion {
 
     /// Gives the memory of every free slot back to the kernel; they are taken again as
     /// if never filled. Errors are logged: the memory then stays, which is harmless.
+    /// Blocks (a system call per slot; not under the free list's lock, so that
+    /// [`RecoveryRegion::take`] meanwhile finds the cold slots).
     pub fn trim(&self) {
-        let mut free = self.inner.free.lock();
+        let warm: Vec<u32> = {
+            let mut free = self.inner.free.lock();
+            free.warm.drain(..).map(|(slot, _)| slot).collect()
+        };
         let geometry = self.inner.geometry;
-        while let Some((slot, _)) = free.warm.pop_front() {
+        for &slot in &warm {
             // A new generation (still even: free) before the bytes go, so that a run
             // named before is refused rather than read as zeros.
             self.inner
@@ -284,8 +294,8 @@ impl RecoveryRegion {
             {
                 tracing::debug!(%error, slot, "cannot give a recovery slot's memory back");
             }
-            free.cold.push(slot);
         }
+        self.inner.free.lock().cold.extend(warm);
     }
 
     /// Slots free now (warm or cold), for tests and metrics.
@@ -419,8 +429,10 @@ pub struct RegionReader {
 }
 
 impl RegionReader {
-    /// Maps the region at `path` (a backup's `/proc/PID/fd/FD`) and checks that its
-    /// header is a region's, with nonce `nonce` and a layout that fits the file.
+    /// Maps the region at `path`, read-only, and checks that its header is a region's,
+    /// with nonce `nonce` and a layout that fits the file. `path` must name a process's
+    /// descriptor (`/proc/PID/fd/FD`, as [`RecoveryRegion::path`] gives it), and the
+    /// file must be at most [`RECOVERY_REGION_BYTES_MAX`] long: a peer's reply names it.
     pub fn open(path: &str, nonce: u64) -> io::Result<RegionReader> {
         let bad = |what: String| {
             io::Error::new(
@@ -428,12 +440,15 @@ impl RegionReader {
                 format!("{path} is not the recovery region named: {what}"),
             )
         };
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        if !is_descriptor_path(path) {
+            return Err(bad("not a /proc/PID/fd/FD path".to_string()));
+        }
+        let file = OpenOptions::new().read(true).open(path)?;
         let len = file.metadata()?.len();
-        if len < page_bytes() {
+        if len < page_bytes() || len > RECOVERY_REGION_BYTES_MAX {
             return Err(bad(format!("{len} bytes")));
         }
-        let map = Mapping::map(&file, len, Populate::No)?;
+        let map = Mapping::map_read_only(&file, len)?;
         let word = |at| header_word(&map, at).map(|word| word.load(Ordering::SeqCst));
         if word(MAGIC_OFFSET)? != u64::from_ne_bytes(REGION_MAGIC) {
             return Err(bad("no region magic".to_string()));
@@ -484,12 +499,14 @@ impl RegionReader {
         self.copy_runs(std::slice::from_ref(run), out)
     }
 
-    /// The bytes the runs hold together, once each is checked to lie inside a slot
-    /// (so the sum is bounded by the region's size, whatever the runs say).
+    /// The bytes the runs hold together, once each is checked to lie inside a slot of
+    /// its own (no slot twice): so the sum is at most the region's data, whatever the
+    /// runs say.
     pub fn runs_len(&self, runs: &[RegionRun]) -> Result<usize, RunError> {
         let mut len = 0usize;
+        let mut slots = std::collections::HashSet::with_capacity(runs.len());
         for run in runs {
-            if self.geometry.run_start(run).is_none() {
+            if self.geometry.run_start(run).is_none() || !slots.insert(run.slot) {
                 return Err(RunError::OutOfBounds {
                     slot: run.slot,
                     offset: run.offset,
@@ -516,6 +533,17 @@ impl RegionReader {
     }
 
     fn append_run(&self, run: &RegionRun, out: &mut Vec<u8>) -> Result<(), RunError> {
+        self.append_run_then(run, out, || {})
+    }
+
+    /// [`RegionReader::append_run`], calling `after_copy` between the copy and the
+    /// second check: tests refill the slot there, as a backup may at that moment.
+    fn append_run_then(
+        &self,
+        run: &RegionRun,
+        out: &mut Vec<u8>,
+        after_copy: impl FnOnce(),
+    ) -> Result<(), RunError> {
         let at = self.geometry.run_start(run).ok_or(RunError::OutOfBounds {
             slot: run.slot,
             offset: run.offset,
@@ -539,6 +567,7 @@ impl RegionReader {
         self.map
             .populate(at, u64::from(run.len), self.advice.filter(|_| run.len > 0));
         self.map.append_out(at, run.len as usize, out);
+        after_copy();
         atomic::fence(Ordering::SeqCst);
         let after = word.load(Ordering::SeqCst);
         if after != run.generation {
@@ -546,6 +575,13 @@ impl RegionReader {
         }
         Ok(())
     }
+}
+
+/// Whether `path` has the form `/proc/PID/fd/FD`.
+fn is_descriptor_path(path: &str) -> bool {
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = path.split('/').collect();
+    matches!(parts.as_slice(), ["", "proc", pid, "fd", fd] if digits(pid) && digits(fd))
 }
 
 fn header_word(map: &Mapping, at: u64) -> io::Result<&AtomicU64> {
@@ -637,6 +673,27 @@ mod tests {
         assert_eq!(out, b"new piece");
     }
 
+    /// The second check: a refill that starts after the reader's first check, while it
+    /// copies, is caught after the copy.
+    #[test]
+    fn a_refill_during_the_copy_is_caught_after_it() {
+        let region = region(1, Duration::ZERO);
+        let reader = RegionReader::open(region.path(), region.nonce()).expect("opens");
+        let old = fill(&region, b"old piece");
+        let run = old.run(0, 9);
+        let mut old = Some(old);
+        let mut refill = None;
+        let mut out = Vec::new();
+        let read = reader.append_run_then(&run, &mut out, || {
+            drop(old.take());
+            let mut slot = region.take().expect("the freed slot");
+            slot.write(0, b"new piece");
+            refill = Some(slot);
+        });
+        assert!(matches!(read, Err(RunError::Stale { .. })), "{read:?}");
+        drop(refill);
+    }
+
     #[test]
     fn a_freed_slot_cools_before_it_is_filled_again() {
         let region = region(2, Duration::from_secs(3600));
@@ -692,7 +749,16 @@ mod tests {
         let file = tempfile::NamedTempFile::new().expect("temp file");
         file.as_file().set_len(1 << 16).expect("sized");
         let path = file.path().to_str().expect("utf-8").to_string();
-        assert!(RegionReader::open(&path, 0).is_err(), "no magic");
+        let error = RegionReader::open(&path, 0).unwrap_err();
+        assert!(error.to_string().contains("/proc/PID/fd/FD"), "{error}");
+        use std::os::fd::AsRawFd;
+        let by_descriptor = format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            file.as_file().as_raw_fd()
+        );
+        let error = RegionReader::open(&by_descriptor, 0).unwrap_err();
+        assert!(error.to_string().contains("magic"), "{error}");
         let reader = RegionReader::open(region.path(), region.nonce()).expect("opens");
         let sealed = fill(&region, b"x");
         let mut out = Vec::new();
@@ -710,6 +776,12 @@ mod tests {
         };
         assert!(matches!(
             reader.copy_run(&no_slot, &mut out),
+            Err(RunError::OutOfBounds { .. })
+        ));
+        // One slot named twice would let a reply ask for more than the region holds.
+        let run = sealed.run(0, 1);
+        assert!(matches!(
+            reader.copy_runs(&[run, run], &mut out),
             Err(RunError::OutOfBounds { .. })
         ));
     }
