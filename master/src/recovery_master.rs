@@ -15,7 +15,8 @@
 //! partition's entries (`RecoveryData`), keeping [`RECOVERY_FETCHES_IN_FLIGHT`] requests
 //! outstanding. A backup on this host answers with where the piece lies in its shared
 //! recovery region, and the piece is copied out of it here ([`crate::shared_pieces`]);
-//! one on another host, or one whose region cannot be mapped here, sends the bytes. A reply is checked and decoded into a [`RecoveryPiece`] off the reactor
+//! one on another host, or one whose region cannot be mapped here, sends the bytes. A
+//! reply is checked and decoded into a [`RecoveryPiece`] off the reactor
 //! (`spawn_blocking`: it checksums every entry), then handed to the [`Appender`] as a
 //! replay job. The appender stages it under the store lock
 //! ([`ObjectStore::stage_replay`](crate::object_store::ObjectStore::stage_replay)),
