@@ -700,6 +700,22 @@ mod recovery {
         assert_still_serving(&service, "own").await;
     }
 
+    /// Recovers the three segments, each from the one fake backup answering `answers`:
+    /// the reply, how many `RecoveryData` calls the backup got, and the master's totals.
+    async fn recover_three_from_one_backup(
+        service: &MasterService,
+        answers: &[(u64, Answer)],
+    ) -> (RecoverReply, u32, crate::recovery_master::RecoveryTotals) {
+        let (addr, fake) = backup(answers).await;
+        let reply = call::<Recover>(
+            service,
+            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
+        )
+        .await;
+        let calls = fake.calls.load(Ordering::Relaxed);
+        (reply, calls, service.stats().recoveries)
+    }
+
     /// `reply`'s entries left in a slot of `region`, as a backup on this host leaves a
     /// piece; the slot stays sealed while the handle lives.
     fn leave_in(region: &RecoveryRegion, reply: &RecoveryDataReply) -> (SharedPiece, SealedSlot) {
@@ -735,15 +751,9 @@ mod recovery {
                 (*id, Answer::Shared(shared, inline))
             })
             .collect();
-        let (addr, fake) = backup(&answers).await;
-        let reply = call::<Recover>(
-            &service,
-            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
-        )
-        .await;
-        assert_eq!(fake.calls.load(Ordering::Relaxed), 3, "one call a segment");
+        let (reply, calls, totals) = recover_three_from_one_backup(&service, &answers).await;
+        assert_eq!(calls, 3, "one call a segment");
         assert_eq!((reply.entries_received, reply.fallbacks), (8, 0));
-        let totals = service.stats().recoveries;
         assert_eq!(
             (totals.shared_pieces, totals.shared_pieces_refetched),
             (3, 0)
@@ -776,19 +786,9 @@ mod recovery {
         let (_, _refilled) = leave_in(&region, &wrong);
         let mut answers = serve_all(&segments[1..]);
         answers.push((1, Answer::Shared(shared, segments[0].1.clone())));
-        let (addr, fake) = backup(&answers).await;
-        let reply = call::<Recover>(
-            &service,
-            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
-        )
-        .await;
-        assert_eq!(
-            fake.calls.load(Ordering::Relaxed),
-            4,
-            "segment 1 asked twice"
-        );
+        let (reply, calls, totals) = recover_three_from_one_backup(&service, &answers).await;
+        assert_eq!(calls, 4, "segment 1 asked twice");
         assert_eq!(reply.fallbacks, 0, "the same backup answered");
-        let totals = service.stats().recoveries;
         assert_eq!(
             (totals.shared_pieces, totals.shared_pieces_refetched),
             (0, 1)
@@ -818,19 +818,9 @@ mod recovery {
             .iter()
             .map(|(id, reply)| (*id, Answer::Shared(nowhere.clone(), reply.clone())))
             .collect();
-        let (addr, fake) = backup(&answers).await;
-        let reply = call::<Recover>(
-            &service,
-            &request(&[(1, &[&addr]), (2, &[&addr]), (3, &[&addr])]),
-        )
-        .await;
-        assert_eq!(
-            fake.calls.load(Ordering::Relaxed),
-            4,
-            "segment 1 twice, then bytes only"
-        );
+        let (reply, calls, totals) = recover_three_from_one_backup(&service, &answers).await;
+        assert_eq!(calls, 4, "segment 1 twice, then bytes only");
         assert_eq!(reply.fallbacks, 0);
-        let totals = service.stats().recoveries;
         assert_eq!(
             (totals.shared_pieces, totals.shared_pieces_refetched),
             (0, 1)
