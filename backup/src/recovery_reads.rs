@@ -1524,6 +1524,44 @@ mod tests {
         assert!(reads.end(MASTER));
     }
 
+    /// A region too small for every piece: the pieces that find no free slots stay in
+    /// the backup's own memory and go out as bytes, even to an asker on this host; and
+    /// ending the recovery with pieces still in the region gives their slots back.
+    #[tokio::test]
+    async fn a_full_region_keeps_pieces_in_memory_and_an_end_gives_its_slots_back() {
+        // Two segments, one 5,000-byte piece each: each piece needs both slots.
+        let source = source(2, 5000);
+        let region = RecoveryRegion::create(2, 4096, Duration::ZERO).expect("region");
+        let reads = RecoveryReads::with_region(1 << 20, region.clone(), "this-host".to_string());
+        reads
+            .start(read_request(1, 2), source.clone())
+            .expect("start");
+        eventually(|| source.reads.load(Ordering::SeqCst) == 2).await;
+        eventually(|| region.free_slots() == 0).await;
+        // The reader cut segment 1 first: its piece took both slots, and segment 2's
+        // found none and stayed in memory.
+        let request = RecoveryDataRequest {
+            shared_host: Some("this-host".to_string()),
+            ..data_request(1, 2)
+        };
+        let owned = reads.fetch(&request, source.clone()).await.expect("piece");
+        assert!(
+            owned.shared.is_none(),
+            "a piece not in the region goes as bytes"
+        );
+        assert_eq!(owned.count, 1);
+        assert!(owned.entries.len() > 5000);
+        assert_eq!(region.free_slots(), 0, "segment 1's piece still holds both");
+        // The recovery ends before segment 1's piece is fetched.
+        assert!(reads.end(MASTER));
+        assert_eq!(reads.pieces_bytes(), 0);
+        assert_eq!(
+            region.free_slots(),
+            2,
+            "the ended recovery's slots came back"
+        );
+    }
+
     #[tokio::test]
     async fn a_full_cache_holds_the_reader_until_fetches_free_room() {
         const VALUE: usize = 10_000;

@@ -829,6 +829,42 @@ mod recovery {
         assert_three_segments_recovered(&service);
     }
 
+    /// A master with shared reads off asks for bytes. A backup that names a place in
+    /// shared memory all the same has failed that fetch: the piece comes from the next
+    /// backup, and nothing is read from the place named.
+    #[tokio::test]
+    async fn a_shared_piece_a_master_did_not_ask_for_fails_over_to_the_next_backup() {
+        let config = crate::recovery_master::RecoveryConfig {
+            shared_reads: false,
+            ..crate::recovery_master::RecoveryConfig::default()
+        };
+        let service = service().with_recovery_config(config);
+        let segments = three_segments();
+        let region = RecoveryRegion::create(1, 1 << 20, std::time::Duration::ZERO).expect("region");
+        let (shared, _sealed) = leave_in(&region, &segments[0].1);
+        let unasked = RecoveryDataReply {
+            entries: Bytes::new(),
+            shared: Some(shared),
+            ..segments[0].1.clone()
+        };
+        let (careless, careless_fake) = backup(&[(1, Answer::Serve(unasked))]).await;
+        let (good, _) = backup(&serve_all(&segments)).await;
+        let reply = call::<Recover>(
+            &service,
+            &request(&[(1, &[&careless, &good]), (2, &[&good]), (3, &[&good])]),
+        )
+        .await;
+        assert_eq!(careless_fake.calls.load(Ordering::Relaxed), 1);
+        assert_eq!((reply.entries_received, reply.fallbacks), (8, 1));
+        let totals = service.stats().recoveries;
+        assert_eq!(
+            (totals.shared_pieces, totals.shared_pieces_refetched),
+            (0, 0)
+        );
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        assert_three_segments_recovered(&service);
+    }
+
     #[tokio::test]
     async fn recover_falls_back_to_the_next_backup_when_one_fails() {
         let service = service();

@@ -305,6 +305,48 @@ fn a_recovery_data_reply_is_bincode_on_the_wire_and_decodes_without_copying() {
     assert!(backup::RecoveryDataReply::decode(hostile.freeze()).is_err());
 }
 
+/// A shared piece's limits are the decoder's: at the limit it decodes, one past it is
+/// refused with the limit named, as is a tag that is neither none nor a piece.
+#[test]
+fn a_shared_piece_past_its_limits_is_refused() {
+    let with = |region: String, runs: usize| backup::RecoveryDataReply {
+        shared: Some(backup::SharedPiece {
+            region,
+            nonce: 1,
+            runs: vec![
+                backup::SharedRun {
+                    slot: 0,
+                    generation: 2,
+                    len: 1,
+                };
+                runs
+            ],
+        }),
+        ..shared_recovery_data_reply()
+    };
+    let decode = |reply: &backup::RecoveryDataReply| {
+        backup::RecoveryDataReply::decode(encode(reply)).map_err(|error| error.0)
+    };
+    let path = |bytes: usize| "p".repeat(bytes);
+    let at_limits = with(
+        path(backup::SHARED_PIECE_PATH_BYTES_MAX),
+        backup::SHARED_PIECE_RUNS_MAX,
+    );
+    assert_eq!(decode(&at_limits).as_ref(), Ok(&at_limits));
+    let long_path = with(path(backup::SHARED_PIECE_PATH_BYTES_MAX + 1), 1);
+    let error = decode(&long_path).expect_err("a path past the limit");
+    assert!(error.contains("region path of 4097 bytes"), "{error}");
+    let many_runs = with(path(8), backup::SHARED_PIECE_RUNS_MAX + 1);
+    let error = decode(&many_runs).expect_err("runs past the limit");
+    assert!(error.contains("4097 runs"), "{error}");
+    // The tag byte follows the entries' length, the entries and the count.
+    let mut bad_tag = encode(&recovery_data_reply()).to_vec();
+    let last = bad_tag.len() - 1;
+    bad_tag[last] = 2;
+    let error = backup::RecoveryDataReply::decode(Bytes::from(bad_tag)).expect_err("tag 2");
+    assert!(error.0.contains("shared piece tag 2"), "{error:?}");
+}
+
 /// Decodes `payload` as every message type; the results do not matter, only that
 /// no decoder panics.
 fn decode_as_everything(payload: &Bytes) {
