@@ -558,40 +558,62 @@ impl Profiler {
     ///
     /// Take a tablet *before* tracking its objects (before recovery replays into it).
     pub fn take_tablet(&mut self, tablet: &Tablet) {
-        let range = tablet.range();
-        if self.ranges.binary_search(&range).is_ok() {
-            return;
+        self.take_tablets(std::slice::from_ref(tablet));
+    }
+
+    /// Takes `tablets` (which do not overlap one another) together, as
+    /// [`take_tablet`](Self::take_tablet) takes one. Each inherits from the profiles as
+    /// they stood before any of them was taken, so the halves of a split tablet both
+    /// inherit what the whole counted inside them; taken one after the other, the
+    /// second half would find the whole's profile gone with the first.
+    pub fn take_tablets(&mut self, tablets: &[Tablet]) {
+        let inherited: Vec<(HashRange, Counts)> = tablets
+            .iter()
+            .map(Tablet::range)
+            .filter(|range| self.ranges.binary_search(range).is_err())
+            .map(|range| {
+                let counts = self.profiles[self.overlapping(&range)]
+                    .iter()
+                    .fold(Counts::ZERO, |sum, old| {
+                        sum.plus(old.counts_meeting(range.start, range.end))
+                    });
+                (range, counts)
+            })
+            .collect();
+        for (range, counts) in inherited {
+            self.remove_overlapping(&range);
+            let mut profile = TabletProfiler::new(range.table, range.start, range.end, self.config);
+            profile.top.counts = counts;
+            let at = self.ranges.partition_point(|r| *r < range);
+            self.ranges.insert(at, range);
+            self.profiles.insert(at, profile);
         }
-        let mut inherited = Counts::ZERO;
-        for old in self.remove_overlapping(tablet) {
-            inherited = inherited.plus(old.counts_meeting(range.start, range.end));
-        }
-        let mut profile = TabletProfiler::new(range.table, range.start, range.end, self.config);
-        profile.top.counts = inherited;
-        let at = self.ranges.partition_point(|r| *r < range);
-        self.ranges.insert(at, range);
-        self.profiles.insert(at, profile);
     }
 
     /// Stops profiling every tablet that overlaps `tablet`'s range; returns how many.
     pub fn drop_tablet(&mut self, tablet: &Tablet) -> usize {
-        self.remove_overlapping(tablet).len()
+        self.remove_overlapping(&tablet.range()).len()
     }
 
-    fn remove_overlapping(&mut self, tablet: &Tablet) -> Vec<TabletProfiler> {
+    /// The indexes of the profiles whose ranges overlap `range`.
+    fn overlapping(&self, range: &HashRange) -> std::ops::Range<usize> {
         let first = self
             .ranges
             .partition_point(|&HashRange { table, end, .. }| {
-                (table, end) < (tablet.table, tablet.start_hash)
+                (table, end) < (range.table, range.start)
             });
         let last = self
             .ranges
             .partition_point(|&HashRange { table, start, .. }| {
-                (table, start) <= (tablet.table, tablet.end_hash)
+                (table, start) <= (range.table, range.end)
             });
-        let last = last.max(first);
-        self.ranges.drain(first..last);
-        let removed: Vec<TabletProfiler> = self.profiles.drain(first..last).collect();
+        first..last.max(first)
+    }
+
+    fn remove_overlapping(&mut self, range: &HashRange) -> Vec<TabletProfiler> {
+        let span = self.overlapping(range);
+        self.ranges.drain(span.clone());
+        let removed: Vec<TabletProfiler> = self.profiles.drain(span).collect();
         for profile in &removed {
             self.arrays -= profile.arrays();
         }

@@ -22,9 +22,10 @@ impl ObjectStore {
     ///
     /// A tablet that replaces a wider owned range narrows it: objects in the part no
     /// longer served are forgotten. Their entries stay in the log: nothing narrows a
-    /// tablet that may come back here today (a tablet is split only when a table is
-    /// created); moving ranges between masters must clean them out first, as
-    /// [`forget_unowned`](Self::forget_unowned) does.
+    /// tablet that may come back here today (a split keeps both halves here, and reaches
+    /// the master as its whole tablet set, through
+    /// [`replace_tablets`](Self::replace_tablets)); moving ranges between masters must
+    /// clean them out first, as [`forget_unowned`](Self::forget_unowned) does.
     /// Objects already indexed in a range not owned before — replayed by a recovery —
     /// are kept: this is how they become visible. Their entries are counted in the
     /// tablet's profile now.
@@ -33,7 +34,7 @@ impl ObjectStore {
             for (start, end) in self.tablets.take(tablet) {
                 self.forget_range(tablet.table, start..=end);
             }
-            self.profile_taken(tablet);
+            self.profile_taken(std::slice::from_ref(tablet));
         }
     }
 
@@ -109,9 +110,13 @@ impl ObjectStore {
                 owner: own,
             });
         }
-        for tablet in tablets.iter().filter(|t| !old.contains(&t.range())) {
-            self.profile_taken(tablet);
-        }
+        // Together: the halves of a tablet split since both inherit the whole's counts.
+        let taken: Vec<Tablet> = tablets
+            .iter()
+            .filter(|t| !old.contains(&t.range()))
+            .copied()
+            .collect();
+        self.profile_taken(&taken);
         self.tablets.set_epoch(epoch);
         true
     }
@@ -136,7 +141,7 @@ impl ObjectStore {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use bytes::Bytes;
-    use rampart_common::ids::{key_hash, ServerId, TableId};
+    use rampart_common::ids::{key_hash, ServerId, TableId, TabletEpoch};
     use rampart_common::reject::RejectRules;
     use rampart_common::status::Status;
 
@@ -278,6 +283,35 @@ mod tests {
             Status::ObjectDoesntExist
         );
         assert_eq!(&store.read(TABLE, &inside).value()[..], b"kept");
+    }
+
+    /// A split reaches its owner as its whole tablet set: both halves stay served with
+    /// every object, and each half's profile counts at least what it holds (the will's
+    /// upper bounds), the upper half's too.
+    #[test]
+    fn replacing_a_tablet_by_its_two_halves_keeps_every_object_and_both_profiles() {
+        let split = u64::MAX / 2;
+        let mut store = store();
+        let low = key_on_side(split, true, "low");
+        let high = key_on_side(split, false, "high");
+        put(&mut store, &low, b"l");
+        put(&mut store, &high, b"h");
+        let halves = [tablet(TABLE, 0, split), tablet(TABLE, split + 1, u64::MAX)];
+        assert!(store.replace_tablets(TabletEpoch(1), &halves));
+        assert_eq!(store.object_count(), 2);
+        assert_eq!(&store.read(TABLE, &low).value()[..], b"l");
+        assert_eq!(&store.read(TABLE, &high).value()[..], b"h");
+        for (key, half) in [(&low, halves[0]), (&high, halves[1])] {
+            let profile = store
+                .profiler()
+                .tablet(TABLE, key_hash(key))
+                .expect("profiled");
+            assert_eq!(
+                (profile.start_hash(), profile.end_hash()),
+                (half.start_hash, half.end_hash)
+            );
+            assert!(profile.totals().records >= 1, "{half:?} counts its object");
+        }
     }
 
     #[test]

@@ -42,13 +42,17 @@ impl ObjectStore {
         }
     }
 
-    /// Starts profiling `tablet`, counting the entries a recovery replayed into it.
-    pub(super) fn profile_taken(&mut self, tablet: &Tablet) {
-        self.profiler.take_tablet(tablet);
-        let range = tablet.start_hash..=tablet.end_hash;
+    /// Starts profiling `tablets` together (see [`Profiler::take_tablets`]), counting
+    /// the entries a recovery replayed into them.
+    ///
+    /// [`Profiler::take_tablets`]: crate::profiler::Profiler::take_tablets
+    pub(super) fn profile_taken(&mut self, tablets: &[Tablet]) {
+        self.profiler.take_tablets(tablets);
         let profiler = &mut self.profiler;
         self.replayed_untracked.retain(|&(table, hash, bytes, _)| {
-            let inside = table == tablet.table && range.contains(&hash.0);
+            let inside = tablets.iter().any(|tablet| {
+                table == tablet.table && (tablet.start_hash..=tablet.end_hash).contains(&hash.0)
+            });
             if inside {
                 profiler.track(table, hash, bytes);
             }
