@@ -98,17 +98,23 @@ pub enum KvCommand {
     },
 }
 
+/// A client of the cluster at `coordinator` (comma-separated addresses) whose every
+/// operation may take `timeout` seconds, retries included.
+pub(crate) async fn connect(coordinator: &str, timeout: f64) -> Result<Client> {
+    let coordinators = crate::startup::coordinator_list(coordinator);
+    let options = rampart_client::ClientOptions {
+        deadline: std::time::Duration::from_secs_f64(timeout.max(0.001)),
+        ..Default::default()
+    };
+    Client::connect_with(&coordinators, options)
+        .await
+        .with_context(|| format!("cannot reach the cluster at {coordinator}"))
+}
+
 /// Runs `rampart kv ...`.
 pub fn run(args: KvArgs) -> Result<ExitCode> {
     crate::startup::run_client(&args.security, async {
-        let coordinators = crate::startup::coordinator_list(&args.coordinator);
-        let options = rampart_client::ClientOptions {
-            deadline: std::time::Duration::from_secs_f64(args.timeout.max(0.001)),
-            ..Default::default()
-        };
-        let client = Client::connect_with(&coordinators, options)
-            .await
-            .with_context(|| format!("cannot reach the cluster at {}", args.coordinator))?;
+        let client = connect(&args.coordinator, args.timeout).await?;
         match execute(&client, args.command).await {
             Ok(code) => Ok(code),
             Err(error) => {

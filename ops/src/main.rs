@@ -10,6 +10,7 @@
 //! * `rampart status` — how the cluster stands (the status page's view, in a terminal).
 //! * `rampart recovery list|show|status|allow-loss` — crash recoveries, and letting one proceed
 //!   with an incomplete log.
+//! * `rampart tablet split` — a table's tablet cut in two on its owner.
 //! * `rampart bench ycsb` — the YCSB benchmark; `rampart bench replication` — the
 //!   replication transports side by side (throughput, write latency, backup CPU).
 //! * `rampart token new|resp-password` — a cluster token, and the gateway's RESP password
@@ -38,6 +39,7 @@ mod startup;
 mod stats;
 mod status_command;
 mod supervisor;
+mod tablet_command;
 mod token;
 
 use anyhow::Result;
@@ -76,6 +78,8 @@ enum Command {
     Status(status_command::StatusArgs),
     /// Crash recoveries: list, show, status, and allow-loss for an incomplete log.
     Recovery(recovery_command::RecoveryArgs),
+    /// Change a table's tablets: split one in two on its owner.
+    Tablet(tablet_command::TabletArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -113,6 +117,7 @@ fn main() -> std::process::ExitCode {
         Command::Kv(args) => kv::run(args),
         Command::Status(args) => status_command::run(args),
         Command::Recovery(args) => recovery_command::run(args),
+        Command::Tablet(args) => tablet_command::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Simulate(args) => simulate::run(args),
         Command::Token { command } => token::run(command),

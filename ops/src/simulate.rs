@@ -31,8 +31,12 @@ pub struct SimulateArgs {
     pub stop_at_first: bool,
     /// Run the world where a crashed master's death may be proven (`rampart coordinator
     /// --proof-of-death`, drawn per seed, with zombies whose ports refuse).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "splitting")]
     pub proving_death: bool,
+    /// Run the world where the coordinators split tablets under the workload (`rampart
+    /// tablet split`, at a rate drawn per seed).
+    #[arg(long)]
+    pub splitting: bool,
     /// One recovery at scale instead (`--servers N`, `--calibrate`, `--check`).
     #[command(flatten)]
     pub scale: crate::simulate_scale::ScaleArgs,
@@ -56,6 +60,8 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode> {
     for seed in seeds {
         let run = if args.proving_death {
             rampart_sim::run_proving_death(seed)
+        } else if args.splitting {
+            rampart_sim::run_splitting(seed)
         } else {
             rampart_sim::run(seed)
         };

@@ -135,6 +135,9 @@ fn identify(pending: &[Pending], next_seq: &mut u64, ops: Vec<Draw>) -> Vec<Clie
         .collect()
 }
 
+/// Most tablets the splitting world splits the table into (`SimConfig::split_p`).
+const SPLIT_TABLETS_MAX: usize = 8;
+
 /// The client id of every write of the run (one client: its numbers order its writes).
 pub const WRITER: ClientId = ClientId(1);
 
@@ -195,6 +198,9 @@ impl Cluster {
             }
             self.maybe_kill_idle(world);
             self.recover_stopped(world)?;
+            if world.config.split_p > 0.0 && world.chance(world.config.split_p) {
+                self.split_a_tablet(world);
+            }
             let Some(target) = self.target(world) else {
                 // Every lease lapsed (no coordinator leader for longer than a lease):
                 // clients wait.
@@ -324,6 +330,55 @@ impl Cluster {
         }
         if world.may_crash() && world.chance(world.config.master_crash_p * 4.0) {
             self.kill_one(world);
+        }
+    }
+
+    /// Splits the tablet holding a hash drawn at random, as `rampart tablet split` does:
+    /// the coordinators commit it (the real `CoordinatorState`), then the owner pulls
+    /// its whole tablet set (`SyncTablets`, applied by the real `ObjectStore`), unless
+    /// the push is lost and the owner serves the tablet whole until a later change.
+    ///
+    /// At most [`SPLIT_TABLETS_MAX`] tablets: the simulation has no wills, so each
+    /// tablet is a partition of its own in a recovery, and dozens of partitions, each
+    /// abandoned and tried again (`SimConfig::abandon_p`), fill the bounded backups
+    /// with the attempts' segments (4 of 200 seeds, uncapped: writes wait for backups
+    /// for good). A real recovery groups a master's tablets into partitions by size.
+    fn split_a_tablet(&mut self, world: &mut World) {
+        let tablets = world
+            .coordinator
+            .table(self.table)
+            .map_or(0, |table| table.tablets.len());
+        if tablets >= SPLIT_TABLETS_MAX {
+            return;
+        }
+        let at = world.draw(1..u64::MAX);
+        let result = world.coordinator.apply(&Command::SplitTablet {
+            table: self.table,
+            at,
+        });
+        let CommandResult::TabletSplit {
+            split: true,
+            epochs,
+            tablets,
+        } = result
+        else {
+            world.note(format!("no split at {at:#x}: {result:?}"));
+            return;
+        };
+        world.note(format!("split at {at:#x}: {tablets:?}"));
+        if world.chance(0.25) {
+            world.note("the split's push is lost");
+            return;
+        }
+        for (owner, epoch) in epochs {
+            let owned = world.coordinator.tablets_of(owner);
+            if let Some(master) = self
+                .masters
+                .iter_mut()
+                .find(|m| m.id == owner && m.running())
+            {
+                master.sync_tablets(epoch, &owned);
+            }
         }
     }
 

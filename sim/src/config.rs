@@ -106,6 +106,11 @@ pub struct SimConfig {
     /// coordinators although it lives; else it is silent. Never with
     /// [`ProofOfDeath::Direct`], whose configuration says nothing stands in between.
     pub reject_cut_p: f64,
+    /// Per batch: the coordinators split the tablet holding a hash drawn at random, as
+    /// `rampart tablet split` does (0: never, as in every run of
+    /// [`SimConfig::for_seed`]). The owner pulls its whole tablet set, unless the push
+    /// is lost (one time in four) and it goes on serving the tablet whole.
+    pub split_p: f64,
 }
 
 impl SimConfig {
@@ -151,6 +156,7 @@ impl SimConfig {
             proof_of_death: ProofOfDeath::Off,
             exit_seen_p: 0.0,
             reject_cut_p: 0.0,
+            split_p: 0.0,
         }
         .with_cluster(seed)
     }
@@ -176,6 +182,16 @@ impl SimConfig {
         if config.zombie_p == 0.0 {
             config.zombie_p = 0.5;
         }
+        config
+    }
+
+    /// The configuration of run `seed` of the world where tablets are split
+    /// ([`crate::run_splitting`]): [`SimConfig::for_seed`]'s, with how often, from draws
+    /// of its own.
+    pub fn splitting(seed: u64) -> SimConfig {
+        let mut config = SimConfig::for_seed(seed);
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5350_4c49_5454_4142);
+        config.split_p = [0.05, 0.2, 0.5][rng.gen_range(0..3)];
         config
     }
 

@@ -55,7 +55,9 @@
 //! * the coordinators' state is the real `CoordinatorState` (enlistment, the table's
 //!   tablets, crash declarations, `SetOpenEpoch` with its two-segment bound and its
 //!   refusal once the master is crashed, `ReserveVersions`, `RecoveredPartition` with
-//!   the version ceiling it hands on);
+//!   the version ceiling it hands on, and in the world of [`run_splitting`]
+//!   `SplitTablet`, its halves pulled by the owner into its store through the real
+//!   `replace_tablets`, or not at all when the push is lost);
 //! * each master's lease is the real `Lease` on simulated time (`ManualClock`), and the
 //!   recovery waits out the lease and `LEASE_MARGIN` before tablets go live elsewhere,
 //!   unless the master's death is proven (`lease_end` and `Proofs`, the coordinator's
@@ -199,6 +201,12 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
 /// zombies cut off by rules that refuse their ports), and checks it.
 pub fn run_proving_death(seed: u64) -> Result<Report, Failure> {
     run_config(SimConfig::proving_death(seed), seed)
+}
+
+/// Runs seed `seed` of the world where the coordinators split tablets while the
+/// workload runs ([`SimConfig::splitting`]), and checks it.
+pub fn run_splitting(seed: u64) -> Result<Report, Failure> {
+    run_config(SimConfig::splitting(seed), seed)
 }
 
 /// Runs `config` from seed `seed` and checks it.

@@ -1,10 +1,11 @@
-//! The table API: creating, dropping and naming tables, and single-object reads,
-//! writes, removes and increments.
+//! The table API: creating, dropping and naming tables, splitting a tablet, and
+//! single-object reads, writes, removes and increments.
 
 use bytes::Bytes;
 use rampart_common::ids::{TableId, Version};
 use rampart_common::protocol::coordinator::{
-    CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, TableNameRequest,
+    CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, SplitTablet,
+    SplitTabletRequest, TableNameRequest,
 };
 use rampart_common::protocol::master::{
     Increment, IncrementRequest, Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply,
@@ -12,6 +13,7 @@ use rampart_common::protocol::master::{
 };
 use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
+use rampart_common::tablet::Tablet;
 
 use super::retry::Attempt;
 use super::state::{Client, Object};
@@ -61,6 +63,26 @@ impl Client {
         self.coordinator_call_patient::<DropTable>(&DropTableRequest { id }, deadline)
             .await?;
         self.refresh_map(self.map().version, deadline).await
+    }
+
+    /// Splits the tablet of table `table` that holds hash `at` in two, `[start, at - 1]`
+    /// and `[at, end]`, both kept by its owner (no data moves; an operator's step before
+    /// moving one half elsewhere). Returns the tablets that now meet at `at`, and whether
+    /// this call split one: a split where a tablet starts already changes nothing.
+    /// While the owner is being recovered, the coordinators answer `Retry`, and this
+    /// retries until the client's deadline.
+    pub async fn split_tablet(
+        &self,
+        table: TableId,
+        at: u64,
+    ) -> Result<(Vec<Tablet>, bool), ClientError> {
+        let deadline = self.retry().deadline;
+        let request = SplitTabletRequest { table, at };
+        let reply = self
+            .coordinator_call_patient::<SplitTablet>(&request, deadline)
+            .await?;
+        self.refresh_map(self.map().version, deadline).await?;
+        Ok((reply.tablets, reply.split))
     }
 
     /// The id of table `name`.

@@ -3,7 +3,7 @@
 use super::rpcs::rpcs;
 use crate::bincode_message;
 use crate::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
-use crate::tablet::{Services, TabletMap};
+use crate::tablet::{Services, Tablet, TabletMap};
 use crate::will::Will;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -57,6 +57,27 @@ pub struct TableIdReply {
 pub struct DropTableRequest {
     /// The table.
     pub id: TableId,
+}
+
+/// Split the tablet of table `table` that holds hash `at` in two, `[start, at - 1]` and
+/// `[at, end]`, both kept by its owner: no data moves. By id, as a drop. A split where a
+/// tablet starts already succeeds and changes nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitTabletRequest {
+    /// The table.
+    pub table: TableId,
+    /// The first hash of the upper half.
+    pub at: u64,
+}
+
+/// What a split left.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitTabletReply {
+    /// The tablets that meet at the hash asked for, in hash order: the lower and the
+    /// upper half (only the upper at hash 0, where every table starts).
+    pub tablets: Vec<Tablet>,
+    /// False if a tablet started there already: nothing changed.
+    pub split: bool,
 }
 
 /// Names a table.
@@ -454,6 +475,8 @@ bincode_message!(
     ReserveVersionsRequest,
     ReserveVersionsReply,
     DropTableRequest,
+    SplitTabletRequest,
+    SplitTabletReply,
     OwnedTabletsReply,
     SetOpenEpochRequest,
     ReportFailureRequest,
@@ -525,6 +548,9 @@ rpcs! {
     /// The tablet map once newer than the version the client holds, or as it is after
     /// a wait (linearizable, like `GetTabletMap`).
     WatchTabletMap = 119: WatchTabletMapRequest => TabletMap;
+    /// Split a tablet in two on its owner (idempotent: a split where a tablet starts
+    /// already changes nothing; `Retry` while the owner is being recovered).
+    SplitTablet = 120: SplitTabletRequest => SplitTabletReply;
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use rampart_common::protocol::coordinator::{
     AllowLoss, CheckClientLeases, CreateTable, DropTable, Enlist, GetOwnedTablets, GetTableId,
     GetTabletMap, OpenClient, ProcessExited, RaftMessages, RaftStatus, RecoveryStatus,
-    RenewClientLease, RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch, UploadWill,
-    WatchTabletMap,
+    RenewClientLease, RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch, SplitTablet,
+    UploadWill, WatchTabletMap,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Router, Service};
@@ -37,6 +37,7 @@ fn router() -> Router<CoordinatorService> {
         // Tables and tablets (tables.rs).
         .route::<CreateTable>(|service, request| Box::pin(service.create_table(request)))
         .route::<DropTable>(|service, request| Box::pin(service.drop_table(request)))
+        .route::<SplitTablet>(|service, request| Box::pin(service.split_tablet(request)))
         .route::<GetTableId>(|service, request| Box::pin(service.get_table_id(request)))
         .route_payload::<GetTabletMap>(|service, _unread| Box::pin(service.get_tablet_map()))
         .route::<WatchTabletMap>(|service, request| Box::pin(service.watch_tablet_map(request)))

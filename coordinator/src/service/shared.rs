@@ -184,6 +184,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::ReserveVersions { .. } => "version reservation",
         Command::OpenClient | Command::OpenClientWithoutLease => "client opening",
         Command::ExpireClients { .. } => "client expiry",
+        Command::SplitTablet { .. } => "tablet split",
     }
 }
 

@@ -1,11 +1,12 @@
-//! Tables and tablets: `CreateTable`, `DropTable`, `GetTableId`, `GetTabletMap`, and the
-//! pushes that tell the masters concerned what a create or drop changed (`TakeTablets`,
-//! `DropTablets`, or `SyncTablets` for a retried create), under the table name's lock.
+//! Tables and tablets: `CreateTable`, `DropTable`, `SplitTablet`, `GetTableId`,
+//! `GetTabletMap`, and the pushes that tell the masters concerned what a create, drop or
+//! split changed (`TakeTablets`, `DropTablets`, or `SyncTablets` for a split or a
+//! retried create), under the table name's lock.
 
 use rampart_common::ids::{ServerId, TabletEpoch};
 use rampart_common::protocol::coordinator::{
-    CreateTableRequest, DropTableRequest, TableIdReply, TableNameRequest, WatchTabletMapRequest,
-    WATCH_TABLET_MAP_WAIT_MAX,
+    CreateTableRequest, DropTableRequest, SplitTabletReply, SplitTabletRequest, TableIdReply,
+    TableNameRequest, WatchTabletMapRequest, WATCH_TABLET_MAP_WAIT_MAX,
 };
 use rampart_common::protocol::master::{
     DropTablets, PingRequest, ServerStats, SyncTablets, SyncTabletsRequest, TabletsRequest,
@@ -102,6 +103,49 @@ impl CoordinatorService {
                     );
                 }
                 Ok(())
+            }
+            other => Err(rejected(other)),
+        }
+    }
+
+    /// `SplitTablet`: commits the split (idempotent) and has the owner catch up on its
+    /// tablets, best effort: until it does, it serves both halves as the one tablet
+    /// they were, which answers every request the same.
+    pub(super) async fn split_tablet(
+        &self,
+        request: SplitTabletRequest,
+    ) -> Result<SplitTabletReply, Reply> {
+        // The name's lock orders the split with a drop of the table and its pushes.
+        let name = self
+            .node
+            .with_state(|state| state.table(request.table).map(|t| t.name.clone()))
+            .unwrap_or_default();
+        let _change = self.name_lock(&name).lock().await;
+        let command = Command::SplitTablet {
+            table: request.table,
+            at: request.at,
+        };
+        match self.apply(command).await? {
+            CommandResult::TabletSplit {
+                tablets,
+                split,
+                epochs,
+            } => {
+                if split {
+                    tracing::info!(table = %request.table, at = request.at, ?tablets, "tablet split");
+                }
+                let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
+                let sync = |owner, epoch| SyncTabletsRequest { owner, epoch };
+                let failed = self
+                    .tell_owners::<SyncTablets>(&epochs, sync, deadline)
+                    .await;
+                if !failed.is_empty() {
+                    tracing::warn!(
+                        ?failed,
+                        "the owner did not catch up on its split tablet; it will at its next lease renewal"
+                    );
+                }
+                Ok(SplitTabletReply { tablets, split })
             }
             other => Err(rejected(other)),
         }

@@ -178,6 +178,18 @@ pub enum Command {
         /// The clients (at most [`EXPIRE_CLIENTS_MAX`]).
         clients: Vec<ClientId>,
     },
+    /// Splits the tablet of table `table` that holds hash `at` in two, `[start, at - 1]`
+    /// and `[at, end]`, both with its owner: no data moves, and the owner's tablet epoch
+    /// is bumped once. By id, as [`Command::DropTable`]. A split where a tablet starts
+    /// already changes nothing (a retry after an unknown outcome is harmless). Refused
+    /// while the owner is not `Up` (its recovery decides where the tablet goes), and
+    /// beyond [`TABLETS_MAX`] tablets.
+    SplitTablet {
+        /// The table.
+        table: TableId,
+        /// The first hash of the upper half.
+        at: u64,
+    },
 }
 
 /// What applying a [`Command`] produced; sent back to the client that proposed it.
@@ -241,6 +253,17 @@ pub enum CommandResult {
         /// How many of those named were open until now.
         expired: usize,
     },
+    /// A tablet was split, or `at` was where a tablet starts already.
+    TabletSplit {
+        /// The tablets that meet at `at`, in hash order: the lower and the upper half
+        /// (only the upper when `at` is 0, the start of every table).
+        tablets: Vec<Tablet>,
+        /// False if `at` was a tablet boundary already and nothing changed.
+        split: bool,
+        /// The owners' tablet epochs: after the split when `split`, else as they stand
+        /// (an owner then needs only catch up to it).
+        epochs: Vec<(ServerId, TabletEpoch)>,
+    },
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -291,6 +314,14 @@ pub(super) enum Reject {
         start: u64,
         end: u64,
     },
+    #[error("no table has id {0}")]
+    UnknownTable(TableId),
+    #[error("the tablet of {table} holding hash {at:#x} belongs to {owner}, which is not up: its recovery decides where the tablet goes; retry when it is over")]
+    OwnerNotUp {
+        table: TableId,
+        at: u64,
+        owner: ServerId,
+    },
     #[error("too many clients open (limit {max}): no more until some expire", max = CLIENTS_MAX)]
     TooManyClients,
     #[error("server {id} cannot go from {from:?} to {to:?}")]
@@ -305,7 +336,8 @@ impl Reject {
     pub(super) fn status(&self) -> Status {
         match self {
             Reject::NoMasters => Status::NotEnoughServers,
-            Reject::TooManyClients => Status::Retry,
+            Reject::TooManyClients | Reject::OwnerNotUp { .. } => Status::Retry,
+            Reject::UnknownTable(_) => Status::TableDoesntExist,
             Reject::Crashed(_) => Status::ServerCrashed,
             Reject::NotOwned { .. } | Reject::NotCrashed(_) => Status::RecoveryFailed,
             _ => Status::InvalidArgument,
@@ -356,6 +388,8 @@ pub(super) mod tests {
             1 => proptest::collection::vec(0u64..8, 0..4).prop_map(|ids| Command::ExpireClients {
                 clients: ids.into_iter().map(ClientId).collect(),
             }),
+            2 => (1u64..6, prop_oneof![Just(0u64), Just(1 << 63), Just(u64::MAX), any::<u64>()])
+                .prop_map(|(id, at)| Command::SplitTablet { table: TableId(id), at }),
             1 => (0u64..12, 0u64..1000).prop_map(|(id, ceiling)| Command::ReserveVersions {
                 server: ServerId(id),
                 ceiling,

@@ -156,6 +156,7 @@ impl CoordinatorState {
                 }))
             }
             Command::ExpireClients { clients } => Ok(self.expire_clients(clients)),
+            Command::SplitTablet { table, at } => self.split_tablet(*table, *at),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {

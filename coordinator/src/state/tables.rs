@@ -1,5 +1,6 @@
 //! Tables and their tablets: creating a table (split evenly, placed round-robin over the
-//! `Up` masters), dropping one, the servers' tablet epochs, and the queries over tablets.
+//! `Up` masters), dropping one, splitting one of its tablets in two on its owner, the
+//! servers' tablet epochs, and the queries over tablets.
 
 use super::command::{
     CommandResult, Outcome, Reject, TABLES_MAX, TABLETS_MAX, TABLE_NAME_BYTES_MAX, TABLE_SPAN_MAX,
@@ -204,6 +205,67 @@ impl CoordinatorState {
             tablets: table.tablets,
             epochs,
         })
+    }
+
+    /// [`Command::SplitTablet`].
+    pub(super) fn split_tablet(&mut self, id: TableId, at: u64) -> Result<Outcome, Reject> {
+        let Some(table) = self.tables.get(&id) else {
+            return Err(Reject::UnknownTable(id));
+        };
+        // The tablet holding `at`: the tablets cover the whole hash space, in order.
+        let i = table.tablets.partition_point(|t| t.end_hash < at);
+        let Some(&tablet) = table.tablets.get(i) else {
+            return Err(Reject::UnknownTable(id));
+        };
+        if tablet.start_hash == at {
+            // A boundary already (a retry, or the table's start): nothing to split.
+            let tablets = table.tablets[i.saturating_sub(1)..=i].to_vec();
+            let owners: BTreeSet<ServerId> = tablets.iter().map(|t| t.owner).collect();
+            return Ok(Outcome::Unchanged(CommandResult::TabletSplit {
+                tablets,
+                split: false,
+                epochs: owners
+                    .into_iter()
+                    .map(|owner| (owner, self.tablet_epoch(owner)))
+                    .collect(),
+            }));
+        }
+        let owner_up = self
+            .servers
+            .get(&tablet.owner)
+            .is_some_and(|s| s.status == ServerStatus::Up);
+        if !owner_up {
+            return Err(Reject::OwnerNotUp {
+                table: id,
+                at,
+                owner: tablet.owner,
+            });
+        }
+        if self.tablet_count >= TABLETS_MAX {
+            return Err(Reject::TooManyTablets {
+                have: self.tablet_count,
+                span: 1,
+            });
+        }
+        // `at > tablet.start_hash`, so `at - 1` does not wrap.
+        let lower = Tablet {
+            end_hash: at - 1,
+            ..tablet
+        };
+        let upper = Tablet {
+            start_hash: at,
+            ..tablet
+        };
+        if let Some(table) = self.tables.get_mut(&id) {
+            table.tablets.splice(i..=i, [lower, upper]);
+        }
+        self.tablet_count += 1;
+        let epochs = self.bump_tablet_epochs([tablet.owner]);
+        Ok(Outcome::Changed(CommandResult::TabletSplit {
+            tablets: vec![lower, upper],
+            split: true,
+            epochs,
+        }))
     }
 }
 
@@ -574,6 +636,156 @@ mod tests {
         state.apply(&Command::DropTable { id: t0 });
         created(&mut state, "x", TABLE_SPAN_MAX);
         assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    fn split(state: &mut CoordinatorState, table: TableId, at: u64) -> CommandResult {
+        state.apply(&Command::SplitTablet { table, at })
+    }
+
+    #[test]
+    fn a_split_cuts_one_tablet_in_two_on_its_owner_and_bumps_only_its_epoch() {
+        let (mut state, ids) = cluster(2);
+        let (id, tablets) = created(&mut state, "t", 2);
+        let (a, b) = (tablets[0].owner, tablets[1].owner);
+        assert_ne!(a, b);
+        let (epoch_a, epoch_b, version) = (
+            state.tablet_epoch(a),
+            state.tablet_epoch(b),
+            state.version(),
+        );
+        let result = split(&mut state, id, 1000);
+        let lower = Tablet {
+            end_hash: 999,
+            ..tablets[0]
+        };
+        let upper = Tablet {
+            start_hash: 1000,
+            ..tablets[0]
+        };
+        assert_eq!(
+            result,
+            CommandResult::TabletSplit {
+                tablets: vec![lower, upper],
+                split: true,
+                epochs: vec![(a, epoch_a.next())],
+            }
+        );
+        let table = state.table(id).expect("table");
+        assert_eq!(table.tablets, vec![lower, upper, tablets[1]]);
+        assert_eq!(state.tablet_count(), 3);
+        assert_eq!(
+            state.tablet_epoch(b),
+            epoch_b,
+            "the other owner saw no change"
+        );
+        assert_eq!(state.version(), version + 1);
+        assert_eq!(state.tablets_of(a), vec![lower, upper]);
+        assert_eq!(state.check_invariants(), Ok(()));
+        // The last hash alone can be a tablet.
+        let CommandResult::TabletSplit {
+            tablets,
+            split: true,
+            ..
+        } = split(&mut state, id, u64::MAX)
+        else {
+            panic!("not split");
+        };
+        assert_eq!(
+            tablets
+                .iter()
+                .map(|t| (t.start_hash, t.end_hash))
+                .collect::<Vec<_>>(),
+            vec![(1 << 63, u64::MAX - 1), (u64::MAX, u64::MAX)]
+        );
+        assert_eq!(state.check_invariants(), Ok(()));
+        assert_eq!(ids.len(), 2);
+    }
+
+    #[test]
+    fn a_split_where_a_tablet_starts_changes_nothing_and_answers_as_it_stands() {
+        let (mut state, _) = cluster(2);
+        let (id, tablets) = created(&mut state, "t", 2);
+        let CommandResult::TabletSplit { epochs, .. } = split(&mut state, id, 1000) else {
+            panic!("not split");
+        };
+        let before = state.clone();
+        // A retry of that split.
+        let CommandResult::TabletSplit {
+            tablets: halves,
+            split: false,
+            epochs: again,
+        } = split(&mut state, id, 1000)
+        else {
+            panic!("not answered");
+        };
+        assert_eq!(
+            halves
+                .iter()
+                .map(|t| (t.start_hash, t.end_hash))
+                .collect::<Vec<_>>(),
+            vec![(0, 999), (1000, (1 << 63) - 1)]
+        );
+        assert_eq!(again, epochs, "the epochs as they stand");
+        // Where the table's tablets met from the start, and the table's first hash.
+        let CommandResult::TabletSplit {
+            tablets: met,
+            split: false,
+            epochs,
+        } = split(&mut state, id, 1 << 63)
+        else {
+            panic!("not answered");
+        };
+        assert_eq!(met[1], tablets[1]);
+        assert_eq!(epochs.len(), 2);
+        let CommandResult::TabletSplit {
+            tablets: first,
+            split: false,
+            ..
+        } = split(&mut state, id, 0)
+        else {
+            panic!("not answered");
+        };
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].start_hash, 0);
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn a_split_of_an_unknown_table_or_a_crashed_owners_tablet_is_refused() {
+        let (mut state, ids) = cluster(2);
+        let (id, tablets) = created(&mut state, "t", 2);
+        let unknown = Command::SplitTablet {
+            table: TableId(99),
+            at: 5,
+        };
+        assert_rejected(&mut state, unknown, Status::TableDoesntExist);
+        crash(&mut state, tablets[0].owner);
+        let under_recovery = Command::SplitTablet { table: id, at: 5 };
+        assert_rejected(&mut state, under_recovery, Status::Retry);
+        // The other owner's tablet splits.
+        let CommandResult::TabletSplit { split: true, .. } = split(&mut state, id, (1 << 63) + 5)
+        else {
+            panic!("not split");
+        };
+        assert_eq!(ids.len(), 2);
+    }
+
+    #[test]
+    fn a_split_beyond_the_tablet_limit_is_refused() {
+        let (mut state, _) = cluster(1);
+        let full = TABLETS_MAX / TABLE_SPAN_MAX as usize;
+        for i in 0..full {
+            created(&mut state, &format!("t{i}"), TABLE_SPAN_MAX);
+        }
+        let t0 = state.table_id("t0").expect("t0");
+        let beyond = Command::SplitTablet { table: t0, at: 1 };
+        assert_rejected(&mut state, beyond, Status::InvalidArgument);
+        // A retry of a split already made needs no room.
+        let boundary = state.table(t0).expect("t0").tablets[1].start_hash;
+        assert!(matches!(
+            split(&mut state, t0, boundary),
+            CommandResult::TabletSplit { split: false, .. }
+        ));
     }
 
     #[test]

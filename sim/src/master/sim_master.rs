@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{SegmentId, ServerId, TableId, Version};
+use rampart_common::ids::{SegmentId, ServerId, TableId, TabletEpoch, Version};
 use rampart_common::reject::RejectRules;
 use rampart_common::rifl::Rifl;
 use rampart_common::status::Status;
@@ -236,6 +236,12 @@ impl SimMaster {
     pub fn take_tablets(&mut self, tablets: &[Tablet], ceiling: u64) {
         self.store.take_tablets(tablets);
         self.store.raise_version_ceiling(Version(ceiling));
+    }
+
+    /// Serves exactly `tablets`, its whole set as of its tablet epoch `epoch` (a pull
+    /// after `SyncTablets`).
+    pub fn sync_tablets(&mut self, epoch: TabletEpoch, tablets: &[Tablet]) {
+        self.store.replace_tablets(epoch, tablets);
     }
 
     /// Whether its store serves `key` (its own view, which a zombie keeps).

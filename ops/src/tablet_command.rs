@@ -1,0 +1,116 @@
+//! `rampart tablet split TABLE HASH`: an operator's change of a table's tablets.
+//!
+//! A split cuts the tablet holding HASH in two at HASH; both halves stay with its
+//! owner and no data moves (docs/design.md, "Splitting a tablet"). HASH is a key hash,
+//! decimal or `0x` hexadecimal, or `--key KEY` splits where KEY's hash lies, so that
+//! KEY starts the upper half. Prints the tablets that meet there; a split where a
+//! tablet starts already prints them unchanged. Errors print on stderr and exit 2.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use rampart_common::ids::key_hash;
+use rampart_common::tablet::Tablet;
+use std::process::ExitCode;
+
+/// `rampart tablet`
+#[derive(Args, Debug)]
+pub struct TabletArgs {
+    /// Coordinator address(es), comma-separated.
+    #[arg(
+        long,
+        global = true,
+        env = "RAMPART_COORDINATOR",
+        default_value = "127.0.0.1:7000"
+    )]
+    pub coordinator: String,
+    /// Seconds the change may take, retries included (a split of a tablet whose owner
+    /// is being recovered waits for the recovery).
+    #[arg(long, global = true, default_value_t = 10.0)]
+    pub timeout: f64,
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
+    #[command(subcommand)]
+    pub command: TabletCommand,
+}
+
+/// One change of a table's tablets.
+#[derive(Subcommand, Debug)]
+pub enum TabletCommand {
+    /// Split the tablet holding a key hash in two at that hash, on its owner (no data
+    /// moves).
+    Split {
+        /// Table name.
+        table: String,
+        /// The first hash of the upper half: decimal, or hexadecimal with `0x`.
+        #[arg(required_unless_present = "key", conflicts_with = "key")]
+        hash: Option<String>,
+        /// Split at this key's hash instead, so that the key starts the upper half.
+        #[arg(long)]
+        key: Option<String>,
+    },
+}
+
+/// Runs `rampart tablet ...`.
+pub fn run(args: TabletArgs) -> Result<ExitCode> {
+    crate::startup::run_client(&args.security, async {
+        let TabletCommand::Split { table, hash, key } = args.command;
+        let at = match (hash, key) {
+            (Some(hash), _) => parse_hash(&hash)?,
+            (None, Some(key)) => key_hash(key.as_bytes()).0,
+            (None, None) => bail!("give a HASH or --key KEY"),
+        };
+        let client = crate::kv::connect(&args.coordinator, args.timeout).await?;
+        let id = client
+            .get_table_id(&table)
+            .await
+            .with_context(|| format!("table {table}"))?;
+        let (tablets, split) = client
+            .split_tablet(id, at)
+            .await
+            .with_context(|| format!("splitting table {table} at {at:#018x}"))?;
+        let what = if split {
+            "split"
+        } else {
+            "a tablet starts there already; unchanged"
+        };
+        println!("{table} at {at:#018x}: {what}");
+        for tablet in &tablets {
+            println!("{}", describe(tablet));
+        }
+        Ok(ExitCode::SUCCESS)
+    })?
+}
+
+/// A hash as an operator types it: decimal, or hexadecimal after `0x`.
+fn parse_hash(text: &str) -> Result<u64> {
+    let parsed = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+        None => text.replace('_', "").parse::<u64>(),
+    };
+    parsed.with_context(|| format!("{text:?} is not a hash (0..=18446744073709551615, or 0x...)"))
+}
+
+/// `  0x0000000000000000..=0x7fffffffffffffff on server 2`
+fn describe(tablet: &Tablet) -> String {
+    format!(
+        "  {:#018x}..={:#018x} on {}",
+        tablet.start_hash, tablet.end_hash, tablet.owner
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_parse_in_decimal_and_hexadecimal_and_nothing_else() {
+        assert_eq!(parse_hash("1000").ok(), Some(1000));
+        assert_eq!(parse_hash("0x8000_0000_0000_0000").ok(), Some(1 << 63));
+        assert_eq!(parse_hash("0XFF").ok(), Some(255));
+        assert_eq!(parse_hash("18446744073709551615").ok(), Some(u64::MAX));
+        for bad in ["", "-1", "18446744073709551616", "0x", "0x1g", "ten"] {
+            let error = parse_hash(bad).expect_err(bad);
+            assert!(error.to_string().contains("is not a hash"), "{error}");
+        }
+    }
+}

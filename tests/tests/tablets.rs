@@ -1,0 +1,210 @@
+//! Changing a table's tablets on a real `rampart cluster up` (issue 42): a split by
+//! `rampart tablet split` while clients write, then a `kill -9` of the split tablet's
+//! master, whose recovery must bring back every live key of both halves and none of
+//! the keys deleted before the split and never written again.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+use rampart_client::{Client, ClientError, ClientOptions};
+use rampart_common::coordinator_set::CoordinatorSet;
+use rampart_common::ids::{key_hash, TableId};
+use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
+use rampart_common::rpc::RpcPool;
+use rampart_common::tablet::Tablet;
+use rampart_tests::{process_alive, runtime, LocalCluster};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn client(cluster: &LocalCluster) -> Client {
+    let options = ClientOptions {
+        deadline: Duration::from_secs(30),
+        ..ClientOptions::default()
+    };
+    Client::connect_with(&[cluster.coordinator.as_str()], options)
+        .await
+        .unwrap()
+}
+
+/// The table's tablets as the coordinators hold them now.
+async fn tablets(cluster: &LocalCluster, table: TableId) -> Vec<Tablet> {
+    let set = CoordinatorSet::new(&[cluster.coordinator.as_str()]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let map = set
+        .call::<GetTabletMap>(&RpcPool::new(), &TabletMapRequest {}, deadline)
+        .await
+        .unwrap();
+    map.tables
+        .into_iter()
+        .find(|t| t.id == table)
+        .map(|t| t.tablets)
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_split_tablet_serves_throughout_and_its_master_recovers_with_deleted_keys_gone() {
+    let cluster = LocalCluster::start(
+        4,
+        &[
+            "--replicas",
+            "2",
+            "--memory",
+            "64MiB",
+            "--segment-bytes",
+            "1MiB",
+            "--value-bytes-max",
+            "64KiB",
+        ],
+    )
+    .unwrap();
+    runtime().block_on(async {
+        let client = client(&cluster).await;
+        let table = client.create_table("split", 2).await.unwrap();
+        let before = tablets(&cluster, table).await;
+        assert_eq!(before.len(), 2);
+        // 300 keys, 100 of them deleted and never written again.
+        let keys: Vec<String> = (0..300).map(|i| format!("key-{i}")).collect();
+        for key in &keys {
+            client
+                .write(table, key.as_bytes(), key.as_bytes())
+                .await
+                .unwrap();
+        }
+        let (deleted, live) = keys.split_at(100);
+        for key in deleted {
+            client.remove(table, key.as_bytes()).await.unwrap();
+        }
+
+        // Writers on keys of their own go on while the tablet is split.
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (client, stop, written) = (client.clone(), stop.clone(), written.clone());
+            tokio::spawn(async move {
+                let mut round = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    round += 1;
+                    for j in 0..20 {
+                        let key = format!("busy-{j}");
+                        let value = round.to_string();
+                        client
+                            .write(table, key.as_bytes(), value.as_bytes())
+                            .await?;
+                        written.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                Ok::<u64, ClientError>(round)
+            })
+        };
+
+        // The lower tablet split at a quarter of the hash space, from the shell.
+        let at = "0x4000000000000000";
+        let split = cluster
+            .rampart(&["tablet", "split", "split", at], None)
+            .unwrap();
+        assert!(split.status.success(), "{}", text(&split.stderr));
+        let out = text(&split.stdout);
+        assert!(out.contains(": split"), "{out}");
+        let after = tablets(&cluster, table).await;
+        let owner = before[0].owner;
+        assert_eq!(
+            after,
+            vec![
+                Tablet {
+                    end_hash: (1 << 62) - 1,
+                    ..before[0]
+                },
+                Tablet {
+                    start_hash: 1 << 62,
+                    ..before[0]
+                },
+                before[1],
+            ]
+        );
+        assert!(out.contains(&format!("on {owner}")), "{out}");
+        // Again: nothing changes.
+        let again = cluster
+            .rampart(&["tablet", "split", "split", at], None)
+            .unwrap();
+        assert!(again.status.success(), "{}", text(&again.stderr));
+        assert!(
+            text(&again.stdout).contains("unchanged"),
+            "{}",
+            text(&again.stdout)
+        );
+        assert_eq!(tablets(&cluster, table).await, after);
+        // Through the library, at a key's hash in the upper half of the lower tablet.
+        let key = live
+            .iter()
+            .find(|k| {
+                let hash = key_hash(k.as_bytes()).0;
+                hash > (1 << 62) && hash < before[0].end_hash
+            })
+            .unwrap();
+        let hash = key_hash(key.as_bytes()).0;
+        let (halves, split) = client.split_tablet(table, hash).await.unwrap();
+        assert!(split);
+        assert_eq!(halves[1].start_hash, hash);
+        assert_eq!(tablets(&cluster, table).await.len(), 4);
+        // Bad input: a clear error, exit 2.
+        let bad = cluster
+            .rampart(&["tablet", "split", "nosuch", "5"], None)
+            .unwrap();
+        assert_eq!(bad.status.code(), Some(2));
+        assert!(
+            text(&bad.stderr).contains("nosuch"),
+            "{}",
+            text(&bad.stderr)
+        );
+
+        stop.store(true, Ordering::SeqCst);
+        let rounds = writer
+            .await
+            .unwrap()
+            .expect("every write during the splits succeeded");
+        assert!(written.load(Ordering::SeqCst) >= 20, "{rounds} rounds");
+
+        // Every live key once, no deleted one, across the new tablets.
+        let enumerated: Vec<String> = client
+            .enumerate(table)
+            .collect_all()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|object| text(&object.key))
+            .filter(|key| key.starts_with("key-"))
+            .collect();
+        let unique: BTreeSet<&String> = enumerated.iter().collect();
+        assert_eq!(enumerated.len(), unique.len(), "no key twice");
+        assert_eq!(unique, live.iter().collect::<BTreeSet<_>>());
+
+        // The split tablets' master dies; its recovery brings both halves back.
+        let pid = cluster
+            .servers
+            .iter()
+            .find(|(id, _, _)| owner.0 == *id)
+            .map(|&(_, _, pid)| pid)
+            .unwrap();
+        // SAFETY: kill(2) of a server `cluster up` started and still holds.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        for key in live {
+            let object = client.read(table, key.as_bytes()).await.unwrap();
+            assert_eq!(
+                object.map(|o| o.value.to_vec()),
+                Some(key.as_bytes().to_vec())
+            );
+        }
+        for key in deleted {
+            let object = client.read(table, key.as_bytes()).await.unwrap();
+            assert!(object.is_none(), "{key} came back");
+        }
+        assert!(!process_alive(pid));
+        let recovered = tablets(&cluster, table).await;
+        assert!(recovered.iter().all(|t| t.owner != owner), "{recovered:?}");
+    });
+}
