@@ -60,10 +60,8 @@ pub fn run(args: TabletArgs) -> Result<ExitCode> {
             (None, None) => bail!("give a HASH or --key KEY"),
         };
         let client = crate::kv::connect(&args.coordinator, args.timeout).await?;
-        let id = client
-            .get_table_id(&table)
-            .await
-            .with_context(|| format!("table {table}"))?;
+        // Its error names the table.
+        let id = client.get_table_id(&table).await?;
         let (tablets, split) = client
             .split_tablet(id, at)
             .await
