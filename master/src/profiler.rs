@@ -567,6 +567,14 @@ impl Profiler {
     /// inherit what the whole counted inside them; taken one after the other, the
     /// second half would find the whole's profile gone with the first.
     pub fn take_tablets(&mut self, tablets: &[Tablet]) {
+        debug_assert!(
+            tablets.iter().enumerate().all(|(i, a)| tablets[i + 1..]
+                .iter()
+                .all(|b| a.table != b.table
+                    || a.end_hash < b.start_hash
+                    || b.end_hash < a.start_hash)),
+            "tablets taken together overlap: {tablets:?}"
+        );
         let inherited: Vec<(HashRange, Counts)> = tablets
             .iter()
             .map(Tablet::range)

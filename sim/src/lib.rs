@@ -109,6 +109,10 @@
 //! that is told to abandon it is simulated); the coordinators' own crashes beyond
 //! windows without a leader (their Raft log is not simulated); the real async drivers
 //! (`Replicator`, the coordinator's recovery task) under an injected network and clock.
+//! In the splitting world: splits during a recovery (a recovery runs whole between two
+//! batches), a lost split push caught up by a lease renewal (the owner serves the
+//! whole tablet until a later change), and wills (each tablet is its own partition, so
+//! the profiler's inheritance on a split is not exercised here).
 
 pub mod backup;
 pub mod checker;
@@ -175,6 +179,9 @@ pub struct Report {
 #[derive(Clone, Debug)]
 pub struct Failure {
     pub seed: u64,
+    /// The `rampart simulate` flag of the seed's world ("" for the plain one), so that
+    /// the replay runs the same world.
+    pub world: &'static str,
     pub why: String,
     /// Every event of the run.
     pub trace: Vec<String>,
@@ -184,15 +191,15 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "simulation seed {} failed: {}\n  replay it: cargo run -p rampart-ops -- simulate --seed {} --trace",
-            self.seed, self.why, self.seed
+            "simulation seed {} failed: {}\n  replay it: cargo run -p rampart-ops -- simulate{} --seed {} --trace",
+            self.seed, self.why, self.world, self.seed
         )
     }
 }
 
 /// Runs seed `seed` and checks it.
 pub fn run(seed: u64) -> Result<Report, Failure> {
-    run_config(SimConfig::for_seed(seed), seed)
+    run_config(SimConfig::for_seed(seed), seed, "")
 }
 
 /// Runs seed `seed` of the world where a crashed master's death may be proven
@@ -200,17 +207,17 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
 /// killed masters whose ports refuse and whose supervisors may report them, and
 /// zombies cut off by rules that refuse their ports), and checks it.
 pub fn run_proving_death(seed: u64) -> Result<Report, Failure> {
-    run_config(SimConfig::proving_death(seed), seed)
+    run_config(SimConfig::proving_death(seed), seed, " --proving-death")
 }
 
 /// Runs seed `seed` of the world where the coordinators split tablets while the
 /// workload runs ([`SimConfig::splitting`]), and checks it.
 pub fn run_splitting(seed: u64) -> Result<Report, Failure> {
-    run_config(SimConfig::splitting(seed), seed)
+    run_config(SimConfig::splitting(seed), seed, " --splitting")
 }
 
-/// Runs `config` from seed `seed` and checks it.
-fn run_config(config: SimConfig, seed: u64) -> Result<Report, Failure> {
+/// Runs `config` from seed `seed` and checks it; `flag` names its world.
+fn run_config(config: SimConfig, seed: u64, flag: &'static str) -> Result<Report, Failure> {
     let mut world = World::new(config.clone(), seed);
     world.note(format!("{config:?}"));
     let result = Cluster::new(&mut world).and_then(|mut cluster| {
@@ -222,6 +229,7 @@ fn run_config(config: SimConfig, seed: u64) -> Result<Report, Failure> {
         Err(why) => {
             return Err(Failure {
                 seed,
+                world: flag,
                 why,
                 trace: world.trace,
             })

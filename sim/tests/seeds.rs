@@ -161,7 +161,7 @@ const PROVING_DEATH_REGRESSIONS: &[(u64, &str)] = &[
 /// Seeds of the world where tablets are split (`run_splitting`) every `cargo test`
 /// runs. With a split pushed as a `TakeTablets` of its halves (the owner forgets the
 /// upper half's objects), 163 of the first 200 fail.
-const CI_SPLITTING_SEEDS: u64 = 50;
+const CI_SPLITTING_SEEDS: u64 = 20;
 
 fn run_seeds_of(
     run: fn(u64) -> Result<Report, Failure>,

@@ -168,6 +168,12 @@ fn a_split_tablet_serves_throughout_and_its_master_recovers_with_deleted_keys_go
             .unwrap()
             .expect("every write during the splits succeeded");
         assert!(written.load(Ordering::SeqCst) >= 20, "{rounds} rounds");
+        // Each round wrote every key: each holds the last round's value.
+        for j in 0..20 {
+            let key = format!("busy-{j}");
+            let object = client.read(table, key.as_bytes()).await.unwrap().unwrap();
+            assert_eq!(object.value, rounds.to_string().as_bytes(), "{key}");
+        }
 
         // Every live key once, no deleted one, across the new tablets.
         let enumerated: Vec<String> = client

@@ -23,7 +23,8 @@ use tokio::time::Instant;
 use super::shared::{rejected, CoordinatorService};
 use crate::state::{Command, CommandResult, CoordinatorState};
 
-/// How long a create or drop waits for the masters to take or drop their tablets.
+/// How long a create, drop or split waits for the masters to take, drop or pull their
+/// tablets.
 pub const TABLET_PUSH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long the leader asks a master that did not take its tablets why.

@@ -32,8 +32,9 @@ pub const SERVERS_MAX: usize = 100_000;
 /// Longest table name, in bytes. Names travel in every `get_table_id` request.
 pub const TABLE_NAME_BYTES_MAX: usize = 256;
 
-/// Most tablets one table is split into. Spreading one table over more masters than this
-/// buys nothing in a cluster of the size Rampart targets.
+/// Most tablets a table is created with. Spreading one table over more masters than this
+/// buys nothing in a cluster of the size Rampart targets. Splits may take a table past
+/// it; only [`TABLETS_MAX`] bounds them.
 pub const TABLE_SPAN_MAX: u32 = 1024;
 
 /// Open segments per master whose recorded epochs are kept ([`Command::SetOpenEpoch`]):

@@ -40,12 +40,13 @@
 //!
 //! Clients retry after a lost reply, so commands that a retry may repeat are idempotent:
 //! creating an existing table returns that table (RAMCloud semantics), dropping a missing
-//! table succeeds with nothing to drop, and setting a server to its current status is a
-//! no-op. None of these bump the version.
+//! table succeeds with nothing to drop, splitting a tablet where a tablet starts already
+//! changes nothing, and setting a server to its current status is a no-op. None of these
+//! bump the version.
 //!
 //! # Tablet epochs
 //!
-//! Every command that changes the tablets a server owns (create, drop, recovered
+//! Every command that changes the tablets a server owns (create, drop, split, recovered
 //! partition) bumps that server's *tablet epoch* by one. The pushes that follow carry it,
 //! and lease renewals report it, so a master applies changes in order, notices one it
 //! missed, and pulls its whole set then: the tablets it serves converge to the committed

@@ -215,6 +215,7 @@ impl CoordinatorState {
         // The tablet holding `at`: the tablets cover the whole hash space, in order.
         let i = table.tablets.partition_point(|t| t.end_hash < at);
         let Some(&tablet) = table.tablets.get(i) else {
+            // Cannot happen: the tablets cover the hash space (`check_invariants`).
             return Err(Reject::UnknownTable(id));
         };
         if tablet.start_hash == at {
@@ -644,7 +645,7 @@ mod tests {
 
     #[test]
     fn a_split_cuts_one_tablet_in_two_on_its_owner_and_bumps_only_its_epoch() {
-        let (mut state, ids) = cluster(2);
+        let (mut state, _) = cluster(2);
         let (id, tablets) = created(&mut state, "t", 2);
         let (a, b) = (tablets[0].owner, tablets[1].owner);
         assert_ne!(a, b);
@@ -698,7 +699,6 @@ mod tests {
             vec![(1 << 63, u64::MAX - 1), (u64::MAX, u64::MAX)]
         );
         assert_eq!(state.check_invariants(), Ok(()));
-        assert_eq!(ids.len(), 2);
     }
 
     #[test]
@@ -752,7 +752,7 @@ mod tests {
 
     #[test]
     fn a_split_of_an_unknown_table_or_a_crashed_owners_tablet_is_refused() {
-        let (mut state, ids) = cluster(2);
+        let (mut state, _) = cluster(2);
         let (id, tablets) = created(&mut state, "t", 2);
         let unknown = Command::SplitTablet {
             table: TableId(99),
@@ -767,7 +767,6 @@ mod tests {
         else {
             panic!("not split");
         };
-        assert_eq!(ids.len(), 2);
     }
 
     #[test]
