@@ -16,6 +16,16 @@ use std::process::ExitCode;
 /// `rampart kv`
 #[derive(Args, Debug)]
 pub struct KvArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub command: KvCommand,
+}
+
+/// How a command that works through the client library reaches the cluster (`kv`,
+/// `tablet`).
+#[derive(Args, Debug)]
+pub struct ClientArgs {
     /// Coordinator address(es), comma-separated.
     #[arg(
         long,
@@ -29,8 +39,6 @@ pub struct KvArgs {
     pub timeout: f64,
     #[command(flatten)]
     pub security: crate::security::ClientSecurityArgs,
-    #[command(subcommand)]
-    pub command: KvCommand,
 }
 
 /// One table operation.
@@ -98,23 +106,22 @@ pub enum KvCommand {
     },
 }
 
-/// A client of the cluster at `coordinator` (comma-separated addresses) whose every
-/// operation may take `timeout` seconds, retries included.
-pub(crate) async fn connect(coordinator: &str, timeout: f64) -> Result<Client> {
-    let coordinators = crate::startup::coordinator_list(coordinator);
+/// A client of the cluster `args` name.
+pub(crate) async fn connect(args: &ClientArgs) -> Result<Client> {
+    let coordinators = crate::startup::coordinator_list(&args.coordinator);
     let options = rampart_client::ClientOptions {
-        deadline: std::time::Duration::from_secs_f64(timeout.max(0.001)),
+        deadline: std::time::Duration::from_secs_f64(args.timeout.max(0.001)),
         ..Default::default()
     };
     Client::connect_with(&coordinators, options)
         .await
-        .with_context(|| format!("cannot reach the cluster at {coordinator}"))
+        .with_context(|| format!("cannot reach the cluster at {}", args.coordinator))
 }
 
 /// Runs `rampart kv ...`.
 pub fn run(args: KvArgs) -> Result<ExitCode> {
-    crate::startup::run_client(&args.security, async {
-        let client = connect(&args.coordinator, args.timeout).await?;
+    crate::startup::run_client(&args.client.security, async {
+        let client = connect(&args.client).await?;
         match execute(&client, args.command).await {
             Ok(code) => Ok(code),
             Err(error) => {

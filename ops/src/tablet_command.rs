@@ -12,23 +12,12 @@ use rampart_common::ids::key_hash;
 use rampart_common::tablet::Tablet;
 use std::process::ExitCode;
 
-/// `rampart tablet`
+/// `rampart tablet`. A split of a tablet whose owner is being recovered waits for the
+/// recovery, within `--timeout`.
 #[derive(Args, Debug)]
 pub struct TabletArgs {
-    /// Coordinator address(es), comma-separated.
-    #[arg(
-        long,
-        global = true,
-        env = "RAMPART_COORDINATOR",
-        default_value = "127.0.0.1:7000"
-    )]
-    pub coordinator: String,
-    /// Seconds the change may take, retries included (a split of a tablet whose owner
-    /// is being recovered waits for the recovery).
-    #[arg(long, global = true, default_value_t = 10.0)]
-    pub timeout: f64,
     #[command(flatten)]
-    pub security: crate::security::ClientSecurityArgs,
+    pub client: crate::kv::ClientArgs,
     #[command(subcommand)]
     pub command: TabletCommand,
 }
@@ -52,14 +41,14 @@ pub enum TabletCommand {
 
 /// Runs `rampart tablet ...`.
 pub fn run(args: TabletArgs) -> Result<ExitCode> {
-    crate::startup::run_client(&args.security, async {
+    crate::startup::run_client(&args.client.security, async {
         let TabletCommand::Split { table, hash, key } = args.command;
         let at = match (hash, key) {
             (Some(hash), _) => parse_hash(&hash)?,
             (None, Some(key)) => key_hash(key.as_bytes()).0,
             (None, None) => bail!("give a HASH or --key KEY"),
         };
-        let client = crate::kv::connect(&args.coordinator, args.timeout).await?;
+        let client = crate::kv::connect(&args.client).await?;
         // Its error names the table.
         let id = client.get_table_id(&table).await?;
         let (tablets, split) = client

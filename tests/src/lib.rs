@@ -197,6 +197,15 @@ impl LocalCluster {
         wait_child(&mut self.child, timeout)
     }
 
+    /// A client of this cluster whose operations may take `deadline`, retries included.
+    pub async fn client(&self, deadline: Duration) -> Result<rampart_client::Client> {
+        let options = rampart_client::ClientOptions {
+            deadline,
+            ..rampart_client::ClientOptions::default()
+        };
+        Ok(rampart_client::Client::connect_with(&[self.coordinator.as_str()], options).await?)
+    }
+
     /// Runs `rampart ARGS...` against this cluster (RAMPART_COORDINATOR set).
     pub fn rampart(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<Output> {
         rampart(args, stdin, &[("RAMPART_COORDINATOR", &self.coordinator)])

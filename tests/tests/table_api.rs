@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
-use rampart_client::{Client, ClientError, ClientOptions, RejectRules, Version, WriteItem};
+use rampart_client::{Client, ClientError, RejectRules, Version, WriteItem};
 use rampart_common::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX_DEFAULT};
 use rampart_common::status::Status;
 use rampart_tests::{process_alive, runtime, LocalCluster};
@@ -147,13 +147,7 @@ fn kv_cli_session_reads_writes_and_reports_missing_keys() {
 }
 
 async fn connect(cluster: &LocalCluster) -> Client {
-    let options = ClientOptions {
-        deadline: Duration::from_secs(10),
-        ..ClientOptions::default()
-    };
-    Client::connect_with(&[cluster.coordinator.as_str()], options)
-        .await
-        .unwrap()
+    cluster.client(Duration::from_secs(10)).await.unwrap()
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
-use rampart_client::{Client, ClientError, ClientOptions};
+use rampart_client::ClientError;
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::{key_hash, TableId};
 use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
@@ -19,16 +19,6 @@ use std::time::Duration;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-async fn client(cluster: &LocalCluster) -> Client {
-    let options = ClientOptions {
-        deadline: Duration::from_secs(30),
-        ..ClientOptions::default()
-    };
-    Client::connect_with(&[cluster.coordinator.as_str()], options)
-        .await
-        .unwrap()
 }
 
 /// The table's tablets as the coordinators hold them now.
@@ -63,7 +53,7 @@ fn a_split_tablet_serves_throughout_and_its_master_recovers_with_deleted_keys_go
     )
     .unwrap();
     runtime().block_on(async {
-        let client = client(&cluster).await;
+        let client = cluster.client(Duration::from_secs(30)).await.unwrap();
         let table = client.create_table("split", 2).await.unwrap();
         let before = tablets(&cluster, table).await;
         assert_eq!(before.len(), 2);
