@@ -28,6 +28,16 @@ pub const CLUSTER_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// masters keep open or closing at once.
 pub const TEST_BACKUP_FRAMES: &str = "16";
 
+/// `cluster up` flags for small servers: 1 MiB segments, so tests roll over often.
+pub const SMALL_SERVERS: &[&str] = &[
+    "--memory",
+    "64MiB",
+    "--segment-bytes",
+    "1MiB",
+    "--value-bytes-max",
+    "64KiB",
+];
+
 /// The path of the `rampart` executable under test.
 pub fn rampart_bin() -> Result<PathBuf> {
     if let Ok(path) = std::env::var("RAMPART_BIN") {

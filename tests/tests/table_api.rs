@@ -6,19 +6,9 @@
 use rampart_client::{Client, ClientError, RejectRules, Version, WriteItem};
 use rampart_common::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX_DEFAULT};
 use rampart_common::status::Status;
-use rampart_tests::{process_alive, runtime, LocalCluster};
+use rampart_tests::{process_alive, runtime, LocalCluster, SMALL_SERVERS};
 use std::collections::BTreeSet;
 use std::time::Duration;
-
-/// `cluster up` flags for small servers: 1 MiB segments, so tests roll over often.
-const SMALL_SERVERS: &[&str] = &[
-    "--memory",
-    "64MiB",
-    "--segment-bytes",
-    "1MiB",
-    "--value-bytes-max",
-    "64KiB",
-];
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

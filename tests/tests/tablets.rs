@@ -11,7 +11,7 @@ use rampart_common::ids::{key_hash, TableId};
 use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
 use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::Tablet;
-use rampart_tests::{process_alive, runtime, LocalCluster};
+use rampart_tests::{process_alive, runtime, LocalCluster, SMALL_SERVERS};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,20 +38,8 @@ async fn tablets(cluster: &LocalCluster, table: TableId) -> Vec<Tablet> {
 
 #[test]
 fn a_split_tablet_serves_throughout_and_its_master_recovers_with_deleted_keys_gone() {
-    let cluster = LocalCluster::start(
-        4,
-        &[
-            "--replicas",
-            "2",
-            "--memory",
-            "64MiB",
-            "--segment-bytes",
-            "1MiB",
-            "--value-bytes-max",
-            "64KiB",
-        ],
-    )
-    .unwrap();
+    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
+    let cluster = LocalCluster::start(4, &flags).unwrap();
     runtime().block_on(async {
         let client = cluster.client(Duration::from_secs(30)).await.unwrap();
         let table = client.create_table("split", 2).await.unwrap();
