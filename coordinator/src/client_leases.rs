@@ -56,6 +56,10 @@ pub struct ClientLeases {
     /// never renewed or answered valid again in this term, even by a renewal read
     /// before it decided.
     expiring: HashSet<ClientId>,
+    /// Whether [`expire`](Self::expire) has looked at the open clients in this term:
+    /// after its first look, an open client it has not seen was opened since, and its
+    /// lease counts from when it is first seen until [`open`](Self::open) notes it.
+    looked: bool,
 }
 
 impl ClientLeases {
@@ -66,6 +70,7 @@ impl ClientLeases {
             leading: None,
             renewed: HashMap::new(),
             expiring: HashSet::new(),
+            looked: false,
         }
     }
 
@@ -87,6 +92,7 @@ impl ClientLeases {
             self.leading = term.map(|term| (term, now));
             self.renewed.clear();
             self.expiring.clear();
+            self.looked = false;
         }
     }
 
@@ -106,8 +112,9 @@ impl ClientLeases {
     }
 
     /// Client `client` was just opened (its `OpenClient` committed, which confirmed
-    /// leadership) from a request read at `at`: its lease starts then. `None` while
-    /// this member does not lead.
+    /// leadership) from a request read at `at`: its lease starts then, even if
+    /// [`expire`](Self::expire) saw it open first and counted from later (nobody was
+    /// told of its lease before this). `None` while this member does not lead.
     pub fn open(&mut self, client: ClientId, at: Instant) -> Option<Duration> {
         self.leading?;
         self.renewed.insert(client, at);
@@ -136,11 +143,24 @@ impl ClientLeases {
     /// Of `open` (the open clients), those whose lease ran out by `now` (at most
     /// [`EXPIRE_CLIENTS_MAX`]), marked as being expired from now on; none while this
     /// member does not lead.
+    ///
+    /// An open client this member has no time for counts from when the term began if
+    /// this is the first look of the term, and from `now` after it: it was opened
+    /// since the last look, its `OpenClient` committed and [`open`](Self::open) not
+    /// called yet. Counted from the term's start, a client opened late in a long term
+    /// would be expired in the moment between its commit and its first lease.
     pub fn expire(&mut self, open: impl Iterator<Item = ClientId>, now: Instant) -> Vec<ClientId> {
-        if self.leading.is_none() {
+        let Some((_, since)) = self.leading else {
             return Vec::new();
+        };
+        let first_seen = if self.looked { now } else { since };
+        self.looked = true;
+        let open: Vec<ClientId> = open.collect();
+        for &client in &open {
+            self.renewed.entry(client).or_insert(first_seen);
         }
         let expired: Vec<ClientId> = open
+            .into_iter()
             .filter(|&c| self.remaining(c, now).is_zero())
             .take(EXPIRE_CLIENTS_MAX)
             .collect();
@@ -234,9 +254,27 @@ mod tests {
         leases.observe_leadership(Some(3), t0);
         assert_eq!(leases.remaining(A, t0 + 10 * S), 20 * S);
         assert!(leases
-            .expire([A].into_iter(), t0 + LEASE - Duration::from_millis(1))
+            .expire([A, B].into_iter(), t0 + LEASE - Duration::from_millis(1))
             .is_empty());
         assert_eq!(leases.expire([A, B].into_iter(), t0 + LEASE), vec![A, B]);
+    }
+
+    #[test]
+    fn a_client_committed_open_before_its_lease_is_noted_is_not_expired() {
+        // `OpenClient` commits, the expirer looks, and only then does the service note
+        // the new client's lease: it must not count from the term's start.
+        let mut leases = ClientLeases::new(LEASE);
+        let t0 = Instant::now();
+        leases.observe_leadership(Some(3), t0);
+        assert!(leases.expire([A].into_iter(), t0 + S).is_empty());
+        let late = t0 + 3 * LEASE;
+        assert_eq!(leases.expire([A, B].into_iter(), late), vec![A]);
+        assert_eq!(leases.open(B, late - Duration::from_millis(1)), Some(LEASE));
+        assert_eq!(leases.remaining(B, late), LEASE - Duration::from_millis(1));
+        assert!(leases
+            .expire([B].into_iter(), late + LEASE - Duration::from_millis(2))
+            .is_empty());
+        assert_eq!(leases.expire([B].into_iter(), late + LEASE), vec![B]);
     }
 
     #[test]
@@ -284,7 +322,7 @@ mod tests {
         let t0 = Instant::now();
         leases.observe_leadership(Some(3), t0);
         let x = t0 + LEASE;
-        assert_eq!(leases.expire([A].into_iter(), x), vec![A]);
+        assert_eq!(leases.expire([A, B].into_iter(), x), vec![A, B]);
         assert_eq!(leases.renew(A, x - S, x - S), None);
         assert_eq!(leases.remaining(A, x - S), Duration::ZERO);
         // Proposed again at the next round while it is still open.
