@@ -47,6 +47,13 @@ id_type!(
     ClientId,
     "client-"
 );
+id_type!(
+    /// A move of tablets from one master to another (`BeginMove` in the coordinators'
+    /// state), assigned when it begins. Never reused: the move's commit or abort names it,
+    /// and only one of them takes effect.
+    MoveId,
+    "move-"
+);
 /// A segment of one master's log. Two spaces of ids, never mixed:
 /// * the log's *head chain* — ids grow by one per new head segment (1, 2, 3, …), each
 ///   opening with a digest and closed by a footer naming its successor, so recovery

@@ -185,6 +185,9 @@ fn command_name(command: &Command) -> &'static str {
         Command::OpenClient | Command::OpenClientWithoutLease => "client opening",
         Command::ExpireClients { .. } => "client expiry",
         Command::SplitTablet { .. } => "tablet split",
+        Command::BeginMove { .. } => "move start",
+        Command::CommitMove { .. } => "move commit",
+        Command::AbortMove { .. } => "move abort",
     }
 }
 

@@ -4,13 +4,15 @@
 //! are in Raft logs on disk: their variants and fields keep their order, new variants go
 //! last.
 
-use rampart_common::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use rampart_common::ids::{ClientId, Epoch, MoveId, SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::limits::RPC_PAYLOAD_BYTES_MAX;
 use rampart_common::status::Status;
 use rampart_common::tablet::{HashRange, ServerStatus, Services, Tablet};
 use rampart_common::will::Will;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use super::moves::MoveEnd;
 
 /// Most live tables. Bounds the memory of the state and the size of a
 /// [`TabletMap`](rampart_common::tablet::TabletMap) that clients fetch.
@@ -191,6 +193,35 @@ pub enum Command {
         /// The first hash of the upper half.
         at: u64,
     },
+    /// Opens a move of the whole tablets `start..=end` of table `table` from their one
+    /// owner (an `Up` master) to `target` (another): a new [`MoveId`]. Nothing changes
+    /// owner yet. Repeated while that move is open, it answers with it. Refused for a
+    /// range that is not whole tablets of one owner, that overlaps an open move, or
+    /// beyond [`MOVES_MAX`](super::moves::MOVES_MAX) open moves.
+    BeginMove {
+        /// The table.
+        table: TableId,
+        /// The first hash of the first tablet moved.
+        start: u64,
+        /// The last hash of the last tablet moved.
+        end: u64,
+        /// The master that takes them.
+        target: ServerId,
+    },
+    /// Ends open move `id` by handing its tablets to the target (see `state::moves`):
+    /// both owners' tablet epochs are bumped, and the target's version ceiling is raised
+    /// to the source's. Refused once the move was aborted; a repeat after it committed
+    /// changes nothing.
+    CommitMove {
+        /// The move.
+        id: MoveId,
+    },
+    /// Ends open move `id` with its tablets left on the source. Refused once the move
+    /// committed; a repeat after it was aborted changes nothing.
+    AbortMove {
+        /// The move.
+        id: MoveId,
+    },
 }
 
 /// What applying a [`Command`] produced; sent back to the client that proposed it.
@@ -265,6 +296,27 @@ pub enum CommandResult {
         /// (an owner then needs only catch up to it).
         epochs: Vec<(ServerId, TabletEpoch)>,
     },
+    /// A move is open (or was already, for a repeated `BeginMove`).
+    MoveBegun {
+        /// Its id.
+        id: MoveId,
+        /// The master its tablets come from.
+        source: ServerId,
+        /// False if the move was open already and nothing changed.
+        begun: bool,
+    },
+    /// A move ended (or had ended that way already: then `tablets` and `epochs` are
+    /// empty, and the owners need only catch up with the map).
+    MoveEnded {
+        /// Its id.
+        id: MoveId,
+        /// How.
+        end: MoveEnd,
+        /// The tablets the target owns now (committed only).
+        tablets: Vec<Tablet>,
+        /// The source's and the target's tablet epochs after the commit.
+        epochs: Vec<(ServerId, TabletEpoch)>,
+    },
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -325,6 +377,16 @@ pub(super) enum Reject {
     },
     #[error("too many clients open (limit {max}): no more until some expire", max = CLIENTS_MAX)]
     TooManyClients,
+    #[error("cannot move: {why}")]
+    BadMove { why: String },
+    #[error("{range:?} overlaps {id}, which is open: wait for it to end, or abort it")]
+    Moving { id: MoveId, range: HashRange },
+    #[error("too many moves open (limit {max}): wait for some to end", max = super::moves::MOVES_MAX)]
+    TooManyMoves,
+    #[error("no move {0} is open or ended recently")]
+    UnknownMove(MoveId),
+    #[error("{id} ended already: {end:?}")]
+    MoveEndedOtherwise { id: MoveId, end: MoveEnd },
     #[error("server {id} cannot go from {from:?} to {to:?}")]
     StatusBackwards {
         id: ServerId,
@@ -337,7 +399,9 @@ impl Reject {
     pub(super) fn status(&self) -> Status {
         match self {
             Reject::NoMasters => Status::NotEnoughServers,
-            Reject::TooManyClients | Reject::OwnerNotUp { .. } => Status::Retry,
+            Reject::TooManyClients | Reject::OwnerNotUp { .. } | Reject::TooManyMoves => {
+                Status::Retry
+            }
             Reject::UnknownTable(_) => Status::TableDoesntExist,
             Reject::Crashed(_) => Status::ServerCrashed,
             Reject::NotOwned { .. } | Reject::NotCrashed(_) => Status::RecoveryFailed,
@@ -391,6 +455,15 @@ pub(super) mod tests {
             }),
             2 => (1u64..6, prop_oneof![Just(0u64), Just(1 << 63), Just(u64::MAX), any::<u64>()])
                 .prop_map(|(id, at)| Command::SplitTablet { table: TableId(id), at }),
+            2 => (1u64..6, prop_oneof![Just((0u64, u64::MAX)), Just((0, (1 << 63) - 1)), Just((1 << 63, u64::MAX)), (any::<u64>(), any::<u64>())], 0u64..12)
+                .prop_map(|(id, (start, end), target)| Command::BeginMove {
+                    table: TableId(id),
+                    start,
+                    end,
+                    target: ServerId(target),
+                }),
+            1 => (1u64..5).prop_map(|id| Command::CommitMove { id: MoveId(id) }),
+            1 => (1u64..5).prop_map(|id| Command::AbortMove { id: MoveId(id) }),
             1 => (0u64..12, 0u64..1000).prop_map(|(id, ceiling)| Command::ReserveVersions {
                 server: ServerId(id),
                 ceiling,

@@ -3,7 +3,8 @@
 //! files, by concern) and bumps the version when it changed the configuration.
 
 use super::command::{Command, CommandResult, Outcome, CLIENT_IDS_START};
-use rampart_common::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use super::moves::{MoveEnd, OpenMove};
+use rampart_common::ids::{ClientId, Epoch, MoveId, SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::tablet::{ServerInfo, TableInfo};
 use rampart_common::will::Will;
 use serde::{Deserialize, Serialize};
@@ -90,6 +91,19 @@ pub struct CoordinatorState {
     /// The clients opened and not expired (whose leases the leader keeps).
     /// 1. At most [`CLIENTS_MAX`](super::command::CLIENTS_MAX).
     pub(super) clients: BTreeSet<ClientId>,
+    /// The id the next move gets.
+    /// 1. Starts at 1 and only grows: move ids are never reused.
+    /// 2. Greater than every key of `moves` and `ended_moves`.
+    pub(super) next_move_id: u64,
+    /// The open moves (`state::moves`).
+    /// 1. At most [`MOVES_MAX`](super::moves::MOVES_MAX); keyed by their ids.
+    /// 2. Each covers whole tablets of its table, all owned by its source; source and
+    ///    target are distinct `Up` masters.
+    /// 3. No two overlap.
+    pub(super) moves: BTreeMap<MoveId, OpenMove>,
+    /// How the newest ended moves ended.
+    /// 1. At most [`ENDED_MOVES_KEPT`](super::moves::ENDED_MOVES_KEPT); none is open.
+    pub(super) ended_moves: BTreeMap<MoveId, MoveEnd>,
 }
 
 impl Default for CoordinatorState {
@@ -118,6 +132,9 @@ impl CoordinatorState {
             next_client_id: CLIENT_IDS_START,
             clients: BTreeSet::new(),
             version: 0,
+            next_move_id: 1,
+            moves: BTreeMap::new(),
+            ended_moves: BTreeMap::new(),
         }
     }
 
@@ -157,6 +174,14 @@ impl CoordinatorState {
             }
             Command::ExpireClients { clients } => Ok(self.expire_clients(clients)),
             Command::SplitTablet { table, at } => self.split_tablet(*table, *at),
+            Command::BeginMove {
+                table,
+                start,
+                end,
+                target,
+            } => self.begin_move(*table, *start, *end, *target),
+            Command::CommitMove { id } => self.commit_move(*id),
+            Command::AbortMove { id } => self.abort_move(*id),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {

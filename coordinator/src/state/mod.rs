@@ -74,6 +74,7 @@
 //! * `recovery_records` — wills, open-segment epochs, version ceilings, consent to loss, and
 //!   recovered partitions.
 //! * `clients` — opening and expiring clients.
+//! * `moves` — moves of tablets between masters: begun, then committed or aborted.
 //! * `snapshot` — decoding a snapshot (this release's encoding or the older one) and
 //!   [`CoordinatorState::check_invariants`].
 //! * `test_support` — for tests only: the helpers the files' tests share.
@@ -81,6 +82,7 @@
 mod clients;
 mod command;
 mod core;
+mod moves;
 mod recovery_records;
 mod servers;
 mod snapshot;
@@ -94,5 +96,6 @@ pub use self::command::{
     TABLE_NAME_BYTES_MAX, TABLE_SPAN_MAX, WILL_RANGES_MAX,
 };
 pub use self::core::CoordinatorState;
+pub use self::moves::{MoveEnd, OpenMove, ENDED_MOVES_KEPT, MOVES_MAX};
 pub use self::snapshot::InvariantViolation;
 pub use rampart_common::tablet::HashRange;

@@ -70,6 +70,7 @@ impl CoordinatorState {
             if let Some(old) = self.servers.get_mut(&old) {
                 old.status = ServerStatus::Crashed;
             }
+            self.abort_moves_of_server(old);
         }
         self.servers.insert(
             id,
@@ -105,8 +106,9 @@ impl CoordinatorState {
             self.up_addrs.remove(&server.addr);
         }
         // A crashed server keeps its tablets: recovery reassigns them
-        // (`RecoveredPartition`), then marks it removed.
+        // (`RecoveredPartition`), then marks it removed. Its moves end here.
         server.status = status;
+        self.abort_moves_of_server(id);
         if status == ServerStatus::Removed {
             self.wills.remove(&id);
             self.allow_loss.remove(&id);

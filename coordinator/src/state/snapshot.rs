@@ -1,5 +1,5 @@
-//! Snapshots: decoding the state (today's encoding, or the shorter one of the release
-//! before open clients) and checking every invariant of one read from disk before it is
+//! Snapshots: decoding the state (today's encoding, or the shorter ones of the releases
+//! before moves and before open clients) and checking every invariant of one read from disk before it is
 //! installed.
 
 use super::command::{
@@ -7,9 +7,10 @@ use super::command::{
     WILL_RANGES_MAX,
 };
 use super::core::CoordinatorState;
+use super::moves::{ENDED_MOVES_KEPT, MOVES_MAX};
 use super::recovery_records::will_ranges;
-use rampart_common::ids::{Epoch, SegmentId, ServerId, TableId, TabletEpoch};
-use rampart_common::tablet::{ServerInfo, ServerStatus, TableInfo};
+use rampart_common::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use rampart_common::tablet::{HashRange, ServerInfo, ServerStatus, TableInfo};
 use rampart_common::will::Will;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,6 +53,12 @@ pub enum InvariantViolation {
         /// What is wrong.
         what: &'static str,
     },
+    /// The moves are inconsistent.
+    #[error("moves: {what}")]
+    Moves {
+        /// What is wrong.
+        what: &'static str,
+    },
 }
 
 /// The state as releases before open clients encoded it: today's fields but the last
@@ -72,6 +79,25 @@ pub(crate) struct StateWithoutClients {
     tablet_epochs: BTreeMap<ServerId, TabletEpoch>,
     version_ceilings: BTreeMap<ServerId, u64>,
     version: u64,
+}
+
+/// The state as releases before moves encoded it: today's fields but the last three
+/// (bincode writes a nested struct's fields one after another, as if inline).
+#[derive(Deserialize)]
+pub(crate) struct StateWithoutMoves {
+    before: StateWithoutClients,
+    next_client_id: u64,
+    clients: BTreeSet<ClientId>,
+}
+
+impl From<StateWithoutMoves> for CoordinatorState {
+    fn from(old: StateWithoutMoves) -> CoordinatorState {
+        CoordinatorState {
+            next_client_id: old.next_client_id,
+            clients: old.clients,
+            ..CoordinatorState::from(old.before)
+        }
+    }
 }
 
 impl From<StateWithoutClients> for CoordinatorState {
@@ -95,24 +121,35 @@ impl From<StateWithoutClients> for CoordinatorState {
             version: old.version,
             next_client_id: CLIENT_IDS_START,
             clients: BTreeSet::new(),
+            next_move_id: 1,
+            moves: BTreeMap::new(),
+            ended_moves: BTreeMap::new(),
         }
     }
 }
 
 impl CoordinatorState {
-    /// Decodes a state encoded (bincode) by this release, or by one before open clients
-    /// existed (see `StateWithoutClients`).
+    /// Decodes a state encoded (bincode) by this release, or by one before moves or
+    /// before open clients existed (see `StateWithoutMoves`, `StateWithoutClients`).
     pub fn decode(bytes: &[u8]) -> Result<CoordinatorState, bincode::Error> {
         use bincode::Options;
-        bincode::deserialize(bytes).or_else(|error| {
-            // Only an encoding that the old fields use up whole: a damaged tail of
-            // today's encoding must not pass for an old one (bincode's default ignores
-            // trailing bytes).
+        // An older encoding only if the old fields use it up whole: a damaged tail of
+        // today's encoding must not pass for an old one (bincode's default ignores
+        // trailing bytes).
+        let exact = || {
             bincode::DefaultOptions::new()
                 .with_fixint_encoding()
                 .reject_trailing_bytes()
-                .deserialize::<StateWithoutClients>(bytes)
+        };
+        bincode::deserialize(bytes).or_else(|error| {
+            exact()
+                .deserialize::<StateWithoutMoves>(bytes)
                 .map(CoordinatorState::from)
+                .or_else(|_| {
+                    exact()
+                        .deserialize::<StateWithoutClients>(bytes)
+                        .map(CoordinatorState::from)
+                })
                 .map_err(|_| error)
         })
     }
@@ -253,6 +290,40 @@ impl CoordinatorState {
                 what: "more than CLIENTS_MAX, or an id outside CLIENT_IDS_START..next_client_id",
             });
         }
+        self.check_moves()
+    }
+
+    /// The invariants of `moves` and `ended_moves`.
+    fn check_moves(&self) -> Result<(), InvariantViolation> {
+        let fail = |what| Err(InvariantViolation::Moves { what });
+        if self.moves.len() > MOVES_MAX || self.ended_moves.len() > ENDED_MOVES_KEPT {
+            return fail("more than MOVES_MAX open or ENDED_MOVES_KEPT ended");
+        }
+        let highest = self.moves.keys().chain(self.ended_moves.keys()).max();
+        if self.next_move_id == 0 || highest.is_some_and(|id| id.0 >= self.next_move_id) {
+            return fail("an id outside 1..next_move_id");
+        }
+        let up_master = |id: ServerId| {
+            self.servers
+                .get(&id)
+                .is_some_and(|s| s.status == ServerStatus::Up && s.services.master)
+        };
+        let mut ranges: Vec<&HashRange> = Vec::with_capacity(self.moves.len());
+        for (&id, open) in &self.moves {
+            if open.id != id || self.ended_moves.contains_key(&id) {
+                return fail("an open move keyed under another id, or ended too");
+            }
+            if open.source == open.target || !up_master(open.source) || !up_master(open.target) {
+                return fail("an open move whose endpoints are not two up masters");
+            }
+            if self.whole_tablets_owner(open.range).ok() != Some(open.source) {
+                return fail("an open move whose range is not whole tablets of its source");
+            }
+            if ranges.iter().any(|other| other.overlaps(&open.range)) {
+                return fail("two open moves overlap");
+            }
+            ranges.push(&open.range);
+        }
         Ok(())
     }
 }
@@ -264,36 +335,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_state_encoded_before_open_clients_decodes_with_none_open() {
+    fn states_encoded_before_moves_and_before_open_clients_decode() {
         let mut state = CoordinatorState::new();
         enlist(&mut state, "a:1", BOTH);
         assert!(matches!(
             create(&mut state, "t", 2),
             CommandResult::TableCreated { .. }
         ));
-        // The encoding before open clients is today's without the last two fields: an
-        // empty set (its length, a u64) and the counter (a u64).
-        let bytes = bincode::serialize(&state).expect("a state encodes");
-        let old = &bytes[..bytes.len() - 16];
-        assert_eq!(
-            CoordinatorState::decode(old).expect("the older encoding decodes"),
-            state
-        );
-        assert_eq!(
-            CoordinatorState::decode(&bytes).expect("today's encoding decodes"),
-            state
-        );
-        assert!(CoordinatorState::decode(&bytes[..bytes.len() - 20]).is_err());
-        assert!(
-            CoordinatorState::decode(&bytes[..bytes.len() - 8]).is_err(),
-            "a damaged tail of today's encoding is not taken for an old one"
-        );
         state.apply(&Command::OpenClient);
+        // The encoding before moves is today's without the last three fields: the
+        // counter (a u64) and two empty maps (their lengths, a u64 each).
         let bytes = bincode::serialize(&state).expect("a state encodes");
+        let before_moves = &bytes[..bytes.len() - 24];
+        assert_eq!(
+            CoordinatorState::decode(before_moves).expect("the encoding before moves decodes"),
+            state
+        );
+        // Before open clients, without the two fields before those: a set of one
+        // client (its length and the id) and the counter.
+        let before_clients = &before_moves[..before_moves.len() - 24];
+        let decoded =
+            CoordinatorState::decode(before_clients).expect("the encoding before clients decodes");
+        assert_eq!(decoded.clients, BTreeSet::new(), "none open");
+        assert_eq!(decoded.tables, state.tables);
         assert_eq!(
             CoordinatorState::decode(&bytes).expect("today's encoding decodes"),
             state
         );
+        for damaged in [bytes.len() - 8, bytes.len() - 16, bytes.len() - 28] {
+            assert!(
+                CoordinatorState::decode(&bytes[..damaged]).is_err(),
+                "a damaged tail of today's encoding is not taken for an old one ({damaged})"
+            );
+        }
     }
 
     #[test]
