@@ -203,6 +203,26 @@ impl Completions {
         self.clients.keys().copied()
     }
 
+    /// The operations (client, number) whose records are on an object `wanted` names.
+    pub fn keys_where<'a>(
+        &'a self,
+        wanted: impl Fn(TableId, KeyHash) -> bool + 'a,
+    ) -> impl Iterator<Item = (ClientId, u64)> + 'a {
+        self.clients.iter().flat_map(move |(&client, records)| {
+            records
+                .done
+                .iter()
+                .filter(|(_, record)| wanted(record.table, record.hash))
+                .map(move |(&seq, _)| (client, seq))
+                .collect::<Vec<_>>()
+        })
+    }
+
+    /// The record of `client`'s operation `seq`, if held.
+    pub fn record(&self, client: ClientId, seq: u64) -> Option<&Record> {
+        self.clients.get(&client).and_then(|c| c.done.get(&seq))
+    }
+
     /// Drops every record whose object `gone` says left this master (a tablet dropped,
     /// or replayed for a recovery that was abandoned); returns them.
     pub fn drop_where(&mut self, gone: impl Fn(TableId, KeyHash) -> bool) -> Vec<Record> {

@@ -70,7 +70,7 @@ use rampart_common::limits::KEY_BYTES_MAX;
 use rampart_common::log::{
     decode_object_trusted, digest_entry_bytes, object_entry_bytes, tombstone_entry_bytes,
     CompletionEntry, LogFull, ObjectEntry, SegmentWriter, COMPLETION_ENTRY_BYTES,
-    SAFE_VERSION_ENTRY_BYTES,
+    ENTRY_HEADER_BYTES, SAFE_VERSION_ENTRY_BYTES,
 };
 use std::collections::BTreeMap;
 
@@ -785,6 +785,27 @@ impl SegmentedLog {
             .expect("index references live segments");
         decode_object_trusted(segment.bytes(), at.offset as usize)
             .unwrap_or_else(|| panic!("log reference {at:?} is not an object entry"))
+    }
+
+    /// The whole entry at `at` (an object or a completion record the index or the
+    /// records point at), its header and CRC included: the bytes another master
+    /// replays, copied as they are.
+    ///
+    /// # Panics
+    /// If `at` does not point at an entry of a held segment (a programmer error, as for
+    /// [`object`](Self::object)).
+    pub fn entry_bytes(&self, at: LogRef) -> &[u8] {
+        let bytes = self
+            .writer(at.segment)
+            .expect("references point into held segments")
+            .bytes();
+        let start = at.offset as usize;
+        let stated = bytes
+            .get(start + 1..start + ENTRY_HEADER_BYTES)
+            .and_then(|len| <[u8; 4]>::try_from(len).ok())
+            .map(u32::from_le_bytes)
+            .unwrap_or_else(|| panic!("log reference {at:?} is past its segment"));
+        &bytes[start..start + ENTRY_HEADER_BYTES + stated as usize]
     }
 
     /// The key of the object entry at `at`.

@@ -102,4 +102,4 @@ pub use entry::{
     ENTRY_HEADER_BYTES, FOOTER_ENTRY_BYTES, SAFE_VERSION_ENTRY_BYTES, SEGMENT_HEADER_ENTRY_BYTES,
 };
 pub use scanner::{entries, scan, Entries, ScanResult, StopReason};
-pub use writer::{LogFull, SegmentWriter};
+pub use writer::{encode_completion, encode_tombstone, LogFull, SegmentWriter};

@@ -207,19 +207,8 @@ impl SegmentWriter {
         segment_id: SegmentId,
         key: &[u8],
     ) -> Result<u32, LogFull> {
-        let total = tombstone_entry_bytes(key.len());
-        let offset = self.reserve(total)?;
-        let key_len = u32::try_from(key.len()).expect("key fits: entry checked against capacity");
-        put_entry_header(
-            &mut self.buf,
-            EntryType::Tombstone,
-            total - ENTRY_HEADER_BYTES,
-        );
-        self.buf.extend_from_slice(&table.0.to_le_bytes());
-        self.buf.extend_from_slice(&version.0.to_le_bytes());
-        self.buf.extend_from_slice(&segment_id.0.to_le_bytes());
-        self.buf.extend_from_slice(&key_len.to_le_bytes());
-        self.buf.extend_from_slice(key);
+        let offset = self.reserve(tombstone_entry_bytes(key.len()))?;
+        put_tombstone(&mut self.buf, table, version, segment_id, key);
         self.finish_crc_entry(offset as usize);
         Ok(offset)
     }
@@ -379,6 +368,49 @@ impl SegmentWriter {
     }
 }
 
+/// Writes a tombstone entry's header and payload (without its CRC).
+fn put_tombstone(
+    buf: &mut Vec<u8>,
+    table: TableId,
+    version: Version,
+    segment_id: SegmentId,
+    key: &[u8],
+) {
+    let total = tombstone_entry_bytes(key.len());
+    let key_len = u32::try_from(key.len()).expect("key fits: entry checked against capacity");
+    put_entry_header(buf, EntryType::Tombstone, total - ENTRY_HEADER_BYTES);
+    buf.extend_from_slice(&table.0.to_le_bytes());
+    buf.extend_from_slice(&version.0.to_le_bytes());
+    buf.extend_from_slice(&segment_id.0.to_le_bytes());
+    buf.extend_from_slice(&key_len.to_le_bytes());
+    buf.extend_from_slice(key);
+}
+
+/// Appends to `buf` a whole tombstone entry (its CRC included) for `version` of `key`
+/// of `table`, naming `segment_id`: the log's format, outside any segment (a master
+/// sending a moving range's removals). A key is at most `u32::MAX` bytes.
+pub fn encode_tombstone(
+    buf: &mut Vec<u8>,
+    table: TableId,
+    version: Version,
+    segment_id: SegmentId,
+    key: &[u8],
+) {
+    let start = buf.len();
+    put_tombstone(buf, table, version, segment_id, key);
+    let crc = crc32fast::hash(&buf[start + ENTRY_HEADER_BYTES..]);
+    buf.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// Appends to `buf` a whole completion-record entry (its CRC included), as
+/// [`encode_tombstone`] does a tombstone.
+pub fn encode_completion(buf: &mut Vec<u8>, record: &CompletionEntry) {
+    let start = buf.len();
+    put_completion(buf, record);
+    let crc = crc32fast::hash(&buf[start + ENTRY_HEADER_BYTES..]);
+    buf.extend_from_slice(&crc.to_le_bytes());
+}
+
 /// Writes a `LogDigest` entry naming `digest`.
 fn put_digest(buf: &mut Vec<u8>, digest: &[SegmentId]) {
     put_entry_header(
@@ -416,6 +448,33 @@ mod tests {
 
     fn open(capacity: u32) -> SegmentWriter {
         SegmentWriter::open(LOG, SEG, capacity, &[SegmentId(3), SEG]).expect("fits")
+    }
+
+    #[test]
+    fn encoded_entries_are_the_bytes_a_segment_holds() {
+        let record = CompletionEntry {
+            table: TableId(2),
+            key_hash: crate::ids::KeyHash(77),
+            client: crate::ids::ClientId(5),
+            seq: 9,
+            ack: 3,
+            version: Version(12),
+            counter: Some(-4),
+        };
+        let mut segment = open(4096);
+        let tombstone = segment
+            .append_tombstone(TableId(2), Version(4), SegmentId(8), b"gone")
+            .expect("fits");
+        let completion = segment.append_completion(&record).expect("fits");
+        let end = segment.bytes().len();
+        let mut buf = Vec::new();
+        encode_tombstone(&mut buf, TableId(2), Version(4), SegmentId(8), b"gone");
+        encode_completion(&mut buf, &record);
+        assert_eq!(buf, segment.bytes()[tombstone as usize..end]);
+        assert_eq!(
+            decode_entry(&buf, completion as usize - tombstone as usize).expect("decodes"),
+            Some((Entry::Completion(record), buf.len()))
+        );
     }
 
     #[test]

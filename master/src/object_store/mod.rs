@@ -18,6 +18,8 @@
 //! * `cleaning` — the cleaner's passes over the log, the segments a failed recovery
 //!   tainted first.
 //! * `tablets` — taking, dropping and replacing tablets, by tablet epoch.
+//! * `moves` — the source's side of a move of tablets: pieces cut from the index, the
+//!   tails of what changed meanwhile, the range frozen for the last.
 //! * `versions` — the safe version and the version ceiling reserved at the coordinator.
 //! * `exactly_once` — completion records and clients' leases (exactly-once).
 //! * `will` — the profiles of everything appended, and the will cut from them.
@@ -67,6 +69,9 @@
 mod batch;
 mod cleaning;
 mod exactly_once;
+mod moves;
+#[cfg(test)]
+mod moves_tests;
 mod ops;
 mod reads;
 mod replay;
@@ -81,6 +86,9 @@ mod writes;
 mod writes_tests;
 
 pub use batch::Batch;
+pub use moves::{
+    MovePiece, DIRTY_KEYS_MAX, DIRTY_RECORDS_MAX, MOVES_OUT_MAX, MOVE_PIECE_BYTES_MAX,
+};
 pub use ops::{EnumeratePage, Object, OpOutcome, WriteOp};
 pub use store::ObjectStore;
 #[cfg(test)]

@@ -65,9 +65,10 @@ impl ObjectStore {
         if end_hash < resume_hash {
             return Err(Status::InvalidArgument);
         }
+
         // The client may think this master owns more than it does now; serve what it
         // owns and send the client elsewhere for the rest.
-        let end = end_hash.min(owned_end);
+        let end = self.before_frozen(table, resume_hash, end_hash.min(owned_end))?;
         let max_bytes = (max_bytes as usize).clamp(1, ENUMERATE_PAGE_BYTES_MAX);
         let mut objects = Vec::new();
         let mut bytes = 0usize;

@@ -4,12 +4,14 @@
 //! leaves.
 
 use rampart_common::config::MasterConfig;
-use rampart_common::ids::{key_hash, KeyHash, SegmentId, ServerId, TableId, Version};
+use rampart_common::ids::{key_hash, KeyHash, MoveId, SegmentId, ServerId, TableId, Version};
 use rampart_common::limits::KEY_BYTES_MAX;
 use rampart_common::log::{object_entry_bytes, COMPLETION_ENTRY_BYTES};
 use rampart_common::status::Status;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
+
+use super::moves::MoveOut;
 
 use crate::client_lease_cache::ClientLeaseCache;
 use crate::completions::Completions;
@@ -64,6 +66,9 @@ pub struct ObjectStore {
     pub(super) completions: Completions,
     /// What this master knows of its clients' leases (`crate::client_leases`).
     pub(super) client_leases: ClientLeaseCache,
+    /// The moves of tablets out of this master (`moves`). Invariant: each range is
+    /// owned here whole and overlaps no other.
+    pub(super) moves_out: BTreeMap<MoveId, MoveOut>,
 }
 
 impl ObjectStore {
@@ -118,6 +123,7 @@ impl ObjectStore {
             tainted: BTreeSet::new(),
             completions: Completions::new(),
             client_leases: ClientLeaseCache::default(),
+            moves_out: BTreeMap::new(),
         }
     }
 
@@ -128,6 +134,11 @@ impl ObjectStore {
         let hash = key_hash(key);
         if !self.tablets.owns(table, hash) {
             return Err(Status::UnknownTablet);
+        }
+        if !self.moves_out.is_empty() && self.frozen(table, hash) {
+            // Being handed to another master: the client retries, and follows the
+            // map once the move ends (`moves`).
+            return Err(Status::Retry);
         }
         Ok(hash)
     }

@@ -2,9 +2,10 @@
 //! coordinator's tablet epoch when it numbers the change — and what that does to the
 //! objects indexed in their ranges and to their profiles.
 
-use rampart_common::ids::TabletEpoch;
+use rampart_common::ids::{SegmentId, TableId, TabletEpoch};
 use rampart_common::tablet::{HashRange, Tablet};
 use std::collections::HashSet;
+use std::ops::RangeInclusive;
 
 use crate::tablets::EpochStep;
 
@@ -21,21 +22,42 @@ impl ObjectStore {
     /// Starts serving `tablets`.
     ///
     /// A tablet that replaces a wider owned range narrows it: objects in the part no
-    /// longer served are forgotten. Their entries stay in the log: nothing narrows a
-    /// tablet that may come back here today (a split keeps both halves here, and reaches
-    /// the master as its whole tablet set, through
-    /// [`replace_tablets`](Self::replace_tablets)); moving ranges between masters must
-    /// clean them out first, as [`forget_unowned`](Self::forget_unowned) does.
+    /// longer served are forgotten, and the segments holding them tainted (a range
+    /// moved away may come back; `forget_narrowed` says why). A split keeps both halves
+    /// here and reaches the master as its whole tablet set, through
+    /// [`replace_tablets`](Self::replace_tablets), which narrows nothing then.
     /// Objects already indexed in a range not owned before — replayed by a recovery —
     /// are kept: this is how they become visible. Their entries are counted in the
     /// tablet's profile now.
     pub fn take_tablets(&mut self, tablets: &[Tablet]) {
         for tablet in tablets {
             for (start, end) in self.tablets.take(tablet) {
-                self.forget_range(tablet.table, start..=end);
+                self.forget_narrowed(tablet.table, start..=end);
             }
             self.profile_taken(std::slice::from_ref(tablet));
         }
+        self.drop_moves_not_owned();
+    }
+
+    /// Forgets the objects and records of `table`'s hashes `range`, which this master
+    /// stops serving while the range lives on elsewhere (a move committed), and taints
+    /// every segment that holds one of them. Their entries stay in the log, and the
+    /// range may come back here: a crash then would replay them beside the new owner's
+    /// newer data, with nothing to mask them, as with a failed recovery's leftovers
+    /// ([`forget_unowned`](Self::forget_unowned)). Dead versions of the range need
+    /// nothing: each is masked by an entry that stays in the log as long as it does.
+    fn forget_narrowed(&mut self, table: TableId, range: RangeInclusive<u64>) {
+        let records: Vec<SegmentId> = self
+            .completions
+            .keys_where(|t, hash| t == table && range.contains(&hash.0))
+            .filter_map(|(client, seq)| self.completions.record(client, seq))
+            .map(|record| record.at.segment)
+            .collect();
+        let refs = self.forget_range(table, range);
+        self.tainted.extend(records);
+        self.tainted.extend(refs.iter().map(|at| at.segment));
+        let log = &self.log;
+        self.tainted.retain(|&segment| log.holds(segment));
     }
 
     /// The coordinator's number of the last change of this master's tablets applied here
@@ -87,8 +109,9 @@ impl ObjectStore {
             end: to,
         } in self.tablets.replace(tablets)
         {
-            self.forget_range(table, from..=to);
+            self.forget_narrowed(table, from..=to);
         }
+        self.drop_moves_not_owned();
         // Profiles of tablets gone for good end; one that a new tablet overlaps is
         // replaced by that tablet's, which inherits its counts.
         let own = self.log.log_id();
@@ -132,6 +155,7 @@ impl ObjectStore {
             }
             self.profiler.drop_tablet(tablet);
         }
+        self.drop_moves_not_owned();
         removed
     }
 }

@@ -290,6 +290,12 @@ impl ObjectStore {
     }
 
     fn apply(&mut self, batch: Batch, owned_only: bool) {
+        let mut dead_records = Vec::new();
+        // What a move out of this master must send on (`moves`): noted after the
+        // borrows below end.
+        let moving = owned_only && !self.moves_out.is_empty();
+        let mut moving_records = Vec::new();
+        let mut moving_keys = Vec::new();
         let ObjectStore {
             log,
             index,
@@ -297,11 +303,13 @@ impl ObjectStore {
             completions,
             ..
         } = self;
-        let mut dead_records = Vec::new();
         for ((client, seq), record) in batch.completions {
             if owned_only && !tablets.owns(record.table, record.hash) {
                 dead_records.push(record);
                 continue;
+            }
+            if moving {
+                moving_records.push((record.table, record.hash, client, seq));
             }
             dead_records.extend(completions.insert(client, seq, record));
         }
@@ -326,9 +334,18 @@ impl ObjectStore {
                 Staged::Removed => index.remove(table, hash, &key, |r| log.key(r)),
             };
             dead.extend(replaced);
+            if moving {
+                moving_keys.push((table, hash, key));
+            }
         }
         for at in dead {
             self.note_dead(at);
+        }
+        for (table, hash, key) in moving_keys {
+            self.note_moving(table, hash, &key);
+        }
+        for (table, hash, client, seq) in moving_records {
+            self.note_moving_record(table, hash, client, seq);
         }
         self.fit_segments_to_index();
     }

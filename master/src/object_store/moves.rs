@@ -1,0 +1,312 @@
+//! The source's side of a move of tablets (docs/design.md §7, "Moving a tablet"): the
+//! live objects of a range cut into pieces from the index, the changes made to the range
+//! meanwhile sent as tails, and the range frozen for the last tail.
+//!
+//! # Why from the index, not the log
+//! Dead versions never leave this master: a piece holds each live object once, as its
+//! log entry (copied as it is, its CRC with it), so the target can never meet a version
+//! whose tombstone it missed.
+//!
+//! # The rules
+//! * **Open before the walk.** [`open_move_out`](ObjectStore::open_move_out) starts the
+//!   move's *dirty set* before the first piece is cut: every key of the range that a
+//!   published batch changes from then on, and every completion record of the range —
+//!   those held at the open, and those published after — is in it until a tail sends
+//!   it. Keys are noted at publish, under the store lock, so a tail never reads a key
+//!   whose change is staged and not yet visible: that change publishes later and is
+//!   noted again.
+//! * **A tail sends current state.** For each key drained: its live object's entry, or
+//!   a tombstone of the version just below the safe version, and each record still
+//!   held. The safe version lies above every version this master removed, so the
+//!   tombstone masks whatever version of the key the target may hold; and every later
+//!   object of the key gets the safe version or more, so the tombstone never masks one.
+//!   A key leaves the set only when a tail takes it, so nothing noted is lost between
+//!   two tails.
+//! * **Bounded.** At most [`DIRTY_KEYS_MAX`] keys and [`DIRTY_RECORDS_MAX`] records
+//!   wait. One more overflows the set, and the move then fails (the target aborts it):
+//!   a set that lost a key cannot say whether it was removed, and a removal missed would
+//!   bring the key back on the target.
+//! * **Frozen for the last tail.** [`freeze_move_out`](ObjectStore::freeze_move_out)
+//!   (an appender store job, so every write acknowledged before it is published and
+//!   noted) makes reads and writes of the range answer `Retry` until the move ends
+//!   here: [`end_move_out`](ObjectStore::end_move_out) after an abort the coordinators
+//!   committed, or the range leaving this master's tablets after the commit.
+
+use rampart_common::ids::{ClientId, KeyHash, MoveId, SegmentId, TableId, Version};
+use rampart_common::log::encode_tombstone;
+use rampart_common::status::Status;
+use rampart_common::tablet::HashRange;
+use std::collections::{BTreeSet, HashSet};
+
+use super::store::ObjectStore;
+
+/// Most moves out of one master at once.
+pub const MOVES_OUT_MAX: usize = 64;
+
+/// Most keys one move's dirty set holds between two tails.
+pub const DIRTY_KEYS_MAX: usize = 1 << 18;
+
+/// Most completion records one move's dirty set holds between two tails (those of the
+/// range held at the open count).
+pub const DIRTY_RECORDS_MAX: usize = 1 << 20;
+
+/// The largest piece a target may ask for, in bytes (a piece may go past its budget by
+/// one entry, or by the objects of one hash).
+pub const MOVE_PIECE_BYTES_MAX: usize = 8 << 20;
+
+/// One move out of this master.
+#[derive(Debug)]
+pub(super) struct MoveOut {
+    range: HashRange,
+    /// Keys of the range changed since the last tail, by hash and key.
+    dirty: HashSet<(KeyHash, Vec<u8>)>,
+    /// Completion records of the range not sent yet.
+    dirty_records: BTreeSet<(ClientId, u64)>,
+    /// A key or record was not noted: the move cannot complete.
+    overflowed: bool,
+    /// Reads and writes of the range answer `Retry`.
+    frozen: bool,
+}
+
+/// A piece of a moving range in the log's format (objects, tombstones, completion
+/// records), what the target replays (`crate::replay::RecoveryPiece::parse`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MovePiece {
+    /// The entries, one after another.
+    pub entries: Vec<u8>,
+    /// How many.
+    pub count: u32,
+    /// This master's safe version: the target's rises above it.
+    pub safe_version: Version,
+    /// A copy: where the next piece starts (`None`: the walk is done).
+    pub next: Option<u64>,
+    /// A tail: how many keys and records still wait.
+    pub left: u64,
+}
+
+impl ObjectStore {
+    /// Opens move `id` of `range` out of this master, which must own all of it:
+    /// from now on its changes are noted (module doc). Opening an open move again
+    /// changes nothing.
+    pub fn open_move_out(&mut self, id: MoveId, range: HashRange) -> Result<(), Status> {
+        if let Some(open) = self.moves_out.get(&id) {
+            return if open.range == range {
+                Ok(())
+            } else {
+                Err(Status::InvalidArgument)
+            };
+        }
+        let HashRange { table, start, end } = range;
+        if start > end || !self.tablets.unowned_parts(table, start, end).is_empty() {
+            return Err(Status::UnknownTablet);
+        }
+        if self.moves_out.len() >= MOVES_OUT_MAX
+            || self.moves_out.values().any(|m| m.range.overlaps(&range))
+        {
+            return Err(Status::Retry);
+        }
+        let records: BTreeSet<(ClientId, u64)> = self
+            .completions
+            .keys_where(|t, hash| t == table && (start..=end).contains(&hash.0))
+            .collect();
+        let overflowed = records.len() > DIRTY_RECORDS_MAX;
+        self.moves_out.insert(
+            id,
+            MoveOut {
+                range,
+                dirty: HashSet::new(),
+                dirty_records: if overflowed { BTreeSet::new() } else { records },
+                overflowed,
+                frozen: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// The next piece of open move `id`'s live objects, from hash `from`: about
+    /// `bytes_max` bytes (at most [`MOVE_PIECE_BYTES_MAX`]), ending between two hashes.
+    pub fn move_out_piece(
+        &self,
+        id: MoveId,
+        from: u64,
+        bytes_max: usize,
+    ) -> Result<MovePiece, Status> {
+        let open = self.moves_out.get(&id).ok_or(Status::InvalidArgument)?;
+        let HashRange { table, start, end } = open.range;
+        if !(start..=end).contains(&from) {
+            return Err(Status::InvalidArgument);
+        }
+        let budget = bytes_max.clamp(1, MOVE_PIECE_BYTES_MAX);
+        let mut piece = MovePiece {
+            safe_version: self.safe_version,
+            ..MovePiece::default()
+        };
+        let mut last = None;
+        for (hash, at) in self.index.range(table, from..=end) {
+            if piece.entries.len() >= budget && last != Some(hash) {
+                piece.next = Some(hash.0);
+                break;
+            }
+            last = Some(hash);
+            piece.entries.extend_from_slice(self.log.entry_bytes(at));
+            piece.count += 1;
+        }
+        Ok(piece)
+    }
+
+    /// Drains about `bytes_max` bytes of open move `id`'s dirty set into a piece of the
+    /// current state of what it names (module doc). `left` says how much still waits.
+    /// Fails with `Internal` once the set overflowed: the move cannot complete.
+    pub fn move_out_tail(&mut self, id: MoveId, bytes_max: usize) -> Result<MovePiece, Status> {
+        let budget = bytes_max.clamp(1, MOVE_PIECE_BYTES_MAX);
+        let ObjectStore {
+            moves_out,
+            index,
+            log,
+            completions,
+            safe_version,
+            ..
+        } = self;
+        let open = moves_out.get_mut(&id).ok_or(Status::InvalidArgument)?;
+        if open.overflowed {
+            return Err(Status::Internal);
+        }
+        let table = open.range.table;
+        let mut piece = MovePiece {
+            safe_version: *safe_version,
+            ..MovePiece::default()
+        };
+        while piece.entries.len() < budget {
+            let Some(dirty) = open.dirty.iter().next().cloned() else {
+                break;
+            };
+            open.dirty.remove(&dirty);
+            let (hash, key) = dirty;
+            match index.lookup(table, hash, &key, |r| log.key(r)) {
+                Some(at) => piece.entries.extend_from_slice(log.entry_bytes(at)),
+                None => encode_tombstone(
+                    &mut piece.entries,
+                    table,
+                    Version(safe_version.0.saturating_sub(1)),
+                    SegmentId(0),
+                    &key,
+                ),
+            }
+            piece.count += 1;
+        }
+        while piece.entries.len() < budget {
+            let Some((client, seq)) = open.dirty_records.pop_first() else {
+                break;
+            };
+            if let Some(record) = completions.record(client, seq) {
+                piece.entries.extend_from_slice(log.entry_bytes(record.at));
+                piece.count += 1;
+            }
+        }
+        piece.left = (open.dirty.len() + open.dirty_records.len()) as u64;
+        Ok(piece)
+    }
+
+    /// Freezes open move `id`'s range: its reads and writes answer `Retry` until the
+    /// move ends here. Run it from the appender (`Appender::on_store`), after the writes
+    /// queued before it. Returns the keys and records still to send.
+    pub fn freeze_move_out(&mut self, id: MoveId) -> Result<u64, Status> {
+        let open = self.moves_out.get_mut(&id).ok_or(Status::InvalidArgument)?;
+        open.frozen = true;
+        Ok((open.dirty.len() + open.dirty_records.len()) as u64)
+    }
+
+    /// Ends move `id` here (aborted: the range is served again). Ending a move that is
+    /// not open changes nothing.
+    pub fn end_move_out(&mut self, id: MoveId) {
+        self.moves_out.remove(&id);
+    }
+
+    /// The moves open here: id, range, whether frozen.
+    pub fn moves_out(&self) -> Vec<(MoveId, HashRange, bool)> {
+        self.moves_out
+            .iter()
+            .map(|(&id, open)| (id, open.range, open.frozen))
+            .collect()
+    }
+
+    /// Whether `hash` of `table` lies in a frozen moving range.
+    pub(super) fn frozen(&self, table: TableId, hash: KeyHash) -> bool {
+        self.moves_out
+            .values()
+            .any(|m| m.frozen && m.range.contains(table, hash))
+    }
+
+    /// Where a walk of `table`'s hashes `start..=end` must stop short of a frozen
+    /// moving range: the last hash before the first one it meets (`end` if none).
+    /// `Retry` if `start` lies in one.
+    pub(super) fn before_frozen(
+        &self,
+        table: TableId,
+        start: u64,
+        end: u64,
+    ) -> Result<u64, Status> {
+        let mut last = end;
+        for open in self.moves_out.values().filter(|m| m.frozen) {
+            let HashRange {
+                table: t,
+                start: from,
+                end: to,
+            } = open.range;
+            if t != table || to < start || from > last {
+                continue;
+            }
+            if from <= start {
+                return Err(Status::Retry);
+            }
+            last = from - 1;
+        }
+        Ok(last)
+    }
+
+    /// Notes a published change of `key`, and a published record, in the dirty set of
+    /// the move whose range holds them.
+    pub(super) fn note_moving(&mut self, table: TableId, hash: KeyHash, key: &[u8]) {
+        for open in self.moves_out.values_mut() {
+            if open.range.contains(table, hash) && !open.overflowed {
+                if open.dirty.len() >= DIRTY_KEYS_MAX {
+                    open.overflowed = true;
+                    open.dirty.clear();
+                } else {
+                    open.dirty.insert((hash, key.to_vec()));
+                }
+            }
+        }
+    }
+
+    /// Notes a published completion record of `client`'s operation `seq` on `hash` of
+    /// `table`.
+    pub(super) fn note_moving_record(
+        &mut self,
+        table: TableId,
+        hash: KeyHash,
+        client: ClientId,
+        seq: u64,
+    ) {
+        for open in self.moves_out.values_mut() {
+            if open.range.contains(table, hash) && !open.overflowed {
+                if open.dirty_records.len() >= DIRTY_RECORDS_MAX {
+                    open.overflowed = true;
+                    open.dirty_records.clear();
+                } else {
+                    open.dirty_records.insert((client, seq));
+                }
+            }
+        }
+    }
+
+    /// Drops the moves whose ranges this master no longer owns in full (the commit
+    /// took them elsewhere).
+    pub(super) fn drop_moves_not_owned(&mut self) {
+        let tablets = &self.tablets;
+        self.moves_out.retain(|_, open| {
+            let HashRange { table, start, end } = open.range;
+            tablets.unowned_parts(table, start, end).is_empty()
+        });
+    }
+}
