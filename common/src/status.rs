@@ -87,6 +87,9 @@ pub enum Status {
     /// The connection presented no cluster token where the cluster requires one
     /// (`crate::auth`); it is closed after this answer.
     Unauthenticated,
+    /// A move of tablets was aborted: they stay with their owner (the detail says why).
+    /// Nothing was lost; the move may be asked for again.
+    MoveAborted,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -125,6 +128,7 @@ impl Status {
             Status::StaleRequest => 27,
             Status::ClientLeaseExpired => 28,
             Status::Unauthenticated => 29,
+            Status::MoveAborted => 30,
             Status::Unrecognized(code) => code,
         }
     }
@@ -162,6 +166,7 @@ impl Status {
             27 => Status::StaleRequest,
             28 => Status::ClientLeaseExpired,
             29 => Status::Unauthenticated,
+            30 => Status::MoveAborted,
             other => Status::Unrecognized(other),
         }
     }
@@ -208,6 +213,7 @@ impl fmt::Display for Status {
             Status::StaleRequest => "retried write that its client had acknowledged",
             Status::ClientLeaseExpired => "client lease expired",
             Status::Unauthenticated => "no cluster token presented",
+            Status::MoveAborted => "move of tablets aborted",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

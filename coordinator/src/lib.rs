@@ -66,6 +66,7 @@ pub mod client_leases;
 pub mod cluster_view;
 pub mod failure_verifier;
 pub mod metrics;
+pub mod mover;
 pub mod node;
 pub mod proof_of_death;
 pub mod push;

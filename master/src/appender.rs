@@ -324,6 +324,17 @@ impl Appender {
         .await
     }
 
+    /// Freezes move `id`'s range on this master, its source, ordered after every write
+    /// submitted before: each write acknowledged before the freeze is in the move's
+    /// dirty set ([`ObjectStore::freeze_move_out`]). Returns how much still waits.
+    pub async fn freeze_move_out(
+        &self,
+        id: rampart_common::ids::MoveId,
+    ) -> Result<Result<u64, Status>, AppenderClosed> {
+        self.on_store("FreezeMoveOut", move |store| store.freeze_move_out(id))
+            .await
+    }
+
     /// Forgets every object in `ranges` this master does not own and cleans the segments
     /// holding that recovery's entries out of the log (see
     /// [`ObjectStore::forget_unowned`]), ordered after every job submitted before;

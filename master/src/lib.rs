@@ -100,6 +100,7 @@ pub mod client_leases;
 pub mod completions;
 pub mod failure_detector;
 pub mod lease;
+pub mod move_in;
 pub mod object_index;
 pub mod object_store;
 pub mod profiler;

@@ -56,6 +56,7 @@ use std::sync::{Arc, LazyLock};
 use crate::appender::{Appender, AppenderStatus, TabletChange};
 use crate::client_leases::ClientLeaseChecker;
 use crate::lease::{Lease, LEASE_LAPSED_DETAIL};
+use crate::move_in::MoveIn;
 use crate::object_store::{EnumeratePage, Object, ObjectStore, OpOutcome, WriteOp};
 use crate::profiler::PartitionLimits;
 use crate::recovery_master::{RecoveryConfig, RecoveryMaster, RecoveryTotals};
@@ -91,6 +92,8 @@ pub struct MasterService {
     /// Serves `Recover`, `AbandonRecovery` and `FinishRecovery` (replays into `store`
     /// through `appender`).
     recovery: RecoveryMaster,
+    /// Serves `MoveIn` and `EndMove` (takes ranges into `store` through `appender`).
+    move_in: MoveIn,
     /// Pulls this master's tablets from the committed map when it missed a change.
     tablet_sync: Arc<TabletSync>,
     /// Reserves versions at the coordinators; `None` without coordinators (the store's
@@ -200,6 +203,7 @@ impl MasterService {
             appender.clone(),
             RecoveryConfig::default(),
         );
+        let move_in = MoveIn::new(Arc::clone(&store), appender.clone());
         let coordinators = match &replication.servers {
             ServerSource::Coordinators(addrs) => Some(addrs.as_slice()),
             ServerSource::Fixed(_) => None,
@@ -224,6 +228,7 @@ impl MasterService {
         MasterService {
             id,
             recovery,
+            move_in,
             tablet_sync,
             version_reserver,
             client_leases,
@@ -587,6 +592,68 @@ impl MasterService {
         Ok(())
     }
 
+    /// `MoveOut`: one step of a move of tablets out of this master (`object_store`'s
+    /// `moves`): the first piece of the copy opens it.
+    async fn move_out(&self, request: proto::MoveOutRequest) -> Result<proto::MoveOutReply, Reply> {
+        let proto::MoveOutRequest {
+            id,
+            range,
+            step,
+            bytes_max,
+        } = request;
+        let refused = |status: Status| {
+            Reply::error(
+                status,
+                format!("{id} of {range:?} out of {}: {step:?} refused", self.id),
+            )
+        };
+        let bytes_max = bytes_max as usize;
+        let piece = match step {
+            proto::MoveStep::Copy { from } => {
+                let mut store = self.store.lock();
+                if from == range.start {
+                    store.open_move_out(id, range).map_err(refused)?;
+                }
+                store.move_out_piece(id, from, bytes_max)
+            }
+            proto::MoveStep::Tail => self.store.lock().move_out_tail(id, bytes_max),
+            proto::MoveStep::Freeze => {
+                self.appender
+                    .freeze_move_out(id)
+                    .await
+                    .map_err(|_| Reply::error(Status::ShuttingDown, "the master is stopping"))?
+                    .map_err(refused)?;
+                tracing::info!(master = %self.id, %id, ?range, "moving range frozen");
+                self.store.lock().move_out_tail(id, bytes_max)
+            }
+        }
+        .map_err(refused)?;
+        Ok(proto::MoveOutReply {
+            safe_version: piece.safe_version,
+            next: piece.next,
+            left: piece.left,
+            count: piece.count,
+            entries: Bytes::from(piece.entries),
+        })
+    }
+
+    /// `MoveIn`: take a range from its source ahead of the commit that gives it here.
+    async fn move_in(&self, request: proto::MoveInRequest) -> Result<proto::MoveInReply, Reply> {
+        self.move_in
+            .move_in(request)
+            .await
+            .map_err(|error| Reply::error(error.status(), error))
+    }
+
+    /// `EndMove`: a move was aborted; serve its range again, or forget its copy.
+    async fn end_move(&self, request: proto::EndMoveRequest) -> Result<(), Reply> {
+        self.move_in
+            .end_move(request)
+            .await
+            .map(|_| ())
+            .map_err(|error| Reply::error(error.status(), error))
+    }
+
     /// Refuses an ownership change meant for another server (`WrongServer`: a server
     /// restarted at this address under a new id), or naming tablets of another owner.
     fn check_owner(&self, owner: ServerId, tablets: &[Tablet]) -> Result<(), Reply> {
@@ -685,6 +752,9 @@ static CONTROL: LazyLock<Router<MasterService>> = LazyLock::new(|| {
             Box::pin(master.abandon_recovery(request))
         })
         .route::<proto::FinishRecovery>(|master, request| Box::pin(master.finish_recovery(request)))
+        .route::<proto::MoveOut>(|master, request| Box::pin(master.move_out(request)))
+        .route::<proto::MoveIn>(|master, request| Box::pin(master.move_in(request)))
+        .route::<proto::EndMove>(|master, request| Box::pin(master.end_move(request)))
 });
 
 impl Service for MasterService {
@@ -962,6 +1032,9 @@ mod control_tests {
             proto::AbandonRecovery::OPCODE,
             proto::SyncTablets::OPCODE,
             proto::FinishRecovery::OPCODE,
+            proto::MoveOut::OPCODE,
+            proto::MoveIn::OPCODE,
+            proto::EndMove::OPCODE,
         ];
         assert_eq!(routed, control);
         for opcode in routed {

@@ -1,14 +1,21 @@
-//! `rampart tablet split TABLE HASH`: an operator's change of a table's tablets.
+//! `rampart tablet split TABLE HASH` and `rampart tablet move TABLE START-END --to
+//! SERVER`: an operator's changes of a table's tablets.
 //!
 //! A split cuts the tablet holding HASH in two at HASH; both halves stay with its
 //! owner and no data moves (docs/design.md, "Splitting a tablet"). HASH is a key hash,
 //! decimal or `0x` hexadecimal, or `--key KEY` splits where KEY's hash lies, so that
 //! KEY starts the upper half. Prints the tablets that meet there; a split where a
-//! tablet starts already prints them unchanged. Errors print on stderr and exit 2.
+//! tablet starts already prints them unchanged.
+//!
+//! A move hands the tablets covering hashes START..=END (split first where one reaches
+//! past either end) to master SERVER (an id, `server-3` or `3`), copied under load and
+//! frozen only for the last changes (docs/design.md, "Moving a tablet"). Prints the
+//! tablets moved and what it took. A move that fails is aborted and the tablets stay
+//! where they were. Errors print on stderr and exit 2.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use rampart_common::ids::key_hash;
+use rampart_common::ids::{key_hash, ServerId};
 use rampart_common::tablet::Tablet;
 use std::process::ExitCode;
 
@@ -37,35 +44,98 @@ pub enum TabletCommand {
         #[arg(long)]
         key: Option<String>,
     },
+    /// Move the tablets covering a range of key hashes to another master, under load.
+    Move {
+        /// Table name.
+        table: String,
+        /// The hashes, `START-END` (inclusive; decimal or `0x` hexadecimal), or `all`.
+        range: String,
+        /// The master that takes them: its server id (`server-3` or `3`).
+        #[arg(long)]
+        to: String,
+    },
 }
 
 /// Runs `rampart tablet ...`.
 pub fn run(args: TabletArgs) -> Result<ExitCode> {
     crate::startup::run_client(&args.client.security, async {
-        let TabletCommand::Split { table, hash, key } = args.command;
-        let at = match (hash, key) {
-            (Some(hash), _) => parse_hash(&hash)?,
-            (None, Some(key)) => key_hash(key.as_bytes()).0,
-            (None, None) => bail!("give a HASH or --key KEY"),
-        };
         let client = crate::kv::connect(&args.client).await?;
-        // Its error names the table.
-        let id = client.get_table_id(&table).await?;
-        let (tablets, split) = client
-            .split_tablet(id, at)
-            .await
-            .with_context(|| format!("splitting table {table} at {at:#018x}"))?;
-        let what = if split {
-            "split"
-        } else {
-            "a tablet starts there already; unchanged"
-        };
-        println!("{table} at {at:#018x}: {what}");
-        for tablet in &tablets {
-            println!("{}", describe(tablet));
+        match args.command {
+            TabletCommand::Split { table, hash, key } => {
+                let at = match (hash, key) {
+                    (Some(hash), _) => parse_hash(&hash)?,
+                    (None, Some(key)) => key_hash(key.as_bytes()).0,
+                    (None, None) => bail!("give a HASH or --key KEY"),
+                };
+                // Its error names the table.
+                let id = client.get_table_id(&table).await?;
+                let (tablets, split) = client
+                    .split_tablet(id, at)
+                    .await
+                    .with_context(|| format!("splitting table {table} at {at:#018x}"))?;
+                let what = if split {
+                    "split"
+                } else {
+                    "a tablet starts there already; unchanged"
+                };
+                println!("{table} at {at:#018x}: {what}");
+                for tablet in &tablets {
+                    println!("{}", describe(tablet));
+                }
+            }
+            TabletCommand::Move { table, range, to } => {
+                let (start, end) = parse_range(&range)?;
+                let target = parse_server(&to)?;
+                let id = client.get_table_id(&table).await?;
+                let moved = client
+                    .move_tablets(id, start, end, target)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "moving table {table} hashes {start:#018x}..={end:#018x} to {target}"
+                        )
+                    })?;
+                println!(
+                    "{table} {start:#018x}..={end:#018x}: moved from {} to {target} ({}): {} \
+                     entries, {} bytes, copied in {} ms, frozen {} ms",
+                    moved.source,
+                    moved.id,
+                    moved.entries,
+                    moved.bytes,
+                    moved.copy_ms,
+                    moved.frozen_ms
+                );
+                for tablet in &moved.tablets {
+                    println!("{}", describe(tablet));
+                }
+            }
         }
         Ok(ExitCode::SUCCESS)
     })?
+}
+
+/// `START-END` (each as [`parse_hash`] reads it), or `all`.
+fn parse_range(text: &str) -> Result<(u64, u64)> {
+    if text == "all" {
+        return Ok((0, u64::MAX));
+    }
+    let Some((start, end)) = text.split_once('-') else {
+        bail!("{text:?} is not a range: give START-END (inclusive), or all");
+    };
+    let (start, end) = (parse_hash(start)?, parse_hash(end)?);
+    if start > end {
+        bail!("{text:?} is empty: START is past END");
+    }
+    Ok((start, end))
+}
+
+/// A server id as an operator types it: `server-3` or `3`.
+fn parse_server(text: &str) -> Result<ServerId> {
+    text.strip_prefix("server-")
+        .unwrap_or(text)
+        .parse::<u64>()
+        .map(ServerId)
+        .with_context(|| format!("{text:?} is not a server id (server-3, or 3)"))
 }
 
 /// A hash as an operator types it: decimal, or hexadecimal after `0x`.
@@ -98,6 +168,24 @@ mod tests {
         for bad in ["", "-1", "18446744073709551616", "0x", "0x1g", "ten"] {
             let error = parse_hash(bad).expect_err(bad);
             assert!(error.to_string().contains("is not a hash"), "{error}");
+        }
+    }
+
+    #[test]
+    fn ranges_and_server_ids_parse_as_operators_type_them() {
+        assert_eq!(parse_range("all").ok(), Some((0, u64::MAX)));
+        assert_eq!(
+            parse_range("0-0x7fffffffffffffff").ok(),
+            Some((0, (1 << 63) - 1))
+        );
+        assert_eq!(parse_range("5-5").ok(), Some((5, 5)));
+        for bad in ["", "5", "6-5", "a-b", "1-2-3"] {
+            assert!(parse_range(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_server("server-3").ok(), Some(ServerId(3)));
+        assert_eq!(parse_server("12").ok(), Some(ServerId(12)));
+        for bad in ["", "server-", "s3", "-1"] {
+            assert!(parse_server(bad).is_err(), "{bad}");
         }
     }
 }

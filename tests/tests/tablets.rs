@@ -192,3 +192,167 @@ fn a_split_tablet_serves_throughout_and_its_master_recovers_with_deleted_keys_go
         assert!(recovered.iter().all(|t| t.owner != owner), "{recovered:?}");
     });
 }
+
+#[test]
+fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_crash() {
+    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
+    let cluster = LocalCluster::start(4, &flags).unwrap();
+    runtime().block_on(async {
+        let client = cluster.client(Duration::from_secs(30)).await.unwrap();
+        let table = client.create_table("moving", 1).await.unwrap();
+        let source = tablets(&cluster, table).await[0].owner;
+        // 300 keys, 100 of them deleted and never written again.
+        let keys: Vec<String> = (0..300).map(|i| format!("key-{i}")).collect();
+        for key in &keys {
+            client
+                .write(table, key.as_bytes(), key.as_bytes())
+                .await
+                .unwrap();
+        }
+        let (deleted, live) = keys.split_at(100);
+        for key in deleted {
+            client.remove(table, key.as_bytes()).await.unwrap();
+        }
+        // Enough bytes that the copy takes a while, for changes to land during it; and
+        // keys for the writer to delete during the move and never write again.
+        let filler = vec![7u8; 8 << 10];
+        for i in 0..1500 {
+            let key = format!("filler-{i}");
+            client.write(table, key.as_bytes(), &filler).await.unwrap();
+        }
+        const DOOMED: u64 = 3000;
+        for i in 0..DOOMED {
+            let key = format!("doomed-{i}");
+            client.write(table, key.as_bytes(), b"d").await.unwrap();
+        }
+
+        // A writer goes on while the tablet moves, and every operation must succeed (a
+        // retry at the hand-over at most). Each round writes a key never written before
+        // or after, deletes a key written before the move and never written again, and
+        // overwrites a few keys of its own.
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut round = 0u64;
+                while !stop.load(Ordering::SeqCst) && round < DOOMED {
+                    round += 1;
+                    let once = format!("once-{round}");
+                    client.write(table, once.as_bytes(), b"o").await?;
+                    let doomed = format!("doomed-{round}");
+                    client.remove(table, doomed.as_bytes()).await?;
+                    for j in 0..5 {
+                        let key = format!("busy-{j}");
+                        client
+                            .write(table, key.as_bytes(), round.to_string().as_bytes())
+                            .await?;
+                    }
+                }
+                Ok::<u64, ClientError>(round)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        // From the shell, to another master.
+        let target = cluster
+            .servers
+            .iter()
+            .map(|&(id, _, _)| rampart_common::ids::ServerId(id))
+            .find(|&id| id != source)
+            .unwrap();
+        let moved = cluster
+            .rampart(
+                &[
+                    "tablet",
+                    "move",
+                    "moving",
+                    "all",
+                    "--to",
+                    &target.to_string(),
+                ],
+                None,
+            )
+            .unwrap();
+        assert!(moved.status.success(), "{}", text(&moved.stderr));
+        let out = text(&moved.stdout);
+        assert!(
+            out.contains(&format!("moved from {source} to {target}")),
+            "{out}"
+        );
+        let after = tablets(&cluster, table).await;
+        assert!(after.iter().all(|t| t.owner == target), "{after:?}");
+        // Bad input: a clear error, exit 2, nothing changed.
+        let bad = cluster
+            .rampart(
+                &["tablet", "move", "moving", "all", "--to", "server-999"],
+                None,
+            )
+            .unwrap();
+        assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stdout));
+        assert_eq!(tablets(&cluster, table).await, after);
+
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, Ordering::SeqCst);
+        let rounds = writer
+            .await
+            .unwrap()
+            .expect("every write and removal during the move succeeded");
+        for j in 0..5 {
+            let key = format!("busy-{j}");
+            let object = client.read(table, key.as_bytes()).await.unwrap().unwrap();
+            assert_eq!(object.value, rounds.to_string().as_bytes(), "{key}");
+        }
+        let check = |client: rampart_client::Client| async move {
+            for round in 1..=rounds {
+                let once = format!("once-{round}");
+                let object = client.read(table, once.as_bytes()).await.unwrap();
+                assert!(object.is_some(), "{once} was lost");
+            }
+            for i in 0..DOOMED {
+                let doomed = format!("doomed-{i}");
+                let object = client.read(table, doomed.as_bytes()).await.unwrap();
+                let removed = (1..=rounds).contains(&i);
+                assert_eq!(object.is_none(), removed, "{doomed}");
+            }
+            for key in live {
+                let object = client.read(table, key.as_bytes()).await.unwrap();
+                assert_eq!(
+                    object.map(|o| o.value.to_vec()),
+                    Some(key.as_bytes().to_vec())
+                );
+            }
+            for key in deleted {
+                let object = client.read(table, key.as_bytes()).await.unwrap();
+                assert!(object.is_none(), "{key} came back");
+            }
+            let enumerated: Vec<String> = client
+                .enumerate(table)
+                .collect_all()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|object| text(&object.key))
+                .filter(|key| key.starts_with("key-"))
+                .collect();
+            let unique: BTreeSet<&String> = enumerated.iter().collect();
+            assert_eq!(enumerated.len(), unique.len(), "no key twice");
+            assert_eq!(unique, live.iter().collect::<BTreeSet<_>>());
+        };
+        check(client.clone()).await;
+
+        // The new owner dies: its recovery brings back what it took, and nothing the
+        // source had deleted.
+        let pid = cluster
+            .servers
+            .iter()
+            .find(|(id, _, _)| target.0 == *id)
+            .map(|&(_, _, pid)| pid)
+            .unwrap();
+        // SAFETY: kill(2) of a server `cluster up` started and still holds.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        check(client.clone()).await;
+        assert!(!process_alive(pid));
+        let recovered = tablets(&cluster, table).await;
+        assert!(recovered.iter().all(|t| t.owner != target), "{recovered:?}");
+    });
+}

@@ -148,7 +148,7 @@ impl Client {
     }
 
     /// A coordinator call whose every attempt may take up to `attempt_timeout`.
-    async fn coordinator_call_within<R: Rpc>(
+    pub(super) async fn coordinator_call_within<R: Rpc>(
         &self,
         request: &R::Request,
         deadline: Instant,
@@ -212,6 +212,10 @@ impl Client {
 /// (`PROPOSAL_TIMEOUT`, 2 s) and its wait for the masters to take or drop their tablets
 /// (3 s), then its answer.
 pub const TABLE_CHANGE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// Longest a move of tablets may take ([`Client::move_tablets`]): the target's copy
+/// (`protocol::master::MOVE_IN_TIMEOUT`), then the commit and its pushes.
+pub const MOVE_TIMEOUT: Duration = Duration::from_secs(330);
 
 #[cfg(test)]
 mod tests {

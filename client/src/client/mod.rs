@@ -91,7 +91,7 @@ mod table_api;
 #[cfg(test)]
 mod test_support;
 
-pub use coordinators::TABLE_CHANGE_ATTEMPT_TIMEOUT;
+pub use coordinators::{MOVE_TIMEOUT, TABLE_CHANGE_ATTEMPT_TIMEOUT};
 pub use enumeration::{Enumeration, ENUMERATE_PAGE_BYTES};
 pub use retry::{EXPLAIN_TIMEOUT, EXPLANATION_REUSE};
 pub use state::{Client, ClientOptions, Object, WriteItem};

@@ -1,11 +1,11 @@
-//! The table API: creating, dropping and naming tables, splitting a tablet, and
-//! single-object reads, writes, removes and increments.
+//! The table API: creating, dropping and naming tables, splitting and moving tablets,
+//! and single-object reads, writes, removes and increments.
 
 use bytes::Bytes;
-use rampart_common::ids::{TableId, Version};
+use rampart_common::ids::{ServerId, TableId, Version};
 use rampart_common::protocol::coordinator::{
-    CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, SplitTablet,
-    SplitTabletRequest, TableNameRequest,
+    CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, MoveTablets,
+    MoveTabletsReply, MoveTabletsRequest, SplitTablet, SplitTabletRequest, TableNameRequest,
 };
 use rampart_common::protocol::master::{
     Increment, IncrementRequest, Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply,
@@ -15,6 +15,7 @@ use rampart_common::reject::RejectRules;
 use rampart_common::status::Status;
 use rampart_common::tablet::Tablet;
 
+use super::coordinators::MOVE_TIMEOUT;
 use super::retry::Attempt;
 use super::state::{Client, Object};
 use crate::error::ClientError;
@@ -87,6 +88,39 @@ impl Client {
             tracing::debug!(%error, "tablet map not refreshed after a split");
         }
         Ok((reply.tablets, reply.split))
+    }
+
+    /// Moves the tablets of table `table` covering hashes `start..=end` to master
+    /// `target` (splitting first where a tablet reaches past either end), under load:
+    /// the target copies them live and the range is frozen only for the last changes
+    /// (module doc of `coordinator::mover`). Returns once the move is committed; the
+    /// cached map is refreshed after, best effort. A move that fails is aborted, and the
+    /// tablets stay where they were ([`ClientError::Server`] says why). Waits up to
+    /// [`MOVE_TIMEOUT`], whatever the client's deadline.
+    pub async fn move_tablets(
+        &self,
+        table: TableId,
+        start: u64,
+        end: u64,
+        target: ServerId,
+    ) -> Result<MoveTabletsReply, ClientError> {
+        let request = MoveTabletsRequest {
+            table,
+            start,
+            end,
+            target,
+        };
+        let deadline = tokio::time::Instant::now() + MOVE_TIMEOUT;
+        let reply = self
+            .coordinator_call_within::<MoveTablets>(&request, deadline, MOVE_TIMEOUT)
+            .await?;
+        if let Err(error) = self
+            .refresh_map(self.map().version, self.retry().deadline)
+            .await
+        {
+            tracing::debug!(%error, "tablet map not refreshed after a move");
+        }
+        Ok(reply)
     }
 
     /// The id of table `name`.

@@ -2,7 +2,7 @@
 
 use super::rpcs::rpcs;
 use crate::bincode_message;
-use crate::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use crate::ids::{ClientId, Epoch, MoveId, SegmentId, ServerId, TableId, TabletEpoch};
 use crate::tablet::{Services, Tablet, TabletMap};
 use crate::will::Will;
 use serde::{Deserialize, Serialize};
@@ -78,6 +78,41 @@ pub struct SplitTabletReply {
     pub tablets: Vec<Tablet>,
     /// False if a tablet started there already: nothing changed.
     pub split: bool,
+}
+
+/// Move the tablets of `table` that cover hashes `start..=end` to master `target`
+/// (splitting first where a tablet reaches past either end). Answered once the move is
+/// committed, or with why it was aborted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveTabletsRequest {
+    /// The table.
+    pub table: TableId,
+    /// The first hash moved.
+    pub start: u64,
+    /// The last hash moved.
+    pub end: u64,
+    /// The master that takes them.
+    pub target: ServerId,
+}
+
+/// A committed move.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveTabletsReply {
+    /// The move's id.
+    pub id: MoveId,
+    /// Where the tablets were.
+    pub source: ServerId,
+    /// The tablets the target owns now.
+    pub tablets: Vec<Tablet>,
+    /// Entries copied (objects, tombstones, completion records).
+    pub entries: u64,
+    /// Bytes of those entries.
+    pub bytes: u64,
+    /// Milliseconds from the start to the freeze.
+    pub copy_ms: u32,
+    /// Milliseconds the range was frozen (reads and writes answered `Retry`) until
+    /// the commit.
+    pub frozen_ms: u32,
 }
 
 /// Names a table.
@@ -477,6 +512,8 @@ bincode_message!(
     DropTableRequest,
     SplitTabletRequest,
     SplitTabletReply,
+    MoveTabletsRequest,
+    MoveTabletsReply,
     OwnedTabletsReply,
     SetOpenEpochRequest,
     ReportFailureRequest,
@@ -551,6 +588,9 @@ rpcs! {
     /// Split a tablet in two on its owner (idempotent: a split where a tablet starts
     /// already changes nothing; `Retry` while the owner is being recovered).
     SplitTablet = 120: SplitTabletRequest => SplitTabletReply;
+    /// Move tablets to another master: copied live, frozen briefly, committed (answered
+    /// once committed; an aborted move leaves them where they were).
+    MoveTablets = 121: MoveTabletsRequest => MoveTabletsReply;
 }
 
 #[cfg(test)]

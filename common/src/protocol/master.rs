@@ -12,14 +12,14 @@
 
 use super::rpcs::rpcs;
 use crate::bincode_message;
-use crate::ids::{ClientId, SegmentId, ServerId, TableId, TabletEpoch, Version};
+use crate::ids::{ClientId, MoveId, SegmentId, ServerId, TableId, TabletEpoch, Version};
 use crate::protocol::backup::PartitionRanges;
 use crate::reject::RejectRules;
 use crate::rifl::Rifl;
 use crate::rpc::message::Cursor;
 use crate::rpc::{DecodeError, WireMessage};
 use crate::status::Status;
-use crate::tablet::Tablet;
+use crate::tablet::{HashRange, Tablet};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
@@ -390,7 +390,146 @@ pub struct ServerStatsReply {
     pub frame_slots: u64,
 }
 
+/// What a move's target asks its source for (`MoveOut`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoveStep {
+    /// The next piece of the range's live objects, from hash `from` (the first opens the
+    /// move on the source, which then notes every change of the range).
+    Copy {
+        /// The first hash of the piece.
+        from: u64,
+    },
+    /// The current state of what changed since the last tail.
+    Tail,
+    /// Freeze the range (reads and writes answer `Retry` until the move ends), then a
+    /// tail.
+    Freeze,
+}
+
+/// One step of a move, asked of the source by the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveOutRequest {
+    /// The move.
+    pub id: MoveId,
+    /// Its range (whole tablets of the source).
+    pub range: HashRange,
+    /// What is asked.
+    pub step: MoveStep,
+    /// About how many bytes the piece may hold.
+    pub bytes_max: u32,
+}
+
+/// A piece of a moving range: log entries (objects, tombstones, completion records)
+/// that the target replays as it replays a recovery piece.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MoveOutReply {
+    /// The source's safe version: the target's rises above it.
+    pub safe_version: Version,
+    /// A copy: where the next piece starts; `None` once the walk is done.
+    pub next: Option<u64>,
+    /// A tail: how many keys and records still wait on the source.
+    pub left: u64,
+    /// How many entries `entries` holds.
+    pub count: u32,
+    /// The entries, one after another, as the log holds them.
+    pub entries: Bytes,
+}
+
+/// Bytes of a [`MoveOutReply`] besides its entries.
+const MOVE_OUT_REPLY_FIXED_BYTES: usize = 8 + 1 + 8 + 8 + 4 + 8;
+
+/// By hand, so the entries decode as a slice of the received frame: `safe_version u64 |
+/// has_next u8 | next u64 | left u64 | count u32 | entries_len u64 | entries`.
+impl WireMessage for MoveOutReply {
+    fn encode(&self, out: &mut BytesMut) {
+        out.reserve(MOVE_OUT_REPLY_FIXED_BYTES + self.entries.len());
+        out.put_u64_le(self.safe_version.0);
+        out.put_u8(u8::from(self.next.is_some()));
+        out.put_u64_le(self.next.unwrap_or(0));
+        out.put_u64_le(self.left);
+        out.put_u32_le(self.count);
+        out.put_u64_le(self.entries.len() as u64);
+        out.put_slice(&self.entries);
+    }
+
+    fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut cursor = Cursor::new(payload);
+        let safe_version = Version(cursor.u64("safe version")?);
+        let has_next = cursor.u8("next tag")?;
+        let next = cursor.u64("next")?;
+        let next = match has_next {
+            0 => None,
+            1 => Some(next),
+            tag => return Err(DecodeError(format!("next tag {tag}"))),
+        };
+        let left = cursor.u64("left")?;
+        let count = cursor.u32("count")?;
+        let len = cursor.u64("entries length")?;
+        let len = usize::try_from(len)
+            .map_err(|_| DecodeError(format!("entries length {len} too large")))?;
+        let entries = cursor.bytes(len, "entries")?;
+        cursor.finish()?;
+        Ok(MoveOutReply {
+            safe_version,
+            next,
+            left,
+            count,
+            entries,
+        })
+    }
+}
+
+/// Take a range's objects from its owner ahead of a commit that gives it here
+/// (coordinator → target). Answered once the copy, the tails and the last tail after
+/// the source froze are replayed here and on this master's backups.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveInRequest {
+    /// The move.
+    pub id: MoveId,
+    /// Its range (whole tablets of the source).
+    pub range: HashRange,
+    /// The source.
+    pub source: ServerId,
+    /// Where the source listens.
+    pub source_addr: String,
+}
+
+/// What a target took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveInReply {
+    /// Entries received (objects, tombstones, completion records).
+    pub entries: u64,
+    /// Bytes of those entries.
+    pub bytes: u64,
+    /// Tails taken before the freeze.
+    pub tails: u32,
+    /// Milliseconds from the request to the freeze.
+    pub copy_ms: u32,
+    /// Milliseconds the range was frozen on the source before this reply.
+    pub frozen_ms: u32,
+}
+
+/// A move ended without its commit (the abort is committed): the source serves its
+/// range again, and the target forgets what it took (coordinator → both; either
+/// ignores what it does not hold).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndMoveRequest {
+    /// The move.
+    pub id: MoveId,
+    /// Its range.
+    pub range: HashRange,
+}
+
+/// Deadline of one `MoveIn`, the same on both sides: the coordinator aborts the move
+/// after it. A gigabyte copies in seconds; this leaves room for a loaded machine.
+pub const MOVE_IN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 bincode_message!(
+    MoveStep,
+    MoveOutRequest,
+    MoveInRequest,
+    MoveInReply,
+    EndMoveRequest,
     ServerStatsReply,
     IdentifyReply,
     RecoverySource,
@@ -460,6 +599,14 @@ rpcs! {
     /// another id there is proof that the crashed one is gone, see
     /// `coordinator::proof_of_death`). Answered at once, lease or not.
     Identify = 18: PingRequest => IdentifyReply;
+    /// One step of a move out of this master (target → source): a piece of the range's
+    /// live objects, a tail of its changes, or the freeze and a tail.
+    MoveOut = 19: MoveOutRequest => MoveOutReply;
+    /// Take a range from its owner ahead of a commit giving it here (coordinator →
+    /// target).
+    MoveIn = 20: MoveInRequest => MoveInReply;
+    /// A move was aborted: serve the range again (source), forget the copy (target).
+    EndMove = 21: EndMoveRequest => ();
 }
 
 const RULE_DOESNT_EXIST: u8 = 1;
@@ -601,6 +748,31 @@ mod tests {
         let mut out = BytesMut::new();
         message.encode(&mut out);
         assert_eq!(M::decode(out.freeze()), Ok(message));
+    }
+
+    #[test]
+    fn move_pieces_round_trip_and_a_bad_one_is_refused() {
+        for next in [None, Some(0), Some(u64::MAX)] {
+            round_trip(MoveOutReply {
+                safe_version: Version(9),
+                next,
+                left: 4,
+                count: 2,
+                entries: Bytes::from_static(b"entries"),
+            });
+        }
+        let mut out = BytesMut::new();
+        MoveOutReply::default().encode(&mut out);
+        let mut bad = out.to_vec();
+        bad[8] = 2;
+        assert!(MoveOutReply::decode(Bytes::from(bad)).is_err(), "next tag");
+        let mut long = out.to_vec();
+        long.push(0);
+        assert!(MoveOutReply::decode(Bytes::from(long)).is_err(), "trailing");
+        assert!(
+            MoveOutReply::decode(out.freeze().slice(..20)).is_err(),
+            "short"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use rampart_common::protocol::coordinator::{
     AllowLoss, CheckClientLeases, CreateTable, DropTable, Enlist, GetOwnedTablets, GetTableId,
-    GetTabletMap, OpenClient, ProcessExited, RaftMessages, RaftStatus, RecoveryStatus,
+    GetTabletMap, MoveTablets, OpenClient, ProcessExited, RaftMessages, RaftStatus, RecoveryStatus,
     RenewClientLease, RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch, SplitTablet,
     UploadWill, WatchTabletMap,
 };
@@ -38,6 +38,7 @@ fn router() -> Router<CoordinatorService> {
         .route::<CreateTable>(|service, request| Box::pin(service.create_table(request)))
         .route::<DropTable>(|service, request| Box::pin(service.drop_table(request)))
         .route::<SplitTablet>(|service, request| Box::pin(service.split_tablet(request)))
+        .route::<MoveTablets>(|service, request| Box::pin(service.move_tablets(request)))
         .route::<GetTableId>(|service, request| Box::pin(service.get_table_id(request)))
         .route_payload::<GetTabletMap>(|service, _unread| Box::pin(service.get_tablet_map()))
         .route::<WatchTabletMap>(|service, request| Box::pin(service.watch_tablet_map(request)))

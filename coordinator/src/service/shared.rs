@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::client_leases::{ClientExpirer, ClientLeases};
 use crate::failure_verifier::FailureVerifier;
+use crate::mover::Mover;
 use crate::node::{NodeError, RaftNode};
 use crate::recovery_manager::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
@@ -45,6 +46,10 @@ pub struct CoordinatorService {
     _expirer_task: AbortOnDrop,
     /// `WatchTabletMap`s waiting now (at most `WATCH_TABLET_MAP_WAITERS_MAX`).
     pub(super) map_watchers: Arc<tokio::sync::Semaphore>,
+    /// Drives moves of tablets (and, while this member leads, ends those nobody drives).
+    pub(super) mover: Arc<Mover>,
+    /// Stops the mover's janitor when the service goes away.
+    _mover_task: AbortOnDrop,
 }
 
 /// Aborts a background task when dropped.
@@ -85,7 +90,11 @@ impl CoordinatorService {
         let client_leases = Arc::new(Mutex::new(ClientLeases::new(CLIENT_LEASE)));
         let expirer = ClientExpirer::new(node.clone(), Arc::clone(&client_leases));
         let expirer_task = tokio::spawn(expirer.run());
+        let mover = Arc::new(Mover::new(node.clone(), Arc::clone(&pool)));
+        let mover_task = tokio::spawn(Arc::clone(&mover).run());
         CoordinatorService {
+            mover,
+            _mover_task: AbortOnDrop(mover_task),
             client_leases,
             _expirer_task: AbortOnDrop(expirer_task),
             node,

@@ -3,10 +3,11 @@
 //! split changed (`TakeTablets`, `DropTablets`, or `SyncTablets` for a split or a
 //! retried create), under the table name's lock.
 
-use rampart_common::ids::{ServerId, TabletEpoch};
+use rampart_common::ids::{ServerId, TableId, TabletEpoch};
 use rampart_common::protocol::coordinator::{
-    CreateTableRequest, DropTableRequest, SplitTabletReply, SplitTabletRequest, TableIdReply,
-    TableNameRequest, WatchTabletMapRequest, WATCH_TABLET_MAP_WAIT_MAX,
+    CreateTableRequest, DropTableRequest, MoveTabletsReply, MoveTabletsRequest, SplitTabletReply,
+    SplitTabletRequest, TableIdReply, TableNameRequest, WatchTabletMapRequest,
+    WATCH_TABLET_MAP_WAIT_MAX,
 };
 use rampart_common::protocol::master::{
     DropTablets, PingRequest, ServerStats, SyncTablets, SyncTabletsRequest, TabletsRequest,
@@ -14,7 +15,7 @@ use rampart_common::protocol::master::{
 };
 use rampart_common::rpc::{Reply, Rpc};
 use rampart_common::status::Status;
-use rampart_common::tablet::{ServerStatus, Tablet, TabletMap};
+use rampart_common::tablet::{HashRange, ServerStatus, Tablet, TabletMap};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,23 +118,60 @@ impl CoordinatorService {
         request: SplitTabletRequest,
     ) -> Result<SplitTabletReply, Reply> {
         // The name's lock orders the split with a drop of the table and its pushes.
-        let name = self
-            .node
-            .with_state(|state| state.table(request.table).map(|t| t.name.clone()))
-            .unwrap_or_default();
+        let name = self.table_name(request.table);
         let _change = self.name_lock(&name).lock().await;
-        let command = Command::SplitTablet {
-            table: request.table,
-            at: request.at,
-        };
-        match self.apply(command).await? {
+        self.split_at(request.table, request.at).await
+    }
+
+    /// `MoveTablets`: splits where the range starts and after it ends, then moves the
+    /// tablets between (`crate::mover`).
+    pub(super) async fn move_tablets(
+        &self,
+        request: MoveTabletsRequest,
+    ) -> Result<MoveTabletsReply, Reply> {
+        let MoveTabletsRequest {
+            table,
+            start,
+            end,
+            target,
+        } = request;
+        if start > end {
+            return Err(Reply::error(
+                Status::InvalidArgument,
+                format!("empty range {start:#x}..={end:#x}"),
+            ));
+        }
+        {
+            let name = self.table_name(table);
+            let _change = self.name_lock(&name).lock().await;
+            self.split_at(table, start).await?;
+            if let Some(after) = end.checked_add(1) {
+                self.split_at(table, after).await?;
+            }
+        }
+        self.mover
+            .move_range(HashRange::new(table, start, end), target)
+            .await
+    }
+
+    /// The name of table `id` (empty if there is none): the key of its lock.
+    fn table_name(&self, id: TableId) -> String {
+        self.node
+            .with_state(|state| state.table(id).map(|t| t.name.clone()))
+            .unwrap_or_default()
+    }
+
+    /// Splits table `table`'s tablet holding `at` there (`SplitTablet`) and tells its
+    /// owner, best effort; the caller holds the table's name lock.
+    async fn split_at(&self, table: TableId, at: u64) -> Result<SplitTabletReply, Reply> {
+        match self.apply(Command::SplitTablet { table, at }).await? {
             CommandResult::TabletSplit {
                 tablets,
                 split,
                 epochs,
             } => {
                 if split {
-                    tracing::info!(table = %request.table, at = request.at, ?tablets, "tablet split");
+                    tracing::info!(%table, at, ?tablets, "tablet split");
                 }
                 let deadline = Instant::now() + TABLET_PUSH_TIMEOUT;
                 let sync = |owner, epoch| SyncTabletsRequest { owner, epoch };

@@ -230,6 +230,60 @@ impl ObjectStore {
             .collect()
     }
 
+    /// Registers move `id` of `range` into this master: it owns none of it, and what is
+    /// replayed there stays until the commit gives it the range or the move ends
+    /// ([`end_move_in`](Self::end_move_in)); a recovery's forgetting leaves it alone
+    /// ([`forget_unowned`](Self::forget_unowned)). Refused (`InvalidArgument`) for a
+    /// range owned here in part, and (`Retry`) while another move into an overlapping
+    /// range is registered or too many are.
+    pub fn begin_move_in(&mut self, id: MoveId, range: HashRange) -> Result<(), Status> {
+        if self.moves_in.get(&id) == Some(&range) {
+            return Ok(());
+        }
+        let HashRange { table, start, end } = range;
+        if start > end || self.tablets.owns_any(table, start, end) {
+            return Err(Status::InvalidArgument);
+        }
+        if self.moves_in.len() >= MOVES_OUT_MAX
+            || self.moves_in.values().any(|r| r.overlaps(&range))
+        {
+            return Err(Status::Retry);
+        }
+        self.moves_in.insert(id, range);
+        Ok(())
+    }
+
+    /// Ends move `id` into this master; returns its range, whose objects not owned here
+    /// the caller then forgets. `None` if it was not registered.
+    pub fn end_move_in(&mut self, id: MoveId) -> Option<HashRange> {
+        self.moves_in.remove(&id)
+    }
+
+    /// The parts of `table`'s hashes `start..=end` outside every move into this master.
+    pub(super) fn outside_moves_in(&self, table: TableId, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut parts = vec![(start, end)];
+        for moving in self.moves_in.values().filter(|r| r.table == table) {
+            parts = parts
+                .into_iter()
+                .flat_map(|(from, to)| {
+                    let mut left = Vec::with_capacity(2);
+                    if moving.end < from || to < moving.start {
+                        left.push((from, to));
+                    } else {
+                        if from < moving.start {
+                            left.push((from, moving.start - 1));
+                        }
+                        if moving.end < to {
+                            left.push((moving.end + 1, to));
+                        }
+                    }
+                    left
+                })
+                .collect();
+        }
+        parts
+    }
+
     /// Whether `hash` of `table` lies in a frozen moving range.
     pub(super) fn frozen(&self, table: TableId, hash: KeyHash) -> bool {
         self.moves_out
@@ -300,13 +354,16 @@ impl ObjectStore {
         }
     }
 
-    /// Drops the moves whose ranges this master no longer owns in full (the commit
-    /// took them elsewhere).
+    /// Drops the moves out whose ranges this master no longer owns in full (the commit
+    /// took them elsewhere), and the moves in whose ranges it owns now (the commit gave
+    /// them here).
     pub(super) fn drop_moves_not_owned(&mut self) {
         let tablets = &self.tablets;
         self.moves_out.retain(|_, open| {
             let HashRange { table, start, end } = open.range;
             tablets.unowned_parts(table, start, end).is_empty()
         });
+        self.moves_in
+            .retain(|_, range| !tablets.owns_any(range.table, range.start, range.end));
     }
 }

@@ -173,8 +173,9 @@ impl ObjectStore {
         Ok(())
     }
 
-    /// Forgets every object in `ranges` that this master does not own: what a failed or
-    /// abandoned recovery left in the index. Their pending profile counts are dropped
+    /// Forgets every object in `ranges` that this master does not own, outside the
+    /// moves into it: what a failed or abandoned recovery left in the index (a move
+    /// ends first, [`end_move_in`](Self::end_move_in), and then forgets its range). Their pending profile counts are dropped
     /// (should the ranges come here later, only the entries of that recovery are
     /// counted). Returns how many objects were forgotten.
     ///
@@ -190,7 +191,12 @@ impl ObjectStore {
     pub fn forget_unowned(&mut self, ranges: &[HashRange]) -> u64 {
         let mut removed = 0;
         for &HashRange { table, start, end } in ranges {
-            for (from, to) in self.tablets.unowned_parts(table, start, end) {
+            let unowned = self.tablets.unowned_parts(table, start, end);
+            let parts: Vec<(u64, u64)> = unowned
+                .into_iter()
+                .flat_map(|(from, to)| self.outside_moves_in(table, from, to))
+                .collect();
+            for (from, to) in parts {
                 let range = from..=to;
                 let refs = self.forget_range(table, range.clone());
                 removed += refs.len() as u64;

@@ -8,6 +8,7 @@ use rampart_common::ids::{key_hash, KeyHash, MoveId, SegmentId, ServerId, TableI
 use rampart_common::limits::KEY_BYTES_MAX;
 use rampart_common::log::{object_entry_bytes, COMPLETION_ENTRY_BYTES};
 use rampart_common::status::Status;
+use rampart_common::tablet::HashRange;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 
@@ -69,6 +70,9 @@ pub struct ObjectStore {
     /// The moves of tablets out of this master (`moves`). Invariant: each range is
     /// owned here whole and overlaps no other.
     pub(super) moves_out: BTreeMap<MoveId, MoveOut>,
+    /// The moves of tablets into this master (`moves`): ranges not owned here, whose
+    /// replayed objects wait for the commit. Invariant: no two overlap.
+    pub(super) moves_in: BTreeMap<MoveId, HashRange>,
 }
 
 impl ObjectStore {
@@ -124,6 +128,7 @@ impl ObjectStore {
             completions: Completions::new(),
             client_leases: ClientLeaseCache::default(),
             moves_out: BTreeMap::new(),
+            moves_in: BTreeMap::new(),
         }
     }
 
