@@ -37,6 +37,14 @@ pub const LOSE_RECOVER_REPLY_AND_ABANDON: &str = "coordinator-lose-recover-reply
 /// operations that did apply (exactly-once, `crate::rifl`).
 pub const LOSE_WRITE_REPLIES: &str = "master-lose-write-replies";
 
+/// Master: a move into this master fails right after its source froze the range,
+/// before the last tail is replayed: the coordinators abort the move.
+pub const MOVE_IN_FAILS_AFTER_FREEZE: &str = "master-move-in-fails-after-freeze";
+
+/// Master: an `EndMove` does not unfreeze a range moving out of this master, as when it
+/// never arrives: only the frozen watch (`master::frozen_watch`) serves it again.
+pub const IGNORE_END_MOVE: &str = "master-ignore-end-move";
+
 /// Whether failpoint `name` fires here and now (always for a failpoint named alone in
 /// [`FAILPOINTS_ENV`]; as its actions say for `NAME=ACTIONS`).
 #[cfg(feature = "failpoints")]

@@ -331,8 +331,10 @@ impl Appender {
         &self,
         id: rampart_common::ids::MoveId,
     ) -> Result<Result<u64, Status>, AppenderClosed> {
-        self.on_store("FreezeMoveOut", move |store| store.freeze_move_out(id))
-            .await
+        self.on_store("FreezeMoveOut", move |store| {
+            store.freeze_move_out(id, std::time::Instant::now())
+        })
+        .await
     }
 
     /// Forgets every object in `ranges` this master does not own and cleans the segments

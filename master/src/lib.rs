@@ -99,6 +99,7 @@ pub mod client_lease_cache;
 pub mod client_leases;
 pub mod completions;
 pub mod failure_detector;
+pub mod frozen_watch;
 pub mod lease;
 pub mod move_in;
 pub mod object_index;

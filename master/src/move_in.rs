@@ -29,6 +29,7 @@
 //! replays comes after the forgetting.
 
 use parking_lot::Mutex;
+use rampart_common::failpoints;
 use rampart_common::ids::{MoveId, SegmentId};
 use rampart_common::protocol::master::{
     EndMoveRequest, MoveInReply, MoveInRequest, MoveOut, MoveOutReply, MoveOutRequest, MoveStep,
@@ -220,6 +221,9 @@ impl MoveIn {
         // The freeze and the last tail.
         let frozen = Instant::now();
         let mut reply = step.ask(MoveStep::Freeze).await?;
+        if failpoints::active(failpoints::MOVE_IN_FAILS_AFTER_FREEZE) {
+            return Err(MoveInError::Stopped("failpoint: failed after the freeze"));
+        }
         loop {
             let left = reply.left;
             step.replay(reply, &mut taken).await?;
@@ -248,7 +252,9 @@ impl MoveIn {
         }
         let ended = {
             let mut store = self.store.lock();
-            store.end_move_out(request.id);
+            if !failpoints::active(failpoints::IGNORE_END_MOVE) {
+                store.end_move_out(request.id);
+            }
             store.end_move_in(request.id)
         };
         let Some(range) = ended else {

@@ -306,6 +306,16 @@ impl MasterService {
         self.client_leases.as_ref()
     }
 
+    /// What unfreezes a range frozen for a move whose abort never arrived here (its
+    /// `run` task must run): it asks `coordinators` through `pool`.
+    pub fn frozen_watch(
+        &self,
+        coordinators: Arc<rampart_common::coordinator_set::CoordinatorSet>,
+        pool: Arc<rampart_common::rpc::RpcPool>,
+    ) -> crate::frozen_watch::FrozenWatch {
+        crate::frozen_watch::FrozenWatch::new(self.id, Arc::clone(&self.store), coordinators, pool)
+    }
+
     /// What keeps this master's tablets equal to the committed map: lease renewals
     /// report to it, and its [`TabletSync::run`] task pulls when behind.
     pub fn tablet_sync(&self) -> &Arc<TabletSync> {

@@ -4,8 +4,10 @@
 //! On the server's runtime: the lease renewer (client requests are served only under a
 //! valid lease), the tablet sync (pulls the committed tablet map when a renewal shows
 //! the master behind), the version reserver (keeps version numbers below the ceiling the
-//! coordinators granted), the failure detector (pings random servers, reports silent
-//! ones) and the will uploader (sends the master's recovery partitions when they change).
+//! coordinators granted), the client lease checker, the frozen watch (serves a range
+//! frozen for a move again once its abort is committed and the news never came), the
+//! failure detector (pings random servers, reports silent ones) and the will uploader
+//! (sends the master's recovery partitions when they change).
 //! On the backup runtime: the soft-NIC of the `tcp` transport, whose CPU is the backup's.
 //!
 //! # Shutdown
@@ -90,6 +92,8 @@ impl ServerChildren {
         if let Some(checker) = master.client_leases().cloned() {
             tasks.spawn(checker.run(stopped()));
         }
+        let frozen = master.frozen_watch(Arc::clone(&set), Arc::clone(&pool));
+        tasks.spawn(frozen.run(stopped()));
         let detector = FailureDetectorTask::new(
             id,
             addr.to_string(),

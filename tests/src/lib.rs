@@ -96,7 +96,19 @@ impl LocalCluster {
         servers: u32,
         extra: &[&str],
     ) -> Result<LocalCluster> {
+        LocalCluster::start_with_env(data_dir, servers, extra, &[])
+    }
+
+    /// [`LocalCluster::start_on`] with `env` set for `cluster up` and every process it
+    /// starts (failpoints, [`FAILPOINTS_ENV`]).
+    pub fn start_with_env(
+        data_dir: tempfile::TempDir,
+        servers: u32,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<LocalCluster> {
         let mut command = Command::new(rampart_bin()?);
+        command.envs(env.iter().copied());
         command
             .args([
                 "cluster",

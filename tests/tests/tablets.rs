@@ -1,13 +1,16 @@
 //! Changing a table's tablets on a real `rampart cluster up` (issue 42): a split by
 //! `rampart tablet split` while clients write, then a `kill -9` of the split tablet's
 //! master, whose recovery must bring back every live key of both halves and none of
-//! the keys deleted before the split and never written again.
+//! the keys deleted before the split and never written again; a move by `rampart
+//! tablet move` under a writer, then a `kill -9` of the new owner; and a move that
+//! fails after the freeze, aborted, with the news of the abort lost.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
 use rampart_client::ClientError;
 use rampart_common::coordinator_set::CoordinatorSet;
-use rampart_common::ids::{key_hash, TableId};
+use rampart_common::failpoints::FAILPOINTS_ENV;
+use rampart_common::ids::{key_hash, ServerId, TableId};
 use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
 use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::Tablet;
@@ -193,15 +196,26 @@ fn a_split_tablet_serves_throughout_and_its_master_recovers_with_deleted_keys_go
     });
 }
 
-#[test]
-fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_crash() {
-    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
-    let cluster = LocalCluster::start(4, &flags).unwrap();
-    runtime().block_on(async {
-        let client = cluster.client(Duration::from_secs(30)).await.unwrap();
-        let table = client.create_table("moving", 1).await.unwrap();
-        let source = tablets(&cluster, table).await[0].owner;
-        // 300 keys, 100 of them deleted and never written again.
+/// Keys that a move must carry as they are: 200 live, 100 deleted and never written
+/// again, 12 MB of filler (so that the copy takes a while), and 3000 keys for the
+/// writer to delete; and a writer that goes on throughout (see [`MoveLoad::start`]).
+struct MoveLoad {
+    client: rampart_client::Client,
+    table: TableId,
+    live: Vec<String>,
+    deleted: Vec<String>,
+    stop: Arc<AtomicBool>,
+    writer: tokio::task::JoinHandle<Result<u64, ClientError>>,
+}
+
+/// Keys the writer deletes, one per round, never written again.
+const DOOMED: u64 = 3000;
+
+impl MoveLoad {
+    /// Writes the keys, then starts the writer. Each round writes a key never written
+    /// before or after, deletes a doomed key, and overwrites five keys of its own; every
+    /// operation must succeed (the client retries through a freeze and a hand-over).
+    async fn start(client: &rampart_client::Client, table: TableId) -> MoveLoad {
         let keys: Vec<String> = (0..300).map(|i| format!("key-{i}")).collect();
         for key in &keys {
             client
@@ -213,29 +227,21 @@ fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_cra
         for key in deleted {
             client.remove(table, key.as_bytes()).await.unwrap();
         }
-        // Enough bytes that the copy takes a while, for changes to land during it; and
-        // keys for the writer to delete during the move and never write again.
         let filler = vec![7u8; 8 << 10];
         for i in 0..1500 {
             let key = format!("filler-{i}");
             client.write(table, key.as_bytes(), &filler).await.unwrap();
         }
-        const DOOMED: u64 = 3000;
         for i in 0..DOOMED {
             let key = format!("doomed-{i}");
             client.write(table, key.as_bytes(), b"d").await.unwrap();
         }
-
-        // A writer goes on while the tablet moves, and every operation must succeed (a
-        // retry at the hand-over at most). Each round writes a key never written before
-        // or after, deletes a key written before the move and never written again, and
-        // overwrites a few keys of its own.
         let stop = Arc::new(AtomicBool::new(false));
         let writer = {
             let (client, stop) = (client.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut round = 0u64;
-                while !stop.load(Ordering::SeqCst) && round < DOOMED {
+                while !stop.load(Ordering::SeqCst) && round + 1 < DOOMED {
                     round += 1;
                     let once = format!("once-{round}");
                     client.write(table, once.as_bytes(), b"o").await?;
@@ -252,27 +258,105 @@ fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_cra
             })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
+        MoveLoad {
+            client: client.clone(),
+            table,
+            live: live.to_vec(),
+            deleted: deleted.to_vec(),
+            stop,
+            writer,
+        }
+    }
 
-        // From the shell, to another master.
-        let target = cluster
-            .servers
-            .iter()
-            .map(|&(id, _, _)| rampart_common::ids::ServerId(id))
-            .find(|&id| id != source)
-            .unwrap();
-        let moved = cluster
-            .rampart(
-                &[
-                    "tablet",
-                    "move",
-                    "moving",
-                    "all",
-                    "--to",
-                    &target.to_string(),
-                ],
-                None,
-            )
-            .unwrap();
+    /// Stops the writer (every operation of it succeeded); returns its rounds.
+    async fn stop(&mut self) -> u64 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.stop.store(true, Ordering::SeqCst);
+        (&mut self.writer)
+            .await
+            .unwrap()
+            .expect("every write and removal of the writer succeeded")
+    }
+
+    /// Reads back everything: what the writer wrote and deleted after `rounds`, the live
+    /// keys, no deleted one; an enumeration returns each live key once.
+    async fn check(&self, rounds: u64) {
+        let (client, table) = (&self.client, self.table);
+        for j in 0..5 {
+            let key = format!("busy-{j}");
+            let object = client.read(table, key.as_bytes()).await.unwrap().unwrap();
+            assert_eq!(object.value, rounds.to_string().as_bytes(), "{key}");
+        }
+        for round in 1..=rounds {
+            let once = format!("once-{round}");
+            let object = client.read(table, once.as_bytes()).await.unwrap();
+            assert!(object.is_some(), "{once} was lost");
+        }
+        for i in 0..DOOMED {
+            let doomed = format!("doomed-{i}");
+            let object = client.read(table, doomed.as_bytes()).await.unwrap();
+            let removed = (1..=rounds).contains(&i);
+            assert_eq!(object.is_none(), removed, "{doomed}");
+        }
+        for key in &self.live {
+            let object = client.read(table, key.as_bytes()).await.unwrap();
+            assert_eq!(
+                object.map(|o| o.value.to_vec()),
+                Some(key.as_bytes().to_vec())
+            );
+        }
+        for key in &self.deleted {
+            let object = client.read(table, key.as_bytes()).await.unwrap();
+            assert!(object.is_none(), "{key} came back");
+        }
+        let enumerated: Vec<String> = client
+            .enumerate(table)
+            .collect_all()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|object| text(&object.key))
+            .filter(|key| key.starts_with("key-"))
+            .collect();
+        let unique: BTreeSet<&String> = enumerated.iter().collect();
+        assert_eq!(enumerated.len(), unique.len(), "no key twice");
+        assert_eq!(unique, self.live.iter().collect::<BTreeSet<_>>());
+    }
+}
+
+/// A master of `cluster` other than `owner`.
+fn another(cluster: &LocalCluster, owner: ServerId) -> ServerId {
+    cluster
+        .servers
+        .iter()
+        .map(|&(id, _, _)| ServerId(id))
+        .find(|&id| id != owner)
+        .unwrap()
+}
+
+/// `rampart tablet move TABLE all --to TARGET`.
+fn move_all(cluster: &LocalCluster, table: &str, target: ServerId) -> std::process::Output {
+    cluster
+        .rampart(
+            &["tablet", "move", table, "all", "--to", &target.to_string()],
+            None,
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_crash() {
+    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
+    let cluster = LocalCluster::start(4, &flags).unwrap();
+    runtime().block_on(async {
+        let client = cluster.client(Duration::from_secs(30)).await.unwrap();
+        let table = client.create_table("moving", 1).await.unwrap();
+        let source = tablets(&cluster, table).await[0].owner;
+        let mut load = MoveLoad::start(&client, table).await;
+
+        // From the shell, to another master, under the writer.
+        let target = another(&cluster, source);
+        let moved = move_all(&cluster, "moving", target);
         assert!(moved.status.success(), "{}", text(&moved.stderr));
         let out = text(&moved.stdout);
         assert!(
@@ -282,63 +366,12 @@ fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_cra
         let after = tablets(&cluster, table).await;
         assert!(after.iter().all(|t| t.owner == target), "{after:?}");
         // Bad input: a clear error, exit 2, nothing changed.
-        let bad = cluster
-            .rampart(
-                &["tablet", "move", "moving", "all", "--to", "server-999"],
-                None,
-            )
-            .unwrap();
+        let bad = move_all(&cluster, "moving", ServerId(999));
         assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stdout));
         assert_eq!(tablets(&cluster, table).await, after);
 
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.store(true, Ordering::SeqCst);
-        let rounds = writer
-            .await
-            .unwrap()
-            .expect("every write and removal during the move succeeded");
-        for j in 0..5 {
-            let key = format!("busy-{j}");
-            let object = client.read(table, key.as_bytes()).await.unwrap().unwrap();
-            assert_eq!(object.value, rounds.to_string().as_bytes(), "{key}");
-        }
-        let check = |client: rampart_client::Client| async move {
-            for round in 1..=rounds {
-                let once = format!("once-{round}");
-                let object = client.read(table, once.as_bytes()).await.unwrap();
-                assert!(object.is_some(), "{once} was lost");
-            }
-            for i in 0..DOOMED {
-                let doomed = format!("doomed-{i}");
-                let object = client.read(table, doomed.as_bytes()).await.unwrap();
-                let removed = (1..=rounds).contains(&i);
-                assert_eq!(object.is_none(), removed, "{doomed}");
-            }
-            for key in live {
-                let object = client.read(table, key.as_bytes()).await.unwrap();
-                assert_eq!(
-                    object.map(|o| o.value.to_vec()),
-                    Some(key.as_bytes().to_vec())
-                );
-            }
-            for key in deleted {
-                let object = client.read(table, key.as_bytes()).await.unwrap();
-                assert!(object.is_none(), "{key} came back");
-            }
-            let enumerated: Vec<String> = client
-                .enumerate(table)
-                .collect_all()
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|object| text(&object.key))
-                .filter(|key| key.starts_with("key-"))
-                .collect();
-            let unique: BTreeSet<&String> = enumerated.iter().collect();
-            assert_eq!(enumerated.len(), unique.len(), "no key twice");
-            assert_eq!(unique, live.iter().collect::<BTreeSet<_>>());
-        };
-        check(client.clone()).await;
+        let rounds = load.stop().await;
+        load.check(rounds).await;
 
         // The new owner dies: its recovery brings back what it took, and nothing the
         // source had deleted.
@@ -350,9 +383,54 @@ fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_cra
             .unwrap();
         // SAFETY: kill(2) of a server `cluster up` started and still holds.
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-        check(client.clone()).await;
+        load.check(rounds).await;
         assert!(!process_alive(pid));
         let recovered = tablets(&cluster, table).await;
         assert!(recovered.iter().all(|t| t.owner != target), "{recovered:?}");
+    });
+}
+
+#[test]
+fn a_move_that_fails_after_the_freeze_is_aborted_and_the_source_serves_again() {
+    // The first move into any master fails once its source froze the range, and no
+    // source unfreezes on EndMove: only its frozen watch, asking the coordinators how
+    // the move ended, serves the range again.
+    let env = [(
+        FAILPOINTS_ENV,
+        "master-move-in-fails-after-freeze=1*return,master-ignore-end-move",
+    )];
+    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
+    let data = tempfile::TempDir::new().unwrap();
+    let cluster = LocalCluster::start_with_env(data, 3, &flags, &env).unwrap();
+    runtime().block_on(async {
+        let client = cluster.client(Duration::from_secs(30)).await.unwrap();
+        let table = client.create_table("aborted", 1).await.unwrap();
+        let before = tablets(&cluster, table).await;
+        let source = before[0].owner;
+        let mut load = MoveLoad::start(&client, table).await;
+
+        let target = another(&cluster, source);
+        let failed = move_all(&cluster, "aborted", target);
+        assert_eq!(failed.status.code(), Some(2), "{}", text(&failed.stdout));
+        assert!(
+            text(&failed.stderr).contains("aborted"),
+            "{}",
+            text(&failed.stderr)
+        );
+        assert_eq!(tablets(&cluster, table).await, before, "nothing moved");
+        // The writer waited out the freeze (its retries within its deadline) and goes
+        // on on the source.
+        let rounds = load.stop().await;
+        load.check(rounds).await;
+
+        // The same move again succeeds, and the target's leftovers of the first are
+        // gone: it holds exactly what the source held.
+        let moved = move_all(&cluster, "aborted", target);
+        assert!(moved.status.success(), "{}", text(&moved.stderr));
+        assert!(tablets(&cluster, table)
+            .await
+            .iter()
+            .all(|t| t.owner == target));
+        load.check(rounds).await;
     });
 }

@@ -115,6 +115,26 @@ pub struct MoveTabletsReply {
     pub frozen_ms: u32,
 }
 
+/// Names a move of tablets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveIdRequest {
+    /// The move.
+    pub id: MoveId,
+}
+
+/// Where a move stands in the committed state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoveState {
+    /// Open: neither committed nor aborted yet.
+    Open,
+    /// Its tablets went to the target.
+    Committed,
+    /// Its tablets stayed with the source.
+    Aborted,
+    /// Not open, and not among the newest ended moves the state keeps.
+    Unknown,
+}
+
 /// Names a table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableNameRequest {
@@ -514,6 +534,8 @@ bincode_message!(
     SplitTabletReply,
     MoveTabletsRequest,
     MoveTabletsReply,
+    MoveIdRequest,
+    MoveState,
     OwnedTabletsReply,
     SetOpenEpochRequest,
     ReportFailureRequest,
@@ -591,6 +613,9 @@ rpcs! {
     /// Move tablets to another master: copied live, frozen briefly, committed (answered
     /// once committed; an aborted move leaves them where they were).
     MoveTablets = 121: MoveTabletsRequest => MoveTabletsReply;
+    /// Where a move stands (linearizable): a source frozen for a move it heard no end
+    /// of asks.
+    GetMove = 122: MoveIdRequest => MoveState;
 }
 
 #[cfg(test)]

@@ -8,10 +8,10 @@
 
 use bytes::Bytes;
 use rampart_common::protocol::coordinator::{
-    AllowLoss, CheckClientLeases, CreateTable, DropTable, Enlist, GetOwnedTablets, GetTableId,
-    GetTabletMap, MoveTablets, OpenClient, ProcessExited, RaftMessages, RaftStatus, RecoveryStatus,
-    RenewClientLease, RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch, SplitTablet,
-    UploadWill, WatchTabletMap,
+    AllowLoss, CheckClientLeases, CreateTable, DropTable, Enlist, GetMove, GetOwnedTablets,
+    GetTableId, GetTabletMap, MoveTablets, OpenClient, ProcessExited, RaftMessages, RaftStatus,
+    RecoveryStatus, RenewClientLease, RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch,
+    SplitTablet, UploadWill, WatchTabletMap,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Router, Service};
@@ -39,6 +39,7 @@ fn router() -> Router<CoordinatorService> {
         .route::<DropTable>(|service, request| Box::pin(service.drop_table(request)))
         .route::<SplitTablet>(|service, request| Box::pin(service.split_tablet(request)))
         .route::<MoveTablets>(|service, request| Box::pin(service.move_tablets(request)))
+        .route::<GetMove>(|service, request| Box::pin(service.get_move(request)))
         .route::<GetTableId>(|service, request| Box::pin(service.get_table_id(request)))
         .route_payload::<GetTabletMap>(|service, _unread| Box::pin(service.get_tablet_map()))
         .route::<WatchTabletMap>(|service, request| Box::pin(service.watch_tablet_map(request)))

@@ -5,9 +5,9 @@
 
 use rampart_common::ids::{ServerId, TableId, TabletEpoch};
 use rampart_common::protocol::coordinator::{
-    CreateTableRequest, DropTableRequest, MoveTabletsReply, MoveTabletsRequest, SplitTabletReply,
-    SplitTabletRequest, TableIdReply, TableNameRequest, WatchTabletMapRequest,
-    WATCH_TABLET_MAP_WAIT_MAX,
+    CreateTableRequest, DropTableRequest, MoveIdRequest, MoveState, MoveTabletsReply,
+    MoveTabletsRequest, SplitTabletReply, SplitTabletRequest, TableIdReply, TableNameRequest,
+    WatchTabletMapRequest, WATCH_TABLET_MAP_WAIT_MAX,
 };
 use rampart_common::protocol::master::{
     DropTablets, PingRequest, ServerStats, SyncTablets, SyncTabletsRequest, TabletsRequest,
@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::shared::{rejected, CoordinatorService};
-use crate::state::{Command, CommandResult, CoordinatorState};
+use crate::state::{Command, CommandResult, CoordinatorState, MoveEnd};
 
 /// How long a create, drop or split waits for the masters to take, drop or pull their
 /// tablets.
@@ -152,6 +152,22 @@ impl CoordinatorService {
         self.mover
             .move_range(HashRange::new(table, start, end), target)
             .await
+    }
+
+    /// `GetMove`, linearizable.
+    pub(super) async fn get_move(&self, request: MoveIdRequest) -> Result<MoveState, Reply> {
+        self.read_barrier().await?;
+        Ok(self.node.with_state(|state| {
+            if state.open_move(request.id).is_some() {
+                MoveState::Open
+            } else {
+                match state.move_end(request.id) {
+                    Some(MoveEnd::Committed) => MoveState::Committed,
+                    Some(MoveEnd::Aborted) => MoveState::Aborted,
+                    None => MoveState::Unknown,
+                }
+            }
+        }))
     }
 
     /// The name of table `id` (empty if there is none): the key of its lock.

@@ -37,6 +37,7 @@ use rampart_common::log::encode_tombstone;
 use rampart_common::status::Status;
 use rampart_common::tablet::HashRange;
 use std::collections::{BTreeSet, HashSet};
+use std::time::Instant;
 
 use super::store::ObjectStore;
 
@@ -49,6 +50,10 @@ pub const DIRTY_KEYS_MAX: usize = 1 << 18;
 /// Most completion records one move's dirty set holds between two tails (those of the
 /// range held at the open count).
 pub const DIRTY_RECORDS_MAX: usize = 1 << 20;
+
+/// How many ended moves a master remembers, to refuse a late step of one (an `EndMove`
+/// that overtook the target's freeze, or its `MoveIn`, must not be undone by it).
+pub const ENDED_MOVES_KEPT: usize = 1024;
 
 /// The largest piece a target may ask for, in bytes (a piece may go past its budget by
 /// one entry, or by the objects of one hash).
@@ -64,8 +69,8 @@ pub(super) struct MoveOut {
     dirty_records: BTreeSet<(ClientId, u64)>,
     /// A key or record was not noted: the move cannot complete.
     overflowed: bool,
-    /// Reads and writes of the range answer `Retry`.
-    frozen: bool,
+    /// Since when reads and writes of the range answer `Retry`.
+    frozen: Option<Instant>,
 }
 
 /// A piece of a moving range in the log's format (objects, tombstones, completion
@@ -89,6 +94,9 @@ impl ObjectStore {
     /// from now on its changes are noted (module doc). Opening an open move again
     /// changes nothing.
     pub fn open_move_out(&mut self, id: MoveId, range: HashRange) -> Result<(), Status> {
+        if self.ended_moves.contains(&id) {
+            return Err(Status::MoveAborted);
+        }
         if let Some(open) = self.moves_out.get(&id) {
             return if open.range == range {
                 Ok(())
@@ -117,7 +125,7 @@ impl ObjectStore {
                 dirty: HashSet::new(),
                 dirty_records: if overflowed { BTreeSet::new() } else { records },
                 overflowed,
-                frozen: false,
+                frozen: None,
             },
         );
         Ok(())
@@ -207,23 +215,25 @@ impl ObjectStore {
         Ok(piece)
     }
 
-    /// Freezes open move `id`'s range: its reads and writes answer `Retry` until the
-    /// move ends here. Run it from the appender (`Appender::on_store`), after the writes
-    /// queued before it. Returns the keys and records still to send.
-    pub fn freeze_move_out(&mut self, id: MoveId) -> Result<u64, Status> {
-        let open = self.moves_out.get_mut(&id).ok_or(Status::InvalidArgument)?;
-        open.frozen = true;
+    /// Freezes open move `id`'s range at `now`: its reads and writes answer `Retry`
+    /// until the move ends here. Run it from the appender (`Appender::on_store`), after
+    /// the writes queued before it. Returns the keys and records still to send.
+    pub fn freeze_move_out(&mut self, id: MoveId, now: Instant) -> Result<u64, Status> {
+        let open = self.moves_out.get_mut(&id).ok_or(Status::MoveAborted)?;
+        open.frozen.get_or_insert(now);
         Ok((open.dirty.len() + open.dirty_records.len()) as u64)
     }
 
-    /// Ends move `id` here (aborted: the range is served again). Ending a move that is
-    /// not open changes nothing.
+    /// Ends move `id` here (aborted: the range is served again), for good: a later step
+    /// of it is refused (`MoveAborted`), so a target that has not heard yet cannot open
+    /// or freeze it again. Ending a move that is not open only remembers that.
     pub fn end_move_out(&mut self, id: MoveId) {
         self.moves_out.remove(&id);
+        self.remember_ended(id);
     }
 
-    /// The moves open here: id, range, whether frozen.
-    pub fn moves_out(&self) -> Vec<(MoveId, HashRange, bool)> {
+    /// The moves open here: id, range, since when frozen.
+    pub fn moves_out(&self) -> Vec<(MoveId, HashRange, Option<Instant>)> {
         self.moves_out
             .iter()
             .map(|(&id, open)| (id, open.range, open.frozen))
@@ -234,9 +244,13 @@ impl ObjectStore {
     /// replayed there stays until the commit gives it the range or the move ends
     /// ([`end_move_in`](Self::end_move_in)); a recovery's forgetting leaves it alone
     /// ([`forget_unowned`](Self::forget_unowned)). Refused (`InvalidArgument`) for a
-    /// range owned here in part, and (`Retry`) while another move into an overlapping
-    /// range is registered or too many are.
+    /// range owned here in part, (`MoveAborted`) for a move that ended here already,
+    /// and (`Retry`) while another move into an overlapping range is registered or too
+    /// many are.
     pub fn begin_move_in(&mut self, id: MoveId, range: HashRange) -> Result<(), Status> {
+        if self.ended_moves.contains(&id) {
+            return Err(Status::MoveAborted);
+        }
         if self.moves_in.get(&id) == Some(&range) {
             return Ok(());
         }
@@ -253,10 +267,19 @@ impl ObjectStore {
         Ok(())
     }
 
-    /// Ends move `id` into this master; returns its range, whose objects not owned here
-    /// the caller then forgets. `None` if it was not registered.
+    /// Ends move `id` into this master, for good (a late `MoveIn` of it is refused);
+    /// returns its range, whose objects not owned here the caller then forgets. `None`
+    /// if it was not registered.
     pub fn end_move_in(&mut self, id: MoveId) -> Option<HashRange> {
+        self.remember_ended(id);
         self.moves_in.remove(&id)
+    }
+
+    fn remember_ended(&mut self, id: MoveId) {
+        self.ended_moves.insert(id);
+        while self.ended_moves.len() > ENDED_MOVES_KEPT {
+            self.ended_moves.pop_first();
+        }
     }
 
     /// The parts of `table`'s hashes `start..=end` outside every move into this master.
@@ -288,7 +311,7 @@ impl ObjectStore {
     pub(super) fn frozen(&self, table: TableId, hash: KeyHash) -> bool {
         self.moves_out
             .values()
-            .any(|m| m.frozen && m.range.contains(table, hash))
+            .any(|m| m.frozen.is_some() && m.range.contains(table, hash))
     }
 
     /// Where a walk of `table`'s hashes `start..=end` must stop short of a frozen
@@ -301,7 +324,7 @@ impl ObjectStore {
         end: u64,
     ) -> Result<u64, Status> {
         let mut last = end;
-        for open in self.moves_out.values().filter(|m| m.frozen) {
+        for open in self.moves_out.values().filter(|m| m.frozen.is_some()) {
             let HashRange {
                 table: t,
                 start: from,

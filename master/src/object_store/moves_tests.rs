@@ -129,7 +129,10 @@ fn a_moved_range_reads_on_the_target_as_it_did_on_the_source() {
     source.open_move_out(MOVE, whole_range()).unwrap();
     copy(&mut source, &mut target, &mut state, 1000, |_| {});
     drain(&mut source, &mut target, &mut state);
-    assert_eq!(source.freeze_move_out(MOVE), Ok(0));
+    assert_eq!(
+        source.freeze_move_out(MOVE, std::time::Instant::now()),
+        Ok(0)
+    );
     drain(&mut source, &mut target, &mut state);
     commit(&mut source, &mut target);
     assert_eq!(contents(&target, &names), before);
@@ -185,7 +188,10 @@ fn changes_made_during_the_copy_reach_the_target_and_removed_keys_stay_removed()
     let mut all = names.clone();
     all.push("born-during-the-copy".into());
     let before = contents(&source, &all);
-    assert_eq!(source.freeze_move_out(MOVE), Ok(2));
+    assert_eq!(
+        source.freeze_move_out(MOVE, std::time::Instant::now()),
+        Ok(2)
+    );
     drain(&mut source, &mut target, &mut state);
     commit(&mut source, &mut target);
     assert_eq!(contents(&target, &all), before);
@@ -213,7 +219,9 @@ fn a_frozen_range_answers_retry_until_the_move_ends_and_the_rest_is_served() {
         Status::Ok,
         "open, not frozen"
     );
-    source.freeze_move_out(MOVE).unwrap();
+    source
+        .freeze_move_out(MOVE, std::time::Instant::now())
+        .unwrap();
     assert_eq!(source.read(TABLE, b"k").status(), Status::Retry);
     assert_eq!(apply(&mut source, &write(b"k", b"w")).status, Status::Retry);
     assert_eq!(apply(&mut source, &remove(b"k")).status, Status::Retry);
@@ -231,10 +239,20 @@ fn a_frozen_range_answers_retry_until_the_move_ends_and_the_rest_is_served() {
     } else {
         assert_eq!(page.map(|p| p.objects.len()), Err(Status::Retry));
     }
-    // Aborted: served again, as it was.
+    // Aborted: served again, as it was; and a late step of the target's cannot open or
+    // freeze it again.
     source.end_move_out(MOVE);
     assert_eq!(source.read(TABLE, b"k").status(), Status::Ok);
     assert_eq!(apply(&mut source, &write(b"k", b"w")).status, Status::Ok);
+    assert_eq!(
+        source.open_move_out(MOVE, frozen.range()),
+        Err(Status::MoveAborted)
+    );
+    assert_eq!(
+        source.freeze_move_out(MOVE, std::time::Instant::now()),
+        Err(Status::MoveAborted)
+    );
+    assert_eq!(source.read(TABLE, b"k").status(), Status::Ok);
 }
 
 #[test]
@@ -258,6 +276,35 @@ fn only_an_owned_range_opens_and_moves_do_not_overlap() {
     assert_eq!(
         source.move_out_piece(MoveId(9), 0, 100),
         Err(Status::InvalidArgument)
+    );
+}
+
+#[test]
+fn a_move_in_keeps_its_copy_from_a_recoverys_forgetting_until_it_ends() {
+    let mut source = store();
+    for key in keys(20) {
+        put(&mut source, key.as_bytes(), b"v");
+    }
+    let mut target = target();
+    let mut state = ReplayState::new();
+    target.begin_move_in(MOVE, whole_range()).unwrap();
+    assert_eq!(
+        target.begin_move_in(MoveId(4), HashRange::new(TABLE, 1, 2)),
+        Err(Status::Retry),
+        "overlapping moves in"
+    );
+    source.open_move_out(MOVE, whole_range()).unwrap();
+    copy(&mut source, &mut target, &mut state, 1 << 20, |_| {});
+    // A recovery that gave up on an overlapping range forgets what it left: not the
+    // move's copy.
+    assert_eq!(target.forget_unowned(&[whole_range()]), 0);
+    assert_eq!(target.object_count(), 20);
+    // The move is aborted: its copy goes, and a late MoveIn of it is refused.
+    assert_eq!(target.end_move_in(MOVE), Some(whole_range()));
+    assert_eq!(target.forget_unowned(&[whole_range()]), 20);
+    assert_eq!(
+        target.begin_move_in(MOVE, whole_range()),
+        Err(Status::MoveAborted)
     );
 }
 
@@ -291,7 +338,9 @@ fn a_retry_after_the_move_is_answered_from_its_record_and_not_applied_twice() {
         second = Some(apply(source, &tracked_write("b", "2", 2)));
     });
     let second = second.unwrap();
-    source.freeze_move_out(MOVE).unwrap();
+    source
+        .freeze_move_out(MOVE, std::time::Instant::now())
+        .unwrap();
     drain(&mut source, &mut target, &mut state);
     commit(&mut source, &mut target);
     // Overwritten on the target since; the retries must not apply again.
@@ -317,7 +366,9 @@ fn the_source_taints_what_it_forgets_when_the_range_leaves() {
     let mut state = ReplayState::new();
     source.open_move_out(MOVE, whole_range()).unwrap();
     copy(&mut source, &mut target, &mut state, 1 << 20, |_| {});
-    source.freeze_move_out(MOVE).unwrap();
+    source
+        .freeze_move_out(MOVE, std::time::Instant::now())
+        .unwrap();
     drain(&mut source, &mut target, &mut state);
     commit(&mut source, &mut target);
     // The range could come back here: its old entries must leave the log first, and

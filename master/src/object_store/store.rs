@@ -73,6 +73,8 @@ pub struct ObjectStore {
     /// The moves of tablets into this master (`moves`): ranges not owned here, whose
     /// replayed objects wait for the commit. Invariant: no two overlap.
     pub(super) moves_in: BTreeMap<MoveId, HashRange>,
+    /// The newest moves out that ended here (at most `moves::ENDED_MOVES_KEPT`).
+    pub(super) ended_moves: BTreeSet<MoveId>,
 }
 
 impl ObjectStore {
@@ -129,6 +131,7 @@ impl ObjectStore {
             client_leases: ClientLeaseCache::default(),
             moves_out: BTreeMap::new(),
             moves_in: BTreeMap::new(),
+            ended_moves: BTreeSet::new(),
         }
     }
 
