@@ -702,7 +702,20 @@ async fn run(
             }
         }
         match alone {
-            Some(Job::Store(job)) => (job.run)(&mut store.lock()),
+            Some(Job::Store(job)) => {
+                let tainted = store.lock().tainted_held();
+                (job.run)(&mut store.lock());
+                // A change of tablets that narrowed them (a move committed away) tainted
+                // what it forgot: cleaned out now, as after a forget, so that nothing
+                // waits for a rollover of an idle head to move a range in again.
+                if store.lock().tainted_held() > tainted {
+                    let cleaned =
+                        clean_tainted(&store, &mut replicator, &mut cleaning, &status).await;
+                    if let Err(fatal) = cleaned {
+                        return stop(fatal, &status, queue, Vec::new()).await;
+                    }
+                }
+            }
             Some(Job::Forget { ranges, reply }) => {
                 let result =
                     forget_batch(&store, &ranges, &mut replicator, &mut cleaning, &status).await;
@@ -822,6 +835,19 @@ async fn forget_batch(
     status: &AppenderStatus,
 ) -> Result<u64, Fatal> {
     let forgotten = store.lock().forget_unowned(ranges);
+    clean_tainted(store, replicator, cleaning, status).await?;
+    Ok(forgotten)
+}
+
+/// Cleans the tainted segments out of the log (closing a tainted head first), in at
+/// most [`FORGET_CLEAN_STEPS_MAX`] steps, and replicates a new head opened meanwhile;
+/// what is left is cleaned between later batches.
+async fn clean_tainted(
+    store: &Mutex<ObjectStore>,
+    replicator: &mut Replicator,
+    cleaning: &mut Cleaning,
+    status: &AppenderStatus,
+) -> Result<(), Fatal> {
     for _ in 0..FORGET_CLEAN_STEPS_MAX {
         let tainted = {
             let mut store = store.lock();
@@ -837,13 +863,12 @@ async fn forget_batch(
     if tainted > 0 {
         tracing::warn!(
             tainted,
-            "segments with a failed recovery's entries are still in the log; replays wait for the cleaner"
+            "segments with entries of ranges not owned here are still in the log; replays wait for the cleaner"
         );
     }
     // A new head opened above, if any, goes to the backups before the answer.
     let ranges = store.lock().seal();
-    replicator.replicate(&ranges).await?;
-    Ok(forgotten)
+    replicator.replicate(&ranges).await
 }
 
 /// Stages, replicates and publishes one batch of recovery pieces, then answers them.

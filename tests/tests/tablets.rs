@@ -2,8 +2,8 @@
 //! `rampart tablet split` while clients write, then a `kill -9` of the split tablet's
 //! master, whose recovery must bring back every live key of both halves and none of
 //! the keys deleted before the split and never written again; a move by `rampart
-//! tablet move` under a writer, then a `kill -9` of the new owner; and a move that
-//! fails after the freeze, aborted, with the news of the abort lost.
+//! tablet move` under a writer, back again, then a `kill -9` of the owner; and a move
+//! that fails after the freeze, aborted, with the news of the abort lost.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -345,7 +345,7 @@ fn move_all(cluster: &LocalCluster, table: &str, target: ServerId) -> std::proce
 }
 
 #[test]
-fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_crash() {
+fn a_tablet_moved_away_and_back_serves_throughout_and_keeps_deleted_keys_deleted_through_a_crash() {
     let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
     let cluster = LocalCluster::start(4, &flags).unwrap();
     runtime().block_on(async {
@@ -373,12 +373,21 @@ fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_cra
         let rounds = load.stop().await;
         load.check(rounds).await;
 
-        // The new owner dies: its recovery brings back what it took, and nothing the
-        // source had deleted.
+        // Back to the source, through the library: the source cleaned what it forgot
+        // when the range left, and takes it again.
+        let back = client
+            .move_tablets(table, 0, u64::MAX, source)
+            .await
+            .unwrap();
+        assert_eq!(back.source, target);
+        load.check(rounds).await;
+
+        // The source dies: its recovery brings back what it holds now, and nothing of
+        // what its log held before the range left and came back.
         let pid = cluster
             .servers
             .iter()
-            .find(|(id, _, _)| target.0 == *id)
+            .find(|(id, _, _)| source.0 == *id)
             .map(|&(_, _, pid)| pid)
             .unwrap();
         // SAFETY: kill(2) of a server `cluster up` started and still holds.
@@ -386,7 +395,7 @@ fn a_moved_tablet_serves_throughout_and_keeps_deleted_keys_deleted_through_a_cra
         load.check(rounds).await;
         assert!(!process_alive(pid));
         let recovered = tablets(&cluster, table).await;
-        assert!(recovered.iter().all(|t| t.owner != target), "{recovered:?}");
+        assert!(recovered.iter().all(|t| t.owner != source), "{recovered:?}");
     });
 }
 
