@@ -31,6 +31,9 @@
 //!   coordinator or from outside.
 //! * [`status_page`] — the HTML status page, its JSON (`/api/status`) and `/metrics`,
 //!   served over HTTP by every coordinator.
+//! * [`mover`] — `Mover`: on the leader, drives moves of tablets (begin, the target's
+//!   copy, commit or abort, and telling both owners), and aborts open moves no drive of
+//!   its own runs.
 //! * [`push`] — the coordinator's best-effort messages to masters about a committed
 //!   change (server-list version, tablet changes), with a bounded retry.
 //! * [`service`] — `CoordinatorService`: RPC handlers that propose commands through the

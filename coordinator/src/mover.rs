@@ -32,7 +32,7 @@
 
 use parking_lot::Mutex;
 use rampart_common::ids::{MoveId, ServerId};
-use rampart_common::protocol::coordinator::{MoveTabletsReply, PROPOSAL_TIMEOUT};
+use rampart_common::protocol::coordinator::{MovedTablets, PROPOSAL_TIMEOUT};
 use rampart_common::protocol::master::{
     EndMove, EndMoveRequest, MoveIn, MoveInRequest, SyncTablets, SyncTabletsRequest,
     MOVE_IN_TIMEOUT,
@@ -106,14 +106,14 @@ impl Mover {
         self: &Arc<Self>,
         range: HashRange,
         target: ServerId,
-    ) -> Result<MoveTabletsReply, Reply> {
+    ) -> Result<MovedTablets, Reply> {
         let mover = Arc::clone(self);
         tokio::spawn(async move { mover.drive(range, target).await })
             .await
             .map_err(|error| Reply::error(Status::Internal, format!("the move's task: {error}")))?
     }
 
-    async fn drive(&self, range: HashRange, target: ServerId) -> Result<MoveTabletsReply, Reply> {
+    async fn drive(&self, range: HashRange, target: ServerId) -> Result<MovedTablets, Reply> {
         if !self.driving.lock().insert(range) {
             return Err(Reply::error(
                 Status::Retry,
@@ -195,7 +195,7 @@ impl Mover {
         futures::future::join_all(pushes).await;
         let frozen_ms = u32::try_from(frozen_since.elapsed().as_millis()).unwrap_or(u32::MAX);
         tracing::info!(%id, ?range, %source, %target, entries = taken.entries, bytes = taken.bytes, copy_ms = taken.copy_ms, frozen_ms, "move committed");
-        Ok(MoveTabletsReply {
+        Ok(MovedTablets {
             id,
             source,
             tablets,

@@ -36,6 +36,11 @@
 //!   between commit and push).
 //! * [`version_reserver`] — `VersionReserver`: reserves version ranges at the
 //!   coordinator ahead of the versions this master hands out.
+//! * [`move_in`] — `MoveIn`: takes a range from its source ahead of the commit of a move
+//!   of tablets (copy, tails, freeze, last tail), and forgets it if the move is aborted;
+//!   the source's side is the store's (`object_store`'s `moves`).
+//! * [`frozen_watch`] — `FrozenWatch`: serves a range frozen for a move again once its
+//!   abort is committed and the news of it never came.
 //!
 //! # The write path
 //! 1. `MasterService` decodes a write, remove or increment and submits it to the

@@ -9,9 +9,10 @@
 //!
 //! A move hands the tablets covering hashes START..=END (split first where one reaches
 //! past either end) to master SERVER (an id, `server-3` or `3`), copied under load and
-//! frozen only for the last changes (docs/design.md, "Moving a tablet"). Prints the
-//! tablets moved and what it took. A move that fails is aborted and the tablets stay
-//! where they were. Errors print on stderr and exit 2.
+//! frozen only for the last changes (docs/design.md, "Moving a tablet"): one move per
+//! run of one owner's tablets, passing over those on SERVER already. Prints each move,
+//! its tablets and what it took. A move that fails is aborted and its tablets stay where
+//! they were (those moved before it stay moved). Errors print on stderr and exit 2.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -95,18 +96,28 @@ pub fn run(args: TabletArgs) -> Result<ExitCode> {
                             "moving table {table} hashes {start:#018x}..={end:#018x} to {target}"
                         )
                     })?;
-                println!(
-                    "{table} {start:#018x}..={end:#018x}: moved from {} to {target} ({}): {} \
-                     entries, {} bytes, copied in {} ms, frozen {} ms",
-                    moved.source,
-                    moved.id,
-                    moved.entries,
-                    moved.bytes,
-                    moved.copy_ms,
-                    moved.frozen_ms
-                );
-                for tablet in &moved.tablets {
-                    println!("{}", describe(tablet));
+                if moved.moves.is_empty() {
+                    println!("{table} {start:#018x}..={end:#018x}: on {target} already");
+                }
+                for each in &moved.moves {
+                    let (first, last) = (each.tablets.first(), each.tablets.last());
+                    let (from, to) = (
+                        first.map_or(start, |t| t.start_hash),
+                        last.map_or(end, |t| t.end_hash),
+                    );
+                    println!(
+                        "{table} {from:#018x}..={to:#018x}: moved from {} to {target} ({}): \
+                         {} entries, {} bytes, copied in {} ms, frozen {} ms",
+                        each.source,
+                        each.id,
+                        each.entries,
+                        each.bytes,
+                        each.copy_ms,
+                        each.frozen_ms
+                    );
+                    for tablet in &each.tablets {
+                        println!("{}", describe(tablet));
+                    }
                 }
             }
         }

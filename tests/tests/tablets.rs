@@ -379,7 +379,14 @@ fn a_tablet_moved_away_and_back_serves_throughout_and_keeps_deleted_keys_deleted
             .move_tablets(table, 0, u64::MAX, source)
             .await
             .unwrap();
-        assert_eq!(back.source, target);
+        assert_eq!(back.moves.len(), 1);
+        assert_eq!(back.moves[0].source, target);
+        // Again: on the source already, nothing to move.
+        let again = client
+            .move_tablets(table, 0, u64::MAX, source)
+            .await
+            .unwrap();
+        assert!(again.moves.is_empty(), "{again:?}");
         load.check(rounds).await;
 
         // The source dies: its recovery brings back what it holds now, and nothing of

@@ -93,10 +93,11 @@ impl Client {
     /// Moves the tablets of table `table` covering hashes `start..=end` to master
     /// `target` (splitting first where a tablet reaches past either end), under load:
     /// the target copies them live and the range is frozen only for the last changes
-    /// (module doc of `coordinator::mover`). Returns once the move is committed; the
-    /// cached map is refreshed after, best effort. A move that fails is aborted, and the
-    /// tablets stay where they were ([`ClientError::Server`] says why). Waits up to
-    /// [`MOVE_TIMEOUT`], whatever the client's deadline.
+    /// (module doc of `coordinator::mover`). One move per run of one owner's tablets, in
+    /// turn, passing over those on `target` already. Returns once every move is
+    /// committed; the cached map is refreshed after, best effort. A move that fails is
+    /// aborted, and its tablets stay where they were ([`ClientError::Server`] says why;
+    /// those moved before it stay moved). Waits up to [`MOVE_TIMEOUT`] in all.
     pub async fn move_tablets(
         &self,
         table: TableId,

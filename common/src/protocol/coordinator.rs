@@ -81,8 +81,10 @@ pub struct SplitTabletReply {
 }
 
 /// Move the tablets of `table` that cover hashes `start..=end` to master `target`
-/// (splitting first where a tablet reaches past either end). Answered once the move is
-/// committed, or with why it was aborted.
+/// (splitting first where a tablet reaches past either end): one move per run of
+/// tablets of one owner, in turn, passing over those on the target already. Answered
+/// once every move is committed, or with why one was aborted (the ones before it
+/// stay committed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoveTabletsRequest {
     /// The table.
@@ -95,9 +97,9 @@ pub struct MoveTabletsRequest {
     pub target: ServerId,
 }
 
-/// A committed move.
+/// One committed move of [`MoveTabletsReply`]: one source's tablets.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MoveTabletsReply {
+pub struct MovedTablets {
     /// The move's id.
     pub id: MoveId,
     /// Where the tablets were.
@@ -113,6 +115,14 @@ pub struct MoveTabletsReply {
     /// Milliseconds the range was frozen (reads and writes answered `Retry`) until
     /// the commit.
     pub frozen_ms: u32,
+}
+
+/// What a `MoveTablets` moved: one move per run of tablets of one owner, in hash order
+/// (none when the target held them all already).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveTabletsReply {
+    /// The moves, each committed.
+    pub moves: Vec<MovedTablets>,
 }
 
 /// Names a move of tablets.
@@ -533,6 +543,7 @@ bincode_message!(
     SplitTabletRequest,
     SplitTabletReply,
     MoveTabletsRequest,
+    MovedTablets,
     MoveTabletsReply,
     MoveIdRequest,
     MoveState,

@@ -49,7 +49,8 @@
 //! * `servers.rs` — enlistment, masters' leases, failure reports, and what masters
 //!   record: wills, open-segment epochs, version ceilings; the tablets a server owns.
 //! * `tables.rs` — creating and dropping tables and the pushes to their masters
-//!   ([`TABLET_PUSH_TIMEOUT`]), table ids and the tablet map.
+//!   ([`TABLET_PUSH_TIMEOUT`]), table ids and the tablet map, splitting tablets, and
+//!   moving them (`MoveTablets`, through `crate::mover`; `GetMove`).
 //! * `recoveries.rs` — `AllowLoss` and `RecoveryStatus`.
 //! * `clients.rs` — client ids and client leases.
 //! * `raft.rs` — `RaftStatus` and the Raft traffic between coordinators.
