@@ -15,6 +15,8 @@
 //!   small RESP client it drives Redis with.
 //! * [`lost_writes`] — the write load the loss comparison runs until each kill, and the
 //!   count of acknowledged writes missing afterwards.
+//! * [`migrate`] — one tablet moved to another master under a YCSB-B load: the move's
+//!   rate against a shared-memory copy floor, and the clients' latency before and during.
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
 
@@ -23,6 +25,7 @@ pub mod compare;
 pub mod coordinator;
 pub mod echo;
 pub mod lost_writes;
+pub mod migrate;
 pub mod recovery_time;
 pub mod replication;
 pub mod resp;
@@ -47,6 +50,11 @@ pub enum BenchCommand {
     Cleaner(cleaner::CleanerBenchArgs),
     /// Rampart against Redis on this machine, alternating: YCSB throughput and latency.
     Compare(compare::CompareArgs),
+    /// A tablet moved to another master under load: rate against a floor, latency.
+    Migrate(migrate::MigrateArgs),
+    /// The migrate floor's child (used by `bench migrate`).
+    #[command(hide = true)]
+    CopySink(migrate::CopySinkArgs),
     /// The floor's echo server (used by `bench ycsb`).
     #[command(hide = true)]
     Echo(echo::EchoArgs),
@@ -61,6 +69,8 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Recovery(args) => recovery_time::run(args),
         BenchCommand::Cleaner(args) => cleaner::run(args),
         BenchCommand::Compare(args) => compare::run(args),
+        BenchCommand::Migrate(args) => migrate::run(args),
+        BenchCommand::CopySink(args) => migrate::run_sink(args),
         BenchCommand::Echo(args) => echo::run(args),
     }
 }
