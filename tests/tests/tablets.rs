@@ -157,39 +157,11 @@ fn a_split_tablet_serves_throughout_and_its_master_recovers_with_deleted_keys_go
         }
 
         // Every live key once, no deleted one, across the new tablets.
-        let enumerated: Vec<String> = client
-            .enumerate(table)
-            .collect_all()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|object| text(&object.key))
-            .filter(|key| key.starts_with("key-"))
-            .collect();
-        let unique: BTreeSet<&String> = enumerated.iter().collect();
-        assert_eq!(enumerated.len(), unique.len(), "no key twice");
-        assert_eq!(unique, live.iter().collect::<BTreeSet<_>>());
+        check_keys(&client, table, live, deleted).await;
 
         // The split tablets' master dies; its recovery brings both halves back.
-        let pid = cluster
-            .servers
-            .iter()
-            .find(|(id, _, _)| owner.0 == *id)
-            .map(|&(_, _, pid)| pid)
-            .unwrap();
-        // SAFETY: kill(2) of a server `cluster up` started and still holds.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-        for key in live {
-            let object = client.read(table, key.as_bytes()).await.unwrap();
-            assert_eq!(
-                object.map(|o| o.value.to_vec()),
-                Some(key.as_bytes().to_vec())
-            );
-        }
-        for key in deleted {
-            let object = client.read(table, key.as_bytes()).await.unwrap();
-            assert!(object.is_none(), "{key} came back");
-        }
+        let pid = kill(&cluster, owner);
+        check_keys(&client, table, live, deleted).await;
         assert!(!process_alive(pid));
         let recovered = tablets(&cluster, table).await;
         assert!(recovered.iter().all(|t| t.owner != owner), "{recovered:?}");
@@ -298,30 +270,54 @@ impl MoveLoad {
             let removed = (1..=rounds).contains(&i);
             assert_eq!(object.is_none(), removed, "{doomed}");
         }
-        for key in &self.live {
-            let object = client.read(table, key.as_bytes()).await.unwrap();
-            assert_eq!(
-                object.map(|o| o.value.to_vec()),
-                Some(key.as_bytes().to_vec())
-            );
-        }
-        for key in &self.deleted {
-            let object = client.read(table, key.as_bytes()).await.unwrap();
-            assert!(object.is_none(), "{key} came back");
-        }
-        let enumerated: Vec<String> = client
-            .enumerate(table)
-            .collect_all()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|object| text(&object.key))
-            .filter(|key| key.starts_with("key-"))
-            .collect();
-        let unique: BTreeSet<&String> = enumerated.iter().collect();
-        assert_eq!(enumerated.len(), unique.len(), "no key twice");
-        assert_eq!(unique, self.live.iter().collect::<BTreeSet<_>>());
+        check_keys(client, table, &self.live, &self.deleted).await;
     }
+}
+
+/// Each live key reads as written (its own name), no deleted one reads, and an
+/// enumeration returns each live `key-` key once and no other.
+async fn check_keys(
+    client: &rampart_client::Client,
+    table: TableId,
+    live: &[String],
+    deleted: &[String],
+) {
+    for key in live {
+        let object = client.read(table, key.as_bytes()).await.unwrap();
+        assert_eq!(
+            object.map(|o| o.value.to_vec()),
+            Some(key.as_bytes().to_vec())
+        );
+    }
+    for key in deleted {
+        let object = client.read(table, key.as_bytes()).await.unwrap();
+        assert!(object.is_none(), "{key} came back");
+    }
+    let enumerated: Vec<String> = client
+        .enumerate(table)
+        .collect_all()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|object| text(&object.key))
+        .filter(|key| key.starts_with("key-"))
+        .collect();
+    let unique: BTreeSet<&String> = enumerated.iter().collect();
+    assert_eq!(enumerated.len(), unique.len(), "no key twice");
+    assert_eq!(unique, live.iter().collect::<BTreeSet<_>>());
+}
+
+/// `kill -9` of server `id` of `cluster`; its pid.
+fn kill(cluster: &LocalCluster, id: ServerId) -> u32 {
+    let pid = cluster
+        .servers
+        .iter()
+        .find(|(server, _, _)| id.0 == *server)
+        .map(|&(_, _, pid)| pid)
+        .unwrap();
+    // SAFETY: kill(2) of a server `cluster up` started and still holds.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    pid
 }
 
 /// A master of `cluster` other than `owner`.
@@ -391,14 +387,7 @@ fn a_tablet_moved_away_and_back_serves_throughout_and_keeps_deleted_keys_deleted
 
         // The source dies: its recovery brings back what it holds now, and nothing of
         // what its log held before the range left and came back.
-        let pid = cluster
-            .servers
-            .iter()
-            .find(|(id, _, _)| source.0 == *id)
-            .map(|&(_, _, pid)| pid)
-            .unwrap();
-        // SAFETY: kill(2) of a server `cluster up` started and still holds.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        let pid = kill(&cluster, source);
         load.check(rounds).await;
         assert!(!process_alive(pid));
         let recovered = tablets(&cluster, table).await;
@@ -415,7 +404,10 @@ fn a_move_that_fails_after_the_freeze_is_aborted_and_the_source_serves_again() {
         FAILPOINTS_ENV,
         "master-move-in-fails-after-freeze=1*return,master-ignore-end-move",
     )];
-    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
+    // One coordinator: with three, a leader deposed under a loaded machine leaves the
+    // abort's outcome unknown, the client asks for the move again, and the retry drives
+    // the same open move to its commit (correct, but not what this test is about).
+    let flags = [&["--replicas", "2", "--coordinators", "1"], SMALL_SERVERS].concat();
     let data = tempfile::TempDir::new().unwrap();
     let cluster = LocalCluster::start_with_env(data, 3, &flags, &env).unwrap();
     runtime().block_on(async {

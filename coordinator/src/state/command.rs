@@ -1,6 +1,7 @@
 //! The replicated interface of the state: [`Command`], one Raft log entry, and the
-//! [`CommandResult`] applying it produced; the limits that `apply` enforces; and why a
-//! command is refused (`Reject`) or whether it changed the state (`Outcome`). Commands
+//! [`CommandResult`] applying it produced; the limits that `apply` enforces; the moves'
+//! types ([`OpenMove`], [`MoveEnd`]); and why a command is refused (`Reject`) or
+//! whether it changed the state (`Outcome`). Commands
 //! are in Raft logs on disk: their variants and fields keep their order, new variants go
 //! last.
 
@@ -11,8 +12,6 @@ use rampart_common::tablet::{HashRange, ServerStatus, Services, Tablet};
 use rampart_common::will::Will;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-
-use super::moves::MoveEnd;
 
 /// Most live tables. Bounds the memory of the state and the size of a
 /// [`TabletMap`](rampart_common::tablet::TabletMap) that clients fetch.
@@ -66,6 +65,36 @@ pub const CLIENT_IDS_START: u64 = 1 << 48;
 /// Most clients one [`Command::ExpireClients`] expires (the rest of a longer list is
 /// ignored).
 pub const EXPIRE_CLIENTS_MAX: usize = 4096;
+
+/// Most moves open at once (`state::moves`). Each holds a source's and a target's attention for its
+/// length; a cluster rebalancing needs a few per server at most.
+pub const MOVES_MAX: usize = 256;
+
+/// How many ended moves' outcomes the state keeps (the newest by id), to answer a
+/// retried commit or abort and a master asking how a move ended.
+pub const ENDED_MOVES_KEPT: usize = 1024;
+
+/// An open move: whole tablets of `range`, from `source` to `target`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenMove {
+    /// Its id.
+    pub id: MoveId,
+    /// The tablets moved, as one range of their table (whole tablets of `source`).
+    pub range: HashRange,
+    /// Their owner until the commit.
+    pub source: ServerId,
+    /// Their owner after it.
+    pub target: ServerId,
+}
+
+/// How a move ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoveEnd {
+    /// Its tablets went to the target.
+    Committed,
+    /// They stayed with the source.
+    Aborted,
+}
 
 // A whole `TabletMap` must fit one RPC payload: its tablets in half of it, the table names
 // well within it, and no one table larger than the tablet budget.
@@ -381,7 +410,7 @@ pub(super) enum Reject {
     BadMove { why: String },
     #[error("{range:?} overlaps {id}, which is open: wait for it to end, or abort it")]
     Moving { id: MoveId, range: HashRange },
-    #[error("too many moves open (limit {max}): wait for some to end", max = super::moves::MOVES_MAX)]
+    #[error("too many moves open (limit {max}): wait for some to end", max = MOVES_MAX)]
     TooManyMoves,
     #[error("no move {0} is open or ended recently")]
     UnknownMove(MoveId),

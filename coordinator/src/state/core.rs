@@ -2,8 +2,7 @@
 //! [`CoordinatorState::apply`], which runs one command (the handlers live in the sibling
 //! files, by concern) and bumps the version when it changed the configuration.
 
-use super::command::{Command, CommandResult, Outcome, CLIENT_IDS_START};
-use super::moves::{MoveEnd, OpenMove};
+use super::command::{Command, CommandResult, MoveEnd, OpenMove, Outcome, CLIENT_IDS_START};
 use rampart_common::ids::{ClientId, Epoch, MoveId, SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::tablet::{ServerInfo, TableInfo};
 use rampart_common::will::Will;
@@ -96,13 +95,13 @@ pub struct CoordinatorState {
     /// 2. Greater than every key of `moves` and `ended_moves`.
     pub(super) next_move_id: u64,
     /// The open moves (`state::moves`).
-    /// 1. At most [`MOVES_MAX`](super::moves::MOVES_MAX); keyed by their ids.
+    /// 1. At most [`MOVES_MAX`](super::command::MOVES_MAX); keyed by their ids.
     /// 2. Each covers whole tablets of its table, all owned by its source; source and
     ///    target are distinct `Up` masters.
     /// 3. No two overlap.
     pub(super) moves: BTreeMap<MoveId, OpenMove>,
     /// How the newest ended moves ended.
-    /// 1. At most [`ENDED_MOVES_KEPT`](super::moves::ENDED_MOVES_KEPT); none is open.
+    /// 1. At most [`ENDED_MOVES_KEPT`](super::command::ENDED_MOVES_KEPT); none is open.
     pub(super) ended_moves: BTreeMap<MoveId, MoveEnd>,
 }
 

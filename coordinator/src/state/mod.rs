@@ -91,11 +91,10 @@ mod tables;
 mod test_support;
 
 pub use self::command::{
-    Command, CommandResult, CLIENTS_MAX, CLIENT_IDS_START, EXPIRE_CLIENTS_MAX,
-    OPEN_EPOCH_SEGMENTS_MAX, SERVERS_MAX, SERVER_FIELD_BYTES_MAX, TABLES_MAX, TABLETS_MAX,
-    TABLE_NAME_BYTES_MAX, TABLE_SPAN_MAX, WILL_RANGES_MAX,
+    Command, CommandResult, MoveEnd, OpenMove, CLIENTS_MAX, CLIENT_IDS_START, ENDED_MOVES_KEPT,
+    EXPIRE_CLIENTS_MAX, MOVES_MAX, OPEN_EPOCH_SEGMENTS_MAX, SERVERS_MAX, SERVER_FIELD_BYTES_MAX,
+    TABLES_MAX, TABLETS_MAX, TABLE_NAME_BYTES_MAX, TABLE_SPAN_MAX, WILL_RANGES_MAX,
 };
 pub use self::core::CoordinatorState;
-pub use self::moves::{MoveEnd, OpenMove, ENDED_MOVES_KEPT, MOVES_MAX};
 pub use self::snapshot::InvariantViolation;
 pub use rampart_common::tablet::HashRange;

@@ -23,41 +23,12 @@
 //! * **Splits go on.** A split inside a moving range keeps both halves with the source
 //!   and the range whole tablets of it; the commit moves them all.
 
-use super::command::{CommandResult, Outcome, Reject};
+use super::command::{
+    CommandResult, MoveEnd, OpenMove, Outcome, Reject, ENDED_MOVES_KEPT, MOVES_MAX,
+};
 use super::core::CoordinatorState;
 use rampart_common::ids::{MoveId, ServerId, TableId};
 use rampart_common::tablet::{HashRange, ServerStatus, Tablet};
-use serde::{Deserialize, Serialize};
-
-/// Most moves open at once. Each holds a source's and a target's attention for its
-/// length; a cluster rebalancing needs a few per server at most.
-pub const MOVES_MAX: usize = 256;
-
-/// How many ended moves' outcomes the state keeps (the newest by id), to answer a
-/// retried commit or abort and a master asking how a move ended.
-pub const ENDED_MOVES_KEPT: usize = 1024;
-
-/// An open move: whole tablets of `range`, from `source` to `target`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OpenMove {
-    /// Its id.
-    pub id: MoveId,
-    /// The tablets moved, as one range of their table (whole tablets of `source`).
-    pub range: HashRange,
-    /// Their owner until the commit.
-    pub source: ServerId,
-    /// Their owner after it.
-    pub target: ServerId,
-}
-
-/// How a move ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MoveEnd {
-    /// Its tablets went to the target.
-    Committed,
-    /// They stayed with the source.
-    Aborted,
-}
 
 impl CoordinatorState {
     /// The open moves, in id order.

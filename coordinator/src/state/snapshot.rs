@@ -3,11 +3,10 @@
 //! installed.
 
 use super::command::{
-    CLIENTS_MAX, CLIENT_IDS_START, OPEN_EPOCH_SEGMENTS_MAX, SERVERS_MAX, TABLES_MAX, TABLETS_MAX,
-    WILL_RANGES_MAX,
+    CLIENTS_MAX, CLIENT_IDS_START, ENDED_MOVES_KEPT, MOVES_MAX, OPEN_EPOCH_SEGMENTS_MAX,
+    SERVERS_MAX, TABLES_MAX, TABLETS_MAX, WILL_RANGES_MAX,
 };
 use super::core::CoordinatorState;
-use super::moves::{ENDED_MOVES_KEPT, MOVES_MAX};
 use super::recovery_records::will_ranges;
 use rampart_common::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::tablet::{HashRange, ServerInfo, ServerStatus, TableInfo};

@@ -19,7 +19,8 @@
 //!   tainted first.
 //! * `tablets` — taking, dropping and replacing tablets, by tablet epoch.
 //! * `moves` — the source's side of a move of tablets: pieces cut from the index, the
-//!   tails of what changed meanwhile, the range frozen for the last.
+//!   tails of what changed meanwhile, the range frozen for the last; and the target's
+//!   registration of a move in. `move_types` — their types and limits (a leaf).
 //! * `versions` — the safe version and the version ceiling reserved at the coordinator.
 //! * `exactly_once` — completion records and clients' leases (exactly-once).
 //! * `will` — the profiles of everything appended, and the will cut from them.
@@ -69,6 +70,7 @@
 mod batch;
 mod cleaning;
 mod exactly_once;
+mod move_types;
 mod moves;
 #[cfg(test)]
 mod moves_tests;
@@ -86,8 +88,9 @@ mod writes;
 mod writes_tests;
 
 pub use batch::Batch;
-pub use moves::{
-    MovePiece, DIRTY_KEYS_MAX, DIRTY_RECORDS_MAX, MOVES_OUT_MAX, MOVE_PIECE_BYTES_MAX,
+pub use move_types::{
+    MovePiece, DIRTY_KEYS_MAX, DIRTY_RECORDS_MAX, ENDED_MOVES_KEPT, MOVES_OUT_MAX,
+    MOVE_PIECE_BYTES_MAX,
 };
 pub use ops::{EnumeratePage, Object, OpOutcome, WriteOp};
 pub use store::ObjectStore;

@@ -12,7 +12,7 @@ use rampart_common::tablet::HashRange;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 
-use super::moves::MoveOut;
+use super::move_types::MoveOut;
 
 use crate::client_lease_cache::ClientLeaseCache;
 use crate::completions::Completions;
