@@ -128,6 +128,18 @@ impl Mover {
             target,
         };
         let (id, source) = match self.propose(command).await? {
+            CommandResult::MoveBegun {
+                id, begun: false, ..
+            } => {
+                // Open already: begun by a drive that is gone (a deposed leader's, or
+                // this member's before a lost answer). Only the drive that began a move
+                // drives it, since the source's tails are not sent twice; the janitor
+                // aborts this one, and a retry then begins a new move.
+                return Err(Reply::error(
+                    Status::Retry,
+                    format!("{id} of {range:?} is open with no drive here; it is being ended"),
+                ));
+            }
             CommandResult::MoveBegun { id, source, .. } => (id, source),
             CommandResult::Rejected { status, detail } => return Err(Reply::error(status, detail)),
             other => return Err(refused(other)),

@@ -706,12 +706,20 @@ async fn run(
                 let tainted = store.lock().tainted_held();
                 (job.run)(&mut store.lock());
                 // A change of tablets that narrowed them (a move committed away) tainted
-                // what it forgot: cleaned out now, as after a forget, so that nothing
-                // waits for a rollover of an idle head to move a range in again.
+                // what it forgot, spread over most of the log: the cleaner takes those
+                // segments first, in the background (a step after each batch, back to
+                // back when idle), and the head, which it never takes, closes now, so
+                // that a range moving in again waits for the cleaner, not for a rollover
+                // of an idle head. Cleaning it all here would hold every write.
                 if store.lock().tainted_held() > tainted {
-                    let cleaned =
-                        clean_tainted(&store, &mut replicator, &mut cleaning, &status).await;
-                    if let Err(fatal) = cleaned {
+                    let ranges = {
+                        let mut store = store.lock();
+                        // A head that cannot close now closes at its next rollover.
+                        let _ = store.close_tainted_head();
+                        store.seal()
+                    };
+                    cleaning.progressing = true;
+                    if let Err(fatal) = replicator.replicate(&ranges).await {
                         return stop(fatal, &status, queue, Vec::new()).await;
                     }
                 }

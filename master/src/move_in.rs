@@ -193,20 +193,29 @@ impl MoveIn {
         };
         let mut taken = Taken::default();
         // Copy, fetching the next piece while the last replays.
-        let mut from = Some(request.range.start);
         let mut replaying: Option<tokio::task::JoinHandle<Result<(), MoveInError>>> = None;
-        while let Some(at) = from {
-            let reply = step.ask(MoveStep::Copy { from: at }).await?;
-            from = reply.next;
-            let piece = step.parse(reply, &mut taken).await?;
-            if let Some(last) = replaying.take() {
-                joined(last).await?;
+        let copied = async {
+            let mut from = Some(request.range.start);
+            while let Some(at) = from {
+                let reply = step.ask(MoveStep::Copy { from: at }).await?;
+                from = reply.next;
+                let piece = step.parse(reply, &mut taken).await?;
+                if let Some(last) = replaying.take() {
+                    joined(last).await?;
+                }
+                replaying = Some(step.spawn_replay(piece));
             }
-            replaying = Some(step.spawn_replay(piece));
+            Ok::<(), MoveInError>(())
         }
-        if let Some(last) = replaying.take() {
-            joined(last).await?;
-        }
+        .await;
+        // Whatever happened, the replay in flight ends before this does: an `EndMove`
+        // waiting for this run must forget after it, not before.
+        let last = match replaying.take() {
+            Some(last) => joined(last).await,
+            None => Ok(()),
+        };
+        copied?;
+        last?;
         // Tails, until little waits.
         let mut tails = 0;
         loop {
@@ -267,6 +276,11 @@ impl MoveIn {
             .map_err(|_| MoveInError::Stopped("the master is shutting down"))?;
         tracing::info!(id = %request.id, ?range, forgotten, "move aborted; its copy here is forgotten");
         Ok(forgotten)
+    }
+
+    /// Whether move `id` runs here now.
+    pub fn running(&self, id: MoveId) -> bool {
+        self.running.lock().contains_key(&id)
     }
 
     /// Waits until no tainted segment is left in this log (the appender's cleaner

@@ -93,7 +93,7 @@ pub struct MasterService {
     /// through `appender`).
     recovery: RecoveryMaster,
     /// Serves `MoveIn` and `EndMove` (takes ranges into `store` through `appender`).
-    move_in: MoveIn,
+    move_in: Arc<MoveIn>,
     /// Pulls this master's tablets from the committed map when it missed a change.
     tablet_sync: Arc<TabletSync>,
     /// Reserves versions at the coordinators; `None` without coordinators (the store's
@@ -203,7 +203,7 @@ impl MasterService {
             appender.clone(),
             RecoveryConfig::default(),
         );
-        let move_in = MoveIn::new(Arc::clone(&store), appender.clone());
+        let move_in = Arc::new(MoveIn::new(Arc::clone(&store), appender.clone()));
         let coordinators = match &replication.servers {
             ServerSource::Coordinators(addrs) => Some(addrs.as_slice()),
             ServerSource::Fixed(_) => None,
@@ -306,14 +306,21 @@ impl MasterService {
         self.client_leases.as_ref()
     }
 
-    /// What unfreezes a range frozen for a move whose abort never arrived here (its
-    /// `run` task must run): it asks `coordinators` through `pool`.
+    /// What ends the moves whose abort never arrived here (its `run` task must run): a
+    /// frozen source serves its range again, a target forgets its copy. It asks
+    /// `coordinators` through `pool`.
     pub fn frozen_watch(
         &self,
         coordinators: Arc<rampart_common::coordinator_set::CoordinatorSet>,
         pool: Arc<rampart_common::rpc::RpcPool>,
     ) -> crate::frozen_watch::FrozenWatch {
-        crate::frozen_watch::FrozenWatch::new(self.id, Arc::clone(&self.store), coordinators, pool)
+        crate::frozen_watch::FrozenWatch::new(
+            self.id,
+            Arc::clone(&self.store),
+            Arc::clone(&self.move_in),
+            coordinators,
+            pool,
+        )
     }
 
     /// What keeps this master's tablets equal to the committed map: lease renewals

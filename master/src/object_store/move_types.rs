@@ -4,7 +4,7 @@
 
 use rampart_common::ids::{ClientId, KeyHash, Version};
 use rampart_common::tablet::HashRange;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::time::Instant;
 
 /// Most moves out of one master at once.
@@ -31,6 +31,9 @@ pub(super) struct MoveOut {
     pub(super) range: HashRange,
     /// Keys of the range changed since the last tail, by hash and key.
     pub(super) dirty: HashSet<(KeyHash, Vec<u8>)>,
+    /// The same keys in the order they were noted: a tail drains from the front (a
+    /// hash set's first entry is found in time that grows as it empties).
+    pub(super) dirty_order: VecDeque<(KeyHash, Vec<u8>)>,
     /// Completion records of the range not sent yet.
     pub(super) dirty_records: BTreeSet<(ClientId, u64)>,
     /// A key or record was not noted: the move cannot complete.

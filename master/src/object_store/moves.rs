@@ -16,10 +16,13 @@
 //!   whose change is staged and not yet visible: that change publishes later and is
 //!   noted again.
 //! * **A tail sends current state.** For each key drained: its live object's entry, or
-//!   a tombstone of the version just below the safe version, and each record still
-//!   held. The safe version lies above every version this master removed, so the
-//!   tombstone masks whatever version of the key the target may hold; and every later
-//!   object of the key gets the safe version or more, so the tombstone never masks one.
+//!   a tombstone of the version just below the safe version *as the last publish left
+//!   it*, and each record still held. That safe version lies above every version removed
+//!   in a published batch, so the tombstone masks whatever version of the key the target
+//!   may hold; and every object of the key staged since (a batch replicating while the
+//!   tail is cut, acknowledged after it) got that safe version or more, so the
+//!   tombstone never masks one. The current safe version would not do: a removal staged
+//!   later in that same batch may have raised it above the create staged before it.
 //!   A key leaves the set only when a tail takes it, so nothing noted is lost between
 //!   two tails.
 //! * **Bounded.** At most [`DIRTY_KEYS_MAX`] keys and [`DIRTY_RECORDS_MAX`] records
@@ -36,7 +39,7 @@ use rampart_common::ids::{ClientId, KeyHash, MoveId, SegmentId, TableId, Version
 use rampart_common::log::encode_tombstone;
 use rampart_common::status::Status;
 use rampart_common::tablet::HashRange;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::time::Instant;
 
 use super::move_types::{
@@ -79,6 +82,7 @@ impl ObjectStore {
             MoveOut {
                 range,
                 dirty: HashSet::new(),
+                dirty_order: VecDeque::new(),
                 dirty_records: if overflowed { BTreeSet::new() } else { records },
                 overflowed,
                 frozen: None,
@@ -129,6 +133,7 @@ impl ObjectStore {
             log,
             completions,
             safe_version,
+            published_safe,
             ..
         } = self;
         let open = moves_out.get_mut(&id).ok_or(Status::InvalidArgument)?;
@@ -141,17 +146,16 @@ impl ObjectStore {
             ..MovePiece::default()
         };
         while piece.entries.len() < budget {
-            let Some(dirty) = open.dirty.iter().next().cloned() else {
+            let Some((hash, key)) = open.dirty_order.pop_front() else {
                 break;
             };
-            open.dirty.remove(&dirty);
-            let (hash, key) = dirty;
+            open.dirty.remove(&(hash, key.clone()));
             match index.lookup(table, hash, &key, |r| log.key(r)) {
                 Some(at) => piece.entries.extend_from_slice(log.entry_bytes(at)),
                 None => encode_tombstone(
                     &mut piece.entries,
                     table,
-                    Version(safe_version.0.saturating_sub(1)),
+                    Version(published_safe.0.saturating_sub(1)),
                     SegmentId(0),
                     &key,
                 ),
@@ -188,6 +192,14 @@ impl ObjectStore {
         self.remember_ended(id);
     }
 
+    /// The moves into this master registered now: id and range.
+    pub fn moves_in(&self) -> Vec<(MoveId, HashRange)> {
+        self.moves_in
+            .iter()
+            .map(|(&id, &range)| (id, range))
+            .collect()
+    }
+
     /// The moves open here: id, range, since when frozen.
     pub fn moves_out(&self) -> Vec<(MoveId, HashRange, Option<Instant>)> {
         self.moves_out
@@ -200,15 +212,14 @@ impl ObjectStore {
     /// replayed there stays until the commit gives it the range or the move ends
     /// ([`end_move_in`](Self::end_move_in)); a recovery's forgetting leaves it alone
     /// ([`forget_unowned`](Self::forget_unowned)). Refused (`InvalidArgument`) for a
-    /// range owned here in part, (`MoveAborted`) for a move that ended here already,
-    /// and (`Retry`) while another move into an overlapping range is registered or too
-    /// many are.
+    /// range owned here in part, (`MoveAborted`) for a move registered or ended here
+    /// already (a move runs once: its tails are not sent twice), and (`Retry`) while
+    /// another move into an overlapping range is registered or too many are.
     pub fn begin_move_in(&mut self, id: MoveId, range: HashRange) -> Result<(), Status> {
-        if self.ended_moves.contains(&id) {
+        // Once only: a second run of a move would start a fresh replay state over the
+        // first's copy, and the source's tails already sent to the first are gone.
+        if self.ended_moves.contains(&id) || self.moves_in.contains_key(&id) {
             return Err(Status::MoveAborted);
-        }
-        if self.moves_in.get(&id) == Some(&range) {
-            return Ok(());
         }
         let HashRange { table, start, end } = range;
         if start > end || self.tablets.owns_any(table, start, end) {
@@ -301,13 +312,20 @@ impl ObjectStore {
     /// the move whose range holds them.
     pub(super) fn note_moving(&mut self, table: TableId, hash: KeyHash, key: &[u8]) {
         for open in self.moves_out.values_mut() {
-            if open.range.contains(table, hash) && !open.overflowed {
-                if open.dirty.len() >= DIRTY_KEYS_MAX {
-                    open.overflowed = true;
-                    open.dirty.clear();
-                } else {
-                    open.dirty.insert((hash, key.to_vec()));
-                }
+            if !open.range.contains(table, hash) || open.overflowed {
+                continue;
+            }
+            let noted = (hash, key.to_vec());
+            if open.dirty.contains(&noted) {
+                continue;
+            }
+            if open.dirty.len() >= DIRTY_KEYS_MAX {
+                open.overflowed = true;
+                open.dirty.clear();
+                open.dirty_order.clear();
+            } else {
+                open.dirty.insert(noted.clone());
+                open.dirty_order.push_back(noted);
             }
         }
     }
@@ -322,13 +340,17 @@ impl ObjectStore {
         seq: u64,
     ) {
         for open in self.moves_out.values_mut() {
-            if open.range.contains(table, hash) && !open.overflowed {
-                if open.dirty_records.len() >= DIRTY_RECORDS_MAX {
-                    open.overflowed = true;
-                    open.dirty_records.clear();
-                } else {
-                    open.dirty_records.insert((client, seq));
-                }
+            if !open.range.contains(table, hash)
+                || open.overflowed
+                || open.dirty_records.contains(&(client, seq))
+            {
+                continue;
+            }
+            if open.dirty_records.len() >= DIRTY_RECORDS_MAX {
+                open.overflowed = true;
+                open.dirty_records.clear();
+            } else {
+                open.dirty_records.insert((client, seq));
             }
         }
     }

@@ -386,3 +386,56 @@ fn the_source_taints_what_it_forgets_when_the_range_leaves() {
         "nothing of the range is left"
     );
 }
+
+#[test]
+fn a_create_staged_before_a_tail_and_published_after_survives_the_tails_tombstone() {
+    let mut source = store();
+    // k2 climbs to a high version; k exists, then is removed during the move.
+    let mut high = Version(0);
+    for _ in 0..50 {
+        high = put(&mut source, b"k2", b"x");
+    }
+    put(&mut source, b"k", b"old");
+    let mut target = target();
+    let mut state = ReplayState::new();
+    source.open_move_out(MOVE, whole_range()).unwrap();
+    copy(&mut source, &mut target, &mut state, 1 << 20, |_| {});
+    delete(&mut source, b"k");
+    // One batch: k created again (it gets the safe version), then k2 removed (which
+    // raises the safe version above k's). A tail is cut while the batch replicates.
+    let mut batch = Batch::new();
+    let created = source.stage(&mut batch, &write(b"k", b"new"));
+    let removed = source.stage(&mut batch, &remove(b"k2"));
+    assert_eq!((created.status, removed.version), (Status::Ok, high));
+    source.seal();
+    let tail = source.move_out_tail(MOVE, 4096).unwrap();
+    replay_piece(&mut target, &mut state, tail);
+    source.publish(batch);
+    source
+        .freeze_move_out(MOVE, std::time::Instant::now())
+        .unwrap();
+    drain(&mut source, &mut target, &mut state);
+    commit(&mut source, &mut target);
+    let read = target.read(TABLE, b"k");
+    assert_eq!(
+        (read.status(), read.version()),
+        (Status::Ok, created.version),
+        "the acknowledged create of k was masked by the tail's tombstone"
+    );
+    assert_eq!(
+        target.read(TABLE, b"k2").status(),
+        Status::ObjectDoesntExist
+    );
+}
+
+#[test]
+fn a_move_runs_once_on_its_target() {
+    // A second run of a move would replay over the first's copy with a fresh replay
+    // state, and the tails the source sent the first are not sent again.
+    let mut target = target();
+    target.begin_move_in(MOVE, whole_range()).unwrap();
+    assert_eq!(
+        target.begin_move_in(MOVE, whole_range()),
+        Err(Status::MoveAborted)
+    );
+}

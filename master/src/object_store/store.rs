@@ -73,6 +73,10 @@ pub struct ObjectStore {
     /// The moves of tablets into this master (`moves`): ranges not owned here, whose
     /// replayed objects wait for the commit. Invariant: no two overlap.
     pub(super) moves_in: BTreeMap<MoveId, HashRange>,
+    /// The safe version as the last publish left it: above every version removed in a
+    /// published batch, and at most every version staged since (a move's tail masks a
+    /// removed key just below it, `moves`).
+    pub(super) published_safe: Version,
     /// The newest moves out that ended here (at most `moves::ENDED_MOVES_KEPT`).
     pub(super) ended_moves: BTreeSet<MoveId>,
 }
@@ -132,6 +136,7 @@ impl ObjectStore {
             moves_out: BTreeMap::new(),
             moves_in: BTreeMap::new(),
             ended_moves: BTreeSet::new(),
+            published_safe: safe_version,
         }
     }
 

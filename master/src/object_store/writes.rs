@@ -341,6 +341,7 @@ impl ObjectStore {
         for at in dead {
             self.note_dead(at);
         }
+        self.published_safe = self.safe_version;
         for (table, hash, key) in moving_keys {
             self.note_moving(table, hash, &key);
         }
