@@ -566,6 +566,25 @@ impl MasterService {
 
     /// `Recover`: replay one partition of a crashed master.
     async fn recover(&self, request: proto::RecoverRequest) -> Result<proto::RecoverReply, Reply> {
+        // A move into these ranges came from the crashed master (a move is of its
+        // source's whole tablets), so its crash aborted it. Its copy must not take part
+        // in the replay: the crashed log's tombstones of keys it holds may be cleaned
+        // away, and the copy would come back with the ranges. Ended and forgotten here
+        // (stopped first if it still runs), whether or not its `EndMove` arrived.
+        let moving: Vec<_> = self
+            .store
+            .lock()
+            .moves_in()
+            .into_iter()
+            .filter(|(_, range)| request.ranges.iter().any(|r| r.overlaps(range)))
+            .collect();
+        for (id, range) in moving {
+            self.move_in
+                .end_move(proto::EndMoveRequest { id, range })
+                .await
+                .map_err(|error| Reply::error(error.status(), error))?;
+            tracing::info!(master = %self.id, %id, ?range, crashed = %request.crashed, "a move into a range being recovered ended with its source");
+        }
         self.recovery
             .recover(request)
             .await

@@ -700,6 +700,49 @@ mod recovery {
         assert_still_serving(&service, "own").await;
     }
 
+    #[tokio::test]
+    async fn a_recovery_ends_a_move_into_its_ranges_and_replays_without_its_copy() {
+        // A move from the crashed master into this one left a copy here (its EndMove
+        // lost): `b`, which the crashed master deleted later, its tombstone since
+        // cleaned out of its log. The recovery must not take the copy with the range.
+        let service = service();
+        call::<TakeTablets>(&service, &whole_table(&service)).await;
+        {
+            let mut store = service.store().lock();
+            store
+                .begin_move_in(rampart_common::ids::MoveId(1), HashRange::whole(RECOVERED))
+                .unwrap();
+            let stale = crate::replay::PieceEntry::Object {
+                table: RECOVERED,
+                hash: rampart_common::ids::key_hash(b"b"),
+                version: Version(2),
+                key: Bytes::from_static(b"b"),
+                value: Bytes::from_static(b"b2"),
+            };
+            let piece =
+                crate::replay::RecoveryPiece::from_entries(SegmentId(0), Version(0), vec![stale]);
+            let mut batch = crate::object_store::Batch::new();
+            let mut state = crate::replay::ReplayState::new();
+            store.stage_replay(&mut batch, &mut state, &piece).unwrap();
+            store.seal();
+            store.publish_recovered(batch);
+        }
+        let segments = vec![(3, piece(&[E::Obj("c", 5, "c5")], 50))];
+        let (addr, _fake) = backup(&serve_all(&segments)).await;
+        call::<Recover>(&service, &request(&[(3, &[&addr])])).await;
+        call::<TakeTablets>(&service, &recovered_tablets(&service)).await;
+        assert_eq!(
+            read(&service, "c"),
+            (Status::Ok, Version(5), b"c5".to_vec())
+        );
+        assert_eq!(
+            read(&service, "b").0,
+            Status::ObjectDoesntExist,
+            "the aborted move's copy came back with the recovered range"
+        );
+        assert!(service.store().lock().moves_in().is_empty());
+    }
+
     /// Recovers the three segments, each from the one fake backup answering `answers`:
     /// the reply, how many `RecoveryData` calls the backup got, and the master's totals.
     async fn recover_three_from_one_backup(
