@@ -226,7 +226,7 @@ pub enum Command {
     /// owner (an `Up` master) to `target` (another): a new [`MoveId`]. Nothing changes
     /// owner yet. Repeated while that move is open, it answers with it. Refused for a
     /// range that is not whole tablets of one owner, that overlaps an open move, or
-    /// beyond [`MOVES_MAX`](super::moves::MOVES_MAX) open moves.
+    /// beyond [`MOVES_MAX`] open moves.
     BeginMove {
         /// The table.
         table: TableId,
