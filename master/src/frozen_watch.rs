@@ -7,9 +7,10 @@
 //! whole set), and the abort as `EndMove`. The leader sends `EndMove` only once the abort
 //! is committed, and again for a while; but a leader that dies then, or a master cut off
 //! meanwhile, leaves the range frozen with nobody to tell it. So every
-//! [`CHECK_INTERVAL`], a range frozen for longer than [`ASK_AFTER`] has its move looked
-//! up (`GetMove`, linearizable):
-//! * aborted: the range is served again;
+//! [`CHECK_INTERVAL`], a range frozen for longer than [`ASK_AFTER`], or a move open and
+//! not frozen for longer than [`ASK_OPEN_AFTER`] (noting the range's changes for good,
+//! and refusing overlapping moves), has its move looked up (`GetMove`, linearizable):
+//! * aborted: the move ends here, and a frozen range is served again;
 //! * open, or committed: nothing; the leader ends an open one, and a commit narrows
 //!   the tablets here;
 //! * unknown (ended before the newest 1,024): nothing but a warning. A commit that this
@@ -51,6 +52,11 @@ pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// How long a range stays frozen before its move is looked up: a move's last tail and
 /// commit take milliseconds.
 pub const ASK_AFTER: Duration = Duration::from_secs(2);
+
+/// How long a move stays open here, not frozen, before it is looked up: a copy of a
+/// gigabyte takes seconds, and a move whose drive died and whose abort never came
+/// would note the range's changes for good.
+pub const ASK_OPEN_AFTER: Duration = Duration::from_secs(30);
 
 /// Deadline of one question.
 const ASK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -146,23 +152,25 @@ impl FrozenWatch {
 
     /// One round at `now`.
     pub async fn check(&self, now: Instant) {
-        let frozen: Vec<_> = self
+        let asked: Vec<_> = self
             .store
             .lock()
             .moves_out()
             .into_iter()
-            .filter(|(_, _, since)| {
-                since.is_some_and(|since| now.duration_since(since) >= ASK_AFTER)
+            .filter(|&(_, _, opened, frozen)| match frozen {
+                Some(since) => now.duration_since(since) >= ASK_AFTER,
+                None => now.duration_since(opened) >= ASK_OPEN_AFTER,
             })
+            .map(|(id, range, _, _)| (id, range))
             .collect();
-        for (id, range, _) in frozen {
+        for (id, range) in asked {
             let Some(state) = self.ask(id).await else {
                 continue;
             };
             match state {
                 MoveState::Aborted => {
                     self.store.lock().end_move_out(id);
-                    tracing::warn!(master = %self.id, %id, ?range, "a frozen move's abort never arrived: the range is served again");
+                    tracing::warn!(master = %self.id, %id, ?range, "a move's abort never arrived: it ends here, and a frozen range is served again");
                 }
                 // Ended long ago, one way or the other: a commit reaches this master as
                 // a change of its tablets (its lease renewals pull them), so a range still

@@ -648,7 +648,9 @@ impl MasterService {
             proto::MoveStep::Copy { from } => {
                 let mut store = self.store.lock();
                 if from == range.start {
-                    store.open_move_out(id, range).map_err(refused)?;
+                    store
+                        .open_move_out(id, range, std::time::Instant::now())
+                        .map_err(refused)?;
                 }
                 store.move_out_piece(id, from, bytes_max)
             }

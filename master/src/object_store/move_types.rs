@@ -40,6 +40,8 @@ pub(super) struct MoveOut {
     pub(super) overflowed: bool,
     /// Since when reads and writes of the range answer `Retry`.
     pub(super) frozen: Option<Instant>,
+    /// When it opened.
+    pub(super) opened: Instant,
 }
 
 /// A piece of a moving range in the log's format (objects, tombstones, completion

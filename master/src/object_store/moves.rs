@@ -49,10 +49,15 @@ use super::move_types::{
 use super::store::ObjectStore;
 
 impl ObjectStore {
-    /// Opens move `id` of `range` out of this master, which must own all of it:
-    /// from now on its changes are noted (module doc). Opening an open move again
+    /// Opens move `id` of `range` out of this master at `now`, which must own all of
+    /// it: from now on its changes are noted (module doc). Opening an open move again
     /// changes nothing.
-    pub fn open_move_out(&mut self, id: MoveId, range: HashRange) -> Result<(), Status> {
+    pub fn open_move_out(
+        &mut self,
+        id: MoveId,
+        range: HashRange,
+        now: Instant,
+    ) -> Result<(), Status> {
         if self.ended_moves.contains(&id) {
             return Err(Status::MoveAborted);
         }
@@ -86,6 +91,7 @@ impl ObjectStore {
                 dirty_records: if overflowed { BTreeSet::new() } else { records },
                 overflowed,
                 frozen: None,
+                opened: now,
             },
         );
         Ok(())
@@ -200,11 +206,11 @@ impl ObjectStore {
             .collect()
     }
 
-    /// The moves open here: id, range, since when frozen.
-    pub fn moves_out(&self) -> Vec<(MoveId, HashRange, Option<Instant>)> {
+    /// The moves open here: id, range, when opened, since when frozen.
+    pub fn moves_out(&self) -> Vec<(MoveId, HashRange, Instant, Option<Instant>)> {
         self.moves_out
             .iter()
-            .map(|(&id, open)| (id, open.range, open.frozen))
+            .map(|(&id, open)| (id, open.range, open.opened, open.frozen))
             .collect()
     }
 

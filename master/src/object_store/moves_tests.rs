@@ -126,7 +126,9 @@ fn a_moved_range_reads_on_the_target_as_it_did_on_the_source() {
     let before = contents(&source, &names);
     let mut target = target();
     let mut state = ReplayState::new();
-    source.open_move_out(MOVE, whole_range()).unwrap();
+    source
+        .open_move_out(MOVE, whole_range(), std::time::Instant::now())
+        .unwrap();
     copy(&mut source, &mut target, &mut state, 1000, |_| {});
     drain(&mut source, &mut target, &mut state);
     assert_eq!(
@@ -160,7 +162,9 @@ fn changes_made_during_the_copy_reach_the_target_and_removed_keys_stay_removed()
     }
     let mut target = target();
     let mut state = ReplayState::new();
-    source.open_move_out(MOVE, whole_range()).unwrap();
+    source
+        .open_move_out(MOVE, whole_range(), std::time::Instant::now())
+        .unwrap();
     // After the first piece: every key changes one way or another, copied already or
     // not; removed keys are never written again.
     copy(&mut source, &mut target, &mut state, 2000, |source| {
@@ -213,7 +217,9 @@ fn a_frozen_range_answers_retry_until_the_move_ends_and_the_rest_is_served() {
     } else {
         (high, low)
     };
-    source.open_move_out(MOVE, frozen.range()).unwrap();
+    source
+        .open_move_out(MOVE, frozen.range(), std::time::Instant::now())
+        .unwrap();
     assert_eq!(
         source.read(TABLE, b"k").status(),
         Status::Ok,
@@ -245,7 +251,7 @@ fn a_frozen_range_answers_retry_until_the_move_ends_and_the_rest_is_served() {
     assert_eq!(source.read(TABLE, b"k").status(), Status::Ok);
     assert_eq!(apply(&mut source, &write(b"k", b"w")).status, Status::Ok);
     assert_eq!(
-        source.open_move_out(MOVE, frozen.range()),
+        source.open_move_out(MOVE, frozen.range(), std::time::Instant::now()),
         Err(Status::MoveAborted)
     );
     assert_eq!(
@@ -260,17 +266,27 @@ fn only_an_owned_range_opens_and_moves_do_not_overlap() {
     let mut source = store();
     let mut target = target();
     assert_eq!(
-        target.open_move_out(MOVE, whole_range()),
+        target.open_move_out(MOVE, whole_range(), std::time::Instant::now()),
         Err(Status::UnknownTablet)
     );
-    source.open_move_out(MOVE, whole_range()).unwrap();
-    assert_eq!(source.open_move_out(MOVE, whole_range()), Ok(()), "again");
+    source
+        .open_move_out(MOVE, whole_range(), std::time::Instant::now())
+        .unwrap();
     assert_eq!(
-        source.open_move_out(MoveId(4), HashRange::new(TABLE, 5, 9)),
+        source.open_move_out(MOVE, whole_range(), std::time::Instant::now()),
+        Ok(()),
+        "again"
+    );
+    assert_eq!(
+        source.open_move_out(
+            MoveId(4),
+            HashRange::new(TABLE, 5, 9),
+            std::time::Instant::now()
+        ),
         Err(Status::Retry)
     );
     assert_eq!(
-        source.open_move_out(MOVE, HashRange::new(TABLE, 5, 9)),
+        source.open_move_out(MOVE, HashRange::new(TABLE, 5, 9), std::time::Instant::now()),
         Err(Status::InvalidArgument)
     );
     assert_eq!(
@@ -293,7 +309,9 @@ fn a_move_in_keeps_its_copy_from_a_recoverys_forgetting_until_it_ends() {
         Err(Status::Retry),
         "overlapping moves in"
     );
-    source.open_move_out(MOVE, whole_range()).unwrap();
+    source
+        .open_move_out(MOVE, whole_range(), std::time::Instant::now())
+        .unwrap();
     copy(&mut source, &mut target, &mut state, 1 << 20, |_| {});
     // A recovery that gave up on an overlapping range forgets what it left: not the
     // move's copy.
@@ -332,7 +350,9 @@ fn a_retry_after_the_move_is_answered_from_its_record_and_not_applied_twice() {
     let first = apply(&mut source, &tracked_write("a", "1", 1));
     let mut target = target();
     let mut state = ReplayState::new();
-    source.open_move_out(MOVE, whole_range()).unwrap();
+    source
+        .open_move_out(MOVE, whole_range(), std::time::Instant::now())
+        .unwrap();
     let mut second = None;
     copy(&mut source, &mut target, &mut state, 100, |source| {
         second = Some(apply(source, &tracked_write("b", "2", 2)));
@@ -364,7 +384,9 @@ fn the_source_taints_what_it_forgets_when_the_range_leaves() {
     }
     let mut target = target();
     let mut state = ReplayState::new();
-    source.open_move_out(MOVE, whole_range()).unwrap();
+    source
+        .open_move_out(MOVE, whole_range(), std::time::Instant::now())
+        .unwrap();
     copy(&mut source, &mut target, &mut state, 1 << 20, |_| {});
     source
         .freeze_move_out(MOVE, std::time::Instant::now())
@@ -398,7 +420,9 @@ fn a_create_staged_before_a_tail_and_published_after_survives_the_tails_tombston
     put(&mut source, b"k", b"old");
     let mut target = target();
     let mut state = ReplayState::new();
-    source.open_move_out(MOVE, whole_range()).unwrap();
+    source
+        .open_move_out(MOVE, whole_range(), std::time::Instant::now())
+        .unwrap();
     copy(&mut source, &mut target, &mut state, 1 << 20, |_| {});
     delete(&mut source, b"k");
     // One batch: k created again (it gets the safe version), then k2 removed (which
