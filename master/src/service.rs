@@ -94,6 +94,8 @@ pub struct MasterService {
     recovery: RecoveryMaster,
     /// Serves `MoveIn` and `EndMove` (takes ranges into `store` through `appender`).
     move_in: Arc<MoveIn>,
+    /// The last `Ping` answer: its store figures stand while the store is busy.
+    last_ping: Mutex<PingReply>,
     /// Pulls this master's tablets from the committed map when it missed a change.
     tablet_sync: Arc<TabletSync>,
     /// Reserves versions at the coordinators; `None` without coordinators (the store's
@@ -229,6 +231,7 @@ impl MasterService {
             id,
             recovery,
             move_in,
+            last_ping: Mutex::new(PingReply::default()),
             tablet_sync,
             version_reserver,
             client_leases,
@@ -401,16 +404,20 @@ impl MasterService {
             proto::MultiRead::OPCODE => self.multi_read(payload.clone()),
             proto::Enumerate::OPCODE => self.enumerate(payload.clone()),
             proto::Ping::OPCODE => {
-                let store = self.store.lock();
-                let (used, max) = store.log_bytes();
-                Ok(Reply::ok(&PingReply {
-                    objects: store.object_count(),
-                    log_bytes_used: used,
-                    log_bytes_max: max,
-                    segments_under_replicated: self.status.replication.lock().under_replicated,
-                    log_bytes_live: store.log().usage().live_bytes,
-                    segments_cleaned: self.status.cleaner.lock().totals.segments_cleaned,
-                }))
+                // Liveness first: a store held by a long job (a moved range forgotten at
+                // once) must not make this master look dead to the failure detectors;
+                // the store's figures are then the last ones read.
+                let mut last = self.last_ping.lock();
+                if let Some(store) = self.store.try_lock() {
+                    let (used, max) = store.log_bytes();
+                    last.objects = store.object_count();
+                    last.log_bytes_used = used;
+                    last.log_bytes_max = max;
+                    last.log_bytes_live = store.log().usage().live_bytes;
+                }
+                last.segments_under_replicated = self.status.replication.lock().under_replicated;
+                last.segments_cleaned = self.status.cleaner.lock().totals.segments_cleaned;
+                Ok(Reply::ok(&*last))
             }
             proto::Identify::OPCODE => Ok(Reply::ok(&proto::IdentifyReply { server: self.id })),
             proto::ServerListChanged::OPCODE => {

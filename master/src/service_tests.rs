@@ -431,6 +431,35 @@ async fn a_change_after_a_missed_one_is_not_applied_without_a_pull() {
     );
 }
 
+#[test]
+fn a_ping_is_answered_while_the_store_is_held() {
+    // A long store job (a moved range forgotten) must not make the master look dead.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _guard = runtime.enter();
+    let service = std::sync::Arc::new(service());
+    let store = std::sync::Arc::clone(service.store());
+    let (held, hold) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let _store = store.lock();
+        held.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    });
+    hold.recv().unwrap();
+    let started = std::time::Instant::now();
+    let reply = service
+        .handle_now(
+            rampart_common::protocol::master::Ping::OPCODE,
+            &Bytes::new(),
+        )
+        .expect("answered at once");
+    assert_eq!(reply.status(), Status::Ok);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "the ping waited for the store"
+    );
+    holder.join().unwrap();
+}
+
 // ---- Recover and AbandonRecovery, against fake backups on loopback ----
 
 mod recovery {
@@ -1203,7 +1232,7 @@ mod recovery {
 
     #[tokio::test]
     async fn finish_recovery_cancels_a_recovery_still_replaying_here() {
-        let service = Arc::new(service());
+        let service = std::sync::Arc::new(service());
         let addr = stuck_backup(&[]).await;
         let recovering = recovery_in_progress(&service, &addr).await;
         call::<FinishRecovery>(&service, &finish_recovery(&service)).await;
@@ -1334,7 +1363,7 @@ mod recovery {
 
     #[tokio::test]
     async fn abandon_recovery_cancels_a_recovery_in_progress() {
-        let service = Arc::new(service());
+        let service = std::sync::Arc::new(service());
         let addr = stuck_backup(&[]).await;
         let recovering = recovery_in_progress(&service, &addr).await;
         // Overlapping ranges may not be recovered twice at once.
@@ -1350,7 +1379,7 @@ mod recovery {
 
     #[tokio::test]
     async fn partitions_replay_one_at_a_time_and_a_waiting_one_goes_next() {
-        let service = Arc::new(service());
+        let service = std::sync::Arc::new(service());
         let addr = stuck_backup(&[]).await;
         let first = recovery_in_progress(&service, &addr).await;
         // A second partition of the same crash (another table, nothing to fetch) would
@@ -1409,7 +1438,7 @@ mod recovery {
 
     #[tokio::test]
     async fn a_newer_attempt_cancels_an_older_one_still_replaying_here() {
-        let service = Arc::new(service());
+        let service = std::sync::Arc::new(service());
         let addr = stuck_backup(&[(3, Answer::Serve(three_segments()[2].1.clone()))]).await;
         // Attempt 1 (of a leader since deposed) stays in progress on segment 2.
         let older = recovery_in_progress(&service, &addr).await;
