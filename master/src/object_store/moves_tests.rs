@@ -4,6 +4,9 @@
 //! the target ends with exactly the source's objects — removed keys stay removed — and
 //! that neither side's log can bring back what it should not.
 
+// A failed unwrap is a failed test, with its location: exactly what a test wants.
+#![allow(clippy::unwrap_used)]
+
 use bytes::Bytes;
 use rampart_common::ids::{ClientId, MoveId, SegmentId, ServerId, TabletEpoch, Version};
 use rampart_common::reject::RejectRules;
