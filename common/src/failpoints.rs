@@ -41,6 +41,11 @@ pub const LOSE_WRITE_REPLIES: &str = "master-lose-write-replies";
 /// before the last tail is replayed: the coordinators abort the move.
 pub const MOVE_IN_FAILS_AFTER_FREEZE: &str = "master-move-in-fails-after-freeze";
 
+/// Master: a move into this master waits right after its source froze the range, for
+/// the milliseconds its `return(MS)` action gives ([`hold`]), so that a test can kill an
+/// end of the move or the coordinators' leader in the middle of it.
+pub const MOVE_IN_HOLDS_AFTER_FREEZE: &str = "master-move-in-holds-after-freeze";
+
 /// Master: an `EndMove` does not unfreeze a range moving out of this master, as when it
 /// never arrives: only the frozen watch (`master::frozen_watch`) serves it again.
 pub const IGNORE_END_MOVE: &str = "master-ignore-end-move";
@@ -52,6 +57,19 @@ pub fn active(name: &str) -> bool {
     configure_once();
     fail::fail_point!(name, |_| true);
     false
+}
+
+/// How long failpoint `name`, where it fires, says to wait: its `return(MS)` action's
+/// milliseconds (0 for a bare `return`). The caller waits, asynchronously: the `fail`
+/// crate's own `sleep` action would block a runtime thread, and with it the process's
+/// answers to pings.
+#[cfg(feature = "failpoints")]
+pub fn hold(name: &str) -> Option<std::time::Duration> {
+    configure_once();
+    fail::fail_point!(name, |arg: Option<String>| Some(
+        std::time::Duration::from_millis(arg.and_then(|ms| ms.trim().parse().ok()).unwrap_or(0))
+    ));
+    None
 }
 
 /// Configures the `fail` crate from [`FAILPOINTS_ENV`], once per process.
@@ -101,6 +119,14 @@ pub fn active(_name: &str) -> bool {
     false
 }
 
+/// How long failpoint `name` says to wait: never, in a build without the `failpoints`
+/// feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hold(_name: &str) -> Option<std::time::Duration> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +147,17 @@ mod tests {
         let fired: Vec<bool> = (0..4).map(|_| active("common-test-twice")).collect();
         assert_eq!(fired, [true, true, false, false]);
         assert!(!active("common-test-never-configured"));
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn a_hold_gives_its_milliseconds() {
+        fail::cfg("common-test-hold", "1*return(250)->return").expect("valid actions");
+        assert_eq!(
+            hold("common-test-hold"),
+            Some(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(hold("common-test-hold"), Some(std::time::Duration::ZERO));
+        assert_eq!(hold("common-test-never-configured"), None);
     }
 }

@@ -230,6 +230,9 @@ impl MoveIn {
         // The freeze and the last tail.
         let frozen = Instant::now();
         let mut reply = step.ask(MoveStep::Freeze).await?;
+        if let Some(hold) = failpoints::hold(failpoints::MOVE_IN_HOLDS_AFTER_FREEZE) {
+            tokio::time::sleep(hold).await;
+        }
         if failpoints::active(failpoints::MOVE_IN_FAILS_AFTER_FREEZE) {
             return Err(MoveInError::Stopped("failpoint: failed after the freeze"));
         }

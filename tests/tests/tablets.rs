@@ -3,15 +3,20 @@
 //! master, whose recovery must bring back every live key of both halves and none of
 //! the keys deleted before the split and never written again; a move by `rampart
 //! tablet move` under a writer, back again, then a `kill -9` of the owner; and a move
-//! that fails after the freeze, aborted, with the news of the abort lost.
+//! that fails after the freeze, aborted, with the news of the abort lost; and moves held
+//! with their range frozen while `kill -9` takes their source, their target, then the
+//! coordinators' leader.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
 use rampart_client::ClientError;
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::failpoints::FAILPOINTS_ENV;
-use rampart_common::ids::{key_hash, ServerId, TableId};
-use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
+use rampart_common::ids::{key_hash, MoveId, ServerId, TableId};
+use rampart_common::protocol::coordinator::{
+    GetMove, GetTabletMap, MoveIdRequest, MoveState, RaftStatus, RaftStatusRequest,
+    TabletMapRequest,
+};
 use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::Tablet;
 use rampart_tests::{process_alive, runtime, LocalCluster, SMALL_SERVERS};
@@ -440,5 +445,169 @@ fn a_move_that_fails_after_the_freeze_is_aborted_and_the_source_serves_again() {
             .iter()
             .all(|t| t.owner == target));
         load.check(rounds).await;
+    });
+}
+
+/// Server ids of `cluster` not in `dead`.
+fn alive(cluster: &LocalCluster, dead: &[ServerId]) -> Vec<ServerId> {
+    cluster
+        .servers
+        .iter()
+        .map(|&(id, _, _)| ServerId(id))
+        .filter(|id| !dead.contains(id))
+        .collect()
+}
+
+/// `rampart tablet move TABLE all --to TARGET` in the background.
+fn move_all_in_background(
+    cluster: &LocalCluster,
+    table: &str,
+    target: ServerId,
+) -> tokio::task::JoinHandle<std::process::Output> {
+    let coordinator = cluster.coordinator.clone();
+    let args: Vec<String> = ["tablet", "move", table, "all", "--to", &target.to_string()]
+        .map(String::from)
+        .into();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        rampart_tests::rampart(&args, None, &[("RAMPART_COORDINATOR", &coordinator)]).unwrap()
+    })
+}
+
+/// Waits until the coordinators hold an open move, then a moment more, so that the
+/// target reached the failpoint that holds it with the range frozen.
+async fn wait_move_open(cluster: &LocalCluster) {
+    let set = CoordinatorSet::new(&[cluster.coordinator.as_str()]);
+    let pool = RpcPool::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        for id in 1..=16 {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            let request = MoveIdRequest { id: MoveId(id) };
+            if let Ok(MoveState::Open) = set.call::<GetMove>(&pool, &request, deadline).await {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return;
+            }
+        }
+        assert!(tokio::time::Instant::now() < until, "no move opened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `kill -9` of the coordinator that leads now; its pid.
+async fn kill_leader(cluster: &LocalCluster) -> u32 {
+    let pool = RpcPool::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let (_, addr, _) = &cluster.coordinators[0];
+    let status = pool
+        .call::<RaftStatus>(addr, &RaftStatusRequest {}, deadline)
+        .await
+        .unwrap();
+    let &(_, _, pid) = cluster
+        .coordinators
+        .iter()
+        .find(|(id, _, _)| *id == status.leader_id)
+        .unwrap();
+    // SAFETY: kill(2) of a coordinator `cluster up` started and still holds.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    pid
+}
+
+/// Waits until every tablet of `table` is owned by one of `owners`; returns the owner.
+async fn wait_owned(cluster: &LocalCluster, table: TableId, owners: &[ServerId]) -> ServerId {
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = tablets(cluster, table).await;
+        if let Some(first) = now.first() {
+            if owners.contains(&first.owner) && now.iter().all(|t| t.owner == first.owner) {
+                return first.owner;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{now:?} not on {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn a_move_interrupted_by_kill_9_of_the_source_then_the_target_then_the_leader_loses_nothing() {
+    // Every move into any master waits 3 s with its range frozen, right after the
+    // freeze: the kills land in the middle of the move.
+    let env = [(
+        FAILPOINTS_ENV,
+        "master-move-in-holds-after-freeze=return(3000)",
+    )];
+    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
+    let data = tempfile::TempDir::new().unwrap();
+    let cluster = LocalCluster::start_with_env(data, 5, &flags, &env).unwrap();
+    runtime().block_on(async {
+        let client = cluster.client(Duration::from_secs(30)).await.unwrap();
+        let mut dead = Vec::new();
+
+        // The source dies: the move commits (the target took everything before the
+        // source was found dead) or aborts and the source's recovery takes the range.
+        let table = client.create_table("source-dies", 1).await.unwrap();
+        let source = tablets(&cluster, table).await[0].owner;
+        let mut load = MoveLoad::start(&client, table).await;
+        let target = *alive(&cluster, &[source]).first().unwrap();
+        let moving = move_all_in_background(&cluster, "source-dies", target);
+        wait_move_open(&cluster).await;
+        kill(&cluster, source);
+        dead.push(source);
+        let out = moving.await.unwrap();
+        eprintln!("move with its source killed: {}", text(&out.stderr));
+        let owner = wait_owned(&cluster, table, &alive(&cluster, &dead)).await;
+        let rounds = load.stop().await;
+        load.check(rounds).await;
+        let source_dies = (table, load, rounds);
+
+        // The target dies: the move aborts, and the source serves the range again.
+        let table = client.create_table("target-dies", 1).await.unwrap();
+        let source = tablets(&cluster, table).await[0].owner;
+        let mut load = MoveLoad::start(&client, table).await;
+        let target = *alive(&cluster, &[&dead[..], &[source, owner]].concat())
+            .first()
+            .unwrap();
+        let moving = move_all_in_background(&cluster, "target-dies", target);
+        wait_move_open(&cluster).await;
+        kill(&cluster, target);
+        dead.push(target);
+        let out = moving.await.unwrap();
+        assert!(!out.status.success(), "{}", text(&out.stdout));
+        assert_eq!(wait_owned(&cluster, table, &[source]).await, source);
+        let rounds = load.stop().await;
+        load.check(rounds).await;
+        let target_dies = (table, load, rounds);
+
+        // The leader dies: the new leader aborts the move nobody drives, or the
+        // command's retry moves the range; either way once.
+        let table = client.create_table("leader-dies", 1).await.unwrap();
+        let source = tablets(&cluster, table).await[0].owner;
+        let mut load = MoveLoad::start(&client, table).await;
+        let target = *alive(&cluster, &[&dead[..], &[source]].concat())
+            .first()
+            .unwrap();
+        let moving = move_all_in_background(&cluster, "leader-dies", target);
+        wait_move_open(&cluster).await;
+        let leader = kill_leader(&cluster).await;
+        let out = moving.await.unwrap();
+        eprintln!("move with the leader killed: {}", text(&out.stderr));
+        wait_owned(&cluster, table, &[source, target]).await;
+        let rounds = load.stop().await;
+        load.check(rounds).await;
+        assert!(!process_alive(leader));
+
+        // Each table moves again, to the same master, and reads back whole.
+        let last = *alive(&cluster, &dead).last().unwrap();
+        for name in ["source-dies", "target-dies", "leader-dies"] {
+            let moved = move_all(&cluster, name, last);
+            assert!(moved.status.success(), "{name}: {}", text(&moved.stderr));
+        }
+        for (table, load, rounds) in [source_dies, target_dies, (table, load, rounds)] {
+            assert_eq!(wait_owned(&cluster, table, &[last]).await, last);
+            load.check(rounds).await;
+        }
     });
 }
