@@ -34,6 +34,8 @@
 //! * [`mover`] — `Mover`: on the leader, drives moves of tablets (begin, the target's
 //!   copy, commit or abort, and telling both owners), and aborts open moves no drive of
 //!   its own runs.
+//! * [`drainer`] — `Drainer`: on the leader, drives drains of servers (their tablets
+//!   moved away, the masters off their backups, then their removal).
 //! * [`push`] — the coordinator's best-effort messages to masters about a committed
 //!   change (server-list version, tablet changes), with a bounded retry.
 //! * [`service`] — `CoordinatorService`: RPC handlers that propose commands through the
@@ -67,6 +69,7 @@
 
 pub mod client_leases;
 pub mod cluster_view;
+pub mod drainer;
 pub mod failure_verifier;
 pub mod metrics;
 pub mod mover;

@@ -615,12 +615,12 @@ impl RecoveryManager {
         let will = self.node.with_state(|state| state.will(crashed).cloned());
         let partitions = partitions_for(will.as_ref(), owned);
 
-        // Recovery masters by free memory.
+        // Recovery masters by free memory; none being drained (`state::drains`).
         let masters: Vec<ServerInfo> = self.node.with_state(|state| {
             state
                 .up_servers()
                 .into_iter()
-                .filter(|s| s.services.master && s.id != crashed)
+                .filter(|s| s.services.master && s.id != crashed && !state.is_draining(s.id))
                 .cloned()
                 .collect()
         });

@@ -699,6 +699,26 @@ impl MasterService {
             .map_err(|error| Reply::error(error.status(), error))
     }
 
+    /// `EvacuateBackup`: stop using a backup being drained (the `server_list_watch`
+    /// module doc); answers the replicator's last report.
+    async fn evacuate_backup(
+        &self,
+        request: proto::EvacuateBackupRequest,
+    ) -> Result<proto::EvacuateBackupReply, Reply> {
+        if request.backup == self.id {
+            return Err(Reply::error(
+                Status::InvalidArgument,
+                format!("{} keeps no replicas of its own log", self.id),
+            ));
+        }
+        let report = self.server_list.evacuate(request.backup);
+        Ok(proto::EvacuateBackupReply {
+            reported: report.is_some(),
+            on_backup: report.map_or(0, |r| r.on_backup),
+            not_whole: report.map_or(0, |r| r.not_whole),
+        })
+    }
+
     /// Refuses an ownership change meant for another server (`WrongServer`: a server
     /// restarted at this address under a new id), or naming tablets of another owner.
     fn check_owner(&self, owner: ServerId, tablets: &[Tablet]) -> Result<(), Reply> {
@@ -800,6 +820,7 @@ static CONTROL: LazyLock<Router<MasterService>> = LazyLock::new(|| {
         .route::<proto::MoveOut>(|master, request| Box::pin(master.move_out(request)))
         .route::<proto::MoveIn>(|master, request| Box::pin(master.move_in(request)))
         .route::<proto::EndMove>(|master, request| Box::pin(master.end_move(request)))
+        .route::<proto::EvacuateBackup>(|master, request| Box::pin(master.evacuate_backup(request)))
 });
 
 impl Service for MasterService {
@@ -1080,6 +1101,7 @@ mod control_tests {
             proto::MoveOut::OPCODE,
             proto::MoveIn::OPCODE,
             proto::EndMove::OPCODE,
+            proto::EvacuateBackup::OPCODE,
         ];
         assert_eq!(routed, control);
         for opcode in routed {

@@ -25,6 +25,7 @@
 mod bench;
 mod child_processes;
 mod cluster;
+mod drain_command;
 mod drill;
 mod gateway;
 mod kv;
@@ -78,8 +79,12 @@ enum Command {
     Status(status_command::StatusArgs),
     /// Crash recoveries: list, show, status, and allow-loss for an incomplete log.
     Recovery(recovery_command::RecoveryArgs),
-    /// Change a table's tablets: split one in two on its owner.
+    /// Change a table's tablets: split one in two on its owner, or move tablets to
+    /// another master under load.
     Tablet(tablet_command::TabletArgs),
+    /// Retire a server without a crash: its tablets move away, the masters stop using
+    /// its backup, then it is removed.
+    Drain(drain_command::DrainArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -118,6 +123,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => status_command::run(args),
         Command::Recovery(args) => recovery_command::run(args),
         Command::Tablet(args) => tablet_command::run(args),
+        Command::Drain(args) => drain_command::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Simulate(args) => simulate::run(args),
         Command::Token { command } => token::run(command),

@@ -141,7 +141,7 @@ fn parse_range(text: &str) -> Result<(u64, u64)> {
 }
 
 /// A server id as an operator types it: `server-3` or `3`.
-fn parse_server(text: &str) -> Result<ServerId> {
+pub(crate) fn parse_server(text: &str) -> Result<ServerId> {
     text.strip_prefix("server-")
         .unwrap_or(text)
         .parse::<u64>()

@@ -5,7 +5,8 @@
 //! tablet move` under a writer, back again, then a `kill -9` of the owner; and a move
 //! that fails after the freeze, aborted, with the news of the abort lost; and moves held
 //! with their range frozen while `kill -9` takes their source, their target, then the
-//! coordinators' leader.
+//! coordinators' leader; and a server drained by `rampart drain` under a writer, then a
+//! crash of another, recovered from the backups left.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -18,7 +19,7 @@ use rampart_common::protocol::coordinator::{
     TabletMapRequest,
 };
 use rampart_common::rpc::RpcPool;
-use rampart_common::tablet::Tablet;
+use rampart_common::tablet::{ServerStatus, Tablet};
 use rampart_tests::{process_alive, runtime, LocalCluster, SMALL_SERVERS};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -609,5 +610,87 @@ fn a_move_interrupted_by_kill_9_of_the_source_then_the_target_then_the_leader_lo
             assert_eq!(wait_owned(&cluster, table, &[last]).await, last);
             load.check(rounds).await;
         }
+    });
+}
+
+#[test]
+fn a_server_drained_under_load_leaves_nothing_behind_and_a_later_crash_loses_nothing() {
+    // Five servers, R = 2: after the drain and a crash, three are left, enough for
+    // every master's two replicas.
+    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
+    let cluster = LocalCluster::start(5, &flags).unwrap();
+    runtime().block_on(async {
+        let client = cluster.client(Duration::from_secs(30)).await.unwrap();
+        let table = client.create_table("drained", 5).await.unwrap();
+        let mut load = MoveLoad::start(&client, table).await;
+        let drained = tablets(&cluster, table).await[0].owner;
+
+        // Bad input: an unknown server; exit 2 with the reason.
+        let unknown = cluster.rampart(&["drain", "server-99"], None).unwrap();
+        assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown.stdout));
+
+        let out = cluster
+            .rampart(&["drain", &drained.to_string()], None)
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("removed"),
+            "{}",
+            text(&out.stdout)
+        );
+        let after = tablets(&cluster, table).await;
+        assert!(after.iter().all(|t| t.owner != drained), "{after:?}");
+
+        // Writes went on throughout, and everything reads back.
+        let rounds = load.stop().await;
+        load.check(rounds).await;
+
+        // Removed, without a recovery, and its process is gone.
+        let set = CoordinatorSet::new(&[cluster.coordinator.as_str()]);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let map = set
+            .call::<GetTabletMap>(&RpcPool::new(), &TabletMapRequest {}, deadline)
+            .await
+            .unwrap();
+        let status = map
+            .servers
+            .iter()
+            .find(|s| s.id == drained)
+            .map(|s| s.status);
+        assert_eq!(status, Some(ServerStatus::Removed));
+        let pid = cluster
+            .servers
+            .iter()
+            .find(|(id, _, _)| *id == drained.0)
+            .map(|&(_, _, pid)| pid)
+            .unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while process_alive(pid) {
+            assert!(
+                std::time::Instant::now() < until,
+                "the drained server runs on"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+
+        // The masters re-created what the drained backup held: a crash of one now is
+        // recovered from the backups left, whole.
+        let owner = tablets(&cluster, table).await[0].owner;
+        kill(&cluster, owner);
+        load.check(rounds).await;
+        let recovered = tablets(&cluster, table).await;
+        assert!(recovered.iter().all(|t| t.owner != owner), "{recovered:?}");
+
+        // Three servers left with R = 2: draining another would make writes wait.
+        let other = *alive(&cluster, &[drained, owner]).first().unwrap();
+        let refused = cluster
+            .rampart(&["drain", &other.to_string()], None)
+            .unwrap();
+        assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stdout));
+        assert!(
+            text(&refused.stderr).contains("start another server"),
+            "{}",
+            text(&refused.stderr)
+        );
     });
 }

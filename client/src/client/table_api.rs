@@ -4,8 +4,9 @@
 use bytes::Bytes;
 use rampart_common::ids::{ServerId, TableId, Version};
 use rampart_common::protocol::coordinator::{
-    CreateTable, CreateTableRequest, DropTable, DropTableRequest, GetTableId, MoveTablets,
-    MoveTabletsReply, MoveTabletsRequest, SplitTablet, SplitTabletRequest, TableNameRequest,
+    CreateTable, CreateTableRequest, DrainReply, DrainServer, DropTable, DropTableRequest,
+    GetDrain, GetTableId, MoveTablets, MoveTabletsReply, MoveTabletsRequest, ServerIdRequest,
+    SplitTablet, SplitTabletRequest, TableNameRequest,
 };
 use rampart_common::protocol::master::{
     Increment, IncrementRequest, Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply,
@@ -122,6 +123,24 @@ impl Client {
             tracing::debug!(%error, "tablet map not refreshed after a move");
         }
         Ok(reply)
+    }
+
+    /// Begins draining server `server` (its tablets move to other masters, the masters
+    /// re-create the replicas on its backup elsewhere, then it is removed; the leader
+    /// drives it, `coordinator::drainer`). Returns where the drain stands; a repeat
+    /// changes nothing. Refused for a server that is not `Up`, or whose tablets no
+    /// other master could take.
+    pub async fn drain_server(&self, server: ServerId) -> Result<DrainReply, ClientError> {
+        let deadline = self.retry().deadline;
+        self.coordinator_call_patient::<DrainServer>(&ServerIdRequest { server }, deadline)
+            .await
+    }
+
+    /// Where the drain of server `server` stands.
+    pub async fn drain_status(&self, server: ServerId) -> Result<DrainReply, ClientError> {
+        let deadline = self.retry().deadline;
+        self.coordinator_call_patient::<GetDrain>(&ServerIdRequest { server }, deadline)
+            .await
     }
 
     /// The id of table `name`.

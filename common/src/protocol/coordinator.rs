@@ -145,6 +145,34 @@ pub enum MoveState {
     Unknown,
 }
 
+/// Where the drain of a server stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainReply {
+    /// The server.
+    pub server: ServerId,
+    /// Where it stands.
+    pub state: DrainState,
+    /// Tablets it still owns.
+    pub tablets_left: u32,
+    /// Masters whose logs still need its backup (as the leader last asked them).
+    pub masters_waiting: u32,
+    /// What the drain waits for now, for an operator.
+    pub detail: String,
+}
+
+/// The stages of a drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DrainState {
+    /// Its tablets move away, then the masters re-create the replicas on its backup
+    /// elsewhere.
+    Draining,
+    /// Drained and removed: nothing needs it any more.
+    Removed,
+    /// Not being drained: `Up` (never drained), or crashed (recovery took over what it
+    /// held).
+    NotDraining,
+}
+
 /// Names a table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableNameRequest {
@@ -547,6 +575,8 @@ bincode_message!(
     MoveTabletsReply,
     MoveIdRequest,
     MoveState,
+    DrainReply,
+    DrainState,
     OwnedTabletsReply,
     SetOpenEpochRequest,
     ReportFailureRequest,
@@ -627,6 +657,11 @@ rpcs! {
     /// Where a move stands (linearizable): a source frozen for a move it heard no end
     /// of asks.
     GetMove = 122: MoveIdRequest => MoveState;
+    /// Begin draining a server (its tablets move away, the masters stop using its
+    /// backup, then it is removed); answers where the drain stands.
+    DrainServer = 123: ServerIdRequest => DrainReply;
+    /// Where the drain of a server stands (linearizable).
+    GetDrain = 124: ServerIdRequest => DrainReply;
 }
 
 #[cfg(test)]

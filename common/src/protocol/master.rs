@@ -520,6 +520,33 @@ pub struct EndMoveRequest {
     pub range: HashRange,
 }
 
+/// Asks a master to stop using a backup being drained (coordinator → master): it
+/// re-creates every replica there elsewhere and places none there again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvacuateBackupRequest {
+    /// The backup's server.
+    pub backup: ServerId,
+}
+
+/// How far a master got in leaving a backup being drained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvacuateBackupReply {
+    /// The master has looked since it was first asked: the counts below are its own.
+    pub reported: bool,
+    /// Segments of its log with a replica still on the backup.
+    pub on_backup: u32,
+    /// Segments of its log not fully replicated (a replica missing, not on disk yet, or
+    /// its epoch not recorded).
+    pub not_whole: u32,
+}
+
+impl EvacuateBackupReply {
+    /// The master's log needs nothing of the backup any more.
+    pub fn done(&self) -> bool {
+        self.reported && self.on_backup == 0 && self.not_whole == 0
+    }
+}
+
 /// Deadline of one `MoveIn`, the same on both sides: the coordinator aborts the move
 /// after it. A gigabyte copies in seconds; this leaves room for a loaded machine.
 pub const MOVE_IN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
@@ -530,6 +557,8 @@ bincode_message!(
     MoveInRequest,
     MoveInReply,
     EndMoveRequest,
+    EvacuateBackupRequest,
+    EvacuateBackupReply,
     ServerStatsReply,
     IdentifyReply,
     RecoverySource,
@@ -607,6 +636,8 @@ rpcs! {
     MoveIn = 20: MoveInRequest => MoveInReply;
     /// A move was aborted: serve the range again (source), forget the copy (target).
     EndMove = 21: EndMoveRequest => ();
+    /// Stop using a backup being drained; how far that got (coordinator → master).
+    EvacuateBackup = 22: EvacuateBackupRequest => EvacuateBackupReply;
 }
 
 const RULE_DOESNT_EXIST: u8 = 1;

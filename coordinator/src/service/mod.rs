@@ -51,6 +51,8 @@
 //! * `tables.rs` — creating and dropping tables and the pushes to their masters
 //!   ([`TABLET_PUSH_TIMEOUT`]), table ids and the tablet map, splitting tablets, and
 //!   moving them (`MoveTablets`, through `crate::mover`; `GetMove`).
+//! * `drains.rs` — draining a server (`DrainServer`, `GetDrain`; driven by
+//!   `crate::drainer`).
 //! * `recoveries.rs` — `AllowLoss` and `RecoveryStatus`.
 //! * `clients.rs` — client ids and client leases.
 //! * `raft.rs` — `RaftStatus` and the Raft traffic between coordinators.
@@ -58,6 +60,7 @@
 //!   built once) and the `Service` impl that dispatches through it.
 
 mod clients;
+mod drains;
 mod raft;
 mod recoveries;
 mod routes;

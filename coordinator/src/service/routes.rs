@@ -8,10 +8,10 @@
 
 use bytes::Bytes;
 use rampart_common::protocol::coordinator::{
-    AllowLoss, CheckClientLeases, CreateTable, DropTable, Enlist, GetMove, GetOwnedTablets,
-    GetTableId, GetTabletMap, MoveTablets, OpenClient, ProcessExited, RaftMessages, RaftStatus,
-    RecoveryStatus, RenewClientLease, RenewLease, ReportFailure, ReserveVersions, SetOpenEpoch,
-    SplitTablet, UploadWill, WatchTabletMap,
+    AllowLoss, CheckClientLeases, CreateTable, DrainServer, DropTable, Enlist, GetDrain, GetMove,
+    GetOwnedTablets, GetTableId, GetTabletMap, MoveTablets, OpenClient, ProcessExited,
+    RaftMessages, RaftStatus, RecoveryStatus, RenewClientLease, RenewLease, ReportFailure,
+    ReserveVersions, SetOpenEpoch, SplitTablet, UploadWill, WatchTabletMap,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Router, Service};
@@ -34,6 +34,9 @@ fn router() -> Router<CoordinatorService> {
         .route::<GetOwnedTablets>(|service, request| Box::pin(service.get_owned_tablets(request)))
         .route::<ReserveVersions>(|service, request| Box::pin(service.reserve_versions(request)))
         .route::<SetOpenEpoch>(|service, request| Box::pin(service.set_open_epoch(request)))
+        // Drains (drains.rs).
+        .route::<DrainServer>(|service, request| Box::pin(service.drain_server(request)))
+        .route::<GetDrain>(|service, request| Box::pin(service.get_drain(request)))
         // Tables and tablets (tables.rs).
         .route::<CreateTable>(|service, request| Box::pin(service.create_table(request)))
         .route::<DropTable>(|service, request| Box::pin(service.drop_table(request)))

@@ -78,6 +78,14 @@ impl CoordinatorService {
                     .node
                     .with_state(|state| state.version_ceiling(request.server)),
             }),
+            Some(ServerStatus::Removed) => Err(Reply::error(
+                Status::ServerCrashed,
+                format!(
+                    "{} was removed (drained, or recovered after a crash): it holds nothing \
+                     the cluster needs",
+                    request.server
+                ),
+            )),
             Some(_) => Err(Reply::error(
                 Status::ServerCrashed,
                 format!(

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client_leases::{ClientExpirer, ClientLeases};
+use crate::drainer::Drainer;
 use crate::failure_verifier::FailureVerifier;
 use crate::mover::Mover;
 use crate::node::{NodeError, RaftNode};
@@ -50,6 +51,10 @@ pub struct CoordinatorService {
     pub(super) mover: Arc<Mover>,
     /// Stops the mover's janitor when the service goes away.
     _mover_task: AbortOnDrop,
+    /// Drives drains of servers while this member leads.
+    pub(super) drainer: Arc<Drainer>,
+    /// Stops the drainer when the service goes away.
+    _drainer_task: AbortOnDrop,
 }
 
 /// Aborts a background task when dropped.
@@ -92,7 +97,15 @@ impl CoordinatorService {
         let expirer_task = tokio::spawn(expirer.run());
         let mover = Arc::new(Mover::new(node.clone(), Arc::clone(&pool)));
         let mover_task = tokio::spawn(Arc::clone(&mover).run());
+        let drainer = Arc::new(Drainer::new(
+            node.clone(),
+            Arc::clone(&pool),
+            Arc::clone(&mover),
+        ));
+        let drainer_task = tokio::spawn(Arc::clone(&drainer).run());
         CoordinatorService {
+            drainer,
+            _drainer_task: AbortOnDrop(drainer_task),
             mover,
             _mover_task: AbortOnDrop(mover_task),
             client_leases,
@@ -197,6 +210,8 @@ fn command_name(command: &Command) -> &'static str {
         Command::BeginMove { .. } => "move start",
         Command::CommitMove { .. } => "move commit",
         Command::AbortMove { .. } => "move abort",
+        Command::DrainServer { .. } => "drain",
+        Command::RemoveDrained { .. } => "removal of a drained server",
     }
 }
 

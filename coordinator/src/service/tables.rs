@@ -155,7 +155,7 @@ impl CoordinatorService {
                 .table(table)
                 .map(|t| t.tablets.clone())
                 .unwrap_or_default();
-            owner_runs(&tablets, start, end)
+            crate::mover::owner_runs(&tablets, start, end)
                 .into_iter()
                 .filter(|&(_, owner)| owner != target)
                 .map(|(range, _)| range)
@@ -372,65 +372,4 @@ impl CoordinatorService {
 struct FailedPush {
     owner: ServerId,
     error: String,
-}
-
-/// The runs of `tablets` (one table's, in hash order) that lie in `start..=end`, each a
-/// range of consecutive tablets of one owner, with that owner, in hash order.
-fn owner_runs(tablets: &[Tablet], start: u64, end: u64) -> Vec<(HashRange, ServerId)> {
-    let mut runs: Vec<(HashRange, ServerId)> = Vec::new();
-    for tablet in tablets
-        .iter()
-        .filter(|t| start <= t.start_hash && t.end_hash <= end)
-    {
-        match runs.last_mut() {
-            Some((range, owner))
-                if *owner == tablet.owner
-                    && range.end.checked_add(1) == Some(tablet.start_hash) =>
-            {
-                range.end = tablet.end_hash;
-            }
-            _ => runs.push((tablet.range(), tablet.owner)),
-        }
-    }
-    runs
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_range_is_moved_as_runs_of_one_owners_tablets() {
-        let tablet = |start_hash, end_hash, owner| Tablet {
-            table: TableId(1),
-            start_hash,
-            end_hash,
-            owner: ServerId(owner),
-        };
-        let tablets = [
-            tablet(0, 9, 1),
-            tablet(10, 19, 1),
-            tablet(20, 29, 2),
-            tablet(30, 39, 1),
-            tablet(40, u64::MAX, 1),
-        ];
-        let run = |start, end, owner| (HashRange::new(TableId(1), start, end), ServerId(owner));
-        assert_eq!(
-            owner_runs(&tablets, 0, u64::MAX),
-            vec![run(0, 19, 1), run(20, 29, 2), run(30, u64::MAX, 1)]
-        );
-        assert_eq!(
-            owner_runs(&tablets, 10, 29),
-            vec![run(10, 19, 1), run(20, 29, 2)]
-        );
-        assert_eq!(
-            owner_runs(&tablets, 40, u64::MAX),
-            vec![run(40, u64::MAX, 1)]
-        );
-        assert_eq!(
-            owner_runs(&tablets, 11, 18),
-            vec![],
-            "not whole tablets: none"
-        );
-    }
 }

@@ -251,6 +251,19 @@ pub enum Command {
         /// The move.
         id: MoveId,
     },
+    /// Begins draining `Up` server `id` (`state::drains`): nothing new is placed on it
+    /// from now on. Refused when it owns tablets and no other master could take them; a
+    /// repeat changes nothing.
+    DrainServer {
+        /// The server.
+        id: ServerId,
+    },
+    /// Removes drained server `id`. Refused unless it is being drained, owns no tablet
+    /// and is no end of an open move; a repeat after it was removed changes nothing.
+    RemoveDrained {
+        /// The server.
+        id: ServerId,
+    },
 }
 
 /// What applying a [`Command`] produced; sent back to the client that proposed it.
@@ -346,6 +359,13 @@ pub enum CommandResult {
         /// The source's and the target's tablet epochs after the commit.
         epochs: Vec<(ServerId, TabletEpoch)>,
     },
+    /// A drain is under way (or was already, for a repeated `DrainServer`).
+    DrainBegun {
+        /// The server being drained.
+        id: ServerId,
+        /// False if it was being drained already and nothing changed.
+        begun: bool,
+    },
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -416,6 +436,8 @@ pub(super) enum Reject {
     UnknownMove(MoveId),
     #[error("{id} ended already: {end:?}")]
     MoveEndedOtherwise { id: MoveId, end: MoveEnd },
+    #[error("cannot drain: {why}")]
+    BadDrain { why: String },
     #[error("server {id} cannot go from {from:?} to {to:?}")]
     StatusBackwards {
         id: ServerId,
@@ -493,6 +515,8 @@ pub(super) mod tests {
                 }),
             1 => (1u64..5).prop_map(|id| Command::CommitMove { id: MoveId(id) }),
             1 => (1u64..5).prop_map(|id| Command::AbortMove { id: MoveId(id) }),
+            1 => (1u64..6).prop_map(|id| Command::DrainServer { id: ServerId(id) }),
+            1 => (1u64..6).prop_map(|id| Command::RemoveDrained { id: ServerId(id) }),
             1 => (0u64..12, 0u64..1000).prop_map(|(id, ceiling)| Command::ReserveVersions {
                 server: ServerId(id),
                 ceiling,

@@ -103,6 +103,9 @@ pub struct CoordinatorState {
     /// How the newest ended moves ended.
     /// 1. At most [`ENDED_MOVES_KEPT`](super::command::ENDED_MOVES_KEPT); none is open.
     pub(super) ended_moves: BTreeMap<MoveId, MoveEnd>,
+    /// The servers being drained (`state::drains`).
+    /// 1. Each is `Up`.
+    pub(super) draining: BTreeSet<ServerId>,
 }
 
 impl Default for CoordinatorState {
@@ -134,6 +137,7 @@ impl CoordinatorState {
             next_move_id: 1,
             moves: BTreeMap::new(),
             ended_moves: BTreeMap::new(),
+            draining: BTreeSet::new(),
         }
     }
 
@@ -181,6 +185,8 @@ impl CoordinatorState {
             } => self.begin_move(*table, *start, *end, *target),
             Command::CommitMove { id } => self.commit_move(*id),
             Command::AbortMove { id } => self.abort_move(*id),
+            Command::DrainServer { id } => self.drain_server(*id),
+            Command::RemoveDrained { id } => self.remove_drained(*id),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {

@@ -75,6 +75,7 @@
 //!   recovered partitions.
 //! * `clients` — opening and expiring clients.
 //! * `moves` — moves of tablets between masters: begun, then committed or aborted.
+//! * `drains` — servers being drained: nothing new placed on them, then removed.
 //! * `snapshot` — decoding a snapshot (this release's encoding or the older one) and
 //!   [`CoordinatorState::check_invariants`].
 //! * `test_support` — for tests only: the helpers the files' tests share.
@@ -82,6 +83,7 @@
 mod clients;
 mod command;
 mod core;
+mod drains;
 mod moves;
 mod recovery_records;
 mod servers;

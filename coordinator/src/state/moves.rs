@@ -86,6 +86,11 @@ impl CoordinatorState {
         if !self.is_up_master(target) {
             return Err(Reject::NotUp(target));
         }
+        if self.draining.contains(&target) {
+            return Err(Reject::BadMove {
+                why: format!("{target} is being drained"),
+            });
+        }
         if let Some(other) = self.moves.values().find(|m| m.range.overlaps(&range)) {
             return Err(Reject::Moving {
                 id: other.id,
@@ -278,28 +283,6 @@ mod tests {
     use super::*;
     use rampart_common::ids::TabletEpoch;
     use rampart_common::status::Status;
-
-    fn begin(table: TableId, tablet: &Tablet, target: ServerId) -> Command {
-        Command::BeginMove {
-            table,
-            start: tablet.start_hash,
-            end: tablet.end_hash,
-            target,
-        }
-    }
-
-    fn begun(state: &mut CoordinatorState, command: &Command) -> MoveId {
-        match state.apply(command) {
-            CommandResult::MoveBegun {
-                id, begun: true, ..
-            } => id,
-            other => panic!("{command:?} did not begin: {other:?}"),
-        }
-    }
-
-    fn other_than(ids: &[ServerId], owner: ServerId) -> ServerId {
-        ids.iter().copied().find(|&id| id != owner).expect("two")
-    }
 
     #[test]
     fn a_move_begins_once_and_a_repeat_answers_with_it() {

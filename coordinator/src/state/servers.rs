@@ -71,6 +71,7 @@ impl CoordinatorState {
                 old.status = ServerStatus::Crashed;
             }
             self.abort_moves_of_server(old);
+            self.draining.remove(&old);
         }
         self.servers.insert(
             id,
@@ -109,6 +110,7 @@ impl CoordinatorState {
         // (`RecoveredPartition`), then marks it removed. Its moves end here.
         server.status = status;
         self.abort_moves_of_server(id);
+        self.draining.remove(&id);
         if status == ServerStatus::Removed {
             self.wills.remove(&id);
             self.allow_loss.remove(&id);

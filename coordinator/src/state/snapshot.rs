@@ -1,14 +1,15 @@
 //! Snapshots: decoding the state (today's encoding, or the shorter ones of the releases
-//! before moves and before open clients) and checking every invariant of one read from disk before it is
+//! before drains, before moves and before open clients) and checking every invariant of one read from disk before it is
 //! installed.
 
+use super::command::{MoveEnd, OpenMove};
 use super::command::{
     CLIENTS_MAX, CLIENT_IDS_START, ENDED_MOVES_KEPT, MOVES_MAX, OPEN_EPOCH_SEGMENTS_MAX,
     SERVERS_MAX, TABLES_MAX, TABLETS_MAX, WILL_RANGES_MAX,
 };
 use super::core::CoordinatorState;
 use super::recovery_records::will_ranges;
-use rampart_common::ids::{ClientId, Epoch, SegmentId, ServerId, TableId, TabletEpoch};
+use rampart_common::ids::{ClientId, Epoch, MoveId, SegmentId, ServerId, TableId, TabletEpoch};
 use rampart_common::tablet::{HashRange, ServerInfo, ServerStatus, TableInfo};
 use rampart_common::will::Will;
 use serde::Deserialize;
@@ -80,6 +81,26 @@ pub(crate) struct StateWithoutClients {
     version: u64,
 }
 
+/// The state as releases before drains encoded it: today's fields but the last.
+#[derive(Deserialize)]
+pub(crate) struct StateWithoutDrains {
+    before: StateWithoutMoves,
+    next_move_id: u64,
+    moves: BTreeMap<MoveId, OpenMove>,
+    ended_moves: BTreeMap<MoveId, MoveEnd>,
+}
+
+impl From<StateWithoutDrains> for CoordinatorState {
+    fn from(old: StateWithoutDrains) -> CoordinatorState {
+        CoordinatorState {
+            next_move_id: old.next_move_id,
+            moves: old.moves,
+            ended_moves: old.ended_moves,
+            ..CoordinatorState::from(old.before)
+        }
+    }
+}
+
 /// The state as releases before moves encoded it: today's fields but the last three
 /// (bincode writes a nested struct's fields one after another, as if inline).
 #[derive(Deserialize)]
@@ -123,13 +144,15 @@ impl From<StateWithoutClients> for CoordinatorState {
             next_move_id: 1,
             moves: BTreeMap::new(),
             ended_moves: BTreeMap::new(),
+            draining: BTreeSet::new(),
         }
     }
 }
 
 impl CoordinatorState {
-    /// Decodes a state encoded (bincode) by this release, or by one before moves or
-    /// before open clients existed (see `StateWithoutMoves`, `StateWithoutClients`).
+    /// Decodes a state encoded (bincode) by this release, or by one before drains, moves
+    /// or open clients existed (see `StateWithoutDrains`, `StateWithoutMoves`,
+    /// `StateWithoutClients`).
     pub fn decode(bytes: &[u8]) -> Result<CoordinatorState, bincode::Error> {
         use bincode::Options;
         // An older encoding only if the old fields use it up whole: a damaged tail of
@@ -142,8 +165,13 @@ impl CoordinatorState {
         };
         bincode::deserialize(bytes).or_else(|error| {
             exact()
-                .deserialize::<StateWithoutMoves>(bytes)
+                .deserialize::<StateWithoutDrains>(bytes)
                 .map(CoordinatorState::from)
+                .or_else(|_| {
+                    exact()
+                        .deserialize::<StateWithoutMoves>(bytes)
+                        .map(CoordinatorState::from)
+                })
                 .or_else(|_| {
                     exact()
                         .deserialize::<StateWithoutClients>(bytes)
@@ -323,6 +351,16 @@ impl CoordinatorState {
             }
             ranges.push(&open.range);
         }
+        if self
+            .draining
+            .iter()
+            .any(|id| self.servers.get(id).map(|s| s.status) != Some(ServerStatus::Up))
+        {
+            return Err(InvariantViolation::Server {
+                server: ServerId(0),
+                what: "a server being drained is not up",
+            });
+        }
         Ok(())
     }
 }
@@ -334,7 +372,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn states_encoded_before_moves_and_before_open_clients_decode() {
+    fn states_encoded_before_drains_moves_and_open_clients_decode() {
         let mut state = CoordinatorState::new();
         enlist(&mut state, "a:1", BOTH);
         assert!(matches!(
@@ -342,10 +380,17 @@ mod tests {
             CommandResult::TableCreated { .. }
         ));
         state.apply(&Command::OpenClient);
-        // The encoding before moves is today's without the last three fields: the
-        // counter (a u64) and two empty maps (their lengths, a u64 each).
+        // The encoding before drains is today's without its last field, an empty set
+        // (its length, a u64).
         let bytes = bincode::serialize(&state).expect("a state encodes");
-        let before_moves = &bytes[..bytes.len() - 24];
+        let before_drains = &bytes[..bytes.len() - 8];
+        assert_eq!(
+            CoordinatorState::decode(before_drains).expect("the encoding before drains decodes"),
+            state
+        );
+        // Before moves, without the three fields before it: the counter (a u64) and two
+        // empty maps (their lengths, a u64 each).
+        let before_moves = &before_drains[..before_drains.len() - 24];
         assert_eq!(
             CoordinatorState::decode(before_moves).expect("the encoding before moves decodes"),
             state
@@ -361,7 +406,7 @@ mod tests {
             CoordinatorState::decode(&bytes).expect("today's encoding decodes"),
             state
         );
-        for damaged in [bytes.len() - 8, bytes.len() - 16, bytes.len() - 28] {
+        for damaged in [bytes.len() - 4, bytes.len() - 16, bytes.len() - 28] {
             assert!(
                 CoordinatorState::decode(&bytes[..damaged]).is_err(),
                 "a damaged tail of today's encoding is not taken for an old one ({damaged})"

@@ -16,6 +16,11 @@ impl CoordinatorState {
         self.names.get(name).copied()
     }
 
+    /// The live tables, in id order.
+    pub fn tables(&self) -> impl Iterator<Item = &TableInfo> {
+        self.tables.values()
+    }
+
     /// The live table `id`.
     pub fn table(&self, id: TableId) -> Option<&TableInfo> {
         self.tables.get(&id)
@@ -145,7 +150,7 @@ impl CoordinatorState {
         let masters: Vec<ServerId> = self
             .up_servers()
             .into_iter()
-            .filter(|s| s.services.master)
+            .filter(|s| s.services.master && !self.draining.contains(&s.id))
             .map(|s| s.id)
             .collect();
         if masters.is_empty() {

@@ -3,7 +3,7 @@
 
 use super::command::{Command, CommandResult};
 use super::core::CoordinatorState;
-use rampart_common::ids::{ServerId, TableId};
+use rampart_common::ids::{MoveId, ServerId, TableId};
 use rampart_common::status::Status;
 use rampart_common::tablet::{HashRange, ServerStatus, Services, Tablet};
 
@@ -82,4 +82,33 @@ pub(super) fn recovered(crashed: ServerId, ranges: Vec<HashRange>, owner: Server
         ranges,
         owner,
     }
+}
+
+pub(super) fn begin(table: TableId, tablet: &Tablet, target: ServerId) -> Command {
+    Command::BeginMove {
+        table,
+        start: tablet.start_hash,
+        end: tablet.end_hash,
+        target,
+    }
+}
+
+pub(super) fn begun(state: &mut CoordinatorState, command: &Command) -> MoveId {
+    match state.apply(command) {
+        CommandResult::MoveBegun {
+            id, begun: true, ..
+        } => id,
+        other => panic!("{command:?} did not begin: {other:?}"),
+    }
+}
+
+pub(super) fn commit(state: &mut CoordinatorState, id: MoveId) {
+    match state.apply(&Command::CommitMove { id }) {
+        CommandResult::MoveEnded { .. } => {}
+        other => panic!("{id} did not commit: {other:?}"),
+    }
+}
+
+pub(super) fn other_than(ids: &[ServerId], owner: ServerId) -> ServerId {
+    ids.iter().copied().find(|&id| id != owner).expect("two")
 }

@@ -12,12 +12,45 @@
 //! upkeep interval. The periodic pull (`SERVER_LIST_REFRESH`) stays the fallback for a
 //! push that is lost.
 //!
+//! # Drains
+//! The coordinators' leader drains a server (docs/design.md §7, "Draining a server") by
+//! asking every master to stop using its backup (`EvacuateBackup`). The service records
+//! the backup here with [`evacuate`](ServerListWatch::evacuate), which pokes the
+//! appender like a newer list does; from its next upkeep on, the replicator leaves that
+//! backup out of the list it holds, so it fails it the way it fails a backup gone from
+//! the list (every replica on it lost and re-created elsewhere, never chosen again),
+//! and [`report`](ServerListWatch::report)s at each upkeep how far it got. The backup
+//! still serves recoveries meanwhile: its copies stay where they are, and the server
+//! stays `Up`, until every master reports none of its segments there and all whole.
+//! The entry goes once the list no longer shows the backup `Up`
+//! ([`retain_evacuating`](ServerListWatch::retain_evacuating)).
+//!
 //! # Concurrency
-//! Lock-free: RPC tasks push, the appender task reads. `pushed` only grows (pushes may
-//! arrive out of order; an older one changes nothing).
+//! RPC tasks push, the appender task reads. `pushed` only grows (pushes may arrive out
+//! of order; an older one changes nothing). The drains are behind a short lock.
 
+use parking_lot::Mutex;
+use rampart_common::ids::ServerId;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::Notify;
+
+/// How far this master got in leaving a backup being drained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evacuation {
+    /// Segments with a live replica still on the backup.
+    pub on_backup: u32,
+    /// Segments not whole (`SegmentReplicas::whole`): a replica is missing, not on disk
+    /// yet, or its epoch unrecorded.
+    pub not_whole: u32,
+}
+
+impl Evacuation {
+    /// Nothing of this master's log needs the backup any more.
+    pub fn done(&self) -> bool {
+        self.on_backup == 0 && self.not_whole == 0
+    }
+}
 
 /// The newest server-list version announced to this master; see the module doc.
 #[derive(Debug, Default)]
@@ -30,6 +63,12 @@ pub struct ServerListWatch {
     /// Wakes an idle appender after a poke. `notify_one` keeps a permit when nobody
     /// waits, so a push between two waits is not missed.
     notify: Notify,
+    /// Backups being drained, each with the replicator's last report on it (`None`
+    /// until its first upkeep since).
+    evacuating: Mutex<BTreeMap<ServerId, Option<Evacuation>>>,
+    /// Set by an [`evacuate`](Self::evacuate) of a new backup; cleared by the
+    /// replicator when it next refreshes its list.
+    evacuation_news: AtomicBool,
 }
 
 impl ServerListWatch {
@@ -57,6 +96,47 @@ impl ServerListWatch {
     /// Whether a push announced a list newer than version `held`.
     pub fn is_newer_than(&self, held: u64) -> bool {
         self.pushed() > held
+    }
+
+    /// Records that `backup` is being drained (module doc), poking the appender the first
+    /// time; returns the replicator's last report on it (`None` before its first).
+    pub fn evacuate(&self, backup: ServerId) -> Option<Evacuation> {
+        let mut evacuating = self.evacuating.lock();
+        match evacuating.get(&backup) {
+            Some(report) => *report,
+            None => {
+                evacuating.insert(backup, None);
+                self.evacuation_news.store(true, Ordering::SeqCst);
+                self.poke.store(true, Ordering::SeqCst);
+                self.notify.notify_one();
+                None
+            }
+        }
+    }
+
+    /// The backups being drained.
+    pub fn evacuating(&self) -> Vec<ServerId> {
+        self.evacuating.lock().keys().copied().collect()
+    }
+
+    /// Whether a backup was newly asked to be drained since the last call (and clears
+    /// it): the replicator then refreshes its list at once.
+    pub fn take_evacuation_news(&self) -> bool {
+        self.evacuation_news.swap(false, Ordering::SeqCst)
+    }
+
+    /// The replicator's report on `backup`, if it is being drained.
+    pub fn report(&self, backup: ServerId, report: Evacuation) {
+        if let Some(entry) = self.evacuating.lock().get_mut(&backup) {
+            *entry = Some(report);
+        }
+    }
+
+    /// Keeps the drains of the backups `listed_up` says are still `Up`.
+    pub fn retain_evacuating(&self, listed_up: impl Fn(ServerId) -> bool) {
+        self.evacuating
+            .lock()
+            .retain(|&backup, _| listed_up(backup));
     }
 
     /// Whether a push asked for an upkeep since the last call (and clears the request).
@@ -88,6 +168,27 @@ mod tests {
         assert!(!watch.push(3));
         assert!(!watch.take_poke());
         assert_eq!(watch.pushed(), 5);
+    }
+
+    #[test]
+    fn an_evacuation_pokes_once_and_answers_the_last_report() {
+        let watch = ServerListWatch::new();
+        let backup = ServerId(3);
+        assert_eq!(watch.evacuate(backup), None);
+        assert!(watch.take_poke() && watch.take_evacuation_news());
+        assert_eq!(watch.evacuate(backup), None, "no report yet");
+        assert!(!watch.take_poke() && !watch.take_evacuation_news());
+        let report = Evacuation {
+            on_backup: 0,
+            not_whole: 2,
+        };
+        watch.report(backup, report);
+        watch.report(ServerId(9), Evacuation::default());
+        assert_eq!(watch.evacuate(backup), Some(report));
+        assert!(!report.done() && Evacuation::default().done());
+        assert_eq!(watch.evacuating(), [backup]);
+        watch.retain_evacuating(|id| id != backup);
+        assert!(watch.evacuating().is_empty());
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ use crate::replica_manager::backup_selector::BackupInfo;
 use crate::replica_manager::placement;
 use crate::replica_manager::replica_failures::{Call, Cause, Loss};
 use crate::replica_manager::segment_replicas::Abandoned;
+use crate::replica_manager::server_list_watch::Evacuation;
 use crate::replica_manager::transport::Failure;
 
 impl Replicator {
@@ -58,7 +59,8 @@ impl Replicator {
             .list_fetched
             .map_or(true, |at| at.elapsed() >= SERVER_LIST_REFRESH);
         let announced = self.server_list.is_newer_than(self.list_version);
-        if !force && !stale && !announced {
+        let evacuation = self.server_list.take_evacuation_news();
+        if !force && !stale && !announced && !evacuation {
             return;
         }
         let fetched = self.fetch_servers().await;
@@ -75,6 +77,18 @@ impl Replicator {
             );
         }
         self.list_version = version;
+        // A backup being drained is left out, as if gone from the list (the
+        // `server_list_watch` module doc), until the list no longer shows it Up.
+        self.server_list.retain_evacuating(|id| {
+            servers
+                .iter()
+                .any(|s| s.id == id && s.status == ServerStatus::Up)
+        });
+        let evacuating = self.server_list.evacuating();
+        let servers: Vec<ServerInfo> = servers
+            .into_iter()
+            .filter(|s| !evacuating.contains(&s.id))
+            .collect();
         let infos: Vec<BackupInfo> = servers.iter().filter_map(BackupInfo::from_server).collect();
         let now = Instant::now();
         let mut backups = HashMap::new();
@@ -100,7 +114,33 @@ impl Replicator {
         self.backups = backups;
         self.selector.update_backups(&infos);
         for id in gone {
-            self.backup_failed(id, "no longer Up in the server list");
+            let detail = if evacuating.contains(&id) {
+                "being drained"
+            } else {
+                "no longer Up in the server list"
+            };
+            self.backup_failed(id, detail);
+        }
+    }
+
+    /// Reports to the watch, for each backup being drained, how many segments still
+    /// have a replica there and how many are not whole.
+    pub(super) fn report_evacuations(&self) {
+        for backup in self.server_list.evacuating() {
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            let on_backup = self
+                .segments
+                .values()
+                .filter(|s| s.backups().any(|b| b == backup))
+                .count();
+            let not_whole = self.segments.values().filter(|s| !s.whole()).count();
+            self.server_list.report(
+                backup,
+                Evacuation {
+                    on_backup: count(on_backup),
+                    not_whole: count(not_whole),
+                },
+            );
         }
     }
 

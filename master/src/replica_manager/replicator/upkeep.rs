@@ -37,6 +37,7 @@ impl Replicator {
         if let Some(fatal) = &self.fenced {
             return Err(fatal.clone());
         }
+        self.report_evacuations();
         let mut upkeep = Upkeep::new();
         while let Some(step) = upkeep.next(&self.segments) {
             match step {

@@ -1,0 +1,58 @@
+//! Draining a server (`DrainServer`, `GetDrain`): the drain is committed here and
+//! driven by the leader's `crate::drainer`.
+
+use rampart_common::protocol::coordinator::{DrainReply, ServerIdRequest};
+use rampart_common::rpc::Reply;
+use rampart_common::status::Status;
+
+use super::shared::{rejected, CoordinatorService};
+use crate::state::{Command, CommandResult};
+
+impl CoordinatorService {
+    /// `DrainServer`: commits the drain (a repeat changes nothing) and answers where it
+    /// stands. Refused (`NotEnoughServers`) when the backups left without the server
+    /// could not hold every master's replicas (`crate::drainer::backups_short`): its
+    /// drain would make writes wait.
+    pub(super) async fn drain_server(&self, request: ServerIdRequest) -> Result<DrainReply, Reply> {
+        let server = request.server;
+        let draining = self.node.with_state(|state| state.is_draining(server));
+        if !draining {
+            let replicas = self.drainer.replicas().await;
+            let short = self
+                .node
+                .with_state(|state| crate::drainer::backups_short(state, server, replicas));
+            if let Some(short) = short {
+                return Err(Reply::error(
+                    Status::NotEnoughServers,
+                    format!("cannot drain {server}: {short}"),
+                ));
+            }
+        }
+        match self.apply(Command::DrainServer { id: server }).await? {
+            CommandResult::DrainBegun { begun, .. } => {
+                if begun {
+                    tracing::info!(%server, "drain begun");
+                }
+                self.drain_progress(request)
+            }
+            other => Err(rejected(other)),
+        }
+    }
+
+    /// `GetDrain`, linearizable.
+    pub(super) async fn get_drain(&self, request: ServerIdRequest) -> Result<DrainReply, Reply> {
+        self.read_barrier().await?;
+        self.drain_progress(request)
+    }
+
+    fn drain_progress(&self, request: ServerIdRequest) -> Result<DrainReply, Reply> {
+        self.node
+            .with_state(|state| self.drainer.progress(state, request.server))
+            .ok_or_else(|| {
+                Reply::error(
+                    Status::InvalidArgument,
+                    format!("unknown server {}", request.server),
+                )
+            })
+    }
+}
