@@ -24,6 +24,7 @@ use rampart_common::status::Status;
 use rampart_common::tablet::{ServerInfo, ServerStatus, Services, Tablet};
 use rampart_master::appender::{Appender, AppenderStatus};
 use rampart_master::object_store::{ObjectStore, WriteOp};
+use rampart_master::replica_manager::server_list_watch::ServerListWatch;
 use rampart_master::replica_manager::{Fatal, ReplicationConfig, Replicator, ServerSource};
 use rampart_master::segmented_log::{SealedRange, SegmentRange};
 use std::collections::BTreeMap;
@@ -159,6 +160,8 @@ struct Master {
     store: Arc<Mutex<ObjectStore>>,
     appender: Appender,
     status: Arc<AppenderStatus>,
+    /// The replicator's news from the coordinators (drains among them).
+    watch: Arc<ServerListWatch>,
 }
 
 fn start_master(
@@ -217,15 +220,14 @@ fn start_master_from(
         failed_backup_exclusion,
     };
     let status = Arc::new(AppenderStatus::default());
-    let appender = Appender::spawn_replicated(
-        Arc::clone(&store),
-        Replicator::new(MASTER, replication),
-        Arc::clone(&status),
-    );
+    let replicator = Replicator::new(MASTER, replication);
+    let watch = replicator.server_list_watch();
+    let appender = Appender::spawn_replicated(Arc::clone(&store), replicator, Arc::clone(&status));
     Master {
         store,
         appender,
         status,
+        watch,
     }
 }
 
@@ -441,6 +443,51 @@ async fn lost_backup_is_replaced(transport: TransportKind) {
     for i in 0..900 {
         assert!(store.read(TABLE, format!("key-{i}").as_bytes()).is_ok());
     }
+}
+
+/// A backup being drained stays up and answers, but the master re-creates every replica
+/// it held on the others, places none there again, and says when it is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_being_drained_is_left_though_it_stays_up() {
+    let (backups, list) = cluster(4).await;
+    let master = start_master(2, Some(TransportKind::Tcp), list);
+    write_many(&master, 0..400, 5).await;
+    let all: Vec<&TestBackup> = backups.iter().collect();
+    let found = replicas_by_segment(&all).await;
+    let drained = backups
+        .iter()
+        .map(|b| b.id)
+        .max_by_key(|&id| {
+            found
+                .values()
+                .filter(|held| held.iter().any(|(b, _)| *b == id))
+                .count()
+        })
+        .unwrap();
+    assert_eq!(
+        master.watch.evacuate(drained),
+        None,
+        "no report before a look"
+    );
+    // Writes go on meanwhile.
+    write_many(&master, 400..800, 5).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if master.watch.evacuate(drained).is_some_and(|r| r.done()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            master.watch.evacuate(drained)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Done means whole without it: every segment on R of the others.
+    let others: Vec<&TestBackup> = backups.iter().filter(|b| b.id != drained).collect();
+    assert_fully_replicated(&master, &others, 2).await;
+    write_many(&master, 800..900, 5).await;
+    assert_fully_replicated(&master, &others, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

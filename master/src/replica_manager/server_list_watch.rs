@@ -19,7 +19,8 @@
 //! appender like a newer list does; from its next upkeep on, the replicator leaves that
 //! backup out of the list it holds, so it fails it the way it fails a backup gone from
 //! the list (every replica on it lost and re-created elsewhere, never chosen again),
-//! and [`report`](ServerListWatch::report)s at each upkeep how far it got. The backup
+//! and, once that list is applied, [`report`](ServerListWatch::report)s at each upkeep
+//! how far it got. The backup
 //! still serves recoveries meanwhile: its copies stay where they are, and the server
 //! stays `Up`, until every master reports none of its segments there and all whole.
 //! The entry goes once the list no longer shows the backup `Up`
@@ -123,6 +124,11 @@ impl ServerListWatch {
     /// it): the replicator then refreshes its list at once.
     pub fn take_evacuation_news(&self) -> bool {
         self.evacuation_news.swap(false, Ordering::SeqCst)
+    }
+
+    /// Sets the news again: the refresh that took it could not apply it.
+    pub fn keep_evacuation_news(&self) {
+        self.evacuation_news.store(true, Ordering::SeqCst);
     }
 
     /// The replicator's report on `backup`, if it is being drained.

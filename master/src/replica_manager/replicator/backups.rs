@@ -66,6 +66,10 @@ impl Replicator {
         let fetched = self.fetch_servers().await;
         self.list_fetched = Some(Instant::now());
         let Some((version, servers)) = fetched else {
+            if evacuation {
+                // Not applied: the next upkeep tries again.
+                self.server_list.keep_evacuation_news();
+            }
             return;
         };
         if announced {
@@ -85,6 +89,7 @@ impl Replicator {
                 .any(|s| s.id == id && s.status == ServerStatus::Up)
         });
         let evacuating = self.server_list.evacuating();
+        self.evacuated.clone_from(&evacuating);
         let servers: Vec<ServerInfo> = servers
             .into_iter()
             .filter(|s| !evacuating.contains(&s.id))
@@ -126,7 +131,7 @@ impl Replicator {
     /// Reports to the watch, for each backup being drained, how many segments still
     /// have a replica there and how many are not whole.
     pub(super) fn report_evacuations(&self) {
-        for backup in self.server_list.evacuating() {
+        for &backup in &self.evacuated {
             let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
             let on_backup = self
                 .segments

@@ -191,6 +191,10 @@ pub struct Replicator {
     /// `TabletMap::version` of the server list held (0: none yet). For a fixed list, the
     /// version pushed when it was last read.
     pub(super) list_version: u64,
+    /// The backups being drained that the list held leaves out (`server_list_watch`):
+    /// only these are reported on, so a report that the log needs nothing there comes
+    /// after this master stopped choosing them.
+    pub(super) evacuated: Vec<ServerId>,
     /// Versions announced by `ServerListChanged` pushes; a newer one than `list_version`
     /// makes the next refresh pull at once.
     pub(super) server_list: Arc<ServerListWatch>,
@@ -261,6 +265,7 @@ impl Replicator {
             backups: HashMap::new(),
             list_fetched: None,
             list_version: 0,
+            evacuated: Vec::new(),
             server_list: Arc::new(ServerListWatch::new()),
             shortage: Arc::default(),
             failures,
