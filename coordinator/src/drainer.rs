@@ -14,9 +14,15 @@
 //!    (`EvacuateBackup`): each re-creates its replicas there elsewhere and answers how
 //!    far it got. The step ends there until every master answers that its log needs
 //!    nothing there any more (every segment whole, none with a replica there).
-//! 3. **Removal.** `RemoveDrained` (refused while it owns a tablet or is an end of an
-//!    open move), then the replicas of its own log, which nothing needs, are freed on
-//!    every backup (`EndRecovery`, which also fences its master there).
+//! 3. **Removal.** `RemoveDrained`, naming the masters that confirmed (refused while it
+//!    owns a tablet, is an end of an open move, a crashed server awaits its recovery, or
+//!    an `Up` master has not confirmed — one that enlisted since, say). Then the
+//!    replicas of its own log, which nothing needs, are freed on every backup
+//!    (`EndRecovery`, which also fences its master there).
+//!
+//! A master's confirmation stays true: once it left the backup it never places a
+//! replica there again while the server is `Up`. So confirmations gather over steps, and
+//! a master busy closing segments need only be whole at one of them.
 //!
 //! So until the removal, the server keeps serving what it holds, and its backup keeps
 //! every replica a recovery might read: nothing is lost if any server, this one
@@ -59,6 +65,10 @@ pub struct Drainer {
     mover: Arc<Mover>,
     /// What each drain waited for at its last step (this member's view).
     waiting: Mutex<BTreeMap<ServerId, Waiting>>,
+    /// For each drain, the masters that answered that their logs need nothing on its
+    /// backup any more. Stays true: such a master never places a replica there again
+    /// while the server is `Up` (`master::replica_manager::server_list_watch`).
+    confirmed: Mutex<BTreeMap<ServerId, BTreeSet<ServerId>>>,
 }
 
 /// What a drain waited for at its last step.
@@ -77,6 +87,7 @@ impl Drainer {
             pool,
             mover,
             waiting: Mutex::new(BTreeMap::new()),
+            confirmed: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -121,6 +132,7 @@ impl Drainer {
             }
             let draining: Vec<ServerId> = self.node.with_state(|state| state.draining().collect());
             self.waiting.lock().retain(|id, _| draining.contains(id));
+            self.confirmed.lock().retain(|id, _| draining.contains(id));
             for server in draining {
                 self.step(server).await;
             }
@@ -169,11 +181,17 @@ impl Drainer {
             return;
         }
         self.note(server, 0, "removing".into());
-        let result = tokio::time::timeout(
-            PROPOSAL_TIMEOUT,
-            self.node.propose(Command::RemoveDrained { id: server }),
-        )
-        .await;
+        let confirmed: Vec<ServerId> = self
+            .confirmed
+            .lock()
+            .get(&server)
+            .map(|masters| masters.iter().copied().collect())
+            .unwrap_or_default();
+        let command = Command::RemoveDrained {
+            id: server,
+            confirmed,
+        };
+        let result = tokio::time::timeout(PROPOSAL_TIMEOUT, self.node.propose(command)).await;
         match result {
             Ok(Ok(CommandResult::StatusSet)) => {
                 let freed = self.free_log(server).await;
@@ -211,18 +229,34 @@ impl Drainer {
             .unwrap_or(0)
     }
 
-    /// Asks every `Up` master but `server` to stop using its backup; returns, for each
-    /// whose log still needs it, why.
+    /// Asks every `Up` master but `server` that has not confirmed yet to stop using its
+    /// backup (a server without a backup needs no asking: every master confirms);
+    /// returns, for each whose log still needs it, why.
     async fn evacuate(&self, server: ServerId) -> Vec<String> {
-        let masters: Vec<(ServerId, String)> = self.node.with_state(|state| {
-            let runs_backup = state.server(server).is_some_and(|s| s.services.backup);
-            state
-                .up_servers()
-                .into_iter()
-                .filter(|s| runs_backup && s.services.master && s.id != server)
-                .map(|s| (s.id, s.addr.clone()))
-                .collect()
-        });
+        let confirmed = self
+            .confirmed
+            .lock()
+            .get(&server)
+            .cloned()
+            .unwrap_or_default();
+        let (runs_backup, masters): (bool, Vec<(ServerId, String)>) =
+            self.node.with_state(|state| {
+                let runs_backup = state.server(server).is_some_and(|s| s.services.backup);
+                let masters = state
+                    .up_servers()
+                    .into_iter()
+                    .filter(|s| s.services.master && s.id != server && !confirmed.contains(&s.id))
+                    .map(|s| (s.id, s.addr.clone()))
+                    .collect();
+                (runs_backup, masters)
+            });
+        if !runs_backup {
+            let mut all = self.confirmed.lock();
+            all.entry(server)
+                .or_default()
+                .extend(masters.iter().map(|&(id, _)| id));
+            return Vec::new();
+        }
         let request = EvacuateBackupRequest { backup: server };
         let deadline = Instant::now() + CALL_TIMEOUT;
         let calls = masters.iter().map(|(master, addr)| async move {
@@ -231,7 +265,14 @@ impl Drainer {
                 .call::<EvacuateBackup>(addr, &request, deadline)
                 .await;
             match answer {
-                Ok(reply) if reply.done() => None,
+                Ok(reply) if reply.done() => {
+                    self.confirmed
+                        .lock()
+                        .entry(server)
+                        .or_default()
+                        .insert(*master);
+                    None
+                }
                 Ok(reply) if !reply.reported => Some(format!("{master}: not looked yet")),
                 Ok(reply) => Some(format!(
                     "{master}: {} segments with a replica there, {} not whole",

@@ -15,6 +15,7 @@ impl CoordinatorService {
     /// drain would make writes wait.
     pub(super) async fn drain_server(&self, request: ServerIdRequest) -> Result<DrainReply, Reply> {
         let server = request.server;
+        let _checked_alone = self.drain_lock.lock().await;
         let draining = self.node.with_state(|state| state.is_draining(server));
         if !draining {
             let replicas = self.drainer.replicas().await;

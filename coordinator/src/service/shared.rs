@@ -53,6 +53,9 @@ pub struct CoordinatorService {
     _mover_task: AbortOnDrop,
     /// Drives drains of servers while this member leads.
     pub(super) drainer: Arc<Drainer>,
+    /// Serialises the check and the commit of drains: two drains checked at once could
+    /// each leave enough backups alone, and too few together.
+    pub(super) drain_lock: tokio::sync::Mutex<()>,
     /// Stops the drainer when the service goes away.
     _drainer_task: AbortOnDrop,
 }
@@ -105,6 +108,7 @@ impl CoordinatorService {
         let drainer_task = tokio::spawn(Arc::clone(&drainer).run());
         CoordinatorService {
             drainer,
+            drain_lock: tokio::sync::Mutex::new(()),
             _drainer_task: AbortOnDrop(drainer_task),
             mover,
             _mover_task: AbortOnDrop(mover_task),

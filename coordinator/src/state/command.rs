@@ -258,11 +258,15 @@ pub enum Command {
         /// The server.
         id: ServerId,
     },
-    /// Removes drained server `id`. Refused unless it is being drained, owns no tablet
-    /// and is no end of an open move; a repeat after it was removed changes nothing.
+    /// Removes drained server `id`. Refused unless it is being drained, owns no tablet,
+    /// is no end of an open move, no crashed server awaits its recovery (which may read
+    /// its backup), and every other `Up` master is in `confirmed` (said its log needs
+    /// nothing on that backup any more); a repeat after it was removed changes nothing.
     RemoveDrained {
         /// The server.
         id: ServerId,
+        /// The masters that confirmed they left its backup.
+        confirmed: Vec<ServerId>,
     },
 }
 
@@ -516,7 +520,12 @@ pub(super) mod tests {
             1 => (1u64..5).prop_map(|id| Command::CommitMove { id: MoveId(id) }),
             1 => (1u64..5).prop_map(|id| Command::AbortMove { id: MoveId(id) }),
             1 => (1u64..6).prop_map(|id| Command::DrainServer { id: ServerId(id) }),
-            1 => (1u64..6).prop_map(|id| Command::RemoveDrained { id: ServerId(id) }),
+            1 => (1u64..6, prop::collection::vec(1u64..6, 0..6)).prop_map(|(id, confirmed)| {
+                Command::RemoveDrained {
+                    id: ServerId(id),
+                    confirmed: confirmed.into_iter().map(ServerId).collect(),
+                }
+            }),
             1 => (0u64..12, 0u64..1000).prop_map(|(id, ceiling)| Command::ReserveVersions {
                 server: ServerId(id),
                 ceiling,

@@ -186,7 +186,7 @@ impl CoordinatorState {
             Command::CommitMove { id } => self.commit_move(*id),
             Command::AbortMove { id } => self.abort_move(*id),
             Command::DrainServer { id } => self.drain_server(*id),
-            Command::RemoveDrained { id } => self.remove_drained(*id),
+            Command::RemoveDrained { id, confirmed } => self.remove_drained(*id, confirmed),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {

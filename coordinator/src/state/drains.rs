@@ -2,11 +2,15 @@
 //! stays `Up` — it serves its tablets until they are moved away, and its backup keeps
 //! its replicas for recoveries until every master re-created them elsewhere — but
 //! nothing new is placed on it: no table's tablets (`create_table`), no move's range
-//! (`BeginMove`), and no recovered partition (the recovery driver asks
-//! [`CoordinatorState::is_draining`]). The leader's drainer (`coordinator::drainer`)
+//! (`BeginMove`), and no recovered partition of a recovery attempt begun since (the
+//! recovery driver asks [`CoordinatorState::is_draining`]). The leader's drainer (`coordinator::drainer`)
 //! moves its tablets and asks the masters to leave its backup; then
 //! [`Command::RemoveDrained`](super::Command::RemoveDrained) removes it, refused while
-//! it owns a tablet or is an end of an open move.
+//! it owns a tablet, is an end of an open move, a crashed server awaits its recovery
+//! (which may read its backup), or an `Up` master has not confirmed it left its backup.
+//!
+//! A recovery that chose its masters before a drain began may still hand a partition to
+//! the server; the drainer moves it away again.
 //!
 //! A server that stops being `Up` (crashed, removed, its address re-enlisted) stops
 //! being drained: a crash's recovery takes over what was left.
@@ -69,7 +73,11 @@ impl CoordinatorState {
     }
 
     /// [`Command::RemoveDrained`](super::Command::RemoveDrained).
-    pub(super) fn remove_drained(&mut self, id: ServerId) -> Result<Outcome, Reject> {
+    pub(super) fn remove_drained(
+        &mut self,
+        id: ServerId,
+        confirmed: &[ServerId],
+    ) -> Result<Outcome, Reject> {
         let server = self.servers.get(&id).ok_or(Reject::UnknownServer(id))?;
         if server.status == ServerStatus::Removed {
             return Ok(Outcome::Unchanged(CommandResult::StatusSet));
@@ -92,6 +100,24 @@ impl CoordinatorState {
         {
             return Err(Reject::BadDrain {
                 why: format!("{id} is an end of {}, which is open", open.id),
+            });
+        }
+        // A recovery due or under way may need the replicas on its backup: a master that
+        // crashed while it re-created them elsewhere left them the only copies.
+        if let Some(crashed) = self.crashed_servers().first() {
+            return Err(Reject::BadDrain {
+                why: format!("{id} waits for the recovery of {crashed}, which may read its backup"),
+            });
+        }
+        // Every master must have left its backup, those that enlisted since they were
+        // asked included.
+        if let Some(master) = self
+            .up_servers()
+            .into_iter()
+            .find(|s| s.services.master && s.id != id && !confirmed.contains(&s.id))
+        {
+            return Err(Reject::BadDrain {
+                why: format!("{} has not confirmed it left {id}'s backup", master.id),
             });
         }
         self.set_server_status(id, ServerStatus::Removed)
@@ -148,9 +174,13 @@ mod tests {
             Status::InvalidArgument,
         );
         // Not removed while it owns a tablet, nor while an end of an open move.
+        let all = ids.clone();
         assert_rejected(
             &mut state,
-            Command::RemoveDrained { id: drained },
+            Command::RemoveDrained {
+                id: drained,
+                confirmed: all.clone(),
+            },
             Status::InvalidArgument,
         );
         let id = begun(&mut state, &begin(table, &tablets[0], other));
@@ -159,8 +189,36 @@ mod tests {
         let back = tablets.iter().find(|t| t.owner == drained);
         assert!(back.is_none() || state.tablets_owned(drained) == 0);
         assert_eq!(state.tablets_owned(drained), 0);
+        // Not while a master has not confirmed it left the backup.
+        let others: Vec<ServerId> = ids.iter().copied().filter(|&i| i != drained).collect();
+        assert_rejected(
+            &mut state,
+            Command::RemoveDrained {
+                id: drained,
+                confirmed: others[..1].to_vec(),
+            },
+            Status::InvalidArgument,
+        );
+        // Not while a crashed master's recovery may read its backup.
+        let late = enlist(&mut state, "10.0.9.9:7000", BOTH);
+        crash(&mut state, late);
+        assert_rejected(
+            &mut state,
+            Command::RemoveDrained {
+                id: drained,
+                confirmed: all.clone(),
+            },
+            Status::InvalidArgument,
+        );
+        state.apply(&Command::SetServerStatus {
+            id: late,
+            status: ServerStatus::Removed,
+        });
         assert_eq!(
-            state.apply(&Command::RemoveDrained { id: drained }),
+            state.apply(&Command::RemoveDrained {
+                id: drained,
+                confirmed: others.clone(),
+            }),
             CommandResult::StatusSet
         );
         assert_eq!(
@@ -172,7 +230,10 @@ mod tests {
         // A repeat changes nothing; a drain of a removed server is refused.
         let version = state.version();
         assert_eq!(
-            state.apply(&Command::RemoveDrained { id: drained }),
+            state.apply(&Command::RemoveDrained {
+                id: drained,
+                confirmed: Vec::new(),
+            }),
             CommandResult::StatusSet
         );
         assert_eq!(state.version(), version);

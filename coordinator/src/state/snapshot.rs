@@ -351,13 +351,13 @@ impl CoordinatorState {
             }
             ranges.push(&open.range);
         }
-        if self
+        if let Some(&server) = self
             .draining
             .iter()
-            .any(|id| self.servers.get(id).map(|s| s.status) != Some(ServerStatus::Up))
+            .find(|id| self.servers.get(id).map(|s| s.status) != Some(ServerStatus::Up))
         {
             return Err(InvariantViolation::Server {
-                server: ServerId(0),
+                server,
                 what: "a server being drained is not up",
             });
         }

@@ -16,6 +16,7 @@ use super::backups::said_forgotten;
 use super::state::{Fatal, Replicator, PROBE_INTERVAL, PROBE_TIMEOUT};
 use crate::replica_manager::placement;
 use crate::replica_manager::sequencing::{Upkeep, UpkeepStep};
+use crate::replica_manager::server_list_watch::Evacuation;
 use crate::replica_manager::settling::Patience;
 
 impl Replicator {
@@ -31,6 +32,10 @@ impl Replicator {
     /// [`Fatal`] as for [`Replicator::replicate`].
     pub async fn tick(&mut self) -> Result<Option<SegmentId>, Fatal> {
         if self.config.replicas == 0 {
+            // No replicas anywhere: a backup being drained holds nothing of this log.
+            for backup in self.server_list.evacuating() {
+                self.server_list.report(backup, Evacuation::default());
+            }
             return Ok(None);
         }
         self.drain_closes();
