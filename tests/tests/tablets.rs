@@ -5,8 +5,9 @@
 //! tablet move` under a writer, back again, then a `kill -9` of the owner; and a move
 //! that fails after the freeze, aborted, with the news of the abort lost; and moves held
 //! with their range frozen while `kill -9` takes their source, their target, then the
-//! coordinators' leader; and a server drained by `rampart drain` under a writer, then a
-//! crash of another, recovered from the backups left.
+//! coordinators' leader; a server drained by `rampart drain` under a writer, then a
+//! crash of another, recovered from the backups left; and enumerations across a move and
+//! a split, each key returned once.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -692,5 +693,88 @@ fn a_server_drained_under_load_leaves_nothing_behind_and_a_later_crash_loses_not
             "{}",
             text(&refused.stderr)
         );
+    });
+}
+
+#[test]
+fn an_enumeration_across_a_move_and_a_split_returns_each_key_once() {
+    let flags = [&["--replicas", "2"], SMALL_SERVERS].concat();
+    let cluster = LocalCluster::start(3, &flags).unwrap();
+    runtime().block_on(async {
+        let client = cluster.client(Duration::from_secs(30)).await.unwrap();
+        let table = client.create_table("enumerated", 1).await.unwrap();
+        // 12 MB: a dozen pages of 1 MiB.
+        let value = vec![5u8; 4 << 10];
+        let keys: BTreeSet<String> = (0..3000).map(|i| format!("e-{i}")).collect();
+        for key in &keys {
+            client.write(table, key.as_bytes(), &value).await.unwrap();
+        }
+        let owner = tablets(&cluster, table).await[0].owner;
+        let others = alive(&cluster, &[owner]);
+
+        // Another enumeration runs throughout, from start to end, over and over.
+        let stop = Arc::new(AtomicBool::new(false));
+        let background = {
+            let (client, stop, keys) = (client.clone(), stop.clone(), keys.clone());
+            tokio::spawn(async move {
+                let mut rounds = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let found: Vec<String> = client
+                        .enumerate(table)
+                        .collect_all()
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .map(|o| text(&o.key))
+                        .collect();
+                    let unique: BTreeSet<String> = found.iter().cloned().collect();
+                    assert_eq!(found.len(), unique.len(), "a key twice");
+                    assert_eq!(unique, keys, "a key missed");
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+
+        let mut enumeration = client.enumerate(table);
+        let mut found: Vec<String> = Vec::new();
+        let page = |found: &mut Vec<String>, objects: Vec<_>| {
+            found.extend(
+                objects
+                    .into_iter()
+                    .map(|o: rampart_common::protocol::master::EnumeratedObject| text(&o.key)),
+            );
+        };
+        for _ in 0..3 {
+            let objects = enumeration.next_page().await.unwrap().unwrap();
+            page(&mut found, objects);
+        }
+        // The whole table moves between two pages.
+        client
+            .move_tablets(table, 0, u64::MAX, others[0])
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            let objects = enumeration.next_page().await.unwrap().unwrap();
+            page(&mut found, objects);
+        }
+        // The rest is split ahead of the cursor, and its upper half moves on.
+        let cursor = enumeration.resume_hash().unwrap();
+        let at = cursor + (u64::MAX - cursor) / 2;
+        client.split_tablet(table, at).await.unwrap();
+        client
+            .move_tablets(table, at, u64::MAX, others[1])
+            .await
+            .unwrap();
+        while let Some(objects) = enumeration.next_page().await.unwrap() {
+            page(&mut found, objects);
+        }
+        let unique: BTreeSet<String> = found.iter().cloned().collect();
+        assert_eq!(found.len(), unique.len(), "a key twice");
+        assert_eq!(unique, keys, "a key missed");
+
+        stop.store(true, Ordering::SeqCst);
+        let rounds = background.await.unwrap();
+        assert!(rounds >= 1);
     });
 }
