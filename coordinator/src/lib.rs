@@ -34,6 +34,8 @@
 //! * [`mover`] — `Mover`: on the leader, drives moves of tablets (begin, the target's
 //!   copy, commit or abort, and telling both owners), and aborts open moves no drive of
 //!   its own runs.
+//! * [`collector`] — `Collector`: on the leader, frees on the backups the replicas of
+//!   masters that are gone (recovered or drained) that a backup away at the time kept.
 //! * [`drainer`] — `Drainer`: on the leader, drives drains of servers (their tablets
 //!   moved away, the masters off their backups, then their removal).
 //! * [`push`] — the coordinator's best-effort messages to masters about a committed
@@ -69,6 +71,7 @@
 
 pub mod client_leases;
 pub mod cluster_view;
+pub mod collector;
 pub mod drainer;
 pub mod failure_verifier;
 pub mod metrics;

@@ -176,6 +176,9 @@ pub struct RecoveryConfig {
     /// What proves a crashed master's death, so that its tablets go live before its
     /// lease ran out (`proof_of_death`).
     pub proof_of_death: ProofOfDeath,
+    /// How often the leader frees, on the backups, replicas of masters that are gone
+    /// (`crate::collector`).
+    pub collect_interval: Duration,
 }
 
 impl Default for RecoveryConfig {
@@ -186,6 +189,7 @@ impl Default for RecoveryConfig {
             verify_attempts: VERIFY_ATTEMPTS_DEFAULT,
             masters_max: None,
             proof_of_death: ProofOfDeath::default(),
+            collect_interval: crate::collector::COLLECT_INTERVAL_DEFAULT,
         }
     }
 }

@@ -118,6 +118,10 @@ pub struct CoordinatorArgs {
     /// recovery, at the cost of a longer one.
     #[arg(long, default_value_t = 0)]
     pub recovery_masters_max: usize,
+    /// How often the leader frees, on the backups, the replicas of masters that are gone
+    /// (recovered or drained) that a backup away at the time kept, in milliseconds.
+    #[arg(long, default_value_t = rampart_coordinator::collector::COLLECT_INTERVAL_DEFAULT.as_millis() as u64)]
+    pub collect_interval_ms: u64,
     /// What proves a crashed master dead, so that its tablets go live elsewhere without
     /// waiting out its lease: `supervisor` (its supervisor, such as `rampart cluster up`,
     /// saw its process exit), `direct` (that, or its address refuses connections or
@@ -446,6 +450,7 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             verify_attempts: args.verify_attempts.max(1),
             masters_max: (args.recovery_masters_max > 0).then_some(args.recovery_masters_max),
             proof_of_death: args.proof_of_death,
+            collect_interval: Duration::from_millis(args.collect_interval_ms.max(1)),
         };
         let service = Arc::new(CoordinatorService::with_recovery(node.clone(), recovery));
         if let Some(http) = &args.metrics_addr {

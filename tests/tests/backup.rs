@@ -1,6 +1,8 @@
 //! Backups on real processes: replicas written through the backup RPCs survive a
 //! SIGKILL of the server and are reported, byte for byte, by its successor — the closed
-//! ones from the disk, the open ones from the frame file the killed process left.
+//! ones from the disk, the open ones from the frame file the killed process left; and a
+//! backup away while its master was recovered, back on its data directory, has the
+//! replicas nobody needs any more freed by the coordinators' collection.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -245,4 +247,138 @@ async fn cluster_servers_enlist_as_backups_in_distinct_failure_domains() {
         3,
         "each server is its own failure domain by default"
     );
+}
+
+/// The tablet map as the coordinators hold it now.
+async fn map(group: &rampart_tests::CoordinatorGroup) -> rampart_common::tablet::TabletMap {
+    use rampart_common::coordinator_set::CoordinatorSet;
+    use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
+    let addrs = group.addrs();
+    let set = CoordinatorSet::new(&[addrs.as_str()]);
+    set.call::<GetTabletMap>(&RpcPool::new(), &TabletMapRequest {}, deadline())
+        .await
+        .unwrap()
+}
+
+/// Waits until server `id` has `status` in the server list.
+async fn wait_status(
+    group: &rampart_tests::CoordinatorGroup,
+    id: ServerId,
+    status: rampart_common::tablet::ServerStatus,
+) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !map(group)
+        .await
+        .servers
+        .iter()
+        .any(|s| s.id == id && s.status == status)
+    {
+        assert!(Instant::now() < until, "{id} never {status:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The replicas of `master` that the backup at `addr` holds.
+async fn replicas_of(addr: &str, master: ServerId) -> usize {
+    let request = ListReplicasRequest {
+        master: Some(master),
+    };
+    RpcPool::new()
+        .call::<ListReplicas>(addr, &request, deadline())
+        .await
+        .unwrap()
+        .replicas
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_back_after_its_masters_recovery_frees_what_nobody_needs() {
+    use rampart_common::tablet::ServerStatus;
+    // The leader collects every 4 s: a look right after the backup is back comes
+    // before the collection.
+    let group =
+        rampart_tests::CoordinatorGroup::start_with(1, &["--collect-interval-ms", "4000"], &[])
+            .unwrap();
+    let root = tempfile::TempDir::new().unwrap();
+    let dir = |i: usize| root.path().join(format!("server-{i}"));
+    let flags = [&["--replicas", "2"], rampart_tests::SMALL_SERVERS].concat();
+    // Five: with two gone, every master still finds its two backups.
+    let mut servers_up: Vec<Option<RampartProcess>> = (0..5)
+        .map(|i| Some(group.start_server(&dir(i), &flags).unwrap()))
+        .collect();
+    let client = rampart_client::Client::connect(&[group.addrs()])
+        .await
+        .unwrap();
+    let table = client.create_table("kept", 1).await.unwrap();
+    for i in 0..300 {
+        let key = format!("key-{i}");
+        client
+            .write(table, key.as_bytes(), &[9; 1000])
+            .await
+            .unwrap();
+    }
+    let owner = map(&group)
+        .await
+        .tables
+        .iter()
+        .find(|t| t.id == table)
+        .unwrap()
+        .tablets[0]
+        .owner;
+    let index = |id: ServerId| {
+        servers_up
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|p| p.server_id() == id.0))
+            .unwrap()
+    };
+    let owner_at = index(owner);
+    // A backup holding replicas of the owner goes away.
+    let mut away = None;
+    for (i, server) in servers_up.iter().enumerate() {
+        let server = server.as_ref().unwrap();
+        if i != owner_at && replicas_of(&server.addr, owner).await > 0 {
+            away = Some(i);
+            break;
+        }
+    }
+    let away = away.unwrap();
+    let away_id = ServerId(servers_up[away].as_ref().unwrap().server_id());
+    servers_up[away].take().unwrap().kill();
+    wait_status(&group, away_id, ServerStatus::Removed).await;
+    // The owner re-created what it lost there, then crashes and is recovered while the
+    // backup is away: the recovery's frees never reach it.
+    let owner_addr = servers_up[owner_at].as_ref().unwrap().addr.clone();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        use rampart_common::protocol::master::{PingRequest, ServerStats};
+        let stats = RpcPool::new()
+            .call::<ServerStats>(&owner_addr, &PingRequest {}, deadline())
+            .await
+            .unwrap();
+        if stats.segments_under_replicated == 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "{stats:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    servers_up[owner_at].take().unwrap().kill();
+    wait_status(&group, owner, ServerStatus::Removed).await;
+
+    // Back on its data directory (under a new id): it holds the owner's old replicas,
+    // and the collection frees them.
+    let back = group.start_server(&dir(away), &flags).unwrap();
+    assert!(
+        replicas_of(&back.addr, owner).await > 0,
+        "the store kept them"
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    while replicas_of(&back.addr, owner).await > 0 {
+        assert!(Instant::now() < until, "never collected");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // What live masters need is still there: every key reads back.
+    for i in 0..300 {
+        let key = format!("key-{i}");
+        assert!(client.read(table, key.as_bytes()).await.unwrap().is_some());
+    }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client_leases::{ClientExpirer, ClientLeases};
+use crate::collector::Collector;
 use crate::drainer::Drainer;
 use crate::failure_verifier::FailureVerifier;
 use crate::mover::Mover;
@@ -58,6 +59,8 @@ pub struct CoordinatorService {
     pub(super) drain_lock: tokio::sync::Mutex<()>,
     /// Stops the drainer when the service goes away.
     _drainer_task: AbortOnDrop,
+    /// Stops the collector of replicas nobody needs when the service goes away.
+    _collector_task: AbortOnDrop,
 }
 
 /// Aborts a background task when dropped.
@@ -81,6 +84,8 @@ impl CoordinatorService {
     /// starts the recovery manager, stopped when the service is dropped).
     pub fn with_recovery(node: RaftNode, config: RecoveryConfig) -> CoordinatorService {
         let pool = Arc::new(RpcPool::new());
+        let collector = Collector::new(node.clone(), Arc::clone(&pool), config.collect_interval);
+        let collector_task = tokio::spawn(Arc::new(collector).run());
         let verifier = Arc::new(FailureVerifier::new(
             node.clone(),
             Arc::clone(&pool),
@@ -109,6 +114,7 @@ impl CoordinatorService {
         CoordinatorService {
             drainer,
             drain_lock: tokio::sync::Mutex::new(()),
+            _collector_task: AbortOnDrop(collector_task),
             _drainer_task: AbortOnDrop(drainer_task),
             mover,
             _mover_task: AbortOnDrop(mover_task),
