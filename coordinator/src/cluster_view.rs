@@ -17,8 +17,8 @@
 use futures::future::join_all;
 use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::protocol::coordinator::{
-    GetTabletMap, RaftStatus, RaftStatusReply, RaftStatusRequest, RecoveryReport, RecoveryStatus,
-    RecoveryStatusRequest, TabletMapRequest,
+    DrainReply, GetTabletMap, ListDrains, ListDrainsRequest, RaftStatus, RaftStatusReply,
+    RaftStatusRequest, RecoveryReport, RecoveryStatus, RecoveryStatusRequest, TabletMapRequest,
 };
 use rampart_common::protocol::master::{PingRequest, ServerStats, ServerStatsReply};
 use rampart_common::rpc::RpcPool;
@@ -140,6 +140,8 @@ pub struct ClusterView {
     pub tables: Vec<TableView>,
     /// The leader's recent recoveries, oldest first.
     pub recoveries: Vec<RecoveryReport>,
+    /// The drains under way, by server id.
+    pub drains: Vec<DrainReply>,
     /// What an operator must know and do ([`ClusterView::problems`]).
     pub problems: Vec<String>,
 }
@@ -228,6 +230,19 @@ impl ClusterView {
             stats,
             recoveries,
         );
+        if view.config_error.is_none() {
+            let deadline = Instant::now() + leader_timeout;
+            match set
+                .call::<ListDrains>(pool, &ListDrainsRequest {}, deadline)
+                .await
+            {
+                Ok(reply) => view.drains = reply.drains,
+                Err(error) => view.problems.push(format!(
+                    "the drains under way are unavailable ({error}): a server being drained \
+                     shows as up"
+                )),
+            }
+        }
         if let Some(error) = recoveries_error {
             view.problems.push(format!(
                 "the leader's recovery reports are unavailable ({error}): crashed servers \
@@ -310,6 +325,7 @@ impl ClusterView {
             servers,
             tables,
             recoveries,
+            drains: Vec::new(),
             problems: Vec::new(),
         };
         view.problems = view.problems();
@@ -416,6 +432,11 @@ impl ClusterView {
     /// The servers in a given state.
     pub fn count(&self, state: ServerState) -> usize {
         self.servers.iter().filter(|s| s.state == state).count()
+    }
+
+    /// The drain of server `id`, if it is being drained.
+    pub fn drain(&self, id: u64) -> Option<&DrainReply> {
+        self.drains.iter().find(|d| d.server.0 == id)
     }
 }
 

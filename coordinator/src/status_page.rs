@@ -108,7 +108,7 @@ h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.4em}\
 table{border-collapse:collapse}td,th{padding:3px 9px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}\
 td.n,th.n{text-align:right}.badge{padding:1px 6px;border-radius:3px;color:#fff;font-size:.9em}\
 .up{background:#2ca02c}.crashed{background:#d62728}.recovering{background:#ff7f0e}\
-.recovery-waiting{background:#9467bd}.removed{background:#999}\
+.recovery-waiting{background:#9467bd}.removed{background:#999}.draining{background:#e377c2}\
 .problems{background:#fde8e8;border:1px solid #d62728;padding:.5em 1em}\
 .ok{background:#e8f6e8;border:1px solid #2ca02c;padding:.5em 1em}\
 .mem{display:inline-block;width:120px;height:10px;background:#eee;vertical-align:middle}\
@@ -169,7 +169,26 @@ fn render_into(html: &mut String, view: &ClusterView) -> std::fmt::Result {
     servers(html, view)?;
     replica_chart(html, view)?;
     tables(html, view)?;
+    drains(html, view)?;
     recoveries(html, &view.recoveries, view.gathered_unix_ms)
+}
+
+fn drains(html: &mut String, view: &ClusterView) -> std::fmt::Result {
+    if view.drains.is_empty() {
+        return Ok(());
+    }
+    writeln!(html, "<h2>Drains</h2><ul id=\"drains\">")?;
+    for drain in &view.drains {
+        writeln!(
+            html,
+            "<li><b>{}</b>: {} tablets left, {} masters still using its backup; {}</li>",
+            drain.server,
+            drain.tablets_left,
+            drain.masters_waiting,
+            escape(&drain.detail)
+        )?;
+    }
+    writeln!(html, "</ul>")
 }
 
 fn coordinators(html: &mut String, view: &ClusterView) -> std::fmt::Result {
@@ -202,11 +221,16 @@ fn servers(html: &mut String, view: &ClusterView) -> std::fmt::Result {
     for s in &view.servers {
         write!(
             html,
-            "<tr id=\"server-{}\"><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td>",
+            "<tr id=\"server-{}\"><td class=\"n\">{}</td><td>{}</td><td>{}{}</td><td>{}</td>",
             s.id,
             s.id,
             escape(&s.addr),
             badge(s.state),
+            if view.drain(s.id).is_some() {
+                " <span class=\"badge draining\">draining</span>"
+            } else {
+                ""
+            },
             escape(&s.failure_domain)
         )?;
         match (&s.stats, &s.error) {
@@ -399,7 +423,9 @@ mod tests {
     use super::*;
     use crate::cluster_view::{CoordinatorView, ServerView, TableView, TabletView};
     use rampart_common::ids::ServerId;
-    use rampart_common::protocol::coordinator::{LeaseEnd, PartitionReport};
+    use rampart_common::protocol::coordinator::{
+        DrainReply, DrainState, LeaseEnd, PartitionReport,
+    };
     use rampart_common::protocol::master::ServerStatsReply;
 
     fn view() -> ClusterView {
@@ -468,6 +494,13 @@ mod tests {
                 lease_end: Some(LeaseEnd::ExitSeen),
                 lease_end_ms: 3,
             }],
+            drains: vec![DrainReply {
+                server: ServerId(2),
+                state: DrainState::Draining,
+                tablets_left: 0,
+                masters_waiting: 1,
+                detail: "masters re-creating <replicas>".into(),
+            }],
             problems: vec!["coordinator 127.0.0.1:7001 does not answer".into()],
         }
     }
@@ -493,6 +526,9 @@ mod tests {
         assert!(page.contains("does not answer"));
         assert!(page.contains("01:01:01 UTC"));
         assert!(page.contains("setInterval(refresh, 2000)"));
+        assert!(page.contains("badge draining"));
+        assert!(page.contains("server-2</b>: 0 tablets left, 1 masters"));
+        assert!(page.contains("re-creating &lt;replicas&gt;"));
         for external in [" src=", "<link", "@import", "url("] {
             assert!(
                 !page.contains(external),

@@ -128,7 +128,12 @@ pub fn render(view: &ClusterView) -> String {
         "short"
     ));
     for s in &view.servers {
-        let head = format!("  {:>5} {:<22} {:<17}", s.id, s.addr, s.state.word());
+        let word = if view.drain(s.id).is_some() {
+            "draining"
+        } else {
+            s.state.word()
+        };
+        let head = format!("  {:>5} {:<22} {:<17}", s.id, s.addr, word);
         match (&s.stats, &s.error) {
             (Some(st), _) => line(format!(
                 "{head} {:>9} {:>10} {:>10} {:>9} {:>6} {:>10} {:>6}",
@@ -188,6 +193,12 @@ pub fn render(view: &ClusterView) -> String {
                 t.owner_state.word()
             ));
         }
+    }
+    for drain in &view.drains {
+        line(format!(
+            "drain of {}: {} tablets left, {} masters still using its backup; {}",
+            drain.server, drain.tablets_left, drain.masters_waiting, drain.detail
+        ));
     }
     let running: Vec<_> = view.recoveries.iter().filter(|r| r.done_ms == 0).collect();
     line(format!(

@@ -160,6 +160,17 @@ pub struct DrainReply {
     pub detail: String,
 }
 
+/// Asks for every drain under way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListDrainsRequest {}
+
+/// Every drain under way, by server id.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListDrainsReply {
+    /// One per server being drained.
+    pub drains: Vec<DrainReply>,
+}
+
 /// The stages of a drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DrainState {
@@ -577,6 +588,8 @@ bincode_message!(
     MoveState,
     DrainReply,
     DrainState,
+    ListDrainsRequest,
+    ListDrainsReply,
     OwnedTabletsReply,
     SetOpenEpochRequest,
     ReportFailureRequest,
@@ -662,6 +675,8 @@ rpcs! {
     DrainServer = 123: ServerIdRequest => DrainReply;
     /// Where the drain of a server stands (linearizable).
     GetDrain = 124: ServerIdRequest => DrainReply;
+    /// Every drain under way (linearizable).
+    ListDrains = 125: ListDrainsRequest => ListDrainsReply;
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
-//! Draining a server (`DrainServer`, `GetDrain`): the drain is committed here and
+//! Draining a server (`DrainServer`, `GetDrain`, `ListDrains`): the drain is committed here and
 //! driven by the leader's `crate::drainer`.
 
-use rampart_common::protocol::coordinator::{DrainReply, ServerIdRequest};
+use rampart_common::protocol::coordinator::{
+    DrainReply, ListDrainsReply, ListDrainsRequest, ServerIdRequest,
+};
 use rampart_common::rpc::Reply;
 use rampart_common::status::Status;
 
@@ -44,6 +46,21 @@ impl CoordinatorService {
     pub(super) async fn get_drain(&self, request: ServerIdRequest) -> Result<DrainReply, Reply> {
         self.read_barrier().await?;
         self.drain_progress(request)
+    }
+
+    /// `ListDrains`, linearizable.
+    pub(super) async fn list_drains(
+        &self,
+        _request: ListDrainsRequest,
+    ) -> Result<ListDrainsReply, Reply> {
+        self.read_barrier().await?;
+        let drains = self.node.with_state(|state| {
+            state
+                .draining()
+                .filter_map(|server| self.drainer.progress(state, server))
+                .collect()
+        });
+        Ok(ListDrainsReply { drains })
     }
 
     fn drain_progress(&self, request: ServerIdRequest) -> Result<DrainReply, Reply> {

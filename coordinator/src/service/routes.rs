@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use rampart_common::protocol::coordinator::{
     AllowLoss, CheckClientLeases, CreateTable, DrainServer, DropTable, Enlist, GetDrain, GetMove,
-    GetOwnedTablets, GetTableId, GetTabletMap, MoveTablets, OpenClient, ProcessExited,
+    GetOwnedTablets, GetTableId, GetTabletMap, ListDrains, MoveTablets, OpenClient, ProcessExited,
     RaftMessages, RaftStatus, RecoveryStatus, RenewClientLease, RenewLease, ReportFailure,
     ReserveVersions, SetOpenEpoch, SplitTablet, UploadWill, WatchTabletMap,
 };
@@ -37,6 +37,7 @@ fn router() -> Router<CoordinatorService> {
         // Drains (drains.rs).
         .route::<DrainServer>(|service, request| Box::pin(service.drain_server(request)))
         .route::<GetDrain>(|service, request| Box::pin(service.get_drain(request)))
+        .route::<ListDrains>(|service, request| Box::pin(service.list_drains(request)))
         // Tables and tablets (tables.rs).
         .route::<CreateTable>(|service, request| Box::pin(service.create_table(request)))
         .route::<DropTable>(|service, request| Box::pin(service.drop_table(request)))
