@@ -1,5 +1,6 @@
 //! [`Injector`]: carries a [`FaultPlan`] out on a local cluster of processes — kills,
-//! pauses, coordinator leader kills — and heals after each fault: it waits until every
+//! pauses, coordinator leader kills, moves of tablets, drains — and heals after each
+//! fault: it waits until every
 //! server it killed is recovered (`Removed` in the server list), starts a replacement in
 //! its slot (the same data directory; it enlists as a new server), restarts a killed
 //! coordinator, and waits for a leader. A cluster that does not heal within
@@ -13,8 +14,9 @@ use crate::cluster::{coordinator_host, server_host, LocalCluster};
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::{ServerId, TableId};
 use rampart_common::protocol::coordinator::{
-    GetTabletMap, LeaseEnd, RaftStatus, RaftStatusRequest, RecoveryReport, RecoveryStatus,
-    RecoveryStatusRequest, TabletMapRequest,
+    DrainServer, GetTabletMap, LeaseEnd, MoveTablets, MoveTabletsRequest, RaftStatus,
+    RaftStatusRequest, RecoveryReport, RecoveryStatus, RecoveryStatusRequest, ServerIdRequest,
+    TabletMapRequest,
 };
 use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::{ServerStatus, TabletMap};
@@ -38,6 +40,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Deadline of one coordinator call of the injector.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Deadline of a move of a tablet (the client library's `MOVE_TIMEOUT`).
+const MOVE_CALL_TIMEOUT: Duration = rampart_client::client::MOVE_TIMEOUT;
 
 /// One fault of the drill, as it went.
 #[derive(Clone, Debug)]
@@ -197,6 +202,11 @@ impl Injector {
                 self.pause(slots[0])
             }
             FaultKind::KillCoordinatorLeader => self.kill_leader(),
+            FaultKind::Move => self.move_tablet(),
+            FaultKind::Drain => {
+                let slots = choose(kind, &self.view()?, self.replicas, self.plan.draw())?;
+                self.drain(slots[0])
+            }
             FaultKind::Partition => {
                 if self.cluster.network.is_none() {
                     return Err(Fault::Skipped(Skip(
@@ -330,6 +340,99 @@ impl Injector {
             Cut::LeaderAlone,
             after.as_secs_f64()
         ))
+    }
+
+    /// Moves a tablet of the table, drawn from the seed, to another server up (the whole
+    /// move under the load: copied, frozen, committed or aborted).
+    fn move_tablet(&mut self) -> Result<String, Fault> {
+        let map = self.tablet_map().map_err(Fault::Unhealed)?;
+        let tablets: Vec<_> = map
+            .tables
+            .iter()
+            .filter(|t| t.id == self.table)
+            .flat_map(|t| t.tablets.iter().copied())
+            .collect();
+        let draw = self.plan.draw();
+        let tablet = *tablets
+            .get((draw % tablets.len().max(1) as u64) as usize)
+            .ok_or_else(|| Skip("the table has no tablets".into()))?;
+        let targets: Vec<ServerId> = self
+            .view()?
+            .into_iter()
+            .map(|s| ServerId(s.id))
+            .filter(|&id| id != tablet.owner)
+            .collect();
+        let target = *targets
+            .get(((draw >> 32) % targets.len().max(1) as u64) as usize)
+            .ok_or_else(|| Skip("no other server is up".into()))?;
+        let request = MoveTabletsRequest {
+            table: self.table,
+            start: tablet.start_hash,
+            end: tablet.end_hash,
+            target,
+        };
+        let moved = self.runtime.block_on(async {
+            let deadline = tokio::time::Instant::now() + MOVE_CALL_TIMEOUT;
+            self.coordinators
+                .call_with_attempts::<MoveTablets>(
+                    &self.pool,
+                    &request,
+                    deadline,
+                    MOVE_CALL_TIMEOUT,
+                )
+                .await
+        });
+        let range = format!("{:#018x}..={:#018x}", tablet.start_hash, tablet.end_hash);
+        Ok(match moved {
+            Ok(reply) => {
+                let each: Vec<String> = reply
+                    .moves
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "{} from {} ({} entries, frozen {} ms)",
+                            m.id, m.source, m.entries, m.frozen_ms
+                        )
+                    })
+                    .collect();
+                format!("moved {range} to {target}: {}", each.join(", "))
+            }
+            // An aborted or refused move leaves the tablet where it was: the checker
+            // says whether anything was lost.
+            Err(error) => format!("move of {range} to {target} did not commit: {error}"),
+        })
+    }
+
+    /// Drains the server of `slot`: waits until it is removed (no recovery) and its
+    /// process exits, then starts a server in its slot again.
+    fn drain(&mut self, slot: usize) -> Result<String, Fault> {
+        let id = self.cluster.servers[slot - 1].0;
+        let request = ServerIdRequest {
+            server: ServerId(id),
+        };
+        let begun = self.runtime.block_on(async {
+            let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+            self.coordinators
+                .call::<DrainServer>(&self.pool, &request, deadline)
+                .await
+        });
+        let started = Instant::now();
+        match begun {
+            Ok(_) => {}
+            Err(error) if error.to_string().contains("not enough servers") => {
+                return Err(Fault::Skipped(Skip(format!("cannot drain {id}: {error}"))));
+            }
+            Err(error) => {
+                return Err(Fault::Unhealed(format!("drain of {id} not begun: {error}")));
+            }
+        }
+        self.wait_statuses(&[id], ServerStatus::Removed)
+            .map_err(Fault::Unhealed)?;
+        let what = format!(
+            "drained server {id} (slot {slot}) in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        self.expect_exit(slot, id, what, "removed")
     }
 
     /// Kills the servers of `slots`; returns their ids.

@@ -96,7 +96,7 @@ pub struct DrillArgs {
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub duration: Duration,
     /// Faults to inject, comma-separated: kill-master, kill-backup, kill-two,
-    /// kill-coordinator-leader, kill-during-recovery, partition, pause; `all` for every
+    /// kill-coordinator-leader, kill-during-recovery, partition, pause, move, drain; `all` for every
     /// one of them, `none` for no fault. `partition` runs every process in a network
     /// namespace of its own (root, iproute2 and iptables); where that cannot be done it
     /// is skipped with a message and the other faults run on loopback.

@@ -34,11 +34,17 @@ pub enum FaultKind {
     /// SIGSTOP a master until it is declared crashed and recovered, then SIGCONT it: it
     /// must serve nothing stale and exit.
     Pause,
+    /// Move a tablet of the table to another server under the load (`rampart tablet
+    /// move`): committed or aborted, never half.
+    Move,
+    /// Drain a server (`rampart drain`): its tablets move away and it is removed without
+    /// a recovery; a replacement then starts in its slot.
+    Drain,
 }
 
 impl FaultKind {
     /// Every kind, in the order of the `--faults` help.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::KillMaster,
         FaultKind::KillBackup,
         FaultKind::KillTwo,
@@ -46,6 +52,8 @@ impl FaultKind {
         FaultKind::KillDuringRecovery,
         FaultKind::Partition,
         FaultKind::Pause,
+        FaultKind::Move,
+        FaultKind::Drain,
     ];
 
     /// Its name on the command line and in reports.
@@ -58,6 +66,8 @@ impl FaultKind {
             FaultKind::KillDuringRecovery => "kill-during-recovery",
             FaultKind::Partition => "partition",
             FaultKind::Pause => "pause",
+            FaultKind::Move => "move",
+            FaultKind::Drain => "drain",
         }
     }
 
@@ -250,6 +260,13 @@ pub fn choose(
         }
         FaultKind::KillBackup => vec![pick(&backups, 0)
             .ok_or_else(|| Skip("every server up masters tablets of the table".into()))?],
+        FaultKind::Drain => {
+            let all: Vec<&ServerView> = up.iter().collect();
+            vec![pick(&all, 0).ok_or_else(|| Skip("no server is up".into()))?]
+        }
+        FaultKind::Move => {
+            return Err(Skip(format!("{kind} chooses tablets, not servers")));
+        }
         FaultKind::KillTwo => {
             let all: Vec<&ServerView> = up.iter().collect();
             let first = pick(&all, 0).ok_or_else(|| Skip("no server is up".into()))?;
@@ -296,7 +313,10 @@ mod tests {
             FaultKind::parse_list("pause, kill-master,pause"),
             Ok(vec![FaultKind::KillMaster, FaultKind::Pause])
         );
-        assert_eq!(FaultKind::parse_list("all").map(|k| k.len()), Ok(7));
+        assert_eq!(
+            FaultKind::parse_list("all").map(|k| k.len()),
+            Ok(FaultKind::ALL.len())
+        );
         assert_eq!(FaultKind::parse_list(""), Ok(vec![]));
         let error = FaultKind::parse_list("kill-everything").unwrap_err();
         assert!(error.contains("unknown fault `kill-everything`"), "{error}");
