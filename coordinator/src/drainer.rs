@@ -71,11 +71,12 @@ pub struct Drainer {
     confirmed: Mutex<BTreeMap<ServerId, BTreeSet<ServerId>>>,
 }
 
-/// What a drain waited for at its last step.
+/// What a drain waited for at its last step, and what its moves copied.
 #[derive(Clone, Debug, Default)]
 struct Waiting {
     masters: u32,
     detail: String,
+    bytes_moved: u64,
 }
 
 impl Drainer {
@@ -98,20 +99,27 @@ impl Drainer {
         let (drain, waiting) = if state.is_draining(server) {
             let waiting = self.waiting.lock().get(&server).cloned();
             let waiting = waiting.unwrap_or_else(|| Waiting {
-                masters: 0,
                 detail: "starting".into(),
+                ..Waiting::default()
             });
             (DrainState::Draining, waiting)
         } else if info.status == ServerStatus::Removed {
             let detail = "removed (drained, or recovered after a crash)".into();
-            (DrainState::Removed, Waiting { masters: 0, detail })
+            let waiting = Waiting {
+                detail,
+                ..Waiting::default()
+            };
+            (DrainState::Removed, waiting)
         } else {
             let detail = match info.status {
                 ServerStatus::Up => "up, not being drained",
                 _ => "crashed: its recovery takes what it held",
             };
-            let detail = detail.into();
-            (DrainState::NotDraining, Waiting { masters: 0, detail })
+            let waiting = Waiting {
+                detail: detail.into(),
+                ..Waiting::default()
+            };
+            (DrainState::NotDraining, waiting)
         };
         Some(DrainReply {
             server,
@@ -119,6 +127,7 @@ impl Drainer {
             tablets_left,
             masters_waiting: waiting.masters,
             detail: waiting.detail,
+            bytes_moved: waiting.bytes_moved,
         })
     }
 
@@ -145,7 +154,10 @@ impl Drainer {
             self.note(server, 0, format!("moving {range:?} to {target}"));
             match self.mover.move_range(range, target).await {
                 Ok(moved) => {
-                    tracing::info!(%server, ?range, %target, id = %moved.id, "drain: tablets moved")
+                    tracing::info!(%server, ?range, %target, id = %moved.id, bytes = moved.bytes, "drain: tablets moved");
+                    if let Some(waiting) = self.waiting.lock().get_mut(&server) {
+                        waiting.bytes_moved += moved.bytes;
+                    }
                 }
                 Err(reply) => {
                     let why = format!(
@@ -315,9 +327,10 @@ impl Drainer {
     }
 
     fn note(&self, server: ServerId, masters: u32, detail: String) {
-        self.waiting
-            .lock()
-            .insert(server, Waiting { masters, detail });
+        let mut waiting = self.waiting.lock();
+        let entry = waiting.entry(server).or_default();
+        entry.masters = masters;
+        entry.detail = detail;
     }
 }
 

@@ -500,6 +500,7 @@ mod tests {
                 tablets_left: 0,
                 masters_waiting: 1,
                 detail: "masters re-creating <replicas>".into(),
+                bytes_moved: 0,
             }],
             problems: vec!["coordinator 127.0.0.1:7001 does not answer".into()],
         }

@@ -158,6 +158,8 @@ pub struct DrainReply {
     pub masters_waiting: u32,
     /// What the drain waits for now, for an operator.
     pub detail: String,
+    /// Bytes its moves copied so far (as this leader drove them).
+    pub bytes_moved: u64,
 }
 
 /// Asks for every drain under way.

@@ -98,9 +98,9 @@ struct MigrateFigures {
 }
 
 /// The load's figures over one phase.
-struct Phase {
-    latencies: Histogram<u64>,
-    failed: u64,
+pub(super) struct Phase {
+    pub(super) latencies: Histogram<u64>,
+    pub(super) failed: u64,
 }
 
 /// Runs the benchmark.
@@ -272,7 +272,10 @@ async fn bench(args: &MigrateArgs, coordinator: &str, seed: u64) -> Result<Outco
 }
 
 /// The table's one owner, and another `Up` master.
-async fn ends(coordinator: &str, table: rampart_client::TableId) -> Result<(ServerId, ServerId)> {
+pub(super) async fn ends(
+    coordinator: &str,
+    table: rampart_client::TableId,
+) -> Result<(ServerId, ServerId)> {
     let set = CoordinatorSet::new(&coordinator.split(',').collect::<Vec<_>>());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let map = set
@@ -306,6 +309,35 @@ async fn run_load(
     max_op: &Arc<AtomicU64>,
     seed: u64,
 ) -> Result<Phase> {
+    let load = Load {
+        table,
+        chooser,
+        value,
+        read_fraction: 0.95,
+    };
+    run_mix(clients, &load, stop, max_op, seed).await
+}
+
+/// What a load's clients do: keys of `table` drawn by `chooser`, a read with
+/// probability `read_fraction`, else a write of `value`.
+pub(super) struct Load<'a> {
+    pub(super) table: rampart_client::TableId,
+    pub(super) chooser: &'a Arc<KeyChooser>,
+    pub(super) value: &'a Bytes,
+    pub(super) read_fraction: f64,
+}
+
+/// `load` from every client until `stop`: latencies in one histogram, the longest
+/// operation in `max_op` (ns), failures counted.
+pub(super) async fn run_mix(
+    clients: &[Client],
+    load: &Load<'_>,
+    stop: &Arc<AtomicBool>,
+    max_op: &Arc<AtomicU64>,
+    seed: u64,
+) -> Result<Phase> {
+    let (table, chooser, value, read_fraction) =
+        (load.table, load.chooser, load.value, load.read_fraction);
     let runs = clients.iter().enumerate().map(|(c, client)| {
         let (chooser, value, stop, max_op) = (
             Arc::clone(chooser),
@@ -321,7 +353,7 @@ async fn run_load(
             while !stop.load(Ordering::SeqCst) {
                 let k = key(chooser.next(&mut rng));
                 let start = Instant::now();
-                let ok = if rng.gen_bool(0.95) {
+                let ok = if rng.gen_bool(read_fraction) {
                     client.read(table, &k).await.is_ok()
                 } else {
                     client.write(table, &k, &value).await.is_ok()

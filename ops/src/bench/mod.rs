@@ -17,12 +17,15 @@
 //!   count of acknowledged writes missing afterwards.
 //! * [`migrate`] — one tablet moved to another master under a YCSB-B load: the move's
 //!   rate against a shared-memory copy floor, and the clients' latency before and during.
+//! * [`drain`] — a server holding one tablet drained under a write load: how long until
+//!   it is removed, the bytes moved, the clients' latency before and during.
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
 
 pub mod cleaner;
 pub mod compare;
 pub mod coordinator;
+pub mod drain;
 pub mod echo;
 pub mod lost_writes;
 pub mod migrate;
@@ -52,6 +55,8 @@ pub enum BenchCommand {
     Compare(compare::CompareArgs),
     /// A tablet moved to another master under load: rate against a floor, latency.
     Migrate(migrate::MigrateArgs),
+    /// A server drained under a write load: time until removed, bytes moved, latency.
+    Drain(drain::DrainBenchArgs),
     /// The migrate floor's child (used by `bench migrate`).
     #[command(hide = true)]
     CopySink(migrate::CopySinkArgs),
@@ -70,6 +75,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Cleaner(args) => cleaner::run(args),
         BenchCommand::Compare(args) => compare::run(args),
         BenchCommand::Migrate(args) => migrate::run(args),
+        BenchCommand::Drain(args) => drain::run(args),
         BenchCommand::CopySink(args) => migrate::run_sink(args),
         BenchCommand::Echo(args) => echo::run(args),
     }

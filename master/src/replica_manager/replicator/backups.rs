@@ -119,12 +119,20 @@ impl Replicator {
         self.backups = backups;
         self.selector.update_backups(&infos);
         for id in gone {
-            let detail = if evacuating.contains(&id) {
-                "being drained"
+            if evacuating.contains(&id) {
+                // An operator's drain, not a failure: said at info.
+                self.transports.forget_dead();
+                let loss = self
+                    .failures
+                    .backup_failed(&mut self.segments, id, Instant::now());
+                if loss.newly_failed {
+                    tracing::info!(backup = %id, lost = loss.lost.len(), "leaving a backup being drained; re-creating its replicas elsewhere");
+                }
+                self.changed = true;
+                self.book(loss);
             } else {
-                "no longer Up in the server list"
-            };
-            self.backup_failed(id, detail);
+                self.backup_failed(id, "no longer Up in the server list");
+            }
         }
     }
 
