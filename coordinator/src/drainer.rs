@@ -5,16 +5,20 @@
 //!
 //! # A drain
 //! Every [`DRAIN_INTERVAL`] while this member leads, for each server being drained, one
-//! step, the first that applies:
-//! 1. **Its tablets.** A run of its tablets moves ([`Mover::move_range`]) to the master,
-//!    up and not being drained, that owns the fewest tablets ([`next_move`]).
-//! 2. **Its backup.** Once the other backups could hold every master's R replicas in
+//! step:
+//! 1. **Its backup.** Once the other backups could hold every master's R replicas in
 //!    distinct failure domains without it ([`backups_short`]; until then writes would
-//!    wait, so the drain does), every other `Up` master is asked to stop using its backup
-//!    (`EvacuateBackup`): each re-creates its replicas there elsewhere and answers how
-//!    far it got. The step ends there until every master answers that its log needs
-//!    nothing there any more (every segment whole, none with a replica there).
-//! 3. **Removal.** `RemoveDrained`, naming the masters that confirmed (refused while it
+//!    wait, so the drain does), every other `Up` master that has not confirmed yet is
+//!    asked to stop using its backup (`EvacuateBackup`): each re-creates its replicas
+//!    there elsewhere, places none there again, and answers how far it got. First, so
+//!    that what the moves copy is never replicated there.
+//! 2. **Its tablets.** A run of its tablets moves ([`Mover::move_range`]) to the master,
+//!    up and not being drained, that owns the fewest tablets ([`next_move`]); the step
+//!    ends there.
+//! 3. With no tablet left, the step ends until every master has answered that its log
+//!    needs nothing on the backup any more (every segment whole, none with a replica
+//!    there).
+//! 4. **Removal.** `RemoveDrained`, naming the masters that confirmed (refused while it
 //!    owns a tablet, is an end of an open move, a crashed server awaits its recovery, or
 //!    an `Up` master has not confirmed — one that enlisted since, say). Then the
 //!    replicas of its own log, which nothing needs, are freed on every backup
@@ -150,6 +154,17 @@ impl Drainer {
 
     /// One step of the drain of `server` (module doc).
     async fn step(&self, server: ServerId) {
+        // The masters leave its backup first, so that nothing moved off it (or written
+        // anywhere meanwhile) is replicated there only to be re-created elsewhere.
+        let replicas = self.replicas().await;
+        if let Some(short) = self
+            .node
+            .with_state(|state| backups_short(state, server, replicas))
+        {
+            self.note(server, 0, format!("waiting for servers to join: {short}"));
+            return;
+        }
+        let waiting = self.evacuate(server).await;
         if let Some((range, target)) = self.node.with_state(|state| next_move(state, server)) {
             self.note(server, 0, format!("moving {range:?} to {target}"));
             match self.mover.move_range(range, target).await {
@@ -171,15 +186,6 @@ impl Drainer {
             }
             return;
         }
-        let replicas = self.replicas().await;
-        if let Some(short) = self
-            .node
-            .with_state(|state| backups_short(state, server, replicas))
-        {
-            self.note(server, 0, format!("waiting for servers to join: {short}"));
-            return;
-        }
-        let waiting = self.evacuate(server).await;
         if !waiting.is_empty() {
             let masters = u32::try_from(waiting.len()).unwrap_or(u32::MAX);
             self.note(
