@@ -17,7 +17,6 @@
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::Args;
-use hdrhistogram::Histogram;
 use rampart_client::{Client, ClientOptions};
 use rampart_common::protocol::coordinator::DrainState;
 use serde::Serialize;
@@ -27,8 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::migrate::{run_mix, Load, Phase};
-use super::ycsb::{load, KeyChooser, RemoveOnDrop};
-use crate::cluster::{self, UpArgs};
+use super::under_load::{measure_for, private_cluster, runtime, write_json, Latency};
+use super::ycsb::{load, KeyChooser};
 
 /// How often the bench asks how the drain stands.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -79,14 +78,8 @@ struct DrainFigures {
     drain_ms: u64,
     /// Bytes the drain's moves copied.
     bytes_moved: u64,
-    p50_us_before: f64,
-    p50_us_during: f64,
-    p999_us_before: f64,
-    p999_us_during: f64,
-    ops_before: u64,
-    ops_during: u64,
-    max_op_ms: f64,
-    failed_ops: u64,
+    #[serde(flatten)]
+    latency: Latency,
 }
 
 /// Runs the benchmark.
@@ -98,23 +91,11 @@ pub fn run(args: DrainBenchArgs) -> Result<ExitCode> {
     // A drain leaves servers − 1: each master then needs R others.
     let replicas = args.replicas.unwrap_or(2).min(args.servers - 2);
     let seed = args.seed.unwrap_or_else(rand::random);
-    let data_dir = std::env::temp_dir().join(format!("rampart-bench-drain-{}", std::process::id()));
-    // Declared before the cluster, so dropped after it: the servers stop first.
-    let _data = RemoveOnDrop(data_dir.clone());
-    // The drained server's tablet lands whole on one other server, with room to clean.
-    let memory_mb = (args.mb * 5 / 2).max(512);
-    let up = UpArgs {
-        memory: format!("{memory_mb}MiB"),
-        replicas: Some(replicas),
-        unflushed_max: format!("{}MiB", (args.mb * 2).max(256)),
-        ..UpArgs::private(data_dir, args.servers)
-    };
-    let cluster = cluster::start(&up, false)?;
+    // Declared first, so dropped last: the servers stop before their data goes. The
+    // drained server's tablet lands whole on one other server.
+    let (_data, cluster) = private_cluster("drain", args.mb, args.servers, replicas)?;
     let coordinator = cluster.coordinator.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = runtime()?;
     let task_args = args.clone();
     let (before, during, drain_ms, bytes_moved, max_op) = runtime.block_on(async move {
         tokio::spawn(async move { bench(&task_args, &coordinator, seed).await })
@@ -122,7 +103,6 @@ pub fn run(args: DrainBenchArgs) -> Result<ExitCode> {
             .context("benchmark task panicked")?
     })?;
     drop(cluster);
-    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let figures = DrainFigures {
         mb: args.mb,
         value_bytes: args.value_bytes,
@@ -133,20 +113,10 @@ pub fn run(args: DrainBenchArgs) -> Result<ExitCode> {
         seed,
         drain_ms,
         bytes_moved,
-        p50_us_before: us(&before.latencies, 0.5),
-        p50_us_during: us(&during.latencies, 0.5),
-        p999_us_before: us(&before.latencies, 0.999),
-        p999_us_during: us(&during.latencies, 0.999),
-        ops_before: before.latencies.len(),
-        ops_during: during.latencies.len(),
-        max_op_ms: max_op as f64 / 1e6,
-        failed_ops: before.failed + during.failed,
+        latency: Latency::of(&before, &during, max_op),
     };
     print_report(&figures);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&figures)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
+    write_json(args.json.as_deref(), &figures)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -160,21 +130,7 @@ fn print_report(f: &DrainFigures) {
         f.drain_ms,
         f.bytes_moved as f64 / 1e6
     );
-    println!(
-        "  p50 {:.0} µs before, {:.0} µs during ({:.2}x); p99.9 {:.0} µs before, {:.0} µs during ({:.2}x); {} ops before, {} during",
-        f.p50_us_before,
-        f.p50_us_during,
-        f.p50_us_during / f.p50_us_before,
-        f.p999_us_before,
-        f.p999_us_during,
-        f.p999_us_during / f.p999_us_before,
-        f.ops_before,
-        f.ops_during
-    );
-    println!(
-        "  longest operation {:.1} ms; failed operations {}",
-        f.max_op_ms, f.failed_ops
-    );
+    f.latency.print();
 }
 
 type Outcome = (Phase, Phase, u64, u64, u64);
@@ -205,20 +161,9 @@ async fn bench(args: &DrainBenchArgs, coordinator: &str, seed: u64) -> Result<Ou
     };
 
     eprintln!("load before the drain: {} s", args.before_s);
+    let before = measure_for(&clients, &mix, args.before_s, &max_op, seed).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let before = {
-        let timer = Arc::clone(&stop);
-        let before_s = args.before_s;
-        let sleeper = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(before_s)).await;
-            timer.store(true, Ordering::SeqCst);
-        });
-        let phase = run_mix(&clients, &mix, &stop, &max_op, seed).await?;
-        sleeper.await?;
-        phase
-    };
     eprintln!("draining {drained} under the load");
-    stop.store(false, Ordering::SeqCst);
     let started = Instant::now();
     let drainer = {
         let (admin, stop) = (admin.clone(), Arc::clone(&stop));

@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::ycsb::{histogram, key, load, KeyChooser, RemoveOnDrop};
-use crate::cluster::{self, UpArgs};
+use super::under_load::{measure_for, private_cluster, runtime, write_json, Latency};
+use super::ycsb::{histogram, key, load, KeyChooser};
 
 /// `rampart bench migrate`
 #[derive(Args, Debug, Clone)]
@@ -87,14 +87,8 @@ struct MigrateFigures {
     move_ms: u64,
     copy_ms: u32,
     frozen_ms: u32,
-    p50_us_before: f64,
-    p50_us_during: f64,
-    p999_us_before: f64,
-    p999_us_during: f64,
-    ops_before: u64,
-    ops_during: u64,
-    max_op_ms: f64,
-    failed_ops: u64,
+    #[serde(flatten)]
+    latency: Latency,
 }
 
 /// The load's figures over one phase.
@@ -111,24 +105,11 @@ pub fn run(args: MigrateArgs) -> Result<ExitCode> {
     }
     let replicas = args.replicas.unwrap_or(2).min(args.servers - 1);
     let seed = args.seed.unwrap_or_else(rand::random);
-    let data_dir =
-        std::env::temp_dir().join(format!("rampart-bench-migrate-{}", std::process::id()));
-    // Declared before the cluster, so dropped after it: the servers stop first.
-    let _data = RemoveOnDrop(data_dir.clone());
-    // The source and the target each hold the table whole, with room to clean.
-    let memory_mb = (args.mb * 5 / 2).max(512);
-    let up = UpArgs {
-        memory: format!("{memory_mb}MiB"),
-        replicas: Some(replicas),
-        unflushed_max: format!("{}MiB", (args.mb * 2).max(256)),
-        ..UpArgs::private(data_dir, args.servers)
-    };
-    let cluster = cluster::start(&up, false)?;
+    // Declared first, so dropped last: the servers stop before their data goes. The
+    // source and the target each hold the table whole.
+    let (_data, cluster) = private_cluster("migrate", args.mb, args.servers, replicas)?;
     let coordinator = cluster.coordinator.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = runtime()?;
     let task_args = args.clone();
     let (before, during, moved, move_ms, max_op) = runtime.block_on(async move {
         tokio::spawn(async move { bench(&task_args, &coordinator, seed).await })
@@ -137,7 +118,6 @@ pub fn run(args: MigrateArgs) -> Result<ExitCode> {
     })?;
     drop(cluster);
     let floor_mb_s = copy_floor(moved.bytes)?;
-    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let migrate_mb_s = moved.bytes as f64 / 1e6 / (move_ms as f64 / 1000.0);
     let figures = MigrateFigures {
         mb: args.mb,
@@ -153,20 +133,10 @@ pub fn run(args: MigrateArgs) -> Result<ExitCode> {
         move_ms,
         copy_ms: moved.copy_ms,
         frozen_ms: moved.frozen_ms,
-        p50_us_before: us(&before.latencies, 0.5),
-        p50_us_during: us(&during.latencies, 0.5),
-        p999_us_before: us(&before.latencies, 0.999),
-        p999_us_during: us(&during.latencies, 0.999),
-        ops_before: before.latencies.len(),
-        ops_during: during.latencies.len(),
-        max_op_ms: max_op as f64 / 1e6,
-        failed_ops: before.failed + during.failed,
+        latency: Latency::of(&before, &during, max_op),
     };
     print_report(&figures);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&figures)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
+    write_json(args.json.as_deref(), &figures)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -187,21 +157,7 @@ fn print_report(f: &MigrateFigures) {
         "  copy {} ms, frozen {} ms (reads and writes of the range answered Retry)",
         f.copy_ms, f.frozen_ms
     );
-    println!(
-        "  p50 {:.0} µs before, {:.0} µs during ({:.2}x); p99.9 {:.0} µs before, {:.0} µs during ({:.2}x); {} ops before, {} during",
-        f.p50_us_before,
-        f.p50_us_during,
-        f.p50_us_during / f.p50_us_before,
-        f.p999_us_before,
-        f.p999_us_during,
-        f.p999_us_during / f.p999_us_before,
-        f.ops_before,
-        f.ops_during
-    );
-    println!(
-        "  longest operation {:.1} ms; failed operations {}",
-        f.max_op_ms, f.failed_ops
-    );
+    f.latency.print();
 }
 
 type Outcome = (
@@ -232,20 +188,15 @@ async fn bench(args: &MigrateArgs, coordinator: &str, seed: u64) -> Result<Outco
     let max_op = Arc::new(AtomicU64::new(0));
 
     eprintln!("load before the move: {} s", args.before_s);
-    let stop = Arc::new(AtomicBool::new(false));
-    let before = {
-        let timer = Arc::clone(&stop);
-        let before_s = args.before_s;
-        let sleeper = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(before_s)).await;
-            timer.store(true, Ordering::SeqCst);
-        });
-        let phase = run_load(&clients, table, &chooser, &value, &stop, &max_op, seed).await?;
-        sleeper.await?;
-        phase
+    let mix = Load {
+        table,
+        chooser: &chooser,
+        value: &value,
+        read_fraction: 0.95,
     };
+    let before = measure_for(&clients, &mix, args.before_s, &max_op, seed).await?;
+    let stop = Arc::new(AtomicBool::new(false));
     eprintln!("moving {table} from {source} to {target} under the load");
-    stop.store(false, Ordering::SeqCst);
     let started = Instant::now();
     let mover = {
         let (admin, stop) = (admin.clone(), Arc::clone(&stop));
@@ -256,7 +207,7 @@ async fn bench(args: &MigrateArgs, coordinator: &str, seed: u64) -> Result<Outco
             moved.map(|moved| (moved, move_ms))
         })
     };
-    let during = run_load(&clients, table, &chooser, &value, &stop, &max_op, seed ^ 1).await?;
+    let during = run_mix(&clients, &mix, &stop, &max_op, seed ^ 1).await?;
     let (mut moved, move_ms) = mover.await?.context("the move failed")?;
     let moved = moved
         .moves
@@ -296,26 +247,6 @@ pub(super) async fn ends(
         .map(|s| s.id)
         .context("no other master")?;
     Ok((source, target))
-}
-
-/// YCSB-B from every client until `stop`: latencies in one histogram, the longest
-/// operation in `max_op` (ns), failures counted.
-async fn run_load(
-    clients: &[Client],
-    table: rampart_client::TableId,
-    chooser: &Arc<KeyChooser>,
-    value: &Bytes,
-    stop: &Arc<AtomicBool>,
-    max_op: &Arc<AtomicU64>,
-    seed: u64,
-) -> Result<Phase> {
-    let load = Load {
-        table,
-        chooser,
-        value,
-        read_fraction: 0.95,
-    };
-    run_mix(clients, &load, stop, max_op, seed).await
 }
 
 /// What a load's clients do: keys of `table` drawn by `chooser`, a read with

@@ -19,6 +19,8 @@
 //!   rate against a shared-memory copy floor, and the clients' latency before and during.
 //! * [`drain`] — a server holding one tablet drained under a write load: how long until
 //!   it is removed, the bytes moved, the clients' latency before and during.
+//! * `under_load` — what `migrate` and `drain` share: a private cluster, the load
+//!   before and during a change, the clients' latency figures.
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
 
@@ -32,6 +34,7 @@ pub mod migrate;
 pub mod recovery_time;
 pub mod replication;
 pub mod resp;
+mod under_load;
 pub mod ycsb;
 
 use anyhow::Result;
