@@ -25,8 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::migrate::{run_mix, Load, Phase};
-use super::under_load::{measure_for, private_cluster, runtime, write_json, Latency};
+use super::under_load::{
+    measure_for, private_cluster, run_mix, runtime, write_json, Latency, Load, Phase,
+};
 use super::ycsb::{load, KeyChooser};
 
 /// How often the bench asks how the drain stands.

@@ -18,15 +18,12 @@
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::Args;
-use hdrhistogram::Histogram;
 use rampart_client::{Client, ClientOptions};
 use rampart_common::coordinator_set::CoordinatorSet;
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{GetTabletMap, TabletMapRequest};
 use rampart_common::rpc::RpcPool;
 use rampart_common::tablet::ServerStatus;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::process::{ExitCode, Stdio};
@@ -34,8 +31,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::under_load::{measure_for, private_cluster, runtime, write_json, Latency};
-use super::ycsb::{histogram, key, load, KeyChooser};
+use super::under_load::{
+    measure_for, private_cluster, run_mix, runtime, write_json, Latency, Load, Phase,
+};
+use super::ycsb::{load, KeyChooser};
 
 /// `rampart bench migrate`
 #[derive(Args, Debug, Clone)]
@@ -89,12 +88,6 @@ struct MigrateFigures {
     frozen_ms: u32,
     #[serde(flatten)]
     latency: Latency,
-}
-
-/// The load's figures over one phase.
-pub(super) struct Phase {
-    pub(super) latencies: Histogram<u64>,
-    pub(super) failed: u64,
 }
 
 /// Runs the benchmark.
@@ -247,68 +240,6 @@ pub(super) async fn ends(
         .map(|s| s.id)
         .context("no other master")?;
     Ok((source, target))
-}
-
-/// What a load's clients do: keys of `table` drawn by `chooser`, a read with
-/// probability `read_fraction`, else a write of `value`.
-pub(super) struct Load<'a> {
-    pub(super) table: rampart_client::TableId,
-    pub(super) chooser: &'a Arc<KeyChooser>,
-    pub(super) value: &'a Bytes,
-    pub(super) read_fraction: f64,
-}
-
-/// `load` from every client until `stop`: latencies in one histogram, the longest
-/// operation in `max_op` (ns), failures counted.
-pub(super) async fn run_mix(
-    clients: &[Client],
-    load: &Load<'_>,
-    stop: &Arc<AtomicBool>,
-    max_op: &Arc<AtomicU64>,
-    seed: u64,
-) -> Result<Phase> {
-    let (table, chooser, value, read_fraction) =
-        (load.table, load.chooser, load.value, load.read_fraction);
-    let runs = clients.iter().enumerate().map(|(c, client)| {
-        let (chooser, value, stop, max_op) = (
-            Arc::clone(chooser),
-            value.clone(),
-            Arc::clone(stop),
-            Arc::clone(max_op),
-        );
-        let mut rng =
-            SmallRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        async move {
-            let mut latencies = histogram();
-            let mut failed = 0;
-            while !stop.load(Ordering::SeqCst) {
-                let k = key(chooser.next(&mut rng));
-                let start = Instant::now();
-                let ok = if rng.gen_bool(read_fraction) {
-                    client.read(table, &k).await.is_ok()
-                } else {
-                    client.write(table, &k, &value).await.is_ok()
-                };
-                let nanos = start.elapsed().as_nanos() as u64;
-                max_op.fetch_max(nanos, Ordering::SeqCst);
-                latencies.record(nanos.max(1))?;
-                if !ok {
-                    failed += 1;
-                }
-            }
-            Ok::<Phase, anyhow::Error>(Phase { latencies, failed })
-        }
-    });
-    let mut all = Phase {
-        latencies: histogram(),
-        failed: 0,
-    };
-    for phase in futures::future::join_all(runs).await {
-        let phase = phase?;
-        all.latencies.add(&phase.latencies)?;
-        all.failed += phase.failed;
-    }
-    Ok(all)
 }
 
 /// Bytes per slot of the floor's shared region (as a move's piece).

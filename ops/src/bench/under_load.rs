@@ -1,6 +1,6 @@
 //! What `bench migrate` and `bench drain` share: a private cluster sized for one table,
-//! the load measured before and during a change of the cluster, and the clients'
-//! latency figures of both phases (`--json` keys `p50_us_before`, `p50_us_during`,
+//! the clients' load (a read/write mix, [`run_mix`]) measured before and during a
+//! change of the cluster, and the clients' latency figures of both phases (`--json` keys `p50_us_before`, `p50_us_during`,
 //! `p999_us_before`, `p999_us_during`, `ops_before`, `ops_during`, `max_op_ms`,
 //! `failed_ops`).
 
@@ -12,9 +12,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::migrate::{run_mix, Load, Phase};
-use super::ycsb::RemoveOnDrop;
+use super::ycsb::{histogram, key, KeyChooser, RemoveOnDrop};
 use crate::cluster::{self, LocalCluster, UpArgs};
+use bytes::Bytes;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
 
 /// A private cluster of `servers` (R = `replicas`) in a temporary directory named after
 /// `bench`, each server with room for a table of `mb` whole and its cleaning; the
@@ -120,4 +123,72 @@ pub(super) fn write_json(path: Option<&std::path::Path>, figures: &impl Serializ
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The load's figures over one phase.
+pub(super) struct Phase {
+    pub(super) latencies: Histogram<u64>,
+    pub(super) failed: u64,
+}
+
+/// What a load's clients do: keys of `table` drawn by `chooser`, a read with
+/// probability `read_fraction`, else a write of `value`.
+pub(super) struct Load<'a> {
+    pub(super) table: rampart_client::TableId,
+    pub(super) chooser: &'a Arc<KeyChooser>,
+    pub(super) value: &'a Bytes,
+    pub(super) read_fraction: f64,
+}
+
+/// `load` from every client until `stop`: latencies in one histogram, the longest
+/// operation in `max_op` (ns), failures counted.
+pub(super) async fn run_mix(
+    clients: &[Client],
+    load: &Load<'_>,
+    stop: &Arc<AtomicBool>,
+    max_op: &Arc<AtomicU64>,
+    seed: u64,
+) -> Result<Phase> {
+    let (table, chooser, value, read_fraction) =
+        (load.table, load.chooser, load.value, load.read_fraction);
+    let runs = clients.iter().enumerate().map(|(c, client)| {
+        let (chooser, value, stop, max_op) = (
+            Arc::clone(chooser),
+            value.clone(),
+            Arc::clone(stop),
+            Arc::clone(max_op),
+        );
+        let mut rng =
+            SmallRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        async move {
+            let mut latencies = histogram();
+            let mut failed = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let k = key(chooser.next(&mut rng));
+                let start = Instant::now();
+                let ok = if rng.gen_bool(read_fraction) {
+                    client.read(table, &k).await.is_ok()
+                } else {
+                    client.write(table, &k, &value).await.is_ok()
+                };
+                let nanos = start.elapsed().as_nanos() as u64;
+                max_op.fetch_max(nanos, Ordering::SeqCst);
+                latencies.record(nanos.max(1))?;
+                if !ok {
+                    failed += 1;
+                }
+            }
+            Ok::<Phase, anyhow::Error>(Phase { latencies, failed })
+        }
+    });
+    let mut all = Phase {
+        latencies: histogram(),
+        failed: 0,
+    };
+    for phase in futures::future::join_all(runs).await {
+        let phase = phase?;
+        all.latencies.add(&phase.latencies)?;
+        all.failed += phase.failed;
+    }
+    Ok(all)
 }
