@@ -156,7 +156,10 @@ impl Drainer {
     async fn step(&self, server: ServerId) {
         // The masters leave its backup first, so that nothing moved off it (or written
         // anywhere meanwhile) is replicated there only to be re-created elsewhere.
-        let replicas = self.replicas().await;
+        let Some(replicas) = self.replicas().await else {
+            self.note(server, 0, "no master said its R; asked again".into());
+            return;
+        };
         if let Some(short) = self
             .node
             .with_state(|state| backups_short(state, server, replicas))
@@ -221,9 +224,9 @@ impl Drainer {
         }
     }
 
-    /// The replicas per segment the masters keep (R): the most any `Up` master reports
-    /// (0 when none answers).
-    pub async fn replicas(&self) -> usize {
+    /// The replicas per segment the masters keep (R): the most any `Up` master reports;
+    /// `None` when none answers (a cluster without masters keeps none: `Some(0)`).
+    pub async fn replicas(&self) -> Option<usize> {
         let masters: Vec<String> = self.node.with_state(|state| {
             state
                 .up_servers()
@@ -238,13 +241,13 @@ impl Drainer {
                 .pool
                 .call::<ServerStats>(addr, &PingRequest {}, deadline)
                 .await;
-            stats.map_or(0, |stats| stats.replicas as usize)
+            stats.ok().map(|stats| stats.replicas as usize)
         });
-        futures::future::join_all(calls)
-            .await
-            .into_iter()
-            .max()
-            .unwrap_or(0)
+        let answers = futures::future::join_all(calls).await;
+        if masters.is_empty() {
+            return Some(0);
+        }
+        answers.into_iter().flatten().max()
     }
 
     /// Asks every `Up` master but `server` that has not confirmed yet to stop using its

@@ -20,7 +20,12 @@ impl CoordinatorService {
         let _checked_alone = self.drain_lock.lock().await;
         let draining = self.node.with_state(|state| state.is_draining(server));
         if !draining {
-            let replicas = self.drainer.replicas().await;
+            let Some(replicas) = self.drainer.replicas().await else {
+                return Err(Reply::error(
+                    Status::Retry,
+                    format!("cannot drain {server} yet: no master said how many replicas it keeps"),
+                ));
+            };
             let short = self
                 .node
                 .with_state(|state| crate::drainer::backups_short(state, server, replicas));
