@@ -434,17 +434,17 @@ async fn a_change_after_a_missed_one_is_not_applied_without_a_pull() {
 #[test]
 fn a_ping_is_answered_while_the_store_is_held() {
     // A long store job (a moved range forgotten) must not make the master look dead.
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the test");
     let _guard = runtime.enter();
     let service = std::sync::Arc::new(service());
     let store = std::sync::Arc::clone(service.store());
     let (held, hold) = std::sync::mpsc::channel();
     let holder = std::thread::spawn(move || {
         let _store = store.lock();
-        held.send(()).unwrap();
+        held.send(()).expect("the test waits for the hold");
         std::thread::sleep(std::time::Duration::from_secs(2));
     });
-    hold.recv().unwrap();
+    hold.recv().expect("the holder thread holds the store");
     let started = std::time::Instant::now();
     let reply = service
         .handle_now(
@@ -457,7 +457,7 @@ fn a_ping_is_answered_while_the_store_is_held() {
         started.elapsed() < std::time::Duration::from_secs(1),
         "the ping waited for the store"
     );
-    holder.join().unwrap();
+    holder.join().expect("the holder thread ends");
 }
 
 // ---- Recover and AbandonRecovery, against fake backups on loopback ----
