@@ -287,18 +287,27 @@ impl MoveIn {
     }
 
     /// Waits until no tainted segment is left in this log (the appender's cleaner
-    /// takes them first), or fails at `until`.
+    /// takes them first) and no range moved away is left to forget, or fails at
+    /// `until`.
     async fn wait_untainted(&self, until: Instant) -> Result<(), MoveInError> {
         loop {
-            let tainted = self.store.lock().tainted_held();
-            if tainted == 0 {
+            let (tainted, forgetting) = {
+                let store = self.store.lock();
+                (store.tainted_held(), store.forgetting())
+            };
+            if tainted == 0 && !forgetting {
                 return Ok(());
             }
             if Instant::now() >= until {
                 return Err(MoveInError::Refused(
                     format!(
                         "{tainted} segments of an abandoned recovery or of a range moved away \
-                         are still being cleaned out of this log"
+                         are still being cleaned out of this log{}",
+                        if forgetting {
+                            ", and a range moved away is still being forgotten"
+                        } else {
+                            ""
+                        }
                     ),
                     Status::Retry,
                 ));

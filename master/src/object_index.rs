@@ -462,9 +462,30 @@ impl ObjectIndex {
 
     /// Removes every object of `table` with a hash in `range`; returns their references.
     pub fn remove_range(&mut self, table: TableId, range: RangeInclusive<u64>) -> Vec<LogRef> {
-        let doomed: Vec<(KeyHash, LogRef)> = self.range(table, range).collect();
+        self.remove_range_up_to(table, range, usize::MAX).0
+    }
+
+    /// Removes the objects of `table` with a hash in `range`, in hash order, `max` of
+    /// them or a few more: every object of the last hash removed goes, so that what is
+    /// left starts at a hash of its own. Returns their references, and the hash the
+    /// rest starts at (`None` when the range is empty now).
+    pub fn remove_range_up_to(
+        &mut self,
+        table: TableId,
+        range: RangeInclusive<u64>,
+        max: usize,
+    ) -> (Vec<LogRef>, Option<u64>) {
+        let mut doomed: Vec<(KeyHash, LogRef)> = Vec::new();
+        let mut rest = None;
+        for (hash, at) in self.range(table, range) {
+            if doomed.len() >= max && doomed.last().is_some_and(|&(last, _)| last != hash) {
+                rest = Some(hash.0);
+                break;
+            }
+            doomed.push((hash, at));
+        }
         let Some(directory) = self.tables.get_mut(&table) else {
-            return Vec::new();
+            return (Vec::new(), None);
         };
         for (hash, at) in &doomed {
             let (b, found) = directory.find(hash.0);
@@ -477,7 +498,7 @@ impl ObjectIndex {
             self.tables.remove(&table);
         }
         self.len -= doomed.len() as u64;
-        doomed.into_iter().map(|(_, at)| at).collect()
+        (doomed.into_iter().map(|(_, at)| at).collect(), rest)
     }
 }
 
@@ -543,6 +564,27 @@ mod tests {
         assert_eq!(index.range(TableId(2), 0..=u64::MAX).count(), 1);
     }
 
+    #[test]
+    fn removing_a_range_in_steps_never_cuts_between_colliding_keys() {
+        let keys = log(&[(1, b"a"), (2, b"b"), (3, b"c"), (4, b"d"), (5, b"e")]);
+        let key_of = |r: LogRef| keys[&r.offset];
+        let t = TableId(1);
+        let mut index = ObjectIndex::new();
+        index.upsert(t, KeyHash(10), b"a", at(1), key_of);
+        index.upsert(t, KeyHash(20), b"b", at(2), key_of);
+        index.upsert(t, KeyHash(20), b"c", at(3), key_of);
+        index.upsert(t, KeyHash(30), b"d", at(4), key_of);
+        index.upsert(t, KeyHash(99), b"e", at(5), key_of);
+        // Two asked for: the second is one of two keys of hash 20, and both go.
+        let (mut gone, rest) = index.remove_range_up_to(t, 0..=50, 2);
+        gone.sort_by_key(|r| r.offset);
+        assert_eq!(gone, vec![at(1), at(2), at(3)]);
+        assert_eq!(rest, Some(30));
+        assert_eq!(index.remove_range_up_to(t, 30..=50, 2), (vec![at(4)], None));
+        assert_eq!(index.remove_range_up_to(t, 0..=50, 2), (vec![], None));
+        assert_eq!(index.len(), 1);
+    }
+
     /// Hashes for the model test: few distinct top bits so buckets split deep, and some
     /// exact collisions.
     fn crowded_hash(rng: &mut impl rand::Rng) -> u64 {
@@ -593,7 +635,20 @@ mod tests {
                     8 => {
                         let a: u64 = rng.gen();
                         let b = a.saturating_add(rng.gen_range(0..1 << 62));
-                        let mut removed = index.remove_range(TableId(table), a..=b);
+                        // Whole, or in steps of a few as a narrowed range is forgotten.
+                        let mut removed = if rng.gen() {
+                            index.remove_range(TableId(table), a..=b)
+                        } else {
+                            let step = rng.gen_range(1..8);
+                            let (mut removed, mut from) = (Vec::new(), Some(a));
+                            while let Some(start) = from {
+                                let (gone, rest) =
+                                    index.remove_range_up_to(TableId(table), start..=b, step);
+                                removed.extend(gone);
+                                from = rest;
+                            }
+                            removed
+                        };
                         let mut expected: Vec<LogRef> = model
                             .iter()
                             .filter(|((t, h, _), _)| *t == table && (a..=b).contains(h))

@@ -231,8 +231,11 @@ impl ObjectStore {
         if start > end || self.tablets.owns_any(table, start, end) {
             return Err(Status::InvalidArgument);
         }
+        // A range moved away and still being forgotten here would take the copy's
+        // objects with it (`forget_step`).
         if self.moves_in.len() >= MOVES_OUT_MAX
             || self.moves_in.values().any(|r| r.overlaps(&range))
+            || self.forgetting.iter().any(|r| r.overlaps(&range))
         {
             return Err(Status::Retry);
         }

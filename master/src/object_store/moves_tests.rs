@@ -397,13 +397,22 @@ fn the_source_taints_what_it_forgets_when_the_range_leaves() {
     drain(&mut source, &mut target, &mut state);
     commit(&mut source, &mut target);
     // The range could come back here: its old entries must leave the log first, and
-    // nothing is replayed (no recovery, no move in) until they have.
-    assert!(source.tainted_held() > 0);
-    let mut batch = Batch::new();
+    // nothing is replayed (no recovery, no move in) until they have — neither while its
+    // objects are still being forgotten, nor while their segments are in the log.
+    assert!(source.forgetting());
     let piece = RecoveryPiece::from_entries(SegmentId(1), Version(0), Vec::new());
-    assert!(source
-        .stage_replay(&mut batch, &mut ReplayState::new(), &piece)
-        .is_err());
+    let replay = |source: &mut ObjectStore| {
+        source
+            .stage_replay(&mut Batch::new(), &mut ReplayState::new(), &piece)
+            .is_ok()
+    };
+    assert!(!replay(&mut source));
+    while source.forgetting() {
+        assert!(source.forget_step(10) > 0);
+    }
+    assert_eq!(source.object_count(), 0);
+    assert!(source.tainted_held() > 0);
+    assert!(!replay(&mut source));
     clean_tainted(&mut source);
     assert_eq!(source.tainted_held(), 0);
     assert!(

@@ -38,8 +38,9 @@ impl ObjectStore {
         piece: &RecoveryPiece,
     ) -> Result<(), NoSpace> {
         // Leftovers of a failed attempt leave the log before this attempt's entries join
-        // it (`forget_unowned`).
-        if self.tainted_held() > 0 {
+        // it (`forget_unowned`), and a range moved away is forgotten first: its objects,
+        // still indexed, could be the very range replayed here.
+        if self.tainted_held() > 0 || self.forgetting() {
             return Err(NoSpace);
         }
         state.counts_mut().entries_received += piece.entries().len() as u64;

@@ -9,7 +9,7 @@ use rampart_common::limits::KEY_BYTES_MAX;
 use rampart_common::log::{object_entry_bytes, COMPLETION_ENTRY_BYTES};
 use rampart_common::status::Status;
 use rampart_common::tablet::HashRange;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::RangeInclusive;
 
 use super::move_types::MoveOut;
@@ -60,6 +60,12 @@ pub struct ObjectStore {
     /// ([`ObjectStore::plan_cleaning`]). Invariant: a replay stages nothing while any of
     /// them is still in the log, so no range is taken with leftovers in this log.
     pub(super) tainted: BTreeSet<SegmentId>,
+    /// Ranges moved away whose objects are still indexed: not owned, so never visible,
+    /// and forgotten a step at a time between batches ([`ObjectStore::forget_step`]),
+    /// each step tainting what it forgot. Invariants: disjoint from the owned tablets
+    /// and the moves in (taking a range first forgets what of it is left here), and no
+    /// replay stages while any is left.
+    pub(super) forgetting: VecDeque<HashRange>,
     /// Completion records of clients' operations (`rampart_common::rifl`).
     /// Invariants: 1. every record's entry is in `log` and counted live there. 2. every
     /// record lies in an owned tablet, or in a range a recovery replayed into and not
@@ -131,6 +137,7 @@ impl ObjectStore {
             partition_limits: limits,
             replayed_untracked: Vec::new(),
             tainted: BTreeSet::new(),
+            forgetting: VecDeque::new(),
             completions: Completions::new(),
             client_leases: ClientLeaseCache::default(),
             moves_out: BTreeMap::new(),

@@ -2,11 +2,13 @@
 //! coordinator's tablet epoch when it numbers the change — and what that does to the
 //! objects indexed in their ranges and to their profiles.
 
-use rampart_common::ids::{SegmentId, TableId, TabletEpoch};
+use rampart_common::ids::{TableId, TabletEpoch};
+use rampart_common::log::COMPLETION_ENTRY_BYTES;
 use rampart_common::tablet::{HashRange, Tablet};
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
 
+use crate::object_index::LogRef;
 use crate::tablets::EpochStep;
 
 use super::store::ObjectStore;
@@ -22,8 +24,10 @@ impl ObjectStore {
     /// Starts serving `tablets`.
     ///
     /// A tablet that replaces a wider owned range narrows it: objects in the part no
-    /// longer served are forgotten, and the segments holding them tainted (a range
-    /// moved away may come back; `forget_narrowed` says why). A split keeps both halves
+    /// longer served are forgotten — a step at a time, from the appender — and the
+    /// segments holding them tainted (a range moved away may come back;
+    /// `forget_narrowed` says why). What is left to forget of a range taken here again
+    /// is forgotten first. A split keeps both halves
     /// here and reaches the master as its whole tablet set, through
     /// [`replace_tablets`](Self::replace_tablets), which narrows nothing then.
     /// Objects already indexed in a range not owned before — replayed by a recovery —
@@ -31,6 +35,7 @@ impl ObjectStore {
     /// tablet's profile now.
     pub fn take_tablets(&mut self, tablets: &[Tablet]) {
         for tablet in tablets {
+            self.forget_now(&tablet.range());
             for (start, end) in self.tablets.take(tablet) {
                 self.forget_narrowed(tablet.table, start..=end);
             }
@@ -46,18 +51,72 @@ impl ObjectStore {
     /// newer data, with nothing to mask them, as with a failed recovery's leftovers
     /// ([`forget_unowned`](Self::forget_unowned)). Dead versions of the range need
     /// nothing: each is masked by an entry that stays in the log as long as it does.
+    ///
+    /// The records go now; the objects — a whole tablet's, spread over most of the log
+    /// — a step at a time ([`forget_step`](Self::forget_step)), so that no store lock
+    /// is held for longer than a step: a gigabyte forgotten at once held this master's
+    /// reads and writes, and its answers to pings, for most of a second.
     fn forget_narrowed(&mut self, table: TableId, range: RangeInclusive<u64>) {
-        let records: Vec<SegmentId> = self
+        for record in self
             .completions
-            .keys_where(|t, hash| t == table && range.contains(&hash.0))
-            .filter_map(|(client, seq)| self.completions.record(client, seq))
-            .map(|record| record.at.segment)
-            .collect();
-        let refs = self.forget_range(table, range);
-        self.tainted.extend(records);
-        self.tainted.extend(refs.iter().map(|at| at.segment));
+            .drop_where(|t, hash| t == table && range.contains(&hash.0))
+        {
+            self.log.note_dead(record.at, COMPLETION_ENTRY_BYTES as u64);
+            self.tainted.insert(record.at.segment);
+        }
         let log = &self.log;
         self.tainted.retain(|&segment| log.holds(segment));
+        let (start, end) = range.into_inner();
+        self.forgetting.push_back(HashRange { table, start, end });
+    }
+
+    /// Forgets up to about `max` objects of the ranges moved away and not forgotten yet
+    /// (a few more when keys share the last hash), tainting the segments that hold
+    /// them; returns how many it forgot. [`forgetting`](Self::forgetting) says whether
+    /// any are left.
+    pub fn forget_step(&mut self, max: usize) -> usize {
+        let Some(HashRange { table, start, end }) = self.forgetting.pop_front() else {
+            return 0;
+        };
+        let (refs, rest) = self.index.remove_range_up_to(table, start..=end, max);
+        if let Some(start) = rest {
+            self.forgetting.push_front(HashRange { table, start, end });
+        }
+        self.forgotten(&refs);
+        refs.len()
+    }
+
+    /// Whether objects of a range moved away are still to be forgotten
+    /// ([`forget_step`](Self::forget_step)).
+    pub fn forgetting(&self) -> bool {
+        !self.forgetting.is_empty()
+    }
+
+    /// Forgets at once what is left of the ranges moved away that overlap `range`,
+    /// which is about to be owned here again.
+    fn forget_now(&mut self, range: &HashRange) {
+        let mut overlapping = Vec::new();
+        self.forgetting.retain(|r| {
+            let hit = r.overlaps(range);
+            if hit {
+                overlapping.push(*r);
+            }
+            !hit
+        });
+        for HashRange { table, start, end } in overlapping {
+            let refs = self.index.remove_range(table, start..=end);
+            self.forgotten(&refs);
+        }
+    }
+
+    /// The objects at `refs` were forgotten: their entries are dead, and their segments
+    /// tainted.
+    fn forgotten(&mut self, refs: &[LogRef]) {
+        for &at in refs {
+            self.note_dead(at);
+        }
+        self.fit_segments_to_index();
+        self.tainted.extend(refs.iter().map(|at| at.segment));
     }
 
     /// The coordinator's number of the last change of this master's tablets applied here
@@ -94,11 +153,15 @@ impl ObjectStore {
 
     /// Serves exactly `tablets` — this master's whole set in the committed map, as of its
     /// tablet epoch `epoch` — unless what is served reflects that epoch already. Objects
-    /// in parts no longer served are forgotten; those a recovery replayed into newly
+    /// in parts no longer served are forgotten (as by
+    /// [`take_tablets`](Self::take_tablets)); those a recovery replayed into newly
     /// served ranges become visible. Returns whether anything was applied.
     pub fn replace_tablets(&mut self, epoch: TabletEpoch, tablets: &[Tablet]) -> bool {
         if epoch <= self.tablets.epoch() {
             return false;
+        }
+        for tablet in tablets {
+            self.forget_now(&tablet.range());
         }
         let new: HashSet<HashRange> = tablets.iter().map(Tablet::range).collect();
         let before = self.tablets.ranges();
@@ -168,6 +231,7 @@ mod tests {
     use rampart_common::ids::{key_hash, ServerId, TableId, TabletEpoch};
     use rampart_common::reject::RejectRules;
     use rampart_common::status::Status;
+    use rampart_common::tablet::HashRange;
 
     use super::super::ops::WriteOp;
     use super::super::store::ObjectStore;
@@ -298,15 +362,74 @@ mod tests {
         put(&mut store, &inside, b"kept");
         put(&mut store, &outside, b"forgotten");
         store.take_tablets(&[tablet(TABLE, 0, split)]);
-        assert_eq!(store.object_count(), 1);
+        // Not served from now on, and forgotten later, a step at a time.
         assert_eq!(store.read(TABLE, &outside).status(), Status::UnknownTablet);
-        // Were the upper half to come back, its old object must not reappear.
+        assert!(store.forgetting());
+        // Were the upper half to come back before the steps are done, its old object
+        // must not reappear: what is left is forgotten first.
         store.take_tablets(&[tablet(TABLE, split + 1, u64::MAX)]);
+        assert!(!store.forgetting());
+        assert_eq!(store.object_count(), 1);
+        assert!(store.tainted_held() > 0);
         assert_eq!(
             store.read(TABLE, &outside).status(),
             Status::ObjectDoesntExist
         );
         assert_eq!(&store.read(TABLE, &inside).value()[..], b"kept");
+    }
+
+    #[test]
+    fn a_range_moved_away_is_forgotten_in_bounded_steps() {
+        let split = u64::MAX / 2;
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&[tablet(TABLE, 0, u64::MAX)]);
+        for i in 0..200 {
+            put(&mut store, format!("key-{i}").as_bytes(), b"v");
+        }
+        let kept = (0..200)
+            .filter(|i| key_hash(format!("key-{i}").as_bytes()).0 <= split)
+            .count() as u64;
+        assert!(store.replace_tablets(TabletEpoch(1), &[tablet(TABLE, 0, split)]));
+        assert_eq!(
+            store.object_count(),
+            200,
+            "nothing forgotten in the change itself"
+        );
+        let mut steps = 0;
+        while store.forgetting() {
+            // No collisions among these keys: exactly the step's count, or what is left.
+            assert!(store.forget_step(16) <= 16);
+            steps += 1;
+        }
+        assert_eq!(store.object_count(), kept);
+        assert!(steps >= (200 - kept) / 16, "{steps} steps");
+        assert!(store.tainted_held() > 0);
+        for i in 0..200 {
+            let key = format!("key-{i}");
+            let status = store.read(TABLE, key.as_bytes()).status();
+            let low = key_hash(key.as_bytes()).0 <= split;
+            assert_eq!(status == Status::Ok, low, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_move_in_waits_for_a_range_moved_away_to_be_forgotten() {
+        let split = u64::MAX / 2;
+        let mut store = ObjectStore::new(ServerId(1), config());
+        store.take_tablets(&[tablet(TABLE, 0, u64::MAX)]);
+        put(&mut store, &key_on_side(split, false, "out"), b"v");
+        store.take_tablets(&[tablet(TABLE, 0, split)]);
+        let upper = HashRange {
+            table: TABLE,
+            start: split + 1,
+            end: u64::MAX,
+        };
+        let id = rampart_common::ids::MoveId(1);
+        assert_eq!(store.begin_move_in(id, upper), Err(Status::Retry));
+        while store.forgetting() {
+            store.forget_step(1);
+        }
+        assert_eq!(store.begin_move_in(id, upper), Ok(()));
     }
 
     /// A split reaches its owner as its whole tablet set: both halves stay served with

@@ -243,9 +243,13 @@ pub(super) fn log_entries(store: &ObjectStore) -> Vec<PieceEntry> {
     entries
 }
 
-/// Runs the cleaner until no tainted segment is left, as the appender's forget job
-/// does (a pass, its steps, commits and frees).
+/// Forgets what is left of the ranges moved away, then runs the cleaner until no
+/// tainted segment is left, as the appender's forget job does (a pass, its steps,
+/// commits and frees).
 pub(super) fn clean_tainted(store: &mut ObjectStore) {
+    while store.forgetting() {
+        store.forget_step(7);
+    }
     for _ in 0..1000 {
         store.close_tainted_head().unwrap();
         if store.tainted_held() == 0 {
