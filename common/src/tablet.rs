@@ -89,6 +89,21 @@ impl Tablet {
     }
 }
 
+/// The load a master reports of one tablet it owns (docs/design.md §7, "Rebalancing").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TabletLoad {
+    /// The tablet.
+    pub range: HashRange,
+    /// Reads and writes of its keys served over the report's interval.
+    pub ops: u64,
+    /// Bytes of its entries in the master's log (an upper bound: the will's count).
+    pub bytes: u64,
+    /// A hash that cuts the tablet's operations about in half: the first hash of the
+    /// upper half of a split, in `start + 1..=end`. `None` when the master cannot say
+    /// (too narrow a tablet, or no operations).
+    pub split_at: Option<u64>,
+}
+
 /// What a server runs. Every storage server runs both in this version; the split exists
 /// so that a later deployment can run backup-only servers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

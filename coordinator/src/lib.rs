@@ -38,6 +38,9 @@
 //!   masters that are gone (recovered or drained) that a backup away at the time kept.
 //! * [`drainer`] — `Drainer`: on the leader, drives drains of servers (their tablets
 //!   moved away, the masters off their backups, then their removal).
+//! * [`rebalance`] — `LoadBoard`: the masters' reported load and the rebalancer's
+//!   decisions (which tablet to split or move), a plain synchronous struct;
+//!   [`rebalancer`] — `Rebalancer`, on the leader, feeds it and carries them out.
 //! * [`push`] — the coordinator's best-effort messages to masters about a committed
 //!   change (server-list version, tablet changes), with a bounded retry.
 //! * [`service`] — `CoordinatorService`: RPC handlers that propose commands through the
@@ -80,6 +83,8 @@ pub mod node;
 pub mod proof_of_death;
 pub mod push;
 pub mod raft_storage;
+pub mod rebalance;
+pub mod rebalancer;
 pub mod recovery_manager;
 mod recovery_phases;
 pub mod recovery_plan;

@@ -179,6 +179,9 @@ pub struct RecoveryConfig {
     /// How often the leader frees, on the backups, replicas of masters that are gone
     /// (`crate::collector`).
     pub collect_interval: Duration,
+    /// Whether the leader rebalances, and by what settings (`crate::rebalancer`);
+    /// `None`: off.
+    pub rebalance: Option<crate::rebalance::RebalanceConfig>,
 }
 
 impl Default for RecoveryConfig {
@@ -190,6 +193,7 @@ impl Default for RecoveryConfig {
             masters_max: None,
             proof_of_death: ProofOfDeath::default(),
             collect_interval: crate::collector::COLLECT_INTERVAL_DEFAULT,
+            rebalance: None,
         }
     }
 }

@@ -31,6 +31,9 @@
 //!   100 ms and reports one that does not answer to the coordinator.
 //! * [`will_upload`] — `WillUploader`: uploads the will to the coordinator when it
 //!   changed materially.
+//! * [`tablet_load`] — `LoadCounter`: reads and writes served, by table and slice of the
+//!   hash space, and each tablet's load from them; [`load_report`] — `LoadReporter`,
+//!   which sends it to the coordinators' leader every second (rebalancing).
 //! * [`tablet_sync`] — `TabletSync`: keeps the tablets served equal to the committed
 //!   map, pulling them when a numbered change was missed (a lost push, a leader that died
 //!   between commit and push).
@@ -106,6 +109,7 @@ pub mod completions;
 pub mod failure_detector;
 pub mod frozen_watch;
 pub mod lease;
+pub mod load_report;
 pub mod move_in;
 pub mod object_index;
 pub mod object_store;
@@ -116,6 +120,7 @@ pub mod replica_manager;
 pub mod segmented_log;
 pub mod service;
 pub mod shared_pieces;
+pub mod tablet_load;
 pub mod tablet_sync;
 pub mod tablets;
 pub mod version_reserver;

@@ -133,12 +133,21 @@ pub struct UpArgs {
     /// passed on to it.
     #[command(flatten)]
     pub gateway_limits: crate::gateway::ConnectionLimitArgs,
+    /// Whether the coordinators move and split tablets by load (`rampart coordinator
+    /// --rebalance`): `on` or `off`.
+    #[arg(long, default_value = "on", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub rebalance: bool,
+    /// The coordinators' `--rebalance-after-ms`, where it differs from their default (a
+    /// benchmark's). Not a flag of `cluster up`.
+    #[arg(skip)]
+    pub rebalance_after_ms: Option<u64>,
 }
 
 impl UpArgs {
     /// A program's private cluster (a benchmark's, a drill's): `servers` servers keeping
     /// their data under `data_dir`, one coordinator, free loopback ports, no status page,
-    /// metrics or gateway, no token, warnings only; the rest as `cluster up`'s defaults.
+    /// metrics or gateway, no token, no rebalancing (what they measure stays put),
+    /// warnings only; the rest as `cluster up`'s defaults.
     /// Callers change what they measure with struct-update syntax.
     pub fn private(data_dir: std::path::PathBuf, servers: u32) -> UpArgs {
         UpArgs {
@@ -164,6 +173,8 @@ impl UpArgs {
             no_resp: true,
             security: Default::default(),
             gateway_limits: Default::default(),
+            rebalance: false,
+            rebalance_after_ms: None,
         }
     }
 }
@@ -709,6 +720,11 @@ fn coordinator_command(
         ]);
     }
     command.extend(["--proof-of-death".into(), args.proof_of_death.to_string()]);
+    let rebalance = if args.rebalance { "on" } else { "off" };
+    command.extend(["--rebalance".into(), rebalance.into()]);
+    if let Some(ms) = args.rebalance_after_ms {
+        command.extend(["--rebalance-after-ms".into(), ms.to_string()]);
+    }
     if let Some(http) = coordinator_http_addr(args, i, listen, free_ports)? {
         command.extend(["--metrics-addr".into(), http]);
     }

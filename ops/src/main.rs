@@ -32,6 +32,7 @@ mod kv;
 mod plots;
 mod process;
 mod progress;
+mod rebalance_command;
 mod recovery_command;
 mod security;
 mod simulate;
@@ -85,6 +86,9 @@ enum Command {
     /// Retire a server without a crash: its tablets move away, the masters stop using
     /// its backup, then it is removed.
     Drain(drain_command::DrainArgs),
+    /// Load-based rebalancing: where it stands (each master's load, its decisions),
+    /// pause and resume it, pin tablets to their masters.
+    Rebalance(rebalance_command::RebalanceArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -124,6 +128,7 @@ fn main() -> std::process::ExitCode {
         Command::Recovery(args) => recovery_command::run(args),
         Command::Tablet(args) => tablet_command::run(args),
         Command::Drain(args) => drain_command::run(args),
+        Command::Rebalance(args) => rebalance_command::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Simulate(args) => simulate::run(args),
         Command::Token { command } => token::run(command),

@@ -130,6 +130,18 @@ pub struct CoordinatorArgs {
     /// A hung or cut-off master is always waited out.
     #[arg(long, default_value_t = rampart_coordinator::proof_of_death::ProofOfDeath::Supervisor)]
     pub proof_of_death: rampart_coordinator::proof_of_death::ProofOfDeath,
+    /// Whether the leader moves and splits tablets by load (`on` or `off`): a master
+    /// whose load stays above the mean moves its hottest tablets to the least loaded,
+    /// and a server that joins gets its share. `rampart rebalance` shows, pauses and
+    /// pins.
+    #[arg(long, default_value = "on", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub rebalance: bool,
+    /// How far above the mean (in percent) a master's load must stay to count as hot.
+    #[arg(long, default_value_t = rampart_coordinator::rebalance::RebalanceConfig::default().threshold_pct)]
+    pub rebalance_threshold_pct: u32,
+    /// How long a master must stay hot before the rebalancer acts, in milliseconds.
+    #[arg(long, default_value_t = rampart_coordinator::rebalance::RebalanceConfig::default().sustain.as_millis() as u64)]
+    pub rebalance_after_ms: u64,
 }
 
 /// The `--peers` value that has a coordinator read the list from stdin once it is bound.
@@ -451,6 +463,11 @@ pub fn run_coordinator(args: CoordinatorArgs) -> Result<ExitCode> {
             masters_max: (args.recovery_masters_max > 0).then_some(args.recovery_masters_max),
             proof_of_death: args.proof_of_death,
             collect_interval: Duration::from_millis(args.collect_interval_ms.max(1)),
+            rebalance: args.rebalance.then(|| rampart_coordinator::rebalance::RebalanceConfig {
+                threshold_pct: args.rebalance_threshold_pct,
+                sustain: Duration::from_millis(args.rebalance_after_ms),
+                ..Default::default()
+            }),
         };
         let service = Arc::new(CoordinatorService::with_recovery(node.clone(), recovery));
         if let Some(http) = &args.metrics_addr {

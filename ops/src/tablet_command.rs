@@ -126,7 +126,7 @@ pub fn run(args: TabletArgs) -> Result<ExitCode> {
 }
 
 /// `START-END` (each as [`parse_hash`] reads it), or `all`.
-fn parse_range(text: &str) -> Result<(u64, u64)> {
+pub(crate) fn parse_range(text: &str) -> Result<(u64, u64)> {
     if text == "all" {
         return Ok((0, u64::MAX));
     }

@@ -6,8 +6,9 @@
 //! the master behind), the version reserver (keeps version numbers below the ceiling the
 //! coordinators granted), the client lease checker, the frozen watch (serves a range
 //! frozen for a move again once its abort is committed and the news never came), the
-//! failure detector (pings random servers, reports silent ones) and the will uploader
-//! (sends the master's recovery partitions when they change).
+//! failure detector (pings random servers, reports silent ones), the will uploader
+//! (sends the master's recovery partitions when they change) and the load reporter
+//! (sends the load of each tablet every second, for rebalancing).
 //! On the backup runtime: the soft-NIC of the `tcp` transport, whose CPU is the backup's.
 //!
 //! # Shutdown
@@ -23,6 +24,7 @@ use rampart_master::failure_detector::{
     DetectorCounts, FailureDetectorConfig, FailureDetectorTask,
 };
 use rampart_master::lease::{GrantHook, Lease, LeaseRenewer};
+use rampart_master::load_report::LoadReporter;
 use rampart_master::will_upload::WillUploader;
 use rampart_master::MasterService;
 use std::future::Future;
@@ -108,6 +110,13 @@ impl ServerChildren {
         .with_server_list_watch(master.server_list_watch());
         let detector_counts = detector.counts();
         tasks.spawn(detector.run(stopped()));
+        let reporter = LoadReporter::new(
+            id,
+            Arc::clone(master.store()),
+            Arc::clone(&set),
+            Arc::clone(&pool),
+        );
+        tasks.spawn(reporter.run(stopped()));
         let uploader = WillUploader::new(id, master.will_source(), set, pool);
         tasks.spawn(uploader.run(stopped()));
         ServerChildren {

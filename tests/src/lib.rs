@@ -126,6 +126,13 @@ impl LocalCluster {
                     .into_iter()
                     .flatten(),
             )
+            // Rebalancing off unless the test asks: what it checks stays put.
+            .args(
+                Some(["--rebalance", "off"])
+                    .filter(|_| !extra.contains(&"--rebalance"))
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -570,6 +577,10 @@ impl CoordinatorGroup {
                 "--data-dir",
                 data_dir,
             ];
+            // Rebalancing off unless the test asks: what it checks stays put.
+            if !flags.contains(&"--rebalance") {
+                args.extend(["--rebalance", "off"]);
+            }
             args.extend(flags);
             let mut command = Command::new(rampart_bin()?);
             command.args(&args).envs(env.iter().copied());
@@ -620,6 +631,9 @@ impl CoordinatorGroup {
         let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
         args.extend(self.flags.iter().map(String::as_str));
         args.extend_from_slice(extra);
+        if !args.contains(&"--rebalance") {
+            args.extend(["--rebalance", "off"]);
+        }
         let process = RampartProcess::start_with_env(&args, &self.env)?;
         self.processes.insert(id, process);
         Ok(())

@@ -5,8 +5,9 @@ use bytes::Bytes;
 use rampart_common::ids::{ServerId, TableId, Version};
 use rampart_common::protocol::coordinator::{
     CreateTable, CreateTableRequest, DrainReply, DrainServer, DropTable, DropTableRequest,
-    GetDrain, GetTableId, MoveTablets, MoveTabletsReply, MoveTabletsRequest, ServerIdRequest,
-    SplitTablet, SplitTabletRequest, TableNameRequest,
+    GetDrain, GetTableId, MoveTablets, MoveTabletsReply, MoveTabletsRequest, Rebalance,
+    RebalanceAction, RebalanceReply, RebalanceRequest, ServerIdRequest, SplitTablet,
+    SplitTabletRequest, TableNameRequest,
 };
 use rampart_common::protocol::master::{
     Increment, IncrementRequest, Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply,
@@ -140,6 +141,14 @@ impl Client {
     pub async fn drain_status(&self, server: ServerId) -> Result<DrainReply, ClientError> {
         let deadline = self.retry().deadline;
         self.coordinator_call_patient::<GetDrain>(&ServerIdRequest { server }, deadline)
+            .await
+    }
+
+    /// Asks the rebalancer to show where it stands, or to pause, resume, pin or unpin
+    /// first (`coordinator::rebalancer`); answers the leader's view.
+    pub async fn rebalance(&self, action: RebalanceAction) -> Result<RebalanceReply, ClientError> {
+        let deadline = self.retry().deadline;
+        self.coordinator_call_patient::<Rebalance>(&RebalanceRequest { action }, deadline)
             .await
     }
 

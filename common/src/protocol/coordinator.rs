@@ -3,7 +3,7 @@
 use super::rpcs::rpcs;
 use crate::bincode_message;
 use crate::ids::{ClientId, Epoch, MoveId, SegmentId, ServerId, TableId, TabletEpoch};
-use crate::tablet::{Services, Tablet, TabletMap};
+use crate::tablet::{Services, Tablet, TabletLoad, TabletMap};
 use crate::will::Will;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -143,6 +143,86 @@ pub enum MoveState {
     Aborted,
     /// Not open, and not among the newest ended moves the state keeps.
     Unknown,
+}
+
+/// A master's load over its last report interval (docs/design.md §7, "Rebalancing").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportLoadRequest {
+    /// The master.
+    pub server: ServerId,
+    /// How long the counts of `tablets` ran, in milliseconds.
+    pub interval_ms: u32,
+    /// Every tablet it owns, in (table, hash) order (at most
+    /// [`LOAD_REPORT_TABLETS_MAX`]: past it, the first ones).
+    pub tablets: Vec<TabletLoad>,
+}
+
+/// Most tablets one load report names.
+pub const LOAD_REPORT_TABLETS_MAX: usize = 16_384;
+
+/// What an operator asks of the rebalancer (`rampart rebalance`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RebalanceAction {
+    /// Only show where it stands.
+    Show,
+    /// Stop deciding moves and splits (committed: every leader after holds to it). A
+    /// move under way goes on.
+    Pause,
+    /// Decide again.
+    Resume,
+    /// Leave the tablets meeting this range where they are (committed).
+    Pin(crate::tablet::HashRange),
+    /// Unpin every pinned range meeting this one.
+    Unpin(crate::tablet::HashRange),
+}
+
+/// A request to the rebalancer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebalanceRequest {
+    /// What to do.
+    pub action: RebalanceAction,
+}
+
+/// Where rebalancing stands, as the leader sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebalanceReply {
+    /// Whether the leader rebalances at all (`rampart coordinator --rebalance`).
+    pub enabled: bool,
+    /// Paused by an operator (committed).
+    pub paused: bool,
+    /// The pinned ranges (committed), in order.
+    pub pinned: Vec<crate::tablet::HashRange>,
+    /// The load of each `Up` master, as last reported, by id.
+    pub servers: Vec<ServerLoad>,
+    /// The newest decisions, oldest first, each with the figures behind it.
+    pub decisions: Vec<RebalanceDecision>,
+}
+
+/// One master's load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerLoad {
+    /// The master.
+    pub server: ServerId,
+    /// Reads and writes served per second (smoothed over the last reports).
+    pub ops_per_s: u64,
+    /// Log bytes of its tablets.
+    pub bytes: u64,
+    /// Its tablets, each with its operations per second and bytes, in (table, hash)
+    /// order.
+    pub tablets: Vec<TabletLoad>,
+}
+
+/// One decision of the rebalancer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebalanceDecision {
+    /// When, in milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// What: a split or a move, in words.
+    pub action: String,
+    /// Why, with the figures.
+    pub why: String,
+    /// How it ended (`"under way"` until it has).
+    pub outcome: String,
 }
 
 /// Where the drain of a server stands.
@@ -590,6 +670,9 @@ bincode_message!(
     MoveState,
     DrainReply,
     DrainState,
+    ReportLoadRequest,
+    RebalanceRequest,
+    RebalanceReply,
     ListDrainsRequest,
     ListDrainsReply,
     OwnedTabletsReply,
@@ -679,6 +762,11 @@ rpcs! {
     GetDrain = 124: ServerIdRequest => DrainReply;
     /// Every drain under way (linearizable).
     ListDrains = 125: ListDrainsRequest => ListDrainsReply;
+    /// A master's load over its last interval (the leader's rebalancer reads it).
+    ReportLoad = 126: ReportLoadRequest => ();
+    /// Show, pause, resume rebalancing, or pin or unpin tablets; answers where it stands
+    /// (the leader's view).
+    Rebalance = 127: RebalanceRequest => RebalanceReply;
 }
 
 #[cfg(test)]

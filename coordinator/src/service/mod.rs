@@ -53,6 +53,8 @@
 //!   moving them (`MoveTablets`, through `crate::mover`; `GetMove`).
 //! * `drains.rs` — draining a server (`DrainServer`, `GetDrain`; driven by
 //!   `crate::drainer`).
+//! * `rebalancing.rs` — the masters' load reports and the operator's view and pause of
+//!   the rebalancer (`ReportLoad`, `Rebalance`; driven by `crate::rebalancer`).
 //! * `recoveries.rs` — `AllowLoss` and `RecoveryStatus`.
 //! * `clients.rs` — client ids and client leases.
 //! * `raft.rs` — `RaftStatus` and the Raft traffic between coordinators.
@@ -62,6 +64,7 @@
 mod clients;
 mod drains;
 mod raft;
+mod rebalancing;
 mod recoveries;
 mod routes;
 mod servers;

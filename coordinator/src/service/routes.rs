@@ -10,8 +10,9 @@ use bytes::Bytes;
 use rampart_common::protocol::coordinator::{
     AllowLoss, CheckClientLeases, CreateTable, DrainServer, DropTable, Enlist, GetDrain, GetMove,
     GetOwnedTablets, GetTableId, GetTabletMap, ListDrains, MoveTablets, OpenClient, ProcessExited,
-    RaftMessages, RaftStatus, RecoveryStatus, RenewClientLease, RenewLease, ReportFailure,
-    ReserveVersions, SetOpenEpoch, SplitTablet, UploadWill, WatchTabletMap,
+    RaftMessages, RaftStatus, Rebalance, RecoveryStatus, RenewClientLease, RenewLease,
+    ReportFailure, ReportLoad, ReserveVersions, SetOpenEpoch, SplitTablet, UploadWill,
+    WatchTabletMap,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Router, Service};
@@ -38,6 +39,9 @@ fn router() -> Router<CoordinatorService> {
         .route::<DrainServer>(|service, request| Box::pin(service.drain_server(request)))
         .route::<GetDrain>(|service, request| Box::pin(service.get_drain(request)))
         .route::<ListDrains>(|service, request| Box::pin(service.list_drains(request)))
+        // Rebalancing (rebalancing.rs).
+        .route::<ReportLoad>(|service, request| Box::pin(service.report_load(request)))
+        .route::<Rebalance>(|service, request| Box::pin(service.rebalance(request)))
         // Tables and tablets (tables.rs).
         .route::<CreateTable>(|service, request| Box::pin(service.create_table(request)))
         .route::<DropTable>(|service, request| Box::pin(service.drop_table(request)))

@@ -17,6 +17,7 @@ use crate::drainer::Drainer;
 use crate::failure_verifier::FailureVerifier;
 use crate::mover::Mover;
 use crate::node::{NodeError, RaftNode};
+use crate::rebalancer::Rebalancer;
 use crate::recovery_manager::{RecoveryConfig, RecoveryManager};
 use crate::state::{Command, CommandResult, CoordinatorState};
 
@@ -61,6 +62,10 @@ pub struct CoordinatorService {
     _drainer_task: AbortOnDrop,
     /// Stops the collector of replicas nobody needs when the service goes away.
     _collector_task: AbortOnDrop,
+    /// Rebalances tablets by load while this member leads (when on).
+    pub(super) rebalancer: Arc<Rebalancer>,
+    /// Stops the rebalancer when the service goes away.
+    _rebalancer_task: AbortOnDrop,
 }
 
 /// Aborts a background task when dropped.
@@ -111,7 +116,17 @@ impl CoordinatorService {
             Arc::clone(&mover),
         ));
         let drainer_task = tokio::spawn(Arc::clone(&drainer).run());
+        let rebalancer = Arc::new(Rebalancer::new(
+            node.clone(),
+            Arc::clone(&pool),
+            Arc::clone(&mover),
+            config.rebalance.is_some(),
+            config.rebalance.unwrap_or_default(),
+        ));
+        let rebalancer_task = tokio::spawn(Arc::clone(&rebalancer).run());
         CoordinatorService {
+            rebalancer,
+            _rebalancer_task: AbortOnDrop(rebalancer_task),
             drainer,
             drain_lock: tokio::sync::Mutex::new(()),
             _collector_task: AbortOnDrop(collector_task),
@@ -222,6 +237,8 @@ fn command_name(command: &Command) -> &'static str {
         Command::AbortMove { .. } => "move abort",
         Command::DrainServer { .. } => "drain",
         Command::RemoveDrained { .. } => "removal of a drained server",
+        Command::SetRebalancePaused { .. } => "rebalancer pause",
+        Command::PinTablets { .. } => "tablet pin",
     }
 }
 

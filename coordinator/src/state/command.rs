@@ -70,6 +70,9 @@ pub const EXPIRE_CLIENTS_MAX: usize = 4096;
 /// length; a cluster rebalancing needs a few per server at most.
 pub const MOVES_MAX: usize = 256;
 
+/// Most ranges pinned at once (`state::rebalancing`).
+pub const PINNED_MAX: usize = 1024;
+
 /// How many ended moves' outcomes the state keeps (the newest by id), to answer a
 /// retried commit or abort and a master asking how a move ended.
 pub const ENDED_MOVES_KEPT: usize = 1024;
@@ -268,6 +271,21 @@ pub enum Command {
         /// The masters that confirmed they left its backup.
         confirmed: Vec<ServerId>,
     },
+    /// Pauses (or resumes) the rebalancer (`state::rebalancing`); a repeat changes
+    /// nothing.
+    SetRebalancePaused {
+        /// Paused from now on.
+        paused: bool,
+    },
+    /// Pins the tablets meeting `range` to their masters (`pin`), or unpins every pinned
+    /// range that meets it. Refused for an unknown table or an empty range, and past
+    /// [`PINNED_MAX`] pinned ranges; a repeat changes nothing.
+    PinTablets {
+        /// The range.
+        range: HashRange,
+        /// Pin, or unpin.
+        pin: bool,
+    },
 }
 
 /// What applying a [`Command`] produced; sent back to the client that proposed it.
@@ -370,6 +388,13 @@ pub enum CommandResult {
         /// False if it was being drained already and nothing changed.
         begun: bool,
     },
+    /// The rebalancer's committed settings, as they stand after the command.
+    RebalancingSet {
+        /// Paused.
+        paused: bool,
+        /// The pinned ranges, in order.
+        pinned: Vec<HashRange>,
+    },
     /// The command was refused and changed nothing.
     Rejected {
         /// Why, as a wire status.
@@ -405,6 +430,8 @@ pub(super) enum Reject {
     TooManyServers,
     #[error("unknown server {0}")]
     UnknownServer(ServerId),
+    #[error("cannot pin: {why}")]
+    BadPin { why: String },
     #[error("will of {server}: {why}")]
     BadWill { server: ServerId, why: String },
     #[error("{0} is not up")]
@@ -520,6 +547,13 @@ pub(super) mod tests {
             1 => (1u64..5).prop_map(|id| Command::CommitMove { id: MoveId(id) }),
             1 => (1u64..5).prop_map(|id| Command::AbortMove { id: MoveId(id) }),
             1 => (1u64..6).prop_map(|id| Command::DrainServer { id: ServerId(id) }),
+            1 => any::<bool>().prop_map(|paused| Command::SetRebalancePaused { paused }),
+            1 => (1u64..6, any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(id, a, b, pin)| {
+                Command::PinTablets {
+                    range: HashRange::new(TableId(id), a.min(b), a.max(b)),
+                    pin,
+                }
+            }),
             1 => (1u64..6, prop::collection::vec(1u64..6, 0..6)).prop_map(|(id, confirmed)| {
                 Command::RemoveDrained {
                     id: ServerId(id),

@@ -4,7 +4,7 @@
 
 use super::command::{Command, CommandResult, MoveEnd, OpenMove, Outcome, CLIENT_IDS_START};
 use rampart_common::ids::{ClientId, Epoch, MoveId, SegmentId, ServerId, TableId, TabletEpoch};
-use rampart_common::tablet::{ServerInfo, TableInfo};
+use rampart_common::tablet::{HashRange, ServerInfo, TableInfo};
 use rampart_common::will::Will;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -106,6 +106,12 @@ pub struct CoordinatorState {
     /// The servers being drained (`state::drains`).
     /// 1. Each is `Up`.
     pub(super) draining: BTreeSet<ServerId>,
+    /// Whether an operator paused the rebalancer (`state::rebalancing`).
+    pub(super) rebalance_paused: bool,
+    /// Ranges whose tablets the rebalancer leaves where they are.
+    /// 1. At most [`PINNED_MAX`](super::command::PINNED_MAX); each of a live table,
+    ///    `start <= end`.
+    pub(super) pinned: BTreeSet<HashRange>,
 }
 
 impl Default for CoordinatorState {
@@ -138,6 +144,8 @@ impl CoordinatorState {
             moves: BTreeMap::new(),
             ended_moves: BTreeMap::new(),
             draining: BTreeSet::new(),
+            rebalance_paused: false,
+            pinned: BTreeSet::new(),
         }
     }
 
@@ -187,6 +195,8 @@ impl CoordinatorState {
             Command::AbortMove { id } => self.abort_move(*id),
             Command::DrainServer { id } => self.drain_server(*id),
             Command::RemoveDrained { id, confirmed } => self.remove_drained(*id, confirmed),
+            Command::SetRebalancePaused { paused } => Ok(self.set_rebalance_paused(*paused)),
+            Command::PinTablets { range, pin } => self.pin_tablets(*range, *pin),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {

@@ -76,6 +76,7 @@
 //! * `clients` — opening and expiring clients.
 //! * `moves` — moves of tablets between masters: begun, then committed or aborted.
 //! * `drains` — servers being drained: nothing new placed on them, then removed.
+//! * `rebalancing` — the rebalancer's committed settings: paused, pinned ranges.
 //! * `snapshot` — decoding a snapshot (this release's encoding or the older one) and
 //!   [`CoordinatorState::check_invariants`].
 //! * `test_support` — for tests only: the helpers the files' tests share.
@@ -85,6 +86,7 @@ mod command;
 mod core;
 mod drains;
 mod moves;
+mod rebalancing;
 mod recovery_records;
 mod servers;
 mod snapshot;
@@ -94,8 +96,9 @@ mod test_support;
 
 pub use self::command::{
     Command, CommandResult, MoveEnd, OpenMove, CLIENTS_MAX, CLIENT_IDS_START, ENDED_MOVES_KEPT,
-    EXPIRE_CLIENTS_MAX, MOVES_MAX, OPEN_EPOCH_SEGMENTS_MAX, SERVERS_MAX, SERVER_FIELD_BYTES_MAX,
-    TABLES_MAX, TABLETS_MAX, TABLE_NAME_BYTES_MAX, TABLE_SPAN_MAX, WILL_RANGES_MAX,
+    EXPIRE_CLIENTS_MAX, MOVES_MAX, OPEN_EPOCH_SEGMENTS_MAX, PINNED_MAX, SERVERS_MAX,
+    SERVER_FIELD_BYTES_MAX, TABLES_MAX, TABLETS_MAX, TABLE_NAME_BYTES_MAX, TABLE_SPAN_MAX,
+    WILL_RANGES_MAX,
 };
 pub use self::core::CoordinatorState;
 pub use self::snapshot::InvariantViolation;

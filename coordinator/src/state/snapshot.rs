@@ -1,11 +1,11 @@
 //! Snapshots: decoding the state (today's encoding, or the shorter ones of the releases
-//! before drains, before moves and before open clients) and checking every invariant of one read from disk before it is
+//! before rebalancing, before drains, before moves and before open clients) and checking every invariant of one read from disk before it is
 //! installed.
 
 use super::command::{MoveEnd, OpenMove};
 use super::command::{
     CLIENTS_MAX, CLIENT_IDS_START, ENDED_MOVES_KEPT, MOVES_MAX, OPEN_EPOCH_SEGMENTS_MAX,
-    SERVERS_MAX, TABLES_MAX, TABLETS_MAX, WILL_RANGES_MAX,
+    PINNED_MAX, SERVERS_MAX, TABLES_MAX, TABLETS_MAX, WILL_RANGES_MAX,
 };
 use super::core::CoordinatorState;
 use super::recovery_records::will_ranges;
@@ -59,6 +59,12 @@ pub enum InvariantViolation {
         /// What is wrong.
         what: &'static str,
     },
+    /// The pinned ranges are inconsistent.
+    #[error("pinned ranges: {what}")]
+    Pinned {
+        /// What is wrong.
+        what: &'static str,
+    },
 }
 
 /// The state as releases before open clients encoded it: today's fields but the last
@@ -79,6 +85,23 @@ pub(crate) struct StateWithoutClients {
     tablet_epochs: BTreeMap<ServerId, TabletEpoch>,
     version_ceilings: BTreeMap<ServerId, u64>,
     version: u64,
+}
+
+/// The state as releases before rebalancing encoded it: today's fields but the last
+/// two.
+#[derive(Deserialize)]
+pub(crate) struct StateWithoutRebalancing {
+    before: StateWithoutDrains,
+    draining: BTreeSet<ServerId>,
+}
+
+impl From<StateWithoutRebalancing> for CoordinatorState {
+    fn from(old: StateWithoutRebalancing) -> CoordinatorState {
+        CoordinatorState {
+            draining: old.draining,
+            ..CoordinatorState::from(old.before)
+        }
+    }
 }
 
 /// The state as releases before drains encoded it: today's fields but the last.
@@ -145,14 +168,16 @@ impl From<StateWithoutClients> for CoordinatorState {
             moves: BTreeMap::new(),
             ended_moves: BTreeMap::new(),
             draining: BTreeSet::new(),
+            rebalance_paused: false,
+            pinned: BTreeSet::new(),
         }
     }
 }
 
 impl CoordinatorState {
-    /// Decodes a state encoded (bincode) by this release, or by one before drains, moves
-    /// or open clients existed (see `StateWithoutDrains`, `StateWithoutMoves`,
-    /// `StateWithoutClients`).
+    /// Decodes a state encoded (bincode) by this release, or by one before rebalancing,
+    /// drains, moves or open clients existed (see `StateWithoutRebalancing`,
+    /// `StateWithoutDrains`, `StateWithoutMoves`, `StateWithoutClients`).
     pub fn decode(bytes: &[u8]) -> Result<CoordinatorState, bincode::Error> {
         use bincode::Options;
         // An older encoding only if the old fields use it up whole: a damaged tail of
@@ -165,8 +190,13 @@ impl CoordinatorState {
         };
         bincode::deserialize(bytes).or_else(|error| {
             exact()
-                .deserialize::<StateWithoutDrains>(bytes)
+                .deserialize::<StateWithoutRebalancing>(bytes)
                 .map(CoordinatorState::from)
+                .or_else(|_| {
+                    exact()
+                        .deserialize::<StateWithoutDrains>(bytes)
+                        .map(CoordinatorState::from)
+                })
                 .or_else(|_| {
                     exact()
                         .deserialize::<StateWithoutMoves>(bytes)
@@ -351,6 +381,16 @@ impl CoordinatorState {
             }
             ranges.push(&open.range);
         }
+        if self.pinned.len() > PINNED_MAX
+            || self
+                .pinned
+                .iter()
+                .any(|r| r.start > r.end || !self.tables.contains_key(&r.table))
+        {
+            return Err(InvariantViolation::Pinned {
+                what: "more than PINNED_MAX pinned ranges, or one empty or of no table",
+            });
+        }
         if let Some(&server) = self
             .draining
             .iter()
@@ -372,7 +412,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn states_encoded_before_drains_moves_and_open_clients_decode() {
+    fn states_encoded_before_rebalancing_drains_moves_and_open_clients_decode() {
         let mut state = CoordinatorState::new();
         enlist(&mut state, "a:1", BOTH);
         assert!(matches!(
@@ -380,10 +420,17 @@ mod tests {
             CommandResult::TableCreated { .. }
         ));
         state.apply(&Command::OpenClient);
-        // The encoding before drains is today's without its last field, an empty set
-        // (its length, a u64).
+        // The encoding before rebalancing is today's without its last two fields, a
+        // bool and an empty set (its length, a u64).
         let bytes = bincode::serialize(&state).expect("a state encodes");
-        let before_drains = &bytes[..bytes.len() - 8];
+        let before_rebalancing = &bytes[..bytes.len() - 9];
+        assert_eq!(
+            CoordinatorState::decode(before_rebalancing)
+                .expect("the encoding before rebalancing decodes"),
+            state
+        );
+        // Before drains, without the one before those, an empty set.
+        let before_drains = &before_rebalancing[..before_rebalancing.len() - 8];
         assert_eq!(
             CoordinatorState::decode(before_drains).expect("the encoding before drains decodes"),
             state

@@ -205,6 +205,7 @@ impl CoordinatorState {
         self.names.remove(&table.name);
         self.tablet_count -= table.tablets.len();
         self.abort_moves_of_table(id);
+        self.pinned.retain(|range| range.table != id);
         let epochs = self.bump_tablet_epochs(table.tablets.iter().map(|t| t.owner));
         Outcome::Changed(CommandResult::TableDropped {
             id: Some(table.id),

@@ -19,6 +19,7 @@ use crate::completions::Completions;
 use crate::object_index::{LogRef, ObjectIndex, INDEX_BYTES_PER_OBJECT};
 use crate::profiler::{PartitionLimits, Profiler, ProfilerConfig};
 use crate::segmented_log::{SegmentPool, SegmentedLog};
+use crate::tablet_load::LoadCounter;
 use crate::tablets::OwnedTablets;
 
 /// A master's objects.
@@ -85,6 +86,10 @@ pub struct ObjectStore {
     pub(super) published_safe: Version,
     /// The newest moves out that ended here (at most `moves::ENDED_MOVES_KEPT`).
     pub(super) ended_moves: BTreeSet<MoveId>,
+    /// Reads and writes served, by table and slice of the hash space, since the last
+    /// load report ([`ObjectStore::load_report`]). Tracks every table of an owned
+    /// tablet.
+    pub(super) load: LoadCounter,
 }
 
 impl ObjectStore {
@@ -144,6 +149,7 @@ impl ObjectStore {
             moves_in: BTreeMap::new(),
             ended_moves: BTreeSet::new(),
             published_safe: safe_version,
+            load: LoadCounter::new(),
         }
     }
 
@@ -160,6 +166,7 @@ impl ObjectStore {
             // map once the move ends (`moves`).
             return Err(Status::Retry);
         }
+        self.load.count(table, hash);
         Ok(hash)
     }
 

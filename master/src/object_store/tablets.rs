@@ -2,9 +2,9 @@
 //! coordinator's tablet epoch when it numbers the change — and what that does to the
 //! objects indexed in their ranges and to their profiles.
 
-use rampart_common::ids::{TableId, TabletEpoch};
+use rampart_common::ids::{KeyHash, TableId, TabletEpoch};
 use rampart_common::log::COMPLETION_ENTRY_BYTES;
-use rampart_common::tablet::{HashRange, Tablet};
+use rampart_common::tablet::{HashRange, Tablet, TabletLoad};
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
 
@@ -36,6 +36,7 @@ impl ObjectStore {
     pub fn take_tablets(&mut self, tablets: &[Tablet]) {
         for tablet in tablets {
             self.forget_now(&tablet.range());
+            self.load.track(tablet.table);
             for (start, end) in self.tablets.take(tablet) {
                 self.forget_narrowed(tablet.table, start..=end);
             }
@@ -119,6 +120,19 @@ impl ObjectStore {
         self.tainted.extend(refs.iter().map(|at| at.segment));
     }
 
+    /// The load of every tablet owned here since the last report: operations served,
+    /// log bytes (the profile's count), where a split would halve the operations
+    /// (`crate::tablet_load`). Counting starts again from zero.
+    pub fn load_report(&mut self) -> Vec<TabletLoad> {
+        let tablets = self.tablets.ranges();
+        let profiler = &self.profiler;
+        self.load.report(&tablets, |range| {
+            profiler
+                .tablet(range.table, KeyHash(range.start))
+                .map_or(0, |profile| profile.totals().bytes)
+        })
+    }
+
     /// The coordinator's number of the last change of this master's tablets applied here
     /// (see [`OwnedTablets::step`]).
     ///
@@ -162,6 +176,7 @@ impl ObjectStore {
         }
         for tablet in tablets {
             self.forget_now(&tablet.range());
+            self.load.track(tablet.table);
         }
         let new: HashSet<HashRange> = tablets.iter().map(Tablet::range).collect();
         let before = self.tablets.ranges();
