@@ -18,11 +18,12 @@ use futures::future::join_all;
 use rampart_common::coordinator_set::{CoordinatorCallError, CoordinatorSet};
 use rampart_common::protocol::coordinator::{
     DrainReply, GetTabletMap, ListDrains, ListDrainsRequest, RaftStatus, RaftStatusReply,
-    RaftStatusRequest, RecoveryReport, RecoveryStatus, RecoveryStatusRequest, TabletMapRequest,
+    RaftStatusRequest, Rebalance, RebalanceAction, RebalanceReply, RebalanceRequest,
+    RecoveryReport, RecoveryStatus, RecoveryStatusRequest, ServerLoad, TabletMapRequest,
 };
 use rampart_common::protocol::master::{PingRequest, ServerStats, ServerStatsReply};
 use rampart_common::rpc::RpcPool;
-use rampart_common::tablet::{ServerStatus, TabletMap};
+use rampart_common::tablet::{ServerStatus, TabletLoad, TabletMap};
 use serde::Serialize;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -142,6 +143,9 @@ pub struct ClusterView {
     pub recoveries: Vec<RecoveryReport>,
     /// The drains under way, by server id.
     pub drains: Vec<DrainReply>,
+    /// Where rebalancing stands, with each master's and tablet's load, as the leader
+    /// sees it (`None`: it did not say).
+    pub rebalance: Option<RebalanceReply>,
     /// What an operator must know and do ([`ClusterView::problems`]).
     pub problems: Vec<String>,
 }
@@ -242,6 +246,11 @@ impl ClusterView {
                      shows as up"
                 )),
             }
+            let show = RebalanceRequest {
+                action: RebalanceAction::Show,
+            };
+            // Load is a nicety: a leader that does not say leaves it out, no problem.
+            view.rebalance = set.call::<Rebalance>(pool, &show, deadline).await.ok();
         }
         if let Some(error) = recoveries_error {
             view.problems.push(format!(
@@ -326,6 +335,7 @@ impl ClusterView {
             tables,
             recoveries,
             drains: Vec::new(),
+            rebalance: None,
             problems: Vec::new(),
         };
         view.problems = view.problems();
@@ -437,6 +447,23 @@ impl ClusterView {
     /// The drain of server `id`, if it is being drained.
     pub fn drain(&self, id: u64) -> Option<&DrainReply> {
         self.drains.iter().find(|d| d.server.0 == id)
+    }
+
+    /// The load master `id` last reported, if the leader said.
+    pub fn server_load(&self, id: u64) -> Option<&ServerLoad> {
+        let rebalance = self.rebalance.as_ref()?;
+        rebalance.servers.iter().find(|s| s.server.0 == id)
+    }
+
+    /// The load of `table`'s tablet starting at `start_hash`, as its owner last
+    /// reported it, if the leader said.
+    pub fn tablet_load(&self, table: u64, start_hash: u64) -> Option<&TabletLoad> {
+        let rebalance = self.rebalance.as_ref()?;
+        rebalance
+            .servers
+            .iter()
+            .flat_map(|s| &s.tablets)
+            .find(|t| t.range.table.0 == table && t.range.start == start_hash)
     }
 }
 

@@ -170,7 +170,64 @@ fn render_into(html: &mut String, view: &ClusterView) -> std::fmt::Result {
     replica_chart(html, view)?;
     tables(html, view)?;
     drains(html, view)?;
+    rebalancing(html, view)?;
     recoveries(html, &view.recoveries, view.gathered_unix_ms)
+}
+
+/// Each master's load, the rebalancer's state and its last decisions.
+fn rebalancing(html: &mut String, view: &ClusterView) -> std::fmt::Result {
+    let Some(rebalance) = &view.rebalance else {
+        return Ok(());
+    };
+    let state = match (rebalance.enabled, rebalance.paused) {
+        (false, _) => "off",
+        (true, true) => "paused",
+        (true, false) => "on",
+    };
+    writeln!(
+        html,
+        "<h2>Load and rebalancing</h2><p>Rebalancing <b id=\"rebalancing\">{state}</b>{}</p>",
+        if rebalance.pinned.is_empty() {
+            String::new()
+        } else {
+            format!(" · {} pinned range(s)", rebalance.pinned.len())
+        }
+    )?;
+    let busiest = rebalance
+        .servers
+        .iter()
+        .map(|s| s.ops_per_s)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    writeln!(html, "<table id=\"load\"><tr><th class=\"n\">master</th><th class=\"n\">ops/s</th><th></th><th>log bytes</th><th class=\"n\">tablets</th></tr>")?;
+    for server in &rebalance.servers {
+        writeln!(
+            html,
+            "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td><span class=\"mem\"><span style=\"width:{:.0}%\"></span></span></td><td>{}</td><td class=\"n\">{}</td></tr>",
+            server.server,
+            server.ops_per_s,
+            server.ops_per_s as f64 * 100.0 / busiest as f64,
+            mib(server.bytes),
+            server.tablets.len()
+        )?;
+    }
+    writeln!(html, "</table>")?;
+    if rebalance.decisions.is_empty() {
+        return writeln!(html, "<p class=\"muted\">No rebalancing decisions yet.</p>");
+    }
+    writeln!(html, "<ol id=\"decisions\">")?;
+    for decision in &rebalance.decisions {
+        writeln!(
+            html,
+            "<li>{}: <b>{}</b> — {}; <i>{}</i></li>",
+            utc_time(decision.at_unix_ms),
+            escape(&decision.action),
+            escape(&decision.why),
+            escape(&decision.outcome)
+        )?;
+    }
+    writeln!(html, "</ol>")
 }
 
 fn drains(html: &mut String, view: &ClusterView) -> std::fmt::Result {
@@ -308,7 +365,7 @@ fn tables(html: &mut String, view: &ClusterView) -> std::fmt::Result {
     if view.tables.is_empty() {
         return writeln!(html, "<p class=\"muted\">No tables.</p>");
     }
-    writeln!(html, "<table id=\"tables\"><tr><th>table</th><th class=\"n\">id</th><th>tablet (key hashes)</th><th class=\"n\">owner</th><th>owner state</th></tr>")?;
+    writeln!(html, "<table id=\"tables\"><tr><th>table</th><th class=\"n\">id</th><th>tablet (key hashes)</th><th class=\"n\">owner</th><th>owner state</th><th class=\"n\">ops/s</th><th>log bytes</th></tr>")?;
     for table in &view.tables {
         for (i, tablet) in table.tablets.iter().enumerate() {
             let name = if i == 0 {
@@ -321,13 +378,16 @@ fn tables(html: &mut String, view: &ClusterView) -> std::fmt::Result {
             } else {
                 String::new()
             };
+            let load = view.tablet_load(table.id, tablet.start_hash);
             writeln!(
                 html,
-                "<tr><td>{name}</td><td class=\"n\">{id}</td><td><code>{:016x}–{:016x}</code></td><td class=\"n\">{}</td><td>{}</td></tr>",
+                "<tr><td>{name}</td><td class=\"n\">{id}</td><td><code>{:016x}–{:016x}</code></td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
                 tablet.start_hash,
                 tablet.end_hash,
                 tablet.owner,
-                badge(tablet.owner_state)
+                badge(tablet.owner_state),
+                load.map_or("-".to_string(), |l| l.ops.to_string()),
+                load.map_or("-".to_string(), |l| mib(l.bytes)),
             )?;
         }
     }
@@ -423,10 +483,13 @@ mod tests {
     use super::*;
     use crate::cluster_view::{CoordinatorView, ServerView, TableView, TabletView};
     use rampart_common::ids::ServerId;
+    use rampart_common::ids::TableId;
     use rampart_common::protocol::coordinator::{
-        DrainReply, DrainState, LeaseEnd, PartitionReport,
+        DrainReply, DrainState, LeaseEnd, PartitionReport, RebalanceDecision, RebalanceReply,
+        ServerLoad,
     };
     use rampart_common::protocol::master::ServerStatsReply;
+    use rampart_common::tablet::{HashRange, TabletLoad};
 
     fn view() -> ClusterView {
         let server = |id: u64, state: ServerState, stats: Option<ServerStatsReply>| ServerView {
@@ -502,6 +565,28 @@ mod tests {
                 detail: "masters re-creating <replicas>".into(),
                 bytes_moved: 0,
             }],
+            rebalance: Some(RebalanceReply {
+                enabled: true,
+                paused: false,
+                pinned: Vec::new(),
+                servers: vec![ServerLoad {
+                    server: ServerId(1),
+                    ops_per_s: 5_000,
+                    bytes: 3 << 20,
+                    tablets: vec![TabletLoad {
+                        range: HashRange::new(TableId(1), 0, u64::MAX),
+                        ops: 5_000,
+                        bytes: 3 << 20,
+                        split_at: None,
+                    }],
+                }],
+                decisions: vec![RebalanceDecision {
+                    at_unix_ms: 3_600_000,
+                    action: "move table 1 [0x0, 0x7f] from server-1 to server-2".into(),
+                    why: "master server-1 at <5000> ops/s".into(),
+                    outcome: "moved".into(),
+                }],
+            }),
             problems: vec!["coordinator 127.0.0.1:7001 does not answer".into()],
         }
     }
@@ -530,6 +615,16 @@ mod tests {
         assert!(page.contains("badge draining"));
         assert!(page.contains("server-2</b>: 0 tablets left, 1 masters"));
         assert!(page.contains("re-creating &lt;replicas&gt;"));
+        assert!(page.contains("Rebalancing <b id=\"rebalancing\">on</b>"));
+        assert!(page.contains("id=\"load\""));
+        assert!(
+            page.contains("at &lt;5000&gt; ops/s"),
+            "decisions are escaped"
+        );
+        assert!(
+            page.contains("<td class=\"n\">5000</td><td>3MiB</td>"),
+            "tablet load"
+        );
         for external in [" src=", "<link", "@import", "url("] {
             assert!(
                 !page.contains(external),

@@ -185,8 +185,18 @@ pub fn render(view: &ClusterView) -> String {
             table.tablets.len()
         ));
         for t in &table.tablets {
+            let load = view
+                .tablet_load(table.id, t.start_hash)
+                .map(|l| {
+                    format!(
+                        "  {} ops/s, {}",
+                        l.ops,
+                        rampart_common::config::ByteSize(l.bytes).readable()
+                    )
+                })
+                .unwrap_or_default();
             line(format!(
-                "    {:016x}-{:016x}  server {:<5} {}",
+                "    {:016x}-{:016x}  server {:<5} {}{load}",
                 t.start_hash,
                 t.end_hash,
                 t.owner,
@@ -199,6 +209,32 @@ pub fn render(view: &ClusterView) -> String {
             "drain of {}: {} tablets left, {} masters still using its backup; {}",
             drain.server, drain.tablets_left, drain.masters_waiting, drain.detail
         ));
+    }
+    if let Some(rebalance) = &view.rebalance {
+        let state = match (rebalance.enabled, rebalance.paused) {
+            (false, _) => "off",
+            (true, true) => "paused",
+            (true, false) => "on",
+        };
+        let loads: Vec<String> = rebalance
+            .servers
+            .iter()
+            .map(|s| format!("{} {} ops/s", s.server, s.ops_per_s))
+            .collect();
+        line(format!(
+            "rebalancing: {state}; load: {} (`rampart rebalance`)",
+            if loads.is_empty() {
+                "none reported".to_string()
+            } else {
+                loads.join(", ")
+            }
+        ));
+        if let Some(last) = rebalance.decisions.last() {
+            line(format!(
+                "  last decision: {} ({})",
+                last.action, last.outcome
+            ));
+        }
     }
     let running: Vec<_> = view.recoveries.iter().filter(|r| r.done_ms == 0).collect();
     line(format!(
