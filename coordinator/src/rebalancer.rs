@@ -160,9 +160,7 @@ impl Rebalancer {
     /// Carries out `decision`, keeping it with its outcome.
     async fn act(&self, decision: Decision) {
         tracing::info!(action = %decision.action, why = %decision.why, "rebalance");
-        let at_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let at_unix_ms = unix_ms();
         {
             let mut decisions = self.decisions.lock();
             decisions.push_back(RebalanceDecision {
@@ -170,24 +168,32 @@ impl Rebalancer {
                 action: decision.action.to_string(),
                 why: decision.why.clone(),
                 outcome: "under way".into(),
+                done_unix_ms: 0,
+                bytes_moved: 0,
             });
             while decisions.len() > DECISIONS_KEPT {
                 decisions.pop_front();
             }
         }
-        let outcome = match decision.action {
-            Action::Split { table, at } => self.split(table, at).await,
+        let (outcome, bytes_moved) = match decision.action {
+            Action::Split { table, at } => (self.split(table, at).await, 0),
             Action::Move { range, to, .. } => match self.mover.move_range(range, to).await {
-                Ok(moved) => format!(
-                    "moved {} bytes in {} ms ({} frozen)",
+                Ok(moved) => (
+                    format!(
+                        "moved {} bytes in {} ms ({} frozen)",
+                        moved.bytes,
+                        u64::from(moved.copy_ms) + u64::from(moved.frozen_ms),
+                        moved.frozen_ms
+                    ),
                     moved.bytes,
-                    u64::from(moved.copy_ms) + u64::from(moved.frozen_ms),
-                    moved.frozen_ms
                 ),
-                Err(reply) => format!(
-                    "not moved ({:?}: {})",
-                    reply.status(),
-                    String::from_utf8_lossy(reply.payload())
+                Err(reply) => (
+                    format!(
+                        "not moved ({:?}: {})",
+                        reply.status(),
+                        String::from_utf8_lossy(reply.payload())
+                    ),
+                    0,
                 ),
             },
         };
@@ -199,6 +205,8 @@ impl Rebalancer {
             .find(|d| d.at_unix_ms == at_unix_ms && d.action == decision.action.to_string())
         {
             last.outcome = outcome;
+            last.done_unix_ms = unix_ms();
+            last.bytes_moved = bytes_moved;
         }
     }
 
@@ -230,6 +238,13 @@ impl Rebalancer {
         }
         "split".into()
     }
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Every master that may take tablets (`Up`, running a master, not being drained),

@@ -585,6 +585,8 @@ mod tests {
                     action: "move table 1 [0x0, 0x7f] from server-1 to server-2".into(),
                     why: "master server-1 at <5000> ops/s".into(),
                     outcome: "moved".into(),
+                    done_unix_ms: 3_600_100,
+                    bytes_moved: 1 << 20,
                 }],
             }),
             problems: vec!["coordinator 127.0.0.1:7001 does not answer".into()],

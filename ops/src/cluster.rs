@@ -141,6 +141,10 @@ pub struct UpArgs {
     /// benchmark's). Not a flag of `cluster up`.
     #[arg(skip)]
     pub rebalance_after_ms: Option<u64>,
+    /// Worker threads of each server's runtime (`rampart server --threads`), where a
+    /// benchmark bounds them. Not a flag of `cluster up`.
+    #[arg(skip)]
+    pub server_threads: Option<usize>,
 }
 
 impl UpArgs {
@@ -175,6 +179,7 @@ impl UpArgs {
             gateway_limits: Default::default(),
             rebalance: false,
             rebalance_after_ms: None,
+            server_threads: None,
         }
     }
 }
@@ -567,6 +572,11 @@ pub fn start_in(args: &UpArgs, print: bool, network: Option<Network>) -> Result<
                 .then(|| ["--metrics-addr".to_string(), metrics_addr])
                 .into_iter()
                 .flatten(),
+        )
+        .chain(
+            args.server_threads
+                .iter()
+                .flat_map(|n| ["--threads".to_string(), n.to_string()]),
         )
         .chain(security_args.iter().cloned())
         .collect();

@@ -223,6 +223,10 @@ pub struct RebalanceDecision {
     pub why: String,
     /// How it ended (`"under way"` until it has).
     pub outcome: String,
+    /// When it ended, in milliseconds since the Unix epoch (0: under way).
+    pub done_unix_ms: u64,
+    /// Bytes a move copied (0 for a split, or a move that failed).
+    pub bytes_moved: u64,
 }
 
 /// Where the drain of a server stands.

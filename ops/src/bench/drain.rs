@@ -159,6 +159,8 @@ async fn bench(args: &DrainBenchArgs, coordinator: &str, seed: u64) -> Result<Ou
         chooser: &chooser,
         value: &value,
         read_fraction: 0.5,
+        indexes: None,
+        done: None,
     };
 
     eprintln!("load before the drain: {} s", args.before_s);

@@ -186,6 +186,8 @@ async fn bench(args: &MigrateArgs, coordinator: &str, seed: u64) -> Result<Outco
         chooser: &chooser,
         value: &value,
         read_fraction: 0.95,
+        indexes: None,
+        done: None,
     };
     let before = measure_for(&clients, &mix, args.before_s, &max_op, seed).await?;
     let stop = Arc::new(AtomicBool::new(false));

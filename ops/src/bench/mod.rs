@@ -19,7 +19,9 @@
 //!   rate against a shared-memory copy floor, and the clients' latency before and during.
 //! * [`drain`] — a server holding one tablet drained under a write load: how long until
 //!   it is removed, the bytes moved, the clients' latency before and during.
-//! * `under_load` — what `migrate` and `drain` share: a private cluster, the load
+//! * [`rebalance`] — a load concentrated on one server's tablets, spread by the
+//!   rebalancer: throughput before and after, load max / mean, time to detect and move.
+//! * `under_load` — what `migrate`, `drain` and `rebalance` share: a private cluster, the load
 //!   before and during a change, the clients' latency figures.
 //! * [`echo`] — the floor's echo server (a hidden subcommand, run as a child process
 //!   so the floor crosses processes exactly as an RPC does).
@@ -31,6 +33,7 @@ pub mod drain;
 pub mod echo;
 pub mod lost_writes;
 pub mod migrate;
+pub mod rebalance;
 pub mod recovery_time;
 pub mod replication;
 pub mod resp;
@@ -60,6 +63,8 @@ pub enum BenchCommand {
     Migrate(migrate::MigrateArgs),
     /// A server drained under a write load: time until removed, bytes moved, latency.
     Drain(drain::DrainBenchArgs),
+    /// A load on one server's tablets spread by the rebalancer: throughput, load balance.
+    Rebalance(rebalance::RebalanceBenchArgs),
     /// The migrate floor's child (used by `bench migrate`).
     #[command(hide = true)]
     CopySink(migrate::CopySinkArgs),
@@ -79,6 +84,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Compare(args) => compare::run(args),
         BenchCommand::Migrate(args) => migrate::run(args),
         BenchCommand::Drain(args) => drain::run(args),
+        BenchCommand::Rebalance(args) => rebalance::run(args),
         BenchCommand::CopySink(args) => migrate::run_sink(args),
         BenchCommand::Echo(args) => echo::run(args),
     }

@@ -138,6 +138,10 @@ pub(super) struct Load<'a> {
     pub(super) chooser: &'a Arc<KeyChooser>,
     pub(super) value: &'a Bytes,
     pub(super) read_fraction: f64,
+    /// The key numbers the chooser's ranks stand for (`None`: the ranks themselves).
+    pub(super) indexes: Option<&'a Arc<Vec<u64>>>,
+    /// Counts every operation done, for throughput over time.
+    pub(super) done: Option<&'a Arc<AtomicU64>>,
 }
 
 /// `load` from every client until `stop`: latencies in one histogram, the longest
@@ -158,13 +162,15 @@ pub(super) async fn run_mix(
             Arc::clone(stop),
             Arc::clone(max_op),
         );
+        let (indexes, done) = (load.indexes.cloned(), load.done.cloned());
         let mut rng =
             SmallRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         async move {
             let mut latencies = histogram();
             let mut failed = 0;
             while !stop.load(Ordering::SeqCst) {
-                let k = key(chooser.next(&mut rng));
+                let rank = chooser.next(&mut rng);
+                let k = key(indexes.as_ref().map_or(rank, |all| all[rank as usize]));
                 let start = Instant::now();
                 let ok = if rng.gen_bool(read_fraction) {
                     client.read(table, &k).await.is_ok()
@@ -176,6 +182,9 @@ pub(super) async fn run_mix(
                 latencies.record(nanos.max(1))?;
                 if !ok {
                     failed += 1;
+                }
+                if let Some(done) = &done {
+                    done.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Ok::<Phase, anyhow::Error>(Phase { latencies, failed })
