@@ -145,9 +145,13 @@ impl Mover {
             other => return Err(refused(other)),
         };
         tracing::info!(%id, ?range, %source, %target, "move begun");
-        let (source_addr, target_addr) = self
-            .node
-            .with_state(|state| (addr_of(state, source), addr_of(state, target)));
+        let (source_addr, target_addr, cap_mb_s) = self.node.with_state(|state| {
+            (
+                addr_of(state, source),
+                addr_of(state, target),
+                state.move_cap_mb_s(),
+            )
+        });
         let (Some(source_addr), Some(target_addr)) = (source_addr, target_addr) else {
             return Err(self
                 .abort(id, range, [source, target], "an end is not up".into())
@@ -158,6 +162,7 @@ impl Mover {
             range,
             source,
             source_addr,
+            bytes_per_s: u64::from(cap_mb_s) * 1_000_000,
         };
         let deadline = Instant::now() + MOVE_IN_TIMEOUT + Duration::from_secs(5);
         let taken = match self
@@ -216,6 +221,35 @@ impl Mover {
             copy_ms: taken.copy_ms,
             frozen_ms,
         })
+    }
+
+    /// Cancels open move `id` (an operator's word): its abort is committed and both ends
+    /// told, which stops the target's copy; the drive then answers its caller
+    /// `MoveAborted`. Refused (`InvalidArgument`) for a move that is not open.
+    pub async fn cancel(&self, id: MoveId) -> Result<(), Reply> {
+        let open = self.node.with_state(|state| {
+            state
+                .open_move(id)
+                .map(|open| (open.range, [open.source, open.target]))
+        });
+        let Some((range, ends)) = open else {
+            let ended = self.node.with_state(|state| state.move_end(id));
+            return Err(Reply::error(
+                Status::InvalidArgument,
+                match ended {
+                    Some(end) => format!("{id} is not open: it ended {end:?}"),
+                    None => format!("{id} is not open (unknown, or ended long ago)"),
+                },
+            ));
+        };
+        let reply = self
+            .abort(id, range, ends, "cancelled by an operator".into())
+            .await;
+        if reply.status() == Status::MoveAborted {
+            Ok(())
+        } else {
+            Err(reply)
+        }
     }
 
     /// Commits the abort of move `id` and, once it is committed, tells both ends

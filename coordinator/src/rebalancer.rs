@@ -15,7 +15,8 @@
 use parking_lot::Mutex;
 use rampart_common::ids::ServerId;
 use rampart_common::protocol::coordinator::{
-    RebalanceDecision, RebalanceReply, ReportLoadRequest, ServerLoad, PROPOSAL_TIMEOUT,
+    OpenMoveView, RebalanceDecision, RebalanceReply, ReportLoadRequest, ServerLoad,
+    PROPOSAL_TIMEOUT,
 };
 use rampart_common::protocol::master::{SyncTablets, SyncTabletsRequest};
 use rampart_common::rpc::RpcPool;
@@ -107,6 +108,16 @@ impl Rebalancer {
             enabled: self.enabled,
             paused: state.rebalance_paused(),
             pinned: state.pinned().copied().collect(),
+            move_cap_mb_s: state.move_cap_mb_s(),
+            moves: state
+                .open_moves()
+                .map(|open| OpenMoveView {
+                    id: open.id,
+                    range: open.range,
+                    source: open.source,
+                    target: open.target,
+                })
+                .collect(),
             servers,
             decisions: self.decisions.lock().iter().cloned().collect(),
         }

@@ -569,6 +569,8 @@ mod tests {
                 enabled: true,
                 paused: false,
                 pinned: Vec::new(),
+                move_cap_mb_s: 0,
+                moves: Vec::new(),
                 servers: vec![ServerLoad {
                     server: ServerId(1),
                     ops_per_s: 5_000,

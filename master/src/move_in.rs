@@ -192,11 +192,14 @@ impl MoveIn {
             deadline,
         };
         let mut taken = Taken::default();
-        // Copy, fetching the next piece while the last replays.
+        // Copy, fetching the next piece while the last replays; under a cap, no faster
+        // than `bytes_per_s`.
         let mut replaying: Option<tokio::task::JoinHandle<Result<(), MoveInError>>> = None;
+        let copy_began = Instant::now();
         let copied = async {
             let mut from = Some(request.range.start);
             while let Some(at) = from {
+                step.pace(copy_began, taken.bytes).await?;
                 let reply = step.ask(MoveStep::Copy { from: at }).await?;
                 from = reply.next;
                 let piece = step.parse(reply, &mut taken).await?;
@@ -350,6 +353,28 @@ impl Stepper<'_> {
                 source_addr: self.request.source_addr.clone(),
                 error: error.to_string(),
             })
+    }
+
+    /// Under a cap of `bytes_per_s`, waits until `bytes` copied since `began` are within
+    /// it; a stop ends the wait.
+    async fn pace(&self, began: Instant, bytes: u64) -> Result<(), MoveInError> {
+        let rate = self.request.bytes_per_s;
+        if rate == 0 {
+            return Ok(());
+        }
+        let due = began + Duration::from_secs_f64(bytes as f64 / rate as f64);
+        if due > self.deadline {
+            return Err(MoveInError::Stopped(
+                "the copy cannot finish in time under the bandwidth cap",
+            ));
+        }
+        let mut stopped = self.stopped.clone();
+        tokio::select! {
+            () = tokio::time::sleep_until(due) => Ok(()),
+            _ = stopped.wait_for(|stopped| *stopped) => {
+                Err(MoveInError::Stopped("ended by the coordinators"))
+            }
+        }
     }
 
     /// Checks a reply against the range, off the reactor (a CRC over every entry).

@@ -7,7 +7,9 @@
 //! decisions with the figures behind them and how each ended. `pause` and `resume` are
 //! committed, so they hold across leaders; a move under way when paused goes on.
 //! `pin TABLE START-END` leaves the tablets meeting that range where they are (a drain
-//! still moves them); `unpin` removes every pinned range meeting it. Errors print on
+//! still moves them); `unpin` removes every pinned range meeting it. `cap MB` caps the
+//! megabytes per second each move begun from then on copies (0 lifts it). `show` also
+//! lists the moves open now; `rampart tablet cancel-move ID` ends one. Errors print on
 //! stderr and exit 2.
 
 use anyhow::{Context, Result};
@@ -48,6 +50,12 @@ pub enum RebalanceCommand {
         /// The hashes, `START-END`, or `all`.
         range: String,
     },
+    /// Cap the megabytes per second each move copies from now on (the rebalancer's, a
+    /// drain's and `rampart tablet move`'s alike); 0 lifts the cap.
+    Cap {
+        /// Megabytes per second.
+        mb_per_s: u32,
+    },
 }
 
 /// Runs `rampart rebalance ...`.
@@ -64,6 +72,7 @@ pub fn run(args: RebalanceArgs) -> Result<ExitCode> {
             RebalanceCommand::Unpin { table, range } => {
                 RebalanceAction::Unpin(table_range(&client, &table, &range).await?)
             }
+            RebalanceCommand::Cap { mb_per_s } => RebalanceAction::Cap(mb_per_s),
         };
         let reply = client
             .rebalance(action)
@@ -94,6 +103,18 @@ pub(crate) fn describe(reply: &RebalanceReply) -> String {
         (true, false) => "on",
     };
     let _ = writeln!(out, "rebalancing: {state}");
+    let cap = match reply.move_cap_mb_s {
+        0 => "none".to_string(),
+        mb => format!("{mb} MB/s"),
+    };
+    let _ = writeln!(out, "move bandwidth cap: {cap}");
+    for open in &reply.moves {
+        let _ = writeln!(
+            out,
+            "  open: {} of table {} {:#018x}..={:#018x} from {} to {} (`rampart tablet cancel-move {}`)",
+            open.id, open.range.table, open.range.start, open.range.end, open.source, open.target, open.id.0
+        );
+    }
     for range in &reply.pinned {
         let _ = writeln!(
             out,

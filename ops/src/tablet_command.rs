@@ -7,6 +7,9 @@
 //! KEY starts the upper half. Prints the tablets that meet there; a split where a
 //! tablet starts already prints them unchanged.
 //!
+//! `rampart tablet cancel-move ID` aborts an open move (`rampart rebalance` lists them):
+//! the target forgets its copy and the source serves the range again.
+//!
 //! A move hands the tablets covering hashes START..=END (split first where one reaches
 //! past either end) to master SERVER (an id, `server-3` or `3`), copied under load and
 //! frozen only for the last changes (docs/design.md, "Moving a tablet"): one move per
@@ -44,6 +47,12 @@ pub enum TabletCommand {
         /// Split at this key's hash instead, so that the key starts the upper half.
         #[arg(long)]
         key: Option<String>,
+    },
+    /// Cancel an open move (`rampart rebalance` lists them): the target forgets its
+    /// copy and the source serves the range again.
+    CancelMove {
+        /// The move: its id (`move-3` or `3`).
+        id: String,
     },
     /// Move the tablets covering a range of key hashes to another master, under load.
     Move {
@@ -83,6 +92,19 @@ pub fn run(args: TabletArgs) -> Result<ExitCode> {
                 for tablet in &tablets {
                     println!("{}", describe(tablet));
                 }
+            }
+            TabletCommand::CancelMove { id } => {
+                let id = id
+                    .strip_prefix("move-")
+                    .unwrap_or(&id)
+                    .parse::<u64>()
+                    .map(rampart_common::ids::MoveId)
+                    .with_context(|| format!("{id:?} is not a move id (move-3, or 3)"))?;
+                client
+                    .cancel_move(id)
+                    .await
+                    .with_context(|| format!("cancelling {id}"))?;
+                println!("{id} cancelled: aborted, its tablets stay where they were");
             }
             TabletCommand::Move { table, range, to } => {
                 let (start, end) = parse_range(&range)?;

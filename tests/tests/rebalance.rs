@@ -1,7 +1,9 @@
 //! Rebalancing from outside (issue 42, item 3), on real processes: a server that joins
 //! an idle cluster receives tablets, not while an operator has paused the rebalancer,
 //! and at once when resumed; a master whose tablets take all the load under a client's
-//! reads and writes sheds one to a master that takes none. Every key reads back after.
+//! reads and writes sheds one to a master that takes none; a move held back by the
+//! bandwidth cap is cancelled halfway, and moves again once the cap is lifted. Every key
+//! reads back after.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -181,5 +183,80 @@ fn a_master_with_the_hot_tablets_sheds_one_under_load_and_every_key_reads_back()
             view.decisions.iter().any(|d| d.why.contains("ops/s")),
             "{view:?}"
         );
+    });
+}
+
+#[test]
+fn a_capped_move_cancelled_halfway_leaves_its_tablets_and_moves_once_uncapped() {
+    let dir = tempfile::TempDir::new().unwrap();
+    // Rebalancing off: only the operator moves here.
+    let group = CoordinatorGroup::start_with(1, &[], &[]).unwrap();
+    let _servers = start_servers(&group, dir.path(), 2);
+    runtime().block_on(async {
+        let client = client(&group).await;
+        let table = client.create_table("capped", 1).await.unwrap();
+        let keys: Vec<String> = (0..8000).map(|i| format!("key-{i}")).collect();
+        let pad = "x".repeat(1000);
+        for key in &keys {
+            let value = format!("value of {key}");
+            client
+                .write(table, key.as_bytes(), value.as_bytes())
+                .await
+                .unwrap();
+        }
+        // About 8 MB more, so that the copy takes seconds at 1 MB/s.
+        for i in 0..8000 {
+            let key = format!("pad-{i}");
+            client
+                .write(table, key.as_bytes(), pad.as_bytes())
+                .await
+                .unwrap();
+        }
+        let view = client.rebalance(RebalanceAction::Cap(1)).await.unwrap();
+        assert_eq!(view.move_cap_mb_s, 1);
+        let before = tablets(&group, table).await;
+        let source = before[0].owner;
+        let target = if source == ServerId(1) {
+            ServerId(2)
+        } else {
+            ServerId(1)
+        };
+        let mover = {
+            let client = client.clone();
+            tokio::spawn(async move { client.move_tablets(table, 0, u64::MAX, target).await })
+        };
+        let until = Instant::now() + Duration::from_secs(20);
+        let open = loop {
+            let view = client.rebalance(RebalanceAction::Show).await.unwrap();
+            if let Some(open) = view.moves.first() {
+                break *open;
+            }
+            assert!(Instant::now() < until, "the move never showed as open");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!((open.source, open.target), (source, target));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!mover.is_finished(), "the capped move finished in 2 s");
+        client.cancel_move(open.id).await.unwrap();
+        let moved = tokio::time::timeout(Duration::from_secs(30), mover)
+            .await
+            .expect("the cancelled move answered")
+            .unwrap();
+        assert!(moved.is_err(), "the cancelled move committed: {moved:?}");
+        assert!(
+            client.cancel_move(open.id).await.is_err(),
+            "cancelled twice"
+        );
+        assert_eq!(tablets(&group, table).await, before);
+        check_keys(&client, table, &keys).await;
+        // Uncapped, the same move goes through.
+        client.rebalance(RebalanceAction::Cap(0)).await.unwrap();
+        client
+            .move_tablets(table, 0, u64::MAX, target)
+            .await
+            .unwrap();
+        let after = tablets(&group, table).await;
+        assert!(after.iter().all(|t| t.owner == target), "{after:?}");
+        check_keys(&client, table, &keys).await;
     });
 }

@@ -2,12 +2,12 @@
 //! and single-object reads, writes, removes and increments.
 
 use bytes::Bytes;
-use rampart_common::ids::{ServerId, TableId, Version};
+use rampart_common::ids::{MoveId, ServerId, TableId, Version};
 use rampart_common::protocol::coordinator::{
-    CreateTable, CreateTableRequest, DrainReply, DrainServer, DropTable, DropTableRequest,
-    GetDrain, GetTableId, MoveTablets, MoveTabletsReply, MoveTabletsRequest, Rebalance,
-    RebalanceAction, RebalanceReply, RebalanceRequest, ServerIdRequest, SplitTablet,
-    SplitTabletRequest, TableNameRequest,
+    CancelMove, CreateTable, CreateTableRequest, DrainReply, DrainServer, DropTable,
+    DropTableRequest, GetDrain, GetTableId, MoveIdRequest, MoveTablets, MoveTabletsReply,
+    MoveTabletsRequest, Rebalance, RebalanceAction, RebalanceReply, RebalanceRequest,
+    ServerIdRequest, SplitTablet, SplitTabletRequest, TableNameRequest,
 };
 use rampart_common::protocol::master::{
     Increment, IncrementRequest, Read, ReadRequest, Remove, RemoveRequest, Write, WriteReply,
@@ -141,6 +141,15 @@ impl Client {
     pub async fn drain_status(&self, server: ServerId) -> Result<DrainReply, ClientError> {
         let deadline = self.retry().deadline;
         self.coordinator_call_patient::<GetDrain>(&ServerIdRequest { server }, deadline)
+            .await
+    }
+
+    /// Cancels open move `id` (`rampart rebalance` lists them): the target forgets its
+    /// copy, the source serves the range again, and the move's caller is answered
+    /// `MoveAborted`. Refused for a move that is not open.
+    pub async fn cancel_move(&self, id: MoveId) -> Result<(), ClientError> {
+        let deadline = self.retry().deadline;
+        self.coordinator_call_patient::<CancelMove>(&MoveIdRequest { id }, deadline)
             .await
     }
 

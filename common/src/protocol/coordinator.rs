@@ -174,6 +174,9 @@ pub enum RebalanceAction {
     Pin(crate::tablet::HashRange),
     /// Unpin every pinned range meeting this one.
     Unpin(crate::tablet::HashRange),
+    /// Cap the megabytes per second each move copies from now on, the rebalancer's, a
+    /// drain's and an operator's alike (0: no cap; committed).
+    Cap(u32),
 }
 
 /// A request to the rebalancer.
@@ -192,10 +195,27 @@ pub struct RebalanceReply {
     pub paused: bool,
     /// The pinned ranges (committed), in order.
     pub pinned: Vec<crate::tablet::HashRange>,
+    /// The cap on each move's copy, in megabytes per second (committed; 0: none).
+    pub move_cap_mb_s: u32,
+    /// The moves open now, whoever began them (`rampart tablet cancel-move` ends one).
+    pub moves: Vec<OpenMoveView>,
     /// The load of each `Up` master, as last reported, by id.
     pub servers: Vec<ServerLoad>,
     /// The newest decisions, oldest first, each with the figures behind it.
     pub decisions: Vec<RebalanceDecision>,
+}
+
+/// A move open now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenMoveView {
+    /// Its id.
+    pub id: MoveId,
+    /// Its tablets.
+    pub range: crate::tablet::HashRange,
+    /// Where they are.
+    pub source: ServerId,
+    /// Where they go.
+    pub target: ServerId,
 }
 
 /// One master's load.
@@ -768,9 +788,13 @@ rpcs! {
     ListDrains = 125: ListDrainsRequest => ListDrainsReply;
     /// A master's load over its last interval (the leader's rebalancer reads it).
     ReportLoad = 126: ReportLoadRequest => ();
-    /// Show, pause, resume rebalancing, or pin or unpin tablets; answers where it stands
-    /// (the leader's view).
+    /// Show, pause, resume rebalancing, pin or unpin tablets, or cap moves' bandwidth;
+    /// answers where it stands (the leader's view).
     Rebalance = 127: RebalanceRequest => RebalanceReply;
+    /// Cancel an open move: its abort is committed and both ends told (the target
+    /// forgets its copy, the source serves the range again); `MoveAborted` answers the
+    /// move's caller.
+    CancelMove = 128: MoveIdRequest => ();
 }
 
 #[cfg(test)]

@@ -492,6 +492,9 @@ pub struct MoveInRequest {
     pub source: ServerId,
     /// Where the source listens.
     pub source_addr: String,
+    /// The most bytes per second the copy may take (0: no cap); the tails and the
+    /// freeze are never held back.
+    pub bytes_per_s: u64,
 }
 
 /// What a target took.

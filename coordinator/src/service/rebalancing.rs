@@ -42,6 +42,7 @@ impl CoordinatorService {
             RebalanceAction::Resume => Some(Command::SetRebalancePaused { paused: false }),
             RebalanceAction::Pin(range) => Some(Command::PinTablets { range, pin: true }),
             RebalanceAction::Unpin(range) => Some(Command::PinTablets { range, pin: false }),
+            RebalanceAction::Cap(mb_per_s) => Some(Command::SetMoveCap { mb_per_s }),
         };
         match command {
             Some(command) => match self.apply(command).await? {

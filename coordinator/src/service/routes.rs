@@ -8,11 +8,11 @@
 
 use bytes::Bytes;
 use rampart_common::protocol::coordinator::{
-    AllowLoss, CheckClientLeases, CreateTable, DrainServer, DropTable, Enlist, GetDrain, GetMove,
-    GetOwnedTablets, GetTableId, GetTabletMap, ListDrains, MoveTablets, OpenClient, ProcessExited,
-    RaftMessages, RaftStatus, Rebalance, RecoveryStatus, RenewClientLease, RenewLease,
-    ReportFailure, ReportLoad, ReserveVersions, SetOpenEpoch, SplitTablet, UploadWill,
-    WatchTabletMap,
+    AllowLoss, CancelMove, CheckClientLeases, CreateTable, DrainServer, DropTable, Enlist,
+    GetDrain, GetMove, GetOwnedTablets, GetTableId, GetTabletMap, ListDrains, MoveTablets,
+    OpenClient, ProcessExited, RaftMessages, RaftStatus, Rebalance, RecoveryStatus,
+    RenewClientLease, RenewLease, ReportFailure, ReportLoad, ReserveVersions, SetOpenEpoch,
+    SplitTablet, UploadWill, WatchTabletMap,
 };
 use rampart_common::rpc::server::HandleFuture;
 use rampart_common::rpc::{Opcode, Router, Service};
@@ -48,6 +48,7 @@ fn router() -> Router<CoordinatorService> {
         .route::<SplitTablet>(|service, request| Box::pin(service.split_tablet(request)))
         .route::<MoveTablets>(|service, request| Box::pin(service.move_tablets(request)))
         .route::<GetMove>(|service, request| Box::pin(service.get_move(request)))
+        .route::<CancelMove>(|service, request| Box::pin(service.cancel_move(request)))
         .route::<GetTableId>(|service, request| Box::pin(service.get_table_id(request)))
         .route_payload::<GetTabletMap>(|service, _unread| Box::pin(service.get_tablet_map()))
         .route::<WatchTabletMap>(|service, request| Box::pin(service.watch_tablet_map(request)))

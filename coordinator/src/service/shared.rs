@@ -239,6 +239,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::RemoveDrained { .. } => "removal of a drained server",
         Command::SetRebalancePaused { .. } => "rebalancer pause",
         Command::PinTablets { .. } => "tablet pin",
+        Command::SetMoveCap { .. } => "move bandwidth cap",
     }
 }
 

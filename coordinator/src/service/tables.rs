@@ -168,6 +168,16 @@ impl CoordinatorService {
         Ok(MoveTabletsReply { moves })
     }
 
+    /// `CancelMove`: aborts an open move (`crate::mover`).
+    pub(super) async fn cancel_move(&self, request: MoveIdRequest) -> Result<(), Reply> {
+        if !self.node.is_leader() {
+            return Err(Reply::error(Status::NotLeader, self.node.hint().encode()));
+        }
+        self.mover.cancel(request.id).await?;
+        tracing::info!(id = %request.id, "move cancelled by an operator");
+        Ok(())
+    }
+
     /// `GetMove`, linearizable.
     pub(super) async fn get_move(&self, request: MoveIdRequest) -> Result<MoveState, Reply> {
         self.read_barrier().await?;

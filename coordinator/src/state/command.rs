@@ -286,6 +286,12 @@ pub enum Command {
         /// Pin, or unpin.
         pin: bool,
     },
+    /// Caps the megabytes per second each move may copy from now on (0: no cap); a
+    /// repeat changes nothing.
+    SetMoveCap {
+        /// The cap.
+        mb_per_s: u32,
+    },
 }
 
 /// What applying a [`Command`] produced; sent back to the client that proposed it.
@@ -394,6 +400,8 @@ pub enum CommandResult {
         paused: bool,
         /// The pinned ranges, in order.
         pinned: Vec<HashRange>,
+        /// The cap on a move's copy, in megabytes per second (0: none).
+        move_cap_mb_s: u32,
     },
     /// The command was refused and changed nothing.
     Rejected {
@@ -548,6 +556,7 @@ pub(super) mod tests {
             1 => (1u64..5).prop_map(|id| Command::AbortMove { id: MoveId(id) }),
             1 => (1u64..6).prop_map(|id| Command::DrainServer { id: ServerId(id) }),
             1 => any::<bool>().prop_map(|paused| Command::SetRebalancePaused { paused }),
+            1 => (0u32..4).prop_map(|mb_per_s| Command::SetMoveCap { mb_per_s }),
             1 => (1u64..6, any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(id, a, b, pin)| {
                 Command::PinTablets {
                     range: HashRange::new(TableId(id), a.min(b), a.max(b)),

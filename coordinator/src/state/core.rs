@@ -112,6 +112,8 @@ pub struct CoordinatorState {
     /// 1. At most [`PINNED_MAX`](super::command::PINNED_MAX); each of a live table,
     ///    `start <= end`.
     pub(super) pinned: BTreeSet<HashRange>,
+    /// The most megabytes per second a move may copy (0: no cap).
+    pub(super) move_cap_mb_s: u32,
 }
 
 impl Default for CoordinatorState {
@@ -146,6 +148,7 @@ impl CoordinatorState {
             draining: BTreeSet::new(),
             rebalance_paused: false,
             pinned: BTreeSet::new(),
+            move_cap_mb_s: 0,
         }
     }
 
@@ -197,6 +200,7 @@ impl CoordinatorState {
             Command::RemoveDrained { id, confirmed } => self.remove_drained(*id, confirmed),
             Command::SetRebalancePaused { paused } => Ok(self.set_rebalance_paused(*paused)),
             Command::PinTablets { range, pin } => self.pin_tablets(*range, *pin),
+            Command::SetMoveCap { mb_per_s } => Ok(self.set_move_cap(*mb_per_s)),
         };
         match outcome {
             Ok(Outcome::Changed(result)) => {

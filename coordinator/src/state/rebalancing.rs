@@ -1,6 +1,7 @@
 //! The operators' settings of the rebalancer (docs/design.md §7, "Rebalancing"),
-//! committed so that every leader after holds to them: whether it is paused, and the
-//! ranges whose tablets it leaves where they are (pinned). The leader's rebalancer
+//! committed so that every leader after holds to them: whether it is paused, the ranges
+//! whose tablets it leaves where they are (pinned), and the cap on the bandwidth of each
+//! move (the rebalancer's, a drain's and an operator's alike). The leader's rebalancer
 //! (`coordinator::rebalancer`) reads them before each decision; a drain still moves a
 //! pinned tablet (a drain is an operator's explicit word).
 
@@ -25,17 +26,27 @@ impl CoordinatorState {
         self.pinned.iter().any(|pinned| pinned.overlaps(&range))
     }
 
+    /// The most megabytes per second a move may copy (0: no cap).
+    pub fn move_cap_mb_s(&self) -> u32 {
+        self.move_cap_mb_s
+    }
+
     /// [`Command::SetRebalancePaused`](super::Command::SetRebalancePaused).
     pub(super) fn set_rebalance_paused(&mut self, paused: bool) -> Outcome {
-        let result = CommandResult::RebalancingSet {
-            paused,
-            pinned: self.pinned.iter().copied().collect(),
-        };
         if self.rebalance_paused == paused {
-            return Outcome::Unchanged(result);
+            return Outcome::Unchanged(self.rebalancing_set());
         }
         self.rebalance_paused = paused;
-        Outcome::Changed(result)
+        Outcome::Changed(self.rebalancing_set())
+    }
+
+    /// [`Command::SetMoveCap`](super::Command::SetMoveCap).
+    pub(super) fn set_move_cap(&mut self, mb_per_s: u32) -> Outcome {
+        if self.move_cap_mb_s == mb_per_s {
+            return Outcome::Unchanged(self.rebalancing_set());
+        }
+        self.move_cap_mb_s = mb_per_s;
+        Outcome::Changed(self.rebalancing_set())
     }
 
     /// [`Command::PinTablets`](super::Command::PinTablets).
@@ -72,6 +83,7 @@ impl CoordinatorState {
         CommandResult::RebalancingSet {
             paused: self.rebalance_paused,
             pinned: self.pinned.iter().copied().collect(),
+            move_cap_mb_s: self.move_cap_mb_s,
         }
     }
 }
@@ -114,6 +126,17 @@ mod tests {
         state.apply(&Command::DropTable { id: table });
         assert_eq!(state.pinned().count(), 0);
         assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn the_move_cap_is_committed_once() {
+        let mut state = CoordinatorState::new();
+        let version = state.version();
+        state.apply(&Command::SetMoveCap { mb_per_s: 50 });
+        state.apply(&Command::SetMoveCap { mb_per_s: 50 });
+        assert_eq!((state.move_cap_mb_s(), state.version()), (50, version + 1));
+        state.apply(&Command::SetMoveCap { mb_per_s: 0 });
+        assert_eq!(state.move_cap_mb_s(), 0);
     }
 
     #[test]

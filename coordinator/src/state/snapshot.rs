@@ -88,7 +88,7 @@ pub(crate) struct StateWithoutClients {
 }
 
 /// The state as releases before rebalancing encoded it: today's fields but the last
-/// two.
+/// three.
 #[derive(Deserialize)]
 pub(crate) struct StateWithoutRebalancing {
     before: StateWithoutDrains,
@@ -170,6 +170,7 @@ impl From<StateWithoutClients> for CoordinatorState {
             draining: BTreeSet::new(),
             rebalance_paused: false,
             pinned: BTreeSet::new(),
+            move_cap_mb_s: 0,
         }
     }
 }
@@ -420,10 +421,10 @@ mod tests {
             CommandResult::TableCreated { .. }
         ));
         state.apply(&Command::OpenClient);
-        // The encoding before rebalancing is today's without its last two fields, a
-        // bool and an empty set (its length, a u64).
+        // The encoding before rebalancing is today's without its last three fields, a
+        // bool, an empty set (its length, a u64) and a u32.
         let bytes = bincode::serialize(&state).expect("a state encodes");
-        let before_rebalancing = &bytes[..bytes.len() - 9];
+        let before_rebalancing = &bytes[..bytes.len() - 13];
         assert_eq!(
             CoordinatorState::decode(before_rebalancing)
                 .expect("the encoding before rebalancing decodes"),
