@@ -196,6 +196,12 @@ impl LoadBoard {
         );
     }
 
+    /// Nothing may be decided for now (paused, a drain or a move under way): whoever was
+    /// hot must stay so for a whole period after, once the reports show the change.
+    pub fn hold(&mut self) {
+        self.hot = None;
+    }
+
     /// Forgets the masters not in `keep` (removed, crashed).
     pub fn retain(&mut self, keep: impl Fn(ServerId) -> bool) {
         self.reports.retain(|&server, _| keep(server));
@@ -332,9 +338,9 @@ impl LoadBoard {
         };
         let at = match measure {
             Measure::Ops => stat.split_at,
-            Measure::Bytes if stat.bytes >= self.config.split_bytes_min => {
-                Some(tablet.start_hash + (tablet.end_hash - tablet.start_hash) / 2 + 1)
-            }
+            Measure::Bytes if stat.bytes >= self.config.split_bytes_min => tablet
+                .start_hash
+                .checked_add((tablet.end_hash - tablet.start_hash) / 2 + 1),
             Measure::Bytes => None,
         };
         match at.filter(|&at| tablet.start_hash < at && at <= tablet.end_hash) {
@@ -508,6 +514,31 @@ mod tests {
         assert!(
             matches!(board.decide(now, &masters, |_| true), Verdict::Stuck(why) if why.contains("pinned"))
         );
+    }
+
+    #[test]
+    fn a_tablet_of_one_hash_is_never_split() {
+        let mut board = LoadBoard::new(RebalanceConfig {
+            sustain: Duration::ZERO,
+            ..RebalanceConfig::default()
+        });
+        let masters = vec![
+            (ServerId(1), vec![tablet(1, u64::MAX, u64::MAX)]),
+            (ServerId(2), vec![tablet(2, 0, u64::MAX - 1)]),
+        ];
+        let now = Instant::now();
+        let big = load(&masters[0].1[0], 0, 1 << 30, None);
+        board.report(now, ServerId(1), Duration::from_secs(1), &[big]);
+        board.report(
+            now,
+            ServerId(2),
+            Duration::from_secs(1),
+            &[load(&masters[1].1[0], 0, 0, None)],
+        );
+        assert!(matches!(
+            board.decide(now, &masters, |_| false),
+            Verdict::Stuck(_)
+        ));
     }
 
     #[test]

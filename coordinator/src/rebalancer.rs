@@ -145,6 +145,7 @@ impl Rebalancer {
                     || state.draining().next().is_some()
                     || state.open_moves().next().is_some();
                 if busy {
+                    board.hold();
                     return Verdict::Wait;
                 }
                 board.decide(Instant::now().into_std(), &masters(state), |t| {

@@ -74,21 +74,34 @@ impl LoadCounter {
                 (table, taken.collect())
             })
             .collect();
+        // The hashes of each bucket that the tablets here cover: only this master's
+        // operations were counted in a bucket it shares with another master's tablet,
+        // so they are spread over its own part of the bucket, not the whole width.
+        let mut owned: HashMap<(TableId, usize), u128> = HashMap::new();
+        for range in tablets {
+            for i in bucket(range.start)..=bucket(range.end) {
+                *owned.entry((range.table, i)).or_default() += covered(i, range.start, range.end);
+            }
+        }
         tablets
             .iter()
             .map(|range| {
-                let (ops, split_at) = match counts.get(&range.table) {
-                    Some(counts) => (
-                        ops_in(counts, range.start, range.end),
-                        split_point(counts, range.start, range.end),
-                    ),
-                    None => (0, None),
+                let shares: Vec<(usize, u64)> = match counts.get(&range.table) {
+                    Some(counts) => (bucket(range.start)..=bucket(range.end))
+                        .map(|i| {
+                            let part = covered(i, range.start, range.end);
+                            let whole = owned.get(&(range.table, i)).copied().unwrap_or(part);
+                            let share = u128::from(counts[i]) * part / whole.max(1);
+                            (i, u64::try_from(share).unwrap_or(u64::MAX))
+                        })
+                        .collect(),
+                    None => Vec::new(),
                 };
                 TabletLoad {
                     range: *range,
-                    ops,
+                    ops: shares.iter().map(|&(_, ops)| ops).sum(),
                     bytes: bytes(range),
-                    split_at,
+                    split_at: split_point(&shares),
                 }
             })
             .collect()
@@ -105,39 +118,33 @@ fn bucket_start(i: usize) -> u64 {
     (i as u64) << (64 - LOAD_BUCKET_BITS)
 }
 
-/// The operations counted in hashes `start..=end`: whole buckets in full, partly
-/// covered ones in proportion to the hashes covered.
-fn ops_in(counts: &[u64], start: u64, end: u64) -> u64 {
-    let mut total = 0u128;
-    let (first_bucket, last_bucket) = (bucket(start), bucket(end));
-    for (i, &count) in counts
-        .iter()
-        .enumerate()
-        .take(last_bucket + 1)
-        .skip(first_bucket)
-    {
-        let first = u128::from(bucket_start(i));
-        let last = first + BUCKET_WIDTH - 1;
-        let covered = last.min(u128::from(end)) - first.max(u128::from(start)) + 1;
-        total += u128::from(count) * covered / BUCKET_WIDTH;
-    }
-    u64::try_from(total).unwrap_or(u64::MAX)
+/// How many hashes of bucket `i` lie in `start..=end`.
+fn covered(i: usize, start: u64, end: u64) -> u128 {
+    let first = u128::from(bucket_start(i));
+    let last = first + BUCKET_WIDTH - 1;
+    (last.min(u128::from(end)) + 1).saturating_sub(first.max(u128::from(start)))
 }
 
-/// The bucket boundary in `start + 1..=end` that cuts the operations of `start..=end`
-/// most evenly; `None` without one, or without operations.
-fn split_point(counts: &[u64], start: u64, end: u64) -> Option<u64> {
-    let total = ops_in(counts, start, end);
+/// Of a tablet's operations by bucket (in bucket order), the first hash of the bucket
+/// that cuts them most evenly, below it against from it; `None` with one bucket, or
+/// without operations. One pass.
+fn split_point(shares: &[(usize, u64)]) -> Option<u64> {
+    let total: u64 = shares.iter().map(|&(_, ops)| ops).sum();
     if total == 0 {
         return None;
     }
-    (bucket(start) + 1..=bucket(end))
-        .map(bucket_start)
-        .filter(|&at| at > start)
-        .min_by_key(|&at| {
-            let below = ops_in(counts, start, at - 1);
-            below.abs_diff(total - below.min(total))
-        })
+    let mut below = 0u64;
+    let mut best: Option<(u64, usize)> = None;
+    for (k, &(i, ops)) in shares.iter().enumerate() {
+        if k > 0 {
+            let gap = below.abs_diff(total - below);
+            if best.map_or(true, |(least, _)| gap < least) {
+                best = Some((gap, i));
+            }
+        }
+        below += ops;
+    }
+    best.map(|(_, i)| bucket_start(i))
 }
 
 #[cfg(test)]
@@ -192,6 +199,20 @@ mod tests {
         let report = counter.report(&tablets, |_| 0);
         assert_eq!(report[0].ops, 25);
         assert_eq!(report[1].ops, 75);
+    }
+
+    #[test]
+    fn a_bucket_shared_with_another_master_counts_whole_for_the_part_here() {
+        let mut counter = LoadCounter::new();
+        counter.track(TABLE);
+        for _ in 0..100 {
+            counter.count(TABLE, at_bucket(5));
+        }
+        // Only the upper three quarters of bucket 5 on are here: every operation counted
+        // in it was on that part.
+        let middle = bucket_start(5) + (BUCKET_WIDTH / 4) as u64;
+        let report = counter.report(&[HashRange::new(TABLE, middle, u64::MAX)], |_| 0);
+        assert_eq!(report[0].ops, 100);
     }
 
     #[test]
