@@ -719,6 +719,42 @@ impl MasterService {
         })
     }
 
+    /// `UnneededReplicas`: which of this log's segments' copies on a backup it no longer
+    /// needs there, answered by the replicator at its next upkeep
+    /// (`ServerListWatch::ask_unneeded`); `Retry` while too many questions wait, or
+    /// when no upkeep answered in time.
+    async fn unneeded_replicas(
+        &self,
+        request: proto::UnneededReplicasRequest,
+    ) -> Result<proto::UnneededReplicasReply, Reply> {
+        if request.segments.len() > proto::UNNEEDED_SEGMENTS_MAX {
+            return Err(Reply::error(
+                Status::InvalidArgument,
+                format!(
+                    "{} segments in one question, more than {}",
+                    request.segments.len(),
+                    proto::UNNEEDED_SEGMENTS_MAX
+                ),
+            ));
+        }
+        let Some(answer) = self
+            .server_list
+            .ask_unneeded(request.backup, request.segments)
+        else {
+            return Err(Reply::error(
+                Status::Retry,
+                "too many questions about replicas wait; ask again later",
+            ));
+        };
+        match tokio::time::timeout(UNNEEDED_ANSWER_TIMEOUT, answer).await {
+            Ok(Ok(segments)) => Ok(proto::UnneededReplicasReply { segments }),
+            _ => Err(Reply::error(
+                Status::Retry,
+                "the replicator did not answer in time; ask again later",
+            )),
+        }
+    }
+
     /// Refuses an ownership change meant for another server (`WrongServer`: a server
     /// restarted at this address under a new id), or naming tablets of another owner.
     fn check_owner(&self, owner: ServerId, tablets: &[Tablet]) -> Result<(), Reply> {
@@ -821,6 +857,9 @@ static CONTROL: LazyLock<Router<MasterService>> = LazyLock::new(|| {
         .route::<proto::MoveIn>(|master, request| Box::pin(master.move_in(request)))
         .route::<proto::EndMove>(|master, request| Box::pin(master.end_move(request)))
         .route::<proto::EvacuateBackup>(|master, request| Box::pin(master.evacuate_backup(request)))
+        .route::<proto::UnneededReplicas>(|master, request| {
+            Box::pin(master.unneeded_replicas(request))
+        })
 });
 
 impl Service for MasterService {
@@ -985,6 +1024,10 @@ fn lease_lapsed() -> Reply {
 /// Bytes of the shortest object of a `MultiWrite` payload: table id, key and value
 /// lengths, reject rules (a version and four flags) and exactly-once identity (three
 /// numbers), with an empty key and value.
+/// How long an `UnneededReplicas` waits for the replicator's answer (its upkeep runs
+/// every 100 ms, between batches under load).
+const UNNEEDED_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 const MULTI_WRITE_OBJECT_BYTES_MIN: usize = 8 + 8 + 8 + (8 + 4) + 3 * 8;
 
 /// A `MultiWrite` payload as write operations whose keys and values are slices of the
@@ -1102,6 +1145,7 @@ mod control_tests {
             proto::MoveIn::OPCODE,
             proto::EndMove::OPCODE,
             proto::EvacuateBackup::OPCODE,
+            proto::UnneededReplicas::OPCODE,
         ];
         assert_eq!(routed, control);
         for opcode in routed {

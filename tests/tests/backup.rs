@@ -2,7 +2,8 @@
 //! SIGKILL of the server and are reported, byte for byte, by its successor — the closed
 //! ones from the disk, the open ones from the frame file the killed process left; and a
 //! backup away while its master was recovered, back on its data directory, has the
-//! replicas nobody needs any more freed by the coordinators' collection.
+//! replicas nobody needs any more freed by the coordinators' collection; so does one
+//! away while its master, still up, freed segments and re-created the rest elsewhere.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -380,5 +381,135 @@ async fn a_backup_back_after_its_masters_recovery_frees_what_nobody_needs() {
     for i in 0..300 {
         let key = format!("key-{i}");
         assert!(client.read(table, key.as_bytes()).await.unwrap().is_some());
+    }
+}
+
+/// The (segment, epoch) of every replica of `master` that the backup at `addr` holds.
+async fn replica_ids(addr: &str, master: ServerId) -> Vec<(SegmentId, Epoch)> {
+    let request = ListReplicasRequest {
+        master: Some(master),
+    };
+    RpcPool::new()
+        .call::<ListReplicas>(addr, &request, deadline())
+        .await
+        .unwrap()
+        .replicas
+        .iter()
+        .map(|r| (r.segment, r.epoch))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_back_after_its_live_master_freed_and_moved_its_segments_gives_them_back() {
+    use rampart_common::protocol::master::{PingRequest, ServerStats};
+    use rampart_common::tablet::ServerStatus;
+    let group =
+        rampart_tests::CoordinatorGroup::start_with(1, &["--collect-interval-ms", "3000"], &[])
+            .unwrap();
+    let root = tempfile::TempDir::new().unwrap();
+    let dir = |i: usize| root.path().join(format!("server-{i}"));
+    // An idle master cleans from 10 % of its 64 segments on.
+    let flags = [
+        &["--replicas", "1", "--cleaner-threshold", "10"],
+        rampart_tests::SMALL_SERVERS,
+    ]
+    .concat();
+    let mut servers_up: Vec<Option<RampartProcess>> = (0..3)
+        .map(|i| Some(group.start_server(&dir(i), &flags).unwrap()))
+        .collect();
+    let client = rampart_client::Client::connect(&[group.addrs()])
+        .await
+        .unwrap();
+    let table = client.create_table("kept", 1).await.unwrap();
+    let write_round = |round: u8| {
+        let client = client.clone();
+        async move {
+            for i in 0..50 {
+                let key = format!("key-{i}");
+                client
+                    .write(table, key.as_bytes(), &[round; 60_000])
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    write_round(1).await;
+    let owner = map(&group)
+        .await
+        .tables
+        .iter()
+        .find(|t| t.id == table)
+        .unwrap()
+        .tablets[0]
+        .owner;
+    let index = |id: ServerId| {
+        servers_up
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|p| p.server_id() == id.0))
+            .unwrap()
+    };
+    let owner_at = index(owner);
+    let owner_addr = servers_up[owner_at].as_ref().unwrap().addr.clone();
+    let stats = || async {
+        RpcPool::new()
+            .call::<ServerStats>(&owner_addr, &PingRequest {}, deadline())
+            .await
+            .unwrap()
+    };
+    // A backup holding replicas of the owner goes away; the owner re-creates them on
+    // the other.
+    let mut away = None;
+    for (i, server) in servers_up.iter().enumerate() {
+        let server = server.as_ref().unwrap();
+        if i != owner_at && replicas_of(&server.addr, owner).await > 0 {
+            away = Some(i);
+            break;
+        }
+    }
+    let away = away.unwrap();
+    let away_id = ServerId(servers_up[away].as_ref().unwrap().server_id());
+    servers_up[away].take().unwrap().kill();
+    wait_status(&group, away_id, ServerStatus::Removed).await;
+    // Overwritten while it is away: the owner cleans, freeing segments it had there.
+    let cleaned_before = stats().await.segments_cleaned;
+    for round in 2..6 {
+        write_round(round).await;
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = stats().await;
+        if now.segments_cleaned > cleaned_before && now.segments_under_replicated == 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "never cleaned and whole: {now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Back on its data directory (under a new id): it holds the owner's old copies,
+    // freed segments and abandoned ones alike, and the collection frees them, the owner
+    // being up.
+    let back = group.start_server(&dir(away), &flags).unwrap();
+    let held = replica_ids(&back.addr, owner).await;
+    assert!(!held.is_empty(), "the store kept them");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = replica_ids(&back.addr, owner).await;
+        if !now.iter().any(|copy| held.contains(copy)) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "never collected: {now:?} of {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nothing the owner needs was freed: it crashes, and its recovery reads every key
+    // back at its last value.
+    servers_up[owner_at].take().unwrap().kill();
+    wait_status(&group, owner, ServerStatus::Removed).await;
+    for i in 0..50 {
+        let key = format!("key-{i}");
+        let object = client.read(table, key.as_bytes()).await.unwrap().unwrap();
+        assert!(object.value.iter().all(|&b| b == 5), "{key}");
     }
 }

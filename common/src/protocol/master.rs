@@ -550,6 +550,29 @@ impl EvacuateBackupReply {
     }
 }
 
+/// Asks a master which of its segments' copies on a backup it no longer needs there
+/// (coordinator → master; the leader's collection, docs/design.md §7, "Collecting
+/// replicas nobody needs").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnneededReplicasRequest {
+    /// The backup holding them.
+    pub backup: ServerId,
+    /// The segments of this master's log it holds a copy of (at most
+    /// [`UNNEEDED_SEGMENTS_MAX`]).
+    pub segments: Vec<SegmentId>,
+}
+
+/// Most segments one `UnneededReplicas` names.
+pub const UNNEEDED_SEGMENTS_MAX: usize = 65_536;
+
+/// The segments whose copies on the backup the master no longer needs: gone from its
+/// log, or fully replicated elsewhere with none of its live replicas on that backup.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnneededReplicasReply {
+    /// Of those asked about.
+    pub segments: Vec<SegmentId>,
+}
+
 /// Deadline of one `MoveIn`, the same on both sides: the coordinator aborts the move
 /// after it. A gigabyte copies in seconds; this leaves room for a loaded machine.
 pub const MOVE_IN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
@@ -562,6 +585,8 @@ bincode_message!(
     EndMoveRequest,
     EvacuateBackupRequest,
     EvacuateBackupReply,
+    UnneededReplicasRequest,
+    UnneededReplicasReply,
     ServerStatsReply,
     IdentifyReply,
     RecoverySource,
@@ -641,6 +666,9 @@ rpcs! {
     EndMove = 21: EndMoveRequest => ();
     /// Stop using a backup being drained; how far that got (coordinator → master).
     EvacuateBackup = 22: EvacuateBackupRequest => EvacuateBackupReply;
+    /// Which of its segments' copies on a backup it no longer needs (coordinator →
+    /// master); answered at the master's next upkeep.
+    UnneededReplicas = 23: UnneededReplicasRequest => UnneededReplicasReply;
 }
 
 const RULE_DOESNT_EXIST: u8 = 1;

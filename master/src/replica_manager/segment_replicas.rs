@@ -29,6 +29,7 @@
 //!   complete whatever its epoch: re-created ones are not bumped or recorded.
 
 use rampart_common::ids::{Epoch, FrameHandle, SegmentId, ServerId};
+use std::collections::BTreeMap;
 
 /// The epoch of a segment's first placement.
 const FIRST_EPOCH: Epoch = Epoch(1);
@@ -383,6 +384,34 @@ impl<L> SegmentReplicas<L> {
     }
 }
 
+/// Of `asked`, the segments whose copies on `backup` a log with the replicas `segments`
+/// no longer needs there (docs/design.md §7, "Collecting replicas nobody needs"):
+/// * one no longer tracked, below the newest tracked: freed from the log, after the
+///   digest that left it out was on every replica, so no recovery reads it again;
+/// * one tracked and [`whole`](SegmentReplicas::whole) with none of its live replicas on
+///   `backup`: an abandoned copy (its backup left the list, or came back under a new id),
+///   and every copy a recovery would need is elsewhere. Until whole, an abandoned copy
+///   may be the only complete one outside this master's memory, so it is kept.
+///
+/// A segment above the newest tracked is kept: it is not this log's to judge.
+pub fn unneeded_on<L>(
+    segments: &BTreeMap<SegmentId, SegmentReplicas<L>>,
+    backup: ServerId,
+    asked: &[SegmentId],
+) -> Vec<SegmentId> {
+    let Some(&newest) = segments.keys().next_back() else {
+        return Vec::new();
+    };
+    asked
+        .iter()
+        .copied()
+        .filter(|id| match segments.get(id) {
+            Some(segment) => segment.whole() && !segment.backups().any(|b| b == backup),
+            None => *id < newest,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,6 +468,36 @@ mod tests {
             !segment.writable(1),
             "a write must start where the bytes end"
         );
+    }
+
+    #[test]
+    fn copies_are_unneeded_once_freed_or_abandoned_with_the_segment_whole_elsewhere() {
+        let mut segments = BTreeMap::new();
+        let mut whole = SegmentReplicas::<()>::new(SegmentId(3), 2, 0);
+        settle(&mut whole, &mut 1);
+        assert!(whole.whole());
+        segments.insert(SegmentId(3), whole);
+        let placing = SegmentReplicas::<()>::new(SegmentId(5), 2, 0);
+        assert!(!placing.whole());
+        segments.insert(SegmentId(5), placing);
+        let asked = [SegmentId(1), SegmentId(3), SegmentId(5), SegmentId(7)];
+        // Backup 9 holds none of the live replicas: 1 was freed, 3 is whole elsewhere,
+        // 5 is not whole yet, 7 is not this log's to judge.
+        assert_eq!(
+            unneeded_on(&segments, ServerId(9), &asked),
+            vec![SegmentId(1), SegmentId(3)]
+        );
+        // Backup 1 holds a live replica of 3.
+        assert_eq!(
+            unneeded_on(&segments, ServerId(1), &asked),
+            vec![SegmentId(1)]
+        );
+        assert!(unneeded_on(
+            &BTreeMap::<SegmentId, SegmentReplicas<()>>::new(),
+            ServerId(9),
+            &asked
+        )
+        .is_empty());
     }
 
     #[test]

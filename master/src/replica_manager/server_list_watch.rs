@@ -26,15 +26,39 @@
 //! The entry goes once the list no longer shows the backup `Up`
 //! ([`retain_evacuating`](ServerListWatch::retain_evacuating)).
 //!
+//! # Collection
+//! The leader's collector asks a master which of its segments' copies on a backup it
+//! no longer needs ([`ask_unneeded`](ServerListWatch::ask_unneeded), from the
+//! `UnneededReplicas` handler); the question waits here, at most
+//! [`UNNEEDED_QUESTIONS_MAX`] at once, and the replicator answers every waiting one at
+//! its next upkeep ([`take_questions`](ServerListWatch::take_questions)), from its own
+//! view of each segment's replicas.
+//!
 //! # Concurrency
 //! RPC tasks push, the appender task reads. `pushed` only grows (pushes may arrive out
 //! of order; an older one changes nothing). The drains are behind a short lock.
 
 use parking_lot::Mutex;
-use rampart_common::ids::ServerId;
+use rampart_common::ids::{SegmentId, ServerId};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
+
+/// Most questions of the collector waiting for the replicator at once; past it, the
+/// collector is told to ask again at its next collection.
+pub const UNNEEDED_QUESTIONS_MAX: usize = 8;
+
+/// A question of the collector's: which of `segments`, whose copies `backup` holds,
+/// this master no longer needs there. Answered with those.
+#[derive(Debug)]
+pub struct UnneededQuestion {
+    /// The backup.
+    pub backup: ServerId,
+    /// The segments it holds copies of.
+    pub segments: Vec<SegmentId>,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<Vec<SegmentId>>,
+}
 
 /// How far this master got in leaving a backup being drained.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,6 +94,9 @@ pub struct ServerListWatch {
     /// Set by an [`evacuate`](Self::evacuate) of a new backup; cleared by the
     /// replicator when it next refreshes its list.
     evacuation_news: AtomicBool,
+    /// The collector's questions waiting for the next upkeep (at most
+    /// [`UNNEEDED_QUESTIONS_MAX`]).
+    questions: Mutex<Vec<UnneededQuestion>>,
 }
 
 impl ServerListWatch {
@@ -145,6 +172,34 @@ impl ServerListWatch {
             .retain(|&backup, _| listed_up(backup));
     }
 
+    /// Asks which of `segments`, whose copies `backup` holds, this master no longer
+    /// needs there; the answer comes at the replicator's next upkeep (which this pokes).
+    /// `None` when [`UNNEEDED_QUESTIONS_MAX`] wait already.
+    pub fn ask_unneeded(
+        &self,
+        backup: ServerId,
+        segments: Vec<SegmentId>,
+    ) -> Option<oneshot::Receiver<Vec<SegmentId>>> {
+        let mut questions = self.questions.lock();
+        if questions.len() >= UNNEEDED_QUESTIONS_MAX {
+            return None;
+        }
+        let (reply, answer) = oneshot::channel();
+        questions.push(UnneededQuestion {
+            backup,
+            segments,
+            reply,
+        });
+        self.poke.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+        Some(answer)
+    }
+
+    /// The questions waiting, for the replicator to answer.
+    pub fn take_questions(&self) -> Vec<UnneededQuestion> {
+        std::mem::take(&mut *self.questions.lock())
+    }
+
     /// Whether a push asked for an upkeep since the last call (and clears the request).
     pub fn take_poke(&self) -> bool {
         self.poke.swap(false, Ordering::SeqCst)
@@ -195,6 +250,27 @@ mod tests {
         assert_eq!(watch.evacuating(), [backup]);
         watch.retain_evacuating(|id| id != backup);
         assert!(watch.evacuating().is_empty());
+    }
+
+    #[test]
+    fn questions_wait_bounded_for_the_replicator_and_poke_it() {
+        let watch = ServerListWatch::new();
+        let mut answers: Vec<_> = (0..UNNEEDED_QUESTIONS_MAX)
+            .map(|i| watch.ask_unneeded(ServerId(2), vec![SegmentId(i as u64)]))
+            .collect();
+        assert!(watch.take_poke());
+        assert!(
+            watch.ask_unneeded(ServerId(2), Vec::new()).is_none(),
+            "bounded"
+        );
+        let questions = watch.take_questions();
+        assert_eq!(questions.len(), UNNEEDED_QUESTIONS_MAX);
+        for question in questions {
+            let _ = question.reply.send(question.segments);
+        }
+        let first = answers.remove(0).expect("asked").try_recv();
+        assert_eq!(first.ok(), Some(vec![SegmentId(0)]));
+        assert!(watch.ask_unneeded(ServerId(2), Vec::new()).is_some());
     }
 
     #[tokio::test]

@@ -17,7 +17,7 @@ use super::state::{
 use crate::replica_manager::backup_selector::BackupInfo;
 use crate::replica_manager::placement;
 use crate::replica_manager::replica_failures::{Call, Cause, Loss};
-use crate::replica_manager::segment_replicas::Abandoned;
+use crate::replica_manager::segment_replicas::{unneeded_on, Abandoned};
 use crate::replica_manager::server_list_watch::Evacuation;
 use crate::replica_manager::transport::Failure;
 
@@ -133,6 +133,16 @@ impl Replicator {
             } else {
                 self.backup_failed(id, "no longer Up in the server list");
             }
+        }
+    }
+
+    /// Answers the collector's questions waiting in the watch: which copies on a backup
+    /// this log no longer needs there ([`unneeded_on`]).
+    pub(super) fn answer_unneeded(&self) {
+        for question in self.server_list.take_questions() {
+            let unneeded = unneeded_on(&self.segments, question.backup, &question.segments);
+            // The asker may have given up; nothing to do then.
+            let _ = question.reply.send(unneeded);
         }
     }
 

@@ -32,9 +32,13 @@ impl Replicator {
     /// [`Fatal`] as for [`Replicator::replicate`].
     pub async fn tick(&mut self) -> Result<Option<SegmentId>, Fatal> {
         if self.config.replicas == 0 {
-            // No replicas anywhere: a backup being drained holds nothing of this log.
+            // No replicas anywhere: a backup being drained holds nothing of this log,
+            // and nothing on a backup is this log's (kept: not this log's to judge).
             for backup in self.server_list.evacuating() {
                 self.server_list.report(backup, Evacuation::default());
+            }
+            for question in self.server_list.take_questions() {
+                let _ = question.reply.send(Vec::new());
             }
             return Ok(None);
         }
@@ -43,6 +47,7 @@ impl Replicator {
             return Err(fatal.clone());
         }
         self.report_evacuations();
+        self.answer_unneeded();
         let mut upkeep = Upkeep::new();
         while let Some(step) = upkeep.next(&self.segments) {
             match step {
