@@ -90,6 +90,9 @@ pub enum Status {
     /// A move of tablets was aborted: they stay with their owner (the detail says why).
     /// Nothing was lost; the move may be asked for again.
     MoveAborted,
+    /// The coordinator removed this server after draining it (`rampart drain`): it holds
+    /// nothing the cluster needs. A master told so stops serving and exits cleanly.
+    ServerDrained,
     /// A code this build does not know.
     Unrecognized(u16),
 }
@@ -129,6 +132,7 @@ impl Status {
             Status::ClientLeaseExpired => 28,
             Status::Unauthenticated => 29,
             Status::MoveAborted => 30,
+            Status::ServerDrained => 31,
             Status::Unrecognized(code) => code,
         }
     }
@@ -167,6 +171,7 @@ impl Status {
             28 => Status::ClientLeaseExpired,
             29 => Status::Unauthenticated,
             30 => Status::MoveAborted,
+            31 => Status::ServerDrained,
             other => Status::Unrecognized(other),
         }
     }
@@ -214,6 +219,7 @@ impl fmt::Display for Status {
             Status::ClientLeaseExpired => "client lease expired",
             Status::Unauthenticated => "no cluster token presented",
             Status::MoveAborted => "move of tablets aborted",
+            Status::ServerDrained => "server was drained and removed",
             Status::Unrecognized(code) => return write!(f, "unrecognized status {code}"),
         };
         f.write_str(text)

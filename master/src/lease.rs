@@ -164,6 +164,9 @@ pub struct Lease {
     revoked: AtomicBool,
     /// Why it was revoked (set before `revoked`).
     reason: Mutex<Option<String>>,
+    /// The revocation was a drain's end, not a crash (set before `revoked`): the
+    /// process exits cleanly.
+    drained: AtomicBool,
     /// Woken when the lease is revoked.
     revoked_notify: Notify,
 }
@@ -201,6 +204,7 @@ impl Lease {
             expiry_us: AtomicU64::new(0),
             revoked: AtomicBool::new(false),
             reason: Mutex::new(None),
+            drained: AtomicBool::new(false),
             revoked_notify: Notify::new(),
         }
     }
@@ -266,6 +270,20 @@ impl Lease {
         self.revoked_notify.notify_waiters();
     }
 
+    /// Ends the lease for good: this server was drained and removed. The process then
+    /// exits cleanly ([`was_drained`](Self::was_drained)).
+    pub fn revoke_drained(&self, reason: impl Into<String>) {
+        if self.reason.lock().is_none() {
+            self.drained.store(true, Ordering::SeqCst);
+        }
+        self.revoke(reason);
+    }
+
+    /// Whether the lease ended because this server was drained, not declared crashed.
+    pub fn was_drained(&self) -> bool {
+        self.drained.load(Ordering::SeqCst)
+    }
+
     /// Why the lease was revoked, if it was.
     pub fn revoked_reason(&self) -> Option<String> {
         if !self.revoked.load(Ordering::SeqCst) {
@@ -302,6 +320,8 @@ impl Default for Lease {
 ///   long and how often they failed.
 /// * `ServerCrashed`: the lease is revoked with the coordinator's reason and the task
 ///   ends; `MasterService::failed` completes and the process exits.
+/// * `ServerDrained`: the same, marked a drain's end ([`Lease::was_drained`]): the
+///   process exits cleanly.
 /// * Any other refusal (a coordinator that does not know the RPC): as a failed renewal.
 pub struct LeaseRenewer {
     server: ServerId,
@@ -417,6 +437,17 @@ impl LeaseRenewer {
                     let reason = format!("declared crashed by the coordinator: {error}");
                     tracing::error!(server = %self.server, %reason, "lease revoked");
                     self.lease.revoke(reason);
+                    return;
+                }
+                Err(CoordinatorCallError::Rpc(
+                    error @ RpcError::Status {
+                        status: Status::ServerDrained,
+                        ..
+                    },
+                )) => {
+                    let reason = format!("drained and removed: {error}");
+                    tracing::info!(server = %self.server, %reason, "lease ended");
+                    self.lease.revoke_drained(reason);
                     return;
                 }
                 Err(error) => match &mut failing {

@@ -362,6 +362,12 @@ impl MasterService {
         }
     }
 
+    /// Whether this master stopped because it was drained and removed (`rampart drain`),
+    /// not declared crashed: the process exits cleanly.
+    pub fn was_drained(&self) -> bool {
+        self.lease.was_drained()
+    }
+
     /// Refuses every client read and write from now on, for good (its lease is revoked
     /// with `reason`): a graceful stop calls this before it closes its listener, so that a
     /// master whose port refuses connections serves nothing (`coordinator::proof_of_death`,

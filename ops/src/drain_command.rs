@@ -4,7 +4,7 @@
 //! The coordinators commit the drain at once; from then on nothing new is placed on the
 //! server, and their leader moves its tablets to the other masters under load, has every
 //! master re-create the replicas on its backup elsewhere, and only then removes it (its
-//! process then stops). No recovery runs and writes go on throughout. This prints where
+//! process then exits with status 0). No recovery runs and writes go on throughout. This prints where
 //! the drain stands each time that changes, and returns once the server is removed
 //! (exit 0); with `--no-wait`, once the drain is committed. Interrupting the wait leaves
 //! the drain running: `rampart drain SERVER` again shows it. A drain the server's crash

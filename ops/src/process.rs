@@ -637,6 +637,10 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
         let id = server.id();
         match server.run(shutdown_signal()).await {
             Stopped::Shutdown => Ok(ExitCode::SUCCESS),
+            Stopped::Drained(reason) => {
+                eprintln!("server {id} stopped: {reason}");
+                Ok(ExitCode::SUCCESS)
+            }
             Stopped::MasterFailed(reason) => {
                 eprintln!("server {id} stopped: {reason}");
                 Ok(ExitCode::FAILURE)

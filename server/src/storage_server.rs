@@ -130,6 +130,9 @@ pub enum Stopped {
     /// declared it crashed): another server is recovering its data. The process should
     /// exit with a failure.
     MasterFailed(String),
+    /// The coordinators removed this server after draining it (`rampart drain`), for
+    /// this reason: it holds nothing the cluster needs. The process should exit cleanly.
+    Drained(String),
 }
 
 /// The backup's runtime. Dropping a runtime blocks, which an async context must not do:
@@ -418,7 +421,13 @@ impl StorageServer {
         let stop = async move {
             let stopped = tokio::select! {
                 () = shutdown => Stopped::Shutdown,
-                reason = failed.master.failed() => Stopped::MasterFailed(reason),
+                reason = failed.master.failed() => {
+                    if failed.master.was_drained() {
+                        Stopped::Drained(reason)
+                    } else {
+                        Stopped::MasterFailed(reason)
+                    }
+                }
             };
             // Before the listener closes (when this future ends): a port that refuses
             // connections is taken as proof that nothing behind it serves
@@ -459,6 +468,10 @@ impl StorageServer {
             Ok(Stopped::MasterFailed(reason)) => {
                 tracing::error!(%id, %reason, "server stopped: its master cannot go on");
                 Stopped::MasterFailed(reason)
+            }
+            Ok(Stopped::Drained(reason)) => {
+                tracing::info!(%id, %reason, "server stopped: drained");
+                Stopped::Drained(reason)
             }
             // The server stopped for its shutdown (or the RPC server dropped its stop
             // future, which only a shutdown does).

@@ -6,8 +6,9 @@
 //! that fails after the freeze, aborted, with the news of the abort lost; and moves held
 //! with their range frozen while `kill -9` takes their source, their target, then the
 //! coordinators' leader; a server drained by `rampart drain` under a writer, then a
-//! crash of another, recovered from the backups left; and enumerations across a move and
-//! a split, each key returned once.
+//! crash of another, recovered from the backups left; a drained server's process exits
+//! cleanly (status 0: a supervisor does not restart it); and enumerations across a move
+//! and a split, each key returned once.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -776,5 +777,60 @@ fn an_enumeration_across_a_move_and_a_split_returns_each_key_once() {
         stop.store(true, Ordering::SeqCst);
         let rounds = background.await.unwrap();
         assert!(rounds >= 1);
+    });
+}
+
+#[test]
+fn a_drained_server_is_told_so_and_exits_cleanly() {
+    use rampart_common::protocol::coordinator::DrainState;
+    let dir = tempfile::TempDir::new().unwrap();
+    let group = rampart_tests::CoordinatorGroup::start(1).unwrap();
+    let mut servers: Vec<rampart_tests::RampartProcess> = (0..3)
+        .map(|i| {
+            let data = dir.path().join(format!("server-{i}"));
+            group.start_server(&data, &["--replicas", "1"]).unwrap()
+        })
+        .collect();
+    let drained = ServerId(servers[0].server_id());
+    let keys: Vec<String> = (0..100).map(|i| format!("key-{i}")).collect();
+    let client = runtime().block_on(async {
+        let options = rampart_client::ClientOptions {
+            deadline: Duration::from_secs(30),
+            ..Default::default()
+        };
+        let client = rampart_client::Client::connect_with(&[group.addrs()], options)
+            .await
+            .unwrap();
+        let table = client.create_table("drained", 3).await.unwrap();
+        for key in &keys {
+            client
+                .write(table, key.as_bytes(), key.as_bytes())
+                .await
+                .unwrap();
+        }
+        let mut reply = client.drain_server(drained).await.unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while reply.state != DrainState::Removed {
+            assert_ne!(reply.state, DrainState::NotDraining, "{reply:?}");
+            assert!(
+                std::time::Instant::now() < until,
+                "never removed: {reply:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            reply = client.drain_status(drained).await.unwrap();
+        }
+        (client, table)
+    });
+    let status = servers[0].wait_exit(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "a drained server exits 0: {status:?}");
+    let (client, table) = client;
+    runtime().block_on(async {
+        for key in &keys {
+            let object = client.read(table, key.as_bytes()).await.unwrap();
+            assert_eq!(
+                object.map(|o| o.value.to_vec()),
+                Some(key.as_bytes().to_vec())
+            );
+        }
     });
 }

@@ -241,13 +241,14 @@ mod tests {
         let bytes = seed(opened.clone()).encode().expect("encode");
         assert_eq!(Seed::decode(&bytes), Ok(seed(opened)));
         let bytes = seed(CoordinatorState::new()).encode().expect("encode");
-        // The older encodings end the body without the rebalancer's settings (a bool, an
-        // empty set's length and a u32, 13 bytes), before that without the drains (the empty
+        // The older encodings end the body without the rebalancer's settings and the
+        // drained servers (a bool, an empty set's length, a u32 and another empty set's
+        // length, 21 bytes), before that without the drains (the empty
         // set's length, 8 bytes), before that without the moves (the counter and two
         // empty maps' lengths, 24 bytes), and before that without the open clients (the
         // counter and the empty set's length, 16 bytes).
         let body = &bytes[SEED_MAGIC.len()..bytes.len() - 4];
-        for cut in [13, 13 + 8, 13 + 8 + 24, 13 + 8 + 24 + 16] {
+        for cut in [21, 21 + 8, 21 + 8 + 24, 21 + 8 + 24 + 16] {
             let old_body = &body[..body.len() - cut];
             let mut old = SEED_MAGIC.to_vec();
             old.extend_from_slice(old_body);

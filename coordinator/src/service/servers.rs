@@ -78,11 +78,24 @@ impl CoordinatorService {
                     .node
                     .with_state(|state| state.version_ceiling(request.server)),
             }),
+            Some(ServerStatus::Removed)
+                if self
+                    .node
+                    .with_state(|state| state.is_drained(request.server)) =>
+            {
+                Err(Reply::error(
+                    Status::ServerDrained,
+                    format!(
+                        "{} was drained and removed: it holds nothing the cluster needs",
+                        request.server
+                    ),
+                ))
+            }
             Some(ServerStatus::Removed) => Err(Reply::error(
                 Status::ServerCrashed,
                 format!(
-                    "{} was removed (drained, or recovered after a crash): it holds nothing \
-                     the cluster needs",
+                    "{} was removed (recovered after a crash): it holds nothing the cluster \
+                     needs",
                     request.server
                 ),
             )),

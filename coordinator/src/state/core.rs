@@ -114,6 +114,10 @@ pub struct CoordinatorState {
     pub(super) pinned: BTreeSet<HashRange>,
     /// The most megabytes per second a move may copy (0: no cap).
     pub(super) move_cap_mb_s: u32,
+    /// The servers removed after a drain (not after a crash): told so, their processes
+    /// exit cleanly.
+    /// 1. Each is `Removed`.
+    pub(super) drained: BTreeSet<ServerId>,
 }
 
 impl Default for CoordinatorState {
@@ -149,6 +153,7 @@ impl CoordinatorState {
             rebalance_paused: false,
             pinned: BTreeSet::new(),
             move_cap_mb_s: 0,
+            drained: BTreeSet::new(),
         }
     }
 

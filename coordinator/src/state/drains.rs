@@ -31,6 +31,11 @@ impl CoordinatorState {
         self.draining.contains(&server)
     }
 
+    /// Whether `server` was removed after a drain (not after a crash).
+    pub fn is_drained(&self, server: ServerId) -> bool {
+        self.drained.contains(&server)
+    }
+
     /// The tablets `server` owns, over every table.
     pub fn tablets_owned(&self, server: ServerId) -> usize {
         self.tables
@@ -120,7 +125,9 @@ impl CoordinatorState {
                 why: format!("{} has not confirmed it left {id}'s backup", master.id),
             });
         }
-        self.set_server_status(id, ServerStatus::Removed)
+        let outcome = self.set_server_status(id, ServerStatus::Removed)?;
+        self.drained.insert(id);
+        Ok(outcome)
     }
 }
 

@@ -88,7 +88,7 @@ pub(crate) struct StateWithoutClients {
 }
 
 /// The state as releases before rebalancing encoded it: today's fields but the last
-/// three.
+/// four.
 #[derive(Deserialize)]
 pub(crate) struct StateWithoutRebalancing {
     before: StateWithoutDrains,
@@ -171,6 +171,7 @@ impl From<StateWithoutClients> for CoordinatorState {
             rebalance_paused: false,
             pinned: BTreeSet::new(),
             move_cap_mb_s: 0,
+            drained: BTreeSet::new(),
         }
     }
 }
@@ -393,6 +394,16 @@ impl CoordinatorState {
             });
         }
         if let Some(&server) = self
+            .drained
+            .iter()
+            .find(|id| self.servers.get(id).map(|s| s.status) != Some(ServerStatus::Removed))
+        {
+            return Err(InvariantViolation::Server {
+                server,
+                what: "a drained server is not removed",
+            });
+        }
+        if let Some(&server) = self
             .draining
             .iter()
             .find(|id| self.servers.get(id).map(|s| s.status) != Some(ServerStatus::Up))
@@ -421,10 +432,10 @@ mod tests {
             CommandResult::TableCreated { .. }
         ));
         state.apply(&Command::OpenClient);
-        // The encoding before rebalancing is today's without its last three fields, a
-        // bool, an empty set (its length, a u64) and a u32.
+        // The encoding before rebalancing is today's without its last four fields, a
+        // bool, an empty set (its length, a u64), a u32 and another empty set.
         let bytes = bincode::serialize(&state).expect("a state encodes");
-        let before_rebalancing = &bytes[..bytes.len() - 13];
+        let before_rebalancing = &bytes[..bytes.len() - 21];
         assert_eq!(
             CoordinatorState::decode(before_rebalancing)
                 .expect("the encoding before rebalancing decodes"),
