@@ -170,8 +170,19 @@ fn a_master_with_the_hot_tablets_sheds_one_under_load_and_every_key_reads_back()
         let until = Instant::now() + Duration::from_secs(90);
         let mut moved = false;
         while !moved && Instant::now() < until {
-            for key in keys.iter().take(100) {
-                client.read(table, key.as_bytes()).await.unwrap();
+            // Four readers at once: well above the 1,000 operations per second from which
+            // the rebalancer balances operations, not bytes, even on a slow machine.
+            let mut readers = tokio::task::JoinSet::new();
+            for r in 0..4 {
+                let (client, keys) = (client.clone(), keys.clone());
+                readers.spawn(async move {
+                    for key in keys.iter().skip(r * 25).take(100) {
+                        client.read(table, key.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+            while let Some(done) = readers.join_next().await {
+                done.unwrap();
             }
             let now = tablets(&group, table).await;
             moved = now.iter().filter(|t| t.owner == hot_owner).count() < 2;
