@@ -150,8 +150,24 @@ fn killed_master_every_acknowledged_write_is_in_every_replica() {
             let (client, stop) = (client.clone(), Arc::clone(&stop));
             async move { write_until(&client, table, 4, stop).await }
         });
-        // Long enough to fill a few 64 KiB segments.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Long enough to fill a few of SMALL_SERVERS' 1 MiB segments, however slow the
+        // machine: the master's log in use says when.
+        let pool = RpcPool::new();
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let stats = pool
+                .call::<Ping>(&master_addr, &PingRequest {}, deadline())
+                .await
+                .unwrap();
+            if stats.log_bytes_used >= 4 << 20 {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the log never reached 4 MiB: {stats:?}"
+            );
+        }
         // SIGKILL while the writers are mid-flight.
         unsafe { libc::kill(master_pid as i32, libc::SIGKILL) };
         stop.store(true, Ordering::SeqCst);
@@ -162,7 +178,6 @@ fn killed_master_every_acknowledged_write_is_in_every_replica() {
             acked.len()
         );
 
-        let pool = RpcPool::new();
         let others: Vec<String> = cluster
             .servers
             .iter()
