@@ -1218,7 +1218,10 @@ mod tests {
             tablets: vec![lower],
         };
         assert_eq!(
-            appender.change_tablets(change).await.unwrap(),
+            appender
+                .change_tablets(change)
+                .await
+                .expect("the appender runs until dropped"),
             EpochStep::Next
         );
         // A write right after is served between two steps, not after the whole range.
@@ -1226,7 +1229,10 @@ mod tests {
             .iter()
             .find(|k| low(k))
             .expect("a key in the lower half");
-        let outcomes = appender.submit(vec![write(key, "w")]).await.unwrap();
+        let outcomes = appender
+            .submit(vec![write(key, "w")])
+            .await
+            .expect("the appender runs until dropped");
         assert_eq!(outcomes[0].status, Status::Ok);
         assert!(
             store.lock().forgetting(),
